@@ -1,0 +1,290 @@
+// The CPU backend: the reference implementation of every op of core/backend/ops.h, on OpenBLAS (gemm)
+// and OpenMP (everything else). Every reduction runs in a fixed order that does not depend on the
+// thread count, so a run is reproducible bit for bit on any number of threads.
+#include <algorithm>
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include <cblas.h>
+#include <omp.h>
+
+#include "core/backend/ops.h"
+#include "core/error.h"
+
+namespace moe {
+namespace {
+
+constexpr double kRmsEps = 1e-5;
+constexpr double kRopeBase = 10000.0;
+// Reductions are cut into chunks of this size whatever the thread count, then summed in order.
+constexpr int64_t kReduceChunk = 4096;
+
+inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                      const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
+              alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
+                      int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
+              alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+
+template <typename T>
+class CpuOps final : public Ops<T> {
+ public:
+  const char* name() const override { return "cpu"; }
+
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+            const T* B, int64_t ldb, T beta, T* C, int64_t ldc) override {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {  // BLAS leaves C untouched for K == 0 only when beta == 1
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
+      return;
+    }
+    blas_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+
+  void embedding_forward(const int32_t* tokens, const T* table, T* out, int64_t N, int64_t D) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) std::copy_n(table + int64_t(tokens[i]) * D, D, out + i * D);
+  }
+
+  void embedding_backward(const int32_t* tokens, const T* dout, T* dtable, int64_t N, int64_t D) override {
+    // Columns are split among threads; each column sums its rows in token order (deterministic).
+    constexpr int64_t kCols = 16;
+    const int64_t blocks = (D + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t c0 = blk * kCols, c1 = std::min(D, c0 + kCols);
+      for (int64_t i = 0; i < N; ++i) {
+        T* row = dtable + int64_t(tokens[i]) * D;
+        const T* g = dout + i * D;
+        for (int64_t c = c0; c < c1; ++c) row[c] += g[c];
+      }
+    }
+  }
+
+  void rmsnorm_forward(const T* x, const T* gain, T* y, T* rstd, int64_t N, int64_t D) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const T* xi = x + i * D;
+      double ss = 0;
+      for (int64_t j = 0; j < D; ++j) ss += double(xi[j]) * xi[j];
+      const T r = T(1.0 / std::sqrt(ss / double(D) + kRmsEps));
+      rstd[i] = r;
+      T* yi = y + i * D;
+      for (int64_t j = 0; j < D; ++j) yi[j] = xi[j] * r * gain[j];
+    }
+  }
+
+  void rmsnorm_backward(const T* x, const T* gain, const T* rstd, const T* dy, T* dx, T* dgain, int64_t N,
+                        int64_t D) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const T* xi = x + i * D;
+      const T* gi = dy + i * D;
+      const double r = rstd[i];
+      double dot = 0;  // sum_j gain_j dy_j x_j
+      for (int64_t j = 0; j < D; ++j) dot += double(gain[j]) * gi[j] * xi[j];
+      const double c = r * r * r * dot / double(D);
+      T* dxi = dx + i * D;
+      for (int64_t j = 0; j < D; ++j) dxi[j] = T(r * gain[j] * gi[j] - c * xi[j]);
+    }
+    constexpr int64_t kCols = 16;
+    const int64_t blocks = (D + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t c0 = blk * kCols, c1 = std::min(D, c0 + kCols);
+      double acc[kCols] = {};
+      for (int64_t i = 0; i < N; ++i)
+        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += double(dy[i * D + c]) * x[i * D + c] * rstd[i];
+      for (int64_t c = c0; c < c1; ++c) dgain[c] += T(acc[c - c0]);
+    }
+  }
+
+  void rope(T* x, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) override {
+    MOE_CHECK(Dh % 2 == 0, "rotary embedding needs an even head width, got " << Dh);
+    const int64_t pairs = Dh / 2;
+    std::vector<T> cos_table(size_t(T_ * pairs)), sin_table(size_t(T_ * pairs));
+    for (int64_t t = 0; t < T_; ++t)
+      for (int64_t i = 0; i < pairs; ++i) {
+        const double angle = double(t) * std::pow(kRopeBase, -2.0 * double(i) / double(Dh));
+        cos_table[t * pairs + i] = T(std::cos(angle));
+        sin_table[t * pairs + i] = T(inverse ? -std::sin(angle) : std::sin(angle));
+      }
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < B * T_; ++bt) {
+      const int64_t t = bt % T_;
+      const T* c = cos_table.data() + t * pairs;
+      const T* s = sin_table.data() + t * pairs;
+      for (int64_t h = 0; h < H; ++h) {
+        T* v = x + (bt * H + h) * Dh;
+        for (int64_t i = 0; i < pairs; ++i) {
+          const T x0 = v[2 * i], x1 = v[2 * i + 1];
+          v[2 * i] = x0 * c[i] - x1 * s[i];
+          v[2 * i + 1] = x0 * s[i] + x1 * c[i];
+        }
+      }
+    }
+  }
+
+  void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,
+                         int64_t Dh) override {
+    const int64_t D = H * Dh;
+    const T scale = T(1.0 / std::sqrt(double(Dh)));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t off = b * T_ * D + h * Dh;
+        T* P = probs + (b * H + h) * T_ * T_;
+        gemm(false, true, T_, T_, Dh, scale, q + off, D, k + off, D, T(0), P, T_);
+        causal_softmax_rows(P, T_);
+        gemm(false, false, T_, Dh, T_, T(1), P, T_, v + off, D, T(0), out + off, D);
+      }
+  }
+
+  void attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq, T* dk, T* dv,
+                          T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) override {
+    const int64_t D = H * Dh;
+    const T scale = T(1.0 / std::sqrt(double(Dh)));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t off = b * T_ * D + h * Dh;
+        const T* P = probs + (b * H + h) * T_ * T_;
+        T* dS = scratch;
+        gemm(false, true, T_, T_, Dh, T(1), dout + off, D, v + off, D, T(0), dS, T_);  // dP = dO V^T
+        gemm(true, false, T_, Dh, T_, T(1), P, T_, dout + off, D, T(0), dv + off, D);  // dV = P^T dO
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < T_; ++i) {  // dS = P * (dP - rowsum(P * dP)) * scale
+          const T* p = P + i * T_;
+          T* d = dS + i * T_;
+          double dot = 0;
+          for (int64_t j = 0; j <= i; ++j) dot += double(p[j]) * d[j];
+          for (int64_t j = 0; j <= i; ++j) d[j] = T(double(p[j]) * (double(d[j]) - dot) * double(scale));
+          for (int64_t j = i + 1; j < T_; ++j) d[j] = T(0);
+        }
+        gemm(false, false, T_, Dh, T_, T(1), dS, T_, k + off, D, T(0), dq + off, D);  // dQ = dS K
+        gemm(true, false, T_, Dh, T_, T(1), dS, T_, q + off, D, T(0), dk + off, D);   // dK = dS^T Q
+      }
+  }
+
+  void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const T sig = T(1) / (T(1) + std::exp(-a[i]));
+      h[i] = a[i] * sig * b[i];
+    }
+  }
+
+  void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const T sig = T(1) / (T(1) + std::exp(-a[i]));
+      const T silu = a[i] * sig;
+      db[i] = dh[i] * silu;
+      da[i] = dh[i] * b[i] * sig * (T(1) + a[i] * (T(1) - sig));
+    }
+  }
+
+  void cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, int64_t N, int64_t V) override {
+    // Checked before the parallel loop: an exception must not leave an OpenMP region.
+    for (int64_t i = 0; i < N; ++i)
+      MOE_CHECK(targets[i] >= 0 && targets[i] < V, "target token " << targets[i] << " outside [0, " << V << ")");
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const T* z = logits + i * V;
+      const double lse = log_sum_exp(z, V);
+      losses[i] = T(lse - double(z[targets[i]]));
+    }
+  }
+
+  void cross_entropy_backward(const T* logits, const int32_t* targets, T scale, T* dlogits, int64_t N,
+                              int64_t V) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const T* z = logits + i * V;
+      T* d = dlogits + i * V;
+      const double lse = log_sum_exp(z, V);
+      for (int64_t j = 0; j < V; ++j) d[j] = T(std::exp(double(z[j]) - lse) * double(scale));
+      d[targets[i]] -= scale;
+    }
+  }
+
+  void add_inplace(T* y, const T* x, int64_t n) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  }
+  void add(const T* a, const T* b, T* y, int64_t n) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+  }
+  void copy(const T* x, T* y, int64_t n) override { std::copy_n(x, n, y); }
+  void fill(T* y, T value, int64_t n) override { std::fill_n(y, n, value); }
+  void scale(T* y, T factor, int64_t n) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] *= factor;
+  }
+
+  double sum_squares(const T* x, int64_t n) override {
+    const int64_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
+    std::vector<double> partial(size_t(std::max<int64_t>(chunks, 1)), 0.0);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      double s = 0;
+      const int64_t end = std::min(n, (c + 1) * kReduceChunk);
+      for (int64_t i = c * kReduceChunk; i < end; ++i) s += double(x[i]) * x[i];
+      partial[c] = s;
+    }
+    double total = 0;
+    for (double p : partial) total += p;
+    return total;
+  }
+
+ private:
+  static double log_sum_exp(const T* z, int64_t V) {
+    double m = -INFINITY;
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, double(z[j]));
+    double s = 0;
+    for (int64_t j = 0; j < V; ++j) s += std::exp(double(z[j]) - m);
+    return m + std::log(s);
+  }
+
+  static void causal_softmax_rows(T* P, int64_t T_) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < T_; ++i) {
+      T* row = P + i * T_;
+      double m = -INFINITY;
+      for (int64_t j = 0; j <= i; ++j) m = std::max(m, double(row[j]));
+      double s = 0;
+      for (int64_t j = 0; j <= i; ++j) s += std::exp(double(row[j]) - m);
+      const double inv = 1.0 / s;
+      for (int64_t j = 0; j <= i; ++j) row[j] = T(std::exp(double(row[j]) - m) * inv);
+      for (int64_t j = i + 1; j < T_; ++j) row[j] = T(0);
+    }
+  }
+};
+
+int g_threads = 1;  // set once at start-up by set_compute_threads
+
+}  // namespace
+
+template <typename T>
+Ops<T>& cpu_ops() {
+  static CpuOps<T> ops;
+  return ops;
+}
+template Ops<float>& cpu_ops<float>();
+template Ops<double>& cpu_ops<double>();
+
+void set_compute_threads(int threads) {
+  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  g_threads = threads;
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+}
+
+int compute_threads() { return g_threads; }
+
+}  // namespace moe

@@ -1,0 +1,60 @@
+// The dense SwiGLU MLP: forward and explicit backward.
+#include "core/ffn.h"
+
+#include <cmath>
+
+namespace moe {
+
+template <typename T>
+DenseMlp<T>::DenseMlp(Ops<T>& ops, int64_t d_model, int64_t hidden, int64_t layers_total)
+    : ops_(ops), D_(d_model), F_(hidden), L_(layers_total) {}
+
+template <typename T>
+void DenseMlp<T>::register_params(ParamTable& table, const std::string& prefix) {
+  prefix_ = prefix;
+  const double out_std = 0.02 / std::sqrt(2.0 * double(L_));  // W2 scaled by 1/sqrt(2L) (MODEL.md)
+  table.add({prefix + ".w1", {D_, F_}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
+  table.add({prefix + ".w3", {D_, F_}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
+  table.add({prefix + ".w2", {F_, D_}, ParamRole::Dense, true, ParamInit::Normal, out_std});
+}
+
+template <typename T>
+void DenseMlp<T>::bind(const ParamTable& table, T* params, T* grads) {
+  const int64_t o1 = table.find(prefix_ + ".w1").offset, o3 = table.find(prefix_ + ".w3").offset,
+                o2 = table.find(prefix_ + ".w2").offset;
+  w1_ = params + o1, w3_ = params + o3, w2_ = params + o2;
+  dw1_ = grads + o1, dw3_ = grads + o3, dw2_ = grads + o2;
+}
+
+template <typename T>
+void DenseMlp<T>::forward(const T* x, T* y, T* acts, int64_t N) {
+  T* a = acts;             // (N, F) x W1
+  T* b = acts + N * F_;    // (N, F) x W3
+  T* s = acts + 2 * N * F_;  // (N, F) silu(a) * b
+  ops_.gemm(false, false, N, F_, D_, T(1), x, D_, w1_, F_, T(0), a, F_);
+  ops_.gemm(false, false, N, F_, D_, T(1), x, D_, w3_, F_, T(0), b, F_);
+  ops_.swiglu_forward(a, b, s, N * F_);
+  ops_.gemm(false, false, N, D_, F_, T(1), s, F_, w2_, D_, T(0), y, D_);
+}
+
+template <typename T>
+void DenseMlp<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t N) {
+  const T* a = acts;
+  const T* b = acts + N * F_;
+  const T* s = acts + 2 * N * F_;
+  T* ds = scratch;             // (N, F)
+  T* da = scratch + N * F_;    // (N, F)
+  T* db = scratch + 2 * N * F_;  // (N, F)
+  ops_.gemm(true, false, F_, D_, N, T(1), s, F_, dy, D_, T(1), dw2_, D_);   // dW2 += s^T dy
+  ops_.gemm(false, true, N, F_, D_, T(1), dy, D_, w2_, D_, T(0), ds, F_);   // ds = dy W2^T
+  ops_.swiglu_backward(a, b, ds, da, db, N * F_);
+  ops_.gemm(true, false, D_, F_, N, T(1), x, D_, da, F_, T(1), dw1_, F_);   // dW1 += x^T da
+  ops_.gemm(true, false, D_, F_, N, T(1), x, D_, db, F_, T(1), dw3_, F_);   // dW3 += x^T db
+  ops_.gemm(false, true, N, D_, F_, T(1), da, F_, w1_, F_, T(0), dx, D_);   // dx = da W1^T
+  ops_.gemm(false, true, N, D_, F_, T(1), db, F_, w3_, F_, T(1), dx, D_);   //    + db W3^T
+}
+
+template class DenseMlp<float>;
+template class DenseMlp<double>;
+
+}  // namespace moe

@@ -1,0 +1,200 @@
+// The model's forward and backward: one straight sequence of layer calls, the reverse for backward.
+#include "core/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+
+namespace moe {
+
+template <typename T>
+Model<T>::Model(Ops<T>& ops, const ModelShape& shape, int64_t seq_len, int64_t max_batch, Recompute recompute,
+                FfnFactory ffn_factory)
+    : ops_(ops), shape_(shape), T_(seq_len), max_batch_(max_batch), recompute_(recompute) {
+  const int64_t V = shape.vocab, D = shape.d_model, L = shape.layers, H = shape.heads;
+  MOE_CHECK(D % H == 0 && shape.head_dim() % 2 == 0, "d_model " << D << " and heads " << H);
+  const double out_std = 0.02 / std::sqrt(2.0 * double(L));  // Wo scaled by 1/sqrt(2L) (MODEL.md)
+
+  table_.add({"embed.weight", {V, D}, ParamRole::Embedding, false, ParamInit::Normal, 0.02});
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string p = "layers." + std::to_string(l);
+    table_.add({p + ".attn_norm.gain", {D}, ParamRole::Norm, false, ParamInit::Ones});
+    table_.add({p + ".attn.wq", {D, D}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
+    table_.add({p + ".attn.wk", {D, D}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
+    table_.add({p + ".attn.wv", {D, D}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
+    table_.add({p + ".attn.wo", {D, D}, ParamRole::Dense, true, ParamInit::Normal, out_std});
+    table_.add({p + ".ffn_norm.gain", {D}, ParamRole::Norm, false, ParamInit::Ones});
+    ffn_.push_back(ffn_factory ? ffn_factory(l)
+                               : std::make_unique<DenseMlp<T>>(ops, D, shape.ffn_hidden, L));
+    ffn_.back()->register_params(table_, p + ".ffn");
+  }
+  table_.add({"out_norm.gain", {D}, ParamRole::Norm, false, ParamInit::Ones});
+  table_.add({"head.weight", {D, V}, ParamRole::Output, true, ParamInit::Normal, 0.02});
+
+  params_.assign(size_t(table_.numel()), T(0));
+  grads_.assign(size_t(table_.numel()), T(0));
+  T* P = params_.data();
+  T* G = grads_.data();
+  auto at = [&](const std::string& name) { return table_.find(name).offset; };
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string p = "layers." + std::to_string(l);
+    const int64_t an = at(p + ".attn_norm.gain"), q = at(p + ".attn.wq"), k = at(p + ".attn.wk"),
+                  v = at(p + ".attn.wv"), o = at(p + ".attn.wo"), fn = at(p + ".ffn_norm.gain");
+    blocks_.push_back({P + an, P + q, P + k, P + v, P + o, P + fn, G + an, G + q, G + k, G + v, G + o, G + fn});
+    ffn_[l]->bind(table_, P, G);
+  }
+  embed_ = P + at("embed.weight"), d_embed_ = G + at("embed.weight");
+  out_norm_ = P + at("out_norm.gain"), d_out_norm_ = G + at("out_norm.gain");
+  head_ = P + at("head.weight"), d_head_ = G + at("head.weight");
+
+  // Activation arena.
+  const int64_t N = max_batch * seq_len;
+  const int64_t sets = recompute == Recompute::Full ? 1 : L;
+  arena_.assign(size_t((L + 1) * N * D + sets * acts_size() + N * D + N + N * V + N * D), T(0));
+  T* cursor = arena_.data();
+  for (int64_t l = 0; l <= L; ++l, cursor += N * D) x_.push_back(cursor);
+  for (int64_t s = 0; s < sets; ++s) acts_.push_back(carve_acts(cursor));
+  while (int64_t(acts_.size()) < L) acts_.push_back(acts_[0]);
+  xo_ = cursor, cursor += N * D;
+  rstd_o_ = cursor, cursor += N;
+  logits_ = cursor, cursor += N * V;
+  ffn_out_ = cursor, cursor += N * D;
+  losses_.assign(size_t(N), T(0));
+
+  int64_t ffn_scratch = 0;
+  for (const auto& f : ffn_) ffn_scratch = std::max(ffn_scratch, f->scratch_size(N));
+  scratch_.assign(size_t(6 * N * D + N * V + T_ * T_ + ffn_scratch), T(0));
+  cursor = scratch_.data();
+  for (T** p : {&dres_, &dtmp_, &dq_, &dk_, &dv_, &datt_}) *p = cursor, cursor += N * D;
+  dlogits_ = cursor, cursor += N * V;
+  attn_scratch_ = cursor, cursor += T_ * T_;
+  ffn_scratch_ = cursor;
+  inputs_.assign(size_t(N), 0);
+  targets_.assign(size_t(N), 0);
+}
+
+template <typename T>
+int64_t Model<T>::acts_size() const {
+  const int64_t N = max_batch_ * T_, D = shape_.d_model, H = shape_.heads;
+  int64_t ffn = 0;
+  for (const auto& f : ffn_) ffn = std::max(ffn, f->activation_size(N));
+  return 8 * N * D + 2 * N + max_batch_ * H * T_ * T_ + ffn;
+}
+
+template <typename T>
+typename Model<T>::BlockActs Model<T>::carve_acts(T*& cursor) const {
+  const int64_t N = max_batch_ * T_, D = shape_.d_model, H = shape_.heads;
+  BlockActs a;
+  for (T** p : {&a.xa, &a.q, &a.k, &a.v, &a.att, &a.h, &a.xf}) *p = cursor, cursor += N * D;
+  a.rstd_a = cursor, cursor += N;
+  a.rstd_f = cursor, cursor += N;
+  a.probs = cursor, cursor += max_batch_ * H * T_ * T_;
+  a.ffn = cursor;
+  int64_t ffn = 0;
+  for (const auto& f : ffn_) ffn = std::max(ffn, f->activation_size(N));
+  cursor += ffn + N * D;  // keeps acts_size() an upper bound of what is carved
+  return a;
+}
+
+template <typename T>
+void Model<T>::zero_grads() {
+  ops_.fill(grads_.data(), T(0), int64_t(grads_.size()));
+}
+
+template <typename T>
+void Model<T>::block_forward(int64_t l, const T* x_in, T* x_out, const BlockActs& a, int64_t B) {
+  const int64_t N = B * T_, D = shape_.d_model, H = shape_.heads, Dh = shape_.head_dim();
+  const BlockWeights& w = blocks_[l];
+  // h = x + Attn(RMSNorm_a(x))
+  ops_.rmsnorm_forward(x_in, w.attn_norm, a.xa, a.rstd_a, N, D);
+  ops_.gemm(false, false, N, D, D, T(1), a.xa, D, w.wq, D, T(0), a.q, D);
+  ops_.gemm(false, false, N, D, D, T(1), a.xa, D, w.wk, D, T(0), a.k, D);
+  ops_.gemm(false, false, N, D, D, T(1), a.xa, D, w.wv, D, T(0), a.v, D);
+  ops_.rope(a.q, B, T_, H, Dh, false);
+  ops_.rope(a.k, B, T_, H, Dh, false);
+  ops_.attention_forward(a.q, a.k, a.v, a.att, a.probs, B, T_, H, Dh);
+  ops_.copy(x_in, a.h, N * D);
+  ops_.gemm(false, false, N, D, D, T(1), a.att, D, w.wo, D, T(1), a.h, D);
+  // x = h + FFN(RMSNorm_f(h))
+  ops_.rmsnorm_forward(a.h, w.ffn_norm, a.xf, a.rstd_f, N, D);
+  ffn_[l]->forward(a.xf, ffn_out_, a.ffn, N);
+  ops_.add(a.h, ffn_out_, x_out, N * D);
+}
+
+template <typename T>
+void Model<T>::block_backward(int64_t l, const T* x_in, T* dres, const BlockActs& a, int64_t B) {
+  // On entry dres = dL/dx_out; on exit dres = dL/dx_in (the residual stream accumulates).
+  const int64_t N = B * T_, D = shape_.d_model, H = shape_.heads, Dh = shape_.head_dim();
+  const BlockWeights& w = blocks_[l];
+  ffn_[l]->backward(a.xf, dres, dtmp_, a.ffn, ffn_scratch_, N);                         // dtmp = dL/dxf
+  ops_.rmsnorm_backward(a.h, w.ffn_norm, a.rstd_f, dtmp_, datt_, w.d_ffn_norm, N, D);  // datt = via norm
+  ops_.add_inplace(dres, datt_, N * D);                                                // dres = dL/dh
+  ops_.gemm(true, false, D, D, N, T(1), a.att, D, dres, D, T(1), w.dwo, D);            // dWo += att^T dh
+  ops_.gemm(false, true, N, D, D, T(1), dres, D, w.wo, D, T(0), datt_, D);             // datt = dh Wo^T
+  ops_.attention_backward(a.q, a.k, a.v, a.probs, datt_, dq_, dk_, dv_, attn_scratch_, B, T_, H, Dh);
+  ops_.rope(dq_, B, T_, H, Dh, true);
+  ops_.rope(dk_, B, T_, H, Dh, true);
+  ops_.gemm(true, false, D, D, N, T(1), a.xa, D, dq_, D, T(1), w.dwq, D);
+  ops_.gemm(true, false, D, D, N, T(1), a.xa, D, dk_, D, T(1), w.dwk, D);
+  ops_.gemm(true, false, D, D, N, T(1), a.xa, D, dv_, D, T(1), w.dwv, D);
+  ops_.gemm(false, true, N, D, D, T(1), dq_, D, w.wq, D, T(0), dtmp_, D);  // dxa = dq Wq^T
+  ops_.gemm(false, true, N, D, D, T(1), dk_, D, w.wk, D, T(1), dtmp_, D);  //     + dk Wk^T
+  ops_.gemm(false, true, N, D, D, T(1), dv_, D, w.wv, D, T(1), dtmp_, D);  //     + dv Wv^T
+  ops_.rmsnorm_backward(x_in, w.attn_norm, a.rstd_a, dtmp_, datt_, w.d_attn_norm, N, D);
+  ops_.add_inplace(dres, datt_, N * D);                                    // dres = dL/dx_in
+}
+
+template <typename T>
+double Model<T>::forward(const int32_t* tokens, int64_t B) {
+  MOE_CHECK(B >= 1 && B <= max_batch_, "micro-batch of " << B << " sequences; the model was sized for " << max_batch_);
+  const int64_t N = B * T_, D = shape_.d_model, V = shape_.vocab, L = shape_.layers;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T_; ++t) {
+      inputs_[b * T_ + t] = tokens[b * (T_ + 1) + t];
+      targets_[b * T_ + t] = tokens[b * (T_ + 1) + t + 1];
+    }
+  for (int64_t i = 0; i < N; ++i)
+    MOE_CHECK(inputs_[i] >= 0 && inputs_[i] < V && targets_[i] >= 0 && targets_[i] < V,
+              "token id outside the vocabulary [0, " << V << ")");
+  last_batch_ = B;
+
+  ops_.embedding_forward(inputs_.data(), embed_, x_[0], N, D);
+  for (int64_t l = 0; l < L; ++l) block_forward(l, x_[l], x_[l + 1], acts_[l], B);
+  ops_.rmsnorm_forward(x_[L], out_norm_, xo_, rstd_o_, N, D);
+  ops_.gemm(false, false, N, V, D, T(1), xo_, D, head_, V, T(0), logits_, V);
+  ops_.cross_entropy_forward(logits_, targets_.data(), losses_.data(), N, V);
+  double total = 0;
+  for (int64_t i = 0; i < N; ++i) total += double(losses_[i]);
+  return total;
+}
+
+template <typename T>
+void Model<T>::backward(double loss_scale) {
+  MOE_CHECK(last_batch_ > 0, "backward without a forward");
+  const int64_t B = last_batch_, N = B * T_, D = shape_.d_model, V = shape_.vocab, L = shape_.layers;
+  ops_.cross_entropy_backward(logits_, targets_.data(), T(loss_scale), dlogits_, N, V);
+  ops_.gemm(true, false, D, V, N, T(1), xo_, D, dlogits_, V, T(1), d_head_, V);  // dHead += xo^T dlogits
+  ops_.gemm(false, true, N, D, V, T(1), dlogits_, V, head_, V, T(0), dtmp_, D);  // dxo = dlogits Head^T
+  ops_.rmsnorm_backward(x_[L], out_norm_, rstd_o_, dtmp_, dres_, d_out_norm_, N, D);
+  for (int64_t l = L - 1; l >= 0; --l) {
+    // Recompute rewrites x_[l+1] with the same bits it already holds (same ops on the same input).
+    if (recompute_ == Recompute::Full) block_forward(l, x_[l], x_[l + 1], acts_[l], B);
+    block_backward(l, x_[l], dres_, acts_[l], B);
+  }
+  ops_.embedding_backward(inputs_.data(), dres_, d_embed_, N, D);
+}
+
+template <typename T>
+double Model<T>::forward_flops(int64_t B) const {
+  const double N = double(B * T_), D = double(shape_.d_model), F = double(shape_.ffn_hidden),
+               V = double(shape_.vocab), L = double(shape_.layers), Tq = double(T_);
+  const double per_layer = 2 * N * D * D * 4 + 2 * 2 * N * Tq * D + 2 * N * D * F * 3;
+  return L * per_layer + 2 * N * D * V;
+}
+
+template class Model<float>;
+template class Model<double>;
+
+}  // namespace moe

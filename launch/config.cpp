@@ -1,0 +1,469 @@
+// Loads the experiment config (launch/config.h): reads the JSON file, walks it and the --set overrides
+// against the schema (launch/config_schema.h), fills defaults, checks the rules between keys and the
+// features this build does not have yet, and renders docs/config.md. It resolves nothing that needs the
+// world size (parallel.dp = "auto" stays 0) and opens no data file: the trainer and data module do.
+#include "launch/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "launch/config_schema.h"
+
+namespace moe {
+namespace {
+
+using json = nlohmann::json;
+using config_schema::KeySpec;
+
+// One key's value and where it came from: a file path, "--set KEY=VALUE" or "default".
+struct Entry {
+  json value;
+  std::string origin;
+};
+using Entries = std::map<std::string, Entry>;
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+[[noreturn]] void unknown_key(const std::string& key, const std::string& origin) {
+  const std::string suggestion = config_schema::nearest_key(key);
+  if (!suggestion.empty())
+    MOE_BAD_INPUT("unknown key '" << key << "' in " << origin << "; did you mean '" << suggestion << "'?");
+  // Nothing close: list what the innermost valid section does have.
+  std::string section = key.substr(0, key.rfind('.') == std::string::npos ? 0 : key.rfind('.'));
+  while (!section.empty() && !config_schema::is_section(section))
+    section = section.substr(0, section.rfind('.') == std::string::npos ? 0 : section.rfind('.'));
+  MOE_BAD_INPUT("unknown key '" << key << "' in " << origin << "; "
+                                << (section.empty() ? "the sections are " : "the keys of '" + section + "' are ")
+                                << join(config_schema::section_children(section)));
+}
+
+// Records every key of `object` (the contents of `section`, "" = the whole document) into `entries`.
+void walk(const json& object, const std::string& section, const std::string& origin, Entries& entries) {
+  for (const auto& [name, value] : object.items()) {
+    const std::string key = section.empty() ? name : section + "." + name;
+    if (name.empty() || name.find('.') != std::string::npos)
+      MOE_BAD_INPUT("key '" << key << "' in " << origin
+                            << ": names may not be empty or contain '.'; write nested objects, e.g. "
+                               "{\"train\": {\"steps\": 5}}, or use --set for dotted keys");
+    if (const KeySpec* spec = config_schema::find_key(key)) {
+      entries[key] = {config_schema::check_value(*spec, value, origin), origin};
+    } else if (config_schema::is_section(key)) {
+      if (!value.is_object())
+        MOE_BAD_INPUT("'" << key << "' = " << config_schema::show_value(value) << " (in " << origin
+                          << ") is a section: expected an object with keys among "
+                          << join(config_schema::section_children(key)));
+      walk(value, key, origin, entries);
+    } else {
+      unknown_key(key, origin);
+    }
+  }
+}
+
+// "--set KEY=VALUE": VALUE is JSON when it parses, else the plain text. A string key always takes the
+// text, so `--set checkpoint.dir=2024` is the folder "2024", not a type error.
+void apply_override(const std::string& text, Entries& entries) {
+  const size_t equals = text.find('=');
+  if (equals == std::string::npos)
+    MOE_BAD_INPUT("--set '" << text << "': expected KEY=VALUE, e.g. --set train.steps=5");
+  const std::string key = text.substr(0, equals), raw = text.substr(equals + 1);
+  const std::string origin = "--set " + text;
+  const KeySpec* spec = config_schema::find_key(key);
+  const bool takes_text =
+      spec && (spec->type == config_schema::KeyType::String || spec->type == config_schema::KeyType::Choice);
+  json value = json::parse(raw, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded() || (takes_text && !value.is_string())) value = raw;
+  if (spec) {
+    entries[key] = {config_schema::check_value(*spec, value, origin), origin};
+  } else if (config_schema::is_section(key)) {
+    if (!value.is_object())
+      MOE_BAD_INPUT("'" << key << "' (in " << origin << ") is a section: expected a JSON object such as "
+                        << "--set '" << key << "={\"" << config_schema::section_children(key)[0]
+                        << "\": ...}', or set one key: --set " << key << "." << config_schema::section_children(key)[0]
+                        << "=...");
+    walk(value, key, origin, entries);
+  } else {
+    unknown_key(key.empty() ? "(empty)" : key, origin);
+  }
+}
+
+// "moe.router.tau" -> /moe/router/tau, so `resolved` nests objects instead of keeping dotted names.
+json::json_pointer json_pointer_of(const std::string& key) {
+  std::string pointer = "/" + key;
+  std::replace(pointer.begin(), pointer.end(), '.', '/');
+  return json::json_pointer(pointer);
+}
+
+// Reads the complete (defaults filled) entries into the typed structs, counting the keys read so a schema
+// key that is never wired to a field is caught at the first load.
+class FieldReader {
+ public:
+  explicit FieldReader(const Entries& entries) : entries_(entries) {}
+  int64_t integer(const std::string& key) { return at(key).get<int64_t>(); }
+  double number(const std::string& key) { return at(key).get<double>(); }
+  bool boolean(const std::string& key) { return at(key).get<bool>(); }
+  std::string string(const std::string& key) { return at(key).get<std::string>(); }
+  const json& at(const std::string& key) {
+    read_.insert(key);
+    return entries_.at(key).value;
+  }
+  size_t keys_read() const { return read_.size(); }
+
+ private:
+  const Entries& entries_;
+  std::set<std::string> read_;
+};
+
+Config fill(const Entries& entries) {
+  FieldReader r(entries);
+  Config c;
+  c.train.steps = r.integer("train.steps");
+  c.train.seed = uint64_t(r.integer("train.seed"));
+  c.train.global_batch = r.integer("train.global_batch");
+  c.train.micro_batch = r.integer("train.micro_batch");
+  c.train.seq_len = r.integer("train.seq_len");
+  c.train.recompute = r.string("train.recompute");
+  c.train.log_every = r.integer("train.log_every");
+  c.train.eval_every = r.integer("train.eval_every");
+  c.train.eval_sequences = r.integer("train.eval_sequences");
+  c.train.threads = r.integer("train.threads");
+
+  c.model.vocab = r.integer("model.vocab");
+  c.model.d_model = r.integer("model.d_model");
+  c.model.layers = r.integer("model.layers");
+  c.model.heads = r.integer("model.heads");
+  c.model.ffn_hidden = r.integer("model.ffn_hidden");
+
+  c.moe.num_experts = r.integer("moe.num_experts");
+  c.moe.top_k = r.integer("moe.top_k");
+  c.moe.every = r.integer("moe.every");
+  c.moe.expert_hidden = r.integer("moe.expert_hidden");
+  c.moe.shared_experts = r.integer("moe.shared_experts");
+  c.moe.fallback_hidden = r.integer("moe.fallback_hidden");
+  c.moe.router.tau = r.number("moe.router.tau");
+  c.moe.router.noise = r.string("moe.router.noise");
+  c.moe.router.score = r.string("moe.router.score");
+  c.moe.router.normalize = r.boolean("moe.router.normalize");
+  c.moe.router.bias_balance_rate = r.number("moe.router.bias_balance.rate");
+  c.moe.capacity_factor = r.number("moe.capacity_factor");
+  c.moe.drop_policy = r.string("moe.drop_policy");
+  c.moe.overflow = r.string("moe.overflow");
+  c.moe.expert_dropout = r.number("moe.expert_dropout");
+  c.moe.loss.aux = r.number("moe.loss.aux");
+  c.moe.loss.z = r.number("moe.loss.z");
+  c.moe.loss.entropy = r.number("moe.loss.entropy");
+  c.moe.loss.death = r.number("moe.loss.death");
+  c.moe.loss.death_floor = r.number("moe.loss.death_floor");
+
+  c.optim.lr = r.number("optim.lr");
+  c.optim.min_lr = r.number("optim.min_lr");
+  c.optim.warmup = r.integer("optim.warmup");
+  c.optim.weight_decay = r.number("optim.weight_decay");
+  c.optim.beta1 = r.number("optim.beta1");
+  c.optim.beta2 = r.number("optim.beta2");
+  c.optim.eps = r.number("optim.eps");
+  c.optim.clip = r.number("optim.clip");
+  c.optim.per_expert_clip = r.number("optim.per_expert_clip");
+  c.optim.zero = r.boolean("optim.zero");
+
+  c.parallel.tp = r.integer("parallel.tp");
+  c.parallel.pp = r.integer("parallel.pp");
+  c.parallel.ep = r.integer("parallel.ep");
+  const json& dp = r.at("parallel.dp");
+  c.parallel.dp = dp.is_string() ? 0 : dp.get<int64_t>();  // "auto" waits for the world size
+
+  c.checkpoint.dir = r.string("checkpoint.dir");
+  c.checkpoint.every = r.integer("checkpoint.every");
+  c.checkpoint.keep = r.integer("checkpoint.keep");
+
+  c.fault.heartbeat_timeout_s = r.number("fault.heartbeat_timeout_s");
+  c.fault.max_restarts = r.integer("fault.max_restarts");
+
+  for (const json& source : r.at("data.sources"))
+    c.data.sources.push_back({source.at("name").get<std::string>(), source.at("path").get<std::string>(),
+                              source.at("weight").get<double>()});
+  c.data.heldout_fraction = r.number("data.heldout_fraction");
+
+  MOE_CHECK(r.keys_read() == config_schema::schema().size(),
+            "config fill() reads " << r.keys_read() << " keys, the schema has " << config_schema::schema().size());
+  for (const auto& [key, entry] : entries) c.resolved[json_pointer_of(key)] = entry.value;
+  return c;
+}
+
+// ---- Rules between keys: each states its reason, and docs/config.md lists them. -------------------
+
+struct Checked {
+  const Config& config;
+  const Entries& entries;
+  // "model.heads = 3 (in --set model.heads=3)": the value and where it came from, for messages.
+  std::string show(const std::string& key) const {
+    const Entry& e = entries.at(key);
+    return key + " = " + config_schema::show_value(e.value) + " (" +
+           (e.origin == "default" ? "default" : "in " + e.origin) + ")";
+  }
+};
+
+struct Rule {
+  const char* doc;
+  void (*check)(const Checked&);
+};
+
+void check_heads_divide_width(const Checked& c) {
+  if (c.config.model.d_model % c.config.model.heads != 0)
+    MOE_BAD_INPUT(c.show("model.d_model") << " is not a multiple of " << c.show("model.heads")
+                                          << ": each attention head gets d_model / heads dimensions");
+}
+void check_head_dim_even(const Checked& c) {
+  const int64_t head_dim = c.config.model.d_model / c.config.model.heads;
+  if (head_dim % 2 != 0)
+    MOE_BAD_INPUT("head dimension " << head_dim << " = " << c.show("model.d_model") << " / " << c.show("model.heads")
+                                    << " is odd; expected an even head dimension: rotary embeddings rotate pairs");
+}
+void check_micro_batches_fill_step(const Checked& c) {
+  if (c.config.train.global_batch % c.config.train.micro_batch != 0)
+    MOE_BAD_INPUT(c.show("train.global_batch") << " is not a multiple of " << c.show("train.micro_batch")
+                                               << ": a step accumulates whole micro-batches");
+}
+void check_min_lr(const Checked& c) {
+  if (c.config.optim.min_lr > c.config.optim.lr)
+    MOE_BAD_INPUT(c.show("optim.min_lr") << " is above " << c.show("optim.lr")
+                                         << ": expected min_lr <= lr (the schedule decays from lr to min_lr)");
+}
+void check_vocab_holds_bytes(const Checked& c) {
+  if (c.config.model.vocab < 256)
+    MOE_BAD_INPUT(c.show("model.vocab") << ": expected at least 256: the tokenizer is bytes, so every byte value "
+                                           "0..255 needs a token");
+}
+void check_top_k(const Checked& c) {
+  if (c.config.moe.num_experts > 0 && c.config.moe.top_k > c.config.moe.num_experts)
+    MOE_BAD_INPUT(c.show("moe.top_k") << " exceeds " << c.show("moe.num_experts")
+                                      << ": a token cannot be routed to more experts than a layer has");
+}
+void check_moe_every(const Checked& c) {
+  if (c.config.moe.every > c.config.model.layers)
+    MOE_BAD_INPUT(c.show("moe.every") << " exceeds " << c.show("model.layers")
+                                      << ": expected moe.every <= model.layers, or no block would be MoE");
+}
+
+const std::vector<Rule>& rules() {
+  static const std::vector<Rule> table = {
+      {"`model.d_model` is a multiple of `model.heads`.", check_heads_divide_width},
+      {"The head dimension `model.d_model / model.heads` is even (rotary embeddings rotate pairs).",
+       check_head_dim_even},
+      {"`train.global_batch` is a multiple of `train.micro_batch`.", check_micro_batches_fill_step},
+      {"`optim.min_lr` <= `optim.lr`.", check_min_lr},
+      {"`model.vocab` >= 256: the tokenizer is bytes.", check_vocab_holds_bytes},
+      {"`moe.top_k` <= `moe.num_experts` when `moe.num_experts` > 0.", check_top_k},
+      {"`moe.every` <= `model.layers`.", check_moe_every},
+      {"Data source names are non-empty and unique.", nullptr},  // checked with the list itself
+  };
+  return table;
+}
+
+// ---- Features this build does not have yet. Delete a gate when its feature lands. ---------------
+
+void gate_tensor_parallel(const Checked& c) {
+  if (c.config.parallel.tp != 1)
+    MOE_BAD_INPUT(c.show("parallel.tp") << ": tensor parallelism is not available in this build yet (expected 1)");
+}
+void gate_pipeline_parallel(const Checked& c) {
+  if (c.config.parallel.pp != 1)
+    MOE_BAD_INPUT(c.show("parallel.pp") << ": pipeline parallelism is not available in this build yet (expected 1)");
+}
+void gate_expert_parallel(const Checked& c) {
+  if (c.config.parallel.ep != 1)
+    MOE_BAD_INPUT(c.show("parallel.ep") << ": expert parallelism is not available in this build yet (expected 1)");
+}
+void gate_data_parallel(const Checked& c) {
+  if (c.config.parallel.dp != 0 && c.config.parallel.dp != 1)
+    MOE_BAD_INPUT(
+        c.show("parallel.dp") << ": data parallelism is not available in this build yet (expected 1 or \"auto\")");
+}
+void gate_moe_layers(const Checked& c) {
+  if (c.config.moe.num_experts > 0)
+    MOE_BAD_INPUT(c.show("moe.num_experts")
+                  << ": MoE layers are not available in this build yet; set moe.num_experts to 0");
+}
+
+const std::vector<Rule>& gates() {
+  static const std::vector<Rule> table = {
+      {"`parallel.tp` = 1: tensor parallelism.", gate_tensor_parallel},
+      {"`parallel.pp` = 1: pipeline parallelism.", gate_pipeline_parallel},
+      {"`parallel.ep` = 1: expert parallelism.", gate_expert_parallel},
+      {"`parallel.dp` = 1 or `\"auto\"`: data parallelism.", gate_data_parallel},
+      {"`moe.num_experts` = 0: MoE layers.", gate_moe_layers},
+  };
+  return table;
+}
+
+std::string read_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) MOE_BAD_INPUT("config file '" << path << "' does not exist");
+  if (std::filesystem::is_directory(path, ec))
+    MOE_BAD_INPUT("config file '" << path << "' is a directory; expected a JSON file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) MOE_BAD_INPUT("cannot open config file '" << path << "': " << std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// nlohmann reports a byte offset; people read lines and columns, and the line itself.
+[[noreturn]] void malformed_json(const std::string& path, const std::string& text, const json::parse_error& e) {
+  // e.byte counts from 1 and points at the last character read, the one that broke the parse.
+  const size_t offset = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
+  const size_t previous_newline = offset == 0 ? std::string::npos : text.rfind('\n', offset - 1);
+  const size_t begin = previous_newline == std::string::npos ? 0 : previous_newline + 1;
+  const int64_t line = 1 + std::count(text.begin(), text.begin() + int64_t(begin), '\n');
+  const int64_t column = int64_t(offset - begin) + 1;
+  std::string detail = e.what();
+  // Keep nlohmann's explanation ("syntax error while parsing ...") without its own position prefix.
+  if (const size_t at = detail.find(": syntax error"); at != std::string::npos) detail = detail.substr(at + 2);
+  std::string source_line = text.substr(begin, text.find('\n', begin) - begin);
+  if (source_line.size() > 120) source_line = source_line.substr(0, 120) + "...";
+  MOE_BAD_INPUT("malformed JSON in " << path << " at line " << line << ", column " << column << ": " << detail << "\n  "
+                                     << source_line);
+}
+
+// JSON keeps only the last of two equal keys; in a config that silently drops a setting.
+json parse_rejecting_duplicates(const std::string& path, const std::string& text) {
+  struct Frame {
+    std::string path;
+    bool is_array = false;
+    int64_t next_index = 0;
+    std::string last_key;
+    std::set<std::string> keys;
+  };
+  std::vector<Frame> stack;
+  auto child_path = [&stack]() -> std::string {
+    if (stack.empty()) return "";
+    Frame& top = stack.back();
+    if (top.is_array) return top.path + "[" + std::to_string(top.next_index++) + "]";
+    return top.path.empty() ? top.last_key : top.path + "." + top.last_key;
+  };
+  auto callback = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start: {
+        Frame frame;
+        frame.path = child_path();
+        frame.is_array = event == json::parse_event_t::array_start;
+        stack.push_back(std::move(frame));
+        break;
+      }
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        stack.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        Frame& top = stack.back();
+        top.last_key = parsed.get<std::string>();
+        if (!top.keys.insert(top.last_key).second)
+          MOE_BAD_INPUT("duplicate key '" << (top.path.empty() ? "" : top.path + ".") << top.last_key << "' in " << path
+                                          << ": JSON keeps only the last value; remove one of them");
+        break;
+      }
+      case json::parse_event_t::value:
+        if (!stack.empty() && stack.back().is_array) ++stack.back().next_index;
+        break;
+    }
+    return true;
+  };
+  try {
+    return json::parse(text, callback);
+  } catch (const json::parse_error& e) {
+    malformed_json(path, text, e);
+  }
+}
+
+}  // namespace
+
+Config config_from_json(const json& document, const std::vector<std::string>& overrides, const std::string& origin) {
+  if (!document.is_object())
+    MOE_BAD_INPUT("config " << origin << " = " << config_schema::show_value(document)
+                            << ": expected a JSON object with sections among "
+                            << join(config_schema::section_children("")));
+  Entries entries;
+  walk(document, "", origin, entries);
+  for (const std::string& text : overrides) apply_override(text, entries);
+  for (const KeySpec& spec : config_schema::schema())
+    if (!entries.count(spec.key))
+      entries[spec.key] = {config_schema::check_value(spec, spec.default_value, "default"), "default"};
+  Config config = fill(entries);
+  const Checked checked{config, entries};
+  for (const Rule& rule : rules())
+    if (rule.check) rule.check(checked);
+  for (const Rule& gate : gates()) gate.check(checked);
+  return config;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  return config_from_json(parse_rejecting_duplicates(path, read_file(path)), overrides, path);
+}
+
+std::string config_reference_markdown() {
+  std::ostringstream out;
+  out << R"(# Config reference
+
+<!-- Generated by moe::config_reference_markdown() from the schema in launch/config_schema.cpp and the
+     rules in launch/config.cpp; do not edit by hand. Regenerate with
+     MOE_REGENERATE_DOCS=1 build/bin/test_config --gtest_filter='ConfigDocs.*' -->
+
+An experiment is one JSON file of nested objects, one per section below. Every key is optional and takes
+its default when absent; the defaults are a small dense model that trains on a CPU. For example:
+
+```json
+{
+  "train": {"steps": 1000, "global_batch": 32},
+  "model": {"d_model": 256, "layers": 6},
+  "data": {"sources": [{"name": "code", "path": "data/code.txt", "weight": 2}]}
+}
+```
+
+The resolved config, every key with its value, is written to the run directory as `config.json`.
+
+## Overriding keys: `--set`
+
+`moe train --config FILE --set KEY=VALUE ...` replaces one key after the file is read; a later `--set`
+wins over an earlier one. KEY is a dotted key of the tables below. VALUE is read as JSON when it parses,
+so `--set train.steps=5` is the integer 5 and `--set 'data.sources=[{"name": "a", "path": "a.txt"}]'`
+is a list; otherwise it is the text itself (`--set moe.router.noise=gumbel`, `--set parallel.dp=auto`).
+A string-valued key always takes the text (`--set checkpoint.dir=2024` is the folder "2024"). KEY may
+also be a section with a JSON object as VALUE: `--set 'moe.router={"tau": 0.5}'`.
+
+## Validation
+
+The whole config is checked when it is loaded, before any work starts. The first problem stops the
+program with exit code 2 and a message naming the key, its value, where the value came from (the file
+or the `--set`) and what is expected.
+
+- Types are strict: an `integer` must be a JSON integer (`3.0` and `"3"` are errors); a `number`
+  accepts integers too.
+- Values must be in range, and strings one of the allowed values.
+- Unknown keys are errors at every level, and the nearest valid key is suggested; a section must be an
+  object. A key may appear only once in a file.
+- Malformed JSON is reported with its line and column.
+
+The values must also agree with each other:
+
+)";
+  for (const Rule& rule : rules()) out << "- " << rule.doc << "\n";
+  out << "\nThese features are not available in this build yet, so their keys must keep these values:\n\n";
+  for (const Rule& gate : gates()) out << "- " << gate.doc << "\n";
+  out << "\n" << config_schema::tables_markdown();
+  std::string text = out.str();
+  while (text.size() >= 2 && text[text.size() - 1] == '\n' && text[text.size() - 2] == '\n') text.pop_back();
+  return text;
+}
+
+}  // namespace moe

@@ -1,0 +1,121 @@
+// The experiment config: one JSON file per experiment, the keys of CONTRACT.md plus the project's own.
+// Loading validates every key before any work starts: wrong type, out-of-range value, unknown key (with
+// the nearest valid key suggested), inconsistent values. Each failure throws moe::Error(BadInput) whose
+// message names the dotted key, the value and what is expected. docs/config.md is the full reference and
+// is generated from the same schema (config_reference_markdown), so the two cannot drift.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace moe {
+
+struct TrainConfig {
+  int64_t steps = 0;
+  uint64_t seed = 0;
+  int64_t global_batch = 0;  // sequences per optimizer step
+  int64_t micro_batch = 0;   // sequences per micro-batch (= one routing group)
+  int64_t seq_len = 0;
+  std::string recompute;     // "none" | "full"
+  int64_t log_every = 0;
+  int64_t eval_every = 0;    // 0: no periodic evaluation (a final one still runs)
+  int64_t eval_sequences = 0;  // held-out sequences per data source per evaluation
+  int64_t threads = 0;       // 0: cores / ranks on this node
+};
+
+struct ModelConfig {
+  int64_t vocab = 0;
+  int64_t d_model = 0;
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t ffn_hidden = 0;    // width of the dense SwiGLU MLP
+};
+
+struct RouterConfig {
+  double tau = 1.0;
+  std::string noise;         // "gumbel" | "none"
+  std::string score;         // "softmax" | "sigmoid"
+  bool normalize = true;
+  double bias_balance_rate = 0.0;  // moe.router.bias_balance.rate; 0 = off
+};
+
+struct MoeLossConfig {
+  double aux = 0.0, z = 0.0, entropy = 0.0, death = 0.0, death_floor = 0.01;
+};
+
+struct MoeConfig {
+  int64_t num_experts = 0;   // 0: every FFN is dense
+  int64_t top_k = 1;
+  int64_t every = 1;
+  int64_t expert_hidden = 0;
+  int64_t shared_experts = 0;
+  int64_t fallback_hidden = 0;
+  RouterConfig router;
+  double capacity_factor = 0.0;  // <= 0: no limit
+  std::string drop_policy;       // "probs" | "position"
+  std::string overflow;          // "drop" | "reroute" | "dense"
+  double expert_dropout = 0.0;
+  MoeLossConfig loss;
+};
+
+struct OptimConfig {
+  double lr = 0, min_lr = 0;
+  int64_t warmup = 0;
+  double weight_decay = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double clip = 0;           // global grad-norm clip; 0 = off
+  double per_expert_clip = 0;  // 0 = off
+  bool zero = false;
+};
+
+struct ParallelConfig {
+  int64_t tp = 1, pp = 1, ep = 1;
+  int64_t dp = 0;            // 0 when "auto": world / (tp * pp), resolved once the world size is known
+};
+
+struct CheckpointConfig {
+  std::string dir;
+  int64_t every = 0;         // 0 = no checkpoints
+  int64_t keep = 1;
+};
+
+struct FaultConfig {
+  double heartbeat_timeout_s = 0;
+  int64_t max_restarts = 0;
+};
+
+struct DataSourceConfig {
+  std::string name;
+  std::string path;          // a UTF-8/byte text file, tokenized by bytes
+  double weight = 1.0;
+};
+
+struct DataConfig {
+  std::vector<DataSourceConfig> sources;  // empty: the embedded default corpus
+  double heldout_fraction = 0.0;
+};
+
+struct Config {
+  TrainConfig train;
+  ModelConfig model;
+  MoeConfig moe;
+  OptimConfig optim;
+  ParallelConfig parallel;
+  CheckpointConfig checkpoint;
+  FaultConfig fault;
+  DataConfig data;
+  nlohmann::json resolved;   // every key with its value (defaults filled in), as written to config.json
+};
+
+// Loads `path` (JSON), applies `overrides` ("dotted.key=value", value parsed as JSON when it parses,
+// else taken as a string), fills defaults and validates. Throws moe::Error(BadInput) naming the file.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides);
+// The same from an already-parsed document (`origin` names it in messages).
+Config config_from_json(const nlohmann::json& document, const std::vector<std::string>& overrides,
+                        const std::string& origin);
+// docs/config.md, generated from the schema.
+std::string config_reference_markdown();
+
+}  // namespace moe

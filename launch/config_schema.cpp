@@ -1,0 +1,423 @@
+// The table of every config key and the checks of one value against it (launch/config_schema.h).
+// The rules between keys, files and --set live in launch/config.cpp.
+#include "launch/config_schema.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace moe::config_schema {
+namespace {
+
+using json = nlohmann::json;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+Range at_least(double v) { return {v, kInf, false, false}; }
+Range above(double v) { return {v, kInf, true, false}; }
+Range between(double lo, double hi, bool lo_open, bool hi_open) { return {lo, hi, lo_open, hi_open}; }
+Range unbounded() { return {}; }
+
+KeySpec integer(std::string key, int64_t def, Range range, std::string doc) {
+  return {std::move(key), KeyType::Integer, def, range, {}, std::move(doc)};
+}
+KeySpec number(std::string key, double def, Range range, std::string doc) {
+  return {std::move(key), KeyType::Number, def, range, {}, std::move(doc)};
+}
+KeySpec boolean(std::string key, bool def, std::string doc) {
+  return {std::move(key), KeyType::Boolean, def, {}, {}, std::move(doc)};
+}
+KeySpec choice(std::string key, std::string def, std::vector<std::string> choices, std::string doc) {
+  return {std::move(key), KeyType::Choice, std::move(def), {}, std::move(choices), std::move(doc)};
+}
+KeySpec string(std::string key, std::string def, std::string doc) {
+  return {std::move(key), KeyType::String, std::move(def), {}, {}, std::move(doc)};
+}
+KeySpec integer_or_auto(std::string key, std::string def, Range range, std::string doc) {
+  return {std::move(key), KeyType::IntegerOrAuto, std::move(def), range, {}, std::move(doc)};
+}
+KeySpec sources(std::string key, std::string doc) {
+  return {std::move(key), KeyType::Sources, json::array(), {}, {}, std::move(doc)};
+}
+
+std::vector<KeySpec> build_schema() {
+  // Defaults describe a small CPU model that trains in minutes on the embedded corpus.
+  return {
+      integer("train.steps", 300, at_least(1), "optimizer steps to run"),
+      integer("train.seed", 1234, at_least(0), "seed of every random stream (init, data order, router noise, dropout)"),
+      integer("train.global_batch", 16, at_least(1), "sequences per optimizer step"),
+      integer("train.micro_batch", 4, at_least(1),
+              "sequences per micro-batch (one routing group); a step accumulates global_batch / micro_batch of them"),
+      integer("train.seq_len", 128, at_least(2), "tokens per training sequence"),
+      choice("train.recompute", "none", {"none", "full"},
+             "activation recomputation: `none` keeps activations for backward, `full` recomputes each block"),
+      integer("train.log_every", 10, at_least(1), "write a metrics.jsonl line every this many steps"),
+      integer("train.eval_every", 100, at_least(0),
+              "evaluate on held-out data every this many steps; 0 = only at the end"),
+      integer("train.eval_sequences", 8, at_least(1), "held-out sequences per data source per evaluation"),
+      integer("train.threads", 0, at_least(0), "CPU threads per rank; 0 = the node's cores divided by its ranks"),
+
+      integer("model.vocab", 256, at_least(2), "vocabulary size; at least 256 while tokens are bytes"),
+      integer("model.d_model", 128, at_least(1), "width of the residual stream"),
+      integer("model.layers", 4, at_least(1), "transformer blocks"),
+      integer("model.heads", 4, at_least(1), "attention heads; d_model / heads must be an even integer"),
+      integer("model.ffn_hidden", 384, at_least(1), "hidden width of the dense SwiGLU MLP"),
+
+      integer("moe.num_experts", 0, at_least(0), "routed experts per MoE layer; 0 = every FFN is dense"),
+      integer("moe.top_k", 2, at_least(1), "experts each token is routed to"),
+      integer("moe.every", 1, at_least(1),
+              "every this-many-th block has an MoE FFN instead of the dense MLP (1 = all)"),
+      integer("moe.expert_hidden", 128, at_least(1), "hidden width of each expert's SwiGLU MLP"),
+      integer("moe.shared_experts", 0, at_least(0), "experts every token passes through besides its routed ones"),
+      integer("moe.fallback_hidden", 64, at_least(1), "hidden width of the dense MLP that `moe.overflow = dense` uses"),
+      number("moe.router.tau", 1.0, above(0), "router temperature: logits are divided by it before scoring"),
+      choice("moe.router.noise", "none", {"gumbel", "none"}, "noise added to the router logits in training"),
+      choice("moe.router.score", "softmax", {"softmax", "sigmoid"}, "how router logits become scores"),
+      boolean("moe.router.normalize", true, "rescale each token's top-k scores to sum to 1"),
+      number("moe.router.bias_balance.rate", 0.0, at_least(0),
+             "step size of the loss-free balancing bias on router scores; 0 = off"),
+      number("moe.capacity_factor", 1.25, unbounded(),
+             "expert capacity = factor * tokens * top_k / experts per routing group; <= 0 = no limit"),
+      choice("moe.drop_policy", "probs", {"probs", "position"},
+             "which assignments a full expert keeps: highest score (`probs`) or earliest token (`position`)"),
+      choice("moe.overflow", "drop", {"drop", "reroute", "dense"},
+             "an assignment over capacity is dropped, rerouted to the next expert with room, or sent to the dense "
+             "fallback MLP"),
+      number("moe.expert_dropout", 0.0, between(0, 1, false, true), "dropout probability inside experts in training"),
+      number("moe.loss.aux", 0.01, at_least(0), "weight of the load-balancing loss"),
+      number("moe.loss.z", 0.001, at_least(0), "weight of the router z-loss"),
+      number("moe.loss.entropy", 0.0, unbounded(),
+             "weight of the mean routing entropy in the loss; > 0 sharpens routing, < 0 spreads it"),
+      number("moe.loss.death", 0.0, at_least(0),
+             "weight of the penalty on experts whose token share falls below "
+             "death_floor"),
+      number("moe.loss.death_floor", 0.01, between(0, 1, false, false), "token share under which an expert is dying"),
+
+      number("optim.lr", 3e-3, above(0), "peak learning rate, reached at the end of warmup"),
+      number("optim.min_lr", 3e-4, at_least(0), "learning rate at the last step; at most optim.lr"),
+      integer("optim.warmup", 20, at_least(0), "steps of linear learning-rate warmup"),
+      number("optim.weight_decay", 0.1, at_least(0), "AdamW decoupled weight decay on the decayed tensors"),
+      number("optim.beta1", 0.9, between(0, 1, false, true), "AdamW first-moment decay"),
+      number("optim.beta2", 0.95, between(0, 1, false, true), "AdamW second-moment decay"),
+      number("optim.eps", 1e-8, above(0), "AdamW denominator epsilon"),
+      number("optim.clip", 1.0, at_least(0), "clip the global gradient norm to this; 0 = off"),
+      number("optim.per_expert_clip", 0.0, at_least(0), "clip each expert's gradient norm to this; 0 = off"),
+      boolean("optim.zero", false, "shard the optimizer state over data-parallel ranks (ZeRO-1)"),
+
+      integer("parallel.tp", 1, at_least(1), "tensor-parallel ranks"),
+      integer("parallel.pp", 1, at_least(1), "pipeline stages"),
+      integer("parallel.ep", 1, at_least(1), "expert-parallel ranks: the experts are split over them"),
+      integer_or_auto("parallel.dp", "auto", at_least(1),
+                      "data-parallel replicas; `\"auto\"` = world size / (tp * pp)"),
+
+      string("checkpoint.dir", "checkpoints", "checkpoint folder, relative to the run directory"),
+      integer("checkpoint.every", 0, at_least(0), "write a checkpoint every this many steps; 0 = off"),
+      integer("checkpoint.keep", 2, at_least(1), "newest checkpoints kept; older ones are deleted"),
+
+      number("fault.heartbeat_timeout_s", 60.0, above(0), "seconds without a heartbeat before the supervisor restarts"),
+      integer("fault.max_restarts", 3, at_least(0), "restarts before the supervisor gives up (exit 3)"),
+
+      sources("data.sources", "training text sources (see above); `[]` = the embedded default corpus"),
+      number("data.heldout_fraction", 0.05, between(0, 0.5, true, false),
+             "fraction of each source held out for evaluation"),
+  };
+}
+
+[[noreturn]] void bad_value(const KeySpec& spec, const std::string& key, const json& value, const std::string& origin,
+                            const std::string& hint = "") {
+  MOE_BAD_INPUT(key << " = " << show_value(value) << " (in " << origin << "): expected " << describe_expected(spec)
+                    << hint);
+}
+
+bool in_range(const Range& r, double v) {
+  const bool above_min = r.min_open ? v > r.min : v >= r.min;
+  const bool below_max = r.max_open ? v < r.max : v <= r.max;
+  return above_min && below_max;
+}
+
+std::string format_bound(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+// ">= 1", "> 0", "in [0, 1)"; empty when unbounded.
+std::string describe_range(const Range& r) {
+  const bool has_min = std::isfinite(r.min), has_max = std::isfinite(r.max);
+  if (has_min && has_max)
+    return "in " + std::string(r.min_open ? "(" : "[") + format_bound(r.min) + ", " + format_bound(r.max) +
+           (r.max_open ? ")" : "]");
+  if (has_min) return (r.min_open ? "> " : ">= ") + format_bound(r.min);
+  if (has_max) return (r.max_open ? "< " : "<= ") + format_bound(r.max);
+  return "";
+}
+
+std::string quoted_list(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "\"" : ", \"") + item + "\"";
+  return out;
+}
+
+// One entry of data.sources: {"name": non-empty string, "path": non-empty string, "weight": number > 0}.
+json check_source(const KeySpec& spec, const json& item, size_t index, const std::string& origin) {
+  const std::string where = spec.key + "[" + std::to_string(index) + "]";
+  if (!item.is_object())
+    MOE_BAD_INPUT(where << " = " << show_value(item) << " (in " << origin
+                        << "): expected an object {\"name\": string, \"path\": string, \"weight\": number > 0}");
+  static const std::vector<std::string> kFields = {"name", "path", "weight"};
+  for (const auto& [field, value] : item.items()) {
+    if (std::find(kFields.begin(), kFields.end(), field) != kFields.end()) continue;
+    std::string best = kFields[0];
+    for (const std::string& f : kFields)
+      if (edit_distance(field, f) < edit_distance(field, best)) best = f;
+    MOE_BAD_INPUT("unknown key '" << where << "." << field << "' in " << origin << "; did you mean '" << where << "."
+                                  << best << "'? (a source has name, path and weight)");
+  }
+  json out = json::object();
+  for (const char* field : {"name", "path"}) {
+    if (!item.contains(field))
+      MOE_BAD_INPUT(where << " (in " << origin << ") has no \"" << field << "\": every source needs a name and a path");
+    const json& value = item.at(field);
+    if (!value.is_string() || value.get<std::string>().empty())
+      MOE_BAD_INPUT(where << "." << field << " = " << show_value(value) << " (in " << origin
+                          << "): expected a non-empty string");
+    out[field] = value;
+  }
+  const json weight = item.value("weight", json(1.0));
+  if (!weight.is_number() || !std::isfinite(weight.get<double>()) || weight.get<double>() <= 0)
+    MOE_BAD_INPUT(where << ".weight = " << show_value(weight) << " (in " << origin << "): expected a number > 0");
+  out["weight"] = weight.get<double>();
+  return out;
+}
+
+json check_sources(const KeySpec& spec, const json& value, const std::string& origin) {
+  if (!value.is_array()) bad_value(spec, spec.key, value, origin);
+  json out = json::array();
+  for (size_t i = 0; i < value.size(); ++i) {
+    json source = check_source(spec, value[i], i, origin);
+    // Names label eval_loss_by_source in metrics.jsonl, so two sources may not share one.
+    for (size_t j = 0; j < i; ++j)
+      if (out[j]["name"] == source["name"])
+        MOE_BAD_INPUT(spec.key << "[" << i << "].name = " << source["name"].dump() << " (in " << origin
+                               << "): expected a unique name, but " << spec.key << "[" << j
+                               << "] has it too (names label eval_loss_by_source)");
+    out.push_back(std::move(source));
+  }
+  return out;
+}
+
+std::string last_component(const std::string& key) { return key.substr(key.rfind('.') + 1); }
+
+std::string escape_cell(const std::string& text) {
+  std::string out;
+  for (char c : text) out += (c == '|') ? std::string("\\|") : std::string(1, c);
+  return out;
+}
+
+std::string type_name(const KeySpec& spec) {
+  switch (spec.type) {
+    case KeyType::Integer:
+      return "integer";
+    case KeyType::Number:
+      return "number";
+    case KeyType::Boolean:
+      return "boolean";
+    case KeyType::Choice:
+      return "string";
+    case KeyType::String:
+      return "string";
+    case KeyType::IntegerOrAuto:
+      return "integer or `\"auto\"`";
+    case KeyType::Sources:
+      return "list of sources";
+  }
+  return "";
+}
+
+std::string allowed_cell(const KeySpec& spec) {
+  if (spec.type == KeyType::Choice) {
+    std::string out;
+    for (const std::string& c : spec.choices) out += (out.empty() ? "`\"" : ", `\"") + c + "\"`";
+    return out;
+  }
+  if (spec.type == KeyType::String) return "non-empty";
+  if (spec.type == KeyType::Boolean) return "`true`, `false`";
+  if (spec.type == KeyType::Sources) return "see above";
+  if (spec.type == KeyType::IntegerOrAuto) return describe_range(spec.range) + " or `\"auto\"`";
+  const std::string range = describe_range(spec.range);
+  return range.empty() ? "any" : range;
+}
+
+}  // namespace
+
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> table = build_schema();
+  return table;
+}
+
+const std::vector<SectionSpec>& sections() {
+  static const std::vector<SectionSpec> table = {
+      {"train", "The run: its length, batch shape, logging and evaluation."},
+      {"model", "The transformer's shape (pre-norm blocks, rotary attention, SwiGLU MLPs)."},
+      {"moe", "Mixture-of-experts layers: the experts, the router, capacity and the routing losses."},
+      {"optim", "AdamW with linear warmup and decay to `min_lr`; gradient clipping."},
+      {"parallel", "How the ranks are split; world size = dp * tp * pp."},
+      {"checkpoint", "Checkpoints of the run directory, which `--resume auto` continues from."},
+      {"fault", "The supervisor (`moe launch`): failure detection and restarts."},
+      {"data",
+       "Training text. Each source is an object `{\"name\": ..., \"path\": ..., \"weight\": ...}`: `name` a non-empty "
+       "string unique among the sources (it labels `eval_loss_by_source`), `path` a text file tokenized by bytes, "
+       "`weight` its sampling weight, a number > 0 (default 1)."},
+  };
+  return table;
+}
+
+const KeySpec* find_key(const std::string& key) {
+  for (const KeySpec& spec : schema())
+    if (spec.key == key) return &spec;
+  return nullptr;
+}
+
+bool is_section(const std::string& path) {
+  if (path.empty()) return false;
+  for (const KeySpec& spec : schema())
+    if (spec.key.size() > path.size() && spec.key.compare(0, path.size(), path) == 0 && spec.key[path.size()] == '.')
+      return true;
+  return false;
+}
+
+std::vector<std::string> section_children(const std::string& section) {
+  const std::string prefix = section.empty() ? "" : section + ".";
+  std::vector<std::string> children;
+  for (const KeySpec& spec : schema()) {
+    if (spec.key.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = spec.key.substr(prefix.size());
+    const std::string child = rest.substr(0, rest.find('.'));
+    if (std::find(children.begin(), children.end(), child) == children.end()) children.push_back(child);
+  }
+  return children;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  // Levenshtein with adjacent transpositions ("trian" -> "train" is one edit): the typo people make.
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+std::string nearest_key(const std::string& unknown) {
+  std::vector<std::string> candidates;
+  for (const KeySpec& spec : schema()) candidates.push_back(spec.key);
+  for (const KeySpec& spec : schema())
+    for (size_t dot = spec.key.find('.'); dot != std::string::npos; dot = spec.key.find('.', dot + 1))
+      candidates.push_back(spec.key.substr(0, dot));
+  // A key written in the wrong section ("steps" at the top, "moe.tau") keeps its own name: that beats
+  // any spelling distance.
+  for (const std::string& c : candidates)
+    if (c != unknown && last_component(c) == last_component(unknown)) return c;
+  std::string best;
+  size_t best_distance = std::numeric_limits<size_t>::max();
+  for (const std::string& c : candidates) {
+    const size_t d = edit_distance(unknown, c);
+    if (d < best_distance) best = c, best_distance = d;
+  }
+  // Farther than this, a suggestion is noise; the caller lists the section's keys instead.
+  return best_distance <= std::max<size_t>(1, unknown.size() / 3) ? best : "";
+}
+
+std::string describe_expected(const KeySpec& spec) {
+  const std::string range = describe_range(spec.range);
+  switch (spec.type) {
+    case KeyType::Integer:
+      return range.empty() ? "an integer" : "an integer " + range;
+    case KeyType::Number:
+      return range.empty() ? "a number" : "a number " + range;
+    case KeyType::Boolean:
+      return "true or false";
+    case KeyType::Choice:
+      return "one of " + quoted_list(spec.choices);
+    case KeyType::String:
+      return "a non-empty string";
+    case KeyType::IntegerOrAuto:
+      return "an integer " + range + " or \"auto\"";
+    case KeyType::Sources:
+      return "a list of sources, each {\"name\": string, \"path\": string, \"weight\": number > 0}";
+  }
+  return "";
+}
+
+std::string show_value(const json& value) {
+  std::string text = value.dump();
+  constexpr size_t kMaxChars = 80;
+  if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "...";
+  return text;
+}
+
+json check_value(const KeySpec& spec, const json& value, const std::string& origin) {
+  switch (spec.type) {
+    case KeyType::Integer:
+    case KeyType::IntegerOrAuto: {
+      if (spec.type == KeyType::IntegerOrAuto && value == "auto") return value;
+      if (!value.is_number_integer()) {
+        // The two mistakes people make, named so the fix is obvious.
+        std::string hint;
+        const double as_double = value.is_number() ? value.get<double>() : 0.0;
+        if (value.is_number_float() && std::floor(as_double) == as_double && std::fabs(as_double) < 1e15)
+          hint = " (a JSON integer: write " + std::to_string(int64_t(as_double)) + ", not " + value.dump() + ")";
+        else if (value.is_string())
+          hint = " (a JSON integer, without quotes)";
+        bad_value(spec, spec.key, value, origin, hint);
+      }
+      if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+        bad_value(spec, spec.key, value, origin);
+      const int64_t v = value.get<int64_t>();
+      if (!in_range(spec.range, double(v))) bad_value(spec, spec.key, value, origin);
+      return v;
+    }
+    case KeyType::Number: {
+      if (!value.is_number() || !std::isfinite(value.get<double>())) bad_value(spec, spec.key, value, origin);
+      const double v = value.get<double>();
+      if (!in_range(spec.range, v)) bad_value(spec, spec.key, value, origin);
+      return v;
+    }
+    case KeyType::Boolean:
+      if (!value.is_boolean()) bad_value(spec, spec.key, value, origin);
+      return value;
+    case KeyType::Choice:
+      if (!value.is_string() ||
+          std::find(spec.choices.begin(), spec.choices.end(), value.get<std::string>()) == spec.choices.end())
+        bad_value(spec, spec.key, value, origin);
+      return value;
+    case KeyType::String:
+      if (!value.is_string() || value.get<std::string>().empty()) bad_value(spec, spec.key, value, origin);
+      return value;
+    case KeyType::Sources:
+      return check_sources(spec, value, origin);
+  }
+  MOE_FAIL("unhandled key type of " << spec.key);
+}
+
+std::string tables_markdown() {
+  std::ostringstream out;
+  for (const SectionSpec& section : sections()) {
+    out << "## `" << section.name << "`\n\n" << section.doc << "\n\n";
+    out << "| Key | Type | Default | Allowed | Meaning |\n|---|---|---|---|---|\n";
+    for (const KeySpec& spec : schema()) {
+      if (spec.key.compare(0, section.name.size() + 1, section.name + ".") != 0) continue;
+      out << "| `" << spec.key << "` | " << type_name(spec) << " | `" << escape_cell(spec.default_value.dump())
+          << "` | " << escape_cell(allowed_cell(spec)) << " | " << escape_cell(spec.doc) << " |\n";
+    }
+    out << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace moe::config_schema

@@ -1,0 +1,80 @@
+// The `moe` program: parses the command line (CLI11) and runs a subcommand. The only place that turns
+// errors into exit codes: 0 success, 2 bad input (nothing written), 1 anything else (CONTRACT.md).
+#include <unistd.h>
+
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "core/error.h"
+#include "launch/trainer.h"
+
+namespace {
+
+constexpr int kExitBadInput = 2;
+constexpr int kExitOther = 1;
+
+std::string hostname() {
+  char buf[256] = {};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"moe: train mixture-of-experts language models, from one laptop to a GPU cluster.\n"
+               "Run `moe SUBCOMMAND --help` for the options of each subcommand.",
+               "moe"};
+  app.require_subcommand(1);
+
+  moe::TrainOptions train;
+  CLI::App* train_cmd = app.add_subcommand(
+      "train", "One rank of training (run it under mpirun for several ranks; without mpirun for one).");
+  train_cmd->add_option("--config", train.config_path, "Experiment config (JSON); see docs/config.md")
+      ->required()
+      ->check(CLI::ExistingFile);
+  train_cmd->add_option("--set", train.overrides,
+                        "Override a config key: --set moe.router.tau=0.5 (repeatable; value parsed as JSON, "
+                        "else taken as a string)");
+  train_cmd->add_option("--run-dir", train.run_dir,
+                        "Run directory for config.json, manifest.json, metrics.jsonl (default: runs/<config name>)");
+  train_cmd->add_option("--resume", train.resume,
+                        "auto: continue from the newest checkpoint of the run directory that verifies, if any; "
+                        "none: start from step 0; PATH: a checkpoint")
+      ->default_val("auto");
+  train_cmd->add_flag("--overwrite", train.overwrite,
+                      "Start again in a run directory that already holds a run (its files are replaced)");
+  train_cmd->add_flag("--quiet", train.quiet, "No progress line on the terminal");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : kExitBadInput;
+  }
+
+  const int rank = 0;
+  moe::set_error_context(rank, hostname());
+  try {
+    if (train_cmd->parsed()) {
+      train.command_line.assign(argv, argv + argc);
+      moe::run_train(train);
+    }
+    return 0;
+  } catch (const moe::Error& e) {
+    if (e.kind() == moe::ErrorKind::BadInput) {
+      std::fprintf(stderr, "moe: error: %s\n", e.message().c_str());
+      return kExitBadInput;
+    }
+    std::fprintf(stderr, "moe: internal error (%s, %s:%d): %s\n", moe::error_context().c_str(), e.file().c_str(),
+                 e.line(), e.message().c_str());
+    return kExitOther;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moe: error (%s): %s\n", moe::error_context().c_str(), e.what());
+    return kExitOther;
+  }
+}

@@ -1,0 +1,25 @@
+// The terminal progress line: step/total, loss, lr, tokens/s, ETA. On a TTY one line updates in place;
+// otherwise (a log file, CI) each logged step prints a plain line.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace moe {
+
+class Progress {
+ public:
+  explicit Progress(bool enabled);
+  void step(int64_t step, int64_t total, double loss, double lr, double tokens_per_s, double eta_s);
+  // A line that stays (evaluation results, the end): ends any in-place line first.
+  void note(const std::string& line);
+  void finish();
+
+ private:
+  bool enabled_, tty_;
+  bool open_line_ = false;
+};
+
+std::string format_duration(double seconds);
+
+}  // namespace moe

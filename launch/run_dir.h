@@ -1,0 +1,43 @@
+// The run directory (CONTRACT.md): resolved config.json, manifest.json, metrics.jsonl. Deciding whether
+// a directory may be used is separate from writing to it, so every refusal happens before anything
+// is written or overwritten.
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "launch/config.h"
+
+namespace moe {
+
+// Refuses (BadInput) a run directory that already holds a run (config.json or metrics.jsonl) unless
+// `overwrite`, and a path that exists but is not a directory. Writes nothing.
+void check_run_dir_usable(const std::string& run_dir, bool overwrite);
+
+// Creates the directory and writes config.json (the resolved config) and manifest.json.
+void write_run_files(const std::string& run_dir, const Config& config, const std::vector<std::string>& command_line,
+                     int threads);
+
+// The config's identity: xxh64 of its canonical JSON, as 16 hex digits.
+std::string config_hash(const Config& config);
+// Versions of the compiler and the libraries linked, for manifest.json.
+nlohmann::json build_versions();
+
+// Appends one JSON object per line and flushes each, so a crash loses at most the line being written.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  void write(const nlohmann::json& line);
+
+ private:
+  std::FILE* file_ = nullptr;
+  std::string path_;
+};
+
+}  // namespace moe

@@ -1,0 +1,197 @@
+// The training loop of one rank.
+#include "launch/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "core/backend/ops.h"
+#include "core/error.h"
+#include "core/model.h"
+#include "data/corpus.h"
+#include "data/loader.h"
+#include "launch/config.h"
+#include "launch/progress.h"
+#include "launch/run_dir.h"
+#include "optim/adamw.h"
+
+namespace moe {
+namespace fs = std::filesystem;
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  return (end && *end == '\0' && x > 0) ? int(x) : fallback;
+}
+
+// Capabilities that later parts of the project bring; refused here, before any work, rather than ignored.
+void check_supported(const Config& config, const TrainOptions& options) {
+  const int world = launcher_world_size();
+  if (world > 1)
+    MOE_BAD_INPUT("moe train was started as one of " << world
+                  << " ranks, but this build trains on one rank (data and expert parallelism are not available "
+                     "yet); run it without mpirun or with mpirun -np 1");
+  if (config.checkpoint.every > 0)
+    MOE_BAD_INPUT("checkpoint.every = " << config.checkpoint.every
+                  << ": checkpoints are not available in this build yet; expected 0");
+  if (options.resume != "auto" && options.resume != "none")
+    MOE_BAD_INPUT("--resume " << options.resume
+                  << ": resuming from a checkpoint is not available in this build yet; expected auto or none");
+}
+
+data::Corpus load_training_corpus(const Config& config) {
+  data::Corpus corpus;
+  if (config.data.sources.empty()) {
+    corpus = data::embedded_corpus(config.data.heldout_fraction);
+  } else {
+    std::vector<data::SourceSpec> specs;
+    for (const DataSourceConfig& s : config.data.sources) specs.push_back({s.name, s.path, s.weight});
+    corpus = data::load_corpus(specs, config.data.heldout_fraction);
+  }
+  data::validate_corpus(corpus, config.train.seq_len, config.model.vocab);
+  return corpus;
+}
+
+struct EvalResult {
+  double loss = 0;
+  std::vector<std::pair<std::string, double>> by_source;
+};
+
+// Mean token loss over the first eval_sequences held-out windows of every source.
+EvalResult evaluate(Model<float>& model, const data::Loader& loader, int64_t eval_sequences, int64_t micro_batch,
+                    int64_t T) {
+  EvalResult r;
+  std::vector<int32_t> tokens(size_t(micro_batch * (T + 1)));
+  double total = 0, total_tokens = 0;
+  for (int32_t s = 0; s < loader.num_sources(); ++s) {
+    const int64_t n = std::min(eval_sequences, loader.heldout_count(s));
+    double source_loss = 0;
+    for (int64_t start = 0; start < n; start += micro_batch) {
+      const int64_t B = std::min(micro_batch, n - start);
+      for (int64_t b = 0; b < B; ++b) loader.heldout_sequence(s, start + b, tokens.data() + b * (T + 1));
+      source_loss += model.forward(tokens.data(), B);
+    }
+    r.by_source.emplace_back(loader.source_name(s), source_loss / double(n * T));
+    total += source_loss;
+    total_tokens += double(n * T);
+  }
+  r.loss = total / total_tokens;
+  return r;
+}
+
+}  // namespace
+
+int launcher_world_size() {
+  return env_int("OMPI_COMM_WORLD_SIZE", env_int("PMI_SIZE", env_int("PMIX_SIZE", 1)));
+}
+int launcher_local_size() { return env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("MPI_LOCALNRANKS", 1)); }
+
+void run_train(const TrainOptions& options) {
+  // Everything that can be refused is checked before anything is written.
+  const Config config = load_config(options.config_path, options.overrides);
+  check_supported(config, options);
+  const std::string run_dir =
+      options.run_dir.empty() ? "runs/" + fs::path(options.config_path).stem().string() : options.run_dir;
+  check_run_dir_usable(run_dir, options.overwrite);
+  const data::Corpus corpus = load_training_corpus(config);
+
+  const TrainConfig& tc = config.train;
+  const int threads = tc.threads > 0
+                          ? int(tc.threads)
+                          : std::max(1, int(std::thread::hardware_concurrency()) / launcher_local_size());
+  set_compute_threads(threads);
+
+  const ModelShape shape{config.model.vocab, config.model.d_model, config.model.layers, config.model.heads,
+                         config.model.ffn_hidden};
+  const int64_t T = tc.seq_len, micro = tc.micro_batch;
+  const int64_t micro_batches = tc.global_batch / micro;  // one data-parallel rank
+  Model<float> model(cpu_ops<float>(), shape, T, micro,
+                     tc.recompute == "full" ? Recompute::Full : Recompute::None);
+  model.init_params(tc.seed);
+  AdamW optimizer(model.table(), {config.optim.lr, config.optim.beta1, config.optim.beta2, config.optim.eps,
+                                  config.optim.weight_decay});
+  const LrSchedule schedule{config.optim.lr, config.optim.min_lr, config.optim.warmup, tc.steps};
+  const data::Loader loader(corpus, tc.seed, T);
+
+  write_run_files(run_dir, config, options.command_line, threads);
+  MetricsWriter metrics((fs::path(run_dir) / "metrics.jsonl").string());
+  Progress progress(!options.quiet);
+  progress.note("moe train: " + std::to_string(model.num_params()) + " parameters, " +
+                std::to_string(tc.steps) + " steps of " + std::to_string(tc.global_batch * T) + " tokens, " +
+                std::to_string(threads) + " threads; run directory " + run_dir);
+
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto interval_start = start;
+  int64_t interval_tokens = 0;
+  const double tokens_per_step = double(tc.global_batch * T);
+  const double loss_scale = 1.0 / tokens_per_step;  // mean over all tokens of the global batch
+  std::vector<int32_t> tokens(size_t(micro * (T + 1)));
+
+  for (int64_t step = 0; step < tc.steps; ++step) {
+    model.zero_grads();
+    double loss_sum = 0;
+    for (int64_t mb = 0; mb < micro_batches; ++mb) {
+      for (int64_t b = 0; b < micro; ++b) loader.train_sequence(step, mb * micro + b, tokens.data() + b * (T + 1));
+      loss_sum += model.forward(tokens.data(), micro);
+      model.backward(loss_scale);
+    }
+    const double lm_loss = loss_sum * loss_scale;
+    if (!std::isfinite(lm_loss))
+      MOE_FAIL("the loss became " << lm_loss << " at step " << step + 1 << "; lower optim.lr or raise optim.warmup");
+    const double grad_norm = clip_grad_norm(model.grads(), model.num_params(), config.optim.clip);
+    const double lr = schedule.at(step);
+    optimizer.step(model.params(), model.grads(), lr);
+    interval_tokens += int64_t(tokens_per_step);
+
+    const int64_t done = step + 1;
+    if (done % tc.log_every == 0 || done == 1 || done == tc.steps) {
+      const auto now = Clock::now();
+      const double interval_s = std::chrono::duration<double>(now - interval_start).count();
+      const double elapsed_s = std::chrono::duration<double>(now - start).count();
+      const double tokens_per_s = interval_s > 0 ? double(interval_tokens) / interval_s : 0.0;
+      nlohmann::json line = {{"step", done},
+                             {"loss", lm_loss},
+                             {"lm_loss", lm_loss},
+                             {"aux_loss", 0.0},
+                             {"z_loss", 0.0},
+                             {"entropy_loss", 0.0},
+                             {"death_loss", 0.0},
+                             {"lr", lr},
+                             {"grad_norm", grad_norm},
+                             {"tokens", int64_t(done * tokens_per_step)},
+                             {"tokens_per_s", tokens_per_s},
+                             {"elapsed_s", elapsed_s},
+                             {"moe", nlohmann::json::array()}};
+      metrics.write(line);
+      const double eta = elapsed_s / double(done) * double(tc.steps - done);
+      progress.step(done, tc.steps, lm_loss, lr, tokens_per_s, eta);
+      interval_start = now;
+      interval_tokens = 0;
+    }
+    const bool last = done == tc.steps;
+    if ((tc.eval_every > 0 && done % tc.eval_every == 0) || last) {
+      const EvalResult ev = evaluate(model, loader, tc.eval_sequences, micro, T);
+      nlohmann::json by_source = nlohmann::json::object();
+      std::string text = "eval step " + std::to_string(done) + ": loss " + std::to_string(ev.loss) + " (";
+      for (size_t i = 0; i < ev.by_source.size(); ++i) {
+        by_source[ev.by_source[i].first] = ev.by_source[i].second;
+        text += (i ? ", " : "") + ev.by_source[i].first + " " + std::to_string(ev.by_source[i].second);
+      }
+      metrics.write({{"step", done}, {"eval_loss", ev.loss}, {"eval_loss_by_source", by_source}});
+      progress.note(text + ")");
+      interval_start = Clock::now();  // evaluation time does not count against training throughput
+    }
+  }
+  progress.finish();
+  const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
+  progress.note("done in " + format_duration(total_s) + "; metrics in " + (fs::path(run_dir) / "metrics.jsonl").string());
+}
+
+}  // namespace moe

@@ -1,0 +1,28 @@
+// `moe train`: one rank of training. Loads and validates everything first (config, run directory,
+// data), then writes the run directory and trains: micro-batches with gradient accumulation, global
+// clipping, AdamW, metrics.jsonl, a progress line, periodic evaluation on the held-out split.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace moe {
+
+struct TrainOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;  // --set KEY=VALUE
+  std::string run_dir;                 // empty: runs/<config file stem>
+  std::string resume = "auto";         // auto | none | PATH
+  bool overwrite = false;
+  bool quiet = false;                  // no progress line (tests)
+  std::vector<std::string> command_line;  // recorded in manifest.json
+};
+
+// Returns normally on success; throws moe::Error (BadInput for anything the user can fix).
+void run_train(const TrainOptions& options);
+
+// Ranks in this job and ranks on this node, from the launcher's environment (1 when not under mpirun).
+int launcher_world_size();
+int launcher_local_size();
+
+}  // namespace moe

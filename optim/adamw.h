@@ -1,0 +1,49 @@
+// AdamW with decoupled weight decay (Loshchilov & Hutter), applied per parameter tensor of the table so
+// that norm gains and embeddings skip decay; the learning-rate schedule (linear warmup, cosine decay to
+// a floor); global gradient-norm clipping. Optimizer state (moments, step) lives in flat buffers carved
+// by the same parameter table as the parameters.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/params.h"
+
+namespace moe {
+
+struct AdamWSettings {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+struct LrSchedule {
+  double lr = 1e-3, min_lr = 0.0;
+  int64_t warmup = 0, steps = 1;
+  // Learning rate of optimizer step `step` (0-based): linear from lr/warmup up to lr over `warmup`
+  // steps, then cosine from lr down to min_lr at the last step.
+  double at(int64_t step) const;
+};
+
+class AdamW {
+ public:
+  AdamW(const ParamTable& table, AdamWSettings settings);
+  // One update of params from grads at learning rate lr. Increments the step count first (bias
+  // correction uses t = 1 for the first update).
+  void step(float* params, const float* grads, double lr);
+  int64_t steps_taken() const { return t_; }
+  std::vector<float>& first_moment() { return m_; }
+  std::vector<float>& second_moment() { return v_; }
+
+ private:
+  const ParamTable& table_;
+  AdamWSettings s_;
+  std::vector<float> m_, v_;
+  int64_t t_ = 0;
+};
+
+// L2 norm of all gradients (fixed reduction order). When clip > 0 and the norm exceeds it, scales the
+// gradients by clip / norm. Returns the norm before clipping.
+double clip_grad_norm(float* grads, int64_t n, double clip);
+
+}  // namespace moe

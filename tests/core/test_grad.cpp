@@ -1,0 +1,194 @@
+// Finite-difference gradient checks (double precision) for every op's backward, the dense MLP, and
+// the whole model; and the gradient-accumulation contract of STYLE.md.
+#include <gtest/gtest.h>
+
+#include "core/backend/ops.h"
+#include "core/ffn.h"
+#include "core/model.h"
+#include "grad_check.h"
+
+namespace moe {
+namespace {
+
+using testing::dot;
+using testing::expect_gradient_matches;
+using testing::random_vector;
+
+Ops<double>& ops() { return cpu_ops<double>(); }
+
+TEST(GradCheck, RmsNorm) {
+  const int64_t N = 5, D = 12;
+  auto x = random_vector(N * D, 1, "x");
+  auto g = random_vector(D, 1, "g");
+  for (double& v : g) v += 1.0;
+  const auto r = random_vector(N * D, 1, "r");
+  std::vector<double> y(N * D), rstd(N), dx(N * D), dg(D, 0.0);
+  auto objective = [&] {
+    ops().rmsnorm_forward(x.data(), g.data(), y.data(), rstd.data(), N, D);
+    return dot(r, y.data());
+  };
+  objective();
+  ops().rmsnorm_backward(x.data(), g.data(), rstd.data(), r.data(), dx.data(), dg.data(), N, D);
+  expect_gradient_matches("rmsnorm dx", x, dx, objective);
+  expect_gradient_matches("rmsnorm dgain", g, dg, objective);
+}
+
+TEST(GradCheck, Rope) {
+  const int64_t B = 2, T = 5, H = 3, Dh = 8, n = B * T * H * Dh;
+  auto x = random_vector(n, 2, "x");
+  const auto r = random_vector(n, 2, "r");
+  std::vector<double> y(n), dx(r);
+  auto objective = [&] {
+    y = x;
+    ops().rope(y.data(), B, T, H, Dh, false);
+    return dot(r, y.data());
+  };
+  ops().rope(dx.data(), B, T, H, Dh, true);
+  expect_gradient_matches("rope dx", x, dx, objective);
+  // The inverse undoes the forward.
+  y = x;
+  ops().rope(y.data(), B, T, H, Dh, false);
+  ops().rope(y.data(), B, T, H, Dh, true);
+  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(y[i], x[i], 1e-14);
+}
+
+TEST(GradCheck, Attention) {
+  const int64_t B = 2, T = 6, H = 2, Dh = 4, n = B * T * H * Dh;
+  auto q = random_vector(n, 3, "q"), k = random_vector(n, 3, "k"), v = random_vector(n, 3, "v");
+  const auto r = random_vector(n, 3, "r");
+  std::vector<double> out(n), probs(B * H * T * T), dq(n), dk(n), dv(n), scratch(T * T);
+  auto objective = [&] {
+    ops().attention_forward(q.data(), k.data(), v.data(), out.data(), probs.data(), B, T, H, Dh);
+    return dot(r, out.data());
+  };
+  objective();
+  ops().attention_backward(q.data(), k.data(), v.data(), probs.data(), r.data(), dq.data(), dk.data(), dv.data(),
+                           scratch.data(), B, T, H, Dh);
+  expect_gradient_matches("attention dq", q, dq, objective);
+  expect_gradient_matches("attention dk", k, dk, objective);
+  expect_gradient_matches("attention dv", v, dv, objective);
+  // Causality: the first position attends only to itself.
+  for (int64_t j = 1; j < T; ++j) EXPECT_EQ(probs[j], 0.0);
+  EXPECT_DOUBLE_EQ(probs[0], 1.0);
+}
+
+TEST(GradCheck, SwiGlu) {
+  const int64_t n = 50;
+  auto a = random_vector(n, 4, "a", 2.0), b = random_vector(n, 4, "b");
+  const auto r = random_vector(n, 4, "r");
+  std::vector<double> h(n), da(n), db(n);
+  auto objective = [&] {
+    ops().swiglu_forward(a.data(), b.data(), h.data(), n);
+    return dot(r, h.data());
+  };
+  ops().swiglu_backward(a.data(), b.data(), r.data(), da.data(), db.data(), n);
+  expect_gradient_matches("swiglu da", a, da, objective);
+  expect_gradient_matches("swiglu db", b, db, objective);
+}
+
+TEST(GradCheck, CrossEntropy) {
+  const int64_t N = 4, V = 9;
+  auto z = random_vector(N * V, 5, "z", 3.0);
+  const std::vector<int32_t> targets = {0, 8, 3, 3};
+  std::vector<double> losses(N), dz(N * V);
+  const double scale = 0.25;
+  auto objective = [&] {
+    ops().cross_entropy_forward(z.data(), targets.data(), losses.data(), N, V);
+    double s = 0;
+    for (double l : losses) s += l;
+    return scale * s;
+  };
+  ops().cross_entropy_backward(z.data(), targets.data(), scale, dz.data(), N, V);
+  expect_gradient_matches("cross-entropy dlogits", z, dz, objective);
+}
+
+TEST(GradCheck, Embedding) {
+  const int64_t N = 7, D = 5, V = 4;
+  auto table = random_vector(V * D, 6, "E");
+  const std::vector<int32_t> tokens = {0, 3, 3, 1, 0, 2, 3};
+  const auto r = random_vector(N * D, 6, "r");
+  std::vector<double> out(N * D), dtable(V * D, 0.0);
+  auto objective = [&] {
+    ops().embedding_forward(tokens.data(), table.data(), out.data(), N, D);
+    return dot(r, out.data());
+  };
+  ops().embedding_backward(tokens.data(), r.data(), dtable.data(), N, D);
+  expect_gradient_matches("embedding dtable", table, dtable, objective);
+}
+
+TEST(GradCheck, DenseMlp) {
+  const int64_t N = 6, D = 8, F = 10;
+  DenseMlp<double> mlp(ops(), D, F, 2);
+  ParamTable table;
+  mlp.register_params(table, "mlp");
+  std::vector<double> params(table.numel()), grads(table.numel(), 0.0);
+  table.initialize(params.data(), 7);
+  for (double& p : params) p *= 20;  // O(1) weights so the nonlinearity matters
+  mlp.bind(table, params.data(), grads.data());
+  auto x = random_vector(N * D, 7, "x");
+  const auto r = random_vector(N * D, 7, "r");
+  std::vector<double> y(N * D), dx(N * D), acts(mlp.activation_size(N)), scratch(mlp.scratch_size(N));
+  auto objective = [&] {
+    mlp.forward(x.data(), y.data(), acts.data(), N);
+    return dot(r, y.data());
+  };
+  objective();
+  mlp.backward(x.data(), r.data(), dx.data(), acts.data(), scratch.data(), N);
+  expect_gradient_matches("mlp dx", x, dx, objective);
+  expect_gradient_matches("mlp dparams", params, grads, objective, 80);
+}
+
+// The whole model: d(mean token loss)/d(every parameter tensor).
+void check_model(Recompute recompute) {
+  ModelShape shape{13, 8, 2, 2, 12};
+  const int64_t T = 5, B = 3;
+  Model<double> model(ops(), shape, T, B, recompute);
+  model.init_params(11);
+  for (int64_t i = 0; i < model.num_params(); ++i) model.params()[i] *= 5;  // leave the near-linear regime
+  std::vector<int32_t> tokens(B * (T + 1));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 7 + 3) % shape.vocab);
+  const double scale = 1.0 / double(B * T);
+  model.zero_grads();
+  model.forward(tokens.data(), B);
+  model.backward(scale);
+  std::vector<double> analytic(model.grads(), model.grads() + model.num_params());
+  std::vector<double> params(model.params(), model.params() + model.num_params());
+  for (const ParamSpec& spec : model.table().specs()) {
+    std::vector<double> x(params.begin() + spec.offset, params.begin() + spec.offset + spec.numel);
+    std::vector<double> g(analytic.begin() + spec.offset, analytic.begin() + spec.offset + spec.numel);
+    auto objective = [&] {
+      std::copy(x.begin(), x.end(), model.params() + spec.offset);
+      return scale * model.forward(tokens.data(), B);
+    };
+    expect_gradient_matches("model " + spec.name, x, g, objective, 12);
+    std::copy(x.begin(), x.end(), model.params() + spec.offset);
+  }
+}
+
+TEST(GradCheck, WholeModel) { check_model(Recompute::None); }
+TEST(GradCheck, WholeModelWithRecompute) { check_model(Recompute::Full); }
+
+// STYLE.md: parameter gradients accumulate. Two backwards give twice the gradients, up to the rounding
+// of one addition per element (BLAS may fold the old value in before or after its K-blocks).
+TEST(GradientContract, BackwardTwiceIsTwiceTheGradients) {
+  ModelShape shape{11, 8, 2, 2, 8};
+  const int64_t T = 4, B = 2;
+  Model<double> model(ops(), shape, T, B, Recompute::None);
+  model.init_params(3);
+  std::vector<int32_t> tokens(B * (T + 1));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 5 + 1) % shape.vocab);
+  model.zero_grads();
+  model.forward(tokens.data(), B);
+  model.backward(0.5);
+  std::vector<double> once(model.grads(), model.grads() + model.num_params());
+  model.forward(tokens.data(), B);
+  model.backward(0.5);
+  double max_abs = 0;
+  for (double g : once) max_abs = std::max(max_abs, std::abs(g));
+  ASSERT_GT(max_abs, 0.0);
+  for (int64_t i = 0; i < model.num_params(); ++i)
+    ASSERT_NEAR(model.grads()[i], 2 * once[i], 1e-14 * max_abs) << "parameter element " << i;
+}
+
+}  // namespace
+}  // namespace moe

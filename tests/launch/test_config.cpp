@@ -1,0 +1,386 @@
+// Tests of the config loader (launch/config.h): defaults, every validation rule with the key and value in
+// its message, --set, malformed files, docs/config.md against its generator, and the repo's configs/*.json.
+// It does not test what the trainer does with the values.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "core/error.h"
+#include "launch/config.h"
+
+namespace moe {
+namespace {
+
+using json = nlohmann::json;
+
+// Runs `load`, expects a BadInput whose message contains every one of `parts`.
+void expect_bad_input(const std::function<void()>& load, const std::vector<std::string>& parts) {
+  try {
+    load();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::BadInput) << e.message();
+    for (const std::string& part : parts)
+      EXPECT_NE(e.message().find(part), std::string::npos) << "message lacks '" << part << "':\n" << e.message();
+    return;
+  }
+  ADD_FAILURE() << "no error; expected one mentioning " << (parts.empty() ? "" : parts[0]);
+}
+
+Config from(const json& document, const std::vector<std::string>& overrides = {}) {
+  return config_from_json(document, overrides, "test.json");
+}
+
+// {"a": {"b": value}} from "a.b".
+json document_with(const std::string& key, const json& value) {
+  std::string pointer = "/" + key;
+  std::replace(pointer.begin(), pointer.end(), '.', '/');
+  json document = json::object();
+  document[json::json_pointer(pointer)] = value;
+  return document;
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const auto path = std::filesystem::temp_directory_path() / ("moe_test_config_" + std::to_string(::getpid()) + name);
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+TEST(ConfigDefaults, EmptyDocumentGivesTheSmallCpuModel) {
+  const Config c = from(json::object());
+  EXPECT_EQ(c.train.steps, 300);
+  EXPECT_EQ(c.train.seed, 1234u);
+  EXPECT_EQ(c.train.global_batch, 16);
+  EXPECT_EQ(c.train.micro_batch, 4);
+  EXPECT_EQ(c.train.seq_len, 128);
+  EXPECT_EQ(c.train.recompute, "none");
+  EXPECT_EQ(c.train.eval_every, 100);
+  EXPECT_EQ(c.train.threads, 0);
+  EXPECT_EQ(c.model.vocab, 256);
+  EXPECT_EQ(c.model.d_model, 128);
+  EXPECT_EQ(c.model.ffn_hidden, 384);
+  EXPECT_EQ(c.moe.num_experts, 0);
+  EXPECT_EQ(c.moe.top_k, 2);
+  EXPECT_EQ(c.moe.router.noise, "none");
+  EXPECT_EQ(c.moe.router.score, "softmax");
+  EXPECT_TRUE(c.moe.router.normalize);
+  EXPECT_DOUBLE_EQ(c.moe.capacity_factor, 1.25);
+  EXPECT_EQ(c.moe.overflow, "drop");
+  EXPECT_DOUBLE_EQ(c.moe.loss.aux, 0.01);
+  EXPECT_DOUBLE_EQ(c.moe.loss.death_floor, 0.01);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 3e-3);
+  EXPECT_DOUBLE_EQ(c.optim.min_lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c.optim.eps, 1e-8);
+  EXPECT_FALSE(c.optim.zero);
+  EXPECT_EQ(c.parallel.tp, 1);
+  EXPECT_EQ(c.parallel.dp, 0);  // "auto"
+  EXPECT_EQ(c.checkpoint.dir, "checkpoints");
+  EXPECT_EQ(c.checkpoint.keep, 2);
+  EXPECT_DOUBLE_EQ(c.fault.heartbeat_timeout_s, 60.0);
+  EXPECT_EQ(c.fault.max_restarts, 3);
+  EXPECT_TRUE(c.data.sources.empty());
+  EXPECT_DOUBLE_EQ(c.data.heldout_fraction, 0.05);
+}
+
+TEST(ConfigDefaults, ResolvedHasEveryKeyNested) {
+  const json& r = from(json::object()).resolved;
+  EXPECT_EQ(r.at("moe").at("router").at("bias_balance").at("rate"), 0.0);
+  EXPECT_EQ(r.at("parallel").at("dp"), "auto");
+  EXPECT_EQ(r.at("data").at("sources"), json::array());
+  EXPECT_TRUE(r.at("moe").at("router").at("tau").is_number_float());
+  EXPECT_FALSE(r.contains("moe.router.tau"));
+  EXPECT_EQ(r.size(), 8u);  // the sections
+}
+
+TEST(ConfigDefaults, ResolvedLoadsBackToItself) {
+  const Config first = from(document_with("train.steps", 7), {"data.sources=[{\"name\":\"a\",\"path\":\"a.txt\"}]"});
+  EXPECT_EQ(from(first.resolved).resolved, first.resolved);
+  EXPECT_EQ(first.resolved["data"]["sources"][0]["weight"], 1.0);
+}
+
+TEST(ConfigLoad, FileValuesAndOverrides) {
+  const std::string path = write_temp("ok.json", R"({"train": {"steps": 5, "seed": 9}, "optim": {"lr": 1}})");
+  const Config c = load_config(path, {"train.steps=6", "moe.router.noise=gumbel", "parallel.dp=auto"});
+  EXPECT_EQ(c.train.steps, 6);
+  EXPECT_EQ(c.train.seed, 9u);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 1.0);  // numbers accept integers
+  EXPECT_EQ(c.moe.router.noise, "gumbel");
+  EXPECT_EQ(c.parallel.dp, 0);
+  std::filesystem::remove(path);
+}
+
+TEST(ConfigTypes, IntegersMustBeJsonIntegers) {
+  expect_bad_input([] { from(document_with("train.steps", 3.0)); }, {"train.steps", "3.0", "integer", "test.json"});
+  expect_bad_input([] { from(document_with("train.steps", "3")); }, {"train.steps", "\"3\"", "integer"});
+  expect_bad_input([] { from(document_with("model.layers", true)); }, {"model.layers", "true", "integer"});
+}
+
+TEST(ConfigTypes, OtherTypes) {
+  expect_bad_input([] { from(document_with("optim.lr", "fast")); }, {"optim.lr", "\"fast\"", "number"});
+  expect_bad_input([] { from(document_with("optim.zero", 1)); }, {"optim.zero", "1", "true or false"});
+  expect_bad_input([] { from(document_with("checkpoint.dir", 5)); }, {"checkpoint.dir", "5", "string"});
+  expect_bad_input([] { from(document_with("checkpoint.dir", "")); }, {"checkpoint.dir", "non-empty"});
+  expect_bad_input([] { from(document_with("parallel.dp", "all")); }, {"parallel.dp", "\"all\"", "\"auto\""});
+}
+
+TEST(ConfigTypes, ChoicesListTheAllowedValues) {
+  expect_bad_input([] { from(document_with("moe.router.noise", "gauss")); },
+                   {"moe.router.noise", "\"gauss\"", "\"gumbel\", \"none\""});
+  expect_bad_input([] { from(document_with("moe.overflow", "spill")); },
+                   {"moe.overflow", "\"drop\", \"reroute\", \"dense\""});
+  expect_bad_input([] { from(document_with("train.recompute", "some")); }, {"train.recompute", "\"none\", \"full\""});
+  expect_bad_input([] { from(document_with("moe.router.score", 1)); }, {"moe.router.score", "\"softmax\""});
+  expect_bad_input([] { from(document_with("moe.drop_policy", "random")); }, {"moe.drop_policy", "\"position\""});
+}
+
+TEST(ConfigRanges, EachBoundIsEnforced) {
+  struct Case {
+    std::string key;
+    json value;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"train.steps", 0, ">= 1"},
+      {"train.seed", -1, ">= 0"},
+      {"train.global_batch", 0, ">= 1"},
+      {"train.micro_batch", 0, ">= 1"},
+      {"train.seq_len", 1, ">= 2"},
+      {"train.log_every", 0, ">= 1"},
+      {"train.eval_every", -1, ">= 0"},
+      {"train.eval_sequences", 0, ">= 1"},
+      {"train.threads", -2, ">= 0"},
+      {"model.vocab", 1, ">= 2"},
+      {"model.d_model", 0, ">= 1"},
+      {"model.layers", 0, ">= 1"},
+      {"model.heads", 0, ">= 1"},
+      {"model.ffn_hidden", 0, ">= 1"},
+      {"moe.num_experts", -1, ">= 0"},
+      {"moe.top_k", 0, ">= 1"},
+      {"moe.every", 0, ">= 1"},
+      {"moe.expert_hidden", 0, ">= 1"},
+      {"moe.shared_experts", -1, ">= 0"},
+      {"moe.fallback_hidden", 0, ">= 1"},
+      {"moe.router.tau", 0, "> 0"},
+      {"moe.router.bias_balance.rate", -0.1, ">= 0"},
+      {"moe.expert_dropout", 1, "in [0, 1)"},
+      {"moe.loss.aux", -1, ">= 0"},
+      {"moe.loss.z", -1, ">= 0"},
+      {"moe.loss.death", -1, ">= 0"},
+      {"moe.loss.death_floor", 1.5, "in [0, 1]"},
+      {"optim.lr", 0, "> 0"},
+      {"optim.min_lr", -1e-3, ">= 0"},
+      {"optim.warmup", -1, ">= 0"},
+      {"optim.weight_decay", -1, ">= 0"},
+      {"optim.beta1", 1.0, "in [0, 1)"},
+      {"optim.beta2", -0.5, "in [0, 1)"},
+      {"optim.eps", 0, "> 0"},
+      {"optim.clip", -1, ">= 0"},
+      {"optim.per_expert_clip", -1, ">= 0"},
+      {"parallel.tp", 0, ">= 1"},
+      {"parallel.pp", 0, ">= 1"},
+      {"parallel.ep", 0, ">= 1"},
+      {"parallel.dp", 0, ">= 1 or \"auto\""},
+      {"checkpoint.every", -1, ">= 0"},
+      {"checkpoint.keep", 0, ">= 1"},
+      {"fault.heartbeat_timeout_s", 0, "> 0"},
+      {"fault.max_restarts", -1, ">= 0"},
+      {"data.heldout_fraction", 0, "in (0, 0.5]"},
+      {"data.heldout_fraction", 0.6, "in (0, 0.5]"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.key);
+    expect_bad_input([&] { from(document_with(c.key, c.value)); }, {c.key, c.value.dump(), c.expected, "test.json"});
+  }
+}
+
+TEST(ConfigRanges, UnboundedNumbersTakeAnySign) {
+  const Config c = from(json{{"moe", {{"capacity_factor", -1}, {"loss", {{"entropy", -0.5}}}}}});
+  EXPECT_DOUBLE_EQ(c.moe.capacity_factor, -1.0);
+  EXPECT_DOUBLE_EQ(c.moe.loss.entropy, -0.5);
+}
+
+TEST(ConfigKeys, UnknownKeySuggestsTheNearest) {
+  expect_bad_input([] { from(document_with("train.stepz", 5)); },
+                   {"unknown key 'train.stepz' in test.json; did you mean 'train.steps'?"});
+  expect_bad_input([] { from(document_with("moe.router.nois", "gumbel")); }, {"did you mean 'moe.router.noise'?"});
+  expect_bad_input([] { from(document_with("trian.steps", 5)); }, {"unknown key 'trian'", "did you mean 'train'?"});
+  // A key in the wrong section is found by its own name.
+  expect_bad_input([] { from(json{{"steps", 5}}); }, {"unknown key 'steps'", "did you mean 'train.steps'?"});
+  expect_bad_input([] { from(document_with("moe.tau", 1)); }, {"did you mean 'moe.router.tau'?"});
+  // Nothing close: the section's keys are listed.
+  expect_bad_input([] { from(document_with("optim.learning_rate_schedule", 1)); },
+                   {"unknown key 'optim.learning_rate_schedule'", "the keys of 'optim' are lr, min_lr"});
+}
+
+TEST(ConfigKeys, SectionsMustBeObjects) {
+  expect_bad_input([] { from(json{{"train", 5}}); }, {"'train' = 5", "is a section", "steps"});
+  expect_bad_input([] { from(document_with("moe.router", "softmax")); }, {"'moe.router'", "is a section", "tau"});
+  expect_bad_input([] { from(json::array()); }, {"test.json", "expected a JSON object"});
+  expect_bad_input([] { from(json{{"train.steps", 5}}); }, {"'train.steps'", "nested objects"});
+}
+
+TEST(ConfigRules, HeadsDivideWidth) {
+  expect_bad_input(
+      [] {
+        from(json{{"model", {{"d_model", 100}, {"heads", 3}}}});
+      },
+      {"model.d_model = 100 (in test.json)", "model.heads = 3 (in test.json)", "multiple"});
+}
+
+TEST(ConfigRules, HeadDimensionEven) {
+  expect_bad_input([] { from(document_with("model.d_model", 12)); },
+                   {"head dimension 3", "model.d_model = 12", "model.heads = 4 (default)", "even", "rotary"});
+}
+
+TEST(ConfigRules, MicroBatchesFillTheStep) {
+  expect_bad_input([] { from(document_with("train.global_batch", 10)); },
+                   {"train.global_batch = 10", "train.micro_batch = 4 (default)", "multiple"});
+}
+
+TEST(ConfigRules, MinLrAtMostLr) {
+  expect_bad_input([] { from(document_with("optim.min_lr", 0.01)); }, {"optim.min_lr = 0.01", "optim.lr = 0.003"});
+}
+
+TEST(ConfigRules, VocabCoversBytes) {
+  expect_bad_input([] { from(document_with("model.vocab", 100)); }, {"model.vocab = 100", "256", "byte"});
+}
+
+TEST(ConfigRules, TopKAtMostExperts) {
+  expect_bad_input(
+      [] {
+        from(json{{"moe", {{"num_experts", 2}, {"top_k", 3}}}});
+      },
+      {"moe.top_k = 3", "moe.num_experts = 2"});
+  // With no experts top_k is unused, so its default is no error.
+  EXPECT_NO_THROW(from(document_with("moe.top_k", 8)));
+}
+
+TEST(ConfigRules, MoeEveryAtMostLayers) {
+  expect_bad_input([] { from(document_with("moe.every", 5)); }, {"moe.every = 5", "model.layers = 4 (default)"});
+}
+
+TEST(ConfigRules, DataSources) {
+  const Config c = from(document_with(
+      "data.sources", json::parse(R"([{"name": "a", "path": "a.txt", "weight": 2}, {"name": "b", "path": "b.txt"}])")));
+  ASSERT_EQ(c.data.sources.size(), 2u);
+  EXPECT_EQ(c.data.sources[0].path, "a.txt");
+  EXPECT_DOUBLE_EQ(c.data.sources[0].weight, 2.0);
+  EXPECT_DOUBLE_EQ(c.data.sources[1].weight, 1.0);
+  auto with_sources = [](const char* text) { return document_with("data.sources", json::parse(text)); };
+  expect_bad_input([&] { from(with_sources(R"([{"name": "a", "path": "x"}, {"name": "a", "path": "y"}])")); },
+                   {"data.sources[1].name = \"a\"", "unique", "data.sources[0]"});
+  expect_bad_input([&] { from(with_sources(R"([{"name": "", "path": "x"}])")); },
+                   {"data.sources[0].name = \"\"", "non-empty"});
+  expect_bad_input([&] { from(with_sources(R"([{"path": "x"}])")); }, {"data.sources[0]", "no \"name\""});
+  expect_bad_input([&] { from(with_sources(R"([{"name": "a", "path": "x", "weight": 0}])")); },
+                   {"data.sources[0].weight = 0", "> 0"});
+  expect_bad_input([&] { from(with_sources(R"([{"name": "a", "path": "x", "wieght": 2}])")); },
+                   {"unknown key 'data.sources[0].wieght'", "did you mean 'data.sources[0].weight'?"});
+  expect_bad_input([&] { from(with_sources(R"([5])")); }, {"data.sources[0] = 5", "object"});
+  expect_bad_input([&] { from(with_sources(R"({"name": "a"})")); }, {"data.sources", "list of sources"});
+}
+
+TEST(ConfigGates, UnavailableFeaturesAreRejected) {
+  expect_bad_input([] { from(document_with("parallel.tp", 2)); },
+                   {"parallel.tp = 2", "tensor parallelism is not available in this build yet (expected 1)"});
+  expect_bad_input([] { from(document_with("parallel.pp", 4)); }, {"parallel.pp = 4", "pipeline parallelism"});
+  expect_bad_input([] { from(document_with("parallel.ep", 2)); }, {"parallel.ep = 2", "expert parallelism"});
+  expect_bad_input([] { from(document_with("parallel.dp", 2)); }, {"parallel.dp = 2", "data parallelism"});
+  EXPECT_EQ(from(document_with("parallel.dp", 1)).parallel.dp, 1);
+  expect_bad_input(
+      [] {
+        from(json{{"moe", {{"num_experts", 4}}}});
+      },
+      {"moe.num_experts = 4", "MoE layers are not available in this build yet; set moe.num_experts to 0"});
+}
+
+TEST(ConfigSet, OverridesParseAsJsonOrText) {
+  const Config c =
+      from(json::object(), {"train.steps=5", "moe.router.noise=gumbel", "parallel.dp=auto", "checkpoint.dir=2024",
+                            "optim.zero=true", "optim.lr=0.01", "data.sources=[{\"name\": \"a\", \"path\": \"a.txt\"}]",
+                            "moe.router={\"tau\": 0.5}", "train.steps=7"});
+  EXPECT_EQ(c.train.steps, 7);  // the later --set wins
+  EXPECT_EQ(c.moe.router.noise, "gumbel");
+  EXPECT_EQ(c.parallel.dp, 0);
+  EXPECT_EQ(c.checkpoint.dir, "2024");
+  EXPECT_TRUE(c.optim.zero);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 0.01);
+  ASSERT_EQ(c.data.sources.size(), 1u);
+  EXPECT_EQ(c.data.sources[0].name, "a");
+  EXPECT_DOUBLE_EQ(c.moe.router.tau, 0.5);
+  EXPECT_EQ(c.resolved["checkpoint"]["dir"], "2024");
+}
+
+TEST(ConfigSet, OverrideErrors) {
+  expect_bad_input([] { from(json::object(), {"train.steps"}); }, {"--set 'train.steps'", "KEY=VALUE"});
+  expect_bad_input([] { from(json::object(), {"train.stepz=5"}); },
+                   {"unknown key 'train.stepz' in --set train.stepz=5; did you mean 'train.steps'?"});
+  expect_bad_input([] { from(json::object(), {"train.steps=five"}); },
+                   {"train.steps = \"five\"", "--set train.steps=five", "integer"});
+  expect_bad_input([] { from(json::object(), {"train.steps=0"}); }, {"train.steps = 0", "--set", ">= 1"});
+  expect_bad_input([] { from(json::object(), {"moe.router.noise=gauss"}); }, {"moe.router.noise", "\"gumbel\""});
+  expect_bad_input([] { from(json::object(), {"moe.router=0.5"}); }, {"'moe.router'", "is a section"});
+  // Cross-key messages say which value came from where.
+  expect_bad_input([] { from(document_with("model.d_model", 96), {"model.heads=5"}); },
+                   {"model.d_model = 96 (in test.json)", "model.heads = 5 (in --set model.heads=5)"});
+}
+
+TEST(ConfigFile, MalformedJsonNamesLineAndColumn) {
+  const std::string path = write_temp("bad.json", "{\n  \"train\": {\n    \"steps\": 5,\n  }\n}\n");
+  expect_bad_input([&] { load_config(path, {}); }, {path, "malformed JSON", "line 4, column 3"});
+  std::filesystem::remove(path);
+  const std::string empty = write_temp("empty.json", "");
+  expect_bad_input([&] { load_config(empty, {}); }, {empty, "line 1, column 1"});
+  std::filesystem::remove(empty);
+}
+
+TEST(ConfigFile, MissingFileAndDuplicateKeys) {
+  expect_bad_input([] { load_config("/nonexistent/moe/config.json", {}); },
+                   {"'/nonexistent/moe/config.json' does not exist"});
+  const std::string path = write_temp("dup.json", R"({"train": {"steps": 5, "steps": 6}})");
+  expect_bad_input([&] { load_config(path, {}); }, {"duplicate key 'train.steps'", path});
+  std::filesystem::remove(path);
+  const std::string sources = write_temp(
+      "dup2.json", R"({"data": {"sources": [{"name": "a", "path": "x"}, {"name": "b", "name": "c", "path": "y"}]}})");
+  expect_bad_input([&] { load_config(sources, {}); }, {"duplicate key 'data.sources[1].name'"});
+  std::filesystem::remove(sources);
+}
+
+// docs/config.md is generated; MOE_REGENERATE_DOCS=1 rewrites it instead of comparing.
+TEST(ConfigDocs, ReferenceMatchesTheSchema) {
+  const std::filesystem::path doc = std::filesystem::path(MOE_SOURCE_DIR) / "docs" / "config.md";
+  const std::string expected = config_reference_markdown();
+  if (std::getenv("MOE_REGENERATE_DOCS")) {
+    std::ofstream(doc, std::ios::binary) << expected;
+    GTEST_SKIP() << "rewrote " << doc;
+  }
+  std::ifstream in(doc, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str(), expected) << doc << " is out of date; regenerate it with\n  MOE_REGENERATE_DOCS=1 "
+                                  << "build/bin/test_config --gtest_filter='ConfigDocs.*'";
+  for (const char* key : {"`train.steps`", "`moe.router.bias_balance.rate`", "`parallel.dp`", "`data.sources`"})
+    EXPECT_NE(expected.find(key), std::string::npos) << key;
+}
+
+TEST(ConfigFiles, EveryRepoConfigLoads) {
+  const std::filesystem::path folder = std::filesystem::path(MOE_SOURCE_DIR) / "configs";
+  if (!std::filesystem::is_directory(folder)) return;  // no configs yet: nothing to load
+  for (const auto& file : std::filesystem::directory_iterator(folder)) {
+    if (file.path().extension() != ".json") continue;
+    SCOPED_TRACE(file.path().string());
+    try {
+      load_config(file.path().string(), {});
+    } catch (const Error& e) {
+      ADD_FAILURE() << e.message();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moe

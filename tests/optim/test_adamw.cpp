@@ -1,0 +1,58 @@
+// AdamW against a straightforward double-precision transcription of the update; the schedule's shape;
+// clipping.
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "optim/adamw.h"
+
+namespace moe {
+namespace {
+
+TEST(AdamW, MatchesReferenceUpdateAndSkipsDecayWhereAsked) {
+  ParamTable table;
+  table.add({"w", {3}, ParamRole::Dense, true});
+  table.add({"gain", {2}, ParamRole::Norm, false});
+  AdamWSettings s{0.1, 0.9, 0.95, 1e-8, 0.5};
+  AdamW opt(table, s);
+  std::vector<float> p = {1.0f, -2.0f, 0.5f, 1.0f, 1.0f};
+  std::vector<double> ref(p.begin(), p.end()), m(5, 0), v(5, 0);
+  const std::vector<std::vector<float>> grads = {{0.1f, -0.3f, 0.0f, 0.2f, -0.1f}, {0.05f, 0.1f, 1.0f, -0.2f, 0.3f}};
+  const double lrs[2] = {0.1, 0.05};
+  for (int t = 1; t <= 2; ++t) {
+    opt.step(p.data(), grads[t - 1].data(), lrs[t - 1]);
+    for (int i = 0; i < 5; ++i) {
+      const double g = grads[t - 1][i];
+      m[i] = 0.9 * m[i] + 0.1 * g;
+      v[i] = 0.95 * v[i] + 0.05 * g * g;
+      const double decay = i < 3 ? lrs[t - 1] * 0.5 : 0.0;
+      ref[i] -= decay * ref[i];
+      ref[i] -= lrs[t - 1] * (m[i] / (1 - std::pow(0.9, t))) / (std::sqrt(v[i] / (1 - std::pow(0.95, t))) + 1e-8);
+    }
+  }
+  for (int i = 0; i < 5; ++i) EXPECT_NEAR(p[i], ref[i], 1e-6) << i;
+  EXPECT_EQ(opt.steps_taken(), 2);
+}
+
+TEST(LrSchedule, WarmupThenCosineToFloor) {
+  LrSchedule s{1.0, 0.1, 4, 15};
+  EXPECT_DOUBLE_EQ(s.at(0), 0.25);
+  EXPECT_DOUBLE_EQ(s.at(3), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(4), 1.0);
+  EXPECT_NEAR(s.at(14), 0.1, 1e-12);
+  for (int64_t i = 4; i < 14; ++i) EXPECT_GT(s.at(i), s.at(i + 1));
+  EXPECT_NEAR(s.at(9), 0.55, 1e-12);  // midpoint of the cosine is the mean of lr and min_lr
+}
+
+TEST(Clip, ScalesOnlyAboveTheThreshold) {
+  std::vector<float> g = {3.0f, 4.0f};
+  EXPECT_DOUBLE_EQ(clip_grad_norm(g.data(), 2, 10.0), 5.0);
+  EXPECT_EQ(g[0], 3.0f);
+  EXPECT_DOUBLE_EQ(clip_grad_norm(g.data(), 2, 1.0), 5.0);
+  EXPECT_NEAR(std::hypot(double(g[0]), double(g[1])), 1.0, 1e-6);
+  EXPECT_DOUBLE_EQ(clip_grad_norm(g.data(), 2, 0.0), std::hypot(double(g[0]), double(g[1])));
+}
+
+}  // namespace
+}  // namespace moe
