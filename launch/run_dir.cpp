@@ -13,13 +13,10 @@
 #include <CLI/Version.hpp>
 
 #include "core/error.h"
+#include "moe_version.h"
 
 namespace moe {
 namespace fs = std::filesystem;
-
-#ifndef MOE_GIT_COMMIT
-#define MOE_GIT_COMMIT "unknown"
-#endif
 
 void check_run_dir_usable(const std::string& run_dir, bool overwrite) {
   std::error_code ec;

@@ -94,7 +94,8 @@ int launcher_local_size() { return env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int
 
 void run_train(const TrainOptions& options) {
   // Everything that can be refused is checked before anything is written.
-  const Config config = load_config(options.config_path, options.overrides);
+  Config config = load_config(options.config_path, options.overrides);
+  if (config.parallel.dp == 0) config.parallel.dp = 1;  // "auto": world / (tp * pp) on one rank
   check_supported(config, options);
   const std::string run_dir =
       options.run_dir.empty() ? "runs/" + fs::path(options.config_path).stem().string() : options.run_dir;

@@ -1,0 +1,55 @@
+# Two commands for a newcomer on a fresh Debian 12 machine:
+#   make train   installs what is missing, builds, trains on the embedded default (configs/tiny.json)
+#   make test    installs what is missing, builds, runs the whole test suite
+# Other targets: make build, make bench, make deps, make clean.
+
+BUILD   ?= build
+CONFIG  ?= configs/tiny.json
+RUN_DIR ?= runs/tiny
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
+
+# Debian packages the build needs (DESIGN.md "Dependencies"); libopenblas-openmp-dev gives OpenBLAS on
+# the same OpenMP runtime as the rest of the code.
+DEBIAN_PACKAGES := build-essential cmake libcli11-dev nlohmann-json3-dev libgtest-dev libopenblas-dev \
+                   libopenblas-openmp-dev libxxhash-dev
+
+.PHONY: all deps configure build train test bench clean
+
+all: build
+
+deps:
+	@missing=""; \
+	for p in $(DEBIAN_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "make: installing Debian packages:$$missing"; \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	  else \
+	    echo "make: missing Debian packages. Install them with:"; \
+	    echo "  sudo apt-get install -y$$missing"; \
+	    exit 1; \
+	  fi; \
+	fi
+
+$(BUILD)/CMakeCache.txt: | deps
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+
+configure: deps $(BUILD)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+train: build
+	$(BUILD)/bin/moe train --config $(CONFIG) --run-dir $(RUN_DIR) --overwrite
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+bench: build
+	$(BUILD)/bin/bench_train
+
+clean:
+	rm -rf $(BUILD)
