@@ -3,16 +3,15 @@
 // Prints human-readable lines, then one line of JSON with every figure. It measures; it asserts nothing
 // about speed (the ctest entry only runs --quick and checks the exit code). Not a profiler: the split is
 // forward / backward / optimizer, not per op.
+#include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "bench/timing.h"
 #include "core/backend/ops.h"
@@ -56,13 +55,15 @@ struct TrainResult {
   double last_loss = 0;  // mean token loss of the last step, to show the numbers were real
 };
 
-// Deterministic fill in [-1, 1) (a 64-bit LCG); benchmark inputs only need to be finite and non-trivial.
+// A 64-bit LCG: benchmark inputs only need to be deterministic, finite and non-trivial.
+uint64_t next_random(uint64_t& state) {
+  state = state * 6364136223846793005ull + 1442695040888963407ull;
+  return state >> 33;
+}
+
+// Values in [-1, 1).
 void fill_uniform(std::vector<float>& x, uint64_t seed) {
-  uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
-  for (float& v : x) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    v = float(double(s >> 40) / double(1ull << 24) * 2.0 - 1.0);
-  }
+  for (float& v : x) v = float(double(next_random(seed)) / double(1ull << 31) * 2.0 - 1.0);
 }
 
 SgemmPeak measure_sgemm_peak(const std::vector<int64_t>& sizes, int reps) {
@@ -82,8 +83,8 @@ SgemmPeak measure_sgemm_peak(const std::vector<int64_t>& sizes, int reps) {
       rates.push_back(flops / clock.seconds() * 1e-9);
     }
     const SgemmSize size{n, summarize(rates)};
-    std::printf("  n=%-5lld %8.1f GFLOP/s  (min %.1f, max %.1f)\n", (long long)n, size.gflops.median,
-                size.gflops.min, size.gflops.max);
+    std::printf("  n=%-5lld %8.1f GFLOP/s  (min %.1f, max %.1f)\n", (long long)n, size.gflops.median, size.gflops.min,
+                size.gflops.max);
     std::fflush(stdout);
     if (size.gflops.median > peak.gflops) {
       peak.gflops = size.gflops.median;
@@ -99,7 +100,7 @@ SgemmPeak measure_sgemm_peak(const std::vector<int64_t>& sizes, int reps) {
 TrainResult measure_train_step(const TrainShape& shape, int warmup, int steps) {
   const int64_t T = shape.seq_len, micro = shape.micro_batch;
   MOE_CHECK(shape.global_batch % micro == 0, "global_batch " << shape.global_batch << " is not a multiple of "
-                                                              << "micro_batch " << micro);
+                                                             << "micro_batch " << micro);
   const int64_t micro_batches = shape.global_batch / micro;
   Model<float> model(cpu_ops<float>(), shape.model, T, micro, Recompute::None);
   model.init_params(1234);
@@ -108,11 +109,10 @@ TrainResult measure_train_step(const TrainShape& shape, int warmup, int steps) {
   const double clip = 1.0, lr = 3e-3;
 
   std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(micro_batches));
-  for (int64_t mb = 0; mb < micro_batches; ++mb) {
-    std::vector<float> u(size_t(micro * (T + 1)));
-    fill_uniform(u, uint64_t(100 + mb));
-    for (float v : u) tokens[size_t(mb)].push_back(int32_t((v + 1.0f) * 0.5f * float(shape.model.vocab)) %
-                                                   int32_t(shape.model.vocab));
+  uint64_t seed = 100;
+  for (std::vector<int32_t>& micro_tokens : tokens) {
+    micro_tokens.resize(size_t(micro * (T + 1)));
+    for (int32_t& t : micro_tokens) t = int32_t(next_random(seed) % uint64_t(shape.model.vocab));
   }
 
   TrainResult result;
@@ -146,8 +146,8 @@ TrainResult measure_train_step(const TrainShape& shape, int warmup, int steps) {
     const double step = step_clock.seconds();
     result.last_loss = loss_sum * loss_scale;
     // A step that produced NaN may have taken a different path (or none); its time means nothing.
-    MOE_CHECK(std::isfinite(result.last_loss), "loss " << result.last_loss << " at step " << i + 1 << " of shape "
-                                                       << shape.name);
+    MOE_CHECK(std::isfinite(result.last_loss),
+              "loss " << result.last_loss << " at step " << i + 1 << " of shape " << shape.name);
     if (i < warmup) continue;
     step_s.push_back(step);
     forward_s.push_back(forward);
@@ -168,12 +168,12 @@ double achieved_gflops(const TrainResult& r) { return r.flops_per_step / r.step_
 
 void print_train(const TrainResult& r, const SgemmPeak& peak, int steps) {
   const TrainShape& s = r.shape;
-  std::printf("  %s: vocab %lld, d_model %lld, layers %lld, heads %lld, ffn_hidden %lld; seq_len %lld, "
-              "%lld sequences = %lld micro-batches of %lld; %.2fM params\n",
-              s.name.c_str(), (long long)s.model.vocab, (long long)s.model.d_model, (long long)s.model.layers,
-              (long long)s.model.heads, (long long)s.model.ffn_hidden, (long long)s.seq_len,
-              (long long)s.global_batch, (long long)(s.global_batch / s.micro_batch), (long long)s.micro_batch,
-              double(r.params) * 1e-6);
+  std::printf(
+      "  %s: vocab %lld, d_model %lld, layers %lld, heads %lld, ffn_hidden %lld; seq_len %lld, "
+      "%lld sequences = %lld micro-batches of %lld; %.2fM params\n",
+      s.name.c_str(), (long long)s.model.vocab, (long long)s.model.d_model, (long long)s.model.layers,
+      (long long)s.model.heads, (long long)s.model.ffn_hidden, (long long)s.seq_len, (long long)s.global_batch,
+      (long long)(s.global_batch / s.micro_batch), (long long)s.micro_batch, double(r.params) * 1e-6);
   const double gflops = achieved_gflops(r);
   std::printf("    step %.1f ms (median of %d; min %.1f, max %.1f)  %.0f tokens/s  %.1f GFLOP/s = %.2f x sgemm peak\n",
               r.step_s.median * 1e3, steps, r.step_s.min * 1e3, r.step_s.max * 1e3, tokens_per_second(r), gflops,
@@ -248,14 +248,17 @@ void run(Options o) {
   }
   const std::string load_start = load_average();
   std::printf("bench_train: %d threads (%u hardware threads), load average %s at start%s\n", compute_threads(),
-              std::thread::hardware_concurrency(), load_start.c_str(), o.quick ? "; --quick: sizes too small to mean anything" : "");
+              std::thread::hardware_concurrency(), load_start.c_str(),
+              o.quick ? "; --quick: sizes too small to mean anything" : "");
   std::printf("sgemm peak: cpu_ops<float>().gemm (OpenBLAS), square n x n x n, 2 n^3 FLOPs, median of %d reps:\n",
               o.sgemm_reps);
   const SgemmPeak peak = measure_sgemm_peak(sgemm_sizes, o.sgemm_reps);
   std::printf("  peak %.1f GFLOP/s (n=%lld)\n", peak.gflops, (long long)peak.n);
-  std::printf("training step: dense model, fp32, Recompute::None, AdamW + clipping; %d warm-up steps, median of %d;\n"
-              "  FLOPs counted as 3 x Model::forward_flops per micro-batch (forward + backward matmuls, attention as full T x T)\n",
-              o.warmup, o.steps);
+  std::printf(
+      "training step: dense model, fp32, Recompute::None, AdamW + clipping; %d warm-up steps, median of %d;\n"
+      "  FLOPs counted as 3 x Model::forward_flops per micro-batch (forward + backward matmuls, attention as full\n"
+      "  T x T); optimizer time = zero_grads + clip_grad_norm + AdamW step\n",
+      o.warmup, o.steps);
   std::fflush(stdout);
   std::vector<TrainResult> trains;
   for (const TrainShape& shape : shapes) {
@@ -272,22 +275,24 @@ void run(Options o) {
 
 int main(int argc, char** argv) {
   moe::bench::Options options;
-  CLI::App app{"bench_train: tokens/s and GFLOP/s of a dense-model training step on the CPU, as a ratio to the "
-               "sgemm peak measured in the same run. See docs/bench.md.",
-               "bench_train"};
+  CLI::App app{
+      "bench_train: tokens/s and GFLOP/s of a dense-model training step on the CPU, as a ratio to the "
+      "sgemm peak measured in the same run. See docs/bench.md.",
+      "bench_train"};
   app.add_option("--threads", options.threads, "Compute threads (OpenMP and BLAS); 0: all cores")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 4096));
   app.add_option("--steps", options.steps, "Measured training steps per shape (the median is reported)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 100000));
   app.add_option("--warmup", options.warmup, "Untimed training steps per shape before measuring")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 100000));
   app.add_option("--sgemm-reps", options.sgemm_reps, "Timed sgemm calls per size (the median is reported)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 100000));
   app.add_flag("--quick", options.quick, "Tiny sizes, about a second: a smoke check, not a measurement");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // Exit codes of the `moe` program (launch/main.cpp): 2 for bad input, 1 for anything else.
+    return app.exit(e) == 0 ? 0 : 2;
   }
   try {
     moe::bench::run(options);

@@ -6,16 +6,49 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/backend/ops.h"
 #include "core/params.h"
 
 namespace moe {
 
+// What a forward needs to know beyond its input: training or evaluation, which step and which tokens
+// (so counter-based noise is addressed by global token index, the same in every parallel layout), and
+// whether this forward is a recompute (which must not count routing statistics twice).
+struct FfnContext {
+  bool training = true;
+  bool recomputing = false;
+  uint64_t seed = 0;
+  int64_t step = 0;             // optimizer step, 0-based
+  int64_t first_token = 0;      // global index of the first token of this micro-batch within the step
+  double router_loss_scale = 1.0;  // weight of this routing group's router losses in the step's loss
+};
+
+// Routing statistics of one MoE layer, summed over the routing groups of one step (training forwards only).
+struct RouterStepStats {
+  std::vector<int64_t> tokens_per_expert;  // assignments processed per expert, after capacity
+  int64_t dropped = 0;    // assignments removed by capacity and not computed by anyone
+  int64_t rerouted = 0;   // assignments moved to the token's next-best expert with room
+  int64_t fallback = 0;   // assignments computed by the dense fallback instead
+  int64_t tokens = 0;
+  int64_t groups = 0;
+  double entropy_sum = 0; // sum over tokens of the routing entropy -sum_e p_e log p_e
+  // Router losses (coefficients applied), summed over groups; the step's value is the sum / groups.
+  double aux = 0, z = 0, entropy_loss = 0, death = 0;
+};
+
 template <typename T>
 class FeedForward {
  public:
   virtual ~FeedForward() = default;
+  virtual void set_context(const FfnContext& context) {}
+  // Routing statistics of the current step; nullptr for a dense FFN.
+  virtual RouterStepStats* router_stats() { return nullptr; }
+  // Router losses of the last forward, coefficients applied, unscaled by the group weight (0 when dense).
+  virtual double last_router_loss() const { return 0.0; }
+  // Matmul FLOPs of one forward over N tokens (for throughput figures).
+  virtual double forward_flops(int64_t N) const = 0;
   // Adds this layer's parameters to the table under `prefix` (e.g. "layers.3.mlp").
   virtual void register_params(ParamTable& table, const std::string& prefix) = 0;
   // Points at the flat buffers once they exist (offsets come from the table).
@@ -40,6 +73,7 @@ class DenseMlp final : public FeedForward<T> {
   int64_t scratch_size(int64_t N) const override { return 3 * N * F_; }
   void forward(const T* x, T* y, T* acts, int64_t N) override;
   void backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t N) override;
+  double forward_flops(int64_t N) const override { return 6.0 * double(N) * double(D_) * double(F_); }
 
  private:
   Ops<T>& ops_;

@@ -159,6 +159,8 @@ double Model<T>::forward(const int32_t* tokens, int64_t B) {
     MOE_CHECK(inputs_[i] >= 0 && inputs_[i] < V && targets_[i] >= 0 && targets_[i] < V,
               "token id outside the vocabulary [0, " << V << ")");
   last_batch_ = B;
+  context_.recomputing = false;
+  for (auto& f : ffn_) f->set_context(context_);
 
   ops_.embedding_forward(inputs_.data(), embed_, x_[0], N, D);
   for (int64_t l = 0; l < L; ++l) block_forward(l, x_[l], x_[l + 1], acts_[l], B);
@@ -178,6 +180,8 @@ void Model<T>::backward(double loss_scale) {
   ops_.gemm(true, false, D, V, N, T(1), xo_, D, dlogits_, V, T(1), d_head_, V);  // dHead += xo^T dlogits
   ops_.gemm(false, true, N, D, V, T(1), dlogits_, V, head_, V, T(0), dtmp_, D);  // dxo = dlogits Head^T
   ops_.rmsnorm_backward(x_[L], out_norm_, rstd_o_, dtmp_, dres_, d_out_norm_, N, D);
+  context_.recomputing = true;  // a recomputed forward must not count routing statistics again
+  for (auto& f : ffn_) f->set_context(context_);
   for (int64_t l = L - 1; l >= 0; --l) {
     // Recompute rewrites x_[l+1] with the same bits it already holds (same ops on the same input).
     if (recompute_ == Recompute::Full) block_forward(l, x_[l], x_[l + 1], acts_[l], B);
@@ -188,10 +192,27 @@ void Model<T>::backward(double loss_scale) {
 
 template <typename T>
 double Model<T>::forward_flops(int64_t B) const {
-  const double N = double(B * T_), D = double(shape_.d_model), F = double(shape_.ffn_hidden),
-               V = double(shape_.vocab), L = double(shape_.layers), Tq = double(T_);
-  const double per_layer = 2 * N * D * D * 4 + 2 * 2 * N * Tq * D + 2 * N * D * F * 3;
-  return L * per_layer + 2 * N * D * V;
+  const double N = double(B * T_), D = double(shape_.d_model), V = double(shape_.vocab), Tq = double(T_);
+  double flops = 2 * N * D * V;
+  for (const auto& f : ffn_) flops += 2 * N * D * D * 4 + 2 * 2 * N * Tq * D + f->forward_flops(B * T_);
+  return flops;
+}
+
+template <typename T>
+void Model<T>::set_context(bool training, int64_t step, int64_t first_sequence, double router_loss_scale,
+                           uint64_t seed) {
+  context_.training = training;
+  context_.step = step;
+  context_.first_token = first_sequence * T_;
+  context_.router_loss_scale = router_loss_scale;
+  context_.seed = seed;
+}
+
+template <typename T>
+double Model<T>::last_router_loss() const {
+  double total = 0;
+  for (const auto& f : ffn_) total += f->last_router_loss();
+  return total;
 }
 
 template class Model<float>;

@@ -61,6 +61,15 @@ class Model {
   // Matmul FLOPs of one forward over B sequences (attention included), for throughput figures.
   double forward_flops(int64_t B) const;
 
+  // What the next forwards are: training or evaluation, the optimizer step, the global index of the
+  // micro-batch's first sequence within the step, and the weight of one routing group's router losses
+  // in the step's loss (1 / routing groups per step). Passed to every FFN.
+  void set_context(bool training, int64_t step, int64_t first_sequence, double router_loss_scale, uint64_t seed);
+  // Router losses of the last forward, summed over MoE layers (coefficients applied, unweighted).
+  double last_router_loss() const;
+  FeedForward<T>& ffn(int64_t layer) { return *ffn_[layer]; }
+  int64_t num_layers() const { return shape_.layers; }
+
  private:
   struct BlockWeights {  // pointers into params_ / grads_ for one layer
     const T *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm;
@@ -97,6 +106,7 @@ class Model {
   T *dres_, *dtmp_, *dq_, *dk_, *dv_, *datt_, *dlogits_, *attn_scratch_, *ffn_scratch_;
   std::vector<int32_t> inputs_, targets_;
   int64_t last_batch_ = 0;
+  FfnContext context_;
 };
 
 }  // namespace moe

@@ -30,6 +30,9 @@ int main(int argc, char** argv) {
                "Run `moe SUBCOMMAND --help` for the options of each subcommand.",
                "moe"};
   app.require_subcommand(1);
+  app.footer(
+      "Train:  moe train --config FILE [--set KEY=VALUE]... [--run-dir DIR] [--resume auto|none|PATH]\n"
+      "Docs:   docs/cli.md (commands), docs/config.md (config keys), docs/metrics.md (metrics.jsonl)");
 
   moe::TrainOptions train;
   CLI::App* train_cmd = app.add_subcommand(
@@ -50,6 +53,11 @@ int main(int argc, char** argv) {
                       "Start again in a run directory that already holds a run (its files are replaced)");
   train_cmd->add_flag("--quiet", train.quiet, "No progress line on the terminal");
 
+  // CLI11 reports a missing subcommand before an unknown one; name the unknown word instead.
+  if (argc > 1 && argv[1][0] != '-' && app.get_subcommands([&](CLI::App* sub) { return sub->get_name() == argv[1]; }).empty()) {
+    std::fprintf(stderr, "moe: error: unknown subcommand '%s'; the subcommands are: train (see moe --help)\n", argv[1]);
+    return kExitBadInput;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -21,7 +21,15 @@ namespace fs = std::filesystem;
 void check_run_dir_usable(const std::string& run_dir, bool overwrite) {
   std::error_code ec;
   const fs::path dir(run_dir);
-  if (!fs::exists(dir, ec)) return;
+  if (!fs::exists(dir, ec)) {
+    // The directory will be created: its nearest existing ancestor must be a directory.
+    fs::path ancestor = dir.parent_path();
+    while (!ancestor.empty() && !fs::exists(ancestor, ec)) ancestor = ancestor.parent_path();
+    if (!ancestor.empty() && !fs::is_directory(ancestor, ec))
+      MOE_BAD_INPUT("--run-dir " << run_dir << ": cannot be created because " << ancestor.string()
+                                 << " is not a directory; expected a directory or a new path");
+    return;
+  }
   if (!fs::is_directory(dir, ec))
     MOE_BAD_INPUT("--run-dir " << run_dir << ": exists and is not a directory; expected a directory or a new path");
   for (const char* name : {"metrics.jsonl", "config.json"})

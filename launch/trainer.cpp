@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <thread>
 
+#include <unistd.h>
+
 #include "core/backend/ops.h"
 #include "core/error.h"
 #include "core/model.h"
@@ -43,6 +45,28 @@ void check_supported(const Config& config, const TrainOptions& options) {
   if (options.resume != "auto" && options.resume != "none")
     MOE_BAD_INPUT("--resume " << options.resume
                   << ": resuming from a checkpoint is not available in this build yet; expected auto or none");
+}
+
+// A rough upper bound of the memory training needs (parameters with gradients and two moments,
+// activations of one micro-batch), so an impossible size is refused by name instead of failing to allocate.
+void check_memory(const Config& config) {
+  const double V = double(config.model.vocab), D = double(config.model.d_model), L = double(config.model.layers),
+               H = double(config.model.heads), F = double(config.model.ffn_hidden), T = double(config.train.seq_len),
+               B = double(config.train.micro_batch);
+  const MoeConfig& m = config.moe;
+  const double E = double(m.num_experts), K = double(m.top_k), Fe = double(m.expert_hidden);
+  const double ffn_params = m.num_experts > 0 ? 3 * D * Fe * (E + double(m.shared_experts)) + D * E + 3 * D * F : 3 * D * F;
+  const double ffn_acts = m.num_experts > 0 ? K * (2 * D + 3 * Fe) + 2 * E + 3 * F : 3 * F;
+  const double params = 2 * V * D + L * (4 * D * D + ffn_params);
+  const double acts = B * T * (L * (10 * D + ffn_acts) + 3 * V + 8 * D) + L * B * H * T * T;
+  const double bytes = 4.0 * (4 * params + 2 * acts);
+  const double available = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (bytes > available)
+    MOE_BAD_INPUT("the model and one micro-batch's activations need about " << bytes / (1 << 30) << " GiB (model.vocab="
+                  << config.model.vocab << ", model.d_model=" << config.model.d_model << ", model.layers="
+                  << config.model.layers << ", train.micro_batch=" << config.train.micro_batch << ", train.seq_len="
+                  << config.train.seq_len << "), more than this machine's " << available / (1 << 30)
+                  << " GiB; make the model or train.micro_batch smaller");
 }
 
 data::Corpus load_training_corpus(const Config& config) {
@@ -97,6 +121,7 @@ void run_train(const TrainOptions& options) {
   Config config = load_config(options.config_path, options.overrides);
   if (config.parallel.dp == 0) config.parallel.dp = 1;  // "auto": world / (tp * pp) on one rank
   check_supported(config, options);
+  check_memory(config);
   const std::string run_dir =
       options.run_dir.empty() ? "runs/" + fs::path(options.config_path).stem().string() : options.run_dir;
   check_run_dir_usable(run_dir, options.overwrite);

@@ -38,8 +38,9 @@ snapshot() {
 }
 
 # run_case NAME EXIT_CODE SETUP COMMAND...
-# In a fresh directory: runs SETUP (a function; `:` for none), runs COMMAND, and asserts its exit code, that
-# stderr holds every string of the array `expect`, and that the directory is unchanged byte for byte.
+# In a fresh directory: runs SETUP (a function), runs COMMAND, and asserts its exit code, that stderr holds
+# every string of the array `expect`, and that the directory is unchanged byte for byte. The snapshot and
+# COMMAND's output go beside the directory, not into it.
 expect=()
 run_case() {
   case_name=$1
@@ -50,17 +51,16 @@ run_case() {
   (
     cd "$dir" || exit 1
     "$setup" || exit 1
-    snapshot > ../"${dir##*/}.before"
-    "$@" > stdout.txt.tmp 2> stderr.txt.tmp
-    echo $? > rc.txt.tmp
+    snapshot > "$dir.before"
+    "$@" > "$dir.stdout" 2> "$dir.stderr"
+    echo $? > "$dir.rc"
   )
-  if [ ! -f "$dir/rc.txt.tmp" ]; then
+  if [ ! -f "$dir.rc" ]; then
     fail "setup failed"
   else
     local rc stderr
-    rc=$(cat "$dir/rc.txt.tmp")
-    stderr=$(cat "$dir/stderr.txt.tmp")
-    rm -f "$dir"/*.txt.tmp
+    rc=$(cat "$dir.rc")
+    stderr=$(cat "$dir.stderr")
     if [ "$rc" = "$want_rc" ]; then pass; else fail "exit code $rc, expected $want_rc; stderr: $stderr"; fi
     local needle
     for needle in "${expect[@]}"; do
@@ -73,7 +73,7 @@ run_case() {
       diff <(cd "$dir" && snapshot) "$dir.before" | sed 's/^/    /'
     fi
   fi
-  rm -rf "$dir" "$dir.before"
+  rm -rf "$dir" "$dir.before" "$dir.stdout" "$dir.stderr" "$dir.rc"
   expect=()
 }
 
@@ -89,9 +89,11 @@ write_short_source() { printf 'too short' > short.txt; }
 make_regular_file() { printf 'not a run directory\n' > afile; }
 # A finished run in ./run: what the next command must leave alone.
 previous_run() {
-  "$moe" train --config "$config" "${small[@]}" --run-dir run > /dev/null 2> setup_stderr.txt \
-    && [ -f run/config.json ] && [ -f run/manifest.json ] && [ -s run/metrics.jsonl ] \
-    || { echo "setup: the small training run failed: $(cat setup_stderr.txt)"; return 1; }
+  if ! "$moe" train --config "$config" "${small[@]}" --run-dir run > /dev/null 2> setup_stderr.txt \
+    || [ ! -f run/config.json ] || [ ! -f run/manifest.json ] || [ ! -s run/metrics.jsonl ]; then
+    echo "setup: the small training run failed: $(cat setup_stderr.txt)"
+    return 1
+  fi
   rm -f setup_stderr.txt
 }
 
@@ -166,6 +168,11 @@ run_case "bad config, run dir holds a run" 2 previous_run \
 expect=("afile" "not a directory")
 run_case "--run-dir is a regular file" 2 make_regular_file \
   "$moe" train --config "$config" "${small[@]}" --run-dir afile
+
+# The parent is a file, so the run directory can never be created: a command-line mistake, not an internal error.
+expect=("afile/run")
+run_case "--run-dir under a regular file" 2 make_regular_file \
+  "$moe" train --config "$config" "${small[@]}" --run-dir afile/run
 
 # ---- Help. ------------------------------------------------------------------------------------------------------
 for help in "--help" "train --help"; do
