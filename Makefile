@@ -1,11 +1,11 @@
 # Two commands for a newcomer on a fresh Debian 12 machine:
-#   make train   installs what is missing, builds, trains on the embedded default (configs/tiny.json)
+#   make train   installs what is missing, builds, trains the MoE default on the embedded corpus (configs/tiny_moe.json)
 #   make test    installs what is missing, builds, runs the whole test suite
 # Other targets: make build, make bench, make deps, make clean.
 
 BUILD   ?= build
-CONFIG  ?= configs/tiny.json
-RUN_DIR ?= runs/tiny
+CONFIG  ?= configs/tiny_moe.json
+RUN_DIR ?= runs/tiny_moe
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 

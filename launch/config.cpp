@@ -289,11 +289,6 @@ void gate_data_parallel(const Checked& c) {
     MOE_BAD_INPUT(
         c.show("parallel.dp") << ": data parallelism is not available in this build yet (expected 1 or \"auto\")");
 }
-void gate_moe_layers(const Checked& c) {
-  if (c.config.moe.num_experts > 0)
-    MOE_BAD_INPUT(c.show("moe.num_experts")
-                  << ": MoE layers are not available in this build yet; set moe.num_experts to 0");
-}
 
 const std::vector<Rule>& gates() {
   static const std::vector<Rule> table = {
@@ -301,7 +296,6 @@ const std::vector<Rule>& gates() {
       {"`parallel.pp` = 1: pipeline parallelism.", gate_pipeline_parallel},
       {"`parallel.ep` = 1: expert parallelism.", gate_expert_parallel},
       {"`parallel.dp` = 1 or `\"auto\"`: data parallelism.", gate_data_parallel},
-      {"`moe.num_experts` = 0: MoE layers.", gate_moe_layers},
   };
   return table;
 }

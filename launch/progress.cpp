@@ -23,11 +23,14 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
-void Progress::step(int64_t step, int64_t total, double loss, double lr, double tokens_per_s, double eta_s) {
+void Progress::step(int64_t step, int64_t total, double loss, double lr, double tokens_per_s, double eta_s,
+                    int64_t dead_experts) {
   if (!enabled_) return;
   char buf[256];
-  std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | ETA %s",
-                static_cast<long long>(step), static_cast<long long>(total), loss, lr, tokens_per_s,
+  char dead[48] = "";
+  if (dead_experts >= 0) std::snprintf(dead, sizeof dead, " | dead experts %lld", static_cast<long long>(dead_experts));
+  std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s%s | ETA %s",
+                static_cast<long long>(step), static_cast<long long>(total), loss, lr, tokens_per_s, dead,
                 format_duration(eta_s).c_str());
   if (tty_) {
     std::printf("\r\033[K%s", buf);

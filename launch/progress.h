@@ -10,7 +10,9 @@ namespace moe {
 class Progress {
  public:
   explicit Progress(bool enabled);
-  void step(int64_t step, int64_t total, double loss, double lr, double tokens_per_s, double eta_s);
+  // dead_experts < 0: the model has no MoE layers (not shown).
+  void step(int64_t step, int64_t total, double loss, double lr, double tokens_per_s, double eta_s,
+            int64_t dead_experts = -1);
   // A line that stays (evaluation results, the end): ends any in-place line first.
   void note(const std::string& line);
   void finish();

@@ -12,12 +12,14 @@
 #include "core/backend/ops.h"
 #include "core/error.h"
 #include "core/model.h"
+#include "core/moe_layer.h"
 #include "data/corpus.h"
 #include "data/loader.h"
 #include "launch/config.h"
 #include "launch/progress.h"
 #include "launch/run_dir.h"
 #include "optim/adamw.h"
+#include "optim/per_expert_clip.h"
 
 namespace moe {
 namespace fs = std::filesystem;
@@ -82,6 +84,52 @@ data::Corpus load_training_corpus(const Config& config) {
   return corpus;
 }
 
+MoeSettings moe_settings(const Config& config, int64_t layer) {
+  const MoeConfig& m = config.moe;
+  MoeSettings s;
+  s.d_model = config.model.d_model;
+  s.num_experts = m.num_experts, s.top_k = m.top_k, s.expert_hidden = m.expert_hidden;
+  s.shared_experts = m.shared_experts, s.fallback_hidden = m.fallback_hidden;
+  s.layers_total = config.model.layers, s.layer = layer;
+  s.tau = m.router.tau;
+  s.noise = m.router.noise == "gumbel" ? RouterNoise::Gumbel : RouterNoise::None;
+  s.score = m.router.score == "sigmoid" ? RouterScore::Sigmoid : RouterScore::Softmax;
+  s.normalize = m.router.normalize;
+  s.capacity_factor = m.capacity_factor;
+  s.drop_policy = m.drop_policy == "position" ? DropPolicy::Position : DropPolicy::Probs;
+  s.overflow = m.overflow == "reroute" ? Overflow::Reroute : m.overflow == "dense" ? Overflow::Dense : Overflow::Drop;
+  s.expert_dropout = m.expert_dropout;
+  s.coef_aux = m.loss.aux, s.coef_z = m.loss.z, s.coef_entropy = m.loss.entropy, s.coef_death = m.loss.death;
+  s.death_floor = m.loss.death_floor;
+  return s;
+}
+
+// Layer l is an MoE layer when l % moe.every == moe.every - 1 (MODEL.md), else a dense SwiGLU MLP.
+Model<float>::FfnFactory ffn_factory(const Config& config) {
+  return [config](int64_t layer) -> std::unique_ptr<FeedForward<float>> {
+    const MoeConfig& m = config.moe;
+    if (m.num_experts > 0 && layer % m.every == m.every - 1)
+      return std::make_unique<MoeLayer<float>>(cpu_ops<float>(), moe_settings(config, layer));
+    return std::make_unique<DenseMlp<float>>(cpu_ops<float>(), config.model.d_model, config.model.ffn_hidden,
+                                             config.model.layers);
+  };
+}
+
+// One MoE layer's entry of the metrics line (CONTRACT.md).
+nlohmann::json moe_metrics(const RouterStepStats& st) {
+  double mean = 0, var = 0;
+  for (int64_t c : st.tokens_per_expert) mean += double(c);
+  mean /= double(st.tokens_per_expert.size());
+  for (int64_t c : st.tokens_per_expert) var += (double(c) - mean) * (double(c) - mean);
+  var /= double(st.tokens_per_expert.size());
+  return {{"tokens_per_expert", st.tokens_per_expert},
+          {"dropped", st.dropped},
+          {"rerouted", st.rerouted},
+          {"fallback", st.fallback},
+          {"entropy", st.tokens > 0 ? st.entropy_sum / double(st.tokens) : 0.0},
+          {"cv", mean > 0 ? std::sqrt(var) / mean : 0.0}};
+}
+
 struct EvalResult {
   double loss = 0;
   std::vector<std::pair<std::string, double>> by_source;
@@ -99,6 +147,7 @@ EvalResult evaluate(Model<float>& model, const data::Loader& loader, int64_t eva
     for (int64_t start = 0; start < n; start += micro_batch) {
       const int64_t B = std::min(micro_batch, n - start);
       for (int64_t b = 0; b < B; ++b) loader.heldout_sequence(s, start + b, tokens.data() + b * (T + 1));
+      model.set_context(false, 0, 0, 0.0, 0);
       source_loss += model.forward(tokens.data(), B);
     }
     r.by_source.emplace_back(loader.source_name(s), source_loss / double(n * T));
@@ -138,7 +187,15 @@ void run_train(const TrainOptions& options) {
   const int64_t T = tc.seq_len, micro = tc.micro_batch;
   const int64_t micro_batches = tc.global_batch / micro;  // one data-parallel rank
   Model<float> model(cpu_ops<float>(), shape, T, micro,
-                     tc.recompute == "full" ? Recompute::Full : Recompute::None);
+                     tc.recompute == "full" ? Recompute::Full : Recompute::None, ffn_factory(config));
+  std::vector<MoeLayer<float>*> moe_layers;
+  for (int64_t l = 0; l < model.num_layers(); ++l)
+    if (auto* m = dynamic_cast<MoeLayer<float>*>(&model.ffn(l))) moe_layers.push_back(m);
+  PerExpertClip per_expert_clip(model.table(), config.optim.per_expert_clip);
+  // Last step at which each expert of each MoE layer received a token, for the dead-expert count.
+  std::vector<std::vector<int64_t>> last_used(moe_layers.size(),
+                                              std::vector<int64_t>(size_t(config.moe.num_experts), -1));
+  constexpr int64_t kDeadAfterSteps = 100;
   model.init_params(tc.seed);
   AdamW optimizer(model.table(), {config.optim.lr, config.optim.beta1, config.optim.beta2, config.optim.eps,
                                   config.optim.weight_decay});
@@ -162,18 +219,38 @@ void run_train(const TrainOptions& options) {
 
   for (int64_t step = 0; step < tc.steps; ++step) {
     model.zero_grads();
+    for (MoeLayer<float>* m : moe_layers) m->reset_stats();
     double loss_sum = 0;
     for (int64_t mb = 0; mb < micro_batches; ++mb) {
       for (int64_t b = 0; b < micro; ++b) loader.train_sequence(step, mb * micro + b, tokens.data() + b * (T + 1));
+      // Router losses are averaged over the step's routing groups (micro-batches).
+      model.set_context(true, step, mb * micro, 1.0 / double(micro_batches), tc.seed);
       loss_sum += model.forward(tokens.data(), micro);
       model.backward(loss_scale);
     }
     const double lm_loss = loss_sum * loss_scale;
-    if (!std::isfinite(lm_loss))
-      MOE_FAIL("the loss became " << lm_loss << " at step " << step + 1 << "; lower optim.lr or raise optim.warmup");
+    double aux = 0, zl = 0, ent = 0, death = 0;
+    for (MoeLayer<float>* m : moe_layers) {
+      const RouterStepStats& st = *m->router_stats();
+      aux += st.aux / double(st.groups), zl += st.z / double(st.groups);
+      ent += st.entropy_loss / double(st.groups), death += st.death / double(st.groups);
+    }
+    const double loss = lm_loss + aux + zl + ent + death;
+    if (!std::isfinite(loss))
+      MOE_FAIL("the loss became " << loss << " at step " << step + 1 << "; lower optim.lr or raise optim.warmup");
+    const int64_t experts_clipped = config.optim.per_expert_clip > 0 ? per_expert_clip.apply(model.grads()) : 0;
     const double grad_norm = clip_grad_norm(model.grads(), model.num_params(), config.optim.clip);
     const double lr = schedule.at(step);
     optimizer.step(model.params(), model.grads(), lr);
+    int64_t dead = 0;
+    for (size_t i = 0; i < moe_layers.size(); ++i) {
+      const RouterStepStats& st = *moe_layers[i]->router_stats();
+      moe_layers[i]->update_balancing_bias(st.tokens_per_expert, config.moe.router.bias_balance_rate);
+      for (size_t e = 0; e < st.tokens_per_expert.size(); ++e) {
+        if (st.tokens_per_expert[e] > 0) last_used[i][e] = step;
+        dead += step - last_used[i][e] >= kDeadAfterSteps;
+      }
+    }
     interval_tokens += int64_t(tokens_per_step);
 
     const int64_t done = step + 1;
@@ -182,22 +259,26 @@ void run_train(const TrainOptions& options) {
       const double interval_s = std::chrono::duration<double>(now - interval_start).count();
       const double elapsed_s = std::chrono::duration<double>(now - start).count();
       const double tokens_per_s = interval_s > 0 ? double(interval_tokens) / interval_s : 0.0;
+      nlohmann::json moe = nlohmann::json::array();
+      for (MoeLayer<float>* m : moe_layers) moe.push_back(moe_metrics(*m->router_stats()));
       nlohmann::json line = {{"step", done},
-                             {"loss", lm_loss},
+                             {"loss", loss},
                              {"lm_loss", lm_loss},
-                             {"aux_loss", 0.0},
-                             {"z_loss", 0.0},
-                             {"entropy_loss", 0.0},
-                             {"death_loss", 0.0},
+                             {"aux_loss", aux},
+                             {"z_loss", zl},
+                             {"entropy_loss", ent},
+                             {"death_loss", death},
                              {"lr", lr},
                              {"grad_norm", grad_norm},
+                             {"experts_clipped", experts_clipped},
+                             {"dead_experts", dead},
                              {"tokens", int64_t(done * tokens_per_step)},
                              {"tokens_per_s", tokens_per_s},
                              {"elapsed_s", elapsed_s},
-                             {"moe", nlohmann::json::array()}};
+                             {"moe", moe}};
       metrics.write(line);
       const double eta = elapsed_s / double(done) * double(tc.steps - done);
-      progress.step(done, tc.steps, lm_loss, lr, tokens_per_s, eta);
+      progress.step(done, tc.steps, loss, lr, tokens_per_s, eta, moe_layers.empty() ? -1 : dead);
       interval_start = now;
       interval_tokens = 0;
     }

@@ -292,11 +292,7 @@ TEST(ConfigGates, UnavailableFeaturesAreRejected) {
   expect_bad_input([] { from(document_with("parallel.ep", 2)); }, {"parallel.ep = 2", "expert parallelism"});
   expect_bad_input([] { from(document_with("parallel.dp", 2)); }, {"parallel.dp = 2", "data parallelism"});
   EXPECT_EQ(from(document_with("parallel.dp", 1)).parallel.dp, 1);
-  expect_bad_input(
-      [] {
-        from(json{{"moe", {{"num_experts", 4}}}});
-      },
-      {"moe.num_experts = 4", "MoE layers are not available in this build yet; set moe.num_experts to 0"});
+  EXPECT_EQ(from(json{{"moe", {{"num_experts", 4}}}}).moe.num_experts, 4);  // MoE layers have landed
 }
 
 TEST(ConfigSet, OverridesParseAsJsonOrText) {

@@ -56,3 +56,36 @@ TEST(Clip, ScalesOnlyAboveTheThreshold) {
 
 }  // namespace
 }  // namespace moe
+
+#include "optim/per_expert_clip.h"
+
+namespace moe {
+namespace {
+
+TEST(PerExpertClip, GroupsExpertsAndClipsToTheAverageAfterTenSamples) {
+  ParamTable table;
+  table.add({"layers.0.ffn.router.weight", {2, 2}, ParamRole::Router, true});
+  table.add({"layers.0.ffn.experts.w1", {2, 3}, ParamRole::Expert, true});  // 2 experts of 3
+  table.add({"layers.0.ffn.experts.w2", {2, 1}, ParamRole::Expert, true});  // 2 experts of 1
+  PerExpertClip clip(table, 2.0);
+  ASSERT_EQ(clip.experts().size(), 2u);
+  EXPECT_EQ(clip.experts()[1].slices, (std::vector<std::pair<int64_t, int64_t>>{{7, 3}, {11, 1}}));
+  std::vector<float> g(table.numel());
+  auto fill = [&](float expert0, float expert1) {
+    std::fill(g.begin(), g.end(), 0.0f);
+    g[4] = expert0;   // w1 of expert 0
+    g[7] = expert1;   // w1 of expert 1 (router 0..3, w1 4..9, w2 10..11)
+  };
+  for (int i = 0; i < 10; ++i) {  // ten samples of norm 1: never clipped while collecting
+    fill(1.0f, 1.0f);
+    EXPECT_EQ(clip.apply(g.data()), 0);
+  }
+  fill(5.0f, 1.5f);  // expert 0 above 2 x average 1: clipped to 2; expert 1 below: untouched
+  EXPECT_EQ(clip.apply(g.data()), 1);
+  EXPECT_NEAR(g[4], 2.0f, 1e-5);
+  EXPECT_EQ(g[7], 1.5f);
+  EXPECT_NEAR(clip.experts()[0].last_norm, 5.0, 1e-12);  // the average takes the unclipped norm
+}
+
+}  // namespace
+}  // namespace moe

@@ -1,0 +1,41 @@
+// Per-expert gradient clipping (MODEL.md "Per-expert gradient clipping"): each routed expert's gradient,
+// all its matrices together, is clipped to factor * m_e, where m_e is the bias-corrected exponential moving
+// average (decay 0.99) of that expert's past unclipped norms; no clipping until m_e has 10 samples.
+// Experts are found in the parameter table: every tensor of role Expert has the expert on axis 0, and
+// tensors sharing a name prefix ("layers.3.ffn.experts") belong to the same experts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/params.h"
+
+namespace moe {
+
+class PerExpertClip {
+ public:
+  static constexpr double kDecay = 0.99;
+  static constexpr int64_t kMinSamples = 10;
+
+  PerExpertClip(const ParamTable& table, double factor);
+  // Clips in place; updates the averages with the unclipped norms. Returns how many experts were clipped.
+  int64_t apply(float* grads);
+
+  struct Expert {
+    std::string group;  // e.g. "layers.3.ffn.experts"
+    int64_t index = 0;  // expert number within its layer
+    std::vector<std::pair<int64_t, int64_t>> slices;  // (offset, length) in the flat buffers
+    double ema = 0;     // uncorrected moving average of past norms
+    int64_t samples = 0;
+    double last_norm = 0;
+  };
+  const std::vector<Expert>& experts() const { return experts_; }
+  std::vector<Expert>& experts() { return experts_; }
+
+ private:
+  double factor_;
+  std::vector<Expert> experts_;
+};
+
+}  // namespace moe
