@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/sgemm_peak.h"
 #include "bench/timing.h"
 #include "core/backend/ops.h"
 #include "core/error.h"
@@ -30,17 +31,6 @@ struct Options {
   bool quick = false;
 };
 
-struct SgemmSize {
-  int64_t n = 0;
-  Summary gflops;
-};
-
-struct SgemmPeak {
-  std::vector<SgemmSize> sizes;
-  double gflops = 0;  // best median over the sizes
-  int64_t n = 0;      // the size that reached it
-};
-
 struct TrainShape {
   std::string name;
   ModelShape model;
@@ -54,46 +44,6 @@ struct TrainResult {
   Summary step_s, forward_s, backward_s, optimizer_s;
   double last_loss = 0;  // mean token loss of the last step, to show the numbers were real
 };
-
-// A 64-bit LCG: benchmark inputs only need to be deterministic, finite and non-trivial.
-uint64_t next_random(uint64_t& state) {
-  state = state * 6364136223846793005ull + 1442695040888963407ull;
-  return state >> 33;
-}
-
-// Values in [-1, 1).
-void fill_uniform(std::vector<float>& x, uint64_t seed) {
-  for (float& v : x) v = float(double(next_random(seed)) / double(1ull << 31) * 2.0 - 1.0);
-}
-
-SgemmPeak measure_sgemm_peak(const std::vector<int64_t>& sizes, int reps) {
-  Ops<float>& ops = cpu_ops<float>();
-  SgemmPeak peak;
-  for (const int64_t n : sizes) {
-    std::vector<float> a(size_t(n * n)), b(size_t(n * n)), c(size_t(n * n));
-    fill_uniform(a, 1);
-    fill_uniform(b, 2);
-    const double flops = 2.0 * double(n) * double(n) * double(n);
-    // One untimed call: the first one starts the thread pool and touches C's pages.
-    ops.gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    std::vector<double> rates;
-    for (int r = 0; r < reps; ++r) {
-      const Stopwatch clock;
-      ops.gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-      rates.push_back(flops / clock.seconds() * 1e-9);
-    }
-    const SgemmSize size{n, summarize(rates)};
-    std::printf("  n=%-5lld %8.1f GFLOP/s  (min %.1f, max %.1f)\n", (long long)n, size.gflops.median, size.gflops.min,
-                size.gflops.max);
-    std::fflush(stdout);
-    if (size.gflops.median > peak.gflops) {
-      peak.gflops = size.gflops.median;
-      peak.n = n;
-    }
-    peak.sizes.push_back(size);
-  }
-  return peak;
-}
 
 // One optimizer step as the trainer runs it (launch/trainer.cpp): zero the gradients, forward and
 // backward over each micro-batch, clip, AdamW. Tokens are synthetic: the cost does not depend on them.
@@ -186,14 +136,8 @@ void print_train(const TrainResult& r, const SgemmPeak& peak, int steps) {
   std::fflush(stdout);
 }
 
-nlohmann::json summary_json(const Summary& s, double unit) {
-  return {{"median", s.median * unit}, {"min", s.min * unit}, {"max", s.max * unit}};
-}
-
 nlohmann::json to_json(const Options& o, const SgemmPeak& peak, const std::vector<TrainResult>& trains,
                        const std::string& load_start, const std::string& load_end) {
-  nlohmann::json sizes = nlohmann::json::array();
-  for (const SgemmSize& s : peak.sizes) sizes.push_back({{"n", s.n}, {"gflops", summary_json(s.gflops, 1.0)}});
   nlohmann::json shapes = nlohmann::json::array();
   for (const TrainResult& r : trains) {
     const TrainShape& s = r.shape;
@@ -226,7 +170,7 @@ nlohmann::json to_json(const Options& o, const SgemmPeak& peak, const std::vecto
           {"flops_convention", "3 x Model::forward_flops per micro-batch"},
           {"load_average_start", load_start},
           {"load_average_end", load_end},
-          {"sgemm", {{"reps", o.sgemm_reps}, {"sizes", sizes}, {"peak_gflops", peak.gflops}, {"peak_n", peak.n}}},
+          {"sgemm", sgemm_json(peak, o.sgemm_reps)},
           {"train", shapes}};
 }
 

@@ -1,10 +1,11 @@
 // Timing helpers shared by the benchmarks: a wall-clock stopwatch and the summary (median, min, max) of
-// repeated measurements. Nothing here decides what is measured or prints anything.
+// repeated measurements (and its JSON form). Nothing here decides what is measured or prints anything.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,11 @@ inline Summary summarize(std::vector<double> samples) {
   const size_t n = samples.size();
   const double median = n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
   return {median, samples.front(), samples.back()};
+}
+
+// {median, min, max}, each multiplied by unit (1e3: seconds to milliseconds), for a benchmark's JSON line.
+inline nlohmann::json summary_json(const Summary& s, double unit) {
+  return {{"median", s.median * unit}, {"min", s.min * unit}, {"max", s.max * unit}};
 }
 
 // The 1-minute load average (Linux), printed so a reader can tell a quiet run from a busy one;

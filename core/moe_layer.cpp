@@ -6,17 +6,12 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 
 #include "core/error.h"
-#include "core/philox.h"
 
 namespace moe {
 namespace {
-// Below this the renormalising sum of the selected scores is clamped (and treated as a constant), so
-// a sigmoid router cannot drive its scores towards zero to game the losses (PITFALLS.md).
-constexpr double kMinGateSum = 1e-6;
-constexpr double kMinLogArg = 1e-30;
-
 template <typename T>
 inline void copy_row(const T* src, T* dst, int64_t D) {
   std::copy_n(src, D, dst);
@@ -26,7 +21,7 @@ inline void copy_row(const T* src, T* dst, int64_t D) {
 template <typename T>
 struct MoeLayer<T>::ActsView {
   T *logits, *scores;        // (N, E) raw router logits z, scores p
-  T *xp, *a, *b, *h, *yp;    // permuted tokens (M, D), expert hidden (M, Fe) x3, expert outputs (M, D)
+  T *yp;                     // expert outputs back at the token side, permuted order (M, D)
   T *shared_acts, *shared_out;
   T *xf, *fallback_acts, *yf;
 };
@@ -35,6 +30,8 @@ template <typename T>
 MoeLayer<T>::MoeLayer(Ops<T>& ops, const MoeSettings& settings) : ops_(ops), s_(settings) {
   MOE_CHECK(s_.num_experts >= 1 && s_.top_k >= 1 && s_.top_k <= s_.num_experts,
             "experts " << s_.num_experts << ", top_k " << s_.top_k);
+  MOE_CHECK(s_.ep_size >= 1 && s_.num_experts % s_.ep_size == 0 && s_.ep_rank >= 0 && s_.ep_rank < s_.ep_size,
+            "expert parallelism " << s_.ep_size << " (rank " << s_.ep_rank << ") over " << s_.num_experts << " experts");
   bias_.assign(size_t(s_.num_experts), 0.0f);
   if (s_.shared_experts > 0)
     shared_ = std::make_unique<DenseMlp<T>>(ops, s_.d_model, s_.shared_experts * s_.expert_hidden, s_.layers_total);
@@ -49,9 +46,11 @@ void MoeLayer<T>::register_params(ParamTable& table, const std::string& prefix) 
   const int64_t D = s_.d_model, E = s_.num_experts, F = s_.expert_hidden;
   const double out_std = 0.02 / std::sqrt(2.0 * double(s_.layers_total));
   table.add({prefix + ".router.weight", {D, E}, ParamRole::Router, true, ParamInit::Normal, 0.02});
-  table.add({prefix + ".experts.w1", {E, D, F}, ParamRole::Expert, true, ParamInit::Normal, 0.02});
-  table.add({prefix + ".experts.w3", {E, D, F}, ParamRole::Expert, true, ParamInit::Normal, 0.02});
-  table.add({prefix + ".experts.w2", {E, F, D}, ParamRole::Expert, true, ParamInit::Normal, out_std});
+  // This rank's experts: rows [ep_rank * El, (ep_rank + 1) * El) of the global (E, ...) tensors.
+  const int64_t El = local_experts(), first = s_.ep_rank * El;
+  table.add({prefix + ".experts.w1", {El, D, F}, ParamRole::Expert, true, ParamInit::Normal, 0.02, E, first});
+  table.add({prefix + ".experts.w3", {El, D, F}, ParamRole::Expert, true, ParamInit::Normal, 0.02, E, first});
+  table.add({prefix + ".experts.w2", {El, F, D}, ParamRole::Expert, true, ParamInit::Normal, out_std, E, first});
   if (shared_) shared_->register_params(table, prefix + ".shared");
   if (fallback_) fallback_->register_params(table, prefix + ".fallback");
 }
@@ -69,8 +68,8 @@ void MoeLayer<T>::bind(const ParamTable& table, T* params, T* grads) {
 
 template <typename T>
 int64_t MoeLayer<T>::activation_size(int64_t N) const {
-  const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k, F = s_.expert_hidden;
-  int64_t n = 2 * N * E + N * K * (2 * D + 3 * F);
+  const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k;
+  int64_t n = 2 * N * E + N * K * D;
   if (shared_) n += shared_->activation_size(N) + N * D;
   if (fallback_) n += 2 * N * D + fallback_->activation_size(N);
   return n;
@@ -78,15 +77,11 @@ int64_t MoeLayer<T>::activation_size(int64_t N) const {
 
 template <typename T>
 typename MoeLayer<T>::ActsView MoeLayer<T>::carve(T* acts, int64_t N) const {
-  const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k, F = s_.expert_hidden, M = N * K;
+  const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k, M = N * K;
   ActsView v{};
   T* c = acts;
   v.logits = c, c += N * E;
   v.scores = c, c += N * E;
-  v.xp = c, c += M * D;
-  v.a = c, c += M * F;
-  v.b = c, c += M * F;
-  v.h = c, c += M * F;
   v.yp = c, c += M * D;
   if (shared_) v.shared_acts = c, c += shared_->activation_size(N), v.shared_out = c, c += N * D;
   if (fallback_) v.xf = c, c += N * D, v.fallback_acts = c, c += fallback_->activation_size(N), v.yf = c, c += N * D;
@@ -126,209 +121,121 @@ void MoeLayer<T>::update_balancing_bias(const std::vector<int64_t>& counts, doub
   }
 }
 
-// Plan: scores, selection, gate weights, capacity and overflow. Local, no communication.
+// ---- Dispatch and combine: communication only --------------------------------------------------
+
+// Rows for each rank's experts are contiguous in the global-expert order of the permutation; the counts
+// per (source, local expert) are exchanged first so that every rank knows what it will receive.
 template <typename T>
-void MoeLayer<T>::route(const T* logits, T* scores, int64_t N) {
-  const int64_t E = s_.num_experts, K = s_.top_k;
-  const bool training = context_.training;
-  const RngStream gumbel(context_.seed, "moe.router.gumbel.layer" + std::to_string(s_.layer));
-  const RngStream dropout(context_.seed, "moe.expert_dropout.layer" + std::to_string(s_.layer));
-
-  // Scores p = softmax((z + g) / tau) or sigmoid(...), g Gumbel noise in training.
-  for (int64_t n = 0; n < N; ++n) {
-    double zt[1024];
-    MOE_CHECK(E <= 1024, "at most 1024 experts per layer");
-    for (int64_t e = 0; e < E; ++e) {
-      double z = double(logits[n * E + e]);
-      if (training && s_.noise == RouterNoise::Gumbel)
-        z += gumbel.gumbel(uint64_t(context_.step), uint64_t((context_.first_token + n) * E + e));
-      zt[e] = z / s_.tau;
-    }
-    T* p = scores + n * E;
-    if (s_.score == RouterScore::Softmax) {
-      double m = -INFINITY, sum = 0;
-      for (int64_t e = 0; e < E; ++e) m = std::max(m, zt[e]);
-      for (int64_t e = 0; e < E; ++e) sum += std::exp(zt[e] - m);
-      for (int64_t e = 0; e < E; ++e) p[e] = T(std::exp(zt[e] - m) / sum);
-    } else {
-      for (int64_t e = 0; e < E; ++e) p[e] = T(1.0 / (1.0 + std::exp(-zt[e])));
-    }
+void MoeLayer<T>::plan_exchange() {
+  const int64_t P = s_.ep_size, El = local_experts();
+  std::vector<int64_t> send_count(size_t(P * El));
+  for (int64_t e = 0; e < s_.num_experts; ++e) send_count[e] = expert_offset_[e + 1] - expert_offset_[e];
+  recv_count_.assign(size_t(P * El), 0);
+  if (P == 1)
+    recv_count_ = send_count;
+  else
+    exchange_->exchange_counts(send_count.data(), recv_count_.data(), El);
+  send_rows_.assign(size_t(P), 0);
+  recv_rows_.assign(size_t(P), 0);
+  for (int64_t q = 0; q < P; ++q)
+    for (int64_t el = 0; el < El; ++el) send_rows_[q] += send_count[q * El + el], recv_rows_[q] += recv_count_[q * El + el];
+  local_offset_.assign(size_t(El + 1), 0);
+  for (int64_t el = 0; el < El; ++el) {
+    int64_t rows = 0;
+    for (int64_t q = 0; q < P; ++q) rows += recv_count_[q * El + el];
+    local_offset_[el + 1] = local_offset_[el] + rows;
   }
-
-  // Expert dropout: the same mask for every token of the step and on every rank.
-  expert_masked_.assign(size_t(E), 0);
-  if (training && s_.expert_dropout > 0)
-    for (int64_t e = 0; e < E; ++e) expert_masked_[e] = dropout.uniform(uint64_t(context_.step), uint64_t(e)) < s_.expert_dropout;
-
-  // Top-k of p + b among unmasked experts (ties to the lower index); f_e from top-k of p alone.
-  sel_expert_.assign(size_t(N * K), -1);
-  gate_.assign(size_t(N * K), T(0));
-  denom_.assign(size_t(N), T(1));
-  denom_clamped_.assign(size_t(N), 0);
-  f_.assign(size_t(E), T(0));
-  std::vector<int32_t> order(static_cast<size_t>(E));
-  const bool renormalise = s_.normalize && K > 1;
-  for (int64_t n = 0; n < N; ++n) {
-    const T* p = scores + n * E;
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
-    for (int64_t j = 0; j < K; ++j) f_[order[j]] += T(1);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int32_t a, int32_t b) { return double(p[a]) + bias_[a] > double(p[b]) + bias_[b]; });
-    int64_t j = 0;
-    for (int64_t r = 0; r < E && j < K; ++r)
-      if (!expert_masked_[order[r]]) sel_expert_[n * K + j++] = order[r];
-    double sum = 0;
-    for (int64_t i = 0; i < K; ++i)
-      if (sel_expert_[n * K + i] >= 0) sum += double(p[sel_expert_[n * K + i]]);
-    if (renormalise) {
-      if (sum < kMinGateSum) sum = kMinGateSum, denom_clamped_[n] = 1;
-      denom_[n] = T(sum);
-    }
-    for (int64_t i = 0; i < K; ++i)
-      if (sel_expert_[n * K + i] >= 0) gate_[n * K + i] = p[sel_expert_[n * K + i]] / denom_[n];
-  }
-  for (int64_t e = 0; e < E; ++e) f_[e] /= T(double(N * K));
-
-  // Capacity: each expert keeps its C highest-priority assignments; the rest overflow.
-  const int64_t C = capacity(N);
-  fate_.assign(size_t(N * K), SlotFate::None);
-  assigned_expert_.assign(size_t(N * K), -1);
-  auto priority_before = [&](int32_t a, int32_t b) {  // slots a, b
-    if (s_.drop_policy == DropPolicy::Probs) {
-      const T pa = scores[(a / K) * E + sel_expert_[a]], pb = scores[(b / K) * E + sel_expert_[b]];
-      if (pa != pb) return pa > pb;
-    }
-    return a < b;  // position: token order
-  };
-  std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(E));
-  for (int64_t slot = 0; slot < N * K; ++slot)
-    if (sel_expert_[slot] >= 0) by_expert[sel_expert_[slot]].push_back(int32_t(slot));
-  std::vector<int64_t> load(static_cast<size_t>(E), 0);
-  std::vector<int32_t> overflowed;
-  for (int64_t e = 0; e < E; ++e) {
-    auto& slots = by_expert[e];
-    std::stable_sort(slots.begin(), slots.end(), priority_before);
-    for (int32_t slot : slots) {
-      if (load[e] < C) {
-        fate_[slot] = SlotFate::Kept, assigned_expert_[slot] = int32_t(e), ++load[e];
-      } else {
-        overflowed.push_back(slot);
-      }
-    }
-  }
-  std::stable_sort(overflowed.begin(), overflowed.end(), priority_before);
-  for (int32_t slot : overflowed) {
-    if (s_.overflow == Overflow::Drop) {
-      fate_[slot] = SlotFate::Dropped;
-    } else if (s_.overflow == Overflow::Dense) {
-      fate_[slot] = SlotFate::Fallback;
-    } else {  // reroute: next-best expert by p + b with room, never one the token already uses
-      const int64_t n = slot / K;
-      const T* p = scores + n * E;
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(),
-                       [&](int32_t a, int32_t b) { return double(p[a]) + bias_[a] > double(p[b]) + bias_[b]; });
-      fate_[slot] = SlotFate::Dropped;
-      for (int32_t e : order) {
-        if (expert_masked_[e] || load[e] >= C) continue;
-        bool used = false;
-        for (int64_t i = 0; i < K; ++i) used |= assigned_expert_[n * K + i] == e || sel_expert_[n * K + i] == e;
-        if (used) continue;
-        fate_[slot] = SlotFate::Rerouted, assigned_expert_[slot] = e, ++load[e];
-        break;
-      }
-    }
-  }
+  received_ = local_offset_[El];
 }
 
-// Rows of each expert's contiguous block, in token order within an expert.
 template <typename T>
-void MoeLayer<T>::build_permutation(int64_t N) {
-  const int64_t E = s_.num_experts, K = s_.top_k;
-  expert_offset_.assign(size_t(E + 1), 0);
-  for (int64_t slot = 0; slot < N * K; ++slot)
-    if (assigned_expert_[slot] >= 0) ++expert_offset_[assigned_expert_[slot] + 1];
-  for (int64_t e = 0; e < E; ++e) expert_offset_[e + 1] += expert_offset_[e];
-  perm_slot_.assign(size_t(expert_offset_[E]), -1);
-  std::vector<int64_t> fill(expert_offset_.begin(), expert_offset_.end() - 1);
-  for (int64_t slot = 0; slot < N * K; ++slot)
-    if (assigned_expert_[slot] >= 0) perm_slot_[fill[assigned_expert_[slot]]++] = int32_t(slot);
-  row_of_slot_.assign(size_t(N * K), -1);
-  for (int64_t r = 0; r < expert_offset_[E]; ++r) row_of_slot_[perm_slot_[r]] = r;
-  fallback_token_.clear();
-  fallback_weight_.clear();
-  for (int64_t n = 0; n < N; ++n) {
-    double w = 0;
-    bool any = false;
-    for (int64_t j = 0; j < K; ++j)
-      if (fate_[n * K + j] == SlotFate::Fallback) w += double(gate_[n * K + j]), any = true;
-    if (any) fallback_token_.push_back(int32_t(n)), fallback_weight_.push_back(T(w));
+void MoeLayer<T>::exchange_rows(const T* send, const std::vector<int64_t>& send_rows, T* recv,
+                                const std::vector<int64_t>& recv_rows, int64_t width) {
+  if (s_.ep_size == 1) {
+    std::copy_n(send, send_rows[0] * width, recv);
+    return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    std::vector<int64_t> sc(send_rows.size()), rc(recv_rows.size());
+    for (size_t q = 0; q < sc.size(); ++q) sc[q] = send_rows[q] * width, rc[q] = recv_rows[q] * width;
+    exchange_->exchange(send, sc.data(), recv, rc.data());
+  } else {
+    MOE_FAIL("expert parallelism runs in float only");
   }
 }
 
 template <typename T>
-void MoeLayer<T>::router_losses(const T* logits, const T* scores, int64_t N) {
-  const int64_t E = s_.num_experts;
-  std::vector<double> P(static_cast<size_t>(E), 0.0);
-  double zsum = 0, hsum = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    const T* z = logits + n * E;
-    const T* p = scores + n * E;
-    double m = -INFINITY, s = 0, h = 0;
-    for (int64_t e = 0; e < E; ++e) m = std::max(m, double(z[e]));
-    for (int64_t e = 0; e < E; ++e) s += std::exp(double(z[e]) - m);
-    const double lse = m + std::log(s);
-    zsum += lse * lse;
-    for (int64_t e = 0; e < E; ++e) {
-      P[e] += double(p[e]);
-      h -= double(p[e]) * std::log(std::max(double(p[e]), kMinLogArg));
+void MoeLayer<T>::dispatch_rows(const T* token_rows, T* expert_rows, int64_t width) {
+  const int64_t P = s_.ep_size, El = local_experts();
+  exchange_buffer_.resize(size_t(received_ * width));
+  exchange_rows(token_rows, send_rows_, exchange_buffer_.data(), recv_rows_, width);
+  // Received source-major (source, local expert); experts compute expert-major (local expert, source).
+  int64_t src = 0;
+  for (int64_t q = 0; q < P; ++q)
+    for (int64_t el = 0; el < El; ++el) {
+      int64_t dst = local_offset_[el];
+      for (int64_t q2 = 0; q2 < q; ++q2) dst += recv_count_[q2 * El + el];
+      const int64_t rows = recv_count_[q * El + el];
+      std::copy_n(exchange_buffer_.data() + src * width, rows * width, expert_rows + dst * width);
+      src += rows;
     }
-    hsum += h;
-  }
-  double aux = 0, death = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    P[e] /= double(N);
-    aux += double(f_[e]) * P[e];
-    death += std::max(0.0, s_.death_floor - P[e]);
-  }
-  last_aux_ = s_.coef_aux * double(E) * aux;
-  last_z_ = s_.coef_z * zsum / double(N);
-  last_entropy_ = -s_.coef_entropy * hsum / double(N);
-  last_death_ = s_.coef_death * death;
-  if (context_.training && !context_.recomputing) {
-    stats_.aux += last_aux_, stats_.z += last_z_, stats_.entropy_loss += last_entropy_, stats_.death += last_death_;
-    stats_.entropy_sum += hsum;
-  }
 }
+
+template <typename T>
+void MoeLayer<T>::combine_rows(const T* expert_rows, T* token_rows, int64_t width) {
+  const int64_t P = s_.ep_size, El = local_experts();
+  exchange_buffer_.resize(size_t(received_ * width));
+  int64_t src = 0;
+  for (int64_t q = 0; q < P; ++q)
+    for (int64_t el = 0; el < El; ++el) {
+      int64_t dst = local_offset_[el];
+      for (int64_t q2 = 0; q2 < q; ++q2) dst += recv_count_[q2 * El + el];
+      const int64_t rows = recv_count_[q * El + el];
+      std::copy_n(expert_rows + dst * width, rows * width, exchange_buffer_.data() + src * width);
+      src += rows;
+    }
+  exchange_rows(exchange_buffer_.data(), recv_rows_, token_rows, send_rows_, width);  // counts swapped
+}
+
+// ---- Forward and backward --------------------------------------------------------------------------
 
 template <typename T>
 void MoeLayer<T>::forward(const T* x, T* y, T* acts, int64_t N) {
-  const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k, F = s_.expert_hidden;
+  const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k, F = s_.expert_hidden, El = local_experts();
+  MOE_CHECK(s_.ep_size == 1 || exchange_, "an MoE layer over " << s_.ep_size << " expert-parallel ranks needs an exchange");
   const ActsView v = carve(acts, N);
+  // Plan (local): router, selection, capacity, permutation.
   ops_.gemm(false, false, N, E, D, T(1), x, D, router_, E, T(0), v.logits, E);  // z = x Wg
   route(v.logits, v.scores, N);
   build_permutation(N);
+  plan_exchange();
 
-  // Dispatch (local here): gather each expert's tokens into its contiguous block.
-  const int64_t M = expert_offset_[E];
+  // Dispatch: gather each expert's tokens into its block, send blocks to the experts' ranks.
+  const int64_t M = expert_offset_[E], R = received_;
+  std::vector<T> xp(size_t(M * D));
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < M; ++r) copy_row(x + (perm_slot_[r] / K) * D, v.xp + r * D, D);
-  // Experts: one GEMM per expert over its block.
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = expert_offset_[e], m = expert_offset_[e + 1] - r0;
+  for (int64_t r = 0; r < M; ++r) copy_row(x + (perm_slot_[r] / K) * D, xp.data() + r * D, D);
+  xe_.resize(size_t(R * D));
+  ea_.resize(size_t(R * F)), eb_.resize(size_t(R * F)), eh_.resize(size_t(R * F));
+  dispatch_rows(xp.data(), xe_.data(), D);
+
+  // Experts: one GEMM per local expert over its block.
+  std::vector<T> ye(size_t(R * D));
+  for (int64_t el = 0; el < El; ++el) {
+    const int64_t r0 = local_offset_[el], m = local_offset_[el + 1] - r0;
     if (m == 0) continue;
-    ops_.gemm(false, false, m, F, D, T(1), v.xp + r0 * D, D, w1_ + e * D * F, F, T(0), v.a + r0 * F, F);
-    ops_.gemm(false, false, m, F, D, T(1), v.xp + r0 * D, D, w3_ + e * D * F, F, T(0), v.b + r0 * F, F);
+    ops_.gemm(false, false, m, F, D, T(1), xe_.data() + r0 * D, D, w1_ + el * D * F, F, T(0), ea_.data() + r0 * F, F);
+    ops_.gemm(false, false, m, F, D, T(1), xe_.data() + r0 * D, D, w3_ + el * D * F, F, T(0), eb_.data() + r0 * F, F);
   }
-  ops_.swiglu_forward(v.a, v.b, v.h, M * F);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = expert_offset_[e], m = expert_offset_[e + 1] - r0;
+  ops_.swiglu_forward(ea_.data(), eb_.data(), eh_.data(), R * F);
+  for (int64_t el = 0; el < El; ++el) {
+    const int64_t r0 = local_offset_[el], m = local_offset_[el + 1] - r0;
     if (m == 0) continue;
-    ops_.gemm(false, false, m, D, F, T(1), v.h + r0 * F, F, w2_ + e * F * D, D, T(0), v.yp + r0 * D, D);
+    ops_.gemm(false, false, m, D, F, T(1), eh_.data() + r0 * F, F, w2_ + el * F * D, D, T(0), ye.data() + r0 * D, D);
   }
-  // Combine: y = sum_j w_j Expert_j(x), slots in order for every token (deterministic).
+
+  // Combine: outputs back to their tokens' ranks, then y = sum_j w_j Expert_j(x), slots in order.
+  combine_rows(ye.data(), v.yp, D);
   const std::vector<int64_t>& row_of_slot = row_of_slot_;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -371,20 +278,31 @@ void MoeLayer<T>::forward(const T* x, T* y, T* acts, int64_t N) {
 
 template <typename T>
 void MoeLayer<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* /*scratch*/, int64_t N) {
-  const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k, F = s_.expert_hidden;
+  const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k, F = s_.expert_hidden, El = local_experts();
   const ActsView v = carve(const_cast<T*>(acts), N);
-  const int64_t M = expert_offset_[E];
+  const int64_t M = expert_offset_[E], R = received_;
   const int64_t Mf = int64_t(fallback_token_.size());
-  // Scratch: dyp, dxp (M, D); dh, da, db (M, F); dp, dz (N, E); dw (N K); shared and fallback.
   const int64_t shared_scratch = shared_ ? shared_->scratch_size(N) : 0;
-  const int64_t fb_scratch = fallback_ ? fallback_->scratch_size(std::max<int64_t>(Mf, 1)) : 0;
-  const size_t need = size_t(2 * M * D + 3 * M * F + 2 * N * E + N * K + shared_scratch + N * D + fb_scratch +
-                             3 * std::max<int64_t>(Mf, 1) * D);
+  const int64_t fb_rows = std::max<int64_t>(Mf, 1);
+  const int64_t fb_scratch = fallback_ ? fallback_->scratch_size(fb_rows) : 0;
+  const size_t need = size_t(2 * M * D + 2 * R * D + 3 * R * F + 2 * N * E + N * K + shared_scratch + fb_scratch +
+                             2 * fb_rows * D);
   if (scratch_.size() < need) scratch_.resize(need);
   T* c = scratch_.data();
-  T *dyp = c, *dxp = (c += M * D), *dh = (c += M * D), *da = (c += M * F), *db = (c += M * F);
-  T *dp = (c += M * F), *dz = (c += N * E), *dw = (c += N * E), *sh = (c += N * K), *dsx = (c += shared_scratch);
-  T *fbs = (c += N * D), *dyf = (c += fb_scratch), *dxf = (c += std::max<int64_t>(Mf, 1) * D);
+  T* dyp = c;               // (M, D) token side
+  T* dxp = (c += M * D);    // (M, D) token side
+  T* dye = (c += M * D);    // (R, D) expert side
+  T* dxe = (c += R * D);    // (R, D) expert side
+  T* dh = (c += R * D);     // (R, F)
+  T* da = (c += R * F);     // (R, F)
+  T* db = (c += R * F);     // (R, F)
+  T* dp = (c += R * F);     // (N, E)
+  T* dz = (c += N * E);     // (N, E)
+  T* dw = (c += N * E);     // (N K)
+  T* sh = (c += N * K);     // shared scratch
+  T* fbs = (c += shared_scratch);
+  T* dyf = (c += fb_scratch);
+  T* dxf = (c += fb_rows * D);
   std::fill_n(dp, N * E, T(0));
   std::fill_n(dz, N * E, T(0));
   std::fill_n(dw, N * K, T(0));
@@ -395,7 +313,8 @@ void MoeLayer<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* /*s
   else
     ops_.fill(dx, T(0), N * D);
 
-  // Routed experts, mirrored: un-weight, expert backward per block, scatter back to tokens.
+  // Routed experts, mirrored: un-weight at the token side, dispatch the output gradients to the experts,
+  // expert backward per block, combine the input gradients back, scatter them to the tokens.
   const std::vector<int64_t>& row_of_slot = row_of_slot_;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < M; ++r) {
@@ -407,21 +326,24 @@ void MoeLayer<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* /*s
     for (int64_t d = 0; d < D; ++d) dyp[r * D + d] = w * g[d], dot += double(g[d]) * out[d];
     dw[slot] = T(dot);
   }
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = expert_offset_[e], m = expert_offset_[e + 1] - r0;
+  dispatch_rows(dyp, dye, D);
+  for (int64_t el = 0; el < El; ++el) {
+    const int64_t r0 = local_offset_[el], m = local_offset_[el + 1] - r0;
     if (m == 0) continue;
-    ops_.gemm(true, false, F, D, m, T(1), v.h + r0 * F, F, dyp + r0 * D, D, T(1), dw2_ + e * F * D, D);
-    ops_.gemm(false, true, m, F, D, T(1), dyp + r0 * D, D, w2_ + e * F * D, D, T(0), dh + r0 * F, F);
+    ops_.gemm(true, false, F, D, m, T(1), eh_.data() + r0 * F, F, dye + r0 * D, D, T(1), dw2_ + el * F * D, D);
+    ops_.gemm(false, true, m, F, D, T(1), dye + r0 * D, D, w2_ + el * F * D, D, T(0), dh + r0 * F, F);
   }
-  ops_.swiglu_backward(v.a, v.b, dh, da, db, M * F);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = expert_offset_[e], m = expert_offset_[e + 1] - r0;
+  ops_.swiglu_backward(ea_.data(), eb_.data(), dh, da, db, R * F);
+  for (int64_t el = 0; el < El; ++el) {
+    const int64_t r0 = local_offset_[el], m = local_offset_[el + 1] - r0;
     if (m == 0) continue;
-    ops_.gemm(true, false, D, F, m, T(1), v.xp + r0 * D, D, da + r0 * F, F, T(1), dw1_ + e * D * F, F);
-    ops_.gemm(true, false, D, F, m, T(1), v.xp + r0 * D, D, db + r0 * F, F, T(1), dw3_ + e * D * F, F);
-    ops_.gemm(false, true, m, D, F, T(1), da + r0 * F, F, w1_ + e * D * F, F, T(0), dxp + r0 * D, D);
-    ops_.gemm(false, true, m, D, F, T(1), db + r0 * F, F, w3_ + e * D * F, F, T(1), dxp + r0 * D, D);
+    const T* xe = xe_.data() + r0 * D;
+    ops_.gemm(true, false, D, F, m, T(1), xe, D, da + r0 * F, F, T(1), dw1_ + el * D * F, F);
+    ops_.gemm(true, false, D, F, m, T(1), xe, D, db + r0 * F, F, T(1), dw3_ + el * D * F, F);
+    ops_.gemm(false, true, m, D, F, T(1), da + r0 * F, F, w1_ + el * D * F, F, T(0), dxe + r0 * D, D);
+    ops_.gemm(false, true, m, D, F, T(1), db + r0 * F, F, w3_ + el * D * F, F, T(1), dxe + r0 * D, D);
   }
+  combine_rows(dxe, dxp, D);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t j = 0; j < K; ++j) {
@@ -436,7 +358,8 @@ void MoeLayer<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* /*s
     for (int64_t i = 0; i < Mf; ++i) {
       const int64_t n = fallback_token_[i];
       double dot = 0;
-      for (int64_t d = 0; d < D; ++d) dyf[i * D + d] = fallback_weight_[i] * dy[n * D + d], dot += double(dy[n * D + d]) * v.yf[i * D + d];
+      for (int64_t d = 0; d < D; ++d)
+        dyf[i * D + d] = fallback_weight_[i] * dy[n * D + d], dot += double(dy[n * D + d]) * v.yf[i * D + d];
       for (int64_t j = 0; j < K; ++j)
         if (fate_[n * K + j] == SlotFate::Fallback) dw[n * K + j] += T(dot);
     }
@@ -445,55 +368,7 @@ void MoeLayer<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* /*s
       for (int64_t d = 0; d < D; ++d) dx[int64_t(fallback_token_[i]) * D + d] += dxf[i * D + d];
   }
 
-  // Gate weights -> scores: w_j = p_{e_j} / s with s the sum of the selected scores (when renormalising).
-  const bool renormalise = s_.normalize && K > 1;
-  for (int64_t n = 0; n < N; ++n) {
-    double g = 0;
-    if (renormalise && !denom_clamped_[n])
-      for (int64_t j = 0; j < K; ++j) g += double(dw[n * K + j]) * double(gate_[n * K + j]);
-    for (int64_t j = 0; j < K; ++j) {
-      const int32_t e = sel_expert_[n * K + j];
-      if (e < 0) continue;
-      dp[n * E + e] += T((double(dw[n * K + j]) - g) / double(denom_[n]));
-    }
-  }
-
-  // Router losses, weighted by this group's share of the step's loss.
-  const double rs = context_.router_loss_scale, inv_n = 1.0 / double(N);
-  std::vector<double> P(static_cast<size_t>(E), 0.0);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t e = 0; e < E; ++e) P[e] += double(v.scores[n * E + e]) * inv_n;
-  for (int64_t n = 0; n < N; ++n) {
-    const T* z = v.logits + n * E;
-    const T* p = v.scores + n * E;
-    double m = -INFINITY, s = 0;
-    for (int64_t e = 0; e < E; ++e) m = std::max(m, double(z[e]));
-    for (int64_t e = 0; e < E; ++e) s += std::exp(double(z[e]) - m);
-    const double lse = m + std::log(s);
-    for (int64_t e = 0; e < E; ++e) {
-      double g = s_.coef_aux * double(E) * double(f_[e]) * inv_n;
-      g += s_.coef_entropy * inv_n * (std::log(std::max(double(p[e]), kMinLogArg)) + 1.0);
-      if (P[e] < s_.death_floor) g -= s_.coef_death * inv_n;
-      dp[n * E + e] += T(rs * g);
-      dz[n * E + e] += T(rs * s_.coef_z * 2.0 * lse * std::exp(double(z[e]) - lse) * inv_n);
-    }
-  }
-
-  // Scores -> logits (noise is a constant; temperature divides).
-  for (int64_t n = 0; n < N; ++n) {
-    const T* p = v.scores + n * E;
-    const T* g = dp + n * E;
-    if (s_.score == RouterScore::Softmax) {
-      double dot = 0;
-      for (int64_t e = 0; e < E; ++e) dot += double(p[e]) * g[e];
-      for (int64_t e = 0; e < E; ++e) dz[n * E + e] += T(double(p[e]) * (double(g[e]) - dot) / s_.tau);
-    } else {
-      for (int64_t e = 0; e < E; ++e) dz[n * E + e] += T(double(g[e]) * p[e] * (1.0 - double(p[e])) / s_.tau);
-    }
-  }
-  ops_.gemm(true, false, D, E, N, T(1), x, D, dz, E, T(1), d_router_, E);  // dWg += x^T dz
-  ops_.gemm(false, true, N, D, E, T(1), dz, E, router_, E, T(1), dx, D);   // dx += dz Wg^T
-  (void)dsx;
+  router_backward(x, v.logits, v.scores, dw, dp, dz, dx, N);
 }
 
 template class MoeLayer<float>;

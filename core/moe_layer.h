@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/expert_exchange.h"
 #include "core/ffn.h"
 
 namespace moe {
@@ -39,6 +40,8 @@ struct MoeSettings {
   Overflow overflow = Overflow::Drop;
   double expert_dropout = 0.0;
   double coef_aux = 0, coef_z = 0, coef_entropy = 0, coef_death = 0, death_floor = 0.01;
+  // Expert parallelism: this rank holds experts [ep_rank * E / ep_size, (ep_rank + 1) * E / ep_size).
+  int64_t ep_size = 1, ep_rank = 0;
 };
 
 // Fate of one (token, slot) assignment after capacity.
@@ -58,6 +61,9 @@ class MoeLayer final : public FeedForward<T> {
   double forward_flops(int64_t N) const override;
 
   void set_context(const FfnContext& context) override { context_ = context; }
+  // The all-to-all over the expert-parallel group (required when ep_size > 1; float only).
+  void set_exchange(ExpertExchange* exchange) { exchange_ = exchange; }
+  int64_t local_experts() const { return s_.num_experts / s_.ep_size; }
   RouterStepStats* router_stats() override { return &stats_; }
   double last_router_loss() const override { return last_aux_ + last_z_ + last_entropy_ + last_death_; }
 
@@ -83,7 +89,16 @@ class MoeLayer final : public FeedForward<T> {
   ActsView carve(T* acts, int64_t N) const;
   void route(const T* logits, T* scores, int64_t N);
   void build_permutation(int64_t N);
+  void plan_exchange();
+  // Dispatch: token-side rows (global expert order) -> expert-side rows (local expert major).
+  void dispatch_rows(const T* token_rows, T* expert_rows, int64_t width);
+  // Combine: the reverse (the adjoint of dispatch).
+  void combine_rows(const T* expert_rows, T* token_rows, int64_t width);
+  void exchange_rows(const T* send, const std::vector<int64_t>& send_rows, T* recv,
+                     const std::vector<int64_t>& recv_rows, int64_t width);
   void router_losses(const T* logits, const T* scores, int64_t N);
+  // dw: (N K) gate-weight gradients; dp, dz: (N, E) zeroed scratch; adds the router's share to dx.
+  void router_backward(const T* x, const T* logits, const T* scores, const T* dw, T* dp, T* dz, T* dx, int64_t N);
 
   Ops<T>& ops_;
   MoeSettings s_;
@@ -110,6 +125,17 @@ class MoeLayer final : public FeedForward<T> {
   std::vector<T> f_;                    // E, top-k selection fractions of the last forward (no grad)
   double last_aux_ = 0, last_z_ = 0, last_entropy_ = 0, last_death_ = 0;
   std::vector<T> scratch_;
+
+  // Exchange plan of the last forward. Token side: rows per destination rank. Expert side: rows per
+  // (source rank, local expert), and the two orders of the received rows.
+  ExpertExchange* exchange_ = nullptr;
+  std::vector<int64_t> send_rows_, recv_rows_;   // per rank
+  std::vector<int64_t> recv_count_;              // (ep_size, local experts): rows from source for expert
+  std::vector<int64_t> local_offset_;            // local experts + 1: expert-major block offsets
+  int64_t received_ = 0;                         // R: rows this rank's experts compute
+  // Expert-side activations of the last forward: xe (R, D), a, b, h (R, F).
+  std::vector<T> xe_, ea_, eb_, eh_;
+  std::vector<T> exchange_buffer_;
 };
 
 }  // namespace moe

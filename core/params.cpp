@@ -18,15 +18,23 @@ const char* param_role_name(ParamRole role) {
   return "?";
 }
 
-int64_t ParamTable::add(ParamSpec spec) {
+void ParamTable::add(ParamSpec spec) {
   MOE_CHECK(!contains(spec.name), "parameter '" << spec.name << "' added twice");
+  MOE_CHECK(spec.global_rows == 0 || (!spec.shape.empty() && spec.shard_offset + spec.shape[0] <= spec.global_rows),
+            "parameter '" << spec.name << "': shard outside its global rows");
   int64_t n = 1;
   for (int64_t d : spec.shape) n *= d;
   spec.numel = n;
-  spec.offset = numel_;
-  numel_ += n;
+  if (spec.expert()) {
+    spec.offset = dense_numel_ + expert_numel_;
+    expert_numel_ += n;
+  } else {
+    spec.offset = dense_numel_;
+    dense_numel_ += n;
+    for (ParamSpec& s : specs_)  // the expert region moves up
+      if (s.expert()) s.offset += n;
+  }
   specs_.push_back(std::move(spec));
-  return specs_.back().offset;
 }
 
 bool ParamTable::contains(const std::string& name) const {
@@ -54,8 +62,9 @@ void ParamTable::initialize(T* params, uint64_t seed) const {
         break;
       case ParamInit::Normal: {
         const RngStream rng(seed, "init." + s.name);
-        // Element i of the global tensor draws counter (i, 0): a slice draws exactly its own elements.
-        for (int64_t i = 0; i < s.numel; ++i) p[i] = T(s.init_std * rng.normal(uint64_t(i)));
+        // Element i of the global tensor draws counter (i, 0): a shard draws exactly its own elements.
+        const int64_t base = s.global_rows > 0 ? s.shard_offset * (s.numel / s.shape[0]) : 0;
+        for (int64_t i = 0; i < s.numel; ++i) p[i] = T(s.init_std * rng.normal(uint64_t(base + i)));
         break;
       }
     }

@@ -86,3 +86,53 @@ TEST(Model, InitialLossIsNearUniform) {
 
 }  // namespace
 }  // namespace moe
+
+namespace moe {
+namespace {
+
+TEST(Tensor, ViewsByNameIndexRowMajorAndSliceTheLeadingAxis) {
+  ParamTable table;
+  table.add({"a", {2}, ParamRole::Norm, false});
+  table.add({"experts.w1", {3, 2, 4}, ParamRole::Expert, true});
+  std::vector<float> buffer(table.numel());
+  for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = float(i);
+  const TensorView<float> w = table.view(buffer.data(), "experts.w1");
+  EXPECT_EQ(w.numel(), 24);
+  EXPECT_EQ(w.at({1, 1, 2}), 2.0f + 8 + 4 + 2);  // offset 2 (after "a") + 1*8 + 1*4 + 2
+  const TensorView<float> e2 = w.slice0(2);
+  EXPECT_EQ(e2.shape, (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(e2.at({0, 0}), 2.0f + 16);
+  EXPECT_THROW(w.at({3, 0, 0}), Error);
+}
+
+}  // namespace
+}  // namespace moe
+
+namespace moe {
+namespace {
+
+TEST(ParamTable, DenseRegionThenExpertRegionWhateverTheOrderOfRegistration) {
+  ParamTable table;
+  table.add({"a", {3}, ParamRole::Dense, true});
+  table.add({"experts.w", {2, 2}, ParamRole::Expert, true});
+  table.add({"b", {5}, ParamRole::Norm, false});
+  EXPECT_EQ(table.dense_numel(), 8);
+  EXPECT_EQ(table.expert_numel(), 4);
+  EXPECT_EQ(table.find("a").offset, 0);
+  EXPECT_EQ(table.find("b").offset, 3);
+  EXPECT_EQ(table.find("experts.w").offset, 8);
+}
+
+TEST(ParamTable, AShardIsInitialisedAsItsSliceOfTheFullTensor) {
+  ParamTable full, shard;
+  full.add({"experts.w1", {4, 3, 5}, ParamRole::Expert, true, ParamInit::Normal, 0.02});
+  shard.add({"experts.w1", {2, 3, 5}, ParamRole::Expert, true, ParamInit::Normal, 0.02, 4, 2});  // experts 2, 3
+  std::vector<float> f(full.numel()), s(shard.numel());
+  full.initialize(f.data(), 77);
+  shard.initialize(s.data(), 77);
+  EXPECT_EQ(shard.find("experts.w1").global_shape(), (std::vector<int64_t>{4, 3, 5}));
+  EXPECT_EQ(0, std::memcmp(s.data(), f.data() + 2 * 15, sizeof(float) * s.size()));
+}
+
+}  // namespace
+}  // namespace moe
