@@ -18,8 +18,11 @@ Model<T>::Model(Ops<T>& ops, const ModelShape& shape, int64_t seq_len, int64_t m
   const double out_std = 0.02 / std::sqrt(2.0 * double(L));  // Wo scaled by 1/sqrt(2L) (MODEL.md)
 
   table_.add({"embed.weight", {V, D}, ParamRole::Embedding, false, ParamInit::Normal, 0.02});
+  auto specs = [&] { return int64_t(table_.specs().size()); };
+  embed_specs_ = {0, specs()};
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = "layers." + std::to_string(l);
+    const int64_t first = specs();
     table_.add({p + ".attn_norm.gain", {D}, ParamRole::Norm, false, ParamInit::Ones});
     table_.add({p + ".attn.wq", {D, D}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
     table_.add({p + ".attn.wk", {D, D}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
@@ -29,9 +32,12 @@ Model<T>::Model(Ops<T>& ops, const ModelShape& shape, int64_t seq_len, int64_t m
     ffn_.push_back(ffn_factory ? ffn_factory(l)
                                : std::make_unique<DenseMlp<T>>(ops, D, shape.ffn_hidden, L));
     ffn_.back()->register_params(table_, p + ".ffn");
+    layer_specs_.emplace_back(first, specs());
   }
+  const int64_t head_first = specs();
   table_.add({"out_norm.gain", {D}, ParamRole::Norm, false, ParamInit::Ones});
   table_.add({"head.weight", {D, V}, ParamRole::Output, true, ParamInit::Normal, 0.02});
+  head_specs_ = {head_first, specs()};
 
   params_.assign(size_t(table_.numel()), T(0));
   grads_.assign(size_t(table_.numel()), T(0));
@@ -180,14 +186,17 @@ void Model<T>::backward(double loss_scale) {
   ops_.gemm(true, false, D, V, N, T(1), xo_, D, dlogits_, V, T(1), d_head_, V);  // dHead += xo^T dlogits
   ops_.gemm(false, true, N, D, V, T(1), dlogits_, V, head_, V, T(0), dtmp_, D);  // dxo = dlogits Head^T
   ops_.rmsnorm_backward(x_[L], out_norm_, rstd_o_, dtmp_, dres_, d_out_norm_, N, D);
+  if (grad_ready_) grad_ready_(head_specs_.first, head_specs_.second);
   context_.recomputing = true;  // a recomputed forward must not count routing statistics again
   for (auto& f : ffn_) f->set_context(context_);
   for (int64_t l = L - 1; l >= 0; --l) {
     // Recompute rewrites x_[l+1] with the same bits it already holds (same ops on the same input).
     if (recompute_ == Recompute::Full) block_forward(l, x_[l], x_[l + 1], acts_[l], B);
     block_backward(l, x_[l], dres_, acts_[l], B);
+    if (grad_ready_) grad_ready_(layer_specs_[l].first, layer_specs_[l].second);
   }
   ops_.embedding_backward(inputs_.data(), dres_, d_embed_, N, D);
+  if (grad_ready_) grad_ready_(embed_specs_.first, embed_specs_.second);
 }
 
 template <typename T>

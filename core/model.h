@@ -68,6 +68,11 @@ class Model {
   // Router losses of the last forward, summed over MoE layers (coefficients applied, unweighted).
   double last_router_loss() const;
   FeedForward<T>& ffn(int64_t layer) { return *ffn_[layer]; }
+  // Called during backward with a range [first, end) of parameter-table specs whose gradients are final
+  // for this backward (output head, then each layer from the last, then the embedding), so gradient
+  // communication can start while backward goes on. Empty: no calls.
+  using GradReadyHook = std::function<void(int64_t first_spec, int64_t end_spec)>;
+  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
   int64_t num_layers() const { return shape_.layers; }
 
  private:
@@ -107,6 +112,10 @@ class Model {
   std::vector<int32_t> inputs_, targets_;
   int64_t last_batch_ = 0;
   FfnContext context_;
+  GradReadyHook grad_ready_;
+  // Spec index ranges of the table: the embedding, each layer, the output norm and head.
+  std::pair<int64_t, int64_t> embed_specs_, head_specs_;
+  std::vector<std::pair<int64_t, int64_t>> layer_specs_;
 };
 
 }  // namespace moe

@@ -280,22 +280,10 @@ void gate_pipeline_parallel(const Checked& c) {
   if (c.config.parallel.pp != 1)
     MOE_BAD_INPUT(c.show("parallel.pp") << ": pipeline parallelism is not available in this build yet (expected 1)");
 }
-void gate_expert_parallel(const Checked& c) {
-  if (c.config.parallel.ep != 1)
-    MOE_BAD_INPUT(c.show("parallel.ep") << ": expert parallelism is not available in this build yet (expected 1)");
-}
-void gate_data_parallel(const Checked& c) {
-  if (c.config.parallel.dp != 0 && c.config.parallel.dp != 1)
-    MOE_BAD_INPUT(
-        c.show("parallel.dp") << ": data parallelism is not available in this build yet (expected 1 or \"auto\")");
-}
-
 const std::vector<Rule>& gates() {
   static const std::vector<Rule> table = {
       {"`parallel.tp` = 1: tensor parallelism.", gate_tensor_parallel},
       {"`parallel.pp` = 1: pipeline parallelism.", gate_pipeline_parallel},
-      {"`parallel.ep` = 1: expert parallelism.", gate_expert_parallel},
-      {"`parallel.dp` = 1 or `\"auto\"`: data parallelism.", gate_data_parallel},
   };
   return table;
 }

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "launch/trainer.h"
+#include "parallel/mpi_communicator.h"
 
 namespace {
 
@@ -65,24 +66,40 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : kExitBadInput;
   }
 
-  const int rank = 0;
+  // Under mpirun every rank runs this program; alone it runs without MPI.
+  std::unique_ptr<moe::Communicator> world;
+  int rank = 0, size = 1;
+  try {
+    if (moe::MpiCommunicator::launched_by_mpirun()) {
+      moe::MpiCommunicator::initialize(&argc, &argv);
+      auto mpi = moe::MpiCommunicator::world();
+      rank = mpi->rank(), size = mpi->size();
+      world = std::move(mpi);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moe: cannot start MPI: %s\n", e.what());
+    return kExitOther;
+  }
   moe::set_error_context(rank, hostname());
   try {
     if (train_cmd->parsed()) {
       train.command_line.assign(argv, argv + argc);
-      moe::run_train(train);
+      moe::run_train(train, std::move(world));
     }
     return 0;
   } catch (const moe::Error& e) {
     if (e.kind() == moe::ErrorKind::BadInput) {
-      std::fprintf(stderr, "moe: error: %s\n", e.message().c_str());
+      // Bad input is found identically on every rank (or agreed from rank 0): one message, every rank exits 2.
+      if (rank == 0) std::fprintf(stderr, "moe: error: %s\n", e.message().c_str());
       return kExitBadInput;
     }
     std::fprintf(stderr, "moe: internal error (%s, %s:%d): %s\n", moe::error_context().c_str(), e.file().c_str(),
                  e.line(), e.message().c_str());
+    if (size > 1) moe::MpiCommunicator::abort(kExitOther);  // the other ranks may wait in a collective
     return kExitOther;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moe: error (%s): %s\n", moe::error_context().c_str(), e.what());
+    if (size > 1) moe::MpiCommunicator::abort(kExitOther);
     return kExitOther;
   }
 }

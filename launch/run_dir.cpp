@@ -78,7 +78,7 @@ void write_file(const fs::path& path, const std::string& text) {
 }  // namespace
 
 void write_run_files(const std::string& run_dir, const Config& config, const std::vector<std::string>& command_line,
-                     int threads) {
+                     int threads, const RankGrid& grid) {
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   if (ec) MOE_FAIL("cannot create run directory " << run_dir << ": " << ec.message());
@@ -89,8 +89,9 @@ void write_run_files(const std::string& run_dir, const Config& config, const std
   m["config_hash"] = config_hash(config);
   m["created"] = utc_now();
   m["versions"] = build_versions();
-  m["layout"] = {{"world", 1}, {"tp", config.parallel.tp}, {"pp", config.parallel.pp},
-                 {"dp", config.parallel.dp}, {"ep", config.parallel.ep}};
+  m["layout"] = {{"world", grid.sizes().world}, {"tp", grid.sizes().tp}, {"pp", grid.sizes().pp},
+                 {"dp", grid.sizes().dp}, {"ep", grid.sizes().ep}, {"edp", grid.edp()},
+                 {"zero", config.optim.zero}};
   m["hosts"] = {hostname()};
   m["threads_per_rank"] = threads;
   m["command"] = command_line;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "launch/config.h"
+#include "parallel/rank_grid.h"
 
 namespace moe {
 
@@ -19,7 +20,7 @@ void check_run_dir_usable(const std::string& run_dir, bool overwrite);
 
 // Creates the directory and writes config.json (the resolved config) and manifest.json.
 void write_run_files(const std::string& run_dir, const Config& config, const std::vector<std::string>& command_line,
-                     int threads);
+                     int threads, const RankGrid& grid);
 
 // The config's identity: xxh64 of its canonical JSON, as 16 hex digits.
 std::string config_hash(const Config& config);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include <unistd.h>
@@ -20,6 +21,8 @@
 #include "launch/run_dir.h"
 #include "optim/adamw.h"
 #include "optim/per_expert_clip.h"
+#include "parallel/process_groups.h"
+#include "parallel/self_communicator.h"
 
 namespace moe {
 namespace fs = std::filesystem;
@@ -36,11 +39,6 @@ int env_int(const char* name, int fallback) {
 
 // Capabilities that later parts of the project bring; refused here, before any work, rather than ignored.
 void check_supported(const Config& config, const TrainOptions& options) {
-  const int world = launcher_world_size();
-  if (world > 1)
-    MOE_BAD_INPUT("moe train was started as one of " << world
-                  << " ranks, but this build trains on one rank (data and expert parallelism are not available "
-                     "yet); run it without mpirun or with mpirun -np 1");
   if (config.checkpoint.every > 0)
     MOE_BAD_INPUT("checkpoint.every = " << config.checkpoint.every
                   << ": checkpoints are not available in this build yet; expected 0");
@@ -104,12 +102,37 @@ MoeSettings moe_settings(const Config& config, int64_t layer) {
   return s;
 }
 
+// Runs check on rank 0 only (for example a look at the file system that rank 0 then changes) and makes
+// every rank throw the same error, so no rank goes on alone into a collective.
+void on_rank0_agree(Communicator& world, const std::function<void()>& check) {
+  std::string message;
+  int64_t kind = -1;
+  if (world.rank() == 0) {
+    try {
+      check();
+    } catch (const Error& e) {
+      message = e.message();
+      kind = int64_t(e.kind());
+    }
+  }
+  int64_t header[2] = {kind, int64_t(message.size())};
+  world.broadcast(header, 2, 0);
+  if (header[0] < 0) return;
+  std::vector<int64_t> bytes(message.begin(), message.end());
+  bytes.resize(size_t(header[1]));
+  world.broadcast(bytes.data(), header[1], 0);
+  throw Error(ErrorKind(header[0]), __FILE__, __LINE__, std::string(bytes.begin(), bytes.end()));
+}
+
 // Layer l is an MoE layer when l % moe.every == moe.every - 1 (MODEL.md), else a dense SwiGLU MLP.
-Model<float>::FfnFactory ffn_factory(const Config& config) {
-  return [config](int64_t layer) -> std::unique_ptr<FeedForward<float>> {
+Model<float>::FfnFactory ffn_factory(const Config& config, int64_t ep_size, int64_t ep_rank) {
+  return [config, ep_size, ep_rank](int64_t layer) -> std::unique_ptr<FeedForward<float>> {
     const MoeConfig& m = config.moe;
-    if (m.num_experts > 0 && layer % m.every == m.every - 1)
-      return std::make_unique<MoeLayer<float>>(cpu_ops<float>(), moe_settings(config, layer));
+    if (m.num_experts > 0 && layer % m.every == m.every - 1) {
+      MoeSettings s = moe_settings(config, layer);
+      s.ep_size = ep_size, s.ep_rank = ep_rank;
+      return std::make_unique<MoeLayer<float>>(cpu_ops<float>(), s);
+    }
     return std::make_unique<DenseMlp<float>>(cpu_ops<float>(), config.model.d_model, config.model.ffn_hidden,
                                              config.model.layers);
   };
@@ -165,49 +188,112 @@ int launcher_world_size() {
 }
 int launcher_local_size() { return env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("MPI_LOCALNRANKS", 1)); }
 
-void run_train(const TrainOptions& options) {
-  // Everything that can be refused is checked before anything is written.
+
+namespace {
+
+// Step statistics every rank contributes to: the LM loss sum, then per MoE layer the router losses and
+// entropy (doubles) and the counts (integers). Summed over the data-parallel group.
+struct StepTotals {
+  std::vector<double> real;
+  std::vector<int64_t> counts;
+};
+
+StepTotals gather_totals(double loss_sum, const std::vector<MoeLayer<float>*>& moe_layers) {
+  StepTotals t;
+  t.real.push_back(loss_sum);
+  for (MoeLayer<float>* m : moe_layers) {
+    const RouterStepStats& st = *m->router_stats();
+    t.real.insert(t.real.end(), {st.aux, st.z, st.entropy_loss, st.death, st.entropy_sum});
+    t.counts.insert(t.counts.end(), {st.dropped, st.rerouted, st.fallback, st.tokens, st.groups});
+    t.counts.insert(t.counts.end(), st.tokens_per_expert.begin(), st.tokens_per_expert.end());
+  }
+  return t;
+}
+
+void scatter_totals(const StepTotals& t, const std::vector<MoeLayer<float>*>& moe_layers) {
+  size_t r = 1, c = 0;
+  for (MoeLayer<float>* m : moe_layers) {
+    RouterStepStats& st = *m->router_stats();
+    st.aux = t.real[r++], st.z = t.real[r++], st.entropy_loss = t.real[r++], st.death = t.real[r++];
+    st.entropy_sum = t.real[r++];
+    st.dropped = t.counts[c++], st.rerouted = t.counts[c++], st.fallback = t.counts[c++];
+    st.tokens = t.counts[c++], st.groups = t.counts[c++];
+    for (int64_t& n : st.tokens_per_expert) n = t.counts[c++];
+  }
+}
+
+}  // namespace
+
+void run_train(const TrainOptions& options, std::unique_ptr<Communicator> world) {
+  if (!world) world = std::make_unique<SelfCommunicator>("world");
+  // Everything that can be refused is checked before anything is written, identically on every rank.
   Config config = load_config(options.config_path, options.overrides);
-  if (config.parallel.dp == 0) config.parallel.dp = 1;  // "auto": world / (tp * pp) on one rank
   check_supported(config, options);
+  const RankGrid grid({world->size(), config.parallel.tp, config.parallel.pp, config.parallel.dp, config.parallel.ep, 1},
+                      config.moe.num_experts);
+  config.parallel.dp = grid.sizes().dp;
+  const int64_t dp = grid.sizes().dp;
+  const TrainConfig& tc = config.train;
+  if (tc.global_batch % (dp * tc.micro_batch) != 0)
+    MOE_BAD_INPUT("train.global_batch = " << tc.global_batch << " is not a multiple of the data-parallel size times "
+                  << "train.micro_batch = " << dp << " * " << tc.micro_batch << " = " << dp * tc.micro_batch
+                  << "; every data-parallel rank takes the same number of whole micro-batches");
   check_memory(config);
   const std::string run_dir =
       options.run_dir.empty() ? "runs/" + fs::path(options.config_path).stem().string() : options.run_dir;
-  check_run_dir_usable(run_dir, options.overwrite);
+  on_rank0_agree(*world, [&] { check_run_dir_usable(run_dir, options.overwrite); });
   const data::Corpus corpus = load_training_corpus(config);
 
-  const TrainConfig& tc = config.train;
   const int threads = tc.threads > 0
                           ? int(tc.threads)
                           : std::max(1, int(std::thread::hardware_concurrency()) / launcher_local_size());
   set_compute_threads(threads);
+  ProcessGroups groups = make_process_groups(std::move(world), grid);
+  const bool leader = groups.rank == 0;
+  const int64_t ep = config.parallel.ep;
 
   const ModelShape shape{config.model.vocab, config.model.d_model, config.model.layers, config.model.heads,
                          config.model.ffn_hidden};
   const int64_t T = tc.seq_len, micro = tc.micro_batch;
-  const int64_t micro_batches = tc.global_batch / micro;  // one data-parallel rank
-  Model<float> model(cpu_ops<float>(), shape, T, micro,
-                     tc.recompute == "full" ? Recompute::Full : Recompute::None, ffn_factory(config));
+  const int64_t micro_batches = tc.global_batch / (dp * micro);  // per data-parallel rank
+  const int64_t groups_per_step = tc.global_batch / micro;       // routing groups in the whole step
+  Model<float> model(cpu_ops<float>(), shape, T, micro, tc.recompute == "full" ? Recompute::Full : Recompute::None,
+                     ffn_factory(config, ep, groups.coords.ep));
+  CommunicatorExchange exchange(*groups.ep);
   std::vector<MoeLayer<float>*> moe_layers;
   for (int64_t l = 0; l < model.num_layers(); ++l)
-    if (auto* m = dynamic_cast<MoeLayer<float>*>(&model.ffn(l))) moe_layers.push_back(m);
+    if (auto* m = dynamic_cast<MoeLayer<float>*>(&model.ffn(l))) {
+      m->set_exchange(&exchange);
+      moe_layers.push_back(m);
+    }
+  model.init_params(tc.seed);
+  // 256k floats (1 MB) per bucket: several buckets even for small models, so reduction overlaps backward.
+  constexpr int64_t kBucketElements = 1 << 18;
+  GradBuckets buckets(model.table(), *groups.dp, *groups.edp, kBucketElements, config.optim.zero);
+  std::vector<Segment> owned = buckets.owned_dense();
+  owned.insert(owned.end(), buckets.owned_expert().begin(), buckets.owned_expert().end());
+  AdamW optimizer(model.table(), {config.optim.lr, config.optim.beta1, config.optim.beta2, config.optim.eps,
+                                  config.optim.weight_decay}, owned);
   PerExpertClip per_expert_clip(model.table(), config.optim.per_expert_clip);
+  const LrSchedule schedule{config.optim.lr, config.optim.min_lr, config.optim.warmup, tc.steps};
+  const data::Loader loader(corpus, tc.seed, T);
   // Last step at which each expert of each MoE layer received a token, for the dead-expert count.
   std::vector<std::vector<int64_t>> last_used(moe_layers.size(),
                                               std::vector<int64_t>(size_t(config.moe.num_experts), -1));
   constexpr int64_t kDeadAfterSteps = 100;
-  model.init_params(tc.seed);
-  AdamW optimizer(model.table(), {config.optim.lr, config.optim.beta1, config.optim.beta2, config.optim.eps,
-                                  config.optim.weight_decay});
-  const LrSchedule schedule{config.optim.lr, config.optim.min_lr, config.optim.warmup, tc.steps};
-  const data::Loader loader(corpus, tc.seed, T);
 
-  write_run_files(run_dir, config, options.command_line, threads);
-  MetricsWriter metrics((fs::path(run_dir) / "metrics.jsonl").string());
-  Progress progress(!options.quiet);
-  progress.note("moe train: " + std::to_string(model.num_params()) + " parameters, " +
-                std::to_string(tc.steps) + " steps of " + std::to_string(tc.global_batch * T) + " tokens, " +
-                std::to_string(threads) + " threads; run directory " + run_dir);
+  std::unique_ptr<MetricsWriter> metrics;
+  Progress progress(leader && !options.quiet);
+  if (leader) {
+    write_run_files(run_dir, config, options.command_line, threads, grid);
+    metrics = std::make_unique<MetricsWriter>((fs::path(run_dir) / "metrics.jsonl").string());
+  }
+  std::string layout = std::to_string(grid.sizes().world) + (grid.sizes().world == 1 ? " rank" : " ranks");
+  if (grid.sizes().world > 1)
+    layout += " (dp " + std::to_string(dp) + ", ep " + std::to_string(ep) + (config.optim.zero ? ", ZeRO-1" : "") + ")";
+  progress.note("moe train: " + std::to_string(model.num_params()) + " parameters per rank, " +
+                std::to_string(tc.steps) + " steps of " + std::to_string(tc.global_batch * T) + " tokens on " +
+                layout + ", " + std::to_string(threads) + " threads per rank; run directory " + run_dir);
 
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
@@ -216,19 +302,32 @@ void run_train(const TrainOptions& options) {
   const double tokens_per_step = double(tc.global_batch * T);
   const double loss_scale = 1.0 / tokens_per_step;  // mean over all tokens of the global batch
   std::vector<int32_t> tokens(size_t(micro * (T + 1)));
+  const int64_t first_sequence = groups.coords.dp * micro_batches * micro;  // this rank's slice of the batch
 
   for (int64_t step = 0; step < tc.steps; ++step) {
     model.zero_grads();
     for (MoeLayer<float>* m : moe_layers) m->reset_stats();
+    buckets.start(model.grads());
     double loss_sum = 0;
     for (int64_t mb = 0; mb < micro_batches; ++mb) {
-      for (int64_t b = 0; b < micro; ++b) loader.train_sequence(step, mb * micro + b, tokens.data() + b * (T + 1));
-      // Router losses are averaged over the step's routing groups (micro-batches).
-      model.set_context(true, step, mb * micro, 1.0 / double(micro_batches), tc.seed);
+      const int64_t seq0 = first_sequence + mb * micro;
+      for (int64_t b = 0; b < micro; ++b) loader.train_sequence(step, seq0 + b, tokens.data() + b * (T + 1));
+      // Router losses are averaged over the step's routing groups (micro-batches) on all ranks.
+      model.set_context(true, step, seq0, 1.0 / double(groups_per_step), tc.seed);
+      // Gradients are final during the last micro-batch's backward: reduce buckets as they complete.
+      if (mb == micro_batches - 1)
+        model.set_grad_ready_hook([&](int64_t first, int64_t end) { buckets.mark_ready(first, end); });
       loss_sum += model.forward(tokens.data(), micro);
       model.backward(loss_scale);
+      model.set_grad_ready_hook(nullptr);
     }
-    const double lm_loss = loss_sum * loss_scale;
+    buckets.finish();
+
+    StepTotals totals = gather_totals(loss_sum, moe_layers);
+    groups.dp->allreduce_sum(totals.real.data(), int64_t(totals.real.size()));
+    groups.dp->allreduce_sum(totals.counts.data(), int64_t(totals.counts.size()));
+    scatter_totals(totals, moe_layers);
+    const double lm_loss = totals.real[0] * loss_scale;
     double aux = 0, zl = 0, ent = 0, death = 0;
     for (MoeLayer<float>* m : moe_layers) {
       const RouterStepStats& st = *m->router_stats();
@@ -238,10 +337,33 @@ void run_train(const TrainOptions& options) {
     const double loss = lm_loss + aux + zl + ent + death;
     if (!std::isfinite(loss))
       MOE_FAIL("the loss became " << loss << " at step " << step + 1 << "; lower optim.lr or raise optim.warmup");
-    const int64_t experts_clipped = config.optim.per_expert_clip > 0 ? per_expert_clip.apply(model.grads()) : 0;
-    const double grad_norm = clip_grad_norm(model.grads(), model.num_params(), config.optim.clip);
+
+    // Per-expert clipping: an expert's gradient lives on one expert-parallel rank, sliced over the
+    // expert-data-parallel group under ZeRO.
+    int64_t experts_clipped = 0;
+    if (config.optim.per_expert_clip > 0) {
+      const std::vector<Segment>* mine = config.optim.zero ? &buckets.owned_expert() : nullptr;
+      std::vector<double> ss = per_expert_clip.sum_squares(model.grads(), mine);
+      if (config.optim.zero) groups.edp->allreduce_sum(ss.data(), int64_t(ss.size()));
+      experts_clipped = per_expert_clip.clip(model.grads(), ss, mine);
+      groups.ep->allreduce_sum(&experts_clipped, 1);
+    }
+    // Global norm: dense gradients are replicated over dp (or sliced under ZeRO), expert gradients are
+    // spread over ep (and sliced over edp under ZeRO).
+    double dense_ss = sum_squares(model.grads(), buckets.owned_dense());
+    double expert_ss = sum_squares(model.grads(), buckets.owned_expert());
+    if (config.optim.zero) {
+      groups.dp->allreduce_sum(&dense_ss, 1);
+      groups.edp->allreduce_sum(&expert_ss, 1);
+    }
+    groups.ep->allreduce_sum(&expert_ss, 1);
+    const double grad_norm = std::sqrt(dense_ss + expert_ss);
+    if (config.optim.clip > 0 && grad_norm > config.optim.clip)
+      scale_segments(model.grads(), owned, float(config.optim.clip / grad_norm));
     const double lr = schedule.at(step);
     optimizer.step(model.params(), model.grads(), lr);
+    buckets.allgather_params(model.params());
+
     int64_t dead = 0;
     for (size_t i = 0; i < moe_layers.size(); ++i) {
       const RouterStepStats& st = *moe_layers[i]->router_stats();
@@ -254,7 +376,7 @@ void run_train(const TrainOptions& options) {
     interval_tokens += int64_t(tokens_per_step);
 
     const int64_t done = step + 1;
-    if (done % tc.log_every == 0 || done == 1 || done == tc.steps) {
+    if (leader && (done % tc.log_every == 0 || done == 1 || done == tc.steps)) {
       const auto now = Clock::now();
       const double interval_s = std::chrono::duration<double>(now - interval_start).count();
       const double elapsed_s = std::chrono::duration<double>(now - start).count();
@@ -275,8 +397,9 @@ void run_train(const TrainOptions& options) {
                              {"tokens", int64_t(done * tokens_per_step)},
                              {"tokens_per_s", tokens_per_s},
                              {"elapsed_s", elapsed_s},
+                             {"comm_wait_s", buckets.last_wait_seconds()},
                              {"moe", moe}};
-      metrics.write(line);
+      metrics->write(line);
       const double eta = elapsed_s / double(done) * double(tc.steps - done);
       progress.step(done, tc.steps, loss, lr, tokens_per_s, eta, moe_layers.empty() ? -1 : dead);
       interval_start = now;
@@ -284,15 +407,18 @@ void run_train(const TrainOptions& options) {
     }
     const bool last = done == tc.steps;
     if ((tc.eval_every > 0 && done % tc.eval_every == 0) || last) {
+      // Every rank evaluates the same windows: expert-parallel forwards must run in lockstep.
       const EvalResult ev = evaluate(model, loader, tc.eval_sequences, micro, T);
-      nlohmann::json by_source = nlohmann::json::object();
-      std::string text = "eval step " + std::to_string(done) + ": loss " + std::to_string(ev.loss) + " (";
-      for (size_t i = 0; i < ev.by_source.size(); ++i) {
-        by_source[ev.by_source[i].first] = ev.by_source[i].second;
-        text += (i ? ", " : "") + ev.by_source[i].first + " " + std::to_string(ev.by_source[i].second);
+      if (leader) {
+        nlohmann::json by_source = nlohmann::json::object();
+        std::string text = "eval step " + std::to_string(done) + ": loss " + std::to_string(ev.loss) + " (";
+        for (size_t i = 0; i < ev.by_source.size(); ++i) {
+          by_source[ev.by_source[i].first] = ev.by_source[i].second;
+          text += (i ? ", " : "") + ev.by_source[i].first + " " + std::to_string(ev.by_source[i].second);
+        }
+        metrics->write({{"step", done}, {"eval_loss", ev.loss}, {"eval_loss_by_source", by_source}});
+        progress.note(text + ")");
       }
-      metrics.write({{"step", done}, {"eval_loss", ev.loss}, {"eval_loss_by_source", by_source}});
-      progress.note(text + ")");
       interval_start = Clock::now();  // evaluation time does not count against training throughput
     }
   }

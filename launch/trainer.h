@@ -3,8 +3,11 @@
 // clipping, AdamW, metrics.jsonl, a progress line, periodic evaluation on the held-out split.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "parallel/communicator.h"
 
 namespace moe {
 
@@ -18,8 +21,9 @@ struct TrainOptions {
   std::vector<std::string> command_line;  // recorded in manifest.json
 };
 
-// Returns normally on success; throws moe::Error (BadInput for anything the user can fix).
-void run_train(const TrainOptions& options);
+// Returns normally on success; throws moe::Error (BadInput for anything the user can fix). world: every
+// rank of the job (an MPI communicator under mpirun); null for a single process.
+void run_train(const TrainOptions& options, std::unique_ptr<Communicator> world = nullptr);
 
 // Ranks in this job and ranks on this node, from the launcher's environment (1 when not under mpirun).
 int launcher_world_size();

@@ -1,6 +1,7 @@
 // AdamW, the learning-rate schedule and global-norm clipping.
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/backend/ops.h"
@@ -15,31 +16,55 @@ double LrSchedule::at(int64_t step) const {
   return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * std::min(1.0, progress)));
 }
 
-AdamW::AdamW(const ParamTable& table, AdamWSettings settings)
-    : table_(table), s_(settings), m_(size_t(table.numel()), 0.0f), v_(size_t(table.numel()), 0.0f) {}
+AdamW::AdamW(const ParamTable& table, AdamWSettings settings, const std::vector<Segment>& owned) : s_(settings) {
+  std::vector<Segment> ranges = owned;
+  if (ranges.empty()) ranges.push_back({0, table.numel()});
+  int64_t state = 0;
+  for (const Segment& r : ranges)
+    for (const ParamSpec& spec : table.specs()) {
+      const int64_t lo = std::max(r.offset, spec.offset), hi = std::min(r.offset + r.length, spec.offset + spec.numel);
+      if (hi <= lo) continue;
+      pieces_.push_back({lo, hi - lo, spec.weight_decay, state});
+      state += hi - lo;
+    }
+  m_.assign(size_t(state), 0.0f);
+  v_.assign(size_t(state), 0.0f);
+}
 
 void AdamW::step(float* params, const float* grads, double lr) {
   ++t_;
   const double bc1 = 1.0 - std::pow(s_.beta1, double(t_));
   const double bc2 = 1.0 - std::pow(s_.beta2, double(t_));
   const float b1 = float(s_.beta1), b2 = float(s_.beta2);
-  for (const ParamSpec& spec : table_.specs()) {
-    const float decay = spec.weight_decay ? float(lr * s_.weight_decay) : 0.0f;
-    const float step_size = float(lr / bc1);
-    const float inv_bc2 = float(1.0 / bc2);
-    const float eps = float(s_.eps);
-    float* p = params + spec.offset;
-    const float* g = grads + spec.offset;
-    float* m = m_.data() + spec.offset;
-    float* v = v_.data() + spec.offset;
+  const float step_size = float(lr / bc1);
+  const float inv_bc2 = float(1.0 / bc2);
+  const float eps = float(s_.eps);
+  for (const Piece& piece : pieces_) {
+    const float decay = piece.decay ? float(lr * s_.weight_decay) : 0.0f;
+    float* p = params + piece.offset;
+    const float* g = grads + piece.offset;
+    float* m = m_.data() + piece.state;
+    float* v = v_.data() + piece.state;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < spec.numel; ++i) {
+    for (int64_t i = 0; i < piece.length; ++i) {
       m[i] = b1 * m[i] + (1.0f - b1) * g[i];
       v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
       p[i] -= decay * p[i];  // decoupled weight decay
       p[i] -= step_size * m[i] / (std::sqrt(v[i] * inv_bc2) + eps);
     }
   }
+}
+
+double sum_squares(const float* data, const std::vector<Segment>& segments) {
+  Ops<float>& ops = cpu_ops<float>();
+  double total = 0;
+  for (const Segment& s : segments) total += ops.sum_squares(data + s.offset, s.length);
+  return total;
+}
+
+void scale_segments(float* data, const std::vector<Segment>& segments, float factor) {
+  Ops<float>& ops = cpu_ops<float>();
+  for (const Segment& s : segments) ops.scale(data + s.offset, factor, s.length);
 }
 
 double clip_grad_norm(float* grads, int64_t n, double clip) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/params.h"
+#include "parallel/grad_buckets.h"
 
 namespace moe {
 
@@ -25,19 +26,28 @@ struct LrSchedule {
   double at(int64_t step) const;
 };
 
+// Updates the slices of the flat buffers it owns: the whole table by default, one slice of every
+// gradient bucket under ZeRO. Its moments exist only for what it owns.
 class AdamW {
  public:
-  AdamW(const ParamTable& table, AdamWSettings settings);
-  // One update of params from grads at learning rate lr. Increments the step count first (bias
-  // correction uses t = 1 for the first update).
+  AdamW(const ParamTable& table, AdamWSettings settings, const std::vector<Segment>& owned = {});
+  // One update of the owned params from grads at learning rate lr. Increments the step count first
+  // (bias correction uses t = 1 for the first update).
   void step(float* params, const float* grads, double lr);
   int64_t steps_taken() const { return t_; }
   std::vector<float>& first_moment() { return m_; }
   std::vector<float>& second_moment() { return v_; }
+  // Owned pieces, each within one parameter tensor: (offset in the flat buffers, length, decayed).
+  struct Piece {
+    int64_t offset, length;
+    bool decay;
+    int64_t state;  // offset into the moments
+  };
+  const std::vector<Piece>& pieces() const { return pieces_; }
 
  private:
-  const ParamTable& table_;
   AdamWSettings s_;
+  std::vector<Piece> pieces_;
   std::vector<float> m_, v_;
   int64_t t_ = 0;
 };
@@ -45,5 +55,8 @@ class AdamW {
 // L2 norm of all gradients (fixed reduction order). When clip > 0 and the norm exceeds it, scales the
 // gradients by clip / norm. Returns the norm before clipping.
 double clip_grad_norm(float* grads, int64_t n, double clip);
+// Sum of squares over segments (fixed order).
+double sum_squares(const float* data, const std::vector<Segment>& segments);
+void scale_segments(float* data, const std::vector<Segment>& segments, float factor);
 
 }  // namespace moe

@@ -1,6 +1,7 @@
 // Per-expert gradient clipping.
 #include "optim/per_expert_clip.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -22,21 +23,49 @@ PerExpertClip::PerExpertClip(const ParamTable& table, double factor) : factor_(f
   }
 }
 
-int64_t PerExpertClip::apply(float* grads) {
+namespace {
+// Calls f(offset, length) for the parts of `slices` inside `owned` (all of them when owned is null).
+template <typename F>
+void for_owned(const std::vector<std::pair<int64_t, int64_t>>& slices, const std::vector<Segment>* owned, F f) {
+  for (auto [offset, length] : slices) {
+    if (!owned) {
+      f(offset, length);
+      continue;
+    }
+    for (const Segment& s : *owned) {
+      const int64_t lo = std::max(offset, s.offset), hi = std::min(offset + length, s.offset + s.length);
+      if (hi > lo) f(lo, hi - lo);
+    }
+  }
+}
+}  // namespace
+
+std::vector<double> PerExpertClip::sum_squares(const float* grads, const std::vector<Segment>* owned) const {
+  std::vector<double> ss(experts_.size(), 0.0);
+  for (size_t k = 0; k < experts_.size(); ++k)
+    for_owned(experts_[k].slices, owned, [&](int64_t offset, int64_t length) {
+      for (int64_t i = 0; i < length; ++i) ss[k] += double(grads[offset + i]) * grads[offset + i];
+    });
+  return ss;
+}
+
+int64_t PerExpertClip::clip(float* grads, const std::vector<double>& total_sum_squares,
+                            const std::vector<Segment>* owned) {
+  MOE_CHECK(total_sum_squares.size() == experts_.size(), "sums of squares for " << total_sum_squares.size()
+                                                                                 << " experts, expected " << experts_.size());
   int64_t clipped = 0;
-  for (Expert& x : experts_) {
-    double ss = 0;
-    for (auto [offset, length] : x.slices)
-      for (int64_t i = 0; i < length; ++i) ss += double(grads[offset + i]) * grads[offset + i];
-    const double norm = std::sqrt(ss);
+  for (size_t k = 0; k < experts_.size(); ++k) {
+    Expert& x = experts_[k];
+    const double norm = std::sqrt(total_sum_squares[k]);
     x.last_norm = norm;
     if (factor_ > 0 && x.samples >= kMinSamples) {
       const double average = x.ema / (1.0 - std::pow(kDecay, double(x.samples)));
       const double limit = factor_ * average;
       if (norm > limit && norm > 0) {
         const float scale = float(limit / norm);
-        for (auto [offset, length] : x.slices)
+        for_owned(x.slices, owned, [&](int64_t offset, int64_t length) {
           for (int64_t i = 0; i < length; ++i) grads[offset + i] *= scale;
+        });
         ++clipped;
       }
     }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/params.h"
+#include "parallel/grad_buckets.h"
 
 namespace moe {
 
@@ -20,7 +21,12 @@ class PerExpertClip {
 
   PerExpertClip(const ParamTable& table, double factor);
   // Clips in place; updates the averages with the unclipped norms. Returns how many experts were clipped.
-  int64_t apply(float* grads);
+  int64_t apply(float* grads) { return clip(grads, sum_squares(grads, nullptr), nullptr); }
+  // The same in two halves, for when an expert's gradient is spread over ranks (ZeRO slices): each rank
+  // sums the squares of the parts it owns (owned == nullptr: everything), the sums are reduced over the
+  // ranks sharing the experts, then every rank clips its parts with the same totals.
+  std::vector<double> sum_squares(const float* grads, const std::vector<Segment>* owned) const;
+  int64_t clip(float* grads, const std::vector<double>& total_sum_squares, const std::vector<Segment>* owned);
 
   struct Expert {
     std::string group;  // e.g. "layers.3.ffn.experts"

@@ -58,8 +58,8 @@ class MpiRequest final : public Request {
     const int code = MPI_Wait(&request_, MPI_STATUS_IGNORE);
     // A destructor cannot throw: say it, since the caller dropped the request without waiting.
     if (code != MPI_SUCCESS)
-      std::cerr << "moe: MPI " << what_ << " failed while its request was destroyed, on "
-                << detail::mpi_location() << ": " << detail::mpi_error_string(code) << "\n";
+      std::cerr << "moe: MPI " << what_ << " failed while its request was destroyed, on " << detail::mpi_location()
+                << ": " << detail::mpi_error_string(code) << "\n";
   }
   bool test() override {
     if (request_ == MPI_REQUEST_NULL) return true;  // MPI_Test and MPI_Wait set it to null on completion
@@ -89,15 +89,20 @@ void MpiCommunicator::initialize(int* argc, char*** argv) {
   CHECK_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "initialize (MPI_Init_thread)");
   // Errors during start-up abort (MPI's default); from here on they come back as codes and throw.
   CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "initialize (set error handler)");
-  MOE_CHECK(provided >= MPI_THREAD_FUNNELED,
-            "MPI provides thread level " << provided << ", below MPI_THREAD_FUNNELED (" << MPI_THREAD_FUNNELED
-                                         << "): use an MPI built with thread support");
+  MOE_CHECK(provided >= MPI_THREAD_FUNNELED, "MPI provides thread level " << provided << ", below MPI_THREAD_FUNNELED ("
+                                                                          << MPI_THREAD_FUNNELED
+                                                                          << "): use an MPI built with thread support");
   std::atexit(finalize_at_exit);
 }
 
 void MpiCommunicator::finalize() {
   if (!mpi_running()) return;
   MPI_Finalize();
+}
+
+void MpiCommunicator::abort(int exit_code) {
+  if (mpi_running()) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI not running, or MPI_Abort returned: end this process at least
 }
 
 bool MpiCommunicator::launched_by_mpirun() {
@@ -142,9 +147,9 @@ std::string MpiCommunicator::describe(const char* op) const {
 }
 
 int MpiCommunicator::int_count(int64_t count, const char* op) const {
-  MOE_CHECK(count >= 0 && count <= INT_MAX, describe(op) << ": count " << count
-                                                         << " is negative or exceeds MPI's int counts (" << INT_MAX
-                                                         << " elements); split the buffer into smaller pieces");
+  MOE_CHECK(count >= 0 && count <= INT_MAX, describe(op)
+                                                << ": count " << count << " is negative or exceeds MPI's int counts ("
+                                                << INT_MAX << " elements); split the buffer into smaller pieces");
   return static_cast<int>(count);
 }
 
@@ -154,9 +159,15 @@ void MpiCommunicator::allreduce_sum(void* data, int64_t count, MPI_Datatype type
   const int n = int_count(count, op);
   CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data, n, type, MPI_SUM, comm_), describe(op) << " of " << n << " elements");
 }
-void MpiCommunicator::allreduce_sum(float* data, int64_t count) { allreduce_sum(data, count, MPI_FLOAT, "allreduce_sum(float)"); }
-void MpiCommunicator::allreduce_sum(double* data, int64_t count) { allreduce_sum(data, count, MPI_DOUBLE, "allreduce_sum(double)"); }
-void MpiCommunicator::allreduce_sum(int64_t* data, int64_t count) { allreduce_sum(data, count, MPI_INT64_T, "allreduce_sum(int64)"); }
+void MpiCommunicator::allreduce_sum(float* data, int64_t count) {
+  allreduce_sum(data, count, MPI_FLOAT, "allreduce_sum(float)");
+}
+void MpiCommunicator::allreduce_sum(double* data, int64_t count) {
+  allreduce_sum(data, count, MPI_DOUBLE, "allreduce_sum(double)");
+}
+void MpiCommunicator::allreduce_sum(int64_t* data, int64_t count) {
+  allreduce_sum(data, count, MPI_INT64_T, "allreduce_sum(int64)");
+}
 
 std::unique_ptr<Request> MpiCommunicator::iallreduce_sum(float* data, int64_t count) {
   const char* op = "iallreduce_sum(float)";
@@ -194,17 +205,23 @@ void MpiCommunicator::allgather(const void* send, void* recv, int64_t count, MPI
   MOE_CHECK(n == 0 || send != recv, describe(op) << ": send and recv must be different buffers");
   CHECK_MPI(MPI_Allgather(send, n, type, recv, n, type, comm_), describe(op) << " of " << n << " elements per rank");
 }
-void MpiCommunicator::allgather(const float* send, float* recv, int64_t count) { allgather(send, recv, count, MPI_FLOAT, "allgather(float)"); }
-void MpiCommunicator::allgather(const int64_t* send, int64_t* recv, int64_t count) { allgather(send, recv, count, MPI_INT64_T, "allgather(int64)"); }
+void MpiCommunicator::allgather(const float* send, float* recv, int64_t count) {
+  allgather(send, recv, count, MPI_FLOAT, "allgather(float)");
+}
+void MpiCommunicator::allgather(const int64_t* send, int64_t* recv, int64_t count) {
+  allgather(send, recv, count, MPI_INT64_T, "allgather(int64)");
+}
 
 void MpiCommunicator::alltoall(const int64_t* send, int64_t* recv, int64_t count) {
   const char* op = "alltoall(int64)";
   const int n = int_count(count, op);
   MOE_CHECK(n == 0 || send != recv, describe(op) << ": send and recv must be different buffers");
-  CHECK_MPI(MPI_Alltoall(send, n, MPI_INT64_T, recv, n, MPI_INT64_T, comm_), describe(op) << " of " << n << " elements per rank");
+  CHECK_MPI(MPI_Alltoall(send, n, MPI_INT64_T, recv, n, MPI_INT64_T, comm_),
+            describe(op) << " of " << n << " elements per rank");
 }
 
-void MpiCommunicator::alltoallv(const float* send, const int64_t* send_counts, float* recv, const int64_t* recv_counts) {
+void MpiCommunicator::alltoallv(const float* send, const int64_t* send_counts, float* recv,
+                                const int64_t* recv_counts) {
   const char* op = "alltoallv";
   // MPI's v-forms take int counts and int displacements: every count and every prefix sum must fit.
   std::vector<int> counts_and_displacements(4 * static_cast<size_t>(size_));
@@ -214,9 +231,9 @@ void MpiCommunicator::alltoallv(const float* send, const int64_t* send_counts, f
   int* recv_displacements = recv_counts_int + size_;
   int64_t send_total = 0, recv_total = 0;
   for (int peer = 0; peer < size_; ++peer) {
-    MOE_CHECK(send_counts[peer] >= 0 && recv_counts[peer] >= 0,
-              describe(op) << ": negative count for peer " << peer << " (send " << send_counts[peer] << ", recv "
-                           << recv_counts[peer] << ")");
+    MOE_CHECK(send_counts[peer] >= 0 && recv_counts[peer] >= 0, describe(op) << ": negative count for peer " << peer
+                                                                             << " (send " << send_counts[peer]
+                                                                             << ", recv " << recv_counts[peer] << ")");
     MOE_CHECK(send_total + send_counts[peer] <= INT_MAX,
               describe(op) << ": send count " << send_counts[peer] << " to peer " << peer << " after " << send_total
                            << " elements exceeds MPI's int counts and displacements (" << INT_MAX
@@ -232,7 +249,8 @@ void MpiCommunicator::alltoallv(const float* send, const int64_t* send_counts, f
     send_total += send_counts[peer];
     recv_total += recv_counts[peer];
   }
-  MOE_CHECK(send_total == 0 || recv_total == 0 || send != recv, describe(op) << ": send and recv must be different buffers");
+  MOE_CHECK(send_total == 0 || recv_total == 0 || send != recv, describe(op)
+                                                                    << ": send and recv must be different buffers");
   CHECK_MPI(MPI_Alltoallv(send, send_counts_int, send_displacements, MPI_FLOAT, recv, recv_counts_int,
                           recv_displacements, MPI_FLOAT, comm_),
             describe(op) << " (sending " << send_total << ", receiving " << recv_total << " elements)");
@@ -262,8 +280,12 @@ void MpiCommunicator::broadcast(void* data, int64_t count, MPI_Datatype type, in
   const int n = int_count(count, op);
   CHECK_MPI(MPI_Bcast(data, n, type, root, comm_), describe(op) << " of " << n << " elements from root " << root);
 }
-void MpiCommunicator::broadcast(float* data, int64_t count, int root) { broadcast(data, count, MPI_FLOAT, root, "broadcast(float)"); }
-void MpiCommunicator::broadcast(int64_t* data, int64_t count, int root) { broadcast(data, count, MPI_INT64_T, root, "broadcast(int64)"); }
+void MpiCommunicator::broadcast(float* data, int64_t count, int root) {
+  broadcast(data, count, MPI_FLOAT, root, "broadcast(float)");
+}
+void MpiCommunicator::broadcast(int64_t* data, int64_t count, int root) {
+  broadcast(data, count, MPI_INT64_T, root, "broadcast(int64)");
+}
 
 void MpiCommunicator::barrier() { CHECK_MPI(MPI_Barrier(comm_), describe("barrier")); }
 

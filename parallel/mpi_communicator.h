@@ -27,12 +27,12 @@ std::string mpi_location();
 
 // Checks an MPI call that returned an error code. `what` is a stream expression naming the operation and
 // the communicator, e.g. "alltoallv on communicator 'ep' (rank 1 of 4)".
-#define CHECK_MPI(call, what)                                                                              \
-  do {                                                                                                     \
-    const int moe_mpi_code_ = (call);                                                                      \
-    if (moe_mpi_code_ != MPI_SUCCESS)                                                                      \
-      MOE_FAIL("MPI " << what << " failed on " << ::moe::detail::mpi_location() << ": "                    \
-                      << ::moe::detail::mpi_error_string(moe_mpi_code_) << " [" #call "]");                \
+#define CHECK_MPI(call, what)                                                               \
+  do {                                                                                      \
+    const int moe_mpi_code_ = (call);                                                       \
+    if (moe_mpi_code_ != MPI_SUCCESS)                                                       \
+      MOE_FAIL("MPI " << what << " failed on " << ::moe::detail::mpi_location() << ": "     \
+                      << ::moe::detail::mpi_error_string(moe_mpi_code_) << " [" #call "]"); \
   } while (0)
 
 namespace moe {
@@ -44,6 +44,9 @@ class MpiCommunicator final : public Communicator {
   static void initialize(int* argc, char*** argv);
   // Ends MPI when it is running; idempotent. Communicators freed after this only forget their handle.
   static void finalize();
+  // Ends every rank of the job with exit_code (MPI_Abort on MPI_COMM_WORLD): for the entry point when one
+  // rank fails while others may be blocked in a collective, where a plain exit would leave them hanging.
+  [[noreturn]] static void abort(int exit_code);
   // True when this process was started by mpirun (OpenMPI or PMIx environment), so the program should
   // initialise MPI; false for a plain single-process run.
   static bool launched_by_mpirun();

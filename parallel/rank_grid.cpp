@@ -12,20 +12,27 @@ namespace moe {
 
 const char* group_kind_name(GroupKind kind) {
   switch (kind) {
-    case GroupKind::Tp: return "tp";
-    case GroupKind::Dp: return "dp";
-    case GroupKind::Pp: return "pp";
-    case GroupKind::Etp: return "etp";
-    case GroupKind::Ep: return "ep";
-    case GroupKind::Edp: return "edp";
-    case GroupKind::TpDp: return "stage";
+    case GroupKind::Tp:
+      return "tp";
+    case GroupKind::Dp:
+      return "dp";
+    case GroupKind::Pp:
+      return "pp";
+    case GroupKind::Etp:
+      return "etp";
+    case GroupKind::Ep:
+      return "ep";
+    case GroupKind::Edp:
+      return "edp";
+    case GroupKind::TpDp:
+      return "stage";
   }
   return "?";
 }
 
 namespace {
 
-// Sizes are bounded by the world size, itself an MPI int, so a product of three fits in 128 bits.
+// Sizes are bounded by INT_MAX (the world size is an MPI int), so a product of three fits in 128 bits.
 __extension__ typedef __int128 Wide;
 
 std::string wide_string(Wide value) {  // value >= 0
@@ -61,7 +68,6 @@ std::string divisors_string(int64_t n, int64_t also = 0) {
 // One mixed-radix decomposition of a rank, least significant digit first.
 struct Radix {
   std::array<int64_t, 4> sizes{1, 1, 1, 1};
-  int count = 0;
 
   int64_t stride(int dim) const {
     int64_t s = 1;
@@ -77,10 +83,11 @@ RankGrid::RankGrid(const GridSizes& sizes, int64_t num_experts) : sizes_(sizes) 
   const int64_t world = sizes.world;
   if (world < 1 || world > INT_MAX)
     MOE_BAD_INPUT("the world size " << world << " is out of range: mpirun -np N needs N between 1 and " << INT_MAX);
+  // The upper bound keeps the products below exact; sizes past the world size get the messages below.
   auto check_range = [&](const char* key, int64_t value, int64_t lowest, const char* meaning) {
-    if (value < lowest || value > world)
-      MOE_BAD_INPUT(key << " = " << value << " is out of range: it must be " << meaning
-                        << " and at most the world size " << world << " (mpirun -np " << world << ")");
+    if (value < lowest || value > INT_MAX)
+      MOE_BAD_INPUT(key << " = " << value << " is out of range: it must be " << meaning << " and at most " << INT_MAX
+                        << "; the world size is " << world << " (mpirun -np " << world << ")");
   };
   check_range("parallel.tp", sizes.tp, 1, ">= 1");
   check_range("parallel.pp", sizes.pp, 1, ">= 1");
@@ -91,7 +98,7 @@ RankGrid::RankGrid(const GridSizes& sizes, int64_t num_experts) : sizes_(sizes) 
     MOE_BAD_INPUT("moe.num_experts = " << num_experts << " must be >= 0 (world size " << world << ")");
 
   const int64_t tp = sizes.tp, pp = sizes.pp, ep = sizes.ep, etp = sizes.etp;
-  const int64_t tp_pp = tp * pp;  // both <= world <= INT_MAX
+  const int64_t tp_pp = tp * pp;  // both <= INT_MAX
   if (sizes.dp == 0) {
     if (world % tp_pp != 0)
       MOE_BAD_INPUT("parallel.dp = \"auto\" needs parallel.tp * parallel.pp = "
@@ -110,8 +117,8 @@ RankGrid::RankGrid(const GridSizes& sizes, int64_t num_experts) : sizes_(sizes) 
       fix += " or choose parallel.tp and parallel.pp whose product is one of " + divisors_string(world);
     }
     MOE_BAD_INPUT("parallel.tp * parallel.pp * parallel.dp = " << tp << " * " << pp << " * " << dp << " = "
-                                                                << wide_string(dense_product)
-                                                                << ", but the world size is " << world << "; " << fix);
+                                                               << wide_string(dense_product)
+                                                               << ", but the world size is " << world << "; " << fix);
   }
 
   // One pipeline stage holds tp * dp ranks; the expert layers fold the same ranks as etp * ep * edp.
@@ -123,56 +130,62 @@ RankGrid::RankGrid(const GridSizes& sizes, int64_t num_experts) : sizes_(sizes) 
       fix = "with parallel.expert_tp = " + std::to_string(etp) + ", parallel.ep can be one of " +
             divisors_string(stage / etp, num_experts);  // num_experts 0: no condition
     } else {
-      fix = "parallel.expert_tp can be one of " + divisors_string(stage) + ", and parallel.expert_tp * parallel.ep must divide " +
-            std::to_string(stage);
+      fix = "parallel.expert_tp can be one of " + divisors_string(stage) +
+            ", and parallel.expert_tp * parallel.ep must divide " + std::to_string(stage);
     }
-    MOE_BAD_INPUT("parallel.expert_tp * parallel.ep = " << etp << " * " << ep << " = " << etp_ep
-                                                         << " does not divide parallel.tp * parallel.dp = " << tp << " * "
-                                                         << dp << " = " << stage
-                                                         << " (the ranks of one pipeline stage; world size " << world
-                                                         << ", parallel.pp = " << pp << "); " << fix);
+    MOE_BAD_INPUT("parallel.expert_tp * parallel.ep = "
+                  << etp << " * " << ep << " = " << etp_ep << " does not divide parallel.tp * parallel.dp = " << tp
+                  << " * " << dp << " = " << stage << " (the ranks of one pipeline stage; world size " << world
+                  << ", parallel.pp = " << pp << "); " << fix);
   }
   edp_ = stage / etp_ep;
 
   if (num_experts > 0 && num_experts % ep != 0)
-    MOE_BAD_INPUT("moe.num_experts = " << num_experts << " is not divisible by parallel.ep = " << ep
-                                       << " (world size " << world
+    MOE_BAD_INPUT("moe.num_experts = " << num_experts << " is not divisible by parallel.ep = " << ep << " (world size "
+                                       << world
                                        << "): every expert-parallel rank holds the same number of experts; "
                                           "with parallel.tp * parallel.dp = "
-                                       << stage << " and parallel.expert_tp = " << etp
-                                       << ", parallel.ep can be one of " << divisors_string(stage / etp, num_experts));
+                                       << stage << " and parallel.expert_tp = " << etp << ", parallel.ep can be one of "
+                                       << divisors_string(stage / etp, num_experts));
 }
 
 namespace {
 
-// The decomposition that `kind` belongs to and the digit it varies; TpDp is handled by the callers.
+// The decomposition that `kind` belongs to and the digit it varies.
 struct KindDigit {
   Radix radix;
   int dim = 0;
 };
 
 KindDigit kind_digit(const GridSizes& s, int64_t edp, GroupKind kind) {
-  Radix dense{{s.tp, s.dp, s.pp, 1}, 3};
-  Radix expert{{s.etp, s.ep, edp, s.pp}, 4};
+  Radix dense{{s.tp, s.dp, s.pp, 1}};
+  Radix expert{{s.etp, s.ep, edp, s.pp}};
   switch (kind) {
-    case GroupKind::Tp: return {dense, 0};
-    case GroupKind::Dp: return {dense, 1};
-    case GroupKind::Pp: return {dense, 2};
-    case GroupKind::Etp: return {expert, 0};
-    case GroupKind::Ep: return {expert, 1};
-    case GroupKind::Edp: return {expert, 2};
-    case GroupKind::TpDp: break;
+    case GroupKind::Tp:
+      return {dense, 0};
+    case GroupKind::Dp:
+      return {dense, 1};
+    case GroupKind::Pp:
+      return {dense, 2};
+    case GroupKind::Etp:
+      return {expert, 0};
+    case GroupKind::Ep:
+      return {expert, 1};
+    case GroupKind::Edp:
+      return {expert, 2};
+    case GroupKind::TpDp:
+      break;
   }
   // TpDp: the tp and dp digits together form one digit of radix tp * dp.
-  return {Radix{{s.tp * s.dp, s.pp, 1, 1}, 2}, 0};
+  return {Radix{{s.tp * s.dp, s.pp, 1, 1}}, 0};
 }
 
 }  // namespace
 
 RankCoords RankGrid::coords(int64_t rank) const {
   MOE_CHECK(rank >= 0 && rank < sizes_.world, "rank " << rank << " outside the world of " << sizes_.world);
-  const Radix dense{{sizes_.tp, sizes_.dp, sizes_.pp, 1}, 3};
-  const Radix expert{{sizes_.etp, sizes_.ep, edp_, sizes_.pp}, 4};
+  const Radix dense{{sizes_.tp, sizes_.dp, sizes_.pp, 1}};
+  const Radix expert{{sizes_.etp, sizes_.ep, edp_, sizes_.pp}};
   RankCoords c;
   c.tp = dense.digit(rank, 0);
   c.dp = dense.digit(rank, 1);
@@ -202,8 +215,8 @@ int64_t RankGrid::group_id(int64_t rank, GroupKind kind) const {
 
 int64_t RankGrid::rank_of(int64_t tp, int64_t dp, int64_t pp) const {
   MOE_CHECK(tp >= 0 && tp < sizes_.tp && dp >= 0 && dp < sizes_.dp && pp >= 0 && pp < sizes_.pp,
-            "coordinates (tp " << tp << ", dp " << dp << ", pp " << pp << ") outside the grid (" << sizes_.tp
-                               << ", " << sizes_.dp << ", " << sizes_.pp << ")");
+            "coordinates (tp " << tp << ", dp " << dp << ", pp " << pp << ") outside the grid (" << sizes_.tp << ", "
+                               << sizes_.dp << ", " << sizes_.pp << ")");
   return tp + sizes_.tp * (dp + sizes_.dp * pp);
 }
 

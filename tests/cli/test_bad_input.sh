@@ -146,9 +146,16 @@ run_case "data source shorter than seq_len" 2 write_short_source "$moe" train --
   --set 'data.sources=[{"name": "prose", "path": "short.txt"}]' --run-dir run
 
 # ---- What this build cannot do yet. --------------------------------------------------------------------------
-expect=("2 ranks")
-run_case "one of several ranks" 2 no_setup \
-  env OMPI_COMM_WORLD_SIZE=2 "$moe" train --config "$config" "${small[@]}" --run-dir run
+# A world size that does not fit the config: refused on every rank (mpirun's exit code is 2), no hang.
+mpirun=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --timeout 60)
+[ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
+expect=("parallel.tp * parallel.pp * parallel.dp = 1 * 1 * 2" "world size is 3")
+run_case "world size that does not fit" 2 no_setup \
+  "${mpirun[@]}" -np 3 "$moe" train --config "$config" "${small[@]}" --set parallel.dp=2 --run-dir run
+expect=("parallel.ep" "moe.num_experts")
+run_case "ep that does not divide the experts" 2 no_setup \
+  "${mpirun[@]}" -np 3 "$moe" train --config "$config" "${small[@]}" --set moe.num_experts=4 --set parallel.ep=3 \
+  --run-dir run
 
 expect=("checkpoint.every")
 run_case "checkpoint.every=5" 2 no_setup "$moe" train --config "$config" "${small[@]}" --set checkpoint.every=5 \

@@ -289,8 +289,8 @@ TEST(ConfigGates, UnavailableFeaturesAreRejected) {
   expect_bad_input([] { from(document_with("parallel.tp", 2)); },
                    {"parallel.tp = 2", "tensor parallelism is not available in this build yet (expected 1)"});
   expect_bad_input([] { from(document_with("parallel.pp", 4)); }, {"parallel.pp = 4", "pipeline parallelism"});
-  expect_bad_input([] { from(document_with("parallel.ep", 2)); }, {"parallel.ep = 2", "expert parallelism"});
-  expect_bad_input([] { from(document_with("parallel.dp", 2)); }, {"parallel.dp = 2", "data parallelism"});
+  EXPECT_EQ(from(document_with("parallel.ep", 2)).parallel.ep, 2);  // expert and data parallelism have landed
+  EXPECT_EQ(from(document_with("parallel.dp", 2)).parallel.dp, 2);
   EXPECT_EQ(from(document_with("parallel.dp", 1)).parallel.dp, 1);
   EXPECT_EQ(from(json{{"moe", {{"num_experts", 4}}}}).moe.num_experts, 4);  // MoE layers have landed
 }

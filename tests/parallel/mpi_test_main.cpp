@@ -54,8 +54,8 @@ int main(int argc, char** argv) {
   int failed_ranks = 0;
   MPI_Allreduce(&failed_local, &failed_ranks, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0 && failed_ranks > 0)
-    std::fprintf(stderr, "%d of %d ranks failed (failures on other ranks are printed with their rank)\n",
-                 failed_ranks, size);
+    std::fprintf(stderr, "%d of %d ranks failed (failures on other ranks are printed with their rank)\n", failed_ranks,
+                 size);
   moe::MpiCommunicator::finalize();
   return failed_ranks > 0 ? 1 : 0;
 }

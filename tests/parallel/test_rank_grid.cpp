@@ -1,5 +1,7 @@
 // The rank grid, exhaustively: every combination of sizes for worlds of 1..16 ranks is either refused (and
 // then truly does not fit) or yields coordinates and groups with the Megatron-Core folding. No MPI.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <iostream>
@@ -11,8 +13,6 @@
 #include <tuple>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "core/error.h"
 #include "parallel/rank_grid.h"
 
@@ -21,7 +21,7 @@ namespace {
 
 using Ranks = std::vector<int64_t>;
 
-constexpr GroupKind kAllKinds[] = {GroupKind::Tp,  GroupKind::Dp, GroupKind::Pp,  GroupKind::Etp,
+constexpr GroupKind kAllKinds[] = {GroupKind::Tp, GroupKind::Dp,  GroupKind::Pp,  GroupKind::Etp,
                                    GroupKind::Ep, GroupKind::Edp, GroupKind::TpDp};
 
 std::vector<int64_t> divisors(int64_t n) {
@@ -102,26 +102,40 @@ Expected expected_fit(const GridSizes& s, int64_t num_experts) {
 int64_t size_of(const RankGrid& g, GroupKind kind) {
   const GridSizes& s = g.sizes();
   switch (kind) {
-    case GroupKind::Tp: return s.tp;
-    case GroupKind::Dp: return s.dp;
-    case GroupKind::Pp: return s.pp;
-    case GroupKind::Etp: return s.etp;
-    case GroupKind::Ep: return s.ep;
-    case GroupKind::Edp: return g.edp();
-    case GroupKind::TpDp: return s.tp * s.dp;
+    case GroupKind::Tp:
+      return s.tp;
+    case GroupKind::Dp:
+      return s.dp;
+    case GroupKind::Pp:
+      return s.pp;
+    case GroupKind::Etp:
+      return s.etp;
+    case GroupKind::Ep:
+      return s.ep;
+    case GroupKind::Edp:
+      return g.edp();
+    case GroupKind::TpDp:
+      return s.tp * s.dp;
   }
   return -1;
 }
 
 int64_t coordinate_of(const RankGrid& g, const RankCoords& c, GroupKind kind) {
   switch (kind) {
-    case GroupKind::Tp: return c.tp;
-    case GroupKind::Dp: return c.dp;
-    case GroupKind::Pp: return c.pp;
-    case GroupKind::Etp: return c.etp;
-    case GroupKind::Ep: return c.ep;
-    case GroupKind::Edp: return c.edp;
-    case GroupKind::TpDp: return c.tp + g.sizes().tp * c.dp;
+    case GroupKind::Tp:
+      return c.tp;
+    case GroupKind::Dp:
+      return c.dp;
+    case GroupKind::Pp:
+      return c.pp;
+    case GroupKind::Etp:
+      return c.etp;
+    case GroupKind::Ep:
+      return c.ep;
+    case GroupKind::Edp:
+      return c.edp;
+    case GroupKind::TpDp:
+      return c.tp + g.sizes().tp * c.dp;
   }
   return -1;
 }
@@ -129,13 +143,20 @@ int64_t coordinate_of(const RankGrid& g, const RankCoords& c, GroupKind kind) {
 // The coordinates a group's members share: every other coordinate of the kind's decomposition (Pp: of both).
 std::vector<int64_t> shared_key(const RankCoords& c, GroupKind kind) {
   switch (kind) {
-    case GroupKind::Tp: return {c.dp, c.pp};
-    case GroupKind::Dp: return {c.tp, c.pp};
-    case GroupKind::Pp: return {c.tp, c.dp, c.etp, c.ep, c.edp};
-    case GroupKind::Etp: return {c.ep, c.edp, c.pp};
-    case GroupKind::Ep: return {c.etp, c.edp, c.pp};
-    case GroupKind::Edp: return {c.etp, c.ep, c.pp};
-    case GroupKind::TpDp: return {c.pp};
+    case GroupKind::Tp:
+      return {c.dp, c.pp};
+    case GroupKind::Dp:
+      return {c.tp, c.pp};
+    case GroupKind::Pp:
+      return {c.tp, c.dp, c.etp, c.ep, c.edp};
+    case GroupKind::Etp:
+      return {c.ep, c.edp, c.pp};
+    case GroupKind::Ep:
+      return {c.etp, c.edp, c.pp};
+    case GroupKind::Edp:
+      return {c.etp, c.ep, c.pp};
+    case GroupKind::TpDp:
+      return {c.pp};
   }
   return {};
 }
@@ -255,15 +276,17 @@ void check_refusal(const GridSizes& s, int64_t num_experts, const Expected& x, c
     }
   } else if (!x.expert_fits) {
     keys = {"parallel.ep", "parallel.expert_tp", "parallel.tp", "parallel.dp"};
+    ASSERT_NE(
+        message.find("parallel.expert_tp * parallel.ep = " + std::to_string(s.etp) + " * " + std::to_string(s.ep)),
+        std::string::npos)
+        << where << ": " << message;
   } else {
     keys = {"moe.num_experts", "parallel.ep"};
     ASSERT_NE(message.find("moe.num_experts = " + std::to_string(num_experts)), std::string::npos) << where;
+    ASSERT_NE(message.find("parallel.ep = " + std::to_string(s.ep)), std::string::npos) << where;
   }
   for (const std::string& key : keys)
     ASSERT_NE(message.find(key), std::string::npos) << where << ": " << key << " not in: " << message;
-  if (x.dense_fits) {
-    ASSERT_NE(message.find("parallel.ep = " + std::to_string(s.ep)), std::string::npos) << where;
-  }
   for (int64_t ep : listed_after(message, "parallel.ep can be one of ")) {
     GridSizes fixed = s;
     fixed.ep = ep;
@@ -296,6 +319,7 @@ TEST(RankGrid, ExhaustiveUpToSixteenRanks) {
                 ASSERT_EQ(message.empty(), x.experts_divide) << where << ": " << message;
                 if (!x.experts_divide) {
                   check_refusal(s, num_experts, x, message, where);
+                  if (HasFatalFailure()) return;
                   ++refused;
                   continue;
                 }
@@ -318,7 +342,8 @@ TEST(RankGrid, ExhaustiveUpToSixteenRanks) {
   EXPECT_GT(refused, 1000);
 }
 
-RankGrid make_grid(int64_t world, int64_t tp, int64_t pp, int64_t dp, int64_t ep, int64_t etp, int64_t num_experts = 0) {
+RankGrid make_grid(int64_t world, int64_t tp, int64_t pp, int64_t dp, int64_t ep, int64_t etp,
+                   int64_t num_experts = 0) {
   GridSizes s;
   s.world = world;
   s.tp = tp;
@@ -437,8 +462,9 @@ TEST(RankGrid, RefusalMessagesSayWhatFits) {
   EXPECT_TRUE(has(auto_dp, "world size 4"));
   EXPECT_TRUE(has(auto_dp, "mpirun -np 3"));
   const std::string ep3 = message(8, 1, 1, 8, 3, 1);
-  EXPECT_TRUE(has(ep3, "parallel.expert_tp * parallel.ep = 1 * 3 = 3 does not divide "
-                       "parallel.tp * parallel.dp = 1 * 8 = 8"));
+  EXPECT_TRUE(has(ep3,
+                  "parallel.expert_tp * parallel.ep = 1 * 3 = 3 does not divide "
+                  "parallel.tp * parallel.dp = 1 * 8 = 8"));
   EXPECT_TRUE(has(ep3, "world size 8"));
   EXPECT_TRUE(has(ep3, "parallel.ep can be one of 1, 2, 4, 8"));
   EXPECT_TRUE(has(message(8, 1, 1, 8, 3, 1, 12), "parallel.ep can be one of 1, 2, 4"));
@@ -453,12 +479,19 @@ TEST(RankGrid, RefusalMessagesSayWhatFits) {
   EXPECT_TRUE(has(message(4, 1, 1, 0, 1, 0), "parallel.expert_tp = 0"));
   EXPECT_TRUE(has(message(4, 1, 1, 0, 1, 1, -3), "moe.num_experts = -3"));
   EXPECT_TRUE(has(message(0, 1, 1, 0, 1, 1), "world size 0"));
-  // Sizes far past the world size are refused without overflowing the products.
-  EXPECT_TRUE(has(message(4, int64_t{1} << 40, int64_t{1} << 40, int64_t{1} << 40, 1, 1), "parallel.tp = 1099511627776"));
-  EXPECT_TRUE(has(message(4, 1, 1, 5, 1, 1), "parallel.dp = 5"));
-  EXPECT_TRUE(has(message(4, 1, 1, 0, 8, 1), "parallel.ep = 8"));
+  // Sizes past the world size get the message of the product they break; absurd ones are refused
+  // before any product could overflow.
+  EXPECT_TRUE(has(message(4, 1, 1, 5, 1, 1),
+                  "= 1 * 1 * 5 = 5, but the world size is 4; use mpirun -np 5 or set "
+                  "parallel.dp to 4"));
+  EXPECT_TRUE(has(message(4, 1, 1, 0, 8, 1), "parallel.expert_tp * parallel.ep = 1 * 8 = 8 does not divide"));
+  const int64_t huge = int64_t{1} << 40, int_max = 2147483647;
+  EXPECT_TRUE(has(message(4, huge, huge, huge, 1, 1), "parallel.tp = 1099511627776 is out of range"));
+  EXPECT_TRUE(has(message(4, int_max, int_max, int_max, int_max, int_max),
+                  "= 2147483647 * 2147483647 * 2147483647 = 9903520300447984150353281023, but the world size is 4"));
+  EXPECT_TRUE(has(message(4, 1, 1, 0, int_max, int_max), "= 2147483647 * 2147483647 = 4611686014132420609"));
   for (const std::string& text : {message(4, 0, 1, 0, 1, 1), message(4, 1, 1, 5, 1, 1), message(4, 1, 1, 0, 8, 1),
-                                  message(4, 1, 1, 0, 1, 1, -3)})
+                                  message(4, huge, 1, 0, 1, 1), message(4, 1, 1, 0, 1, 1, -3)})
     EXPECT_TRUE(names_world_size(text, 4)) << text;
 }
 
