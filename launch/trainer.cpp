@@ -224,7 +224,7 @@ void scatter_totals(const StepTotals& t, const std::vector<MoeLayer<float>*>& mo
 
 }  // namespace
 
-void run_train(const TrainOptions& options, std::unique_ptr<Communicator> world) {
+TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator> world) {
   if (!world) world = std::make_unique<SelfCommunicator>("world");
   // Everything that can be refused is checked before anything is written, identically on every rank.
   Config config = load_config(options.config_path, options.overrides);
@@ -425,6 +425,20 @@ void run_train(const TrainOptions& options, std::unique_ptr<Communicator> world)
   progress.finish();
   const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
   progress.note("done in " + format_duration(total_s) + "; metrics in " + (fs::path(run_dir) / "metrics.jsonl").string());
+
+  TrainResult result;
+  if (options.collect_parameters)
+    for (const ParamSpec& spec : model.table().specs()) {
+      std::vector<float>& full = result.parameters[spec.name];
+      const float* mine = model.params() + spec.offset;
+      if (spec.global_rows > 0 && groups.ep->size() > 1) {  // expert shards, in ep-rank order
+        full.resize(size_t(spec.numel * groups.ep->size()));
+        groups.ep->allgather(mine, full.data(), spec.numel);
+      } else {
+        full.assign(mine, mine + spec.numel);
+      }
+    }
+  return result;
 }
 
 }  // namespace moe

@@ -3,6 +3,7 @@
 // clipping, AdamW, metrics.jsonl, a progress line, periodic evaluation on the held-out split.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,12 +19,19 @@ struct TrainOptions {
   std::string resume = "auto";         // auto | none | PATH
   bool overwrite = false;
   bool quiet = false;                  // no progress line (tests)
+  bool collect_parameters = false;     // return the final parameters in global coordinates (tests)
   std::vector<std::string> command_line;  // recorded in manifest.json
+};
+
+struct TrainResult {
+  // Every parameter tensor under its global name and global shape (expert shards gathered), on every
+  // rank; filled only with TrainOptions::collect_parameters.
+  std::map<std::string, std::vector<float>> parameters;
 };
 
 // Returns normally on success; throws moe::Error (BadInput for anything the user can fix). world: every
 // rank of the job (an MPI communicator under mpirun); null for a single process.
-void run_train(const TrainOptions& options, std::unique_ptr<Communicator> world = nullptr);
+TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator> world = nullptr);
 
 // Ranks in this job and ranks on this node, from the launcher's environment (1 when not under mpirun).
 int launcher_world_size();
