@@ -1,11 +1,18 @@
 # Two commands for a newcomer on a fresh Debian 12 machine:
-#   make train   installs what is missing, builds, trains the MoE default on the embedded corpus (configs/tiny_moe.json)
+#   make train   installs what is missing, builds, trains the MoE default on the embedded corpus
+#                (configs/tiny_moe.json) on 4 MPI ranks: data parallel 4, expert parallel 2
 #   make test    installs what is missing, builds, runs the whole test suite
 # Other targets: make build, make bench, make deps, make clean.
 
 BUILD   ?= build
 CONFIG  ?= configs/tiny_moe.json
 RUN_DIR ?= runs/tiny_moe
+# make train runs NP ranks under mpirun: data parallel over all of them, experts split over EP of them.
+NP      ?= 4
+EP      ?= 2
+# Small machines: ranks may outnumber cores, so idle ranks yield and nothing is bound to a core.
+MPIRUN  ?= mpirun -np $(NP) --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 \
+           $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
@@ -43,7 +50,8 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 train: build
-	$(BUILD)/bin/moe train --config $(CONFIG) --run-dir $(RUN_DIR) --overwrite
+	@echo "make train: $(CONFIG) on $(NP) MPI ranks (data parallel $(NP), expert parallel $(EP)), run directory $(RUN_DIR)"
+	$(MPIRUN) $(BUILD)/bin/moe train --config $(CONFIG) --set parallel.ep=$(EP) --run-dir $(RUN_DIR) --overwrite
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)

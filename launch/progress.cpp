@@ -8,7 +8,7 @@
 
 namespace moe {
 
-Progress::Progress(bool enabled) : enabled_(enabled), tty_(isatty(STDOUT_FILENO) == 1) {}
+Progress::Progress(bool enabled, bool live) : enabled_(enabled), tty_(live && isatty(STDOUT_FILENO) == 1) {}
 
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";

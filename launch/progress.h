@@ -9,7 +9,9 @@ namespace moe {
 
 class Progress {
  public:
-  explicit Progress(bool enabled);
+  // live: update one line in place when stdout is a terminal. Under mpirun stdout is a pseudo-terminal
+  // whatever mpirun's own output is, so the trainer passes false there and gets plain lines.
+  Progress(bool enabled, bool live);
   // dead_experts < 0: the model has no MoE layers (not shown).
   void step(int64_t step, int64_t total, double loss, double lr, double tokens_per_s, double eta_s,
             int64_t dead_experts = -1);

@@ -283,7 +283,7 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   constexpr int64_t kDeadAfterSteps = 100;
 
   std::unique_ptr<MetricsWriter> metrics;
-  Progress progress(leader && !options.quiet);
+  Progress progress(leader && !options.quiet, launcher_world_size() == 1 && !std::getenv("OMPI_COMM_WORLD_RANK"));
   if (leader) {
     write_run_files(run_dir, config, options.command_line, threads, grid);
     metrics = std::make_unique<MetricsWriter>((fs::path(run_dir) / "metrics.jsonl").string());
