@@ -36,17 +36,17 @@ struct Options {
 };
 
 struct MoeShape {
-  int64_t d_model = 0;        // D
-  int64_t expert_hidden = 0;  // width of each routed expert
-  int64_t tokens = 0;         // N, one routing group
-  int64_t experts = 0;        // E
-  int64_t top_k = 0;          // K
-  double capacity_factor = 0; // <= 0: dropless
+  int64_t d_model = 0;         // D
+  int64_t expert_hidden = 0;   // width of each routed expert
+  int64_t tokens = 0;          // N, one routing group
+  int64_t experts = 0;         // E
+  int64_t top_k = 0;           // K
+  double capacity_factor = 0;  // <= 0: dropless
 };
 
 // Medians of one layer's forward and of forward + backward over the same repetitions.
 struct LayerTiming {
-  double forward_flops = 0;  // FeedForward::forward_flops(N)
+  double forward_flops = 0;    // FeedForward::forward_flops(N)
   Summary forward_s, train_s;  // train: forward + backward
 };
 
@@ -134,12 +134,12 @@ MoeResult measure_moe(const MoeShape& shape, int warmup, int reps) {
   for (int i = 0; i < warmup + reps; ++i) {
     const bool timed = i >= warmup;
     time_layer(moe, moe_buffers, x, dy, y, dx, N, timed ? &moe_forward : nullptr, timed ? &moe_train : nullptr);
-    MOE_CHECK(all_finite(y) && all_finite(dx), "MoE layer E=" << shape.experts << " K=" << shape.top_k
-                                                               << " produced a value that is not finite");
+    MOE_CHECK(all_finite(y) && all_finite(dx),
+              "MoE layer E=" << shape.experts << " K=" << shape.top_k << " produced a value that is not finite");
     time_layer(dense, dense_buffers, x, dy, y, dx, N, timed ? &dense_forward : nullptr, timed ? &dense_train : nullptr);
   }
-  MOE_CHECK(all_finite(y) && all_finite(dx), "dense baseline of width " << shape.top_k * shape.expert_hidden
-                                                                          << " produced a value that is not finite");
+  MOE_CHECK(all_finite(y) && all_finite(dx),
+            "dense baseline of width " << shape.top_k * shape.expert_hidden << " produced a value that is not finite");
 
   MoeResult result;
   result.shape = shape;
@@ -162,12 +162,13 @@ std::string capacity_name(double capacity_factor) {
 void print_moe(const MoeResult& r, const SgemmPeak& peak) {
   const MoeShape& s = r.shape;
   const int64_t assignments = s.tokens * s.top_k;
-  std::printf("  E=%lld K=%lld %s: %lld assignments computed of %lld (%.1f%% dropped), %.0f rows per expert on "
-              "average, at most %lld\n",
-              (long long)s.experts, (long long)s.top_k, capacity_name(s.capacity_factor).c_str(),
-              (long long)r.assignments_computed, (long long)assignments,
-              100.0 * double(assignments - r.assignments_computed) / double(assignments),
-              double(r.assignments_computed) / double(s.experts), (long long)r.max_rows_per_expert);
+  std::printf(
+      "  E=%lld K=%lld %s: %lld assignments computed of %lld (%.1f%% dropped), %.0f rows per expert on "
+      "average, at most %lld\n",
+      (long long)s.experts, (long long)s.top_k, capacity_name(s.capacity_factor).c_str(),
+      (long long)r.assignments_computed, (long long)assignments,
+      100.0 * double(assignments - r.assignments_computed) / double(assignments),
+      double(r.assignments_computed) / double(s.experts), (long long)r.max_rows_per_expert);
   auto line = [&](const char* name, const LayerTiming& t) {
     std::printf(
         "    %-5s forward %6.1f ms (min %.1f, max %.1f) %6.1f GFLOP/s = %.2f x peak;  fwd+bwd %6.1f ms (min %.1f, "
@@ -230,8 +231,9 @@ nlohmann::json to_json(const Options& o, const SgemmPeak& peak, const std::vecto
           {"quick", o.quick},
           {"reps", o.reps},
           {"warmup", o.warmup},
-          {"flops_convention", "forward_flops(N) forward, 3 x forward_flops(N) forward + backward; MoE: router + "
-                               "N K routed experts (no drops)"},
+          {"flops_convention",
+           "forward_flops(N) forward, 3 x forward_flops(N) forward + backward; MoE: router + "
+           "N K routed experts (no drops)"},
           {"load_average_start", load_start},
           {"load_average_end", load_end},
           {"sgemm", sgemm_json(peak, o.sgemm_reps)},

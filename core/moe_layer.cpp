@@ -128,7 +128,7 @@ void MoeLayer<T>::update_balancing_bias(const std::vector<int64_t>& counts, doub
 template <typename T>
 void MoeLayer<T>::plan_exchange() {
   const int64_t P = s_.ep_size, El = local_experts();
-  std::vector<int64_t> send_count(size_t(P * El));
+  std::vector<int64_t> send_count(static_cast<size_t>(P * El));
   for (int64_t e = 0; e < s_.num_experts; ++e) send_count[e] = expert_offset_[e + 1] - expert_offset_[e];
   recv_count_.assign(size_t(P * El), 0);
   if (P == 1)
@@ -212,7 +212,7 @@ void MoeLayer<T>::forward(const T* x, T* y, T* acts, int64_t N) {
 
   // Dispatch: gather each expert's tokens into its block, send blocks to the experts' ranks.
   const int64_t M = expert_offset_[E], R = received_;
-  std::vector<T> xp(size_t(M * D));
+  std::vector<T> xp(static_cast<size_t>(M * D));
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < M; ++r) copy_row(x + (perm_slot_[r] / K) * D, xp.data() + r * D, D);
   xe_.resize(size_t(R * D));
@@ -220,7 +220,7 @@ void MoeLayer<T>::forward(const T* x, T* y, T* acts, int64_t N) {
   dispatch_rows(xp.data(), xe_.data(), D);
 
   // Experts: one GEMM per local expert over its block.
-  std::vector<T> ye(size_t(R * D));
+  std::vector<T> ye(static_cast<size_t>(R * D));
   for (int64_t el = 0; el < El; ++el) {
     const int64_t r0 = local_offset_[el], m = local_offset_[el + 1] - r0;
     if (m == 0) continue;

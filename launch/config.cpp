@@ -185,6 +185,9 @@ Config fill(const Entries& entries) {
   c.checkpoint.dir = r.string("checkpoint.dir");
   c.checkpoint.every = r.integer("checkpoint.every");
   c.checkpoint.keep = r.integer("checkpoint.keep");
+  c.checkpoint.full_every = r.integer("checkpoint.full_every");
+  c.checkpoint.async = r.boolean("checkpoint.async");
+  c.checkpoint.replicas = r.at("checkpoint.replicas").get<std::vector<std::string>>();
 
   c.fault.heartbeat_timeout_s = r.number("fault.heartbeat_timeout_s");
   c.fault.max_restarts = r.integer("fault.max_restarts");

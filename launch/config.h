@@ -76,9 +76,12 @@ struct ParallelConfig {
 };
 
 struct CheckpointConfig {
-  std::string dir;
+  std::string dir;           // relative to the run directory unless absolute
   int64_t every = 0;         // 0 = no checkpoints
-  int64_t keep = 1;
+  int64_t keep = 1;          // complete chains kept
+  int64_t full_every = 1;    // a full checkpoint every this many saves, XOR deltas between
+  bool async = true;
+  std::vector<std::string> replicas;
 };
 
 struct FaultConfig {

@@ -37,6 +37,9 @@ KeySpec string(std::string key, std::string def, std::string doc) {
 KeySpec integer_or_auto(std::string key, std::string def, Range range, std::string doc) {
   return {std::move(key), KeyType::IntegerOrAuto, std::move(def), range, {}, std::move(doc)};
 }
+KeySpec string_list(std::string key, std::string doc) {
+  return {std::move(key), KeyType::StringList, json::array(), {}, {}, std::move(doc)};
+}
 KeySpec sources(std::string key, std::string doc) {
   return {std::move(key), KeyType::Sources, json::array(), {}, {}, std::move(doc)};
 }
@@ -113,7 +116,13 @@ std::vector<KeySpec> build_schema() {
 
       string("checkpoint.dir", "checkpoints", "checkpoint folder, relative to the run directory"),
       integer("checkpoint.every", 0, at_least(0), "write a checkpoint every this many steps; 0 = off"),
-      integer("checkpoint.keep", 2, at_least(1), "newest checkpoints kept; older ones are deleted"),
+      integer("checkpoint.keep", 2, at_least(1),
+              "newest complete chains (a full checkpoint and its deltas) kept; older ones are deleted"),
+      integer("checkpoint.full_every", 4, at_least(1),
+              "a full checkpoint every this many saves; the saves between hold only what changed (XOR deltas)"),
+      boolean("checkpoint.async", true, "write checkpoints from a background thread while training goes on"),
+      string_list("checkpoint.replicas",
+                  "further checkpoint roots that receive a full copy of every checkpoint (e.g. another disk)"),
 
       number("fault.heartbeat_timeout_s", 60.0, above(0), "seconds without a heartbeat before the supervisor restarts"),
       integer("fault.max_restarts", 3, at_least(0), "restarts before the supervisor gives up (exit 3)"),
@@ -231,6 +240,8 @@ std::string type_name(const KeySpec& spec) {
       return "integer or `\"auto\"`";
     case KeyType::Sources:
       return "list of sources";
+    case KeyType::StringList:
+      return "list of strings";
   }
   return "";
 }
@@ -244,6 +255,7 @@ std::string allowed_cell(const KeySpec& spec) {
   if (spec.type == KeyType::String) return "non-empty";
   if (spec.type == KeyType::Boolean) return "`true`, `false`";
   if (spec.type == KeyType::Sources) return "see above";
+  if (spec.type == KeyType::StringList) return "non-empty strings";
   if (spec.type == KeyType::IntegerOrAuto) return describe_range(spec.range) + " or `\"auto\"`";
   const std::string range = describe_range(spec.range);
   return range.empty() ? "any" : range;
@@ -350,6 +362,8 @@ std::string describe_expected(const KeySpec& spec) {
       return "an integer " + range + " or \"auto\"";
     case KeyType::Sources:
       return "a list of sources, each {\"name\": string, \"path\": string, \"weight\": number > 0}";
+    case KeyType::StringList:
+      return "a list of non-empty strings";
   }
   return "";
 }
@@ -401,6 +415,11 @@ json check_value(const KeySpec& spec, const json& value, const std::string& orig
       return value;
     case KeyType::Sources:
       return check_sources(spec, value, origin);
+    case KeyType::StringList:
+      if (!value.is_array()) bad_value(spec, spec.key, value, origin);
+      for (const json& item : value)
+        if (!item.is_string() || item.get<std::string>().empty()) bad_value(spec, spec.key, value, origin);
+      return value;
   }
   MOE_FAIL("unhandled key type of " << spec.key);
 }

@@ -19,6 +19,7 @@ enum class KeyType : uint8_t {
   String,         // a non-empty string
   IntegerOrAuto,  // an integer in `range`, or the string "auto"
   Sources,        // data.sources: a list of {"name", "path", "weight"} objects
+  StringList,     // a list of non-empty strings
 };
 
 // Bounds of a numeric key; an infinite bound is no bound.

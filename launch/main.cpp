@@ -53,6 +53,9 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--overwrite", train.overwrite,
                       "Start again in a run directory that already holds a run (its files are replaced)");
   train_cmd->add_flag("--quiet", train.quiet, "No progress line on the terminal");
+  train_cmd->add_option("--stop-after-step", train.stop_after_step,
+                        "End after this step (and its checkpoint) as if interrupted; for resume tests and demos")
+      ->check(CLI::PositiveNumber);
 
   // CLI11 reports a missing subcommand before an unknown one; name the unknown word instead.
   if (argc > 1 && argv[1][0] != '-' && app.get_subcommands([&](CLI::App* sub) { return sub->get_name() == argv[1]; }).empty()) {

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <fstream>
+#include <regex>
 #include <thread>
 
 #include <unistd.h>
@@ -21,6 +23,8 @@
 #include "launch/run_dir.h"
 #include "optim/adamw.h"
 #include "optim/per_expert_clip.h"
+#include "checkpoint/checkpointer.h"
+#include "launch/train_state.h"
 #include "parallel/process_groups.h"
 #include "parallel/self_communicator.h"
 
@@ -35,16 +39,6 @@ int env_int(const char* name, int fallback) {
   char* end = nullptr;
   const long x = std::strtol(v, &end, 10);
   return (end && *end == '\0' && x > 0) ? int(x) : fallback;
-}
-
-// Capabilities that later parts of the project bring; refused here, before any work, rather than ignored.
-void check_supported(const Config& config, const TrainOptions& options) {
-  if (config.checkpoint.every > 0)
-    MOE_BAD_INPUT("checkpoint.every = " << config.checkpoint.every
-                  << ": checkpoints are not available in this build yet; expected 0");
-  if (options.resume != "auto" && options.resume != "none")
-    MOE_BAD_INPUT("--resume " << options.resume
-                  << ": resuming from a checkpoint is not available in this build yet; expected auto or none");
 }
 
 // A rough upper bound of the memory training needs (parameters with gradients and two moments,
@@ -80,6 +74,32 @@ data::Corpus load_training_corpus(const Config& config) {
   }
   data::validate_corpus(corpus, config.train.seq_len, config.model.vocab);
   return corpus;
+}
+
+// A string of rank 0's, on every rank.
+std::string broadcast_string(Communicator& world, const std::string& text) {
+  int64_t n = int64_t(text.size());
+  world.broadcast(&n, 1, 0);
+  std::vector<int64_t> bytes(text.begin(), text.end());
+  bytes.resize(size_t(n));
+  world.broadcast(bytes.data(), n, 0);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+// The keys that fix the model's parameters: a checkpoint taken with other values cannot be loaded.
+void check_checkpoint_fits(const ckpt::Manifest& m, const Config& config, const std::string& dir) {
+  const nlohmann::json& then = m.config;
+  const nlohmann::json& now = config.resolved;
+  std::string diffs;
+  for (const char* key : {"model.vocab", "model.d_model", "model.layers", "model.heads", "model.ffn_hidden",
+                          "moe.num_experts", "moe.every", "moe.expert_hidden", "moe.shared_experts"}) {
+    const nlohmann::json::json_pointer ptr("/" + std::regex_replace(std::string(key), std::regex("\\."), "/"));
+    const nlohmann::json a = then.contains(ptr) ? then.at(ptr) : nlohmann::json(), b = now.at(ptr);
+    if (a != b) diffs += std::string(diffs.empty() ? "" : ", ") + key + " = " + a.dump() + " there, " + b.dump() + " here";
+  }
+  if (!diffs.empty())
+    MOE_BAD_INPUT("checkpoint " << dir << " does not fit this config: " << diffs
+                                << "; resume with the model it was trained with, or start a new run (--resume none)");
 }
 
 MoeSettings moe_settings(const Config& config, int64_t layer) {
@@ -228,7 +248,6 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   if (!world) world = std::make_unique<SelfCommunicator>("world");
   // Everything that can be refused is checked before anything is written, identically on every rank.
   Config config = load_config(options.config_path, options.overrides);
-  check_supported(config, options);
   const RankGrid grid({world->size(), config.parallel.tp, config.parallel.pp, config.parallel.dp, config.parallel.ep, 1},
                       config.moe.num_experts);
   config.parallel.dp = grid.sizes().dp;
@@ -241,7 +260,26 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   check_memory(config);
   const std::string run_dir =
       options.run_dir.empty() ? "runs/" + fs::path(options.config_path).stem().string() : options.run_dir;
-  on_rank0_agree(*world, [&] { check_run_dir_usable(run_dir, options.overwrite); });
+  const fs::path ckpt_root = fs::path(run_dir) / config.checkpoint.dir;  // an absolute dir replaces run_dir
+  // Which checkpoint to continue from: rank 0 looks and verifies, every rank gets the same answer.
+  std::string resume_dir;
+  std::vector<std::string> resume_notes;
+  on_rank0_agree(*world, [&] {
+    if (options.resume == "auto") {
+      if (auto found = ckpt::find_newest(ckpt_root.string(), config.checkpoint.replicas, &resume_notes))
+        resume_dir = found->dir;
+    } else if (options.resume != "none") {
+      std::string why;
+      if (!ckpt::verify_checkpoint(options.resume, config.checkpoint.replicas, &why))
+        MOE_BAD_INPUT("--resume " << options.resume << ": " << why);
+      resume_dir = options.resume;
+    }
+    if (resume_dir.empty())
+      check_run_dir_usable(run_dir, options.overwrite);
+    else
+      check_checkpoint_fits(ckpt::read_manifest(resume_dir), config, resume_dir);
+  });
+  resume_dir = broadcast_string(*world, resume_dir);
   const data::Corpus corpus = load_training_corpus(config);
 
   const int threads = tc.threads > 0
@@ -282,11 +320,57 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
                                               std::vector<int64_t>(size_t(config.moe.num_experts), -1));
   constexpr int64_t kDeadAfterSteps = 100;
 
+  TrainState state;
+  state.model = &model, state.optimizer = &optimizer, state.clip = &per_expert_clip, state.moe_layers = moe_layers;
+  state.last_used = &last_used, state.groups = &groups, state.zero = config.optim.zero;
+  int64_t start_step = 0;
+  if (!resume_dir.empty()) {
+    std::string why;
+    const auto resolved = ckpt::verify_checkpoint(resume_dir, config.checkpoint.replicas, &why);
+    if (!resolved) MOE_FAIL("checkpoint " << resume_dir << " verified on rank 0 but not here: " << why);
+    ckpt::load_pieces(*resolved, checkpoint_pieces(state, false));
+    finish_load(state);
+    start_step = resolved->chain.back().step;
+  }
+  const int64_t resumed_step = start_step;
+
   std::unique_ptr<MetricsWriter> metrics;
   Progress progress(leader && !options.quiet, launcher_world_size() == 1 && !std::getenv("OMPI_COMM_WORLD_RANK"));
+  const fs::path metrics_path = fs::path(run_dir) / "metrics.jsonl";
   if (leader) {
-    write_run_files(run_dir, config, options.command_line, threads, grid);
-    metrics = std::make_unique<MetricsWriter>((fs::path(run_dir) / "metrics.jsonl").string());
+    if (resume_dir.empty()) {
+      std::error_code ec;
+      fs::remove_all(ckpt_root, ec);  // a fresh start (--overwrite): old checkpoints must not be resumed later
+      write_run_files(run_dir, config, options.command_line, threads, grid);
+      metrics = std::make_unique<MetricsWriter>(metrics_path.string());
+    } else {
+      // The lines after the checkpoint's step are rewritten by this run.
+      std::vector<std::string> kept;
+      std::ifstream in(metrics_path);
+      for (std::string line; std::getline(in, line);) {
+        try {
+          if (nlohmann::json::parse(line).at("step").get<int64_t>() <= start_step) kept.push_back(line);
+        } catch (const std::exception&) {
+          // A line cut by a crash: dropped.
+        }
+      }
+      in.close();
+      metrics = std::make_unique<MetricsWriter>(metrics_path.string());
+      for (const std::string& line : kept) metrics->write(nlohmann::json::parse(line));
+    }
+  }
+  for (const std::string& note : resume_notes) progress.note("checkpoint: " + note);
+  if (!resume_dir.empty()) progress.note("resuming from " + resume_dir + " at step " + std::to_string(start_step));
+
+  std::unique_ptr<ckpt::Checkpointer> checkpointer;
+  if (config.checkpoint.every > 0) {
+    nlohmann::json info = {{"config", config.resolved},
+                           {"layout", {{"world", grid.sizes().world}, {"dp", dp}, {"ep", ep}, {"zero", config.optim.zero}}},
+                           {"versions", build_versions()}};
+    checkpointer = std::make_unique<ckpt::Checkpointer>(
+        ckpt::SaveSettings{ckpt_root.string(), config.checkpoint.keep, config.checkpoint.full_every,
+                           config.checkpoint.async, config.checkpoint.replicas},
+        *groups.world, info, [&progress](const std::string& text) { progress.note("checkpoint: " + text); });
   }
   std::string layout = std::to_string(grid.sizes().world) + (grid.sizes().world == 1 ? " rank" : " ranks");
   if (grid.sizes().world > 1)
@@ -304,7 +388,7 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   std::vector<int32_t> tokens(size_t(micro * (T + 1)));
   const int64_t first_sequence = groups.coords.dp * micro_batches * micro;  // this rank's slice of the batch
 
-  for (int64_t step = 0; step < tc.steps; ++step) {
+  for (int64_t step = start_step; step < tc.steps; ++step) {
     model.zero_grads();
     for (MoeLayer<float>* m : moe_layers) m->reset_stats();
     buckets.start(model.grads());
@@ -376,6 +460,12 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
     interval_tokens += int64_t(tokens_per_step);
 
     const int64_t done = step + 1;
+    double ckpt_stall = 0;
+    if (checkpointer) {
+      checkpointer->poll();
+      if (done % config.checkpoint.every == 0 || done == tc.steps)
+        ckpt_stall = checkpointer->save(done, checkpoint_pieces(state, true));
+    }
     if (leader && (done % tc.log_every == 0 || done == 1 || done == tc.steps)) {
       const auto now = Clock::now();
       const double interval_s = std::chrono::duration<double>(now - interval_start).count();
@@ -398,9 +488,10 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
                              {"tokens_per_s", tokens_per_s},
                              {"elapsed_s", elapsed_s},
                              {"comm_wait_s", buckets.last_wait_seconds()},
+                             {"ckpt_stall_s", ckpt_stall},
                              {"moe", moe}};
       metrics->write(line);
-      const double eta = elapsed_s / double(done) * double(tc.steps - done);
+      const double eta = elapsed_s / double(done - resumed_step) * double(tc.steps - done);
       progress.step(done, tc.steps, loss, lr, tokens_per_s, eta, moe_layers.empty() ? -1 : dead);
       interval_start = now;
       interval_tokens = 0;
@@ -421,6 +512,19 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
       }
       interval_start = Clock::now();  // evaluation time does not count against training throughput
     }
+    if (options.stop_after_step > 0 && done == options.stop_after_step) {
+      if (checkpointer) checkpointer->finish();
+      progress.note("stopping after step " + std::to_string(done) + " (--stop-after-step)");
+      break;
+    }
+  }
+  if (checkpointer) {
+    checkpointer->finish();
+    const auto& r = checkpointer->last_report();
+    if (r.step >= 0)
+      progress.note("checkpoint: newest is step " + std::to_string(r.step) + " (" + r.kind + ", " +
+                    std::to_string(r.bytes) + " bytes, written in " + std::to_string(r.write_s) + " s, stall " +
+                    std::to_string(r.stall_s) + " s)");
   }
   progress.finish();
   const double total_s = std::chrono::duration<double>(Clock::now() - start).count();

@@ -35,6 +35,7 @@ class AdamW {
   // (bias correction uses t = 1 for the first update).
   void step(float* params, const float* grads, double lr);
   int64_t steps_taken() const { return t_; }
+  void set_steps_taken(int64_t t) { t_ = t; }  // restoring a checkpoint
   std::vector<float>& first_moment() { return m_; }
   std::vector<float>& second_moment() { return v_; }
   // Owned pieces, each within one parameter tensor: (offset in the flat buffers, length, decayed).

@@ -17,8 +17,9 @@ PerExpertClip::PerExpertClip(const ParamTable& table, double factor) : factor_(f
     const std::string group = spec.name.substr(0, spec.name.rfind('.'));
     const int64_t E = spec.shape[0], per_expert = spec.numel / E;
     auto [it, inserted] = first_of_group.emplace(group, experts_.size());
+    const int64_t global_E = spec.global_rows > 0 ? spec.global_rows : E;
     if (inserted)
-      for (int64_t e = 0; e < E; ++e) experts_.push_back({group, e, {}, 0.0, 0, 0.0});
+      for (int64_t e = 0; e < E; ++e) experts_.push_back({group, e, spec.shard_offset + e, global_E, {}, 0.0, 0, 0.0});
     for (int64_t e = 0; e < E; ++e) experts_[it->second + e].slices.emplace_back(spec.offset + e * per_expert, per_expert);
   }
 }

@@ -30,7 +30,9 @@ class PerExpertClip {
 
   struct Expert {
     std::string group;  // e.g. "layers.3.ffn.experts"
-    int64_t index = 0;  // expert number within its layer
+    int64_t index = 0;  // expert number within this rank's shard of its layer
+    int64_t global_index = 0;  // expert number within its layer (index + the shard's first expert)
+    int64_t layer_experts = 0; // experts of the layer in all (E)
     std::vector<std::pair<int64_t, int64_t>> slices;  // (offset, length) in the flat buffers
     double ema = 0;     // uncorrected moving average of past norms
     int64_t samples = 0;

@@ -158,7 +158,7 @@ run_case "ep that does not divide the experts" 2 no_setup \
   --run-dir run
 
 expect=("checkpoint.every")
-run_case "checkpoint.every=5" 2 no_setup "$moe" train --config "$config" "${small[@]}" --set checkpoint.every=5 \
+run_case "checkpoint.every=-1" 2 no_setup "$moe" train --config "$config" "${small[@]}" --set checkpoint.every=-1 \
   --run-dir run
 
 expect=("some/path")

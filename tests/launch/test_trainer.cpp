@@ -330,10 +330,8 @@ TEST(TrainerBadInput, MissingDataFileLeavesTheRunDirectoryUnwritten) {
   expect_bad_input_writes_nothing(options_for(tmp / "run", tiny_overrides({source})), "missing.txt");
 }
 
-TEST(TrainerBadInput, UnavailableFeatureLeavesTheRunDirectoryUnwritten) {
+TEST(TrainerBadInput, MissingCheckpointLeavesTheRunDirectoryUnwritten) {
   TempDir tmp;
-  expect_bad_input_writes_nothing(options_for(tmp / "run", tiny_overrides({"checkpoint.every=5"})),
-                                  "checkpoint.every");
   TrainOptions resume = options_for(tmp / "run", tiny_overrides());
   resume.resume = tmp / "some_checkpoint";
   expect_bad_input_writes_nothing(resume, "some_checkpoint");

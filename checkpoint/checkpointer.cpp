@@ -1,0 +1,458 @@
+// The checkpoint writer (snapshot, background write, collective commit, retention, replicas).
+#include "checkpoint/checkpointer.h"
+
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "core/error.h"
+
+namespace moe::ckpt {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+size_t dtype_size(DType t) { return t == DType::F64 || t == DType::I64 ? 8 : 4; }
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string rank_file_name(int64_t rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05lld.h5", static_cast<long long>(rank));
+  return buf;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+// Every rank's string, on every rank (lengths first, then the bytes as int64 values).
+std::vector<std::string> allgather_strings(Communicator& comm, const std::string& mine) {
+  const int P = comm.size();
+  int64_t len = int64_t(mine.size());
+  std::vector<int64_t> lens(static_cast<size_t>(P));
+  comm.allgather(&len, lens.data(), 1);
+  int64_t longest = 0;
+  for (int64_t l : lens) longest = std::max(longest, l);
+  std::vector<int64_t> send(size_t(longest), 0), recv(size_t(longest * P));
+  for (size_t i = 0; i < mine.size(); ++i) send[i] = static_cast<unsigned char>(mine[i]);
+  comm.allgather(send.data(), recv.data(), longest);
+  std::vector<std::string> out(static_cast<size_t>(P));
+  for (int r = 0; r < P; ++r)
+    for (int64_t i = 0; i < lens[r]; ++i) out[r].push_back(char(recv[size_t(r * longest + i)]));
+  return out;
+}
+
+void copy_directory(const fs::path& from, const fs::path& to) {
+  fs::create_directories(to);
+  for (const auto& entry : fs::directory_iterator(from))
+    fs::copy_file(entry.path(), to / entry.path().filename(), fs::copy_options::overwrite_existing);
+}
+
+}  // namespace
+
+int64_t Piece::bytes() const { return count() * int64_t(dtype_size(dtype)); }
+
+// One save in flight: the snapshot, and what the writer thread reports.
+struct Checkpointer::Job {
+  int64_t step = 0;
+  std::string kind;
+  std::vector<std::string> chain;
+  fs::path tmp_dir, final_dir;
+  struct Snap {
+    Piece piece;                  // src unused; shape and offsets
+    std::string dataset;
+    bool xor_delta = false;
+    std::vector<uint8_t> bits;    // the values, or their XOR with the previous save's
+  };
+  std::vector<Snap> snaps;
+  std::thread writer;
+  std::atomic<int> state{0};      // 0 writing, 1 written, 2 failed
+  std::string error;
+  FileEntry entry;
+  double stall_s = 0, write_s = 0;
+};
+
+Checkpointer::Checkpointer(SaveSettings settings, Communicator& world, json run_info,
+                           std::function<void(const std::string&)> log)
+    : s_(std::move(settings)), world_(world), run_info_(std::move(run_info)), log_(std::move(log)) {}
+
+Checkpointer::~Checkpointer() {
+  if (job_ && job_->writer.joinable()) job_->writer.join();  // never leave the thread running
+}
+
+double Checkpointer::save(int64_t step, const std::vector<Piece>& pieces) {
+  const auto t0 = Clock::now();
+  finish();  // at most one save in flight
+  auto job = std::make_unique<Job>();
+  job->step = step;
+  const bool full = saves_ % std::max<int64_t>(1, s_.full_every) == 0 || chain_.empty();
+  job->kind = full ? "full" : "delta";
+  if (full) chain_.clear();
+  chain_.push_back(step_dir_name(step));
+  job->chain = chain_;
+  ++saves_;
+  job->final_dir = fs::path(s_.root) / step_dir_name(step);
+  job->tmp_dir = fs::path(s_.root) / ("tmp-" + step_dir_name(step));
+
+  // Snapshot: the values now (or their XOR with the last save's), so training can go on.
+  std::map<std::string, int> names;
+  std::map<std::string, std::vector<uint8_t>> current;
+  for (const Piece& p : pieces) {
+    Job::Snap snap;
+    snap.piece = p;
+    snap.piece.src = nullptr;
+    const int n = names[p.tensor]++;
+    snap.dataset = n == 0 ? p.tensor : p.tensor + "#" + std::to_string(p.flat_offset);
+    const auto* src = static_cast<const uint8_t*>(p.src);
+    std::vector<uint8_t> raw(src, src + p.bytes());
+    const std::string key = p.tensor + "@" + std::to_string(p.flat_offset);
+    auto prev = previous_.find(key);
+    if (!full && prev != previous_.end() && prev->second.size() == raw.size()) {
+      snap.xor_delta = true;
+      snap.bits.resize(raw.size());
+      for (size_t i = 0; i < raw.size(); ++i) snap.bits[i] = raw[i] ^ prev->second[i];
+    } else {
+      snap.bits = raw;
+    }
+    current[key] = std::move(raw);
+    job->snaps.push_back(std::move(snap));
+  }
+  previous_ = std::move(current);
+
+  // The temporary directory exists before any rank writes into it.
+  if (world_.rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(job->tmp_dir, ec);
+    fs::create_directories(job->tmp_dir, ec);
+    if (ec) MOE_FAIL("cannot create checkpoint directory " << job->tmp_dir.string() << ": " << ec.message());
+  }
+  world_.barrier();
+  job->stall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  start_job(std::move(job));
+  if (!s_.async) finish();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void Checkpointer::start_job(std::unique_ptr<Job> job) {
+  job_ = std::move(job);
+  Job* j = job_.get();
+  const int64_t rank = world_.rank();
+  auto write = [j, rank] {
+    const auto t0 = Clock::now();
+    try {
+      const fs::path path = j->tmp_dir / rank_file_name(rank);
+      {
+        ShardWriter writer(path.string());
+        writer.set_attribute("step", std::to_string(j->step));
+        writer.set_attribute("kind", j->kind);
+        for (const Job::Snap& s : j->snaps) {
+          if (s.xor_delta) {
+            writer.write(s.dataset, DType::U32, s.bits.data(), {int64_t(s.bits.size() / 4)}, s.piece.global_shape,
+                         s.piece.flat_offset, /*compress=*/true);
+          } else {
+            writer.write(s.dataset, s.piece.dtype, s.bits.data(), s.piece.shape, s.piece.global_shape,
+                         s.piece.flat_offset);
+          }
+          j->entry.datasets.push_back({s.dataset, s.piece.tensor, s.piece.dtype, s.piece.global_shape,
+                                       s.piece.flat_offset, s.piece.count(), s.xor_delta});
+        }
+        writer.close();  // flush and fsync
+      }
+      j->entry.name = rank_file_name(rank);
+      j->entry.rank = rank;
+      j->entry.xxh64 = file_xxh64(path.string(), &j->entry.size);
+      j->write_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      j->state = 1;
+    } catch (const std::exception& e) {
+      j->error = e.what();
+      j->state = 2;
+    }
+  };
+  if (s_.async)
+    j->writer = std::thread(write);
+  else
+    write();
+}
+
+void Checkpointer::poll() {
+  if (job_) commit(*job_, false);
+}
+
+void Checkpointer::finish() {
+  if (job_) commit(*job_, true);
+}
+
+void Checkpointer::commit(Job& job, bool wait) {
+  // Every rank learns whether every rank has written (and whether any failed).
+  if (wait && job.writer.joinable()) job.writer.join();
+  int64_t flags[2] = {job.state == 0 ? 1 : 0, job.state == 2 ? 1 : 0};
+  world_.allreduce_sum(flags, 2);
+  if (flags[0] > 0) return;  // someone is still writing: try again at the next step
+  if (job.writer.joinable()) job.writer.join();
+  if (flags[1] > 0) {
+    if (world_.rank() == 0) {
+      std::error_code ec;
+      fs::remove_all(job.tmp_dir, ec);
+    }
+    const std::string msg = "checkpoint at step " + std::to_string(job.step) + " failed on " +
+                            std::to_string(flags[1]) + " rank(s)" + (job.error.empty() ? "" : ": " + job.error) +
+                            "; the previous checkpoint stays the newest";
+    if (log_) log_(msg);
+    chain_.clear();  // the next save starts a new full chain
+    previous_.clear();
+    job_.reset();
+    return;
+  }
+  const std::vector<std::string> entries = allgather_strings(world_, to_json(job.entry).dump());
+  if (world_.rank() == 0) {
+    Manifest m;
+    m.step = job.step;
+    m.kind = job.kind;
+    m.chain = job.chain;
+    m.created = utc_now();
+    m.config = run_info_.value("config", json::object());
+    m.layout = run_info_.value("layout", json::object());
+    m.versions = run_info_.value("versions", json::object());
+    int64_t bytes = 0;
+    for (const std::string& e : entries) {
+      m.files.push_back(file_entry_from_json(json::parse(e), "a rank's file entry"));
+      bytes += m.files.back().size;
+    }
+    write_manifest(job.tmp_dir.string(), m);
+    std::error_code ec;
+    fs::remove_all(job.final_dir, ec);  // a stale directory of the same step (from a run that crashed)
+    fs::rename(job.tmp_dir, job.final_dir);
+    fsync_directory(s_.root);
+    {
+      const fs::path tmp = fs::path(s_.root) / "latest.tmp";
+      std::ofstream(tmp) << job.final_dir.filename().string() << "\n";
+      fs::rename(tmp, fs::path(s_.root) / "latest");
+      fsync_directory(s_.root);
+    }
+    apply_retention(s_.root);
+    for (const std::string& replica : s_.replicas) {
+      try {
+        const fs::path tmp = fs::path(replica) / ("tmp-" + job.final_dir.filename().string());
+        fs::remove_all(tmp, ec);
+        copy_directory(job.final_dir, tmp);
+        for (const auto& entry : fs::directory_iterator(tmp)) file_xxh64(entry.path().string());  // read back
+        fs::remove_all(fs::path(replica) / job.final_dir.filename(), ec);
+        fs::rename(tmp, fs::path(replica) / job.final_dir.filename());
+        fsync_directory(replica);
+        apply_retention(replica);
+      } catch (const std::exception& e) {
+        if (log_) log_("copying checkpoint step " + std::to_string(job.step) + " to replica " + replica + " failed: " + e.what());
+      }
+    }
+    report_ = {job.step, job.kind, job.stall_s, job.write_s, bytes};
+  } else {
+    report_ = {job.step, job.kind, job.stall_s, job.write_s, 0};
+  }
+  job_.reset();
+}
+
+void Checkpointer::apply_retention(const std::string& root) {
+  // Chains by their base directory; the newest `keep` chains (by their newest step) stay.
+  std::map<std::string, int64_t> newest_of_chain;
+  for (const std::string& dir : list_checkpoints(root)) {
+    try {
+      const Manifest m = read_manifest(dir);
+      int64_t& newest = newest_of_chain[m.chain.front()];
+      newest = std::max(newest, m.step);
+    } catch (const Error&) {
+      // An unreadable checkpoint is left alone: deleting what we cannot read is not ours to decide.
+    }
+  }
+  std::vector<std::pair<int64_t, std::string>> chains;
+  for (const auto& [base, newest] : newest_of_chain) chains.emplace_back(newest, base);
+  std::sort(chains.rbegin(), chains.rend());
+  for (size_t i = size_t(std::max<int64_t>(s_.keep, 1)); i < chains.size(); ++i) {
+    const std::string base = chains[i].second;
+    for (const std::string& dir : list_checkpoints(root)) {
+      try {
+        if (read_manifest(dir).chain.front() == base) fs::remove_all(dir);
+      } catch (const Error&) {
+      }
+    }
+  }
+}
+
+// ---- Restore ------------------------------------------------------------------------------------
+
+std::vector<std::string> list_checkpoints(const std::string& root) {
+  std::vector<std::pair<std::string, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return {};
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind("step-", 0) == 0) found.emplace_back(name, entry.path().string());
+  }
+  std::sort(found.rbegin(), found.rend());
+  std::vector<std::string> dirs;
+  for (auto& f : found) dirs.push_back(f.second);
+  return dirs;
+}
+
+namespace {
+
+// A file of `dir` that verifies, or a verified copy of it in a replica root; "" if none.
+std::string verified_file(const fs::path& dir, const FileEntry& f, const std::vector<std::string>& replicas,
+                          std::vector<std::string>* notes) {
+  auto check = [&](const fs::path& path, std::string* problem) {
+    std::error_code ec;
+    if (!fs::exists(path, ec)) {
+      *problem = "missing";
+      return false;
+    }
+    int64_t size = 0;
+    const std::string h = file_xxh64(path.string(), &size);
+    if (size != f.size) {
+      *problem = "size " + std::to_string(size) + ", manifest says " + std::to_string(f.size);
+      return false;
+    }
+    if (h != f.xxh64) {
+      *problem = "checksum " + h + ", manifest says " + f.xxh64;
+      return false;
+    }
+    return true;
+  };
+  std::string problem;
+  const fs::path primary = dir / f.name;
+  if (check(primary, &problem)) return primary.string();
+  for (const std::string& replica : replicas) {
+    const fs::path copy = fs::path(replica) / dir.filename() / f.name;
+    std::string replica_problem;
+    if (check(copy, &replica_problem)) {
+      notes->push_back(primary.string() + " failed verification (" + problem + "); using the replica " + copy.string());
+      return copy.string();
+    }
+  }
+  notes->push_back(primary.string() + " failed verification (" + problem + ") and no replica holds a good copy");
+  return "";
+}
+
+}  // namespace
+
+std::optional<Resolved> verify_checkpoint(const std::string& dir_text, const std::vector<std::string>& replicas,
+                                          std::string* why) {
+  const fs::path dir(dir_text);
+  Resolved r;
+  r.dir = dir.string();
+  try {
+    Manifest head;
+    try {
+      head = read_manifest(dir.string());
+    } catch (const Error& e) {
+      // The manifest itself may survive in a replica.
+      bool found = false;
+      for (const std::string& replica : replicas) {
+        try {
+          head = read_manifest((fs::path(replica) / dir.filename()).string());
+          r.notes.push_back(e.message() + "; using the manifest of replica " + replica);
+          found = true;
+          break;
+        } catch (const Error&) {
+        }
+      }
+      if (!found) throw;
+    }
+    for (const std::string& name : head.chain) {
+      const fs::path d = dir.parent_path() / name;
+      Manifest m = name == dir.filename().string() ? head : read_manifest(d.string());
+      std::vector<std::string> paths;
+      for (const FileEntry& f : m.files) {
+        if (f.peer_copy) {
+          paths.push_back("");
+          continue;
+        }
+        const std::string p = verified_file(d, f, replicas, &r.notes);
+        if (p.empty()) {
+          *why = r.notes.back();
+          return std::nullopt;
+        }
+        paths.push_back(p);
+      }
+      r.chain.push_back(std::move(m));
+      r.chain_dirs.push_back(d.string());
+      r.paths.push_back(std::move(paths));
+    }
+    return r;
+  } catch (const Error& e) {
+    *why = e.message();
+    return std::nullopt;
+  }
+}
+
+std::optional<Resolved> find_newest(const std::string& root, const std::vector<std::string>& replicas,
+                                    std::vector<std::string>* notes) {
+  for (const std::string& dir : list_checkpoints(root)) {
+    std::string why;
+    std::optional<Resolved> r = verify_checkpoint(dir, replicas, &why);
+    if (r) {
+      notes->insert(notes->end(), r->notes.begin(), r->notes.end());
+      return r;
+    }
+    notes->push_back("skipped " + dir + ": " + why);
+  }
+  return std::nullopt;
+}
+
+void load_pieces(const Resolved& ck, const std::vector<Piece>& pieces) {
+  std::map<std::string, std::unique_ptr<ShardReader>> readers;
+  auto reader = [&](const std::string& path) -> ShardReader& {
+    auto& r = readers[path];
+    if (!r) r = std::make_unique<ShardReader>(path);
+    return *r;
+  };
+  for (const Piece& p : pieces) {
+    const int64_t esize = int64_t(dtype_size(p.dtype)), count = p.count();
+    auto* out = static_cast<uint8_t*>(p.dst);
+    for (size_t c = 0; c < ck.chain.size(); ++c) {
+      const Manifest& m = ck.chain[c];
+      int64_t covered = 0;
+      for (size_t fi = 0; fi < m.files.size(); ++fi) {
+        if (ck.paths[c][fi].empty()) continue;
+        for (const DatasetEntry& d : m.files[fi].datasets) {
+          if (d.tensor != p.tensor) continue;
+          if (d.global_shape != p.global_shape)
+            MOE_BAD_INPUT("checkpoint " << ck.chain_dirs[c] << ": tensor " << p.tensor << " has global shape "
+                                        << nlohmann::json(d.global_shape).dump() << ", this run expects "
+                                        << nlohmann::json(p.global_shape).dump());
+          const int64_t lo = std::max(p.flat_offset, d.flat_offset);
+          const int64_t hi = std::min(p.flat_offset + count, d.flat_offset + d.count);
+          if (hi <= lo) continue;
+          std::vector<uint8_t> buf(size_t((hi - lo) * esize));
+          ShardReader& r = reader(ck.paths[c][fi]);
+          if (d.xor_delta) {
+            r.read(d.dataset, DType::U32, (lo - d.flat_offset) * esize / 4, (hi - lo) * esize / 4, buf.data());
+            uint8_t* dst = out + (lo - p.flat_offset) * esize;
+            for (size_t i = 0; i < buf.size(); ++i) dst[i] ^= buf[i];
+          } else {
+            r.read(d.dataset, p.dtype, lo - d.flat_offset, hi - lo, buf.data());
+            std::memcpy(out + (lo - p.flat_offset) * esize, buf.data(), buf.size());
+          }
+          covered += hi - lo;
+        }
+      }
+      if (covered != count)
+        MOE_BAD_INPUT("checkpoint " << ck.chain_dirs[c] << " holds " << covered << " of the " << count
+                                    << " elements of " << p.tensor << " this rank needs (from element "
+                                    << p.flat_offset << "); it does not fit this run");
+    }
+  }
+}
+
+}  // namespace moe::ckpt

@@ -1,0 +1,123 @@
+// Saving and restoring the training state in global coordinates.
+//
+// Save: at a step boundary every rank snapshots the pieces it writes into host buffers (the only stall
+// when asynchronous); a writer thread, which owns every HDF5 call while a save is in flight, writes
+// ROOT/tmp-step-N/rank-R.h5, fsyncs it and checksums it. Each step every rank polls: once all ranks'
+// files are on disk, rank 0 writes the manifest, renames the directory to ROOT/step-N (the commit),
+// updates ROOT/latest, deletes chains beyond checkpoint.keep and copies the checkpoint to the replica
+// roots. A crash at any moment leaves either the previous or the new checkpoint as the newest complete
+// one. Saves between full ones hold only the XOR of each tensor's bits with the previous save's
+// (compressed well by HDF5's shuffle and deflate), restored bit-exactly along the chain.
+//
+// Restore: the newest checkpoint whose manifest and files verify (size and xxh64), falling back to a
+// replica's copy of a file, then to an older checkpoint, saying which and why; each rank reads the
+// ranges it needs from whichever files hold them, so any layout can load any other's checkpoint.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/manifest.h"
+#include "parallel/communicator.h"
+
+namespace moe::ckpt {
+
+// One contiguous range of a global tensor, as a rank holds it.
+struct Piece {
+  std::string tensor;                // global name, e.g. "params/layers.0.attn.wq"
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;        // as stored (its element count is the range's length)
+  std::vector<int64_t> global_shape;
+  int64_t flat_offset = 0;           // first element in the row-major flattening of the global tensor
+  const void* src = nullptr;         // save: the values now
+  void* dst = nullptr;               // restore: where they go
+  int64_t count() const { return numel(shape); }
+  int64_t bytes() const;
+};
+
+struct SaveSettings {
+  std::string root;                   // the checkpoint directory (run_dir/checkpoints)
+  int64_t keep = 2;                   // complete chains kept
+  int64_t full_every = 1;             // a full checkpoint every this many saves, deltas between
+  bool async = true;
+  std::vector<std::string> replicas;  // further roots receiving a full copy of every checkpoint
+};
+
+class Checkpointer {
+ public:
+  // run_info: "config", "layout", "versions" for the manifest. log: where events go (rank 0).
+  Checkpointer(SaveSettings settings, Communicator& world, nlohmann::json run_info,
+               std::function<void(const std::string&)> log);
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Collective. Waits for a save still in flight (at most one), snapshots `pieces`, and writes them
+  // (in the background when async, else now, committing before it returns). Returns the seconds the
+  // caller was held up (the stall).
+  double save(int64_t step, const std::vector<Piece>& pieces);
+  // Collective; call at every step boundary. Commits the save in flight once every rank has written.
+  void poll();
+  // Collective: waits for the save in flight and commits it.
+  void finish();
+
+  // Figures of the last committed save, for metrics and benchmarks.
+  struct Report {
+    int64_t step = -1;
+    std::string kind;
+    double stall_s = 0, write_s = 0;
+    int64_t bytes = 0;  // all files of the checkpoint
+  };
+  const Report& last_report() const { return report_; }
+
+ private:
+  struct Job;
+  void start_job(std::unique_ptr<Job> job);
+  void commit(Job& job, bool wait);
+  void apply_retention(const std::string& root);
+
+  SaveSettings s_;
+  Communicator& world_;
+  nlohmann::json run_info_;
+  std::function<void(const std::string&)> log_;
+  std::unique_ptr<Job> job_;
+  std::map<std::string, std::vector<uint8_t>> previous_;  // bits of the last save, per dataset, for deltas
+  std::vector<std::string> chain_;                         // directories of the current chain
+  int64_t saves_ = 0;
+  Report report_;
+};
+
+// ---- Restore ------------------------------------------------------------------------------------
+
+struct Resolved {
+  std::string dir;                    // the checkpoint directory chosen
+  std::vector<Manifest> chain;        // base first, this one last
+  std::vector<std::string> chain_dirs;
+  // For each manifest of the chain, the path of each of its files (after fallbacks), "" if unusable.
+  std::vector<std::vector<std::string>> paths;
+  std::vector<std::string> notes;     // fallbacks taken and why
+};
+
+// Verifies dir (and the chain it needs): manifests readable, every file present with its size and
+// checksum, or a verified copy in a replica root. nullopt with `why` when it does not verify.
+std::optional<Resolved> verify_checkpoint(const std::string& dir, const std::vector<std::string>& replica_roots,
+                                          std::string* why);
+// The newest checkpoint under root (step-* directories, newest first) that verifies; notes say what
+// was skipped and why. nullopt when there is none.
+std::optional<Resolved> find_newest(const std::string& root, const std::vector<std::string>& replica_roots,
+                                    std::vector<std::string>* notes);
+// Committed checkpoint directories under root, newest step first.
+std::vector<std::string> list_checkpoints(const std::string& root);
+// Fills every piece's dst from the checkpoint (and its chain). BadInput when a range is not in it.
+void load_pieces(const Resolved& checkpoint, const std::vector<Piece>& pieces);
+
+}  // namespace moe::ckpt

@@ -1,0 +1,157 @@
+// Manifest (de)serialisation, file checksums, directory fsync.
+#include "checkpoint/manifest.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace moe::ckpt {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "f32";
+    case DType::F64: return "f64";
+    case DType::I64: return "i64";
+    case DType::U32: return "u32";
+  }
+  return "?";
+}
+
+DType dtype_from_name(const std::string& name, const std::string& origin) {
+  if (name == "f32") return DType::F32;
+  if (name == "f64") return DType::F64;
+  if (name == "i64") return DType::I64;
+  if (name == "u32") return DType::U32;
+  MOE_BAD_INPUT(origin << ": unknown dtype '" << name << "'; expected f32, f64, i64 or u32");
+}
+
+json to_json(const FileEntry& f) {
+  json datasets = json::array();
+  for (const DatasetEntry& d : f.datasets)
+    datasets.push_back({{"dataset", d.dataset}, {"tensor", d.tensor}, {"dtype", dtype_name(d.dtype)},
+                        {"global_shape", d.global_shape}, {"flat_offset", d.flat_offset}, {"count", d.count},
+                        {"xor_delta", d.xor_delta}});
+  return {{"name", f.name}, {"rank", f.rank}, {"peer_copy", f.peer_copy}, {"size", f.size},
+          {"xxh64", f.xxh64}, {"datasets", datasets}};
+}
+
+json to_json(const Manifest& m) {
+  json files = json::array();
+  for (const FileEntry& f : m.files) files.push_back(to_json(f));
+  return {{"format", kFormat}, {"step", m.step},     {"kind", m.kind},         {"chain", m.chain},
+          {"created", m.created}, {"config", m.config}, {"layout", m.layout}, {"versions", m.versions},
+          {"files", files}};
+}
+
+FileEntry file_entry_from_json(const json& f, const std::string& origin) {
+  try {
+    FileEntry e;
+    e.name = f.at("name").get<std::string>();
+    e.rank = f.at("rank").get<int64_t>();
+    e.peer_copy = f.value("peer_copy", false);
+    e.size = f.at("size").get<int64_t>();
+    e.xxh64 = f.at("xxh64").get<std::string>();
+    for (const json& d : f.at("datasets")) {
+      DatasetEntry de;
+      de.dataset = d.at("dataset").get<std::string>();
+      de.tensor = d.at("tensor").get<std::string>();
+      de.dtype = dtype_from_name(d.at("dtype").get<std::string>(), origin);
+      de.global_shape = d.at("global_shape").get<std::vector<int64_t>>();
+      de.flat_offset = d.at("flat_offset").get<int64_t>();
+      de.count = d.at("count").get<int64_t>();
+      de.xor_delta = d.value("xor_delta", false);
+      e.datasets.push_back(std::move(de));
+    }
+    return e;
+  } catch (const json::exception& e) {
+    MOE_BAD_INPUT(origin << ": malformed file entry (" << e.what() << ")");
+  }
+}
+
+Manifest manifest_from_json(const json& j, const std::string& origin) {
+  try {
+    if (j.value("format", std::string()) != kFormat)
+      MOE_BAD_INPUT(origin << ": not a checkpoint manifest of format " << kFormat << " (format '"
+                           << j.value("format", std::string("?")) << "')");
+    Manifest m;
+    m.step = j.at("step").get<int64_t>();
+    m.kind = j.at("kind").get<std::string>();
+    m.chain = j.at("chain").get<std::vector<std::string>>();
+    m.created = j.value("created", std::string());
+    m.config = j.at("config");
+    m.layout = j.value("layout", json::object());
+    m.versions = j.value("versions", json::object());
+    for (const json& f : j.at("files")) m.files.push_back(file_entry_from_json(f, origin));
+    if (m.chain.empty()) MOE_BAD_INPUT(origin << ": empty chain");
+    return m;
+  } catch (const json::exception& e) {
+    MOE_BAD_INPUT(origin << ": malformed manifest (" << e.what() << ")");
+  }
+}
+
+namespace {
+void fsync_path(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags);
+  if (fd < 0) MOE_FAIL("cannot open " << path << " to sync it");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) MOE_FAIL("fsync of " << path << " failed");
+}
+}  // namespace
+
+void fsync_directory(const std::string& dir) { fsync_path(dir, O_RDONLY | O_DIRECTORY); }
+
+void write_manifest(const std::string& dir, const Manifest& m) {
+  const fs::path tmp = fs::path(dir) / (std::string(kManifestName) + ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << to_json(m).dump(1) << "\n";
+    if (!out) MOE_FAIL("cannot write " << tmp.string());
+  }
+  fsync_path(tmp.string(), O_RDONLY);
+  fs::rename(tmp, fs::path(dir) / kManifestName);
+  fsync_directory(dir);
+}
+
+Manifest read_manifest(const std::string& dir) {
+  const fs::path path = fs::path(dir) / kManifestName;
+  std::ifstream in(path);
+  if (!in) MOE_BAD_INPUT("checkpoint " << dir << ": no " << kManifestName << " (not a committed checkpoint)");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    MOE_BAD_INPUT(path.string() << ": malformed JSON (" << e.what() << ")");
+  }
+  return manifest_from_json(j, path.string());
+}
+
+std::string file_xxh64(const std::string& path, int64_t* size) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) MOE_BAD_INPUT("cannot read " << path);
+  XXH64_state_t* state = XXH64_createState();
+  XXH64_reset(state, 0);
+  std::vector<char> buffer(1 << 20);
+  int64_t total = 0;
+  for (size_t n; (n = std::fread(buffer.data(), 1, buffer.size(), f)) > 0;) {
+    XXH64_update(state, buffer.data(), n);
+    total += int64_t(n);
+  }
+  std::fclose(f);
+  const unsigned long long h = XXH64_digest(state);
+  XXH64_freeState(state);
+  if (size) *size = total;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", h);
+  return hex;
+}
+
+}  // namespace moe::ckpt

@@ -1,0 +1,38 @@
+// The training state of one rank as checkpoint pieces in global coordinates: what this rank writes
+// (each replicated tensor by one replica only) and what it needs to continue bit for bit. Parameters,
+// AdamW moments and step, balancing biases, per-expert clipping statistics, and the dead-expert tracker.
+// The data loader and every random stream are pure functions of the step, so the step is their state.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "checkpoint/checkpointer.h"
+#include "core/model.h"
+#include "core/moe_layer.h"
+#include "optim/adamw.h"
+#include "optim/per_expert_clip.h"
+#include "parallel/process_groups.h"
+
+namespace moe {
+
+struct TrainState {
+  Model<float>* model = nullptr;
+  AdamW* optimizer = nullptr;
+  PerExpertClip* clip = nullptr;
+  std::vector<MoeLayer<float>*> moe_layers;
+  std::vector<std::vector<int64_t>>* last_used = nullptr;  // per MoE layer, per expert
+  const ProcessGroups* groups = nullptr;
+  bool zero = false;
+  // Scalars kept here so pieces can point at them.
+  int64_t optimizer_steps = 0;
+  std::vector<double> clip_ema;
+  std::vector<int64_t> clip_samples;
+};
+
+// save: pieces this rank writes (src set). load: pieces this rank reads (dst set); after loading call
+// finish_load to move the scalars into place.
+std::vector<ckpt::Piece> checkpoint_pieces(TrainState& state, bool for_save);
+void finish_load(TrainState& state);
+
+}  // namespace moe
