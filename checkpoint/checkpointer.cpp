@@ -8,6 +8,9 @@
 #include <fstream>
 #include <mutex>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "core/error.h"
 
 namespace moe::ckpt {
@@ -28,6 +31,12 @@ std::string step_dir_name(int64_t step) {
 std::string rank_file_name(int64_t rank) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "rank-%05lld.h5", static_cast<long long>(rank));
+  return buf;
+}
+
+std::string peer_file_name(int64_t rank) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "peer-of-rank-%05lld.h5", static_cast<long long>(rank));
   return buf;
 }
 
@@ -160,8 +169,10 @@ void Checkpointer::start_job(std::unique_ptr<Job> job) {
         writer.set_attribute("kind", j->kind);
         for (const Job::Snap& s : j->snaps) {
           if (s.xor_delta) {
-            writer.write(s.dataset, DType::U32, s.bits.data(), {int64_t(s.bits.size() / 4)}, s.piece.global_shape,
-                         s.piece.flat_offset, /*compress=*/true);
+            // Stored as 32-bit words: the file's own coordinates count words (the manifest keeps elements).
+            const int64_t words = int64_t(dtype_size(s.piece.dtype) / 4);
+            writer.write(s.dataset, DType::U32, s.bits.data(), {int64_t(s.bits.size() / 4)},
+                         {numel(s.piece.global_shape) * words}, s.piece.flat_offset * words, /*compress=*/true);
           } else {
             writer.write(s.dataset, s.piece.dtype, s.bits.data(), s.piece.shape, s.piece.global_shape,
                          s.piece.flat_offset);
@@ -216,7 +227,9 @@ void Checkpointer::commit(Job& job, bool wait) {
     job_.reset();
     return;
   }
-  const std::vector<std::string> entries = allgather_strings(world_, to_json(job.entry).dump());
+  json mine = json::array({to_json(job.entry)});
+  if (s_.peer_copy && world_.size() > 1) mine.push_back(to_json(copy_to_peer(job)));
+  const std::vector<std::string> entries = allgather_strings(world_, mine.dump());
   if (world_.rank() == 0) {
     Manifest m;
     m.step = job.step;
@@ -227,10 +240,11 @@ void Checkpointer::commit(Job& job, bool wait) {
     m.layout = run_info_.value("layout", json::object());
     m.versions = run_info_.value("versions", json::object());
     int64_t bytes = 0;
-    for (const std::string& e : entries) {
-      m.files.push_back(file_entry_from_json(json::parse(e), "a rank's file entry"));
-      bytes += m.files.back().size;
-    }
+    for (const std::string& e : entries)
+      for (const json& f : json::parse(e)) {
+        m.files.push_back(file_entry_from_json(f, "a rank's file entry"));
+        bytes += m.files.back().size;
+      }
     write_manifest(job.tmp_dir.string(), m);
     std::error_code ec;
     fs::remove_all(job.final_dir, ec);  // a stale directory of the same step (from a run that crashed)
@@ -262,6 +276,39 @@ void Checkpointer::commit(Job& job, bool wait) {
     report_ = {job.step, job.kind, job.stall_s, job.write_s, 0};
   }
   job_.reset();
+}
+
+// Collective: every rank sends its file to its peer and keeps the file of the rank whose peer it is.
+FileEntry Checkpointer::copy_to_peer(const Job& job) {
+  const int64_t W = world_.size(), r = world_.rank();
+  const int64_t stride = W > s_.local_ranks ? s_.local_ranks : 1;
+  const int dest = int((r + stride) % W), source = int((r - stride % W + W) % W);
+  std::vector<char> bytes;
+  {
+    std::ifstream in(job.tmp_dir / job.entry.name, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  int64_t size = int64_t(bytes.size()), their_size = 0;
+  constexpr int kTag = 7301;
+  world_.sendrecv_bytes(&size, 8, dest, &their_size, 8, source, kTag);
+  std::vector<char> theirs(static_cast<size_t>(their_size));
+  world_.sendrecv_bytes(bytes.data(), size, dest, theirs.data(), their_size, source, kTag);
+  FileEntry e;
+  e.name = peer_file_name(source);
+  e.rank = source;
+  e.peer_copy = true;
+  const fs::path path = job.tmp_dir / e.name;
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(theirs.data(), their_size);
+    if (!out) MOE_FAIL("cannot write the peer copy " << path.string());
+  }
+  {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd >= 0) ::fsync(fd), ::close(fd);
+  }
+  e.xxh64 = file_xxh64(path.string(), &e.size);
+  return e;
 }
 
 void Checkpointer::apply_retention(const std::string& root) {
@@ -308,9 +355,10 @@ std::vector<std::string> list_checkpoints(const std::string& root) {
 
 namespace {
 
-// A file of `dir` that verifies, or a verified copy of it in a replica root; "" if none.
-std::string verified_file(const fs::path& dir, const FileEntry& f, const std::vector<std::string>& replicas,
-                          std::vector<std::string>* notes) {
+// A file of `dir` that verifies, or a verified copy of it: in a replica root, or the peer copy another
+// rank kept (listed in the same manifest); "" if none.
+std::string verified_file(const fs::path& dir, const FileEntry& f, const Manifest& m,
+                          const std::vector<std::string>& replicas, std::vector<std::string>* notes) {
   auto check = [&](const fs::path& path, std::string* problem) {
     std::error_code ec;
     if (!fs::exists(path, ec)) {
@@ -340,7 +388,16 @@ std::string verified_file(const fs::path& dir, const FileEntry& f, const std::ve
       return copy.string();
     }
   }
-  notes->push_back(primary.string() + " failed verification (" + problem + ") and no replica holds a good copy");
+  for (const FileEntry& peer : m.files) {
+    if (!peer.peer_copy || peer.rank != f.rank) continue;
+    const fs::path copy = dir / peer.name;
+    std::string peer_problem;
+    if (check(copy, &peer_problem)) {
+      notes->push_back(primary.string() + " failed verification (" + problem + "); using the peer copy " + copy.string());
+      return copy.string();
+    }
+  }
+  notes->push_back(primary.string() + " failed verification (" + problem + ") and no replica or peer holds a good copy");
   return "";
 }
 
@@ -378,7 +435,7 @@ std::optional<Resolved> verify_checkpoint(const std::string& dir_text, const std
           paths.push_back("");
           continue;
         }
-        const std::string p = verified_file(d, f, replicas, &r.notes);
+        const std::string p = verified_file(d, f, m, replicas, &r.notes);
         if (p.empty()) {
           *why = r.notes.back();
           return std::nullopt;

@@ -50,6 +50,10 @@ struct SaveSettings {
   int64_t full_every = 1;             // a full checkpoint every this many saves, deltas between
   bool async = true;
   std::vector<std::string> replicas;  // further roots receiving a full copy of every checkpoint
+  // Each rank's file is also kept by another rank (peer-of-rank-R.h5): the rank local_ranks further on,
+  // on another host when ranks fill hosts in order, or the next rank when all share one host.
+  bool peer_copy = false;
+  int64_t local_ranks = 1;  // ranks per host
 };
 
 class Checkpointer {
@@ -84,6 +88,7 @@ class Checkpointer {
   void start_job(std::unique_ptr<Job> job);
   void commit(Job& job, bool wait);
   void apply_retention(const std::string& root);
+  FileEntry copy_to_peer(const Job& job);
 
   SaveSettings s_;
   Communicator& world_;

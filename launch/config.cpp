@@ -188,6 +188,7 @@ Config fill(const Entries& entries) {
   c.checkpoint.full_every = r.integer("checkpoint.full_every");
   c.checkpoint.async = r.boolean("checkpoint.async");
   c.checkpoint.replicas = r.at("checkpoint.replicas").get<std::vector<std::string>>();
+  c.checkpoint.peer_copy = r.boolean("checkpoint.peer_copy");
 
   c.fault.heartbeat_timeout_s = r.number("fault.heartbeat_timeout_s");
   c.fault.max_restarts = r.integer("fault.max_restarts");

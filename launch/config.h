@@ -82,6 +82,7 @@ struct CheckpointConfig {
   int64_t full_every = 1;    // a full checkpoint every this many saves, XOR deltas between
   bool async = true;
   std::vector<std::string> replicas;
+  bool peer_copy = false;
 };
 
 struct FaultConfig {

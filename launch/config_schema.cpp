@@ -123,6 +123,8 @@ std::vector<KeySpec> build_schema() {
       boolean("checkpoint.async", true, "write checkpoints from a background thread while training goes on"),
       string_list("checkpoint.replicas",
                   "further checkpoint roots that receive a full copy of every checkpoint (e.g. another disk)"),
+      boolean("checkpoint.peer_copy", false,
+              "each rank's shard is also kept by a rank on another host (on one host: the next rank)"),
 
       number("fault.heartbeat_timeout_s", 60.0, above(0), "seconds without a heartbeat before the supervisor restarts"),
       integer("fault.max_restarts", 3, at_least(0), "restarts before the supervisor gives up (exit 3)"),

@@ -369,8 +369,12 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
                            {"versions", build_versions()}};
     checkpointer = std::make_unique<ckpt::Checkpointer>(
         ckpt::SaveSettings{ckpt_root.string(), config.checkpoint.keep, config.checkpoint.full_every,
-                           config.checkpoint.async, config.checkpoint.replicas},
-        *groups.world, info, [&progress](const std::string& text) { progress.note("checkpoint: " + text); });
+                           config.checkpoint.async, config.checkpoint.replicas, config.checkpoint.peer_copy,
+                           launcher_local_size()},
+        *groups.world, info, [leader](const std::string& text) {
+          // Failures and fallbacks are always shown, whatever --quiet says.
+          if (leader) std::fprintf(stderr, "moe: checkpoint: %s\n", text.c_str());
+        });
   }
   std::string layout = std::to_string(grid.sizes().world) + (grid.sizes().world == 1 ? " rank" : " ranks");
   if (grid.sizes().world > 1)

@@ -42,6 +42,10 @@ class Communicator {
   virtual void alltoallv(const float* send, const int64_t* send_counts, float* recv, const int64_t* recv_counts) = 0;
   virtual void send(const float* data, int64_t count, int peer, int tag) = 0;
   virtual void recv(float* data, int64_t count, int peer, int tag) = 0;
+  // Sends send_bytes bytes to `dest` while receiving recv_bytes bytes from `source` (both sides must agree
+  // on the sizes: exchange them first). Deadlock-free for rings.
+  virtual void sendrecv_bytes(const void* send, int64_t send_bytes, int dest, void* recv, int64_t recv_bytes,
+                              int source, int tag) = 0;
   virtual void broadcast(float* data, int64_t count, int root) = 0;
   virtual void broadcast(int64_t* data, int64_t count, int root) = 0;
   virtual void barrier() = 0;

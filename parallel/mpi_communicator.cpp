@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <iostream>
@@ -274,6 +275,22 @@ void MpiCommunicator::recv(float* data, int64_t count, int peer, int tag) {
   // A shorter message is no MPI error, but here it means the two sides disagree on the size.
   MOE_CHECK(received == n, describe("recv") << " from peer " << peer << " with tag " << tag << ": expected " << n
                                             << " elements, the peer sent " << received);
+}
+
+void MpiCommunicator::sendrecv_bytes(const void* send, int64_t send_bytes, int dest, void* recv, int64_t recv_bytes,
+                                     int source, int tag) {
+  // In pieces of at most 1 GiB: MPI counts are ints.
+  constexpr int64_t kPiece = int64_t(1) << 30;
+  int64_t sent = 0, received = 0;
+  const char* out = static_cast<const char*>(send);
+  char* in = static_cast<char*>(recv);
+  while (sent < send_bytes || received < recv_bytes) {
+    const int n_out = int(std::min(kPiece, send_bytes - sent)), n_in = int(std::min(kPiece, recv_bytes - received));
+    CHECK_MPI(MPI_Sendrecv(out + sent, n_out, MPI_BYTE, dest, tag, in + received, n_in, MPI_BYTE, source, tag, comm_,
+                           MPI_STATUS_IGNORE),
+              describe("sendrecv") << " of " << n_out << " bytes to " << dest << " and " << n_in << " from " << source);
+    sent += n_out, received += n_in;
+  }
 }
 
 void MpiCommunicator::broadcast(void* data, int64_t count, MPI_Datatype type, int root, const char* op) {

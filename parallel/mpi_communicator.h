@@ -79,6 +79,8 @@ class MpiCommunicator final : public Communicator {
   void alltoallv(const float* send, const int64_t* send_counts, float* recv, const int64_t* recv_counts) override;
   void send(const float* data, int64_t count, int peer, int tag) override;
   void recv(float* data, int64_t count, int peer, int tag) override;
+  void sendrecv_bytes(const void* send, int64_t send_bytes, int dest, void* recv, int64_t recv_bytes, int source,
+                      int tag) override;
   void broadcast(float* data, int64_t count, int root) override;
   void broadcast(int64_t* data, int64_t count, int root) override;
   void barrier() override;

@@ -36,6 +36,10 @@ class SelfCommunicator final : public Communicator {
   }
   void send(const float*, int64_t, int, int) override { MOE_FAIL("send on a group of one (" << name_ << ")"); }
   void recv(float*, int64_t, int, int) override { MOE_FAIL("recv on a group of one (" << name_ << ")"); }
+  void sendrecv_bytes(const void* send, int64_t send_bytes, int, void* recv, int64_t recv_bytes, int, int) override {
+    MOE_CHECK(send_bytes == recv_bytes, "sendrecv with itself: " << send_bytes << " bytes sent, " << recv_bytes << " expected");
+    std::copy_n(static_cast<const char*>(send), send_bytes, static_cast<char*>(recv));
+  }
   void broadcast(float*, int64_t, int) override {}
   void broadcast(int64_t*, int64_t, int) override {}
   void barrier() override {}

@@ -116,6 +116,10 @@ TEST(CheckpointResume, StoppedAndResumedEqualsUninterruptedBitForBit) {
     const fs::path root = temp_root(v.name);
     const RunOutput whole = train(v.ranks, v.extra, (root / "whole").string());
     train(v.ranks, v.extra, (root / "resumed").string(), 10);  // stops after step 10
+    // The resume below must start from step 10 (a delta in the incremental chains), not an older one.
+    if (MpiCommunicator::world()->rank() == 0) {
+      EXPECT_TRUE(fs::exists(root / "resumed" / "checkpoints" / "step-00000010" / "manifest.json")) << v.name;
+    }
     const RunOutput resumed = train(v.ranks, v.extra, (root / "resumed").string());  // --resume auto
     if (MpiCommunicator::world()->rank() == 0) {
       expect_bitwise_equal(whole, resumed, v.name);
