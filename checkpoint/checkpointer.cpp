@@ -64,6 +64,37 @@ std::vector<std::string> allgather_strings(Communicator& comm, const std::string
   return out;
 }
 
+void fsync_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) MOE_FAIL("cannot open " << path << " to sync it");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) MOE_FAIL("fsync of " << path << " failed");
+}
+
+// ROOT/latest names the newest committed checkpoint (informational: resuming verifies, it never trusts it).
+void write_latest(const std::string& root, const std::string& name) {
+  const fs::path tmp = fs::path(root) / "latest.tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << name << "\n";
+  }
+  fsync_file(tmp.string());
+  fs::rename(tmp, fs::path(root) / "latest");
+  fsync_directory(root);
+}
+
+int64_t step_of_dir(const std::string& name) {
+  return name.rfind("step-", 0) == 0 ? std::atoll(name.c_str() + 5) : -1;
+}
+
+void remove_later_than(const std::string& root, int64_t step) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return;
+  for (const auto& entry : fs::directory_iterator(root, ec))
+    if (entry.is_directory() && step_of_dir(entry.path().filename().string()) > step) fs::remove_all(entry.path(), ec);
+}
+
 void copy_directory(const fs::path& from, const fs::path& to) {
   fs::create_directories(to);
   for (const auto& entry : fs::directory_iterator(from))
@@ -245,27 +276,36 @@ void Checkpointer::commit(Job& job, bool wait) {
         m.files.push_back(file_entry_from_json(f, "a rank's file entry"));
         bytes += m.files.back().size;
       }
+    for (size_t i = 0; i + 1 < job.chain.size(); ++i)
+      m.chain_manifests.push_back(file_xxh64((fs::path(s_.root) / job.chain[i] / kManifestName).string()));
     write_manifest(job.tmp_dir.string(), m);
     std::error_code ec;
+    // Checkpoints after this step belong to a timeline this run abandoned (it resumed from an earlier
+    // one): they are removed so that nothing newer than the run's own state is ever resumed.
+    remove_later_than(s_.root, job.step);
     fs::remove_all(job.final_dir, ec);  // a stale directory of the same step (from a run that crashed)
     fs::rename(job.tmp_dir, job.final_dir);
     fsync_directory(s_.root);
-    {
-      const fs::path tmp = fs::path(s_.root) / "latest.tmp";
-      std::ofstream(tmp) << job.final_dir.filename().string() << "\n";
-      fs::rename(tmp, fs::path(s_.root) / "latest");
-      fsync_directory(s_.root);
-    }
+    write_latest(s_.root, job.final_dir.filename().string());
     apply_retention(s_.root);
     for (const std::string& replica : s_.replicas) {
       try {
         const fs::path tmp = fs::path(replica) / ("tmp-" + job.final_dir.filename().string());
         fs::remove_all(tmp, ec);
+        fs::create_directories(replica);
         copy_directory(job.final_dir, tmp);
-        for (const auto& entry : fs::directory_iterator(tmp)) file_xxh64(entry.path().string());  // read back
+        for (const FileEntry& f : m.files) {  // read back: the copy must be what the manifest says
+          int64_t size = 0;
+          const std::string h = file_xxh64((tmp / f.name).string(), &size);
+          if (h != f.xxh64 || size != f.size) MOE_FAIL("the copy of " << f.name << " does not match its manifest entry");
+          fsync_file((tmp / f.name).string());
+        }
+        fsync_file((tmp / kManifestName).string());
+        remove_later_than(replica, job.step);
         fs::remove_all(fs::path(replica) / job.final_dir.filename(), ec);
         fs::rename(tmp, fs::path(replica) / job.final_dir.filename());
         fsync_directory(replica);
+        write_latest(replica, job.final_dir.filename().string());
         apply_retention(replica);
       } catch (const std::exception& e) {
         if (log_) log_("copying checkpoint step " + std::to_string(job.step) + " to replica " + replica + " failed: " + e.what());
@@ -426,9 +466,33 @@ std::optional<Resolved> verify_checkpoint(const std::string& dir_text, const std
       }
       if (!found) throw;
     }
-    for (const std::string& name : head.chain) {
+    if (head.chain_manifests.size() + 1 != head.chain.size() && head.chain.size() > 1)
+      MOE_BAD_INPUT("checkpoint " << dir.string() << ": its manifest does not identify the checkpoints its chain needs");
+    for (size_t ci = 0; ci < head.chain.size(); ++ci) {
+      const std::string& name = head.chain[ci];
       const fs::path d = dir.parent_path() / name;
-      Manifest m = name == dir.filename().string() ? head : read_manifest(d.string());
+      Manifest m = head;
+      if (name != dir.filename().string()) {
+        // An earlier member: it must be the very checkpoint this one was computed from.
+        std::string manifest_dir;
+        for (const fs::path& candidate : [&] {
+               std::vector<fs::path> c = {d};
+               for (const std::string& replica : replicas) c.push_back(fs::path(replica) / name);
+               return c;
+             }()) {
+          std::error_code ec;
+          if (!fs::exists(candidate / kManifestName, ec)) continue;
+          if (file_xxh64((candidate / kManifestName).string()) != head.chain_manifests[ci]) continue;
+          manifest_dir = candidate.string();
+          break;
+        }
+        if (manifest_dir.empty())
+          MOE_BAD_INPUT("checkpoint " << dir.string() << " is a delta on " << name
+                                      << ", but no copy of that checkpoint is the one it was computed from "
+                                         "(missing, damaged or rewritten)");
+        if (manifest_dir != d.string()) r.notes.push_back("using the manifest of " + manifest_dir + " for " + name);
+        m = read_manifest(manifest_dir);
+      }
       std::vector<std::string> paths;
       for (const FileEntry& f : m.files) {
         if (f.peer_copy) {

@@ -46,9 +46,10 @@ json to_json(const FileEntry& f) {
 json to_json(const Manifest& m) {
   json files = json::array();
   for (const FileEntry& f : m.files) files.push_back(to_json(f));
-  return {{"format", kFormat}, {"step", m.step},     {"kind", m.kind},         {"chain", m.chain},
-          {"created", m.created}, {"config", m.config}, {"layout", m.layout}, {"versions", m.versions},
-          {"files", files}};
+  return {{"format", kFormat},   {"step", m.step},       {"kind", m.kind},
+          {"chain", m.chain},     {"chain_manifests", m.chain_manifests},
+          {"created", m.created}, {"config", m.config},   {"layout", m.layout},
+          {"versions", m.versions}, {"files", files}};
 }
 
 FileEntry file_entry_from_json(const json& f, const std::string& origin) {
@@ -85,6 +86,7 @@ Manifest manifest_from_json(const json& j, const std::string& origin) {
     m.step = j.at("step").get<int64_t>();
     m.kind = j.at("kind").get<std::string>();
     m.chain = j.at("chain").get<std::vector<std::string>>();
+    m.chain_manifests = j.value("chain_manifests", std::vector<std::string>());
     m.created = j.value("created", std::string());
     m.config = j.at("config");
     m.layout = j.value("layout", json::object());

@@ -39,6 +39,9 @@ struct Manifest {
   int64_t step = 0;
   std::string kind = "full";        // "full" | "delta"
   std::vector<std::string> chain;   // directory names from the full base to this one (this one last)
+  // xxh64 of the manifest.json of each earlier member of the chain: a delta is only ever restored onto
+  // the very checkpoints it was computed from (a later run may have rewritten a directory of that name).
+  std::vector<std::string> chain_manifests;
   std::string created;
   nlohmann::json config;            // the resolved config of the run that wrote it
   nlohmann::json layout;            // world, dp, ep, zero

@@ -190,8 +190,18 @@ Config fill(const Entries& entries) {
   c.checkpoint.replicas = r.at("checkpoint.replicas").get<std::vector<std::string>>();
   c.checkpoint.peer_copy = r.boolean("checkpoint.peer_copy");
 
+  c.fault.heartbeat_interval_s = r.number("fault.heartbeat_interval_s");
   c.fault.heartbeat_timeout_s = r.number("fault.heartbeat_timeout_s");
+  c.fault.setup_timeout_s = r.number("fault.setup_timeout_s");
+  c.fault.step_timeout_s = r.number("fault.step_timeout_s");
+  c.fault.eval_timeout_s = r.number("fault.eval_timeout_s");
+  c.fault.checkpoint_timeout_s = r.number("fault.checkpoint_timeout_s");
   c.fault.max_restarts = r.integer("fault.max_restarts");
+  c.fault.restart_backoff_s = r.number("fault.restart_backoff_s");
+  c.fault.shrink = r.boolean("fault.shrink");
+  c.fault.listen = r.string("fault.listen");
+  for (const json& f : r.at("fault.inject"))
+    c.fault.inject.push_back({f["kind"].get<std::string>(), f["rank"].get<int64_t>(), f["step"].get<int64_t>()});
 
   for (const json& source : r.at("data.sources"))
     c.data.sources.push_back({source.at("name").get<std::string>(), source.at("path").get<std::string>(),

@@ -85,9 +85,21 @@ struct CheckpointConfig {
   bool peer_copy = false;
 };
 
+struct FaultInjection {
+  std::string kind;  // kill | hang | stop | exception | corrupt_checkpoint
+  int64_t rank = 0;
+  int64_t step = 0;  // fires when this step is done
+};
+
 struct FaultConfig {
+  double heartbeat_interval_s = 0.5;
   double heartbeat_timeout_s = 0;
+  double setup_timeout_s = 0, step_timeout_s = 0, eval_timeout_s = 0, checkpoint_timeout_s = 0;
   int64_t max_restarts = 0;
+  double restart_backoff_s = 1.0;
+  bool shrink = false;
+  std::string listen;
+  std::vector<FaultInjection> inject;
 };
 
 struct DataSourceConfig {

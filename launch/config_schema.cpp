@@ -40,6 +40,10 @@ KeySpec integer_or_auto(std::string key, std::string def, Range range, std::stri
 KeySpec string_list(std::string key, std::string doc) {
   return {std::move(key), KeyType::StringList, json::array(), {}, {}, std::move(doc)};
 }
+KeySpec faults(std::string key, std::string doc) {
+  return {std::move(key), KeyType::Faults, json::array(), {}, {"kill", "hang", "stop", "exception", "corrupt_checkpoint"},
+          std::move(doc)};
+}
 KeySpec sources(std::string key, std::string doc) {
   return {std::move(key), KeyType::Sources, json::array(), {}, {}, std::move(doc)};
 }
@@ -126,8 +130,23 @@ std::vector<KeySpec> build_schema() {
       boolean("checkpoint.peer_copy", false,
               "each rank's shard is also kept by a rank on another host (on one host: the next rank)"),
 
-      number("fault.heartbeat_timeout_s", 60.0, above(0), "seconds without a heartbeat before the supervisor restarts"),
+      number("fault.heartbeat_interval_s", 0.5, above(0), "seconds between two heartbeats of a rank"),
+      number("fault.heartbeat_timeout_s", 30.0, above(0),
+             "seconds without a heartbeat from a rank (a dead or stopped process) before the supervisor restarts"),
+      number("fault.setup_timeout_s", 300.0, above(0), "longest start-up (including checkpoint load) before it counts as hung"),
+      number("fault.step_timeout_s", 300.0, above(0),
+             "longest training step (forward, backward, communication, update) before it counts as hung"),
+      number("fault.eval_timeout_s", 300.0, above(0), "longest evaluation before it counts as hung"),
+      number("fault.checkpoint_timeout_s", 600.0, above(0), "longest checkpoint save before it counts as hung"),
       integer("fault.max_restarts", 3, at_least(0), "restarts before the supervisor gives up (exit 3)"),
+      number("fault.restart_backoff_s", 1.0, at_least(0),
+             "seconds before the first restart; doubled at each further restart (at most 60)"),
+      boolean("fault.shrink", false,
+              "with --hostfile: after a host fails twice, restart without it at a smaller data-parallel size"),
+      string("fault.listen", "127.0.0.1", "address the supervisor's heartbeat listener binds to (loopback by default)"),
+      faults("fault.inject",
+             "faults to inject for tests and demonstrations: a list of {\"kind\": kill|hang|stop|exception|"
+             "corrupt_checkpoint, \"rank\": int, \"step\": int}; each fires once in a run's life"),
 
       sources("data.sources", "training text sources (see above); `[]` = the embedded default corpus"),
       number("data.heldout_fraction", 0.05, between(0, 0.5, true, false),
@@ -244,6 +263,8 @@ std::string type_name(const KeySpec& spec) {
       return "list of sources";
     case KeyType::StringList:
       return "list of strings";
+    case KeyType::Faults:
+      return "list of faults";
   }
   return "";
 }
@@ -258,6 +279,7 @@ std::string allowed_cell(const KeySpec& spec) {
   if (spec.type == KeyType::Boolean) return "`true`, `false`";
   if (spec.type == KeyType::Sources) return "see above";
   if (spec.type == KeyType::StringList) return "non-empty strings";
+  if (spec.type == KeyType::Faults) return "see Meaning";
   if (spec.type == KeyType::IntegerOrAuto) return describe_range(spec.range) + " or `\"auto\"`";
   const std::string range = describe_range(spec.range);
   return range.empty() ? "any" : range;
@@ -366,6 +388,8 @@ std::string describe_expected(const KeySpec& spec) {
       return "a list of sources, each {\"name\": string, \"path\": string, \"weight\": number > 0}";
     case KeyType::StringList:
       return "a list of non-empty strings";
+    case KeyType::Faults:
+      return "a list of faults, each {\"kind\": " + quoted_list(spec.choices) + ", \"rank\": integer >= 0, \"step\": integer >= 1}";
   }
   return "";
 }
@@ -422,6 +446,25 @@ json check_value(const KeySpec& spec, const json& value, const std::string& orig
       for (const json& item : value)
         if (!item.is_string() || item.get<std::string>().empty()) bad_value(spec, spec.key, value, origin);
       return value;
+    case KeyType::Faults: {
+      if (!value.is_array()) bad_value(spec, spec.key, value, origin);
+      for (size_t i = 0; i < value.size(); ++i) {
+        const json& f = value[i];
+        const std::string where = spec.key + "[" + std::to_string(i) + "]";
+        if (!f.is_object() || f.size() != 3 || !f.contains("kind") || !f.contains("rank") || !f.contains("step"))
+          MOE_BAD_INPUT(where << " = " << show_value(f) << " (in " << origin
+                              << "): expected {\"kind\": ..., \"rank\": ..., \"step\": ...}");
+        if (!f["kind"].is_string() ||
+            std::find(spec.choices.begin(), spec.choices.end(), f["kind"].get<std::string>()) == spec.choices.end())
+          MOE_BAD_INPUT(where << ".kind = " << show_value(f["kind"]) << " (in " << origin << "): expected one of "
+                              << quoted_list(spec.choices));
+        if (!f["rank"].is_number_integer() || f["rank"].get<int64_t>() < 0)
+          MOE_BAD_INPUT(where << ".rank = " << show_value(f["rank"]) << " (in " << origin << "): expected an integer >= 0");
+        if (!f["step"].is_number_integer() || f["step"].get<int64_t>() < 1)
+          MOE_BAD_INPUT(where << ".step = " << show_value(f["step"]) << " (in " << origin << "): expected an integer >= 1");
+      }
+      return value;
+    }
   }
   MOE_FAIL("unhandled key type of " << spec.key);
 }

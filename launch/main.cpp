@@ -4,12 +4,14 @@
 
 #include <cstdio>
 #include <exception>
+#include <iostream>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "core/error.h"
+#include "launch/ckpt_command.h"
 #include "launch/trainer.h"
 #include "parallel/mpi_communicator.h"
 
@@ -33,7 +35,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.footer(
       "Train:  moe train --config FILE [--set KEY=VALUE]... [--run-dir DIR] [--resume auto|none|PATH]\n"
-      "Docs:   docs/cli.md (commands), docs/config.md (config keys), docs/metrics.md (metrics.jsonl)");
+      "Ckpt:   moe ckpt ls|verify|info PATH, moe ckpt export PATH --out FILE.h5 [--all] [--force]\n"
+      "Docs:   docs/cli.md (commands), docs/config.md (config keys), docs/metrics.md (metrics.jsonl),\n"
+      "        docs/checkpoint.md (checkpoint layout)");
 
   moe::TrainOptions train;
   CLI::App* train_cmd = app.add_subcommand(
@@ -57,9 +61,12 @@ int main(int argc, char** argv) {
                         "End after this step (and its checkpoint) as if interrupted; for resume tests and demos")
       ->check(CLI::PositiveNumber);
 
+  moe::CkptOptions ckpt;
+  CLI::App* ckpt_cmd = moe::add_ckpt_command(app, ckpt);
+
   // CLI11 reports a missing subcommand before an unknown one; name the unknown word instead.
   if (argc > 1 && argv[1][0] != '-' && app.get_subcommands([&](CLI::App* sub) { return sub->get_name() == argv[1]; }).empty()) {
-    std::fprintf(stderr, "moe: error: unknown subcommand '%s'; the subcommands are: train (see moe --help)\n", argv[1]);
+    std::fprintf(stderr, "moe: error: unknown subcommand '%s'; the subcommands are: train, ckpt (see moe --help)\n", argv[1]);
     return kExitBadInput;
   }
   try {
@@ -88,6 +95,8 @@ int main(int argc, char** argv) {
     if (train_cmd->parsed()) {
       train.command_line.assign(argv, argv + argc);
       moe::run_train(train, std::move(world));
+    } else if (ckpt_cmd->parsed()) {
+      moe::run_ckpt(ckpt, std::cout);
     }
     return 0;
   } catch (const moe::Error& e) {

@@ -24,6 +24,8 @@
 #include "optim/adamw.h"
 #include "optim/per_expert_clip.h"
 #include "checkpoint/checkpointer.h"
+#include "launch/faults.h"
+#include "launch/heartbeat.h"
 #include "launch/train_state.h"
 #include "parallel/process_groups.h"
 #include "parallel/self_communicator.h"
@@ -274,9 +276,16 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
         MOE_BAD_INPUT("--resume " << options.resume << ": " << why);
       resume_dir = options.resume;
     }
-    if (resume_dir.empty())
-      check_run_dir_usable(run_dir, options.overwrite);
-    else
+    if (resume_dir.empty()) {
+      try {
+        check_run_dir_usable(run_dir, options.overwrite);
+      } catch (const Error& e) {
+        std::string why;
+        for (const std::string& note : resume_notes) why += "; " + note;
+        if (why.empty()) throw;
+        MOE_BAD_INPUT(e.message() << " (no checkpoint verifies" << why << ")");
+      }
+    } else
       check_checkpoint_fits(ckpt::read_manifest(resume_dir), config, resume_dir);
   });
   resume_dir = broadcast_string(*world, resume_dir);
@@ -287,6 +296,10 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
                           : std::max(1, int(std::thread::hardware_concurrency()) / launcher_local_size());
   set_compute_threads(threads);
   ProcessGroups groups = make_process_groups(std::move(world), grid);
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  HeartbeatSender heartbeat(groups.rank, host, config.fault);
+  heartbeat.set(Phase::Setup, 0, "start-up");
   const bool leader = groups.rank == 0;
   const int64_t ep = config.parallel.ep;
 
@@ -325,6 +338,7 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   state.last_used = &last_used, state.groups = &groups, state.zero = config.optim.zero;
   int64_t start_step = 0;
   if (!resume_dir.empty()) {
+    heartbeat.set(Phase::CheckpointLoad, 0, "loading the checkpoint");
     std::string why;
     const auto resolved = ckpt::verify_checkpoint(resume_dir, config.checkpoint.replicas, &why);
     if (!resolved) MOE_FAIL("checkpoint " << resume_dir << " verified on rank 0 but not here: " << why);
@@ -392,7 +406,9 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   std::vector<int32_t> tokens(size_t(micro * (T + 1)));
   const int64_t first_sequence = groups.coords.dp * micro_batches * micro;  // this rank's slice of the batch
 
+  FaultInjector faults(config.fault.inject, groups.rank, run_dir, ckpt_root.string());
   for (int64_t step = start_step; step < tc.steps; ++step) {
+    heartbeat.set(Phase::Step, step, "training step (forward, backward, gradient reduction, update)");
     model.zero_grads();
     for (MoeLayer<float>* m : moe_layers) m->reset_stats();
     buckets.start(model.grads());
@@ -468,7 +484,10 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
     if (checkpointer) {
       checkpointer->poll();
       if (done % config.checkpoint.every == 0 || done == tc.steps)
+      {
+        heartbeat.set(Phase::CheckpointSave, done, "checkpoint save");
         ckpt_stall = checkpointer->save(done, checkpoint_pieces(state, true));
+      }
     }
     if (leader && (done % tc.log_every == 0 || done == 1 || done == tc.steps)) {
       const auto now = Clock::now();
@@ -503,6 +522,7 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
     const bool last = done == tc.steps;
     if ((tc.eval_every > 0 && done % tc.eval_every == 0) || last) {
       // Every rank evaluates the same windows: expert-parallel forwards must run in lockstep.
+      heartbeat.set(Phase::Eval, done, "evaluation");
       const EvalResult ev = evaluate(model, loader, tc.eval_sequences, micro, T);
       if (leader) {
         nlohmann::json by_source = nlohmann::json::object();
@@ -516,12 +536,16 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
       }
       interval_start = Clock::now();  // evaluation time does not count against training throughput
     }
+    for (const FaultInjection& f : config.fault.inject)  // the newest checkpoint must exist before it is corrupted
+      if (f.kind == "corrupt_checkpoint" && f.step == done && checkpointer) checkpointer->finish();
+    faults.after_step(done);
     if (options.stop_after_step > 0 && done == options.stop_after_step) {
       if (checkpointer) checkpointer->finish();
       progress.note("stopping after step " + std::to_string(done) + " (--stop-after-step)");
       break;
     }
   }
+  heartbeat.set(Phase::CheckpointSave, tc.steps, "final checkpoint");
   if (checkpointer) {
     checkpointer->finish();
     const auto& r = checkpointer->last_report();

@@ -81,7 +81,7 @@ TEST(ConfigDefaults, EmptyDocumentGivesTheSmallCpuModel) {
   EXPECT_EQ(c.parallel.dp, 0);  // "auto"
   EXPECT_EQ(c.checkpoint.dir, "checkpoints");
   EXPECT_EQ(c.checkpoint.keep, 2);
-  EXPECT_DOUBLE_EQ(c.fault.heartbeat_timeout_s, 60.0);
+  EXPECT_DOUBLE_EQ(c.fault.heartbeat_timeout_s, 30.0);
   EXPECT_EQ(c.fault.max_restarts, 3);
   EXPECT_TRUE(c.data.sources.empty());
   EXPECT_DOUBLE_EQ(c.data.heldout_fraction, 0.05);

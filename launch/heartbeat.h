@@ -1,0 +1,67 @@
+// Heartbeats and the in-rank watchdog. Every rank reports (rank, host, pid, step, phase) to the
+// supervisor (`moe launch`) every fault.heartbeat_interval_s over UDP, to the address and with the
+// secret the supervisor put in the environment (MOE_HEARTBEAT_ADDR, MOE_HEARTBEAT_SECRET). The same
+// thread is the rank's watchdog: when the main thread makes no progress within its phase's timeout (a
+// stuck collective, a hung step), it names the rank, host and operation and ends the process, so that
+// mpirun ends the job and the supervisor restarts it. Each phase has its own timeout, so a long
+// checkpoint write is not taken for a hang.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "launch/config.h"
+
+namespace moe {
+
+enum class Phase : uint8_t { Setup, Step, Eval, CheckpointSave, CheckpointLoad, Done };
+const char* phase_name(Phase phase);
+std::optional<Phase> phase_from_name(std::string_view name);
+
+struct Heartbeat {
+  int64_t rank = 0, pid = 0, step = 0;
+  Phase phase = Phase::Setup;
+  std::string host;
+};
+
+inline constexpr size_t kMaxHeartbeatBytes = 512;
+// "MOEHB1 <secret> <rank> <pid> <step> <phase> <host>"
+std::string encode_heartbeat(const std::string& secret, const Heartbeat& beat);
+// The heartbeat, or nullopt with `why` ("oversized", "malformed", "wrong secret").
+std::optional<Heartbeat> decode_heartbeat(std::string_view datagram, const std::string& secret, std::string* why);
+
+// The timeout of a phase, from the fault.* config keys.
+double phase_timeout(const FaultConfig& fault, Phase phase);
+
+class HeartbeatSender {
+ public:
+  // Sends only when the supervisor's environment is present; the watchdog runs in any case.
+  HeartbeatSender(int64_t rank, const std::string& host, const FaultConfig& fault);
+  ~HeartbeatSender();
+  HeartbeatSender(const HeartbeatSender&) = delete;
+  HeartbeatSender& operator=(const HeartbeatSender&) = delete;
+  // The main thread's progress: each call restarts the watchdog's clock.
+  void set(Phase phase, int64_t step, const char* operation);
+
+ private:
+  void run();
+  int64_t rank_;
+  std::string host_;
+  FaultConfig fault_;
+  std::string secret_;
+  int socket_ = -1;
+  std::mutex mutex_;
+  Phase phase_ = Phase::Setup;
+  int64_t step_ = 0;
+  std::string operation_ = "start-up";
+  double since_ = 0;  // monotonic seconds of the last set()
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace moe

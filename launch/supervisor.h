@@ -1,0 +1,33 @@
+// `moe launch`: the supervisor. It starts mpirun (OpenMPI) in a process group of its own, with an
+// argument vector (never through a shell), hears every rank's heartbeat on a UDP socket bound to
+// loopback (or fault.listen), and detects a crash (mpirun ending abnormally) and a hang (a rank silent
+// past fault.heartbeat_timeout_s, or making no progress past its phase's timeout). It then ends the
+// whole job, leaving no process behind, and starts it again with --resume auto, up to
+// fault.max_restarts times with a doubling backoff; past that it exits with code 3. Every event goes to
+// RUN_DIR/events.log (JSON lines): what failed (rank, host, phase, step), how long detection took, the
+// checkpoint resumed from, the steps lost, and heartbeats it ignored (wrong secret, malformed, oversized).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace moe {
+
+struct LaunchOptions {
+  int64_t np = 1;
+  std::string hostfile;                 // empty: this machine only
+  std::string mpirun = "mpirun";
+  std::vector<std::string> mpirun_args; // extra arguments for mpirun, e.g. --oversubscribe
+  // What the ranks run (moe train options).
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string run_dir;
+  std::string resume = "auto";          // for the first start; restarts always resume auto
+  bool overwrite = false;               // for the first start
+  bool quiet = false;
+};
+
+// Exit code of the whole launch: 0 done, 2 bad input, 3 gave up after the allowed restarts, 1 other.
+int run_launch(const LaunchOptions& options);
+
+}  // namespace moe

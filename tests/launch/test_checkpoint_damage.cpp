@@ -1,0 +1,613 @@
+// Damaged checkpoints (DESIGN.md invariants 4 and 5; PITFALLS.md "Checkpoints"): a checkpoint is either
+// complete and verified or ignored, and `--resume auto` says which one it skipped and why, falls back to
+// the newest one that verifies (a replica's copy of a file, else an older checkpoint, else none) and then
+// ends bit for bit where an uninterrupted run ends. A damaged checkpoint named by --resume PATH, or one of
+// another model shape, is refused by name (BadInput: exit code 2) before anything in the run directory
+// changes. Retention keeps whole chains and `latest` names the newest commit.
+// One process, in process (run_train), a tiny MoE model; a few tenths of a second per run on one core.
+// Not here: resume across layouts and ranks (test_checkpoint_resume.cpp, under mpirun), the shard file
+// format (tests/checkpoint).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/manifest.h"
+#include "core/error.h"
+#include "launch/trainer.h"
+
+namespace moe {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const std::string kTinyMoeConfig = std::string(MOE_SOURCE_DIR) + "/configs/tiny_moe.json";
+
+// Fields of a metrics line that measure the machine, not the run: the only ones allowed to differ.
+const std::set<std::string> kTimingFields = {"tokens_per_s", "elapsed_s", "comm_wait_s", "ckpt_stall_s"};
+
+// A fresh directory, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "moe_test_ckpt_damage_XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+// A small MoE model (2 layers, the second MoE with 4 experts, Gumbel routing noise so the random state
+// matters too): 20 steps, a checkpoint every 5, every checkpoint full and written synchronously, all
+// kept. `extra` comes last, so it wins. Neither checkpoint.async nor checkpoint.full_every changes a bit
+// of training, so every variant ends where the reference ends.
+std::vector<std::string> overrides(const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> o = {
+      "train.steps=20",          "train.log_every=1",      "train.eval_every=5",      "train.eval_sequences=2",
+      "train.seq_len=16",        "train.global_batch=4",   "train.micro_batch=2",     "train.threads=1",
+      "model.d_model=32",        "model.layers=2",         "model.heads=2",           "model.ffn_hidden=32",
+      "moe.num_experts=4",       "moe.top_k=2",            "moe.every=2",             "moe.expert_hidden=32",
+      "moe.router.noise=gumbel", "optim.lr=1e-3",          "optim.warmup=2",          "checkpoint.every=5",
+      "checkpoint.keep=100",     "checkpoint.full_every=1", "checkpoint.async=false",
+  };
+  o.insert(o.end(), extra.begin(), extra.end());
+  return o;
+}
+
+struct RunOutput {
+  std::vector<json> lines;  // metrics.jsonl without the timing fields
+  std::map<std::string, std::vector<float>> parameters;
+  std::string out;  // what the run printed on stdout and stderr (progress lines and notes)
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "cannot open " << path;
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_text(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+  ASSERT_TRUE(out.good()) << "cannot write " << path;
+}
+
+TrainOptions options_for(const std::string& run_dir, const std::vector<std::string>& extra, const std::string& resume,
+                         int64_t stop_after) {
+  TrainOptions o;
+  o.config_path = kTinyMoeConfig;
+  o.overrides = overrides(extra);
+  o.run_dir = run_dir;
+  o.resume = resume;
+  o.quiet = false;  // the notes ("checkpoint: ...", "resuming from ...") are part of what is tested
+  o.collect_parameters = true;
+  o.stop_after_step = stop_after;
+  o.command_line = {"test_checkpoint_damage"};
+  return o;
+}
+
+// What run_train prints, on stdout and stderr, while `f` runs; what `f` throws goes on.
+template <typename F>
+std::string captured(F&& f) {
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  try {
+    f();
+  } catch (...) {
+    testing::internal::GetCapturedStdout();
+    testing::internal::GetCapturedStderr();
+    throw;
+  }
+  const std::string out = testing::internal::GetCapturedStdout();
+  return out + testing::internal::GetCapturedStderr();
+}
+
+// Trains (or resumes) a run in process; metrics lines, final parameters and what it printed.
+RunOutput train(const std::string& run_dir, const std::vector<std::string>& extra = {},
+                const std::string& resume = "auto", int64_t stop_after = 0) {
+  RunOutput run;
+  run.out = captured([&] { run.parameters = run_train(options_for(run_dir, extra, resume, stop_after)).parameters; });
+  std::ifstream in(fs::path(run_dir) / "metrics.jsonl");
+  for (std::string text; std::getline(in, text);) {
+    json line = json::parse(text);
+    for (const std::string& f : kTimingFields) line.erase(f);
+    run.lines.push_back(line);
+  }
+  return run;
+}
+
+// "" when `a` and `b` are the same JSON with every double the same bits; else where they first differ.
+std::string first_difference(const json& a, const json& b, const std::string& where = "") {
+  if (a.type() != b.type()) return where + ": " + a.dump() + " vs " + b.dump() + " (types differ)";
+  if (a.is_number_float()) {
+    const auto bits_a = std::bit_cast<uint64_t>(a.get<double>()), bits_b = std::bit_cast<uint64_t>(b.get<double>());
+    return bits_a == bits_b ? "" : where + ": " + a.dump() + " vs " + b.dump();
+  }
+  if (a.is_object()) {
+    for (const auto& [key, value] : a.items()) {
+      if (!b.contains(key)) return where + "." + key + ": missing from the second";
+      if (std::string d = first_difference(value, b.at(key), where + "." + key); !d.empty()) return d;
+    }
+    for (const auto& [key, value] : b.items())
+      if (!a.contains(key)) return where + "." + key + ": missing from the first";
+    return "";
+  }
+  if (a.is_array()) {
+    if (a.size() != b.size()) return where + ": " + std::to_string(a.size()) + " vs " + std::to_string(b.size()) + " items";
+    for (size_t i = 0; i < a.size(); ++i)
+      if (std::string d = first_difference(a[i], b[i], where + "[" + std::to_string(i) + "]"); !d.empty()) return d;
+    return "";
+  }
+  return a == b ? "" : where + ": " + a.dump() + " vs " + b.dump();
+}
+
+// The uninterrupted 20-step run every resumed run must equal, computed once.
+const RunOutput& reference() {
+  static TempDir dir;
+  static const RunOutput run = train(dir / "whole");
+  return run;
+}
+
+void expect_equals_reference(const RunOutput& run, const std::string& what) {
+  const RunOutput& ref = reference();
+  ASSERT_EQ(ref.lines.size(), 20u + 4u) << "20 training lines and 4 evaluations";
+  ASSERT_EQ(run.lines.size(), ref.lines.size()) << what;
+  for (size_t i = 0; i < ref.lines.size(); ++i)
+    EXPECT_EQ(first_difference(run.lines[i], ref.lines[i]), "") << what << ": metrics.jsonl line " << i + 1;
+  ASSERT_EQ(run.parameters.size(), ref.parameters.size()) << what;
+  for (const auto& [name, p] : ref.parameters) {
+    ASSERT_TRUE(run.parameters.count(name)) << what << ": no parameter " << name;
+    const std::vector<float>& q = run.parameters.at(name);
+    ASSERT_EQ(q.size(), p.size()) << what << ": " << name;
+    EXPECT_EQ(std::memcmp(q.data(), p.data(), p.size() * sizeof(float)), 0) << what << ": " << name << " differs";
+  }
+}
+
+// Run directories trained once and copied for each case (a copy keeps every file's bytes).
+struct Base {
+  std::vector<std::string> extra;
+  int64_t stop_after;
+};
+const std::map<std::string, Base>& bases() {
+  static const std::map<std::string, Base> b = {
+      // step-5, 10, 15, all full, written synchronously; stopped after step 15 as if interrupted.
+      {"sync", {{}, 15}},
+      // the same, written by the background thread.
+      {"async", {{"checkpoint.async=true"}, 15}},
+      // 20 steps, full every second save: step-5 full, 10 delta on 5, 15 full, 20 delta on 15.
+      {"delta2", {{"checkpoint.full_every=2", "checkpoint.async=true"}, 0}},
+      // full every fourth save: step-5 full, 10 and 15 deltas on 5; stopped after step 15.
+      {"delta4", {{"checkpoint.full_every=4"}, 15}},
+  };
+  return b;
+}
+
+// A copy of the trained base run directory `name` at `run_dir`.
+void copy_base(const std::string& name, const std::string& run_dir) {
+  static TempDir dir;
+  static std::set<std::string> trained;
+  const Base& b = bases().at(name);
+  const std::string source = dir / name;
+  if (!trained.count(name)) {
+    train(source, b.extra, "auto", b.stop_after);
+    trained.insert(name);
+  }
+  fs::copy(source, run_dir, fs::copy_options::recursive);
+}
+
+std::string ckpt_dir(const std::string& run_dir, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  return (fs::path(run_dir) / "checkpoints" / name).string();
+}
+std::string shard(const std::string& run_dir, int64_t step) {
+  return (fs::path(ckpt_dir(run_dir, step)) / "rank-00000.h5").string();
+}
+
+void truncate_half(const std::string& path) {
+  const auto size = fs::file_size(path);
+  ASSERT_GT(size, 1000u) << path;
+  fs::resize_file(path, size / 2);
+}
+void flip_middle_byte(const std::string& path) {
+  std::string bytes = read_text(path);
+  ASSERT_GT(bytes.size(), 1000u) << path;
+  bytes[bytes.size() / 2] = char(bytes[bytes.size() / 2] ^ 0x5a);
+  write_text(path, bytes);
+}
+
+// Every file under `dir` (relative path -> bytes) and every directory (-> "<dir>").
+std::map<std::string, std::string> snapshot(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    const std::string rel = fs::relative(entry.path(), dir).string();
+    files[rel] = entry.is_directory() ? "<dir>" : read_text(entry.path().string());
+  }
+  return files;
+}
+
+void expect_unchanged(const std::map<std::string, std::string>& before, const std::string& dir) {
+  const std::map<std::string, std::string> after = snapshot(dir);
+  for (const auto& [path, bytes] : before) {
+    auto it = after.find(path);
+    if (it == after.end())
+      ADD_FAILURE() << path << " was removed";
+    else
+      EXPECT_TRUE(it->second == bytes) << path << " changed";
+  }
+  for (const auto& [path, bytes] : after)
+    if (!before.count(path)) ADD_FAILURE() << path << " was created";
+}
+
+bool has_line(const std::string& out, const std::vector<std::string>& parts) {
+  size_t begin = 0;
+  while (begin < out.size()) {
+    size_t end = out.find('\n', begin);
+    if (end == std::string::npos) end = out.size();
+    const std::string line = out.substr(begin, end - begin);
+    bool all = true;
+    for (const std::string& p : parts) all = all && line.find(p) != std::string::npos;
+    if (all) return true;
+    begin = end + 1;
+  }
+  return false;
+}
+
+std::string resumed_line(const std::string& dir, int64_t step) {
+  return "resuming from " + dir + " at step " + std::to_string(step);
+}
+
+// After damage to the newest checkpoint(s): `--resume auto` skips `skipped` (each with a "checkpoint:"
+// note naming it and `why`), resumes from step `from` and ends bit for bit where the reference ends, with
+// every checkpoint it rewrote verifying again. `leftover`: a directory the run leaves alone (still skipped).
+void expect_falls_back(const std::string& run_dir, const std::vector<std::pair<int64_t, std::string>>& skipped,
+                       int64_t from, const std::string& what, const std::vector<std::string>& extra = {},
+                       const std::string& leftover = "") {
+  const RunOutput run = train(run_dir, extra);
+  for (const auto& [step, why] : skipped) {
+    EXPECT_TRUE(has_line(run.out, {"checkpoint: skipped " + ckpt_dir(run_dir, step) + ": ", why}))
+        << what << ": no note that step " << step << " was skipped (" << why << "); the run printed:\n" << run.out;
+    EXPECT_EQ(run.out.find("resuming from " + ckpt_dir(run_dir, step)), std::string::npos)
+        << what << ": resumed from the damaged checkpoint:\n" << run.out;
+  }
+  EXPECT_TRUE(has_line(run.out, {resumed_line(ckpt_dir(run_dir, from), from)}))
+      << what << ": expected to resume from step " << from << "; the run printed:\n" << run.out;
+  expect_equals_reference(run, what);
+  // The run rewrote the damaged checkpoints on its way: the newest is whole again, and `latest` says so.
+  std::vector<std::string> notes;
+  const auto newest = ckpt::find_newest((fs::path(run_dir) / "checkpoints").string(), {}, &notes);
+  ASSERT_TRUE(newest.has_value()) << what;
+  EXPECT_EQ(newest->dir, ckpt_dir(run_dir, 20)) << what;
+  for (const std::string& note : notes)
+    EXPECT_TRUE(!leftover.empty() && note.find(leftover) != std::string::npos) << what << ": " << note;
+  EXPECT_EQ(read_text(run_dir + "/checkpoints/latest"), "step-00000020\n") << what;
+}
+
+// verify_checkpoint refuses `dir`, naming `mention` in its reason.
+void expect_refused(const std::string& dir, const std::string& mention, const std::vector<std::string>& replicas = {}) {
+  std::string why;
+  EXPECT_FALSE(ckpt::verify_checkpoint(dir, replicas, &why).has_value()) << dir << " verified";
+  EXPECT_NE(why.find(mention), std::string::npos) << dir << ": reason lacks '" << mention << "': " << why;
+}
+
+// run_train must throw BadInput (exit code 2 in `moe train`) mentioning every one of `mentions`.
+void expect_bad_input(const TrainOptions& options, const std::vector<std::string>& mentions) {
+  try {
+    captured([&] { run_train(options); });
+    ADD_FAILURE() << "no error; expected BadInput mentioning '" << mentions.front() << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::BadInput) << e.message();
+    for (const std::string& m : mentions)
+      EXPECT_NE(e.message().find(m), std::string::npos) << "message lacks '" << m << "': " << e.message();
+  }
+}
+
+// ---- The newest checkpoint damaged: fall back to the previous one ----------------------------------------
+
+class NewestDamaged : public testing::TestWithParam<std::string> {};
+
+TEST_P(NewestDamaged, TruncatedShardFallsBackToThePreviousCheckpoint) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  copy_base(GetParam(), run);
+  truncate_half(shard(run, 15));
+  expect_refused(ckpt_dir(run, 15), shard(run, 15));
+  expect_refused(ckpt_dir(run, 15), "size");
+  expect_falls_back(run, {{15, "size"}}, 10, "truncated shard");
+}
+
+TEST_P(NewestDamaged, FlippedByteFallsBackToThePreviousCheckpoint) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  copy_base(GetParam(), run);
+  flip_middle_byte(shard(run, 15));
+  expect_refused(ckpt_dir(run, 15), "checksum");
+  expect_falls_back(run, {{15, "checksum"}}, 10, "flipped byte");
+}
+
+TEST_P(NewestDamaged, MissingManifestFallsBackToThePreviousCheckpoint) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  copy_base(GetParam(), run);
+  fs::remove(fs::path(ckpt_dir(run, 15)) / "manifest.json");
+  expect_refused(ckpt_dir(run, 15), "manifest.json");
+  expect_falls_back(run, {{15, "manifest.json"}}, 10, "missing manifest");
+}
+
+TEST_P(NewestDamaged, MissingShardFallsBackToThePreviousCheckpoint) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  copy_base(GetParam(), run);
+  fs::remove(shard(run, 15));
+  expect_refused(ckpt_dir(run, 15), "missing");
+  expect_falls_back(run, {{15, "missing"}}, 10, "missing shard");
+}
+
+// Both saves written synchronously and by the background thread.
+INSTANTIATE_TEST_SUITE_P(CheckpointDamage, NewestDamaged, testing::Values("sync", "async"));
+
+// ---- A crash before the commit -------------------------------------------------------------------------------
+
+TEST(CheckpointDamage, UncommittedDirectoriesAreIgnored) {
+  // A crash after the shards were written but before the manifest: the temporary directory holds shard
+  // files only. And a step directory without a manifest (a copy or rename gone wrong). Neither is a
+  // checkpoint: the newest committed one (step 15) is used.
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  copy_base("sync", run);
+  const fs::path root = fs::path(run) / "checkpoints";
+  for (const char* name : {"tmp-step-00000099", "step-00000099"}) {
+    fs::create_directories(root / name);
+    fs::copy_file(shard(run, 15), root / name / "rank-00000.h5");
+  }
+  write_text((root / "tmp-step-00000099" / "manifest.json.tmp").string(), "{\"step\": 9");  // cut by the crash
+  const std::vector<std::string> listed = ckpt::list_checkpoints(root.string());
+  ASSERT_FALSE(listed.empty());
+  EXPECT_EQ(listed.front(), (root / "step-00000099").string());
+  for (const std::string& dir : listed)
+    EXPECT_EQ(fs::path(dir).filename().string().rfind("step-", 0), 0u) << "tmp-* listed: " << dir;
+  expect_refused((root / "step-00000099").string(), "manifest.json");
+  expect_refused((root / "tmp-step-00000099").string(), "manifest.json");
+  expect_falls_back(run, {{99, "manifest.json"}}, 15, "uncommitted directories", {}, "step-00000099");
+  EXPECT_FALSE(fs::exists(root / "tmp-step-00000020")) << "the resumed run's own saves committed";
+}
+
+// ---- Replicas ----------------------------------------------------------------------------------------------
+
+TEST(CheckpointDamage, CorruptPrimaryWithAGoodReplicaUsesTheReplica) {
+  TempDir tmp;
+  const std::string run = tmp / "run", replica = tmp / "replica";
+  const std::vector<std::string> extra = {"checkpoint.replicas=[\"" + replica + "\"]"};
+  train(run, extra, "auto", 15);
+  const std::string copy = (fs::path(replica) / "step-00000015" / "rank-00000.h5").string();
+  ASSERT_TRUE(fs::exists(copy)) << "no replica copy of step 15";
+  EXPECT_EQ(read_text(copy), read_text(shard(run, 15)));
+  EXPECT_EQ(ckpt::list_checkpoints(replica).size(), 3u) << "step-5, 10 and 15 copied";
+
+  flip_middle_byte(shard(run, 15));
+  expect_refused(ckpt_dir(run, 15), "checksum");  // without the replica
+  std::string why;
+  const auto resolved = ckpt::verify_checkpoint(ckpt_dir(run, 15), {replica}, &why);
+  ASSERT_TRUE(resolved.has_value()) << why;
+  ASSERT_EQ(resolved->paths.size(), 1u);
+  EXPECT_EQ(resolved->paths[0], std::vector<std::string>{copy});
+  ASSERT_EQ(resolved->notes.size(), 1u);
+  EXPECT_TRUE(has_line(resolved->notes[0], {shard(run, 15), copy})) << resolved->notes[0];
+
+  // Resumes from step 15 itself (the replica's copy), saying which file failed and which copy it used.
+  const RunOutput resumed = train(run, extra);
+  EXPECT_TRUE(has_line(resumed.out, {"checkpoint: ", shard(run, 15), "checksum", copy}))
+      << "no note naming the damaged file and the replica's copy; the run printed:\n" << resumed.out;
+  EXPECT_TRUE(has_line(resumed.out, {resumed_line(ckpt_dir(run, 15), 15)})) << resumed.out;
+  expect_equals_reference(resumed, "replica");
+}
+
+TEST(CheckpointDamage, PrimaryAndReplicaBothDamagedFallBackToThePreviousCheckpoint) {
+  TempDir tmp;
+  const std::string run = tmp / "run", replica = tmp / "replica";
+  const std::vector<std::string> extra = {"checkpoint.replicas=[\"" + replica + "\"]"};
+  train(run, extra, "auto", 15);
+  flip_middle_byte(shard(run, 15));
+  truncate_half((fs::path(replica) / "step-00000015" / "rank-00000.h5").string());
+  expect_refused(ckpt_dir(run, 15), "failed verification", {replica});
+  expect_falls_back(run, {{15, "failed verification"}}, 10, "primary and replica damaged", extra);
+}
+
+TEST(CheckpointDamage, DeltaWhoseBaseManifestIsLostUsesTheReplicasManifest) {
+  // A replica holds a full copy of every checkpoint: a file of the chain that fails in the primary, the
+  // base's manifest.json included, is taken from the replica, as the head's manifest is. Falling back to an
+  // older checkpoint instead would lose steps a good copy still holds (invariant 4).
+  TempDir tmp;
+  const std::string run = tmp / "run", replica = tmp / "replica";
+  const std::vector<std::string> extra = {"checkpoint.replicas=[\"" + replica + "\"]", "checkpoint.full_every=2"};
+  train(run, extra, "auto", 15);  // step-5 full, 10 delta, 15 full
+  fs::remove(fs::path(ckpt_dir(run, 5)) / "manifest.json");  // the base of step-10
+  std::string why;
+  const auto head = ckpt::verify_checkpoint(ckpt_dir(run, 5), {replica}, &why);
+  ASSERT_TRUE(head.has_value()) << "the head's manifest comes from the replica: " << why;
+  const auto delta = ckpt::verify_checkpoint(ckpt_dir(run, 10), {replica}, &why);
+  EXPECT_TRUE(delta.has_value()) << "step-10's base manifest is in the replica, yet: " << why;
+  if (delta) {
+    EXPECT_EQ(delta->chain.size(), 2u);
+    EXPECT_FALSE(delta->notes.empty()) << "no note that the replica's manifest was used";
+  }
+}
+
+// ---- Delta chains ------------------------------------------------------------------------------------------
+
+TEST(CheckpointDamage, DeltaWhoseBaseIsDamagedSkipsTheWholeChain) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  copy_base("delta2", run);
+  const ckpt::Manifest m20 = ckpt::read_manifest(ckpt_dir(run, 20));
+  ASSERT_EQ(m20.kind, "delta");
+  ASSERT_EQ(m20.chain, (std::vector<std::string>{"step-00000015", "step-00000020"}));
+  ASSERT_EQ(ckpt::read_manifest(ckpt_dir(run, 10)).kind, "delta");
+
+  flip_middle_byte(shard(run, 15));  // the base of step 20; step 20's own files are intact
+  expect_refused(ckpt_dir(run, 20), shard(run, 15));
+  // The chain step-5 (full) + step-10 (delta) is the newest that verifies: restored along the chain.
+  expect_falls_back(run, {{20, shard(run, 15)}, {15, "checksum"}}, 10, "delta on a damaged base");
+}
+
+TEST(CheckpointDamage, DeltaChainWithDamagedBaseAndNoOlderChainRefusesWithoutOverwrite) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  copy_base("delta4", run);
+  ASSERT_EQ(ckpt::read_manifest(ckpt_dir(run, 15)).chain,
+            (std::vector<std::string>{"step-00000005", "step-00000010", "step-00000015"}));
+  truncate_half(shard(run, 5));
+  for (int64_t step : {5, 10, 15}) expect_refused(ckpt_dir(run, step), shard(run, 5));
+  std::vector<std::string> notes;
+  EXPECT_FALSE(ckpt::find_newest((fs::path(run) / "checkpoints").string(), {}, &notes).has_value());
+  EXPECT_EQ(notes.size(), 3u) << "one note per skipped checkpoint";
+
+  // No checkpoint to resume and a run in the directory: refused, asking for --overwrite; nothing written.
+  const auto before = snapshot(run);
+  expect_bad_input(options_for(run, {"checkpoint.full_every=4"}, "auto", 0), {"--overwrite"});
+  expect_unchanged(before, run);
+}
+
+// ---- Refusals: nothing in the run directory changes --------------------------------------------------------
+
+TEST(CheckpointDamage, DamagedCheckpointNamedByResumePathIsRefusedAndNothingIsWritten) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  copy_base("sync", run);
+  for (int64_t step : {5, 10, 15}) truncate_half(shard(run, step));  // no checkpoint verifies at all
+  const auto before = snapshot(run);
+  expect_bad_input(options_for(run, {}, ckpt_dir(run, 15), 0), {"--resume", shard(run, 15), "size"});
+  expect_unchanged(before, run);
+  // With --resume auto, nothing verifies and the directory holds a run: refused, asking for --overwrite.
+  expect_bad_input(options_for(run, {}, "auto", 0), {"--overwrite"});
+  expect_unchanged(before, run);
+}
+
+TEST(CheckpointDamage, CheckpointOfAnotherModelShapeIsRefusedAndNothingIsWritten) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  copy_base("sync", run);
+  const auto before = snapshot(run);
+  expect_bad_input(options_for(run, {"model.d_model=48"}, ckpt_dir(run, 15), 0), {"model.d_model", ckpt_dir(run, 15)});
+  expect_unchanged(before, run);
+  expect_bad_input(options_for(run, {"model.d_model=48"}, "auto", 0), {"model.d_model", ckpt_dir(run, 15)});
+  expect_unchanged(before, run);
+}
+
+// ---- A delta must not be restored onto a base it was not computed from ------------------------------------
+
+TEST(CheckpointDamage, DeltaWhoseBaseWasRewrittenIsNotRestored) {
+  // step-20 is a delta on step-15. Resuming from step 10 with another learning rate (allowed: it does not
+  // change the model's shape) rewrites step-15 with other values; stopped there, step-20 still lies on
+  // disk, its own files intact, but its XOR applies to the old step-15 only. Restoring it would load
+  // values no run ever had: it must not verify (or must be gone), and `--resume auto` must use step 15.
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  copy_base("delta2", run);
+  const std::vector<std::string> other_lr = {"checkpoint.full_every=2", "optim.lr=2e-3"};
+  const RunOutput branch = train(run, other_lr, ckpt_dir(run, 10), 15);
+  ASSERT_TRUE(has_line(branch.out, {resumed_line(ckpt_dir(run, 10), 10)})) << branch.out;
+  ASSERT_EQ(ckpt::read_manifest(ckpt_dir(run, 15)).kind, "full");
+
+  std::vector<std::string> notes;
+  const auto newest = ckpt::find_newest((fs::path(run) / "checkpoints").string(), {}, &notes);
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_EQ(newest->dir, ckpt_dir(run, 15))
+      << "step-20, a delta on the step-15 that was replaced, would be restored onto the new step-15";
+  EXPECT_EQ(read_text(run + "/checkpoints/latest"), "step-00000015\n");
+  // And the run itself: `--resume auto` continues the new branch from its step 15.
+  const RunOutput resumed = train(run, other_lr);
+  EXPECT_TRUE(has_line(resumed.out, {resumed_line(ckpt_dir(run, 15), 15)})) << resumed.out;
+  EXPECT_FALSE(has_line(resumed.out, {resumed_line(ckpt_dir(run, 20), 20)}))
+      << "restored the stale delta step-20 onto the new step-15:\n" << resumed.out;
+}
+
+// ---- Retention and `latest` --------------------------------------------------------------------------------
+
+TEST(CheckpointDamage, RetentionKeepsTheNewestTwoCompleteChains) {
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sync");
+    TempDir tmp;
+    const std::string run = tmp / "run", replica = tmp / "replica";
+    std::vector<std::string> extra = {"checkpoint.every=2", "checkpoint.keep=2", "checkpoint.full_every=2",
+                                      std::string("checkpoint.async=") + (async ? "true" : "false")};
+    if (async) extra.push_back("checkpoint.replicas=[\"" + replica + "\"]");
+    const RunOutput r = train(run, extra);
+    expect_equals_reference(r, "retention");
+    // Saves at 2, 4, ..., 20 in chains [2, 4], [6, 8], ..., [18, 20]: the newest two chains stay.
+    std::vector<std::string> roots = {run + "/checkpoints"};
+    if (async) roots.push_back(replica);
+    for (const std::string& root : roots) {
+      std::vector<std::string> names;
+      for (const std::string& dir : ckpt::list_checkpoints(root)) names.push_back(fs::path(dir).filename().string());
+      EXPECT_EQ(names, (std::vector<std::string>{"step-00000020", "step-00000018", "step-00000016", "step-00000014"}))
+          << root;
+      for (const auto& entry : fs::directory_iterator(root))
+        EXPECT_NE(entry.path().filename().string().rfind("tmp-", 0), 0u) << "left behind: " << entry.path();
+    }
+    const std::string root = roots.front();
+    for (const std::string& dir : ckpt::list_checkpoints(root)) {
+      std::string why;
+      const auto resolved = ckpt::verify_checkpoint(dir, {}, &why);
+      ASSERT_TRUE(resolved.has_value()) << dir << ": " << why;
+      const int64_t step = resolved->chain.back().step;
+      EXPECT_EQ(resolved->chain.size(), step % 4 == 0 ? 2u : 1u) << dir;
+      EXPECT_EQ(resolved->chain.back().kind, step % 4 == 0 ? "delta" : "full") << dir;
+    }
+    std::vector<std::string> notes;
+    const auto newest = ckpt::find_newest(root, {}, &notes);
+    ASSERT_TRUE(newest.has_value());
+    EXPECT_EQ(fs::path(newest->dir).filename().string(), "step-00000020");
+    EXPECT_EQ(newest->chain_dirs, (std::vector<std::string>{root + "/step-00000018", root + "/step-00000020"}));
+    EXPECT_TRUE(notes.empty());
+    EXPECT_EQ(read_text(root + "/latest"), "step-00000020\n");
+  }
+}
+
+TEST(CheckpointDamage, LatestNamesTheNewestCommittedCheckpoint) {
+  for (const char* base : {"sync", "async"}) {
+    SCOPED_TRACE(base);
+    TempDir tmp;
+    const std::string run = tmp / "run";
+    copy_base(base, run);  // stopped after step 15
+    const std::string root = run + "/checkpoints";
+    EXPECT_EQ(read_text(root + "/latest"), "step-00000015\n");
+    EXPECT_EQ(ckpt::list_checkpoints(root).front(), ckpt_dir(run, 15));
+    EXPECT_FALSE(fs::exists(root + "/latest.tmp"));
+    std::string why;
+    EXPECT_TRUE(ckpt::verify_checkpoint(ckpt_dir(run, 15), {}, &why).has_value()) << why;
+    // Resumed to the end, `latest` moves to step 20.
+    const RunOutput r = train(run, bases().at(base).extra);
+    EXPECT_TRUE(has_line(r.out, {resumed_line(ckpt_dir(run, 15), 15)})) << r.out;
+    expect_equals_reference(r, base);
+    EXPECT_EQ(read_text(root + "/latest"), "step-00000020\n");
+  }
+}
+
+}  // namespace
+}  // namespace moe
