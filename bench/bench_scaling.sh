@@ -31,15 +31,38 @@ common=(--config configs/tiny_moe.json --overwrite --quiet --set train.steps="$s
         --set train.eval_every=0 --set train.eval_sequences=1)
 for kv in ${MOE_SCALING_SET:-}; do common+=(--set "$kv"); done
 
+# Runs a command and writes to $out/$name/cpu.json its wall time, the CPU seconds of its processes (mpirun
+# waits for its ranks, so their time is in the children's) and the busy CPU seconds of the whole machine
+# (/proc/stat): the difference is what other users took from the cores during the run.
+timed() {  # name command...
+  local name=$1
+  shift
+  python3 - "$out/$name/cpu.json" "$@" <<'PY'
+import json, os, subprocess, sys, time
+def busy():  # user + nice + system + irq + softirq, all cores, in seconds
+    f = open("/proc/stat").readline().split()
+    return sum(int(x) for x in (f[1], f[2], f[3], f[6], f[7])) / os.sysconf("SC_CLK_TCK")
+b0, w0 = busy(), time.monotonic()
+rc = subprocess.run(sys.argv[2:]).returncode
+wall, machine = time.monotonic() - w0, busy() - b0
+t = os.times()
+if rc == 0:
+    json.dump({"wall_s": wall, "own_cpu_s": t.children_user + t.children_system, "machine_cpu_s": machine},
+              open(sys.argv[1], "w"))
+sys.exit(rc)
+PY
+}
+
 run() {  # name ranks threads [--set ...]
   local name=$1 ranks=$2 threads=$3
   shift 3
   echo "bench_scaling: $name ($ranks ranks x $threads threads), load average $(cut -d' ' -f1 /proc/loadavg)" >&2
   local cmd=("$moe" train "${common[@]}" --run-dir "$out/$name" --set train.threads="$threads" "$@")
+  mkdir -p "$out/$name"
   if [[ $ranks == 1 ]]; then
-    "${cmd[@]}"
+    timed "$name" "${cmd[@]}"
   else
-    mpirun -np "$ranks" "${mpirun_flags[@]}" "${cmd[@]}"
+    timed "$name" mpirun -np "$ranks" "${mpirun_flags[@]}" "${cmd[@]}"
   fi
 }
 
@@ -69,13 +92,15 @@ def summarize(name):
     # Share of each step's time spent in the gradient reduction's finish(); step time = tokens / (tokens/s).
     share = [l["comm_wait_s"] / (tokens_per_step / l["tokens_per_s"]) for l in train]
     layout = manifest["layout"]
+    cpu = json.load(open(d / "cpu.json"))
+    others = max(0.0, cpu["machine_cpu_s"] - cpu["own_cpu_s"]) / cpu["wall_s"]
     return {"run": name, "ranks": layout["world"], "threads": manifest["threads_per_rank"], "dp": layout["dp"],
             "ep": layout["ep"], "zero": layout["zero"], "steps_measured": len(train),
             "tokens_per_step": tokens_per_step,
             "tokens_per_s": {"median": statistics.median(tps), "min": min(tps), "max": max(tps)},
             "step_ms": 1e3 * tokens_per_step / statistics.median(tps),
             "comm_wait_ms": 1e3 * statistics.median(l["comm_wait_s"] for l in train),
-            "comm_share": statistics.median(share)}
+            "comm_share": statistics.median(share), "wall_s": cpu["wall_s"], "others_cores": others}
 
 rows = [summarize(n) for n in names]
 base = next(r for r in rows if r["ranks"] == 1 and r["threads"] == 1)["tokens_per_s"]["median"]
@@ -83,16 +108,18 @@ print(f"moe train, configs/tiny_moe.json, {rows[0]['tokens_per_step']} tokens pe
       f"every run); medians over steps {SKIP + 1}..{SKIP + rows[0]['steps_measured']}; {cores} cores; "
       f"load average {load_start} at start, {load_end} at end")
 print("speed-up = tokens/s / that of 1 rank x 1 thread; ideal = min(ranks x threads, cores); comm share = median over"
-      " steps of\n  comm_wait_s / step time (the wait in the gradient reduction's finish() at the end of backward)")
+      " steps of\n  comm_wait_s / step time (the wait in the gradient reduction's finish() at the end of backward);"
+      " others = cores that\n  other processes used during the run, on average (above ~0.1 the run's figures are not"
+      " comparable)")
 print(f"{'run':<13}{'ranks':>6}{'thr':>4}{'dp':>4}{'ep':>4}{'zero':>6}{'tok/s':>9}{'(min':>7}{'max)':>7}"
-      f"{'step ms':>9}{'speed-up':>9}{'ideal':>6}{'wait ms':>9}{'comm%':>7}")
+      f"{'step ms':>9}{'speed-up':>9}{'ideal':>6}{'wait ms':>9}{'comm%':>7}{'others':>8}")
 for r in rows:
     r["speedup"] = r["tokens_per_s"]["median"] / base
     r["ideal"] = min(r["ranks"] * r["threads"], cores)
     t = r["tokens_per_s"]
     print(f"{r['run']:<13}{r['ranks']:>6}{r['threads']:>4}{r['dp']:>4}{r['ep']:>4}{str(r['zero']).lower():>6}"
           f"{t['median']:>9.0f}{t['min']:>7.0f}{t['max']:>7.0f}{r['step_ms']:>9.1f}{r['speedup']:>9.2f}"
-          f"{r['ideal']:>6}{r['comm_wait_ms']:>9.2f}{100 * r['comm_share']:>7.1f}")
+          f"{r['ideal']:>6}{r['comm_wait_ms']:>9.2f}{100 * r['comm_share']:>7.1f}{r['others_cores']:>8.2f}")
 print(json.dumps({"bench": "scaling", "config": "configs/tiny_moe.json", "cores": cores, "skip_steps": SKIP,
                   "load_average_start": load_start, "load_average_end": load_end, "runs": rows}))
 PY

@@ -97,8 +97,7 @@ Location locate(const std::string& path) {
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
   if (!fs::exists(status)) MOE_BAD_INPUT(path << ": no such file or directory; " << kExpected);
-  if (!fs::is_directory(status))
-    MOE_BAD_INPUT(path << " is not a directory; " << kExpected);
+  if (!fs::is_directory(status)) MOE_BAD_INPUT(path << " is not a directory; " << kExpected);
   fs::directory_iterator listing(path, ec);
   if (ec) MOE_BAD_INPUT("cannot read the directory " << path << ": " << ec.message());
 
@@ -111,7 +110,8 @@ Location locate(const std::string& path) {
   }
   for (const auto& entry : listing) {
     const std::string child = entry.path().filename().string();
-    if ((entry.is_directory(ec) && (starts_with(child, "step-") || starts_with(child, "tmp-step-"))) || child == "latest")
+    if ((entry.is_directory(ec) && (starts_with(child, "step-") || starts_with(child, "tmp-step-"))) ||
+        child == "latest")
       return {dir.string(), ""};
   }
   const fs::path config_path = dir / "config.json";
@@ -262,7 +262,8 @@ int64_t check_file_contents(const ckpt::ShardReader& reader, const FileEntry& f,
   }
   for (const ckpt::DatasetInfo& info : reader.datasets())
     if (!listed.count(info.name))
-      MOE_BAD_INPUT("checkpoint shard " << path << " holds dataset " << info.name << " that its manifest does not list");
+      MOE_BAD_INPUT("checkpoint shard " << path << " holds dataset " << info.name
+                                        << " that its manifest does not list");
   return elements;
 }
 
@@ -292,8 +293,9 @@ std::set<std::string> check_coverage(const Manifest& m, const std::string& dir) 
     int64_t next = 0;
     for (const auto& [offset, count] : t.ranges) {
       if (offset != next)
-        MOE_BAD_INPUT("checkpoint " << dir << ": tensor " << name << " has " << (offset < next ? "overlapping" : "missing")
-                                    << " elements at flat offset " << std::min(offset, next));
+        MOE_BAD_INPUT("checkpoint " << dir << ": tensor " << name << " has "
+                                    << (offset < next ? "overlapping" : "missing") << " elements at flat offset "
+                                    << std::min(offset, next));
       next = offset + count;
     }
     if (next != ckpt::numel(t.global_shape))
@@ -392,7 +394,8 @@ std::string flat_keys(const json& j, const std::string& prefix) {
   std::string text;
   if (!j.is_object()) return j.dump();
   for (const auto& [key, value] : j.items())
-    text += (text.empty() ? "" : " ") + prefix + key + "=" + (value.is_string() ? value.get<std::string>() : value.dump());
+    text +=
+        (text.empty() ? "" : " ") + prefix + key + "=" + (value.is_string() ? value.get<std::string>() : value.dump());
   return text;
 }
 
@@ -469,7 +472,13 @@ void run_export(const Location& loc, const CkptOptions& o, std::ostream& out) {
     if (!o.force) MOE_BAD_INPUT("--out " << o.out << " exists; pass --force to replace it");
   }
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  if (!fs::is_directory(parent, ec)) MOE_BAD_INPUT("--out " << o.out << ": directory " << parent.string() << " does not exist");
+  if (!fs::is_directory(parent, ec))
+    MOE_BAD_INPUT("--out " << o.out << ": directory " << parent.string() << " does not exist");
+  const std::string parent_name = fs::absolute(parent, ec).lexically_normal().filename().string();
+  if (starts_with(parent_name, "step-") || starts_with(parent_name, "tmp-step-") || holds_checkpoint_manifest(parent))
+    MOE_BAD_INPUT("--out " << o.out
+                           << " is inside a checkpoint directory; checkpoints are never modified, choose "
+                              "another place");
 
   const std::string dir = target_checkpoint(loc, out);
   const ckpt::Resolved r = verified(dir);
@@ -538,23 +547,27 @@ CLI::App* add_ckpt_command(CLI::App& app, CkptOptions& o) {
   CLI::App* ckpt = app.add_subcommand("ckpt", "Inspect, verify and export checkpoints (docs/checkpoint.md).");
   ckpt->require_subcommand(1);
   CLI::App* ls = ckpt->add_subcommand(
-      "ls", "List the checkpoints, newest first: step, kind and chain base, files, size, created, and whether each "
-            "verifies (size and xxh64 of every file of it and its chain).");
+      "ls",
+      "List the checkpoints, newest first: step, kind and chain base, files, size, created, and whether each "
+      "verifies (size and xxh64 of every file of it and its chain).");
   ls->add_option("PATH", o.path, kPathHelp)->required();
   ls->callback([&o] { o.action = CkptAction::Ls; });
   CLI::App* verify = ckpt->add_subcommand(
-      "verify", "Verify a checkpoint and its chain: sizes and xxh64 of every file, then every dataset read in full "
-                "(HDF5 checks each chunk's Fletcher-32), matched against the manifest. Exit 2 if anything is wrong.");
+      "verify",
+      "Verify a checkpoint and its chain: sizes and xxh64 of every file, then every dataset read in full "
+      "(HDF5 checks each chunk's Fletcher-32), matched against the manifest. Exit 2 if anything is wrong.");
   verify->add_option("PATH", o.path, kPathHelp)->required();
   verify->callback([&o] { o.action = CkptAction::Verify; });
   CLI::App* info = ckpt->add_subcommand(
-      "info", "Summarise a checkpoint's manifest: step, kind, chain, layout, model config, and its tensors "
-              "(global name, global shape, dtype, elements, pieces, files).");
+      "info",
+      "Summarise a checkpoint's manifest: step, kind, chain, layout, model config, and its tensors "
+      "(global name, global shape, dtype, elements, pieces, files).");
   info->add_option("PATH", o.path, kPathHelp)->required();
   info->callback([&o] { o.action = CkptAction::Info; });
   CLI::App* exp = ckpt->add_subcommand(
-      "export", "Write one HDF5 file holding each tensor whole (its global shape), reconstructed along the chain "
-                "for a delta checkpoint.");
+      "export",
+      "Write one HDF5 file holding each tensor whole (its global shape), reconstructed along the chain "
+      "for a delta checkpoint.");
   exp->add_option("PATH", o.path, kPathHelp)->required();
   exp->add_option("--out", o.out, "The HDF5 file to write (refused if it exists, unless --force)")->required();
   exp->add_flag("--all", o.all, "Also the optimizer (optim/), MoE (moe/) and clipping (clip/) state, not only params/");
@@ -566,11 +579,16 @@ CLI::App* add_ckpt_command(CLI::App& app, CkptOptions& o) {
 void run_ckpt(const CkptOptions& o, std::ostream& out) {
   const Location loc = locate(o.path);
   switch (o.action) {
-    case CkptAction::Ls: return run_ls(loc, out);
-    case CkptAction::Verify: return run_verify(loc, out);
-    case CkptAction::Info: return run_info(loc, out);
-    case CkptAction::Export: return run_export(loc, o, out);
-    case CkptAction::None: break;
+    case CkptAction::Ls:
+      return run_ls(loc, out);
+    case CkptAction::Verify:
+      return run_verify(loc, out);
+    case CkptAction::Info:
+      return run_info(loc, out);
+    case CkptAction::Export:
+      return run_export(loc, o, out);
+    case CkptAction::None:
+      break;
   }
   MOE_FAIL("moe ckpt: no action parsed");
 }

@@ -17,9 +17,9 @@ enum class CkptAction { None, Ls, Verify, Info, Export };
 
 struct CkptOptions {
   CkptAction action = CkptAction::None;
-  std::string path;  // a run directory, a checkpoint root, or one checkpoint directory
-  std::string out;   // export: the HDF5 file to write
-  bool all = false;  // export: optimizer, MoE and clipping state too, not only params/
+  std::string path;    // a run directory, a checkpoint root, or one checkpoint directory
+  std::string out;     // export: the HDF5 file to write
+  bool all = false;    // export: optimizer, MoE and clipping state too, not only params/
   bool force = false;  // export: replace an existing --out
 };
 

@@ -49,7 +49,7 @@ std::optional<Phase> phase_from_name(std::string_view name) {
 
 std::string encode_heartbeat(const std::string& secret, const Heartbeat& b) {
   std::ostringstream out;
-  out << "MOEHB1 " << secret << ' ' << b.rank << ' ' << b.pid << ' ' << b.step << ' ' << phase_name(b.phase) << ' '
+  out << "MOEHB1 " << secret << ' ' << b.attempt << ' ' << b.rank << ' ' << b.pid << ' ' << b.step << ' ' << phase_name(b.phase) << ' '
       << b.host;
   return out.str();
 }
@@ -67,8 +67,8 @@ std::optional<Heartbeat> decode_heartbeat(std::string_view datagram, const std::
   std::istringstream in{std::string(datagram)};
   std::string magic, their_secret, phase, host, extra;
   Heartbeat b;
-  if (!(in >> magic >> their_secret >> b.rank >> b.pid >> b.step >> phase >> host) || (in >> extra) ||
-      magic != "MOEHB1" || b.rank < 0 || b.pid <= 0 || b.step < 0) {
+  if (!(in >> magic >> their_secret >> b.attempt >> b.rank >> b.pid >> b.step >> phase >> host) || (in >> extra) ||
+      magic != "MOEHB1" || b.attempt < 0 || b.rank < 0 || b.pid <= 0 || b.step < 0) {
     *why = "malformed";
     return std::nullopt;
   }
@@ -104,6 +104,7 @@ HeartbeatSender::HeartbeatSender(int64_t rank, const std::string& host, const Fa
   const char* secret = std::getenv("MOE_HEARTBEAT_SECRET");
   if (addr && secret) {
     secret_ = secret;
+    if (const char* attempt = std::getenv("MOE_LAUNCH_ATTEMPT")) attempt_ = std::atoll(attempt);
     const std::string text(addr);
     const size_t colon = text.rfind(':');
     sockaddr_in to{};
@@ -141,7 +142,7 @@ void HeartbeatSender::run() {
     double stalled = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      beat = {rank_, int64_t(::getpid()), step_, phase_, host_};
+      beat = {attempt_, rank_, int64_t(::getpid()), step_, phase_, host_};
       operation = operation_;
       stalled = now_s() - since_;
     }

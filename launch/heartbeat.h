@@ -24,13 +24,14 @@ const char* phase_name(Phase phase);
 std::optional<Phase> phase_from_name(std::string_view name);
 
 struct Heartbeat {
-  int64_t rank = 0, pid = 0, step = 0;
+  int64_t attempt = 0;  // the supervisor's start count (MOE_LAUNCH_ATTEMPT): beats of an ended job are stale
+  int64_t rank = 0, pid = 0, step = 0;  // step: steps done
   Phase phase = Phase::Setup;
   std::string host;
 };
 
 inline constexpr size_t kMaxHeartbeatBytes = 512;
-// "MOEHB1 <secret> <rank> <pid> <step> <phase> <host>"
+// "MOEHB1 <secret> <attempt> <rank> <pid> <step> <phase> <host>"
 std::string encode_heartbeat(const std::string& secret, const Heartbeat& beat);
 // The heartbeat, or nullopt with `why` ("oversized", "malformed", "wrong secret").
 std::optional<Heartbeat> decode_heartbeat(std::string_view datagram, const std::string& secret, std::string* why);
@@ -54,6 +55,7 @@ class HeartbeatSender {
   std::string host_;
   FaultConfig fault_;
   std::string secret_;
+  int64_t attempt_ = 0;
   int socket_ = -1;
   std::mutex mutex_;
   Phase phase_ = Phase::Setup;

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "launch/ckpt_command.h"
+#include "launch/supervisor.h"
 #include "launch/trainer.h"
 #include "parallel/mpi_communicator.h"
 
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.footer(
       "Train:  moe train --config FILE [--set KEY=VALUE]... [--run-dir DIR] [--resume auto|none|PATH]\n"
+      "Launch: moe launch --np N [--hostfile F] --config FILE [--set KEY=VALUE]... (restarts after faults)\n"
       "Ckpt:   moe ckpt ls|verify|info PATH, moe ckpt export PATH --out FILE.h5 [--all] [--force]\n"
       "Docs:   docs/cli.md (commands), docs/config.md (config keys), docs/metrics.md (metrics.jsonl),\n"
       "        docs/checkpoint.md (checkpoint layout)");
@@ -64,9 +66,27 @@ int main(int argc, char** argv) {
   moe::CkptOptions ckpt;
   CLI::App* ckpt_cmd = moe::add_ckpt_command(app, ckpt);
 
+  moe::LaunchOptions launch;
+  CLI::App* launch_cmd = app.add_subcommand(
+      "launch", "The supervisor: runs mpirun for you, watches every rank's heartbeat, and restarts the job from "
+                "the newest checkpoint that verifies after a crash or a hang (fault.* config keys).");
+  launch_cmd->add_option("--np", launch.np, "Ranks to run")->required()->check(CLI::PositiveNumber);
+  launch_cmd->add_option("--hostfile", launch.hostfile, "OpenMPI hostfile (host slots=N per line)")
+      ->check(CLI::ExistingFile);
+  launch_cmd->add_option("--mpirun", launch.mpirun, "The mpirun program")->default_val("mpirun");
+  launch_cmd->add_option("--mpirun-arg", launch.mpirun_args,
+                         "An extra argument for mpirun (repeatable), e.g. --mpirun-arg=--oversubscribe");
+  launch_cmd->add_option("--config", launch.config_path, "Experiment config (JSON)")->required()->check(CLI::ExistingFile);
+  launch_cmd->add_option("--set", launch.overrides, "Override a config key (repeatable), as for moe train");
+  launch_cmd->add_option("--run-dir", launch.run_dir, "Run directory (default: runs/<config name>); events.log goes there");
+  launch_cmd->add_option("--resume", launch.resume, "First start: auto, none or PATH (restarts always resume auto)")
+      ->default_val("auto");
+  launch_cmd->add_flag("--overwrite", launch.overwrite, "First start: replace a run directory that holds a run");
+  launch_cmd->add_flag("--quiet", launch.quiet, "No progress lines from the ranks and no event echo");
+
   // CLI11 reports a missing subcommand before an unknown one; name the unknown word instead.
   if (argc > 1 && argv[1][0] != '-' && app.get_subcommands([&](CLI::App* sub) { return sub->get_name() == argv[1]; }).empty()) {
-    std::fprintf(stderr, "moe: error: unknown subcommand '%s'; the subcommands are: train, ckpt (see moe --help)\n", argv[1]);
+    std::fprintf(stderr, "moe: error: unknown subcommand '%s'; the subcommands are: train, launch, ckpt (see moe --help)\n", argv[1]);
     return kExitBadInput;
   }
   try {
@@ -97,6 +117,8 @@ int main(int argc, char** argv) {
       moe::run_train(train, std::move(world));
     } else if (ckpt_cmd->parsed()) {
       moe::run_ckpt(ckpt, std::cout);
+    } else if (launch_cmd->parsed()) {
+      return moe::run_launch(launch);
     }
     return 0;
   } catch (const moe::Error& e) {

@@ -123,7 +123,15 @@ std::vector<Host> read_hostfile(const std::string& path) {
   return hosts;
 }
 
-bool alive(pid_t pid) { return pid > 0 && ::kill(pid, 0) == 0; }
+// A process that still exists and is not a zombie waiting to be reaped.
+bool alive(pid_t pid) {
+  if (pid <= 0 || ::kill(pid, 0) != 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  std::getline(stat, text);
+  const size_t paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() || text[paren + 2] != 'Z';
+}
 
 }  // namespace
 
@@ -199,7 +207,7 @@ int run_launch(const LaunchOptions& o) {
     posix_spawnattr_destroy(&attr);
     if (rc != 0) MOE_BAD_INPUT("cannot start " << args[0] << ": " << std::strerror(rc) << " (is OpenMPI installed?)");
     const double started = now_s();
-    events.add({{"event", "start"}, {"attempt", attempt}, {"np", np}, {"pid", child},
+    events.add({{"event", "start"}, {"attempt", attempt}, {"np", np}, {"pid", child}, {"listen", listen_addr},
                 {"hostfile", hostfile.empty() ? json(nullptr) : json(hostfile)}});
 
     std::map<int64_t, RankState> ranks;
@@ -218,9 +226,10 @@ int run_launch(const LaunchOptions& o) {
         if (n < 0) break;
         std::string why;
         const auto beat = decode_heartbeat(std::string_view(buf, size_t(n)), secret, &why);
-        if (!beat || beat->rank >= np) {
-          if (beat) why = "rank out of range";
-          if (++ignored[why] <= kMaxDetailedIgnored)
+        if (!beat || beat->rank >= np || beat->attempt != attempt) {
+          if (beat) why = beat->attempt != attempt ? "stale (an ended job's)" : "rank out of range";
+          // Stale beats of the job just ended are expected; only the suspicious ones are logged one by one.
+          if (++ignored[why] <= kMaxDetailedIgnored && why.rfind("stale", 0) != 0)
             events.add({{"event", "ignored_heartbeat"}, {"reason", why}, {"bytes", n}, {"attempt", attempt}});
           continue;
         }
@@ -271,8 +280,7 @@ int run_launch(const LaunchOptions& o) {
         if (silent > fault.heartbeat_timeout_s || stuck > limit) {
           failure = {{"event", "hang"}, {"reason", silent > fault.heartbeat_timeout_s ? "silent" : "no progress"},
                      {"rank", k}, {"host", r.host}, {"phase", phase_name(r.phase)}, {"step", r.step},
-                     {"detect_s", silent > fault.heartbeat_timeout_s ? silent - fault.heartbeat_timeout_s : stuck - limit},
-                     {"silent_s", silent}, {"attempt", attempt}};
+                     {"detect_s", silent > fault.heartbeat_timeout_s ? silent : stuck}, {"attempt", attempt}};
           break;
         }
       }
@@ -295,9 +303,13 @@ int run_launch(const LaunchOptions& o) {
     int64_t leftover = 0;
     for (const auto& [k, r] : ranks)
       if (alive(pid_t(r.pid))) ::kill(pid_t(r.pid), SIGKILL), ++leftover;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
     int64_t still = 0;
-    for (const auto& [k, r] : ranks) still += alive(pid_t(r.pid));
+    for (int i = 0; i < 20; ++i) {  // up to 2 s for the kernel to take them
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      still = 0;
+      for (const auto& [k, r] : ranks) still += alive(pid_t(r.pid));
+      if (still == 0) break;
+    }
     failure["killed_stragglers"] = leftover;
     failure["processes_left"] = still;
     events.open();
