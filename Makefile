@@ -1,6 +1,7 @@
 # Two commands for a newcomer on a fresh Debian 12 machine:
 #   make train   installs what is missing, builds, trains the MoE default on the embedded corpus
-#                (configs/tiny_moe.json) on 4 MPI ranks: data parallel 4, expert parallel 2
+#                (configs/tiny_moe.json) on 4 MPI ranks (data parallel 4, expert parallel 2) under the
+#                fault-tolerant supervisor, `moe launch`
 #   make test    installs what is missing, builds, runs the whole test suite
 # Other targets: make build, make bench, make deps, make clean.
 
@@ -11,8 +12,8 @@ RUN_DIR ?= runs/tiny_moe
 NP      ?= 4
 EP      ?= 2
 # Small machines: ranks may outnumber cores, so idle ranks yield and nothing is bound to a core.
-MPIRUN  ?= mpirun -np $(NP) --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 \
-           $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
+MPI_ARGS ?= --mpirun-arg=--oversubscribe --mpirun-arg=--bind-to --mpirun-arg=none \
+            --mpirun-arg=--mca --mpirun-arg=mpi_yield_when_idle --mpirun-arg=1
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
@@ -49,9 +50,12 @@ configure: deps $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
+# Through the supervisor (moe launch): mpirun on NP ranks, heartbeats, a checkpoint every 50 steps, and a
+# restart from the newest one if a rank dies or hangs.
 train: build
-	@echo "make train: $(CONFIG) on $(NP) MPI ranks (data parallel $(NP), expert parallel $(EP)), run directory $(RUN_DIR)"
-	$(MPIRUN) $(BUILD)/bin/moe train --config $(CONFIG) --set parallel.ep=$(EP) --run-dir $(RUN_DIR) --overwrite
+	@echo "make train: $(CONFIG) on $(NP) MPI ranks (data parallel $(NP), expert parallel $(EP)) under moe launch, run directory $(RUN_DIR)"
+	$(BUILD)/bin/moe launch --np $(NP) $(MPI_ARGS) --config $(CONFIG) --set parallel.ep=$(EP) \
+	  --set checkpoint.every=50 --run-dir $(RUN_DIR) --resume none --overwrite
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)

@@ -101,8 +101,11 @@ Location locate(const std::string& path) {
   fs::directory_iterator listing(path, ec);
   if (ec) MOE_BAD_INPUT("cannot read the directory " << path << ": " << ec.message());
 
-  const fs::path p = fs::path(path).lexically_normal();
-  const fs::path dir = p.filename().empty() ? p.parent_path() : p;  // "a/b/" -> "a/b"
+  fs::path dir = fs::path(path).lexically_normal();
+  // "a/b/" -> "a/b"; "." and ".." -> their real names, which say whether they are checkpoints.
+  if (dir.filename().empty()) dir = dir.parent_path();
+  if (dir.filename() == "." || dir.filename() == "..") dir = fs::absolute(dir).lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();
   const std::string name = dir.filename().string();
   if (starts_with(name, "step-") || starts_with(name, "tmp-step-") || holds_checkpoint_manifest(dir)) {
     const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");

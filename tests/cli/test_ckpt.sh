@@ -188,6 +188,11 @@ expect_out=("wrote params4.h5")
 run_case "export --force replaces it" 0 "$moe" ckpt export "$ck/step-00000006" --out params4.h5 --force
 check "export --force: step 6 now" bash -c "h5dump -A params4.h5 | grep -qF 'step-00000006'"
 
+expect_err=("inside a checkpoint directory")
+unchanged=1
+run_case "export --force into a checkpoint directory" 2 \
+  "$moe" ckpt export "$ck/step-00000006" --out "$ck/step-00000006/rank-00000.h5" --force
+
 # ---- Damage ----------------------------------------------------------------------------------------------------
 cp -r A D
 flip_middle_byte D/checkpoints/step-00000006/rank-00000.h5

@@ -1,0 +1,712 @@
+// Fault recovery of `moe launch` end to end (DESIGN.md invariants 3-5): the real program runs as a
+// subprocess, starting mpirun with 2 ranks of a tiny MoE model, while faults are injected (fault.inject):
+// a killed rank, a stopped (silent) rank, a hung main thread, an exception, a corrupted newest checkpoint,
+// more faults than fault.max_restarts allows, forged and malformed heartbeats, and bad input. Each
+// recovered run must end exactly like an uninterrupted run of the same config: the same metrics.jsonl
+// (all machine-independent fields, bit for bit) and the same final parameters, read from both runs'
+// final checkpoints. Each fault case prints what the lead watches: detection latency, time to resume,
+// steps lost (also recorded as gtest properties).
+//
+// All cases run in one process (the ctest entry runs the whole binary), so the uninterrupted reference
+// run is made once.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpointer.h"
+
+extern char** environ;
+
+namespace {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+const std::string kConfig = std::string(MOE_SOURCE_DIR) + "/configs/tiny_moe.json";
+constexpr double kLaunchTimeoutS = 60;  // one `moe launch`, restarts included
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The tiny model and the supervisor's timings every case shares (the brief's overrides).
+std::vector<std::string> base_sets() {
+  return {"train.threads=1",        "model.d_model=32",         "model.layers=2",
+          "model.heads=2",          "model.ffn_hidden=48",      "moe.num_experts=4",
+          "moe.expert_hidden=32",   "train.seq_len=32",         "train.global_batch=8",
+          "train.micro_batch=2",    "train.eval_sequences=2",   "train.steps=12",
+          "checkpoint.every=5",     "train.log_every=1",        "fault.heartbeat_interval_s=0.2",
+          "fault.heartbeat_timeout_s=2", "fault.restart_backoff_s=0.2"};
+}
+
+std::vector<std::string> mpirun_args() {
+  return {"--mpirun-arg=--oversubscribe", "--mpirun-arg=--bind-to", "--mpirun-arg=none",
+          "--mpirun-arg=--mca",           "--mpirun-arg=mpi_yield_when_idle", "--mpirun-arg=1"};
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<json> read_json_lines(const fs::path& path) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    try {
+      out.push_back(json::parse(line));
+    } catch (const std::exception&) {
+      out.push_back(json{{"unparsable", line}});
+    }
+  }
+  return out;
+}
+
+// Processes whose command line mentions `needle` (the run directory: every process of a job has it).
+std::vector<pid_t> processes_mentioning(const std::string& needle) {
+  std::vector<pid_t> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = pid_t(std::atol(name.c_str()));
+    if (pid == ::getpid()) continue;
+    std::string cmdline = read_text(entry.path() / "cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(needle) == std::string::npos) continue;
+    // A zombie is already gone for every purpose but its parent's wait.
+    const std::string stat = read_text(entry.path() / "stat");
+    const size_t paren = stat.rfind(')');
+    if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z') continue;
+    found.push_back(pid);
+  }
+  return found;
+}
+
+// What the test saw of a launch while it ran: when each fault marker and each events.log line appeared.
+struct Observed {
+  std::map<std::string, double> markers;  // RUN_DIR/faults/<name> -> first seen (steady seconds)
+  std::vector<double> event_seen;         // per events.log line, first seen
+};
+
+struct LaunchResult {
+  int exit_code = -1;
+  bool timed_out = false;
+  double started = 0, wall_s = 0;
+  std::string stderr_text;
+  fs::path run_dir;
+  std::vector<json> events;
+  Observed observed;
+  std::vector<pid_t> left_behind;  // processes of the job still there when the launch ended
+};
+
+// A fresh directory for one case; removed at the end unless the case failed.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag) {
+    std::string pattern = (fs::temp_directory_path() / ("moe-sup-" + tag + "-XXXXXX")).string();
+    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() {
+    if (::testing::Test::HasFailure()) {
+      std::cout << "[ kept ] " << path_ << " (a check failed)\n";
+      return;
+    }
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// Runs `moe launch` (args after "launch") with stdout and stderr in `base`, calling `tick` about every 20 ms
+// while it runs. Kills the launch (and any process of its job) after kLaunchTimeoutS.
+LaunchResult run_launch(const fs::path& base, const fs::path& run_dir, const std::vector<std::string>& launch_args,
+                        const std::function<void(const LaunchResult&)>& tick = {}) {
+  LaunchResult r;
+  r.run_dir = run_dir;
+  std::vector<std::string> args = {MOE_BINARY, "launch"};
+  args.insert(args.end(), launch_args.begin(), launch_args.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string out_path = (base / "launch.stdout").string(), err_path = (base / "launch.stderr").string();
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  // OMP_NUM_THREADS=1 for every rank (2 ranks on a small machine).
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "OMP_NUM_THREADS=", 16) != 0) env_text.emplace_back(*e);
+  env_text.push_back("OMP_NUM_THREADS=1");
+  std::vector<char*> envp;
+  for (std::string& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  pid_t pid = 0;
+  r.started = now_s();
+  const int rc = posix_spawn(&pid, args[0].c_str(), &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    ADD_FAILURE() << "cannot start " << args[0] << ": " << std::strerror(rc);
+    return r;
+  }
+  const fs::path events_path = run_dir / "events.log", faults_dir = run_dir / "faults";
+  int status = 0;
+  for (;;) {
+    const pid_t done = ::waitpid(pid, &status, WNOHANG);
+    const double t = now_s();
+    std::error_code ec;
+    if (fs::is_directory(faults_dir, ec))
+      for (const auto& entry : fs::directory_iterator(faults_dir, ec))
+        r.observed.markers.emplace(entry.path().filename().string(), t);
+    if (fs::exists(events_path, ec)) {
+      std::vector<json> events = read_json_lines(events_path);
+      // A line still being written parses badly: count only the complete ones.
+      while (!events.empty() && events.back().contains("unparsable")) events.pop_back();
+      while (r.observed.event_seen.size() < events.size()) r.observed.event_seen.push_back(t);
+      r.events = std::move(events);
+    }
+    if (done == pid) break;
+    if (tick) tick(r);
+    if (t - r.started > kLaunchTimeoutS) {
+      r.timed_out = true;
+      ::kill(pid, SIGTERM);  // the supervisor ends its job on SIGTERM
+      for (int i = 0; i < 50 && ::waitpid(pid, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(100ms);
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  r.wall_s = now_s() - r.started;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.stderr_text = read_text(err_path);
+  r.events = read_json_lines(events_path);
+  r.left_behind = processes_mentioning(run_dir.string());
+  // Whatever the verdict, no process of this test outlives it.
+  for (pid_t p : r.left_behind) ::kill(p, SIGKILL);
+  return r;
+}
+
+std::vector<std::string> launch_args(const fs::path& run_dir, const std::vector<std::string>& extra_sets) {
+  std::vector<std::string> args = {"--np", "2"};
+  const std::vector<std::string> mpi = mpirun_args();
+  args.insert(args.end(), mpi.begin(), mpi.end());
+  args.insert(args.end(), {"--config", kConfig});
+  std::vector<std::string> sets = base_sets();
+  sets.insert(sets.end(), extra_sets.begin(), extra_sets.end());
+  for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
+  args.insert(args.end(), {"--run-dir", run_dir.string(), "--quiet"});
+  return args;
+}
+
+std::string describe(const LaunchResult& r) {
+  std::ostringstream out;
+  out << "exit " << r.exit_code << (r.timed_out ? " (timed out)" : "") << " after " << r.wall_s << " s\nevents.log:\n";
+  for (const json& e : r.events) out << "  " << e.dump() << "\n";
+  std::string err = r.stderr_text;
+  if (err.size() > 4000) err = "..." + err.substr(err.size() - 4000);
+  out << "stderr:\n" << err;
+  return out.str();
+}
+
+std::vector<json> events_named(const LaunchResult& r, const std::string& name) {
+  std::vector<json> out;
+  for (const json& e : r.events)
+    if (e.value("event", "") == name) out.push_back(e);
+  return out;
+}
+
+// metrics.jsonl without the machine-dependent fields, one dump per line (dumps round-trip doubles, so
+// equal text means equal bits).
+std::vector<std::string> comparable_metrics(const fs::path& run_dir) {
+  std::vector<std::string> out;
+  for (json line : read_json_lines(run_dir / "metrics.jsonl")) {
+    for (const char* key : {"tokens_per_s", "elapsed_s", "comm_wait_s", "ckpt_stall_s"}) line.erase(key);
+    out.push_back(line.dump());
+  }
+  return out;
+}
+
+// Every "params/..." tensor of the checkpoint, whole, as bytes.
+std::map<std::string, std::vector<uint8_t>> final_params(const fs::path& checkpoint_dir) {
+  std::map<std::string, std::vector<uint8_t>> out;
+  std::string why;
+  const auto resolved = moe::ckpt::verify_checkpoint(checkpoint_dir.string(), {}, &why);
+  if (!resolved) {
+    ADD_FAILURE() << checkpoint_dir << " does not verify: " << why;
+    return out;
+  }
+  std::map<std::string, moe::ckpt::Piece> pieces;
+  for (const moe::ckpt::FileEntry& f : resolved->chain.back().files)
+    for (const moe::ckpt::DatasetEntry& d : f.datasets) {
+      if (d.tensor.rfind("params/", 0) != 0 || pieces.count(d.tensor)) continue;
+      moe::ckpt::Piece p;
+      p.tensor = d.tensor, p.dtype = d.dtype, p.shape = d.global_shape, p.global_shape = d.global_shape;
+      p.flat_offset = 0;
+      pieces.emplace(d.tensor, p);
+    }
+  std::vector<moe::ckpt::Piece> list;
+  for (auto& [name, p] : pieces) {
+    std::vector<uint8_t>& buf = out[name];
+    buf.assign(size_t(p.bytes()), 0);
+    p.dst = buf.data();
+    list.push_back(p);
+  }
+  try {
+    moe::ckpt::load_pieces(*resolved, list);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "loading " << checkpoint_dir << ": " << e.what();
+  }
+  return out;
+}
+
+fs::path final_checkpoint(const fs::path& run_dir) { return run_dir / "checkpoints" / "step-00000012"; }
+
+// The uninterrupted run every recovered run must equal; made once per process.
+struct Reference {
+  fs::path base, run_dir;
+  std::vector<std::string> metrics;
+  std::map<std::string, std::vector<uint8_t>> params;
+  double wall_s = 0;
+  bool ok = false;
+};
+
+fs::path g_reference_base;  // for the clean-up at the end
+
+const Reference& reference() {
+  static Reference ref = [] {
+    Reference r;
+    std::string pattern = (fs::temp_directory_path() / "moe-sup-reference-XXXXXX").string();
+    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
+    r.base = pattern;
+    g_reference_base = r.base;
+    r.run_dir = r.base / "run";
+    const LaunchResult run = run_launch(r.base, r.run_dir, launch_args(r.run_dir, {}));
+    r.wall_s = run.wall_s;
+    EXPECT_EQ(run.exit_code, 0) << "the uninterrupted reference run failed\n" << describe(run);
+    EXPECT_TRUE(events_named(run, "restart").empty()) << describe(run);
+    r.metrics = comparable_metrics(r.run_dir);
+    r.params = final_params(final_checkpoint(r.run_dir));
+    r.ok = run.exit_code == 0 && r.metrics.size() >= 12 && !r.params.empty();
+    std::cout << "[ reference ] uninterrupted launch: " << run.wall_s << " s, " << r.metrics.size()
+              << " metrics lines, " << r.params.size() << " parameter tensors\n";
+    return r;
+  }();
+  return ref;
+}
+
+// The recovered run equals the uninterrupted one: metrics (bit for bit) and final parameters (bytes).
+void expect_same_as_reference(const fs::path& run_dir) {
+  const Reference& ref = reference();
+  ASSERT_TRUE(ref.ok) << "no reference run to compare with";
+  const std::vector<std::string> metrics = comparable_metrics(run_dir);
+  EXPECT_EQ(metrics.size(), ref.metrics.size()) << "metrics.jsonl lines";
+  for (size_t i = 0; i < std::min(metrics.size(), ref.metrics.size()); ++i)
+    if (metrics[i] != ref.metrics[i]) {
+      ADD_FAILURE() << "metrics.jsonl line " << i + 1 << " differs from the uninterrupted run:\n  got      "
+                    << metrics[i] << "\n  expected " << ref.metrics[i];
+      break;
+    }
+  const auto params = final_params(final_checkpoint(run_dir));
+  EXPECT_EQ(params.size(), ref.params.size()) << "parameter tensors in the final checkpoint";
+  for (const auto& [name, bytes] : ref.params) {
+    const auto it = params.find(name);
+    if (it == params.end()) {
+      ADD_FAILURE() << name << " missing from " << final_checkpoint(run_dir);
+      continue;
+    }
+    EXPECT_TRUE(it->second == bytes) << name << " differs from the uninterrupted run's final value";
+  }
+}
+
+// The figures of one recovery, printed and recorded.
+struct Recovery {
+  double detect_s = -1;          // the supervisor's detect_s
+  double fault_to_event_s = -1;  // the fault's marker appearing -> the crash/hang line appearing (test's view)
+  double time_to_train_s = -1;   // the restart attempt's "training" event
+  double backoff_s = -1;
+  double fault_to_training_s = -1;  // the marker appearing -> the restart's "training" line appearing
+  int64_t steps_lost = -1, resume_step = -1;
+};
+
+// The figures of the first failure and restart of a run; `fault_marker_prefix` names the marker file
+// ("fired-0-kill" ...) whose appearance is the fault's time.
+Recovery measure(const LaunchResult& r, const std::string& case_name) {
+  Recovery m;
+  double fault_t = -1;
+  for (const auto& [name, t] : r.observed.markers)
+    if (fault_t < 0 || t < fault_t) fault_t = t;
+  size_t failure_index = r.events.size(), restart_index = r.events.size();
+  for (size_t i = 0; i < r.events.size(); ++i) {
+    const std::string e = r.events[i].value("event", "");
+    if ((e == "crash" || e == "hang") && failure_index == r.events.size()) failure_index = i;
+    if (e == "restart" && restart_index == r.events.size()) restart_index = i;
+  }
+  if (failure_index < r.events.size()) {
+    m.detect_s = r.events[failure_index].value("detect_s", -1.0);
+    if (fault_t >= 0 && failure_index < r.observed.event_seen.size())
+      m.fault_to_event_s = r.observed.event_seen[failure_index] - fault_t;
+  }
+  if (restart_index < r.events.size()) {
+    const json& restart = r.events[restart_index];
+    m.backoff_s = restart.value("backoff_s", -1.0);
+    m.steps_lost = restart.value("steps_lost", int64_t(-1));
+    m.resume_step = restart.value("resume_step", int64_t(-1));
+    const int64_t attempt = restart.value("restart", int64_t(1));  // attempt numbers count from 0
+    for (size_t i = restart_index; i < r.events.size(); ++i)
+      if (r.events[i].value("event", "") == "training" && r.events[i].value("attempt", int64_t(-1)) == attempt) {
+        m.time_to_train_s = r.events[i].value("time_to_train_s", -1.0);
+        if (fault_t >= 0 && i < r.observed.event_seen.size()) m.fault_to_training_s = r.observed.event_seen[i] - fault_t;
+        break;
+      }
+  }
+  std::cout << "[ figures ] " << case_name << ": detect_s " << m.detect_s << " (fault -> event seen "
+            << m.fault_to_event_s << " s), time to resume " << m.time_to_train_s << " s to train + " << m.backoff_s
+            << " s backoff (fault -> training again seen " << m.fault_to_training_s << " s), steps lost "
+            << m.steps_lost << " (resumed at step " << m.resume_step << "), whole launch " << r.wall_s << " s\n";
+  ::testing::Test::RecordProperty("detect_s", std::to_string(m.detect_s));
+  ::testing::Test::RecordProperty("fault_to_event_s", std::to_string(m.fault_to_event_s));
+  ::testing::Test::RecordProperty("time_to_train_s", std::to_string(m.time_to_train_s));
+  ::testing::Test::RecordProperty("backoff_s", std::to_string(m.backoff_s));
+  ::testing::Test::RecordProperty("fault_to_training_s", std::to_string(m.fault_to_training_s));
+  ::testing::Test::RecordProperty("steps_lost", std::to_string(m.steps_lost));
+  ::testing::Test::RecordProperty("launch_wall_s", std::to_string(r.wall_s));
+  return m;
+}
+
+std::string inject(const std::string& kind, int rank, int step) {
+  return "fault.inject=[{\"kind\":\"" + kind + "\",\"rank\":" + std::to_string(rank) +
+         ",\"step\":" + std::to_string(step) + "}]";
+}
+
+// One restart after one failure, resumed from `resume_step`, ending like the uninterrupted run.
+void expect_one_recovery(const LaunchResult& r, const std::string& failure_event, int64_t resume_step) {
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  const auto failures = [&] {
+    std::vector<json> out = events_named(r, "crash");
+    for (const json& h : events_named(r, "hang")) out.push_back(h);
+    return out;
+  }();
+  ASSERT_EQ(failures.size(), 1u) << "one failure expected\n" << describe(r);
+  if (!failure_event.empty()) {
+    EXPECT_EQ(failures[0].value("event", ""), failure_event) << describe(r);
+  }
+  EXPECT_EQ(failures[0].value("processes_left", int64_t(-1)), 0) << describe(r);
+  const auto restarts = events_named(r, "restart");
+  ASSERT_EQ(restarts.size(), 1u) << describe(r);
+  EXPECT_EQ(restarts[0].value("resume_step", int64_t(-1)), resume_step) << describe(r);
+  EXPECT_GE(restarts[0].value("steps_lost", int64_t(-1)), 1) << describe(r);
+  ASSERT_FALSE(events_named(r, "finished").empty()) << describe(r);
+  EXPECT_EQ(r.events.back().value("event", ""), "finished") << describe(r);
+  // The failure comes before the restart.
+  size_t fi = 0, ri = 0;
+  for (size_t i = 0; i < r.events.size(); ++i) {
+    if (r.events[i] == failures[0]) fi = i;
+    if (r.events[i] == restarts[0]) ri = i;
+  }
+  EXPECT_LT(fi, ri) << describe(r);
+  EXPECT_TRUE(r.left_behind.empty()) << r.left_behind.size() << " processes of the job outlived the launch";
+  EXPECT_FALSE(r.timed_out);
+}
+
+// ---- 1. A killed rank ------------------------------------------------------------------------------
+
+TEST(Supervisor, KilledRankRestartsFromNewestCheckpointAndEqualsUninterrupted) {
+  reference();
+  TempDir dir("kill");
+  const fs::path run = dir.path() / "run";
+  const LaunchResult r = run_launch(dir.path(), run, launch_args(run, {inject("kill", 1, 7)}));
+  expect_one_recovery(r, "crash", 5);
+  const auto crashes = events_named(r, "crash");
+  if (!crashes.empty()) {
+    // The killed rank is the one named (mpirun then ends rank 0 too, a little later).
+    EXPECT_EQ(crashes[0].value("rank", int64_t(-1)), 1) << describe(r);
+    EXPECT_EQ(crashes[0].value("step", int64_t(-1)) >= 6, true) << describe(r);
+  }
+  const Recovery m = measure(r, "kill rank 1 after step 7");
+  EXPECT_GE(m.steps_lost, 2);  // steps 6 and 7 at least
+  EXPECT_GE(m.time_to_train_s, 0) << "no training event of the restart\n" << describe(r);
+  expect_same_as_reference(run);
+}
+
+// ---- 2. A stopped (silent) rank --------------------------------------------------------------------
+
+TEST(Supervisor, StoppedRankIsDetectedAsSilentHangAndLeavesNoProcess) {
+  reference();
+  TempDir dir("stop");
+  const fs::path run = dir.path() / "run";
+  const LaunchResult r = run_launch(dir.path(), run, launch_args(run, {inject("stop", 1, 7)}));
+  expect_one_recovery(r, "hang", 5);
+  const auto hangs = events_named(r, "hang");
+  if (!hangs.empty()) {
+    EXPECT_EQ(hangs[0].value("reason", ""), "silent") << describe(r);
+    EXPECT_EQ(hangs[0].value("rank", int64_t(-1)), 1) << describe(r);
+    const double detect = hangs[0].value("detect_s", -1.0);
+    EXPECT_GT(detect, 2.0) << "detected before fault.heartbeat_timeout_s";
+    EXPECT_LE(detect, 2.0 + 2.0) << "detection took longer than heartbeat_timeout_s + 2 s";
+  }
+  measure(r, "stop (SIGSTOP) rank 1 after step 7");
+  // No process of the job is left: scan every process's command line for the run directory.
+  EXPECT_TRUE(processes_mentioning(run.string()).empty());
+  EXPECT_TRUE(r.left_behind.empty());
+  expect_same_as_reference(run);
+}
+
+// ---- 3. A hung main thread (heartbeats go on) -------------------------------------------------------
+
+TEST(Supervisor, HungStepIsEndedByWatchdogOrNoProgressDetection) {
+  reference();
+  TempDir dir("hang");
+  const fs::path run = dir.path() / "run";
+  const LaunchResult r =
+      run_launch(dir.path(), run, launch_args(run, {inject("hang", 1, 7), "fault.step_timeout_s=3"}));
+  expect_one_recovery(r, "", 5);  // the watchdog's exit is a crash; the supervisor's finding a hang
+  for (const json& h : events_named(r, "hang"))
+    EXPECT_EQ(h.value("reason", ""), "no progress") << "the hung rank still sends heartbeats\n" << describe(r);
+  const Recovery m = measure(r, "hang rank 1 after step 7 (step_timeout_s 3)");
+  // The watchdog fires after 3 s without progress; the supervisor's own limit is 3 + 2 s.
+  if (m.fault_to_event_s >= 0) {
+    EXPECT_GE(m.fault_to_event_s, 2.5) << "ended before fault.step_timeout_s";
+    EXPECT_LE(m.fault_to_event_s, 3.0 + 2.0 + 2.0);
+  }
+  EXPECT_NE(r.stderr_text.find("watchdog"), std::string::npos) << "the watchdog names the stuck rank\n" << describe(r);
+  expect_same_as_reference(run);
+}
+
+// ---- 4. An exception ---------------------------------------------------------------------------------
+
+TEST(Supervisor, ExceptionInRankCrashesAndRestarts) {
+  reference();
+  TempDir dir("exception");
+  const fs::path run = dir.path() / "run";
+  const LaunchResult r = run_launch(dir.path(), run, launch_args(run, {inject("exception", 1, 7)}));
+  expect_one_recovery(r, "crash", 5);
+  EXPECT_NE(r.stderr_text.find("injected exception"), std::string::npos) << describe(r);
+  measure(r, "exception on rank 1 after step 7");
+  expect_same_as_reference(run);
+}
+
+// ---- 5. The newest checkpoint corrupted, then a crash ----------------------------------------------------
+
+TEST(Supervisor, CorruptNewestCheckpointFallsBackToTheOlderOne) {
+  reference();
+  TempDir dir("corrupt");
+  const fs::path run = dir.path() / "run";
+  const LaunchResult r = run_launch(dir.path(), run, launch_args(run, {inject("corrupt_checkpoint", 0, 10)}));
+  expect_one_recovery(r, "crash", 5);
+  const auto restarts = events_named(r, "restart");
+  if (!restarts.empty()) {
+    EXPECT_NE(restarts[0].value("resume_from", json()).dump().find("step-00000005"), std::string::npos)
+        << describe(r);
+    bool named = false;
+    for (const json& note : restarts[0].value("checkpoint_notes", json::array()))
+      named = named || (note.is_string() && note.get<std::string>().find("step-00000010") != std::string::npos &&
+                        note.get<std::string>().find("rank-00000.h5") != std::string::npos);
+    EXPECT_TRUE(named) << "the restart's checkpoint_notes name the damaged file\n" << describe(r);
+  }
+  const Recovery m = measure(r, "corrupt step-10 checkpoint + kill rank 0 after step 10");
+  EXPECT_GE(m.steps_lost, 5);  // back to step 5 from step 10 at least
+  expect_same_as_reference(run);
+}
+
+// ---- 6. More faults than fault.max_restarts allows ---------------------------------------------------------
+
+TEST(Supervisor, GivesUpAfterMaxRestartsWithExitCode3AndKeepsCheckpoints) {
+  TempDir dir("giveup");
+  const fs::path run = dir.path() / "run";
+  const LaunchResult r = run_launch(
+      dir.path(), run,
+      launch_args(run, {"checkpoint.every=2", "fault.max_restarts=1",
+                        R"(fault.inject=[{"kind":"kill","rank":1,"step":3},{"kind":"kill","rank":0,"step":7}])"}));
+  EXPECT_EQ(r.exit_code, 3) << describe(r);
+  EXPECT_NE(r.stderr_text.find("max_restarts"), std::string::npos) << describe(r);
+  ASSERT_FALSE(r.events.empty()) << describe(r);
+  EXPECT_EQ(r.events.back().value("event", ""), "gave_up") << describe(r);
+  EXPECT_EQ(events_named(r, "restart").size(), 1u) << describe(r);
+  EXPECT_EQ(events_named(r, "crash").size(), 2u) << describe(r);
+  EXPECT_TRUE(events_named(r, "finished").empty()) << describe(r);
+  measure(r, "kill rank 1 after step 3 (first of two faults, max_restarts 1)");
+  // The committed checkpoints are still there and verify.
+  std::vector<std::string> notes;
+  const auto newest = moe::ckpt::find_newest((run / "checkpoints").string(), {}, &notes);
+  ASSERT_TRUE(newest.has_value()) << "no checkpoint verifies after giving up";
+  EXPECT_GE(newest->chain.back().step, 4) << newest->dir;  // the restart from step 2 saved at 4 (and 6)
+  std::string why;
+  for (const std::string& d : moe::ckpt::list_checkpoints((run / "checkpoints").string()))
+    EXPECT_TRUE(moe::ckpt::verify_checkpoint(d, {}, &why).has_value()) << d << ": " << why;
+  EXPECT_TRUE(r.left_behind.empty());
+}
+
+// ---- 7. Forged, malformed and oversized heartbeats -------------------------------------------------------
+
+// The secret of the running job, read from mpirun's environment (the test runs as the same user): it
+// lets the test send a well-signed heartbeat from a rank that does not exist.
+std::string job_secret(int64_t mpirun_pid) {
+  const std::string env = read_text("/proc/" + std::to_string(mpirun_pid) + "/environ");
+  std::istringstream in(env);
+  for (std::string var; std::getline(in, var, '\0');)
+    if (var.rfind("MOE_HEARTBEAT_SECRET=", 0) == 0) return var.substr(21);
+  return "";
+}
+
+TEST(Supervisor, ForgedMalformedAndOversizedHeartbeatsAreIgnoredAndCounted) {
+  reference();
+  TempDir dir("heartbeats");
+  const fs::path run = dir.path() / "run";
+  const int sock = ::socket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(sock, 0);
+  bool sent = false, sent_bad_rank = false;
+  std::string listen;
+  const LaunchResult r = run_launch(dir.path(), run, launch_args(run, {}), [&](const LaunchResult& now) {
+    if (sent) return;
+    for (const json& e : now.events) {
+      if (e.value("event", "") != "start" || !e.contains("listen")) continue;
+      listen = e["listen"].get<std::string>();
+      const size_t colon = listen.rfind(':');
+      sockaddr_in to{};
+      to.sin_family = AF_INET;
+      to.sin_port = htons(uint16_t(std::atoi(listen.c_str() + colon + 1)));
+      if (::inet_pton(AF_INET, listen.substr(0, colon).c_str(), &to.sin_addr) != 1) return;
+      auto send = [&](const std::string& datagram) {
+        ::sendto(sock, datagram.data(), datagram.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof to);
+      };
+      std::mt19937_64 rng(std::random_device{}());
+      char secret[33];
+      std::snprintf(secret, sizeof secret, "%016llx%016llx", static_cast<unsigned long long>(rng()),
+                    static_cast<unsigned long long>(rng()));
+      const std::string pid = std::to_string(::getpid());
+      // A heartbeat in the right format with a made-up secret, for a real rank.
+      send(std::string("MOEHB1 ") + secret + " 0 1 " + pid + " 3 step forger");
+      // Garbage bytes.
+      std::string garbage(64, '\0');
+      for (char& c : garbage) c = char(rng());
+      garbage[0] = '\x01';
+      send(garbage);
+      // A 4 KB datagram (the format is right but it is far past 512 bytes).
+      send(std::string("MOEHB1 ") + secret + " 0 0 " + pid + " 3 step " + std::string(4096, 'h'));
+      // A bad rank: negative (malformed whatever the secret) ...
+      send(std::string("MOEHB1 ") + secret + " 0 -1 " + pid + " 3 step forger");
+      // ... and out of range with the job's real secret.
+      const std::string real = job_secret(e.value("pid", int64_t(0)));
+      if (!real.empty()) {
+        send("MOEHB1 " + real + " 0 7 " + pid + " 3 step forger");
+        sent_bad_rank = true;
+      }
+      sent = true;
+      return;
+    }
+  });
+  ::close(sock);
+  ASSERT_TRUE(sent) << "the start event with the listen address never appeared\n" << describe(r);
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(events_named(r, "restart").empty()) << "forged heartbeats caused a restart\n" << describe(r);
+  std::map<std::string, int64_t> logged, totals;
+  for (const json& e : events_named(r, "ignored_heartbeat")) ++logged[e.value("reason", "")];
+  for (const json& e : events_named(r, "ignored_heartbeats_total")) totals[e.value("reason", "")] += e.value("count", int64_t(0));
+  std::cout << "[ figures ] heartbeats sent to " << listen << ": ignored_heartbeat events";
+  for (const auto& [k, v] : logged) std::cout << " '" << k << "' x" << v;
+  std::cout << "; totals";
+  for (const auto& [k, v] : totals) std::cout << " '" << k << "' " << v;
+  std::cout << "\n";
+  EXPECT_EQ(logged["wrong secret"], 1) << describe(r);
+  EXPECT_EQ(logged["malformed"], 2) << describe(r);
+  EXPECT_EQ(logged["oversized"], 1) << describe(r);
+  EXPECT_EQ(totals["wrong secret"], 1) << describe(r);
+  EXPECT_EQ(totals["malformed"], 2) << describe(r);
+  EXPECT_EQ(totals["oversized"], 1) << describe(r);
+  if (sent_bad_rank) {
+    EXPECT_EQ(logged["rank out of range"], 1) << describe(r);
+    EXPECT_EQ(totals["rank out of range"], 1) << describe(r);
+  }
+  // The oversized datagram is logged as larger than a heartbeat may be (the supervisor reads at most 2 KB
+  // of a datagram, so a 4 KB one shows as 2048 bytes).
+  for (const json& e : events_named(r, "ignored_heartbeat")) {
+    if (e.value("reason", "") == "oversized") EXPECT_GT(e.value("bytes", int64_t(0)), 512) << e.dump();
+  }
+  expect_same_as_reference(run);
+  EXPECT_TRUE(r.left_behind.empty());
+}
+
+// ---- 8. Bad input ----------------------------------------------------------------------------------------
+
+TEST(Supervisor, UnknownConfigKeyExits2WithoutRunDir) {
+  TempDir dir("badkey");
+  const fs::path run = dir.path() / "run";
+  std::vector<std::string> args = launch_args(run, {"train.no_such_key=1"});
+  const LaunchResult r = run_launch(dir.path(), run, args);
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_NE(r.stderr_text.find("no_such_key"), std::string::npos) << "the message names the key\n" << describe(r);
+  EXPECT_FALSE(fs::exists(run)) << "a run directory was created for bad input";
+}
+
+TEST(Supervisor, LayoutThatDoesNotFitExits2BeforeStartingMpirun) {
+  TempDir dir("badnp");
+  const fs::path run = dir.path() / "run";
+  // A stand-in for mpirun that leaves a mark if it is ever started.
+  const fs::path marker = dir.path() / "mpirun-was-started";
+  const fs::path fake = dir.path() / "fake-mpirun";
+  {
+    std::ofstream out(fake);
+    out << "#!/bin/sh\ntouch '" << marker.string() << "'\nexit 1\n";
+  }
+  fs::permissions(fake, fs::perms::owner_all);
+  std::vector<std::string> args = launch_args(run, {"parallel.dp=2"});
+  args[1] = "3";  // --np 3
+  args.insert(args.begin(), "--mpirun=" + fake.string());
+  const LaunchResult r = run_launch(dir.path(), run, args);
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_NE(r.stderr_text.find("moe: error"), std::string::npos) << describe(r);
+  EXPECT_FALSE(fs::exists(marker)) << "mpirun was started for a layout that cannot fit";
+  EXPECT_FALSE(fs::exists(run)) << "a run directory was created for bad input";
+}
+
+// The reference run's directory goes when the process ends (kept when a check failed).
+class CleanReference : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (g_reference_base.empty()) return;
+    if (!::testing::UnitTest::GetInstance()->Passed()) {
+      std::cout << "[ kept ] " << g_reference_base << " (the reference run)\n";
+      return;
+    }
+    std::error_code ec;
+    fs::remove_all(g_reference_base, ec);
+  }
+};
+[[maybe_unused]] ::testing::Environment* const g_clean_reference =
+    ::testing::AddGlobalTestEnvironment(new CleanReference);
+
+}  // namespace
