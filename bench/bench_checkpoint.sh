@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Checkpoint benchmark: the training stall of a save with the asynchronous writer on and off, the time the
+# writer takes, and the size of a delta checkpoint against a full one. Each figure is the median over the
+# saves of one run, and stalls are given as a ratio to the median step time of a run without checkpoints
+# measured in the same invocation. Usage: bench/bench_checkpoint.sh [BUILD_DIR] [CONFIG]  (needs python3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+config=${2:-configs/tiny_moe.json}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+common=(--set train.steps=40 --set train.log_every=1 --set train.eval_every=0 --set train.eval_sequences=1 --quiet)
+
+"$build/bin/moe" train --config "$config" "${common[@]}" --run-dir "$out/none"
+for mode in async sync; do
+  flag=$([ "$mode" = async ] && echo true || echo false)
+  "$build/bin/moe" train --config "$config" "${common[@]}" --set checkpoint.every=5 --set checkpoint.keep=100 \
+    --set checkpoint.full_every=2 --set checkpoint.async=$flag --run-dir "$out/$mode"
+done
+
+python3 - "$out" "$config" <<'PY'
+import json, pathlib, statistics, sys
+out, config = pathlib.Path(sys.argv[1]), sys.argv[2]
+def lines(run): return [json.loads(l) for l in open(out / run / "metrics.jsonl") if '"lm_loss"' in l]
+base = lines("none")
+tokens_per_step = base[1]["tokens"] - base[0]["tokens"]
+step_s = statistics.median(tokens_per_step / l["tokens_per_s"] for l in base[3:])
+print(f"config {config}: median step {step_s*1000:.1f} ms without checkpoints")
+sizes = {"full": [], "delta": []}
+for mode in ("async", "sync"):
+    stalls = [l["ckpt_stall_s"] for l in lines(mode) if l.get("ckpt_stall_s", 0) > 0]
+    med = statistics.median(stalls)
+    print(f"{mode:>5}: median stall per save {med*1000:8.2f} ms = {med/step_s:6.3f} x a step  ({len(stalls)} saves)")
+    for d in sorted((out / mode / "checkpoints").glob("step-*")):
+        m = json.load(open(d / "manifest.json"))
+        if mode == "sync": sizes[m["kind"]].append(sum(f["size"] for f in m["files"]))
+full, delta = statistics.median(sizes["full"]), statistics.median(sizes["delta"])
+print(f"checkpoint size: full {full/2**20:.2f} MiB, delta {delta/2**20:.2f} MiB, delta/full = {delta/full:.3f}")
+print(json.dumps({"config": config, "step_s": step_s, "full_bytes": full, "delta_bytes": delta,
+                  "delta_over_full": delta / full}))
+PY
