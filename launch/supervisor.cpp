@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -101,19 +102,16 @@ struct RankState {
   std::string host;
 };
 
-struct Host {
-  std::string name;
-  int64_t slots = 1;
-};
+}  // namespace
 
-std::vector<Host> read_hostfile(const std::string& path) {
+std::vector<HostSlots> read_hostfile(const std::string& path) {
   std::ifstream in(path);
   if (!in) MOE_BAD_INPUT("--hostfile " << path << ": cannot be read");
-  std::vector<Host> hosts;
+  std::vector<HostSlots> hosts;
   for (std::string line; std::getline(in, line);) {
     line = line.substr(0, line.find('#'));
     std::istringstream words(line);
-    Host h;
+    HostSlots h;
     if (!(words >> h.name)) continue;
     for (std::string w; words >> w;)
       if (w.rfind("slots=", 0) == 0) h.slots = std::max<int64_t>(1, std::atoll(w.c_str() + 6));
@@ -123,7 +121,36 @@ std::vector<Host> read_hostfile(const std::string& path) {
   return hosts;
 }
 
-// A process that still exists and is not a zombie waiting to be reaped.
+std::optional<ShrinkPlan> plan_shrink(const std::vector<HostSlots>& hosts, const std::string& failed_host,
+                                      int64_t failures_of_host, int64_t np, const Config& config, std::string* why) {
+  if (failures_of_host < 2) {
+    *why = failed_host + " has failed " + std::to_string(failures_of_host) + " time(s); shrinking takes 2";
+    return std::nullopt;
+  }
+  auto it = std::find_if(hosts.begin(), hosts.end(), [&](const HostSlots& h) { return h.name == failed_host; });
+  if (it == hosts.end() || hosts.size() < 2) {
+    *why = failed_host + " is not one of several hosts of the hostfile";
+    return std::nullopt;
+  }
+  ShrinkPlan plan;
+  plan.np = np - std::min(np - 1, it->slots);
+  try {
+    RankGrid({plan.np, config.parallel.tp, config.parallel.pp, 0, config.parallel.ep, 1}, config.moe.num_experts);
+    const int64_t dp = plan.np / (config.parallel.tp * config.parallel.pp);
+    if (config.train.global_batch % (dp * config.train.micro_batch) != 0)
+      MOE_BAD_INPUT("train.global_batch = " << config.train.global_batch << " does not split over dp = " << dp
+                                            << " ranks of train.micro_batch = " << config.train.micro_batch);
+  } catch (const Error& e) {
+    *why = e.message();
+    return std::nullopt;
+  }
+  for (const HostSlots& h : hosts)
+    if (h.name != failed_host) plan.hosts.push_back(h);
+  return plan;
+}
+
+namespace {
+
 bool alive(pid_t pid) {
   if (pid <= 0 || ::kill(pid, 0) != 0) return false;
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
@@ -139,7 +166,7 @@ int run_launch(const LaunchOptions& o) {
   // Everything checkable is checked before anything starts or is written.
   Config config = load_config(o.config_path, o.overrides);
   if (o.np < 1) MOE_BAD_INPUT("--np " << o.np << ": expected at least 1 rank");
-  std::vector<Host> hosts;
+  std::vector<HostSlots> hosts;
   if (!o.hostfile.empty()) hosts = read_hostfile(o.hostfile);
   RankGrid({o.np, config.parallel.tp, config.parallel.pp, config.parallel.dp, config.parallel.ep, 1},
            config.moe.num_experts);
@@ -334,25 +361,18 @@ int run_launch(const LaunchOptions& o) {
     }
 
     // Shrink: a host that failed twice is left out, when the config still fits the smaller world.
-    if (fault.shrink && hosts.size() > 1 && failure.contains("host")) {
+    if (fault.shrink && !hosts.empty() && failure.contains("host")) {
       const std::string bad = failure["host"];
-      auto it = std::find_if(hosts.begin(), hosts.end(), [&](const Host& h) { return h.name == bad; });
-      if (it != hosts.end() && failures_by_host[bad] >= 2) {
-        const int64_t smaller = np - std::min(np - 1, it->slots);
-        try {
-          RankGrid({smaller, config.parallel.tp, config.parallel.pp, 0, config.parallel.ep, 1}, config.moe.num_experts);
-          const int64_t dp = smaller / (config.parallel.tp * config.parallel.pp);
-          if (config.train.global_batch % (dp * config.train.micro_batch) != 0)
-            MOE_BAD_INPUT("train.global_batch = " << config.train.global_batch << " does not split over dp = " << dp);
-          hosts.erase(it);
-          hostfile = (fs::path(run_dir) / "hostfile.shrunk").string();
-          std::ofstream out(hostfile, std::ios::trunc);
-          for (const Host& h : hosts) out << h.name << " slots=" << h.slots << "\n";
-          events.add({{"event", "shrink"}, {"host", bad}, {"np", smaller}, {"was", np}, {"hostfile", hostfile}});
-          np = smaller;
-        } catch (const Error& e) {
-          events.add({{"event", "cannot_shrink"}, {"host", bad}, {"reason", e.message()}});
-        }
+      std::string why;
+      if (auto plan = plan_shrink(hosts, bad, failures_by_host[bad], np, config, &why)) {
+        hosts = plan->hosts;
+        hostfile = (fs::path(run_dir) / "hostfile.shrunk").string();
+        std::ofstream out(hostfile, std::ios::trunc);
+        for (const HostSlots& h : hosts) out << h.name << " slots=" << h.slots << "\n";
+        events.add({{"event", "shrink"}, {"host", bad}, {"np", plan->np}, {"was", np}, {"hostfile", hostfile}});
+        np = plan->np;
+      } else if (failures_by_host[bad] >= 2) {
+        events.add({{"event", "cannot_shrink"}, {"host", bad}, {"reason", why}});
       }
     }
 

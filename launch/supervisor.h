@@ -8,6 +8,8 @@
 // checkpoint resumed from, the steps lost, and heartbeats it ignored (wrong secret, malformed, oversized).
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,5 +31,21 @@ struct LaunchOptions {
 
 // Exit code of the whole launch: 0 done, 2 bad input, 3 gave up after the allowed restarts, 1 other.
 int run_launch(const LaunchOptions& options);
+
+struct Config;
+struct HostSlots {
+  std::string name;
+  int64_t slots = 1;
+};
+// One hostfile line per host: "name slots=N" (comments after #). BadInput naming the file if unusable.
+std::vector<HostSlots> read_hostfile(const std::string& path);
+// Shrinking (fault.shrink): when `failed_host` has failed at least twice, the hosts without it and the
+// smaller rank count, if the config fits that world; else nullopt with `why`.
+struct ShrinkPlan {
+  std::vector<HostSlots> hosts;
+  int64_t np = 0;
+};
+std::optional<ShrinkPlan> plan_shrink(const std::vector<HostSlots>& hosts, const std::string& failed_host,
+                                      int64_t failures_of_host, int64_t np, const Config& config, std::string* why);
 
 }  // namespace moe
