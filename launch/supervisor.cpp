@@ -199,6 +199,7 @@ int run_launch(const LaunchOptions& o) {
   std::string hostfile = o.hostfile;
   std::map<std::string, int64_t> failures_by_host;
   int64_t restarts = 0;
+  bool resume_available = false;  // whether the last failure left a checkpoint to resume from
   for (int64_t attempt = 0;; ++attempt) {
     // argv for mpirun: no shell ever sees a config value.
     std::vector<std::string> args = {o.mpirun, "-np", std::to_string(np)};
@@ -209,8 +210,10 @@ int run_launch(const LaunchOptions& o) {
     args.insert(args.end(), {self, "train", "--config", o.config_path, "--run-dir", run_dir});
     for (const std::string& s : o.overrides) args.insert(args.end(), {"--set", s});
     if (np != o.np) args.insert(args.end(), {"--set", "parallel.dp=auto"});
-    args.insert(args.end(), {"--resume", attempt == 0 ? o.resume : "auto"});
-    if (attempt == 0 && o.overwrite) args.push_back("--overwrite");
+    // Restarts resume from the newest checkpoint; with none committed yet they start again from step 0.
+    const bool restart_from_scratch = attempt > 0 && !resume_available;
+    args.insert(args.end(), {"--resume", attempt == 0 ? o.resume : restart_from_scratch ? "none" : "auto"});
+    if ((attempt == 0 && o.overwrite) || restart_from_scratch) args.push_back("--overwrite");
     if (o.quiet) args.push_back("--quiet");
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
@@ -249,10 +252,13 @@ int run_launch(const LaunchOptions& o) {
       const double t = now_s();
       while (pfd.revents & POLLIN) {
         char buf[2048];
-        const ssize_t n = ::recv(sock, buf, sizeof buf, MSG_DONTWAIT);
+        // MSG_TRUNC: the datagram's real length, even when it is longer than the buffer.
+        const ssize_t n = ::recv(sock, buf, sizeof buf, MSG_DONTWAIT | MSG_TRUNC);
         if (n < 0) break;
         std::string why;
-        const auto beat = decode_heartbeat(std::string_view(buf, size_t(n)), secret, &why);
+        const auto beat = size_t(n) > kMaxHeartbeatBytes
+                              ? (why = "oversized", std::optional<Heartbeat>())
+                              : decode_heartbeat(std::string_view(buf, size_t(n)), secret, &why);
         if (!beat || beat->rank >= np || beat->attempt != attempt) {
           if (beat) why = beat->attempt != attempt ? "stale (an ended job's)" : "rank out of range";
           // Stale beats of the job just ended are expected; only the suspicious ones are logged one by one.
@@ -260,13 +266,13 @@ int run_launch(const LaunchOptions& o) {
             events.add({{"event", "ignored_heartbeat"}, {"reason", why}, {"bytes", n}, {"attempt", attempt}});
           continue;
         }
+        events.open();  // the job has started: from now on events are written as they come
         RankState& r = ranks[beat->rank];
         if (r.last_seen == 0 || r.step != beat->step || r.phase != beat->phase) r.progress_since = t;
         r.last_seen = t, r.step = beat->step, r.phase = beat->phase, r.host = beat->host, r.pid = beat->pid;
         max_step = std::max(max_step, beat->step);
         if (!training_seen && beat->phase == Phase::Step) {
           training_seen = true;
-          events.open();
           events.add({{"event", "training"}, {"attempt", attempt}, {"step", beat->step},
                       {"time_to_train_s", t - started}});
         }
@@ -276,13 +282,14 @@ int run_launch(const LaunchOptions& o) {
       if (done == child) {
         const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         if (code == 0) {
+          events.open();
           events.add({{"event", "finished"}, {"attempt", attempt}, {"restarts", restarts}});
           for (const auto& [reason, count] : ignored)
             events.add({{"event", "ignored_heartbeats_total"}, {"reason", reason}, {"count", count}});
           ::close(sock);
           return 0;
         }
-        if (code == kExitBadInput && !training_seen) {
+        if (code == kExitBadInput && !training_seen && attempt == 0) {
           ::close(sock);
           return kExitBadInput;  // the ranks said why; restarting would say it again
         }
@@ -318,18 +325,23 @@ int run_launch(const LaunchOptions& o) {
       if (!failure.empty()) break;
     }
 
-    // End the whole job: the process group, then any rank we heard of that is still there.
+    // End the whole job. The ranks first, at once: OpenMPI gives each rank a process group of its own, and
+    // a rank left running (or woken up) would go on training and committing checkpoints after the failure
+    // was declared. SIGKILL also ends a stopped process. Then mpirun's group.
+    int64_t leftover = 0;
+    for (const auto& [k, r] : ranks)
+      if (alive(pid_t(r.pid))) {
+        const pid_t group = ::getpgid(pid_t(r.pid));
+        ::kill(pid_t(r.pid), SIGKILL), ++leftover;
+        if (group > 1 && group != ::getpgrp()) ::kill(-group, SIGKILL);
+      }
     if (child > 0) {
       ::kill(-child, SIGTERM);
-      ::kill(-child, SIGCONT);  // a stopped process only sees SIGTERM once continued
       for (int i = 0; i < 30 && ::waitpid(child, &status, WNOHANG) == 0; ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       ::kill(-child, SIGKILL);
       ::waitpid(child, &status, 0);
     }
-    int64_t leftover = 0;
-    for (const auto& [k, r] : ranks)
-      if (alive(pid_t(r.pid))) ::kill(pid_t(r.pid), SIGKILL), ++leftover;
     int64_t still = 0;
     for (int i = 0; i < 20; ++i) {  // up to 2 s for the kernel to take them
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -380,6 +392,7 @@ int run_launch(const LaunchOptions& o) {
     const auto newest = ckpt::find_newest((fs::path(run_dir) / config.checkpoint.dir).string(),
                                           config.checkpoint.replicas, &notes);
     const int64_t resume_step = newest ? newest->chain.back().step : 0;
+    resume_available = newest.has_value();
     const double backoff = std::min(60.0, fault.restart_backoff_s * std::pow(2.0, double(restarts - 1)));
     events.add({{"event", "restart"}, {"restart", restarts}, {"of", fault.max_restarts},
                 {"resume_from", newest ? json(newest->dir) : json(nullptr)}, {"resume_step", resume_step},
