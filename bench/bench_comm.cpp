@@ -75,8 +75,8 @@ struct Row {
   int64_t bytes = 0;  // per rank: the all-reduce buffer, or everything one rank sends in the all-to-all
   int calls = 0;
   Summary time_s;
-  double algbw = 0;  // bytes / median time, GB/s (1e9 bytes)
-  double busbw = 0;  // algbw x the operation's nccl-tests factor
+  double algbw = 0;        // bytes / median time, GB/s (1e9 bytes)
+  double busbw = 0;        // algbw x the operation's nccl-tests factor
   double max_recv_bw = 0;  // all-to-all only: bytes the busiest rank receives from other ranks / median time
   double memcpy_bw = 0;    // the baseline row of the same size
 };
@@ -201,9 +201,8 @@ Row measure_alltoallv(MpiCommunicator& comm, Split split, int64_t bytes, float* 
   Row row;
   for (const int64_t c : send_counts) row.bytes += c * int64_t(sizeof(float));
   row.calls = calls_per_rep(bytes);
-  row.time_s = time_on_every_rank(comm, warmup, reps, row.calls, [&] {
-    comm.alltoallv(send, send_counts.data(), recv, recv_counts.data());
-  });
+  row.time_s = time_on_every_rank(comm, warmup, reps, row.calls,
+                                  [&] { comm.alltoallv(send, send_counts.data(), recv, recv_counts.data()); });
   int64_t received_from_others = 0;
   for (int s = 0; s < n; ++s)
     if (s != me) received_from_others += recv_counts[size_t(s)] * int64_t(sizeof(float));
@@ -306,7 +305,8 @@ void run(Options o, MpiCommunicator& comm) {
   }
 
   Table memcpy_table{"memcpy", "1", {}};
-  for (const int64_t bytes : sizes) memcpy_table.rows.push_back(measure_memcpy(comm, bytes, a.data(), b.data(), o.warmup, o.reps));
+  for (const int64_t bytes : sizes)
+    memcpy_table.rows.push_back(measure_memcpy(comm, bytes, a.data(), b.data(), o.warmup, o.reps));
   if (leader) {
     std::printf("memcpy baseline (std::memcpy on every rank at once, bytes counted once):\n");
     std::printf("  %9s %6s %11s %11s %11s\n", "size", "calls", "time(us)", "min(us)", "GB/s");
@@ -319,7 +319,8 @@ void run(Options o, MpiCommunicator& comm) {
 
   Table allreduce{"allreduce", "2(n-1)/n", {}};
   if (leader) {
-    std::printf("allreduce: float sum in place (MpiCommunicator::allreduce_sum = MPI_Allreduce), bytes = the buffer:\n");
+    std::printf(
+        "allreduce: float sum in place (MpiCommunicator::allreduce_sum = MPI_Allreduce), bytes = the buffer:\n");
     print_header(false);
   }
   for (size_t i = 0; i < sizes.size(); ++i) {
@@ -331,18 +332,24 @@ void run(Options o, MpiCommunicator& comm) {
 
   const std::vector<double> skew = destination_shares(Split::Skewed, n);
   std::string skew_text;
-  for (const double w : skew) skew_text += (skew_text.empty() ? "" : ", ") + std::to_string(w).substr(0, 5);
+  for (const double w : skew) {
+    char share[16];
+    std::snprintf(share, sizeof share, "%.3f", w);
+    skew_text += (skew_text.empty() ? "" : ", ") + std::string(share);
+  }
   std::vector<Table> alltoallv{{"alltoallv_uniform", "(n-1)/n", {}}, {"alltoallv_skewed", "(n-1)/n", {}}};
   for (const Split split : {Split::Uniform, Split::Skewed}) {
     Table& table = alltoallv[split == Split::Uniform ? 0 : 1];
     if (leader) {
       if (split == Split::Uniform)
-        std::printf("alltoallv, uniform: every rank sends bytes/n to each rank (itself included); bytes = what one\n"
-                    "  rank sends; maxrecv = bytes the busiest rank receives from other ranks / time:\n");
+        std::printf(
+            "alltoallv, uniform: every rank sends bytes/n to each rank (itself included); bytes = what one\n"
+            "  rank sends; maxrecv = bytes the busiest rank receives from other ranks / time:\n");
       else
-        std::printf("alltoallv, skewed: every rank sends share w_d = (1/(d+1)) / H_n of its bytes to rank d (Zipf,\n"
-                    "  exponent 1, over the destination's rank): w = [%s]; rank 0 receives %.2f x the bytes it sends:\n",
-                    skew_text.c_str(), n * skew[0]);
+        std::printf(
+            "alltoallv, skewed: every rank sends share w_d = (1/(d+1)) / H_n of its bytes to rank d (Zipf,\n"
+            "  exponent 1, over the destination's rank): w = [%s]; rank 0 receives %.2f x the bytes it sends:\n",
+            skew_text.c_str(), n * skew[0]);
       print_header(true);
     }
     for (size_t i = 0; i < sizes.size(); ++i) {
@@ -356,22 +363,22 @@ void run(Options o, MpiCommunicator& comm) {
   const std::string load_end = load_average();
   if (!leader) return;
   std::printf("load average %s at end\n", load_end.c_str());
-  nlohmann::json out = {{"bench", "comm"},
-                        {"ranks", n},
-                        {"mpi_library", mpi_library()},
-                        {"quick", o.quick},
-                        {"reps", o.reps},
-                        {"warmup", o.warmup},
-                        {"time_convention", "per call; slowest rank of a repetition; median over repetitions"},
-                        {"bandwidth_convention",
-                         "GB/s = 1e9 bytes/s; algbw = bytes / time; busbw = algbw x factor (nccl-tests)"},
-                        {"skewed_shares", skew},
-                        {"load_average_start", load_start},
-                        {"load_average_end", load_end}};
+  nlohmann::json out = {
+      {"bench", "comm"},
+      {"ranks", n},
+      {"mpi_library", mpi_library()},
+      {"quick", o.quick},
+      {"reps", o.reps},
+      {"warmup", o.warmup},
+      {"time_convention", "per call; slowest rank of a repetition; median over repetitions"},
+      {"bandwidth_convention", "GB/s = 1e9 bytes/s; algbw = bytes / time; busbw = algbw x factor (nccl-tests)"},
+      {"skewed_shares", skew},
+      {"load_average_start", load_start},
+      {"load_average_end", load_end}};
   nlohmann::json memcpy_rows = nlohmann::json::array();
   for (const Row& r : memcpy_table.rows)
-    memcpy_rows.push_back({{"bytes", r.bytes}, {"calls_per_rep", r.calls}, {"time_us", summary_json(r.time_s, 1e6)},
-                           {"gbps", r.algbw}});
+    memcpy_rows.push_back(
+        {{"bytes", r.bytes}, {"calls_per_rep", r.calls}, {"time_us", summary_json(r.time_s, 1e6)}, {"gbps", r.algbw}});
   out["memcpy"] = memcpy_rows;
   for (const Table* t : {&allreduce, &alltoallv[0], &alltoallv[1]}) {
     const bool with_recv = t != &allreduce;

@@ -53,8 +53,8 @@ struct LayerTiming {
 struct MoeResult {
   MoeShape shape;
   LayerTiming moe, dense;
-  // Routing of the last forward: assignments computed by an expert (N K minus drops), the busiest
-  // expert's rows (per-expert GEMMs run one after another, so load imbalance shows in the time).
+  // Routing of the last forward: assignments computed by an expert (N K minus drops), and the busiest
+  // expert's rows, to show how evenly the synthetic tokens spread (the cost depends on it).
   int64_t assignments_computed = 0, max_rows_per_expert = 0;
 };
 

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Scaling of `moe train` over ranks on this machine: trains configs/tiny_moe.json for a few steps with the
-# same global batch on 1 rank (1 and 2 threads), 2 ranks (dp 2, ZeRO off and on) and 4 ranks (dp 4 with
-# ep 2), one thread per rank under mpirun, and prints per run the median tokens/s, the speed-up over the
-# 1-rank 1-thread run (same process count x threads = the cores it may use; ideal = min(that, cores)),
-# and the share of a step spent waiting for the gradient reduction. The last line is one JSON object with
-# every figure. It measures; it asserts nothing about speed. See docs/bench.md ("Scaling").
+# Scaling of `moe train` over ranks on this machine: trains configs/tiny_moe.json for 30 steps with the same
+# global batch on 1 rank (1 and 2 threads), 2 ranks (dp 2, ZeRO off and on) and 4 ranks (dp 4 with ep 2),
+# one thread per rank under mpirun, and prints per run the median tokens/s, the speed-up over the 1-rank
+# 1-thread run (ideal: ranks x threads, at most the machine's cores), the share of a step spent waiting
+# for the gradient reduction, and how many cores other processes took meanwhile (a run they disturbed is
+# not comparable). The last line is one JSON object with every figure. It measures; it asserts nothing
+# about speed. See docs/bench.md ("Scaling").
 #
 # Usage: bench/bench_scaling.sh [BUILD_DIR] [OUT_DIR]
 #   BUILD_DIR: where bin/moe is (default $MOE_BUILD_DIR, else build); OUT_DIR: run directories (default
-#   runs/scaling; overwritten). Extra settings for every run: MOE_SCALING_SET="key=value key=value".
-# Needs mpirun (OpenMPI) and python3 (for the summary). About 1-2 minutes on 2 idle cores.
+#   runs/scaling; overwritten). MOE_SCALING_STEPS: steps per run (30); MOE_SCALING_SET="key=value ...":
+#   extra --set for every run.
+# Needs mpirun (OpenMPI) and python3 (the summary and the CPU accounting). About 25 s on 2 idle cores,
+# over a minute on busy ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-${MOE_BUILD_DIR:-build}}
@@ -17,6 +20,7 @@ out=${2:-runs/scaling}
 moe=$build/bin/moe
 steps=${MOE_SCALING_STEPS:-30}
 [[ -x $moe ]] || { echo "bench_scaling: $moe not found; build it (cmake --build $build --target moe) or pass BUILD_DIR" >&2; exit 2; }
+(( steps > 5 )) || { echo "bench_scaling: MOE_SCALING_STEPS=$steps: expected more than 5 (the first 5 steps are not measured)" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "bench_scaling: python3 is needed for the summary" >&2; exit 2; }
 mkdir -p "$out"
 
@@ -39,9 +43,9 @@ timed() {  # name command...
   shift
   python3 - "$out/$name/cpu.json" "$@" <<'PY'
 import json, os, subprocess, sys, time
-def busy():  # user + nice + system + irq + softirq, all cores, in seconds
+def busy():  # user + nice + system + irq + softirq + steal (other VMs), all cores, in seconds
     f = open("/proc/stat").readline().split()
-    return sum(int(x) for x in (f[1], f[2], f[3], f[6], f[7])) / os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in (f[1], f[2], f[3], f[6], f[7], f[8])) / os.sysconf("SC_CLK_TCK")
 b0, w0 = busy(), time.monotonic()
 rc = subprocess.run(sys.argv[2:]).returncode
 wall, machine = time.monotonic() - w0, busy() - b0
@@ -79,7 +83,7 @@ python3 - "$out" "$(nproc)" "$load_start" "$load_end" "${runs[@]}" <<'PY'
 import json, pathlib, statistics, sys
 
 out, cores, load_start, load_end, names = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
-SKIP = 5  # the first steps start threads, touch memory and fill caches
+SKIP = 5  # the first steps start threads, touch memory and fill caches (the script checks steps > SKIP)
 
 def summarize(name):
     d = out / name

@@ -212,7 +212,9 @@ void MoeLayer<T>::forward(const T* x, T* y, T* acts, int64_t N) {
 
   // Dispatch: gather each expert's tokens into its block, send blocks to the experts' ranks.
   const int64_t M = expert_offset_[E], R = received_;
-  std::vector<T> xp(static_cast<size_t>(M * D));
+  // Kept across forwards: allocating (and zeroing) them every time cost as much as the gather itself.
+  std::vector<T>& xp = token_rows_;
+  xp.resize(size_t(M * D));
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < M; ++r) copy_row(x + (perm_slot_[r] / K) * D, xp.data() + r * D, D);
   xe_.resize(size_t(R * D));
@@ -220,7 +222,8 @@ void MoeLayer<T>::forward(const T* x, T* y, T* acts, int64_t N) {
   dispatch_rows(xp.data(), xe_.data(), D);
 
   // Experts: one GEMM per local expert over its block.
-  std::vector<T> ye(static_cast<size_t>(R * D));
+  std::vector<T>& ye = expert_out_;
+  ye.resize(size_t(R * D));
   for (int64_t el = 0; el < El; ++el) {
     const int64_t r0 = local_offset_[el], m = local_offset_[el + 1] - r0;
     if (m == 0) continue;

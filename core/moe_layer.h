@@ -136,6 +136,7 @@ class MoeLayer final : public FeedForward<T> {
   // Expert-side activations of the last forward: xe (R, D), a, b, h (R, F).
   std::vector<T> xe_, ea_, eb_, eh_;
   std::vector<T> exchange_buffer_;
+  std::vector<T> token_rows_, expert_out_;  // dispatch and combine staging, reused across forwards
 };
 
 }  // namespace moe

@@ -62,15 +62,21 @@ void MoeLayer<T>::route(const T* logits, T* scores, int64_t N) {
   const bool renormalise = s_.normalize && K > 1;
   for (int64_t n = 0; n < N; ++n) {
     const T* p = scores + n * E;
+    // Only the first K of each order matter: partial sorts, ties to the lower expert index (the same
+    // selection a stable full sort gives).
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+    std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                      [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
     for (int64_t j = 0; j < K; ++j) f_[order[j]] += T(1);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int32_t a, int32_t b) { return double(p[a]) + bias_[a] > double(p[b]) + bias_[b]; });
-    int64_t j = 0;
-    for (int64_t r = 0; r < E && j < K; ++r)
-      if (!expert_masked_[order[r]]) sel_expert_[n * K + j++] = order[r];
+    int64_t available = 0;
+    for (int32_t e = 0; e < E; ++e)
+      if (!expert_masked_[e]) order[available++] = e;
+    const int64_t take = std::min(K, available);
+    std::partial_sort(order.begin(), order.begin() + take, order.begin() + available, [&](int32_t a, int32_t b) {
+      const double ka = double(p[a]) + bias_[a], kb = double(p[b]) + bias_[b];
+      return ka > kb || (ka == kb && a < b);
+    });
+    for (int64_t j = 0; j < take; ++j) sel_expert_[n * K + j] = order[j];
     double sum = 0;
     for (int64_t i = 0; i < K; ++i)
       if (sel_expert_[n * K + i] >= 0) sum += double(p[sel_expert_[n * K + i]]);
