@@ -62,6 +62,7 @@ test: build
 
 bench: build
 	$(BUILD)/bin/bench_train
+	$(BUILD)/bin/bench_moe
 
 clean:
 	rm -rf $(BUILD)
