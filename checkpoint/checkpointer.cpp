@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/host.h"
 
 namespace moe::ckpt {
 namespace fs = std::filesystem;
@@ -40,12 +41,6 @@ std::string peer_file_name(int64_t rank) {
   return buf;
 }
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
 
 // Every rank's string, on every rank (lengths first, then the bytes as int64 values).
 std::vector<std::string> allgather_strings(Communicator& comm, const std::string& mine) {

@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/error.h"
+#include "core/host.h"
 #include "launch/ckpt_command.h"
 #include "launch/supervisor.h"
 #include "launch/trainer.h"
@@ -21,11 +22,6 @@ namespace {
 constexpr int kExitBadInput = 2;
 constexpr int kExitOther = 1;
 
-std::string hostname() {
-  char buf[256] = {};
-  gethostname(buf, sizeof buf - 1);
-  return buf;
-}
 
 }  // namespace
 
@@ -110,7 +106,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "moe: cannot start MPI: %s\n", e.what());
     return kExitOther;
   }
-  moe::set_error_context(rank, hostname());
+  moe::set_error_context(rank, moe::host_name());
   try {
     if (train_cmd->parsed()) {
       train.command_line.assign(argv, argv + argc);

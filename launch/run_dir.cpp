@@ -13,6 +13,7 @@
 #include <CLI/Version.hpp>
 
 #include "core/error.h"
+#include "core/host.h"
 #include "moe_version.h"
 
 namespace moe {
@@ -59,17 +60,6 @@ nlohmann::json build_versions() {
 }
 
 namespace {
-std::string hostname() {
-  char buf[256] = {};
-  gethostname(buf, sizeof buf - 1);
-  return buf;
-}
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
 void write_file(const fs::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::trunc);
   out << text;
@@ -92,7 +82,7 @@ void write_run_files(const std::string& run_dir, const Config& config, const std
   m["layout"] = {{"world", grid.sizes().world}, {"tp", grid.sizes().tp}, {"pp", grid.sizes().pp},
                  {"dp", grid.sizes().dp}, {"ep", grid.sizes().ep}, {"edp", grid.edp()},
                  {"zero", config.optim.zero}};
-  m["hosts"] = {hostname()};
+  m["hosts"] = {host_name()};
   m["threads_per_rank"] = threads;
   m["command"] = command_line;
   write_file(fs::path(run_dir) / "manifest.json", m.dump(2) + "\n");

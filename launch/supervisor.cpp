@@ -25,6 +25,7 @@
 
 #include "checkpoint/checkpointer.h"
 #include "core/error.h"
+#include "core/host.h"
 #include "launch/config.h"
 #include "launch/heartbeat.h"
 #include "parallel/rank_grid.h"
@@ -48,12 +49,6 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
 
 std::string random_secret() {
   unsigned char bytes[16] = {};

@@ -14,6 +14,7 @@
 
 #include "core/backend/ops.h"
 #include "core/error.h"
+#include "core/host.h"
 #include "core/model.h"
 #include "core/moe_layer.h"
 #include "data/corpus.h"
@@ -296,9 +297,7 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
                           : std::max(1, int(std::thread::hardware_concurrency()) / launcher_local_size());
   set_compute_threads(threads);
   ProcessGroups groups = make_process_groups(std::move(world), grid);
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  HeartbeatSender heartbeat(groups.rank, host, config.fault);
+  HeartbeatSender heartbeat(groups.rank, host_name(), config.fault);
   heartbeat.set(Phase::Setup, 0, "start-up");
   const bool leader = groups.rank == 0;
   const int64_t ep = config.parallel.ep;
