@@ -8,6 +8,8 @@
 #include <fstream>
 #include <mutex>
 
+#include <xxhash.h>
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -167,8 +169,8 @@ double Checkpointer::save(int64_t step, const std::vector<Piece>& pieces) {
   }
   previous_ = std::move(current);
 
-  // The temporary directory exists before any rank writes into it.
-  if (world_.rank() == 0) {
+  // The temporary directory exists before any rank writes into it (on every host with node-local roots).
+  if (committer()) {
     std::error_code ec;
     fs::remove_all(job->tmp_dir, ec);
     fs::create_directories(job->tmp_dir, ec);
@@ -240,7 +242,7 @@ void Checkpointer::commit(Job& job, bool wait) {
   if (flags[0] > 0) return;  // someone is still writing: try again at the next step
   if (job.writer.joinable()) job.writer.join();
   if (flags[1] > 0) {
-    if (world_.rank() == 0) {
+    if (committer()) {
       std::error_code ec;
       fs::remove_all(job.tmp_dir, ec);
     }
@@ -256,12 +258,14 @@ void Checkpointer::commit(Job& job, bool wait) {
   json mine = json::array({to_json(job.entry)});
   if (s_.peer_copy && world_.size() > 1) mine.push_back(to_json(copy_to_peer(job)));
   const std::vector<std::string> entries = allgather_strings(world_, mine.dump());
-  if (world_.rank() == 0) {
+  // Every committer writes the same manifest, byte for byte: the creation time is rank 0's.
+  const std::string created = allgather_strings(world_, world_.rank() == 0 ? utc_now() : std::string())[0];
+  if (committer()) {
     Manifest m;
     m.step = job.step;
     m.kind = job.kind;
     m.chain = job.chain;
-    m.created = utc_now();
+    m.created = created;
     m.config = run_info_.value("config", json::object());
     m.layout = run_info_.value("layout", json::object());
     m.versions = run_info_.value("versions", json::object());
@@ -307,7 +311,8 @@ void Checkpointer::commit(Job& job, bool wait) {
       }
     }
     report_ = {job.step, job.kind, job.stall_s, job.write_s, bytes};
-  } else {
+  }
+  if (world_.rank() != 0) {
     report_ = {job.step, job.kind, job.stall_s, job.write_s, 0};
   }
   job_.reset();
@@ -344,6 +349,10 @@ FileEntry Checkpointer::copy_to_peer(const Job& job) {
   }
   e.xxh64 = file_xxh64(path.string(), &e.size);
   return e;
+}
+
+bool Checkpointer::committer() const {
+  return s_.node_local ? world_.rank() % std::max<int64_t>(1, s_.local_ranks) == 0 : world_.rank() == 0;
 }
 
 void Checkpointer::apply_retention(const std::string& root) {
@@ -569,6 +578,226 @@ void load_pieces(const Resolved& ck, const std::vector<Piece>& pieces) {
                                     << p.flat_offset << "); it does not fit this run");
     }
   }
+}
+
+
+// ---- Restore from node-local roots ----------------------------------------------------------------
+
+namespace {
+
+// Sends words[q] to rank q; returns what every rank sent to this one. Words travel as float bit patterns
+// (MPI copies them unchanged between hosts of one kind).
+std::vector<std::vector<uint32_t>> exchange_words(Communicator& world, const std::vector<std::vector<uint32_t>>& words) {
+  const int P = world.size();
+  std::vector<int64_t> send_counts(static_cast<size_t>(P)), recv_counts(static_cast<size_t>(P));
+  for (int q = 0; q < P; ++q) send_counts[q] = int64_t(words[q].size());
+  world.alltoall(send_counts.data(), recv_counts.data(), 1);
+  std::vector<float> send, recv;
+  for (int q = 0; q < P; ++q) {
+    const size_t at = send.size();
+    send.resize(at + words[q].size());
+    std::memcpy(send.data() + at, words[q].data(), words[q].size() * 4);
+  }
+  int64_t total = 0;
+  for (int64_t c : recv_counts) total += c;
+  recv.resize(static_cast<size_t>(total));
+  world.alltoallv(send.data(), send_counts.data(), recv.data(), recv_counts.data());
+  std::vector<std::vector<uint32_t>> out(static_cast<size_t>(P));
+  size_t at = 0;
+  for (int q = 0; q < P; ++q) {
+    out[q].resize(static_cast<size_t>(recv_counts[q]));
+    std::memcpy(out[q].data(), recv.data() + at, size_t(recv_counts[q]) * 4);
+    at += size_t(recv_counts[q]);
+  }
+  return out;
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::string xxh64_hex(const std::string& bytes) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH64(bytes.data(), bytes.size(), 0)));
+  return hex;
+}
+
+}  // namespace
+
+std::optional<DistributedChoice> find_newest_distributed(Communicator& world, const std::string& local_root,
+                                                         bool node_leader, std::vector<std::string>* notes) {
+  // What this host holds: each committed checkpoint's manifest text and the files that verify here.
+  json mine = json::object();
+  if (node_leader)
+    for (const std::string& dir : list_checkpoints(local_root)) {
+      const std::string text = read_text(fs::path(dir) / kManifestName);
+      Manifest m;
+      try {
+        m = manifest_from_json(json::parse(text), (fs::path(dir) / kManifestName).string());
+      } catch (const std::exception&) {
+        continue;
+      }
+      json files = json::object();
+      for (const FileEntry& f : m.files) {
+        const fs::path path = fs::path(dir) / f.name;
+        std::error_code ec;
+        if (!fs::exists(path, ec)) continue;
+        int64_t size = 0;
+        if (file_xxh64(path.string(), &size) == f.xxh64 && size == f.size) files[f.name] = path.string();
+      }
+      mine[fs::path(dir).filename().string()] = {{"manifest", text}, {"files", files}};
+    }
+  const std::vector<std::string> all = allgather_strings(world, mine.dump());
+  std::vector<json> held;
+  for (const std::string& text : all) held.push_back(json::parse(text));
+
+  // Newest first, the first whose chain is complete somewhere; the same decision on every rank.
+  std::map<int64_t, std::string, std::greater<>> by_step;
+  std::map<std::string, std::string> manifest_text;
+  for (const json& h : held)
+    for (const auto& [name, entry] : h.items()) {
+      by_step[step_of_dir(name)] = name;
+      manifest_text.emplace(name, entry["manifest"].get<std::string>());
+    }
+  for (const auto& [step, name] : by_step) {
+    DistributedChoice c;
+    c.dir_name = name;
+    std::string why;
+    const Manifest head = manifest_from_json(json::parse(manifest_text[name]), name);
+    for (size_t ci = 0; ci < head.chain.size() && why.empty(); ++ci) {
+      const std::string& member = head.chain[ci];
+      auto text = manifest_text.find(member);
+      if (text == manifest_text.end()) {
+        why = "no host holds " + member + " of its chain";
+        break;
+      }
+      if (member != name && xxh64_hex(text->second) != head.chain_manifests[ci]) {
+        why = member + " on the hosts is not the checkpoint it was computed from";
+        break;
+      }
+      Manifest m = manifest_from_json(json::parse(text->second), member);
+      std::vector<int64_t> holders;
+      std::vector<std::string> paths;
+      for (const FileEntry& f : m.files) {
+        int64_t holder = -1;
+        std::string path;
+        if (!f.peer_copy) {
+          char peer_name[40];
+          std::snprintf(peer_name, sizeof peer_name, "peer-of-rank-%05lld.h5", static_cast<long long>(f.rank));
+          for (const std::string& candidate : {f.name, std::string(peer_name)}) {
+            for (size_t r = 0; r < held.size() && holder < 0; ++r)
+              if (held[r].contains(member) && held[r][member]["files"].contains(candidate))
+                holder = int64_t(r), path = held[r][member]["files"][candidate].get<std::string>();
+            if (holder >= 0) {
+              if (candidate != f.name) c.notes.push_back(member + "/" + f.name + " is on no host; using the peer copy held by rank " + std::to_string(holder));
+              break;
+            }
+          }
+          if (holder < 0) {
+            why = member + "/" + f.name + " is held by no host, nor its peer copy";
+            break;
+          }
+        }
+        holders.push_back(holder);
+        paths.push_back(path);
+      }
+      c.chain.push_back(std::move(m));
+      c.holder.push_back(std::move(holders));
+      c.path.push_back(std::move(paths));
+    }
+    if (why.empty()) {
+      notes->insert(notes->end(), c.notes.begin(), c.notes.end());
+      return c;
+    }
+    notes->push_back("skipped " + name + ": " + why);
+  }
+  return std::nullopt;
+}
+
+void load_pieces_distributed(Communicator& world, const DistributedChoice& choice, const std::vector<Piece>& pieces) {
+  const int P = world.size();
+  // A request: (chain member, file, dataset, first element, count, piece); asked of the file's holder.
+  struct Request {
+    int64_t chain, file, dataset, lo, count, piece;
+  };
+  std::vector<std::vector<Request>> asked(static_cast<size_t>(P));
+  std::vector<std::vector<int64_t>> covered(pieces.size(), std::vector<int64_t>(choice.chain.size(), 0));
+  for (size_t pi = 0; pi < pieces.size(); ++pi) {
+    const Piece& p = pieces[pi];
+    for (size_t c = 0; c < choice.chain.size(); ++c)
+      for (size_t f = 0; f < choice.chain[c].files.size(); ++f) {
+        const FileEntry& fe = choice.chain[c].files[f];
+        if (fe.peer_copy) continue;
+        for (size_t d = 0; d < fe.datasets.size(); ++d) {
+          const DatasetEntry& de = fe.datasets[d];
+          if (de.tensor != p.tensor) continue;
+          if (de.global_shape != p.global_shape)
+            MOE_BAD_INPUT("checkpoint " << choice.chain[c].chain.back() << ": tensor " << p.tensor << " has another global shape than this run expects");
+          const int64_t lo = std::max(p.flat_offset, de.flat_offset), hi = std::min(p.flat_offset + p.count(), de.flat_offset + de.count);
+          if (hi <= lo) continue;
+          asked[choice.holder[c][f]].push_back({int64_t(c), int64_t(f), int64_t(d), lo, hi - lo, int64_t(pi)});
+          covered[pi][c] += hi - lo;
+        }
+      }
+    for (size_t c = 0; c < choice.chain.size(); ++c)
+      if (covered[pi][c] != p.count())
+        MOE_BAD_INPUT("checkpoint " << choice.dir_name << " holds " << covered[pi][c] << " of the " << p.count()
+                                    << " elements of " << p.tensor << " this rank needs; it does not fit this run");
+  }
+  // Requests out, as words.
+  std::vector<std::vector<uint32_t>> request_words(static_cast<size_t>(P));
+  for (int q = 0; q < P; ++q)
+    for (const Request& r : asked[q])
+      for (int64_t v : {r.chain, r.file, r.dataset, r.lo, r.count}) {
+        request_words[q].push_back(uint32_t(uint64_t(v)));
+        request_words[q].push_back(uint32_t(uint64_t(v) >> 32));
+      }
+  const auto requests = exchange_words(world, request_words);
+  // Serve them from the local disk.
+  std::map<std::string, std::unique_ptr<ShardReader>> readers;
+  std::vector<std::vector<uint32_t>> replies(static_cast<size_t>(P));
+  for (int q = 0; q < P; ++q)
+    for (size_t i = 0; i + 10 <= requests[q].size(); i += 10) {
+      int64_t v[5];
+      for (int k = 0; k < 5; ++k) v[k] = int64_t(uint64_t(requests[q][i + 2 * k]) | (uint64_t(requests[q][i + 2 * k + 1]) << 32));
+      const DatasetEntry& de = choice.chain[v[0]].files[v[1]].datasets[v[2]];
+      const std::string& path = choice.path[v[0]][v[1]];
+      auto& reader = readers[path];
+      if (!reader) reader = std::make_unique<ShardReader>(path);
+      const int64_t words_per = int64_t(dtype_size(de.dtype) / 4);
+      std::vector<uint32_t> buf(size_t(v[4] * words_per));
+      if (de.xor_delta)
+        reader->read(de.dataset, DType::U32, (v[3] - de.flat_offset) * words_per, v[4] * words_per, buf.data());
+      else
+        reader->read(de.dataset, de.dtype, v[3] - de.flat_offset, v[4], buf.data());
+      replies[q].insert(replies[q].end(), buf.begin(), buf.end());
+    }
+  const auto answers = exchange_words(world, replies);
+  // Apply in the order asked: the base's values first, then each delta's XOR, along the chain.
+  std::vector<std::pair<int64_t, Request>> ordered;
+  for (int q = 0; q < P; ++q)
+    for (const Request& r : asked[q]) ordered.push_back({q, r});
+  std::vector<size_t> cursor(static_cast<size_t>(P), 0);
+  std::vector<std::vector<std::pair<const uint32_t*, Request>>> by_chain(choice.chain.size());
+  for (const auto& [q, r] : ordered) {
+    const Piece& p = pieces[r.piece];
+    const int64_t words = r.count * int64_t(dtype_size(p.dtype) / 4);
+    by_chain[r.chain].push_back({answers[q].data() + cursor[q], r});
+    cursor[q] += size_t(words);
+  }
+  for (size_t c = 0; c < by_chain.size(); ++c)
+    for (const auto& [data, r] : by_chain[c]) {
+      const Piece& p = pieces[r.piece];
+      const DatasetEntry& de = choice.chain[r.chain].files[r.file].datasets[r.dataset];
+      const int64_t esize = int64_t(dtype_size(p.dtype));
+      auto* dst = static_cast<uint8_t*>(p.dst) + (r.lo - p.flat_offset) * esize;
+      const auto* src = reinterpret_cast<const uint8_t*>(data);
+      if (de.xor_delta)
+        for (int64_t i = 0; i < r.count * esize; ++i) dst[i] ^= src[i];
+      else
+        std::memcpy(dst, src, size_t(r.count * esize));
+    }
 }
 
 }  // namespace moe::ckpt

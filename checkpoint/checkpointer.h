@@ -54,6 +54,10 @@ struct SaveSettings {
   // on another host when ranks fill hosts in order, or the next rank when all share one host.
   bool peer_copy = false;
   int64_t local_ranks = 1;  // ranks per host
+  // Node-local roots: `root` is on this host's own disk (ranks fill hosts in order, local_ranks per host).
+  // Every host's first rank commits the same manifest into its own root; restoring goes through
+  // find_newest_distributed / load_pieces_distributed.
+  bool node_local = false;
 };
 
 class Checkpointer {
@@ -88,6 +92,7 @@ class Checkpointer {
   void start_job(std::unique_ptr<Job> job);
   void commit(Job& job, bool wait);
   void apply_retention(const std::string& root);
+  bool committer() const;  // writes manifests and renames: rank 0, or every host's first rank
   FileEntry copy_to_peer(const Job& job);
 
   SaveSettings s_;
@@ -124,5 +129,21 @@ std::optional<Resolved> find_newest(const std::string& root, const std::vector<s
 std::vector<std::string> list_checkpoints(const std::string& root);
 // Fills every piece's dst from the checkpoint (and its chain). BadInput when a range is not in it.
 void load_pieces(const Resolved& checkpoint, const std::vector<Piece>& pieces);
+
+// ---- Restore from node-local roots (collective) ----------------------------------------------------
+
+struct DistributedChoice {
+  std::string dir_name;                          // e.g. "step-00000010"
+  std::vector<Manifest> chain;                   // base first
+  std::vector<std::vector<int64_t>> holder;      // per chain member, per file entry: the rank that reads it (-1: none)
+  std::vector<std::vector<std::string>> path;    // the same, the path on that rank (meaningful there only)
+  std::vector<std::string> notes;
+};
+// Each host's first rank (node_leader) verifies what its own root holds; all ranks agree on the newest
+// checkpoint whose every file (or its peer copy) is held by some host, along its whole chain.
+std::optional<DistributedChoice> find_newest_distributed(Communicator& world, const std::string& local_root,
+                                                         bool node_leader, std::vector<std::string>* notes);
+// Every rank asks the holders for the ranges its pieces need; the holders read them and send them back.
+void load_pieces_distributed(Communicator& world, const DistributedChoice& choice, const std::vector<Piece>& pieces);
 
 }  // namespace moe::ckpt

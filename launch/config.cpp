@@ -189,6 +189,7 @@ Config fill(const Entries& entries) {
   c.checkpoint.async = r.boolean("checkpoint.async");
   c.checkpoint.replicas = r.at("checkpoint.replicas").get<std::vector<std::string>>();
   c.checkpoint.peer_copy = r.boolean("checkpoint.peer_copy");
+  c.checkpoint.node_local = r.boolean("checkpoint.node_local");
 
   c.fault.heartbeat_interval_s = r.number("fault.heartbeat_interval_s");
   c.fault.heartbeat_timeout_s = r.number("fault.heartbeat_timeout_s");
@@ -269,6 +270,13 @@ void check_moe_every(const Checked& c) {
                                       << ": expected moe.every <= model.layers, or no block would be MoE");
 }
 
+void check_node_local_without_replicas(const Checked& c) {
+  if (c.config.checkpoint.node_local && !c.config.checkpoint.replicas.empty())
+    MOE_BAD_INPUT(c.show("checkpoint.replicas") << " with " << c.show("checkpoint.node_local")
+                                                 << ": replicas copy one directory, which node-local roots do not have; "
+                                                    "use checkpoint.peer_copy to keep each shard on a second host");
+}
+
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> table = {
       {"`model.d_model` is a multiple of `model.heads`.", check_heads_divide_width},
@@ -279,6 +287,7 @@ const std::vector<Rule>& rules() {
       {"`model.vocab` >= 256: the tokenizer is bytes.", check_vocab_holds_bytes},
       {"`moe.top_k` <= `moe.num_experts` when `moe.num_experts` > 0.", check_top_k},
       {"`moe.every` <= `model.layers`.", check_moe_every},
+      {"`checkpoint.replicas` is empty when `checkpoint.node_local` is true.", check_node_local_without_replicas},
       {"Data source names are non-empty and unique.", nullptr},  // checked with the list itself
   };
   return table;

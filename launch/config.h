@@ -83,6 +83,7 @@ struct CheckpointConfig {
   bool async = true;
   std::vector<std::string> replicas;
   bool peer_copy = false;
+  bool node_local = false;
 };
 
 struct FaultInjection {

@@ -129,6 +129,9 @@ std::vector<KeySpec> build_schema() {
                   "further checkpoint roots that receive a full copy of every checkpoint (e.g. another disk)"),
       boolean("checkpoint.peer_copy", false,
               "each rank's shard is also kept by a rank on another host (on one host: the next rank)"),
+      boolean("checkpoint.node_local", false,
+              "checkpoint.dir is on each host's own disk (`{node}` in it is replaced by the host's number): every "
+              "host commits the manifest, and restoring fetches ranges from the hosts that hold them"),
 
       number("fault.heartbeat_interval_s", 0.5, above(0), "seconds between two heartbeats of a rank"),
       number("fault.heartbeat_timeout_s", 30.0, above(0),

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <fstream>
 #include <regex>
 #include <thread>
@@ -209,7 +210,10 @@ EvalResult evaluate(Model<float>& model, const data::Loader& loader, int64_t eva
 int launcher_world_size() {
   return env_int("OMPI_COMM_WORLD_SIZE", env_int("PMI_SIZE", env_int("PMIX_SIZE", 1)));
 }
-int launcher_local_size() { return env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("MPI_LOCALNRANKS", 1)); }
+// MOE_RANKS_PER_NODE overrides it, to simulate several hosts on one machine (tests, demonstrations).
+int launcher_local_size() {
+  return env_int("MOE_RANKS_PER_NODE", env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("MPI_LOCALNRANKS", 1)));
+}
 
 
 namespace {
@@ -263,12 +267,31 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   check_memory(config);
   const std::string run_dir =
       options.run_dir.empty() ? "runs/" + fs::path(options.config_path).stem().string() : options.run_dir;
-  const fs::path ckpt_root = fs::path(run_dir) / config.checkpoint.dir;  // an absolute dir replaces run_dir
+  // An absolute checkpoint.dir replaces run_dir; with node-local roots "{node}" names this host.
+  std::string ckpt_dir_text = config.checkpoint.dir;
+  const int64_t ranks_per_node = std::max(1, launcher_local_size());
+  const int64_t node = world->rank() / ranks_per_node;
+  const bool node_leader = world->rank() % ranks_per_node == 0;
+  for (size_t at; (at = ckpt_dir_text.find("{node}")) != std::string::npos;)
+    ckpt_dir_text.replace(at, 6, std::to_string(node));
+  const fs::path ckpt_root = fs::path(run_dir) / ckpt_dir_text;
+  const bool node_local = config.checkpoint.node_local;
+  if (node_local && options.resume != "auto" && options.resume != "none")
+    MOE_BAD_INPUT("--resume " << options.resume << " with checkpoint.node_local: a checkpoint is spread over the "
+                              "hosts' own disks; use --resume auto (or none)");
+  std::optional<ckpt::DistributedChoice> distributed;
+  std::vector<std::string> distributed_notes;
+  if (node_local && options.resume == "auto")  // collective: every host says what its disk holds
+    distributed = ckpt::find_newest_distributed(*world, ckpt_root.string(), node_leader, &distributed_notes);
   // Which checkpoint to continue from: rank 0 looks and verifies, every rank gets the same answer.
   std::string resume_dir;
   std::vector<std::string> resume_notes;
   on_rank0_agree(*world, [&] {
-    if (options.resume == "auto") {
+    if (node_local) {
+      resume_notes = distributed_notes;
+      if (distributed) resume_dir = (ckpt_root / distributed->dir_name).string();
+      if (distributed) check_checkpoint_fits(distributed->chain.back(), config, resume_dir);
+    } else if (options.resume == "auto") {
       if (auto found = ckpt::find_newest(ckpt_root.string(), config.checkpoint.replicas, &resume_notes))
         resume_dir = found->dir;
     } else if (options.resume != "none") {
@@ -286,8 +309,9 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
         if (why.empty()) throw;
         MOE_BAD_INPUT(e.message() << " (no checkpoint verifies" << why << ")");
       }
-    } else
+    } else if (!node_local) {
       check_checkpoint_fits(ckpt::read_manifest(resume_dir), config, resume_dir);
+    }
   });
   resume_dir = broadcast_string(*world, resume_dir);
   const data::Corpus corpus = load_training_corpus(config);
@@ -338,18 +362,27 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   int64_t start_step = 0;
   if (!resume_dir.empty()) {
     heartbeat.set(Phase::CheckpointLoad, 0, "loading the checkpoint");
-    std::string why;
-    const auto resolved = ckpt::verify_checkpoint(resume_dir, config.checkpoint.replicas, &why);
-    if (!resolved) MOE_FAIL("checkpoint " << resume_dir << " verified on rank 0 but not here: " << why);
-    ckpt::load_pieces(*resolved, checkpoint_pieces(state, false));
+    if (node_local) {
+      ckpt::load_pieces_distributed(*groups.world, *distributed, checkpoint_pieces(state, false));
+      start_step = distributed->chain.back().step;
+    } else {
+      std::string why;
+      const auto resolved = ckpt::verify_checkpoint(resume_dir, config.checkpoint.replicas, &why);
+      if (!resolved) MOE_FAIL("checkpoint " << resume_dir << " verified on rank 0 but not here: " << why);
+      ckpt::load_pieces(*resolved, checkpoint_pieces(state, false));
+      start_step = resolved->chain.back().step;
+    }
     finish_load(state);
-    start_step = resolved->chain.back().step;
   }
   const int64_t resumed_step = start_step;
 
   std::unique_ptr<MetricsWriter> metrics;
   Progress progress(leader && !options.quiet, launcher_world_size() == 1 && !std::getenv("OMPI_COMM_WORLD_RANK"));
   const fs::path metrics_path = fs::path(run_dir) / "metrics.jsonl";
+  if (node_local && node_leader && !leader && resume_dir.empty()) {
+    std::error_code ec;
+    fs::remove_all(ckpt_root, ec);  // this host's old checkpoints, as rank 0 does below for its own
+  }
   if (leader) {
     if (resume_dir.empty()) {
       std::error_code ec;
@@ -357,6 +390,9 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
       write_run_files(run_dir, config, options.command_line, threads, grid);
       metrics = std::make_unique<MetricsWriter>(metrics_path.string());
     } else {
+      // A checkpoint outside the run directory may be resumed into a new one: give it its run files.
+      if (!fs::exists(fs::path(run_dir) / "config.json"))
+        write_run_files(run_dir, config, options.command_line, threads, grid);
       // The lines after the checkpoint's step are rewritten by this run.
       std::vector<std::string> kept;
       std::ifstream in(metrics_path);
@@ -383,7 +419,7 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
     checkpointer = std::make_unique<ckpt::Checkpointer>(
         ckpt::SaveSettings{ckpt_root.string(), config.checkpoint.keep, config.checkpoint.full_every,
                            config.checkpoint.async, config.checkpoint.replicas, config.checkpoint.peer_copy,
-                           launcher_local_size()},
+                           ranks_per_node, node_local},
         *groups.world, info, [leader](const std::string& text) {
           // Failures and fallbacks are always shown, whatever --quiet says.
           if (leader) std::fprintf(stderr, "moe: checkpoint: %s\n", text.c_str());

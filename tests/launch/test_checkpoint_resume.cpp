@@ -167,5 +167,31 @@ TEST(CheckpointResume, ReshardsBetweenLayoutsIncludingOptimizerState) {
   }
 }
 
+// Node-local roots (checkpoint.node_local): 4 ranks as 2 simulated hosts of 2 ranks, each host writing to its
+// own directory and keeping its peer host's shards. Losing either host's whole directory loses no checkpoint:
+// the resumed run still equals the uninterrupted one bit for bit.
+TEST(CheckpointResume, NodeLocalRootsSurviveLosingOneHostsDisk) {
+  ::setenv("MOE_RANKS_PER_NODE", "2", 1);
+  for (int lost : {1, 0}) {
+    const fs::path root = temp_root("node_local_" + std::to_string(lost));
+    const std::vector<std::string> extra = {"parallel.ep=2", "checkpoint.node_local=true", "checkpoint.peer_copy=true",
+                                            "checkpoint.full_every=1", "checkpoint.dir=host{node}"};
+    const RunOutput whole = train(4, extra, (root / "whole").string());
+    train(4, extra, (root / "resumed").string(), 10);
+    if (MpiCommunicator::world()->rank() == 0) {
+      const fs::path disk = root / "resumed" / ("host" + std::to_string(lost));
+      EXPECT_TRUE(fs::exists(disk / "step-00000010" / "manifest.json"));
+      fs::remove_all(disk);  // the host's disk is gone
+    }
+    MpiCommunicator::world()->barrier();
+    const RunOutput resumed = train(4, extra, (root / "resumed").string());
+    if (MpiCommunicator::world()->rank() == 0) {
+      expect_bitwise_equal(whole, resumed, "node-local, host " + std::to_string(lost) + " lost");
+      fs::remove_all(root);
+    }
+  }
+  ::unsetenv("MOE_RANKS_PER_NODE");
+}
+
 }  // namespace
 }  // namespace moe
