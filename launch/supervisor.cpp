@@ -194,7 +194,6 @@ int run_launch(const LaunchOptions& o) {
   std::string hostfile = o.hostfile;
   std::map<std::string, int64_t> failures_by_host;
   int64_t restarts = 0;
-  bool resume_available = false;  // whether the last failure left a checkpoint to resume from
   for (int64_t attempt = 0;; ++attempt) {
     // argv for mpirun: no shell ever sees a config value.
     std::vector<std::string> args = {o.mpirun, "-np", std::to_string(np)};
@@ -205,10 +204,10 @@ int run_launch(const LaunchOptions& o) {
     args.insert(args.end(), {self, "train", "--config", o.config_path, "--run-dir", run_dir});
     for (const std::string& s : o.overrides) args.insert(args.end(), {"--set", s});
     if (np != o.np) args.insert(args.end(), {"--set", "parallel.dp=auto"});
-    // Restarts resume from the newest checkpoint; with none committed yet they start again from step 0.
-    const bool restart_from_scratch = attempt > 0 && !resume_available;
-    args.insert(args.end(), {"--resume", attempt == 0 ? o.resume : restart_from_scratch ? "none" : "auto"});
-    if ((attempt == 0 && o.overwrite) || restart_from_scratch) args.push_back("--overwrite");
+    // Restarts resume from the newest checkpoint that verifies (the ranks decide: with node-local roots only
+    // they can see every host's disk); with none, --overwrite lets them start again from step 0.
+    args.insert(args.end(), {"--resume", attempt == 0 ? o.resume : "auto"});
+    if (attempt > 0 || o.overwrite) args.push_back("--overwrite");
     if (o.quiet) args.push_back("--quiet");
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
@@ -384,10 +383,12 @@ int run_launch(const LaunchOptions& o) {
     }
 
     std::vector<std::string> notes;
-    const auto newest = ckpt::find_newest((fs::path(run_dir) / config.checkpoint.dir).string(),
+    // What the restart will most likely resume from, for the log (with node-local roots: host 0's view).
+    std::string ckpt_dir = config.checkpoint.dir;
+    for (size_t at; (at = ckpt_dir.find("{node}")) != std::string::npos;) ckpt_dir.replace(at, 6, "0");
+    const auto newest = ckpt::find_newest((fs::path(run_dir) / ckpt_dir).string(),
                                           config.checkpoint.replicas, &notes);
     const int64_t resume_step = newest ? newest->chain.back().step : 0;
-    resume_available = newest.has_value();
     const double backoff = std::min(60.0, fault.restart_backoff_s * std::pow(2.0, double(restarts - 1)));
     events.add({{"event", "restart"}, {"restart", restarts}, {"of", fault.max_restarts},
                 {"resume_from", newest ? json(newest->dir) : json(nullptr)}, {"resume_step", resume_step},
