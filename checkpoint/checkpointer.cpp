@@ -1,5 +1,6 @@
 // The checkpoint writer (snapshot, background write, collective commit, retention, replicas).
 #include "checkpoint/checkpointer.h"
+#include "checkpoint/detail.h"
 
 #include <chrono>
 #include <cstring>
@@ -20,21 +21,17 @@ namespace moe::ckpt {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
+using detail::allgather_strings;
+using detail::dtype_size;
+using detail::peer_file_name;
+using detail::step_of_dir;
 
-namespace {
+namespace detail {
 
 size_t dtype_size(DType t) { return t == DType::F64 || t == DType::I64 ? 8 : 4; }
 
-std::string step_dir_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
-  return buf;
-}
-
-std::string rank_file_name(int64_t rank) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "rank-%05lld.h5", static_cast<long long>(rank));
-  return buf;
+int64_t step_of_dir(const std::string& name) {
+  return name.rfind("step-", 0) == 0 ? std::atoll(name.c_str() + 5) : -1;
 }
 
 std::string peer_file_name(int64_t rank) {
@@ -43,8 +40,7 @@ std::string peer_file_name(int64_t rank) {
   return buf;
 }
 
-
-// Every rank's string, on every rank (lengths first, then the bytes as int64 values).
+// Lengths first, then the bytes as int64 values.
 std::vector<std::string> allgather_strings(Communicator& comm, const std::string& mine) {
   const int P = comm.size();
   int64_t len = int64_t(mine.size());
@@ -59,6 +55,22 @@ std::vector<std::string> allgather_strings(Communicator& comm, const std::string
   for (int r = 0; r < P; ++r)
     for (int64_t i = 0; i < lens[r]; ++i) out[r].push_back(char(recv[size_t(r * longest + i)]));
   return out;
+}
+
+}  // namespace detail
+
+namespace {
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string rank_file_name(int64_t rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05lld.h5", static_cast<long long>(rank));
+  return buf;
 }
 
 void fsync_file(const std::string& path) {
@@ -79,10 +91,6 @@ void write_latest(const std::string& root, const std::string& name) {
   fsync_file(tmp.string());
   fs::rename(tmp, fs::path(root) / "latest");
   fsync_directory(root);
-}
-
-int64_t step_of_dir(const std::string& name) {
-  return name.rfind("step-", 0) == 0 ? std::atoll(name.c_str() + 5) : -1;
 }
 
 void remove_later_than(const std::string& root, int64_t step) {
@@ -379,425 +387,6 @@ void Checkpointer::apply_retention(const std::string& root) {
       }
     }
   }
-}
-
-// ---- Restore ------------------------------------------------------------------------------------
-
-std::vector<std::string> list_checkpoints(const std::string& root) {
-  std::vector<std::pair<std::string, std::string>> found;
-  std::error_code ec;
-  if (!fs::is_directory(root, ec)) return {};
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && name.rfind("step-", 0) == 0) found.emplace_back(name, entry.path().string());
-  }
-  std::sort(found.rbegin(), found.rend());
-  std::vector<std::string> dirs;
-  for (auto& f : found) dirs.push_back(f.second);
-  return dirs;
-}
-
-namespace {
-
-// A file of `dir` that verifies, or a verified copy of it: in a replica root, or the peer copy another
-// rank kept (listed in the same manifest); "" if none.
-std::string verified_file(const fs::path& dir, const FileEntry& f, const Manifest& m,
-                          const std::vector<std::string>& replicas, std::vector<std::string>* notes) {
-  auto check = [&](const fs::path& path, std::string* problem) {
-    std::error_code ec;
-    if (!fs::exists(path, ec)) {
-      *problem = "missing";
-      return false;
-    }
-    int64_t size = 0;
-    const std::string h = file_xxh64(path.string(), &size);
-    if (size != f.size) {
-      *problem = "size " + std::to_string(size) + ", manifest says " + std::to_string(f.size);
-      return false;
-    }
-    if (h != f.xxh64) {
-      *problem = "checksum " + h + ", manifest says " + f.xxh64;
-      return false;
-    }
-    return true;
-  };
-  std::string problem;
-  const fs::path primary = dir / f.name;
-  if (check(primary, &problem)) return primary.string();
-  for (const std::string& replica : replicas) {
-    const fs::path copy = fs::path(replica) / dir.filename() / f.name;
-    std::string replica_problem;
-    if (check(copy, &replica_problem)) {
-      notes->push_back(primary.string() + " failed verification (" + problem + "); using the replica " + copy.string());
-      return copy.string();
-    }
-  }
-  for (const FileEntry& peer : m.files) {
-    if (!peer.peer_copy || peer.rank != f.rank) continue;
-    const fs::path copy = dir / peer.name;
-    std::string peer_problem;
-    if (check(copy, &peer_problem)) {
-      notes->push_back(primary.string() + " failed verification (" + problem + "); using the peer copy " + copy.string());
-      return copy.string();
-    }
-  }
-  notes->push_back(primary.string() + " failed verification (" + problem + ") and no replica or peer holds a good copy");
-  return "";
-}
-
-}  // namespace
-
-std::optional<Resolved> verify_checkpoint(const std::string& dir_text, const std::vector<std::string>& replicas,
-                                          std::string* why) {
-  const fs::path dir(dir_text);
-  Resolved r;
-  r.dir = dir.string();
-  try {
-    Manifest head;
-    try {
-      head = read_manifest(dir.string());
-    } catch (const Error& e) {
-      // The manifest itself may survive in a replica.
-      bool found = false;
-      for (const std::string& replica : replicas) {
-        try {
-          head = read_manifest((fs::path(replica) / dir.filename()).string());
-          r.notes.push_back(e.message() + "; using the manifest of replica " + replica);
-          found = true;
-          break;
-        } catch (const Error&) {
-        }
-      }
-      if (!found) throw;
-    }
-    if (head.chain_manifests.size() + 1 != head.chain.size() && head.chain.size() > 1)
-      MOE_BAD_INPUT("checkpoint " << dir.string() << ": its manifest does not identify the checkpoints its chain needs");
-    for (size_t ci = 0; ci < head.chain.size(); ++ci) {
-      const std::string& name = head.chain[ci];
-      const fs::path d = dir.parent_path() / name;
-      Manifest m = head;
-      if (name != dir.filename().string()) {
-        // An earlier member: it must be the very checkpoint this one was computed from.
-        std::string manifest_dir;
-        for (const fs::path& candidate : [&] {
-               std::vector<fs::path> c = {d};
-               for (const std::string& replica : replicas) c.push_back(fs::path(replica) / name);
-               return c;
-             }()) {
-          std::error_code ec;
-          if (!fs::exists(candidate / kManifestName, ec)) continue;
-          if (file_xxh64((candidate / kManifestName).string()) != head.chain_manifests[ci]) continue;
-          manifest_dir = candidate.string();
-          break;
-        }
-        if (manifest_dir.empty())
-          MOE_BAD_INPUT("checkpoint " << dir.string() << " is a delta on " << name
-                                      << ", but no copy of that checkpoint is the one it was computed from "
-                                         "(missing, damaged or rewritten)");
-        if (manifest_dir != d.string()) r.notes.push_back("using the manifest of " + manifest_dir + " for " + name);
-        m = read_manifest(manifest_dir);
-      }
-      std::vector<std::string> paths;
-      for (const FileEntry& f : m.files) {
-        if (f.peer_copy) {
-          paths.push_back("");
-          continue;
-        }
-        const std::string p = verified_file(d, f, m, replicas, &r.notes);
-        if (p.empty()) {
-          *why = r.notes.back();
-          return std::nullopt;
-        }
-        paths.push_back(p);
-      }
-      r.chain.push_back(std::move(m));
-      r.chain_dirs.push_back(d.string());
-      r.paths.push_back(std::move(paths));
-    }
-    return r;
-  } catch (const Error& e) {
-    *why = e.message();
-    return std::nullopt;
-  }
-}
-
-std::optional<Resolved> find_newest(const std::string& root, const std::vector<std::string>& replicas,
-                                    std::vector<std::string>* notes) {
-  for (const std::string& dir : list_checkpoints(root)) {
-    std::string why;
-    std::optional<Resolved> r = verify_checkpoint(dir, replicas, &why);
-    if (r) {
-      notes->insert(notes->end(), r->notes.begin(), r->notes.end());
-      return r;
-    }
-    notes->push_back("skipped " + dir + ": " + why);
-  }
-  return std::nullopt;
-}
-
-void load_pieces(const Resolved& ck, const std::vector<Piece>& pieces) {
-  std::map<std::string, std::unique_ptr<ShardReader>> readers;
-  auto reader = [&](const std::string& path) -> ShardReader& {
-    auto& r = readers[path];
-    if (!r) r = std::make_unique<ShardReader>(path);
-    return *r;
-  };
-  for (const Piece& p : pieces) {
-    const int64_t esize = int64_t(dtype_size(p.dtype)), count = p.count();
-    auto* out = static_cast<uint8_t*>(p.dst);
-    for (size_t c = 0; c < ck.chain.size(); ++c) {
-      const Manifest& m = ck.chain[c];
-      int64_t covered = 0;
-      for (size_t fi = 0; fi < m.files.size(); ++fi) {
-        if (ck.paths[c][fi].empty()) continue;
-        for (const DatasetEntry& d : m.files[fi].datasets) {
-          if (d.tensor != p.tensor) continue;
-          if (d.global_shape != p.global_shape)
-            MOE_BAD_INPUT("checkpoint " << ck.chain_dirs[c] << ": tensor " << p.tensor << " has global shape "
-                                        << nlohmann::json(d.global_shape).dump() << ", this run expects "
-                                        << nlohmann::json(p.global_shape).dump());
-          const int64_t lo = std::max(p.flat_offset, d.flat_offset);
-          const int64_t hi = std::min(p.flat_offset + count, d.flat_offset + d.count);
-          if (hi <= lo) continue;
-          std::vector<uint8_t> buf(size_t((hi - lo) * esize));
-          ShardReader& r = reader(ck.paths[c][fi]);
-          if (d.xor_delta) {
-            r.read(d.dataset, DType::U32, (lo - d.flat_offset) * esize / 4, (hi - lo) * esize / 4, buf.data());
-            uint8_t* dst = out + (lo - p.flat_offset) * esize;
-            for (size_t i = 0; i < buf.size(); ++i) dst[i] ^= buf[i];
-          } else {
-            r.read(d.dataset, p.dtype, lo - d.flat_offset, hi - lo, buf.data());
-            std::memcpy(out + (lo - p.flat_offset) * esize, buf.data(), buf.size());
-          }
-          covered += hi - lo;
-        }
-      }
-      if (covered != count)
-        MOE_BAD_INPUT("checkpoint " << ck.chain_dirs[c] << " holds " << covered << " of the " << count
-                                    << " elements of " << p.tensor << " this rank needs (from element "
-                                    << p.flat_offset << "); it does not fit this run");
-    }
-  }
-}
-
-
-// ---- Restore from node-local roots ----------------------------------------------------------------
-
-namespace {
-
-// Sends words[q] to rank q; returns what every rank sent to this one. Words travel as float bit patterns
-// (MPI copies them unchanged between hosts of one kind).
-std::vector<std::vector<uint32_t>> exchange_words(Communicator& world, const std::vector<std::vector<uint32_t>>& words) {
-  const int P = world.size();
-  std::vector<int64_t> send_counts(static_cast<size_t>(P)), recv_counts(static_cast<size_t>(P));
-  for (int q = 0; q < P; ++q) send_counts[q] = int64_t(words[q].size());
-  world.alltoall(send_counts.data(), recv_counts.data(), 1);
-  std::vector<float> send, recv;
-  for (int q = 0; q < P; ++q) {
-    const size_t at = send.size();
-    send.resize(at + words[q].size());
-    std::memcpy(send.data() + at, words[q].data(), words[q].size() * 4);
-  }
-  int64_t total = 0;
-  for (int64_t c : recv_counts) total += c;
-  recv.resize(static_cast<size_t>(total));
-  world.alltoallv(send.data(), send_counts.data(), recv.data(), recv_counts.data());
-  std::vector<std::vector<uint32_t>> out(static_cast<size_t>(P));
-  size_t at = 0;
-  for (int q = 0; q < P; ++q) {
-    out[q].resize(static_cast<size_t>(recv_counts[q]));
-    std::memcpy(out[q].data(), recv.data() + at, size_t(recv_counts[q]) * 4);
-    at += size_t(recv_counts[q]);
-  }
-  return out;
-}
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-std::string xxh64_hex(const std::string& bytes) {
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH64(bytes.data(), bytes.size(), 0)));
-  return hex;
-}
-
-}  // namespace
-
-std::optional<DistributedChoice> find_newest_distributed(Communicator& world, const std::string& local_root,
-                                                         bool node_leader, std::vector<std::string>* notes) {
-  // What this host holds: each committed checkpoint's manifest text and the files that verify here.
-  json mine = json::object();
-  if (node_leader)
-    for (const std::string& dir : list_checkpoints(local_root)) {
-      const std::string text = read_text(fs::path(dir) / kManifestName);
-      Manifest m;
-      try {
-        m = manifest_from_json(json::parse(text), (fs::path(dir) / kManifestName).string());
-      } catch (const std::exception&) {
-        continue;
-      }
-      json files = json::object();
-      for (const FileEntry& f : m.files) {
-        const fs::path path = fs::path(dir) / f.name;
-        std::error_code ec;
-        if (!fs::exists(path, ec)) continue;
-        int64_t size = 0;
-        if (file_xxh64(path.string(), &size) == f.xxh64 && size == f.size) files[f.name] = path.string();
-      }
-      mine[fs::path(dir).filename().string()] = {{"manifest", text}, {"files", files}};
-    }
-  const std::vector<std::string> all = allgather_strings(world, mine.dump());
-  std::vector<json> held;
-  for (const std::string& text : all) held.push_back(json::parse(text));
-
-  // Newest first, the first whose chain is complete somewhere; the same decision on every rank.
-  std::map<int64_t, std::string, std::greater<>> by_step;
-  std::map<std::string, std::string> manifest_text;
-  for (const json& h : held)
-    for (const auto& [name, entry] : h.items()) {
-      by_step[step_of_dir(name)] = name;
-      manifest_text.emplace(name, entry["manifest"].get<std::string>());
-    }
-  for (const auto& [step, name] : by_step) {
-    DistributedChoice c;
-    c.dir_name = name;
-    std::string why;
-    const Manifest head = manifest_from_json(json::parse(manifest_text[name]), name);
-    for (size_t ci = 0; ci < head.chain.size() && why.empty(); ++ci) {
-      const std::string& member = head.chain[ci];
-      auto text = manifest_text.find(member);
-      if (text == manifest_text.end()) {
-        why = "no host holds " + member + " of its chain";
-        break;
-      }
-      if (member != name && xxh64_hex(text->second) != head.chain_manifests[ci]) {
-        why = member + " on the hosts is not the checkpoint it was computed from";
-        break;
-      }
-      Manifest m = manifest_from_json(json::parse(text->second), member);
-      std::vector<int64_t> holders;
-      std::vector<std::string> paths;
-      for (const FileEntry& f : m.files) {
-        int64_t holder = -1;
-        std::string path;
-        if (!f.peer_copy) {
-          char peer_name[40];
-          std::snprintf(peer_name, sizeof peer_name, "peer-of-rank-%05lld.h5", static_cast<long long>(f.rank));
-          for (const std::string& candidate : {f.name, std::string(peer_name)}) {
-            for (size_t r = 0; r < held.size() && holder < 0; ++r)
-              if (held[r].contains(member) && held[r][member]["files"].contains(candidate))
-                holder = int64_t(r), path = held[r][member]["files"][candidate].get<std::string>();
-            if (holder >= 0) {
-              if (candidate != f.name) c.notes.push_back(member + "/" + f.name + " is on no host; using the peer copy held by rank " + std::to_string(holder));
-              break;
-            }
-          }
-          if (holder < 0) {
-            why = member + "/" + f.name + " is held by no host, nor its peer copy";
-            break;
-          }
-        }
-        holders.push_back(holder);
-        paths.push_back(path);
-      }
-      c.chain.push_back(std::move(m));
-      c.holder.push_back(std::move(holders));
-      c.path.push_back(std::move(paths));
-    }
-    if (why.empty()) {
-      notes->insert(notes->end(), c.notes.begin(), c.notes.end());
-      return c;
-    }
-    notes->push_back("skipped " + name + ": " + why);
-  }
-  return std::nullopt;
-}
-
-void load_pieces_distributed(Communicator& world, const DistributedChoice& choice, const std::vector<Piece>& pieces) {
-  const int P = world.size();
-  // A request: (chain member, file, dataset, first element, count, piece); asked of the file's holder.
-  struct Request {
-    int64_t chain, file, dataset, lo, count, piece;
-  };
-  std::vector<std::vector<Request>> asked(static_cast<size_t>(P));
-  std::vector<std::vector<int64_t>> covered(pieces.size(), std::vector<int64_t>(choice.chain.size(), 0));
-  for (size_t pi = 0; pi < pieces.size(); ++pi) {
-    const Piece& p = pieces[pi];
-    for (size_t c = 0; c < choice.chain.size(); ++c)
-      for (size_t f = 0; f < choice.chain[c].files.size(); ++f) {
-        const FileEntry& fe = choice.chain[c].files[f];
-        if (fe.peer_copy) continue;
-        for (size_t d = 0; d < fe.datasets.size(); ++d) {
-          const DatasetEntry& de = fe.datasets[d];
-          if (de.tensor != p.tensor) continue;
-          if (de.global_shape != p.global_shape)
-            MOE_BAD_INPUT("checkpoint " << choice.chain[c].chain.back() << ": tensor " << p.tensor << " has another global shape than this run expects");
-          const int64_t lo = std::max(p.flat_offset, de.flat_offset), hi = std::min(p.flat_offset + p.count(), de.flat_offset + de.count);
-          if (hi <= lo) continue;
-          asked[choice.holder[c][f]].push_back({int64_t(c), int64_t(f), int64_t(d), lo, hi - lo, int64_t(pi)});
-          covered[pi][c] += hi - lo;
-        }
-      }
-    for (size_t c = 0; c < choice.chain.size(); ++c)
-      if (covered[pi][c] != p.count())
-        MOE_BAD_INPUT("checkpoint " << choice.dir_name << " holds " << covered[pi][c] << " of the " << p.count()
-                                    << " elements of " << p.tensor << " this rank needs; it does not fit this run");
-  }
-  // Requests out, as words.
-  std::vector<std::vector<uint32_t>> request_words(static_cast<size_t>(P));
-  for (int q = 0; q < P; ++q)
-    for (const Request& r : asked[q])
-      for (int64_t v : {r.chain, r.file, r.dataset, r.lo, r.count}) {
-        request_words[q].push_back(uint32_t(uint64_t(v)));
-        request_words[q].push_back(uint32_t(uint64_t(v) >> 32));
-      }
-  const auto requests = exchange_words(world, request_words);
-  // Serve them from the local disk.
-  std::map<std::string, std::unique_ptr<ShardReader>> readers;
-  std::vector<std::vector<uint32_t>> replies(static_cast<size_t>(P));
-  for (int q = 0; q < P; ++q)
-    for (size_t i = 0; i + 10 <= requests[q].size(); i += 10) {
-      int64_t v[5];
-      for (int k = 0; k < 5; ++k) v[k] = int64_t(uint64_t(requests[q][i + 2 * k]) | (uint64_t(requests[q][i + 2 * k + 1]) << 32));
-      const DatasetEntry& de = choice.chain[v[0]].files[v[1]].datasets[v[2]];
-      const std::string& path = choice.path[v[0]][v[1]];
-      auto& reader = readers[path];
-      if (!reader) reader = std::make_unique<ShardReader>(path);
-      const int64_t words_per = int64_t(dtype_size(de.dtype) / 4);
-      std::vector<uint32_t> buf(size_t(v[4] * words_per));
-      if (de.xor_delta)
-        reader->read(de.dataset, DType::U32, (v[3] - de.flat_offset) * words_per, v[4] * words_per, buf.data());
-      else
-        reader->read(de.dataset, de.dtype, v[3] - de.flat_offset, v[4], buf.data());
-      replies[q].insert(replies[q].end(), buf.begin(), buf.end());
-    }
-  const auto answers = exchange_words(world, replies);
-  // Apply in the order asked: the base's values first, then each delta's XOR, along the chain.
-  std::vector<std::pair<int64_t, Request>> ordered;
-  for (int q = 0; q < P; ++q)
-    for (const Request& r : asked[q]) ordered.push_back({q, r});
-  std::vector<size_t> cursor(static_cast<size_t>(P), 0);
-  std::vector<std::vector<std::pair<const uint32_t*, Request>>> by_chain(choice.chain.size());
-  for (const auto& [q, r] : ordered) {
-    const Piece& p = pieces[r.piece];
-    const int64_t words = r.count * int64_t(dtype_size(p.dtype) / 4);
-    by_chain[r.chain].push_back({answers[q].data() + cursor[q], r});
-    cursor[q] += size_t(words);
-  }
-  for (size_t c = 0; c < by_chain.size(); ++c)
-    for (const auto& [data, r] : by_chain[c]) {
-      const Piece& p = pieces[r.piece];
-      const DatasetEntry& de = choice.chain[r.chain].files[r.file].datasets[r.dataset];
-      const int64_t esize = int64_t(dtype_size(p.dtype));
-      auto* dst = static_cast<uint8_t*>(p.dst) + (r.lo - p.flat_offset) * esize;
-      const auto* src = reinterpret_cast<const uint8_t*>(data);
-      if (de.xor_delta)
-        for (int64_t i = 0; i < r.count * esize; ++i) dst[i] ^= src[i];
-      else
-        std::memcpy(dst, src, size_t(r.count * esize));
-    }
 }
 
 }  // namespace moe::ckpt
