@@ -30,37 +30,16 @@
 #include "checkpoint/manifest.h"
 #include "core/error.h"
 #include "launch/trainer.h"
+#include "run_compare.h"
 
 namespace moe {
 namespace {
+using namespace test_support;
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 const std::string kTinyMoeConfig = std::string(MOE_SOURCE_DIR) + "/configs/tiny_moe.json";
-
-// Fields of a metrics line that measure the machine, not the run: the only ones allowed to differ.
-const std::set<std::string> kTimingFields = {"tokens_per_s", "elapsed_s", "comm_wait_s", "ckpt_stall_s"};
-
-// A fresh directory, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "moe_test_ckpt_damage_XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 // A small MoE model (2 layers, the second MoE with 4 experts, Gumbel routing noise so the random state
 // matters too): 20 steps, a checkpoint every 5, every checkpoint full and written synchronously, all
@@ -84,12 +63,6 @@ struct RunOutput {
   std::map<std::string, std::vector<float>> parameters;
   std::string out;  // what the run printed on stdout and stderr (progress lines and notes)
 };
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << "cannot open " << path;
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 void write_text(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -141,34 +114,9 @@ RunOutput train(const std::string& run_dir, const std::vector<std::string>& extr
   return run;
 }
 
-// "" when `a` and `b` are the same JSON with every double the same bits; else where they first differ.
-std::string first_difference(const json& a, const json& b, const std::string& where = "") {
-  if (a.type() != b.type()) return where + ": " + a.dump() + " vs " + b.dump() + " (types differ)";
-  if (a.is_number_float()) {
-    const auto bits_a = std::bit_cast<uint64_t>(a.get<double>()), bits_b = std::bit_cast<uint64_t>(b.get<double>());
-    return bits_a == bits_b ? "" : where + ": " + a.dump() + " vs " + b.dump();
-  }
-  if (a.is_object()) {
-    for (const auto& [key, value] : a.items()) {
-      if (!b.contains(key)) return where + "." + key + ": missing from the second";
-      if (std::string d = first_difference(value, b.at(key), where + "." + key); !d.empty()) return d;
-    }
-    for (const auto& [key, value] : b.items())
-      if (!a.contains(key)) return where + "." + key + ": missing from the first";
-    return "";
-  }
-  if (a.is_array()) {
-    if (a.size() != b.size()) return where + ": " + std::to_string(a.size()) + " vs " + std::to_string(b.size()) + " items";
-    for (size_t i = 0; i < a.size(); ++i)
-      if (std::string d = first_difference(a[i], b[i], where + "[" + std::to_string(i) + "]"); !d.empty()) return d;
-    return "";
-  }
-  return a == b ? "" : where + ": " + a.dump() + " vs " + b.dump();
-}
-
 // The uninterrupted 20-step run every resumed run must equal, computed once.
 const RunOutput& reference() {
-  static TempDir dir;
+  static TempDir dir("ckpt_damage_base");
   static const RunOutput run = train(dir / "whole");
   return run;
 }
@@ -209,7 +157,7 @@ const std::map<std::string, Base>& bases() {
 
 // A copy of the trained base run directory `name` at `run_dir`.
 void copy_base(const std::string& name, const std::string& run_dir) {
-  static TempDir dir;
+  static TempDir dir("ckpt_damage_base");
   static std::set<std::string> trained;
   const Base& b = bases().at(name);
   const std::string source = dir / name;
@@ -332,7 +280,7 @@ void expect_bad_input(const TrainOptions& options, const std::vector<std::string
 class NewestDamaged : public testing::TestWithParam<std::string> {};
 
 TEST_P(NewestDamaged, TruncatedShardFallsBackToThePreviousCheckpoint) {
-  TempDir tmp;
+  TempDir tmp("ckpt_damage");
   const std::string run = tmp / "run";
   copy_base(GetParam(), run);
   truncate_half(shard(run, 15));
@@ -342,7 +290,7 @@ TEST_P(NewestDamaged, TruncatedShardFallsBackToThePreviousCheckpoint) {
 }
 
 TEST_P(NewestDamaged, FlippedByteFallsBackToThePreviousCheckpoint) {
-  TempDir tmp;
+  TempDir tmp("ckpt_damage");
   const std::string run = tmp / "run";
   copy_base(GetParam(), run);
   flip_middle_byte(shard(run, 15));
@@ -351,7 +299,7 @@ TEST_P(NewestDamaged, FlippedByteFallsBackToThePreviousCheckpoint) {
 }
 
 TEST_P(NewestDamaged, MissingManifestFallsBackToThePreviousCheckpoint) {
-  TempDir tmp;
+  TempDir tmp("ckpt_damage");
   const std::string run = tmp / "run";
   copy_base(GetParam(), run);
   fs::remove(fs::path(ckpt_dir(run, 15)) / "manifest.json");
@@ -360,7 +308,7 @@ TEST_P(NewestDamaged, MissingManifestFallsBackToThePreviousCheckpoint) {
 }
 
 TEST_P(NewestDamaged, MissingShardFallsBackToThePreviousCheckpoint) {
-  TempDir tmp;
+  TempDir tmp("ckpt_damage");
   const std::string run = tmp / "run";
   copy_base(GetParam(), run);
   fs::remove(shard(run, 15));
@@ -377,7 +325,7 @@ TEST(CheckpointDamage, UncommittedDirectoriesAreIgnored) {
   // A crash after the shards were written but before the manifest: the temporary directory holds shard
   // files only. And a step directory without a manifest (a copy or rename gone wrong). Neither is a
   // checkpoint: the newest committed one (step 15) is used.
-  TempDir tmp;
+  TempDir tmp("ckpt_damage");
   const std::string run = tmp / "run";
   copy_base("sync", run);
   const fs::path root = fs::path(run) / "checkpoints";
@@ -400,7 +348,7 @@ TEST(CheckpointDamage, UncommittedDirectoriesAreIgnored) {
 // ---- Replicas ----------------------------------------------------------------------------------------------
 
 TEST(CheckpointDamage, CorruptPrimaryWithAGoodReplicaUsesTheReplica) {
-  TempDir tmp;
+  TempDir tmp("ckpt_damage");
   const std::string run = tmp / "run", replica = tmp / "replica";
   const std::vector<std::string> extra = {"checkpoint.replicas=[\"" + replica + "\"]"};
   train(run, extra, "auto", 15);
@@ -428,7 +376,7 @@ TEST(CheckpointDamage, CorruptPrimaryWithAGoodReplicaUsesTheReplica) {
 }
 
 TEST(CheckpointDamage, PrimaryAndReplicaBothDamagedFallBackToThePreviousCheckpoint) {
-  TempDir tmp;
+  TempDir tmp("ckpt_damage");
   const std::string run = tmp / "run", replica = tmp / "replica";
   const std::vector<std::string> extra = {"checkpoint.replicas=[\"" + replica + "\"]"};
   train(run, extra, "auto", 15);
@@ -442,7 +390,7 @@ TEST(CheckpointDamage, DeltaWhoseBaseManifestIsLostUsesTheReplicasManifest) {
   // A replica holds a full copy of every checkpoint: a file of the chain that fails in the primary, the
   // base's manifest.json included, is taken from the replica, as the head's manifest is. Falling back to an
   // older checkpoint instead would lose steps a good copy still holds (invariant 4).
-  TempDir tmp;
+  TempDir tmp("ckpt_damage");
   const std::string run = tmp / "run", replica = tmp / "replica";
   const std::vector<std::string> extra = {"checkpoint.replicas=[\"" + replica + "\"]", "checkpoint.full_every=2"};
   train(run, extra, "auto", 15);  // step-5 full, 10 delta, 15 full
@@ -461,7 +409,7 @@ TEST(CheckpointDamage, DeltaWhoseBaseManifestIsLostUsesTheReplicasManifest) {
 // ---- Delta chains ------------------------------------------------------------------------------------------
 
 TEST(CheckpointDamage, DeltaWhoseBaseIsDamagedSkipsTheWholeChain) {
-  TempDir tmp;
+  TempDir tmp("ckpt_damage");
   const std::string run = tmp / "run";
   copy_base("delta2", run);
   const ckpt::Manifest m20 = ckpt::read_manifest(ckpt_dir(run, 20));
@@ -476,7 +424,7 @@ TEST(CheckpointDamage, DeltaWhoseBaseIsDamagedSkipsTheWholeChain) {
 }
 
 TEST(CheckpointDamage, DeltaChainWithDamagedBaseAndNoOlderChainRefusesWithoutOverwrite) {
-  TempDir tmp;
+  TempDir tmp("ckpt_damage");
   const std::string run = tmp / "run";
   copy_base("delta4", run);
   ASSERT_EQ(ckpt::read_manifest(ckpt_dir(run, 15)).chain,
@@ -496,7 +444,7 @@ TEST(CheckpointDamage, DeltaChainWithDamagedBaseAndNoOlderChainRefusesWithoutOve
 // ---- Refusals: nothing in the run directory changes --------------------------------------------------------
 
 TEST(CheckpointDamage, DamagedCheckpointNamedByResumePathIsRefusedAndNothingIsWritten) {
-  TempDir tmp;
+  TempDir tmp("ckpt_damage");
   const std::string run = tmp / "run";
   copy_base("sync", run);
   for (int64_t step : {5, 10, 15}) truncate_half(shard(run, step));  // no checkpoint verifies at all
@@ -509,7 +457,7 @@ TEST(CheckpointDamage, DamagedCheckpointNamedByResumePathIsRefusedAndNothingIsWr
 }
 
 TEST(CheckpointDamage, CheckpointOfAnotherModelShapeIsRefusedAndNothingIsWritten) {
-  TempDir tmp;
+  TempDir tmp("ckpt_damage");
   const std::string run = tmp / "run";
   copy_base("sync", run);
   const auto before = snapshot(run);
@@ -526,7 +474,7 @@ TEST(CheckpointDamage, DeltaWhoseBaseWasRewrittenIsNotRestored) {
   // change the model's shape) rewrites step-15 with other values; stopped there, step-20 still lies on
   // disk, its own files intact, but its XOR applies to the old step-15 only. Restoring it would load
   // values no run ever had: it must not verify (or must be gone), and `--resume auto` must use step 15.
-  TempDir tmp;
+  TempDir tmp("ckpt_damage");
   const std::string run = tmp / "run";
   copy_base("delta2", run);
   const std::vector<std::string> other_lr = {"checkpoint.full_every=2", "optim.lr=2e-3"};
@@ -552,7 +500,7 @@ TEST(CheckpointDamage, DeltaWhoseBaseWasRewrittenIsNotRestored) {
 TEST(CheckpointDamage, RetentionKeepsTheNewestTwoCompleteChains) {
   for (const bool async : {false, true}) {
     SCOPED_TRACE(async ? "async" : "sync");
-    TempDir tmp;
+    TempDir tmp("ckpt_damage");
     const std::string run = tmp / "run", replica = tmp / "replica";
     std::vector<std::string> extra = {"checkpoint.every=2", "checkpoint.keep=2", "checkpoint.full_every=2",
                                       std::string("checkpoint.async=") + (async ? "true" : "false")};
@@ -592,7 +540,7 @@ TEST(CheckpointDamage, RetentionKeepsTheNewestTwoCompleteChains) {
 TEST(CheckpointDamage, LatestNamesTheNewestCommittedCheckpoint) {
   for (const char* base : {"sync", "async"}) {
     SCOPED_TRACE(base);
-    TempDir tmp;
+    TempDir tmp("ckpt_damage");
     const std::string run = tmp / "run";
     copy_base(base, run);  // stopped after step 15
     const std::string root = run + "/checkpoints";

@@ -17,13 +17,13 @@
 #include "launch/trainer.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/self_communicator.h"
+#include "run_compare.h"
 
 namespace moe {
 namespace {
+using namespace test_support;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-const std::set<std::string> kTimingFields = {"tokens_per_s", "elapsed_s", "comm_wait_s", "ckpt_stall_s"};
 
 std::vector<std::string> base_overrides() {
   return {"train.steps=20",        "train.log_every=1",      "train.eval_every=5",     "train.eval_sequences=2",

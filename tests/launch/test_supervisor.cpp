@@ -40,10 +40,12 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpointer.h"
+#include "run_compare.h"
 
 extern char** environ;
 
 namespace {
+using namespace moe::test_support;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
@@ -74,13 +76,6 @@ std::vector<std::string> mpirun_args() {
           "--mpirun-arg=--mca",           "--mpirun-arg=mpi_yield_when_idle", "--mpirun-arg=1"};
 }
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::vector<json> read_json_lines(const fs::path& path) {
   std::vector<json> out;
   std::ifstream in(path);
@@ -104,11 +99,11 @@ std::vector<pid_t> processes_mentioning(const std::string& needle) {
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
     const pid_t pid = pid_t(std::atol(name.c_str()));
     if (pid == ::getpid()) continue;
-    std::string cmdline = read_text(entry.path() / "cmdline");
+    std::string cmdline = read_text_if_any(entry.path() / "cmdline");
     std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
     if (cmdline.find(needle) == std::string::npos) continue;
     // A zombie is already gone for every purpose but its parent's wait.
-    const std::string stat = read_text(entry.path() / "stat");
+    const std::string stat = read_text_if_any(entry.path() / "stat");
     const size_t paren = stat.rfind(')');
     if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z') continue;
     found.push_back(pid);
@@ -136,28 +131,6 @@ struct LaunchResult {
   std::vector<json> events;
   Observed observed;
   std::vector<pid_t> left_behind;  // processes of the job still there when the launch ended
-};
-
-// A fresh directory for one case; removed at the end unless the case failed.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    std::string pattern = (fs::temp_directory_path() / ("moe-sup-" + tag + "-XXXXXX")).string();
-    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    if (::testing::Test::HasFailure()) {
-      std::cout << "[ kept ] " << path_ << " (a check failed)\n";
-      return;
-    }
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
 };
 
 // Runs `moe launch` (args after "launch") with stdout and stderr in `base`, calling `tick` about every 20 ms
@@ -231,7 +204,7 @@ LaunchResult run_launch(const fs::path& base, const fs::path& run_dir, const std
   }
   r.wall_s = now_s() - r.started;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.stderr_text = read_text(err_path);
+  r.stderr_text = read_text_if_any(err_path);
   r.events = read_json_lines(events_path);
   r.left_behind = processes_mentioning(run_dir.string());
   // Whatever the verdict, no process of this test outlives it.
@@ -656,14 +629,14 @@ TEST(Supervisor, GivesUpAfterMaxRestartsWithExitCode3AndKeepsCheckpoints) {
 std::string mpirun_env(pid_t launch_pid, const std::string& name) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator("/proc", ec)) {
-    const std::string stat = read_text(entry.path() / "stat");
+    const std::string stat = read_text_if_any(entry.path() / "stat");
     const size_t paren = stat.rfind(')');
     if (paren == std::string::npos) continue;
     std::istringstream rest(stat.substr(paren + 2));
     char state = 0;
     long ppid = 0;
     if (!(rest >> state >> ppid) || ppid != long(launch_pid)) continue;
-    const std::string env = read_text(entry.path() / "environ");
+    const std::string env = read_text_if_any(entry.path() / "environ");
     std::istringstream in(env);
     for (std::string var; std::getline(in, var, '\0');)
       if (var.rfind(name + "=", 0) == 0) return var.substr(name.size() + 1);

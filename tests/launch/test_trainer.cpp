@@ -23,38 +23,16 @@
 #include "launch/config.h"
 #include "launch/run_dir.h"
 #include "launch/trainer.h"
+#include "run_compare.h"
 
 namespace moe {
 namespace {
+using namespace test_support;
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 const std::string kTinyConfig = std::string(MOE_SOURCE_DIR) + "/configs/tiny.json";
-
-// Fields of a metrics line that measure the machine, not the run: the only ones allowed to differ.
-const std::set<std::string> kTimingFields = {"tokens_per_s", "elapsed_s", "comm_wait_s"};
-
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "moe_test_trainer_XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 // A model small enough for a test (d_model 32, one block, sequences of 16): 12 steps, a metrics line every
 // step and an evaluation every 6, one compute thread. `extra` comes last, so it wins.
@@ -76,12 +54,6 @@ TrainOptions options_for(const std::string& run_dir, const std::vector<std::stri
   options.quiet = true;
   options.command_line = {"test_trainer"};
   return options;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << "cannot open " << path;
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 json read_json(const std::string& path) {
@@ -114,35 +86,6 @@ std::vector<double> training_losses(const std::vector<json>& lines) {
   return losses;
 }
 
-// "" when `a` and `b` are the same JSON with every double the same bits; else where they first differ.
-std::string first_difference(const json& a, const json& b, const std::string& where = "") {
-  if (a.type() != b.type()) return where + ": " + a.dump() + " vs " + b.dump() + " (types differ)";
-  if (a.is_number_float()) {
-    const auto bits_a = std::bit_cast<uint64_t>(a.get<double>()), bits_b = std::bit_cast<uint64_t>(b.get<double>());
-    return bits_a == bits_b ? "" : where + ": " + a.dump() + " vs " + b.dump();
-  }
-  if (a.is_object()) {
-    for (const auto& [key, value] : a.items()) {
-      if (!b.contains(key)) return where + "." + key + ": missing from the second";
-      if (std::string d = first_difference(value, b.at(key), where + "." + key); !d.empty()) return d;
-    }
-    for (const auto& [key, value] : b.items())
-      if (!a.contains(key)) return where + "." + key + ": missing from the first";
-    return "";
-  }
-  if (a.is_array()) {
-    if (a.size() != b.size()) return where + ": " + std::to_string(a.size()) + " vs " + std::to_string(b.size()) + " items";
-    for (size_t i = 0; i < a.size(); ++i)
-      if (std::string d = first_difference(a[i], b[i], where + "[" + std::to_string(i) + "]"); !d.empty()) return d;
-    return "";
-  }
-  return a == b ? "" : where + ": " + a.dump() + " vs " + b.dump();
-}
-
-json without_timing(json line) {
-  for (const std::string& field : kTimingFields) line.erase(field);
-  return line;
-}
 
 // Both runs logged the same lines, equal bit for bit in every field but the timing ones.
 void expect_same_metrics(const std::vector<json>& a, const std::vector<json>& b) {
@@ -154,7 +97,7 @@ void expect_same_metrics(const std::vector<json>& a, const std::vector<json>& b)
 // ---- Reproducibility ----------------------------------------------------------------------------------------
 
 TEST(TrainerReproducibility, SameConfigAndSeedGiveTheSameMetricsBitForBit) {
-  TempDir tmp;
+  TempDir tmp("trainer");
   const std::vector<json> first = train(tmp / "first", tiny_overrides());
   const std::vector<json> second = train(tmp / "second", tiny_overrides());
   ASSERT_EQ(first.size(), 12u + 2u) << "12 training lines (log_every 1) and 2 evaluations (eval_every 6)";
@@ -163,7 +106,7 @@ TEST(TrainerReproducibility, SameConfigAndSeedGiveTheSameMetricsBitForBit) {
 
 TEST(TrainerReproducibility, ConfigJsonOfARunRepeatsIt) {
   // docs/cli.md: `moe train --config RUN_DIR/config.json` repeats the run.
-  TempDir tmp;
+  TempDir tmp("trainer");
   const std::vector<json> first = train(tmp / "first", tiny_overrides());
   TrainOptions repeat = options_for(tmp / "repeat", {});
   repeat.config_path = tmp / "first/config.json";
@@ -172,7 +115,7 @@ TEST(TrainerReproducibility, ConfigJsonOfARunRepeatsIt) {
 }
 
 TEST(TrainerReproducibility, DifferentSeedsGiveDifferentLosses) {
-  TempDir tmp;
+  TempDir tmp("trainer");
   const std::vector<double> a = training_losses(train(tmp / "a", tiny_overrides({"train.seed=1"})));
   const std::vector<double> b = training_losses(train(tmp / "b", tiny_overrides({"train.seed=2"})));
   ASSERT_EQ(a.size(), 12u);
@@ -186,7 +129,7 @@ TEST(TrainerReproducibility, DifferentSeedsGiveDifferentLosses) {
 
 TEST(TrainerReproducibility, FullRecomputeGivesTheSameMetricsBitForBit) {
   // Recomputation runs the same ops on the same inputs, so it must change memory, never a bit of the result.
-  TempDir tmp;
+  TempDir tmp("trainer");
   const std::vector<json> none = train(tmp / "none", tiny_overrides({"train.recompute=none"}));
   const std::vector<json> full = train(tmp / "full", tiny_overrides({"train.recompute=full"}));
   ASSERT_EQ(none.size(), 14u);
@@ -196,7 +139,7 @@ TEST(TrainerReproducibility, FullRecomputeGivesTheSameMetricsBitForBit) {
 // ---- The run directory (CONTRACT.md) ------------------------------------------------------------------
 
 TEST(TrainerRunDirectory, MetricsLinesHaveTheContractFields) {
-  TempDir tmp;
+  TempDir tmp("trainer");
   const std::vector<json> lines = train(tmp / "run", tiny_overrides());
   std::vector<int64_t> training_steps, eval_steps;
   for (const json& line : lines) {
@@ -241,7 +184,7 @@ TEST(TrainerRunDirectory, MetricsLinesHaveTheContractFields) {
 }
 
 TEST(TrainerRunDirectory, ConfigJsonReloadsToTheSameResolvedConfig) {
-  TempDir tmp;
+  TempDir tmp("trainer");
   const std::string run_dir = tmp / "run";
   run_train(options_for(run_dir, tiny_overrides()));
   const Config original = load_config(kTinyConfig, tiny_overrides());
@@ -251,7 +194,7 @@ TEST(TrainerRunDirectory, ConfigJsonReloadsToTheSameResolvedConfig) {
 }
 
 TEST(TrainerRunDirectory, ManifestNamesCommitConfigVersionsHostsAndLayout) {
-  TempDir tmp;
+  TempDir tmp("trainer");
   const std::string run_dir = tmp / "run";
   run_train(options_for(run_dir, tiny_overrides()));
   const json manifest = read_json((fs::path(run_dir) / "manifest.json").string());
@@ -279,7 +222,7 @@ TEST(TrainerRunDirectory, ManifestNamesCommitConfigVersionsHostsAndLayout) {
 
 TEST(TrainerRunDirectory, ManifestLayoutMultipliesOutToTheWorld) {
   // parallel.dp = "auto" (the default) is world / (tp * pp); the manifest records the layout the run used.
-  TempDir tmp;
+  TempDir tmp("trainer");
   const std::string run_dir = tmp / "run";
   run_train(options_for(run_dir, tiny_overrides({"train.steps=1"})));
   const json layout = read_json((fs::path(run_dir) / "manifest.json").string()).at("layout");
@@ -292,7 +235,7 @@ TEST(TrainerRunDirectory, ManifestLayoutMultipliesOutToTheWorld) {
 // ---- Learning ------------------------------------------------------------------------------------------------
 
 TEST(TrainerLearning, LossFallsOnATinyModel) {
-  TempDir tmp;
+  TempDir tmp("trainer");
   const std::vector<double> losses = training_losses(
       train(tmp / "run", tiny_overrides({"train.steps=40", "train.seq_len=32", "train.eval_every=0",
                                          "optim.lr=3e-3"})));
@@ -319,26 +262,26 @@ void expect_bad_input_writes_nothing(const TrainOptions& options, const std::str
 }
 
 TEST(TrainerBadInput, UnknownKeyLeavesTheRunDirectoryUnwritten) {
-  TempDir tmp;
+  TempDir tmp("trainer");
   expect_bad_input_writes_nothing(options_for(tmp / "run", tiny_overrides({"model.dmodel=32"})), "model.d_model");
 }
 
 TEST(TrainerBadInput, MissingDataFileLeavesTheRunDirectoryUnwritten) {
   // The data is checked after the config and the run directory, but still before anything is written.
-  TempDir tmp;
+  TempDir tmp("trainer");
   const std::string source = R"(data.sources=[{"name": "prose", "path": ")" + (tmp / "missing.txt") + R"("}])";
   expect_bad_input_writes_nothing(options_for(tmp / "run", tiny_overrides({source})), "missing.txt");
 }
 
 TEST(TrainerBadInput, MissingCheckpointLeavesTheRunDirectoryUnwritten) {
-  TempDir tmp;
+  TempDir tmp("trainer");
   TrainOptions resume = options_for(tmp / "run", tiny_overrides());
   resume.resume = tmp / "some_checkpoint";
   expect_bad_input_writes_nothing(resume, "some_checkpoint");
 }
 
 TEST(TrainerBadInput, RunDirectoryWithARunIsRefusedWithoutOverwrite) {
-  TempDir tmp;
+  TempDir tmp("trainer");
   const std::string run_dir = tmp / "run";
   run_train(options_for(run_dir, tiny_overrides({"train.steps=2"})));
   const std::vector<std::string> files = {"config.json", "manifest.json", "metrics.jsonl"};
