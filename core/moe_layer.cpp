@@ -164,36 +164,34 @@ void MoeLayer<T>::exchange_rows(const T* send, const std::vector<int64_t>& send_
   }
 }
 
+// Received rows arrive source-major (source rank, local expert); the experts compute expert-major (local
+// expert, source rank). Moves the blocks between the two orders, in either direction.
 template <typename T>
-void MoeLayer<T>::dispatch_rows(const T* token_rows, T* expert_rows, int64_t width) {
+void MoeLayer<T>::reorder_received(const T* from, T* to, int64_t width, bool to_expert_major) {
   const int64_t P = s_.ep_size, El = local_experts();
-  exchange_buffer_.resize(size_t(received_ * width));
-  exchange_rows(token_rows, send_rows_, exchange_buffer_.data(), recv_rows_, width);
-  // Received source-major (source, local expert); experts compute expert-major (local expert, source).
   int64_t src = 0;
   for (int64_t q = 0; q < P; ++q)
     for (int64_t el = 0; el < El; ++el) {
       int64_t dst = local_offset_[el];
       for (int64_t q2 = 0; q2 < q; ++q2) dst += recv_count_[q2 * El + el];
-      const int64_t rows = recv_count_[q * El + el];
-      std::copy_n(exchange_buffer_.data() + src * width, rows * width, expert_rows + dst * width);
-      src += rows;
+      const int64_t n = recv_count_[q * El + el] * width;
+      const int64_t from_row = to_expert_major ? src : dst, to_row = to_expert_major ? dst : src;
+      std::copy_n(from + from_row * width, n, to + to_row * width);
+      src += recv_count_[q * El + el];
     }
 }
 
 template <typename T>
-void MoeLayer<T>::combine_rows(const T* expert_rows, T* token_rows, int64_t width) {
-  const int64_t P = s_.ep_size, El = local_experts();
+void MoeLayer<T>::dispatch_rows(const T* token_rows, T* expert_rows, int64_t width) {
   exchange_buffer_.resize(size_t(received_ * width));
-  int64_t src = 0;
-  for (int64_t q = 0; q < P; ++q)
-    for (int64_t el = 0; el < El; ++el) {
-      int64_t dst = local_offset_[el];
-      for (int64_t q2 = 0; q2 < q; ++q2) dst += recv_count_[q2 * El + el];
-      const int64_t rows = recv_count_[q * El + el];
-      std::copy_n(expert_rows + dst * width, rows * width, exchange_buffer_.data() + src * width);
-      src += rows;
-    }
+  exchange_rows(token_rows, send_rows_, exchange_buffer_.data(), recv_rows_, width);
+  reorder_received(exchange_buffer_.data(), expert_rows, width, true);
+}
+
+template <typename T>
+void MoeLayer<T>::combine_rows(const T* expert_rows, T* token_rows, int64_t width) {
+  exchange_buffer_.resize(size_t(received_ * width));
+  reorder_received(expert_rows, exchange_buffer_.data(), width, false);
   exchange_rows(exchange_buffer_.data(), recv_rows_, token_rows, send_rows_, width);  // counts swapped
 }
 

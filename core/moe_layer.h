@@ -94,6 +94,8 @@ class MoeLayer final : public FeedForward<T> {
   void dispatch_rows(const T* token_rows, T* expert_rows, int64_t width);
   // Combine: the reverse (the adjoint of dispatch).
   void combine_rows(const T* expert_rows, T* token_rows, int64_t width);
+  // Received rows between source-major (source rank, local expert) and expert-major order.
+  void reorder_received(const T* from, T* to, int64_t width, bool to_expert_major);
   void exchange_rows(const T* send, const std::vector<int64_t>& send_rows, T* recv,
                      const std::vector<int64_t>& recv_rows, int64_t width);
   void router_losses(const T* logits, const T* scores, int64_t N);
