@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_main.h"
 #include "bench/sgemm_peak.h"
 #include "bench/timing.h"
 #include "core/backend/ops.h"
@@ -232,17 +233,5 @@ int main(int argc, char** argv) {
   app.add_option("--sgemm-reps", options.sgemm_reps, "Timed sgemm calls per size (the median is reported)")
       ->check(CLI::Range(1, 100000));
   app.add_flag("--quick", options.quick, "Tiny sizes, about a second: a smoke check, not a measurement");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    // Exit codes of the `moe` program (launch/main.cpp): 2 for bad input, 1 for anything else.
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  try {
-    moe::bench::run(options);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_train: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  return moe::bench::parse_and_run(app, argc, argv, "bench_train", [&] { moe::bench::run(options); });
 }

@@ -1,0 +1,28 @@
+// The end of every benchmark's main(): parse the command line, run, and map the outcome to the exit codes
+// of the `moe` program (0 success, 2 bad command line, 1 anything else).
+#pragma once
+
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+
+namespace moe::bench {
+
+template <typename Run>
+int parse_and_run(CLI::App& app, int argc, char** argv, const char* name, Run run) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace moe::bench
