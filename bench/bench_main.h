@@ -2,10 +2,9 @@
 // of the `moe` program (0 success, 2 bad command line, 1 anything else).
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
-
-#include <CLI/CLI.hpp>
 
 namespace moe::bench {
 

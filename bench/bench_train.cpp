@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "bench_main.h"
 #include "bench/sgemm_peak.h"
 #include "bench/timing.h"
+#include "bench_main.h"
 #include "core/backend/ops.h"
 #include "core/error.h"
 #include "core/model.h"

@@ -1,6 +1,9 @@
 // The checkpoint writer (snapshot, background write, collective commit, retention, replicas).
 #include "checkpoint/checkpointer.h"
-#include "checkpoint/detail.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
 
 #include <chrono>
 #include <cstring>
@@ -9,11 +12,7 @@
 #include <fstream>
 #include <mutex>
 
-#include <xxhash.h>
-
-#include <fcntl.h>
-#include <unistd.h>
-
+#include "checkpoint/detail.h"
 #include "core/error.h"
 #include "core/host.h"
 
@@ -30,9 +29,7 @@ namespace detail {
 
 size_t dtype_size(DType t) { return t == DType::F64 || t == DType::I64 ? 8 : 4; }
 
-int64_t step_of_dir(const std::string& name) {
-  return name.rfind("step-", 0) == 0 ? std::atoll(name.c_str() + 5) : -1;
-}
+int64_t step_of_dir(const std::string& name) { return name.rfind("step-", 0) == 0 ? std::atoll(name.c_str() + 5) : -1; }
 
 std::string peer_file_name(int64_t rank) {
   char buf[40];
@@ -117,14 +114,14 @@ struct Checkpointer::Job {
   std::vector<std::string> chain;
   fs::path tmp_dir, final_dir;
   struct Snap {
-    Piece piece;                  // src unused; shape and offsets
+    Piece piece;  // src unused; shape and offsets
     std::string dataset;
     bool xor_delta = false;
-    std::vector<uint8_t> bits;    // the values, or their XOR with the previous save's
+    std::vector<uint8_t> bits;  // the values, or their XOR with the previous save's
   };
   std::vector<Snap> snaps;
   std::thread writer;
-  std::atomic<int> state{0};      // 0 writing, 1 written, 2 failed
+  std::atomic<int> state{0};  // 0 writing, 1 written, 2 failed
   std::string error;
   FileEntry entry;
   double stall_s = 0, write_s = 0;
@@ -304,7 +301,8 @@ void Checkpointer::commit(Job& job, bool wait) {
         for (const FileEntry& f : m.files) {  // read back: the copy must be what the manifest says
           int64_t size = 0;
           const std::string h = file_xxh64((tmp / f.name).string(), &size);
-          if (h != f.xxh64 || size != f.size) MOE_FAIL("the copy of " << f.name << " does not match its manifest entry");
+          if (h != f.xxh64 || size != f.size)
+            MOE_FAIL("the copy of " << f.name << " does not match its manifest entry");
           fsync_file((tmp / f.name).string());
         }
         fsync_file((tmp / kManifestName).string());
@@ -315,7 +313,9 @@ void Checkpointer::commit(Job& job, bool wait) {
         write_latest(replica, job.final_dir.filename().string());
         apply_retention(replica);
       } catch (const std::exception& e) {
-        if (log_) log_("copying checkpoint step " + std::to_string(job.step) + " to replica " + replica + " failed: " + e.what());
+        if (log_)
+          log_("copying checkpoint step " + std::to_string(job.step) + " to replica " + replica +
+               " failed: " + e.what());
       }
     }
     report_ = {job.step, job.kind, job.stall_s, job.write_s, bytes};

@@ -19,12 +19,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "checkpoint/manifest.h"
 #include "parallel/communicator.h"
@@ -33,21 +32,21 @@ namespace moe::ckpt {
 
 // One contiguous range of a global tensor, as a rank holds it.
 struct Piece {
-  std::string tensor;                // global name, e.g. "params/layers.0.attn.wq"
+  std::string tensor;  // global name, e.g. "params/layers.0.attn.wq"
   DType dtype = DType::F32;
-  std::vector<int64_t> shape;        // as stored (its element count is the range's length)
+  std::vector<int64_t> shape;  // as stored (its element count is the range's length)
   std::vector<int64_t> global_shape;
-  int64_t flat_offset = 0;           // first element in the row-major flattening of the global tensor
-  const void* src = nullptr;         // save: the values now
-  void* dst = nullptr;               // restore: where they go
+  int64_t flat_offset = 0;    // first element in the row-major flattening of the global tensor
+  const void* src = nullptr;  // save: the values now
+  void* dst = nullptr;        // restore: where they go
   int64_t count() const { return numel(shape); }
   int64_t bytes() const;
 };
 
 struct SaveSettings {
-  std::string root;                   // the checkpoint directory (run_dir/checkpoints)
-  int64_t keep = 2;                   // complete chains kept
-  int64_t full_every = 1;             // a full checkpoint every this many saves, deltas between
+  std::string root;        // the checkpoint directory (run_dir/checkpoints)
+  int64_t keep = 2;        // complete chains kept
+  int64_t full_every = 1;  // a full checkpoint every this many saves, deltas between
   bool async = true;
   std::vector<std::string> replicas;  // further roots receiving a full copy of every checkpoint
   // Each rank's file is also kept by another rank (peer-of-rank-R.h5): the rank local_ranks further on,
@@ -101,7 +100,7 @@ class Checkpointer {
   std::function<void(const std::string&)> log_;
   std::unique_ptr<Job> job_;
   std::map<std::string, std::vector<uint8_t>> previous_;  // bits of the last save, per dataset, for deltas
-  std::vector<std::string> chain_;                         // directories of the current chain
+  std::vector<std::string> chain_;                        // directories of the current chain
   int64_t saves_ = 0;
   Report report_;
 };
@@ -109,12 +108,12 @@ class Checkpointer {
 // ---- Restore ------------------------------------------------------------------------------------
 
 struct Resolved {
-  std::string dir;                    // the checkpoint directory chosen
-  std::vector<Manifest> chain;        // base first, this one last
+  std::string dir;              // the checkpoint directory chosen
+  std::vector<Manifest> chain;  // base first, this one last
   std::vector<std::string> chain_dirs;
   // For each manifest of the chain, the path of each of its files (after fallbacks), "" if unusable.
   std::vector<std::vector<std::string>> paths;
-  std::vector<std::string> notes;     // fallbacks taken and why
+  std::vector<std::string> notes;  // fallbacks taken and why
 };
 
 // Verifies dir (and the chain it needs): manifests readable, every file present with its size and
@@ -133,10 +132,10 @@ void load_pieces(const Resolved& checkpoint, const std::vector<Piece>& pieces);
 // ---- Restore from node-local roots (collective) ----------------------------------------------------
 
 struct DistributedChoice {
-  std::string dir_name;                          // e.g. "step-00000010"
-  std::vector<Manifest> chain;                   // base first
-  std::vector<std::vector<int64_t>> holder;      // per chain member, per file entry: the rank that reads it (-1: none)
-  std::vector<std::vector<std::string>> path;    // the same, the path on that rank (meaningful there only)
+  std::string dir_name;                        // e.g. "step-00000010"
+  std::vector<Manifest> chain;                 // base first
+  std::vector<std::vector<int64_t>> holder;    // per chain member, per file entry: the rank that reads it (-1: none)
+  std::vector<std::vector<std::string>> path;  // the same, the path on that rank (meaningful there only)
   std::vector<std::string> notes;
 };
 // Each host's first rank (node_leader) verifies what its own root holds; all ranks agree on the newest

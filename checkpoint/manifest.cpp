@@ -17,10 +17,14 @@ using json = nlohmann::json;
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::F64: return "f64";
-    case DType::I64: return "i64";
-    case DType::U32: return "u32";
+    case DType::F32:
+      return "f32";
+    case DType::F64:
+      return "f64";
+    case DType::I64:
+      return "i64";
+    case DType::U32:
+      return "u32";
   }
   return "?";
 }
@@ -36,20 +40,30 @@ DType dtype_from_name(const std::string& name, const std::string& origin) {
 json to_json(const FileEntry& f) {
   json datasets = json::array();
   for (const DatasetEntry& d : f.datasets)
-    datasets.push_back({{"dataset", d.dataset}, {"tensor", d.tensor}, {"dtype", dtype_name(d.dtype)},
-                        {"global_shape", d.global_shape}, {"flat_offset", d.flat_offset}, {"count", d.count},
+    datasets.push_back({{"dataset", d.dataset},
+                        {"tensor", d.tensor},
+                        {"dtype", dtype_name(d.dtype)},
+                        {"global_shape", d.global_shape},
+                        {"flat_offset", d.flat_offset},
+                        {"count", d.count},
                         {"xor_delta", d.xor_delta}});
-  return {{"name", f.name}, {"rank", f.rank}, {"peer_copy", f.peer_copy}, {"size", f.size},
-          {"xxh64", f.xxh64}, {"datasets", datasets}};
+  return {{"name", f.name}, {"rank", f.rank},   {"peer_copy", f.peer_copy},
+          {"size", f.size}, {"xxh64", f.xxh64}, {"datasets", datasets}};
 }
 
 json to_json(const Manifest& m) {
   json files = json::array();
   for (const FileEntry& f : m.files) files.push_back(to_json(f));
-  return {{"format", kFormat},   {"step", m.step},       {"kind", m.kind},
-          {"chain", m.chain},     {"chain_manifests", m.chain_manifests},
-          {"created", m.created}, {"config", m.config},   {"layout", m.layout},
-          {"versions", m.versions}, {"files", files}};
+  return {{"format", kFormat},
+          {"step", m.step},
+          {"kind", m.kind},
+          {"chain", m.chain},
+          {"chain_manifests", m.chain_manifests},
+          {"created", m.created},
+          {"config", m.config},
+          {"layout", m.layout},
+          {"versions", m.versions},
+          {"files", files}};
 }
 
 FileEntry file_entry_from_json(const json& f, const std::string& origin) {

@@ -5,10 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "checkpoint/shard_file.h"
 
@@ -27,8 +26,8 @@ struct DatasetEntry {
 };
 
 struct FileEntry {
-  std::string name;  // relative to the checkpoint directory, e.g. "rank-00003.h5"
-  int64_t rank = 0;  // the rank that wrote it
+  std::string name;        // relative to the checkpoint directory, e.g. "rank-00003.h5"
+  int64_t rank = 0;        // the rank that wrote it
   bool peer_copy = false;  // a copy of `rank`'s file kept by another rank
   int64_t size = 0;
   std::string xxh64;  // 16 hex digits of the whole file
@@ -37,14 +36,14 @@ struct FileEntry {
 
 struct Manifest {
   int64_t step = 0;
-  std::string kind = "full";        // "full" | "delta"
-  std::vector<std::string> chain;   // directory names from the full base to this one (this one last)
+  std::string kind = "full";       // "full" | "delta"
+  std::vector<std::string> chain;  // directory names from the full base to this one (this one last)
   // xxh64 of the manifest.json of each earlier member of the chain: a delta is only ever restored onto
   // the very checkpoints it was computed from (a later run may have rewritten a directory of that name).
   std::vector<std::string> chain_manifests;
   std::string created;
-  nlohmann::json config;            // the resolved config of the run that wrote it
-  nlohmann::json layout;            // world, dp, ep, zero
+  nlohmann::json config;  // the resolved config of the run that wrote it
+  nlohmann::json layout;  // world, dp, ep, zero
   nlohmann::json versions;
   std::vector<FileEntry> files;
 };

@@ -74,11 +74,13 @@ std::string verified_file(const fs::path& dir, const FileEntry& f, const Manifes
     const fs::path copy = dir / peer.name;
     std::string peer_problem;
     if (check(copy, &peer_problem)) {
-      notes->push_back(primary.string() + " failed verification (" + problem + "); using the peer copy " + copy.string());
+      notes->push_back(primary.string() + " failed verification (" + problem + "); using the peer copy " +
+                       copy.string());
       return copy.string();
     }
   }
-  notes->push_back(primary.string() + " failed verification (" + problem + ") and no replica or peer holds a good copy");
+  notes->push_back(primary.string() + " failed verification (" + problem +
+                   ") and no replica or peer holds a good copy");
   return "";
 }
 
@@ -108,7 +110,8 @@ std::optional<Resolved> verify_checkpoint(const std::string& dir_text, const std
       if (!found) throw;
     }
     if (head.chain_manifests.size() + 1 != head.chain.size() && head.chain.size() > 1)
-      MOE_BAD_INPUT("checkpoint " << dir.string() << ": its manifest does not identify the checkpoints its chain needs");
+      MOE_BAD_INPUT("checkpoint " << dir.string()
+                                  << ": its manifest does not identify the checkpoints its chain needs");
     for (size_t ci = 0; ci < head.chain.size(); ++ci) {
       const std::string& name = head.chain[ci];
       const fs::path d = dir.parent_path() / name;
@@ -211,12 +214,11 @@ void load_pieces(const Resolved& ck, const std::vector<Piece>& pieces) {
       }
       if (covered != count)
         MOE_BAD_INPUT("checkpoint " << ck.chain_dirs[c] << " holds " << covered << " of the " << count
-                                    << " elements of " << p.tensor << " this rank needs (from element "
-                                    << p.flat_offset << "); it does not fit this run");
+                                    << " elements of " << p.tensor << " this rank needs (from element " << p.flat_offset
+                                    << "); it does not fit this run");
     }
   }
 }
-
 
 // ---- Restore from node-local roots ----------------------------------------------------------------
 
@@ -224,7 +226,8 @@ namespace {
 
 // Sends words[q] to rank q; returns what every rank sent to this one. Words travel as float bit patterns
 // (MPI copies them unchanged between hosts of one kind).
-std::vector<std::vector<uint32_t>> exchange_words(Communicator& world, const std::vector<std::vector<uint32_t>>& words) {
+std::vector<std::vector<uint32_t>> exchange_words(Communicator& world,
+                                                  const std::vector<std::vector<uint32_t>>& words) {
   const int P = world.size();
   std::vector<int64_t> send_counts(static_cast<size_t>(P)), recv_counts(static_cast<size_t>(P));
   for (int q = 0; q < P; ++q) send_counts[q] = int64_t(words[q].size());
@@ -327,7 +330,9 @@ std::optional<DistributedChoice> find_newest_distributed(Communicator& world, co
               if (held[r].contains(member) && held[r][member]["files"].contains(candidate))
                 holder = int64_t(r), path = held[r][member]["files"][candidate].get<std::string>();
             if (holder >= 0) {
-              if (candidate != f.name) c.notes.push_back(member + "/" + f.name + " is on no host; using the peer copy held by rank " + std::to_string(holder));
+              if (candidate != f.name)
+                c.notes.push_back(member + "/" + f.name + " is on no host; using the peer copy held by rank " +
+                                  std::to_string(holder));
               break;
             }
           }
@@ -370,8 +375,10 @@ void load_pieces_distributed(Communicator& world, const DistributedChoice& choic
           const DatasetEntry& de = fe.datasets[d];
           if (de.tensor != p.tensor) continue;
           if (de.global_shape != p.global_shape)
-            MOE_BAD_INPUT("checkpoint " << choice.chain[c].chain.back() << ": tensor " << p.tensor << " has another global shape than this run expects");
-          const int64_t lo = std::max(p.flat_offset, de.flat_offset), hi = std::min(p.flat_offset + p.count(), de.flat_offset + de.count);
+            MOE_BAD_INPUT("checkpoint " << choice.chain[c].chain.back() << ": tensor " << p.tensor
+                                        << " has another global shape than this run expects");
+          const int64_t lo = std::max(p.flat_offset, de.flat_offset),
+                        hi = std::min(p.flat_offset + p.count(), de.flat_offset + de.count);
           if (hi <= lo) continue;
           asked[choice.holder[c][f]].push_back({int64_t(c), int64_t(f), int64_t(d), lo, hi - lo, int64_t(pi)});
           covered[pi][c] += hi - lo;
@@ -397,7 +404,8 @@ void load_pieces_distributed(Communicator& world, const DistributedChoice& choic
   for (int q = 0; q < P; ++q)
     for (size_t i = 0; i + 10 <= requests[q].size(); i += 10) {
       int64_t v[5];
-      for (int k = 0; k < 5; ++k) v[k] = int64_t(uint64_t(requests[q][i + 2 * k]) | (uint64_t(requests[q][i + 2 * k + 1]) << 32));
+      for (int k = 0; k < 5; ++k)
+        v[k] = int64_t(uint64_t(requests[q][i + 2 * k]) | (uint64_t(requests[q][i + 2 * k + 1]) << 32));
       const DatasetEntry& de = choice.chain[v[0]].files[v[1]].datasets[v[2]];
       const std::string& path = choice.path[v[0]][v[1]];
       auto& reader = readers[path];

@@ -33,18 +33,18 @@ std::string error_context();
 
 }  // namespace moe
 
-#define MOE_STR_CAT(expr) \
-  ([&]() {                 \
+#define MOE_STR_CAT(expr)                   \
+  ([&]() {                                  \
     std::ostringstream moe_message_stream_; \
-    moe_message_stream_ << expr; \
-    return moe_message_stream_.str(); \
+    moe_message_stream_ << expr;            \
+    return moe_message_stream_.str();       \
   }())
 // Invariant of the program itself: failure is a bug (exit 1).
-#define MOE_CHECK(cond, msg)                                                                \
-  do {                                                                                      \
-    if (!(cond))                                                                            \
-      throw ::moe::Error(::moe::ErrorKind::Internal, __FILE__, __LINE__,                    \
-                         MOE_STR_CAT("check failed: " #cond ": " << msg));                  \
+#define MOE_CHECK(cond, msg)                                               \
+  do {                                                                     \
+    if (!(cond))                                                           \
+      throw ::moe::Error(::moe::ErrorKind::Internal, __FILE__, __LINE__,   \
+                         MOE_STR_CAT("check failed: " #cond ": " << msg)); \
   } while (0)
 // Bad user input (exit 2).
 #define MOE_BAD_INPUT(msg) throw ::moe::Error(::moe::ErrorKind::BadInput, __FILE__, __LINE__, MOE_STR_CAT(msg))

@@ -20,20 +20,20 @@ struct FfnContext {
   bool training = true;
   bool recomputing = false;
   uint64_t seed = 0;
-  int64_t step = 0;             // optimizer step, 0-based
-  int64_t first_token = 0;      // global index of the first token of this micro-batch within the step
+  int64_t step = 0;                // optimizer step, 0-based
+  int64_t first_token = 0;         // global index of the first token of this micro-batch within the step
   double router_loss_scale = 1.0;  // weight of this routing group's router losses in the step's loss
 };
 
 // Routing statistics of one MoE layer, summed over the routing groups of one step (training forwards only).
 struct RouterStepStats {
   std::vector<int64_t> tokens_per_expert;  // assignments processed per expert, after capacity
-  int64_t dropped = 0;    // assignments removed by capacity and not computed by anyone
-  int64_t rerouted = 0;   // assignments moved to the token's next-best expert with room
-  int64_t fallback = 0;   // assignments computed by the dense fallback instead
+  int64_t dropped = 0;                     // assignments removed by capacity and not computed by anyone
+  int64_t rerouted = 0;                    // assignments moved to the token's next-best expert with room
+  int64_t fallback = 0;                    // assignments computed by the dense fallback instead
   int64_t tokens = 0;
   int64_t groups = 0;
-  double entropy_sum = 0; // sum over tokens of the routing entropy -sum_e p_e log p_e
+  double entropy_sum = 0;  // sum over tokens of the routing entropy -sum_e p_e log p_e
   // Router losses (coefficients applied), summed over groups; the step's value is the sum / groups.
   double aux = 0, z = 0, entropy_loss = 0, death = 0;
 };

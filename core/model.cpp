@@ -29,8 +29,7 @@ Model<T>::Model(Ops<T>& ops, const ModelShape& shape, int64_t seq_len, int64_t m
     table_.add({p + ".attn.wv", {D, D}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
     table_.add({p + ".attn.wo", {D, D}, ParamRole::Dense, true, ParamInit::Normal, out_std});
     table_.add({p + ".ffn_norm.gain", {D}, ParamRole::Norm, false, ParamInit::Ones});
-    ffn_.push_back(ffn_factory ? ffn_factory(l)
-                               : std::make_unique<DenseMlp<T>>(ops, D, shape.ffn_hidden, L));
+    ffn_.push_back(ffn_factory ? ffn_factory(l) : std::make_unique<DenseMlp<T>>(ops, D, shape.ffn_hidden, L));
     ffn_.back()->register_params(table_, p + ".ffn");
     layer_specs_.emplace_back(first, specs());
   }
@@ -134,7 +133,7 @@ void Model<T>::block_backward(int64_t l, const T* x_in, T* dres, const BlockActs
   // On entry dres = dL/dx_out; on exit dres = dL/dx_in (the residual stream accumulates).
   const int64_t N = B * T_, D = shape_.d_model, H = shape_.heads, Dh = shape_.head_dim();
   const BlockWeights& w = blocks_[l];
-  ffn_[l]->backward(a.xf, dres, dtmp_, a.ffn, ffn_scratch_, N);                         // dtmp = dL/dxf
+  ffn_[l]->backward(a.xf, dres, dtmp_, a.ffn, ffn_scratch_, N);                        // dtmp = dL/dxf
   ops_.rmsnorm_backward(a.h, w.ffn_norm, a.rstd_f, dtmp_, datt_, w.d_ffn_norm, N, D);  // datt = via norm
   ops_.add_inplace(dres, datt_, N * D);                                                // dres = dL/dh
   ops_.gemm(true, false, D, D, N, T(1), a.att, D, dres, D, T(1), w.dwo, D);            // dWo += att^T dh
@@ -149,7 +148,7 @@ void Model<T>::block_backward(int64_t l, const T* x_in, T* dres, const BlockActs
   ops_.gemm(false, true, N, D, D, T(1), dk_, D, w.wk, D, T(1), dtmp_, D);  //     + dk Wk^T
   ops_.gemm(false, true, N, D, D, T(1), dv_, D, w.wv, D, T(1), dtmp_, D);  //     + dv Wv^T
   ops_.rmsnorm_backward(x_in, w.attn_norm, a.rstd_a, dtmp_, datt_, w.d_attn_norm, N, D);
-  ops_.add_inplace(dres, datt_, N * D);                                    // dres = dL/dx_in
+  ops_.add_inplace(dres, datt_, N * D);  // dres = dL/dx_in
 }
 
 template <typename T>

@@ -102,8 +102,8 @@ class Model {
 
   // Activations: x_in of every layer plus the final x; per-layer acts (or one shared set when recomputing).
   std::vector<T> arena_;
-  std::vector<T*> x_;             // L + 1 pointers, (N, D) each
-  std::vector<BlockActs> acts_;   // L entries (all equal when recomputing)
+  std::vector<T*> x_;            // L + 1 pointers, (N, D) each
+  std::vector<BlockActs> acts_;  // L entries (all equal when recomputing)
   T *xo_, *rstd_o_, *logits_, *ffn_out_;
   std::vector<T> losses_;
   // Backward scratch shared by all layers.

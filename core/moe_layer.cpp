@@ -20,8 +20,8 @@ inline void copy_row(const T* src, T* dst, int64_t D) {
 
 template <typename T>
 struct MoeLayer<T>::ActsView {
-  T *logits, *scores;        // (N, E) raw router logits z, scores p
-  T *yp;                     // expert outputs back at the token side, permuted order (M, D)
+  T *logits, *scores;  // (N, E) raw router logits z, scores p
+  T* yp;               // expert outputs back at the token side, permuted order (M, D)
   T *shared_acts, *shared_out;
   T *xf, *fallback_acts, *yf;
 };
@@ -30,8 +30,9 @@ template <typename T>
 MoeLayer<T>::MoeLayer(Ops<T>& ops, const MoeSettings& settings) : ops_(ops), s_(settings) {
   MOE_CHECK(s_.num_experts >= 1 && s_.top_k >= 1 && s_.top_k <= s_.num_experts,
             "experts " << s_.num_experts << ", top_k " << s_.top_k);
-  MOE_CHECK(s_.ep_size >= 1 && s_.num_experts % s_.ep_size == 0 && s_.ep_rank >= 0 && s_.ep_rank < s_.ep_size,
-            "expert parallelism " << s_.ep_size << " (rank " << s_.ep_rank << ") over " << s_.num_experts << " experts");
+  MOE_CHECK(
+      s_.ep_size >= 1 && s_.num_experts % s_.ep_size == 0 && s_.ep_rank >= 0 && s_.ep_rank < s_.ep_size,
+      "expert parallelism " << s_.ep_size << " (rank " << s_.ep_rank << ") over " << s_.num_experts << " experts");
   bias_.assign(size_t(s_.num_experts), 0.0f);
   if (s_.shared_experts > 0)
     shared_ = std::make_unique<DenseMlp<T>>(ops, s_.d_model, s_.shared_experts * s_.expert_hidden, s_.layers_total);
@@ -138,7 +139,8 @@ void MoeLayer<T>::plan_exchange() {
   send_rows_.assign(size_t(P), 0);
   recv_rows_.assign(size_t(P), 0);
   for (int64_t q = 0; q < P; ++q)
-    for (int64_t el = 0; el < El; ++el) send_rows_[q] += send_count[q * El + el], recv_rows_[q] += recv_count_[q * El + el];
+    for (int64_t el = 0; el < El; ++el)
+      send_rows_[q] += send_count[q * El + el], recv_rows_[q] += recv_count_[q * El + el];
   local_offset_.assign(size_t(El + 1), 0);
   for (int64_t el = 0; el < El; ++el) {
     int64_t rows = 0;
@@ -200,7 +202,8 @@ void MoeLayer<T>::combine_rows(const T* expert_rows, T* token_rows, int64_t widt
 template <typename T>
 void MoeLayer<T>::forward(const T* x, T* y, T* acts, int64_t N) {
   const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k, F = s_.expert_hidden, El = local_experts();
-  MOE_CHECK(s_.ep_size == 1 || exchange_, "an MoE layer over " << s_.ep_size << " expert-parallel ranks needs an exchange");
+  MOE_CHECK(s_.ep_size == 1 || exchange_,
+            "an MoE layer over " << s_.ep_size << " expert-parallel ranks needs an exchange");
   const ActsView v = carve(acts, N);
   // Plan (local): router, selection, capacity, permutation.
   ops_.gemm(false, false, N, E, D, T(1), x, D, router_, E, T(0), v.logits, E);  // z = x Wg
@@ -286,21 +289,21 @@ void MoeLayer<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* /*s
   const int64_t shared_scratch = shared_ ? shared_->scratch_size(N) : 0;
   const int64_t fb_rows = std::max<int64_t>(Mf, 1);
   const int64_t fb_scratch = fallback_ ? fallback_->scratch_size(fb_rows) : 0;
-  const size_t need = size_t(2 * M * D + 2 * R * D + 3 * R * F + 2 * N * E + N * K + shared_scratch + fb_scratch +
-                             2 * fb_rows * D);
+  const size_t need =
+      size_t(2 * M * D + 2 * R * D + 3 * R * F + 2 * N * E + N * K + shared_scratch + fb_scratch + 2 * fb_rows * D);
   if (scratch_.size() < need) scratch_.resize(need);
   T* c = scratch_.data();
-  T* dyp = c;               // (M, D) token side
-  T* dxp = (c += M * D);    // (M, D) token side
-  T* dye = (c += M * D);    // (R, D) expert side
-  T* dxe = (c += R * D);    // (R, D) expert side
-  T* dh = (c += R * D);     // (R, F)
-  T* da = (c += R * F);     // (R, F)
-  T* db = (c += R * F);     // (R, F)
-  T* dp = (c += R * F);     // (N, E)
-  T* dz = (c += N * E);     // (N, E)
-  T* dw = (c += N * E);     // (N K)
-  T* sh = (c += N * K);     // shared scratch
+  T* dyp = c;             // (M, D) token side
+  T* dxp = (c += M * D);  // (M, D) token side
+  T* dye = (c += M * D);  // (R, D) expert side
+  T* dxe = (c += R * D);  // (R, D) expert side
+  T* dh = (c += R * D);   // (R, F)
+  T* da = (c += R * F);   // (R, F)
+  T* db = (c += R * F);   // (R, F)
+  T* dp = (c += R * F);   // (N, E)
+  T* dz = (c += N * E);   // (N, E)
+  T* dw = (c += N * E);   // (N K)
+  T* sh = (c += N * K);   // shared scratch
   T* fbs = (c += shared_scratch);
   T* dyf = (c += fb_scratch);
   T* dxf = (c += fb_rows * D);

@@ -24,9 +24,9 @@ enum class Overflow { Drop, Reroute, Dense };
 
 struct MoeSettings {
   int64_t d_model = 0;
-  int64_t num_experts = 0;      // E
-  int64_t top_k = 1;            // K
-  int64_t expert_hidden = 0;    // width of each routed and shared expert
+  int64_t num_experts = 0;    // E
+  int64_t top_k = 1;          // K
+  int64_t expert_hidden = 0;  // width of each routed and shared expert
   int64_t shared_experts = 0;
   int64_t fallback_hidden = 0;  // width of the dense fallback (Overflow::Dense)
   int64_t layers_total = 1;     // L, for the 1/sqrt(2L) scaling of output projections
@@ -34,8 +34,8 @@ struct MoeSettings {
   double tau = 1.0;
   RouterNoise noise = RouterNoise::None;
   RouterScore score = RouterScore::Softmax;
-  bool normalize = true;        // renormalise the gate weights of the selected experts (when top_k > 1)
-  double capacity_factor = 0.0; // <= 0: no limit
+  bool normalize = true;         // renormalise the gate weights of the selected experts (when top_k > 1)
+  double capacity_factor = 0.0;  // <= 0: no limit
   DropPolicy drop_policy = DropPolicy::Probs;
   Overflow overflow = Overflow::Drop;
   double expert_dropout = 0.0;
@@ -115,26 +115,26 @@ class MoeLayer final : public FeedForward<T> {
   // Routing of the last forward (per slot n*K + j unless noted).
   std::vector<int32_t> sel_expert_, assigned_expert_;
   std::vector<SlotFate> fate_;
-  std::vector<T> gate_;          // gate weight of each slot
-  std::vector<T> denom_;         // per token: the renormalisation sum (1 when not renormalising)
+  std::vector<T> gate_;   // gate weight of each slot
+  std::vector<T> denom_;  // per token: the renormalisation sum (1 when not renormalising)
   std::vector<uint8_t> denom_clamped_;
-  std::vector<uint8_t> expert_masked_;  // E, expert dropout of this step
-  std::vector<int64_t> expert_offset_;  // E + 1, rows of each expert in the permuted block
-  std::vector<int32_t> perm_slot_;      // permuted row -> slot
-  std::vector<int64_t> row_of_slot_;    // slot -> permuted row (-1: not computed by an expert)
-  std::vector<int32_t> fallback_token_; // tokens computed by the dense fallback
-  std::vector<T> fallback_weight_;      // their summed overflowed gate weights
-  std::vector<T> f_;                    // E, top-k selection fractions of the last forward (no grad)
+  std::vector<uint8_t> expert_masked_;   // E, expert dropout of this step
+  std::vector<int64_t> expert_offset_;   // E + 1, rows of each expert in the permuted block
+  std::vector<int32_t> perm_slot_;       // permuted row -> slot
+  std::vector<int64_t> row_of_slot_;     // slot -> permuted row (-1: not computed by an expert)
+  std::vector<int32_t> fallback_token_;  // tokens computed by the dense fallback
+  std::vector<T> fallback_weight_;       // their summed overflowed gate weights
+  std::vector<T> f_;                     // E, top-k selection fractions of the last forward (no grad)
   double last_aux_ = 0, last_z_ = 0, last_entropy_ = 0, last_death_ = 0;
   std::vector<T> scratch_;
 
   // Exchange plan of the last forward. Token side: rows per destination rank. Expert side: rows per
   // (source rank, local expert), and the two orders of the received rows.
   ExpertExchange* exchange_ = nullptr;
-  std::vector<int64_t> send_rows_, recv_rows_;   // per rank
-  std::vector<int64_t> recv_count_;              // (ep_size, local experts): rows from source for expert
-  std::vector<int64_t> local_offset_;            // local experts + 1: expert-major block offsets
-  int64_t received_ = 0;                         // R: rows this rank's experts compute
+  std::vector<int64_t> send_rows_, recv_rows_;  // per rank
+  std::vector<int64_t> recv_count_;             // (ep_size, local experts): rows from source for expert
+  std::vector<int64_t> local_offset_;           // local experts + 1: expert-major block offsets
+  int64_t received_ = 0;                        // R: rows this rank's experts compute
   // Expert-side activations of the last forward: xe (R, D), a, b, h (R, F).
   std::vector<T> xe_, ea_, eb_, eh_;
   std::vector<T> exchange_buffer_;

@@ -50,7 +50,8 @@ void MoeLayer<T>::route(const T* logits, T* scores, int64_t N) {
   // Expert dropout: the same mask for every token of the step and on every rank.
   expert_masked_.assign(size_t(E), 0);
   if (training && s_.expert_dropout > 0)
-    for (int64_t e = 0; e < E; ++e) expert_masked_[e] = dropout.uniform(uint64_t(context_.step), uint64_t(e)) < s_.expert_dropout;
+    for (int64_t e = 0; e < E; ++e)
+      expert_masked_[e] = dropout.uniform(uint64_t(context_.step), uint64_t(e)) < s_.expert_dropout;
 
   // Top-k of p + b among unmasked experts (ties to the lower index); f_e from top-k of p alone.
   sel_expert_.assign(size_t(N * K), -1);
@@ -261,9 +262,9 @@ template void MoeLayer<float>::build_permutation(int64_t);
 template void MoeLayer<double>::build_permutation(int64_t);
 template void MoeLayer<float>::router_losses(const float*, const float*, int64_t);
 template void MoeLayer<double>::router_losses(const double*, const double*, int64_t);
-template void MoeLayer<float>::router_backward(const float*, const float*, const float*, const float*, float*,
-                                               float*, float*, int64_t);
-template void MoeLayer<double>::router_backward(const double*, const double*, const double*, const double*,
-                                                double*, double*, double*, int64_t);
+template void MoeLayer<float>::router_backward(const float*, const float*, const float*, const float*, float*, float*,
+                                               float*, int64_t);
+template void MoeLayer<double>::router_backward(const double*, const double*, const double*, const double*, double*,
+                                                double*, double*, int64_t);
 
 }  // namespace moe

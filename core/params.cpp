@@ -8,12 +8,18 @@ namespace moe {
 
 const char* param_role_name(ParamRole role) {
   switch (role) {
-    case ParamRole::Embedding: return "embedding";
-    case ParamRole::Dense: return "dense";
-    case ParamRole::Norm: return "norm";
-    case ParamRole::Router: return "router";
-    case ParamRole::Expert: return "expert";
-    case ParamRole::Output: return "output";
+    case ParamRole::Embedding:
+      return "embedding";
+    case ParamRole::Dense:
+      return "dense";
+    case ParamRole::Norm:
+      return "norm";
+    case ParamRole::Router:
+      return "router";
+    case ParamRole::Expert:
+      return "expert";
+    case ParamRole::Output:
+      return "output";
   }
   return "?";
 }

@@ -19,18 +19,18 @@ const char* param_role_name(ParamRole role);
 enum class ParamInit { Normal, Ones, Zeros };
 
 struct ParamSpec {
-  std::string name;             // global name, e.g. "layers.3.attn.wq"
-  std::vector<int64_t> shape;   // global shape
+  std::string name;            // global name, e.g. "layers.3.attn.wq"
+  std::vector<int64_t> shape;  // global shape
   ParamRole role = ParamRole::Dense;
   bool weight_decay = true;
   ParamInit init = ParamInit::Normal;
-  double init_std = 0.02;       // for ParamInit::Normal
+  double init_std = 0.02;  // for ParamInit::Normal
   // Sharding: this rank holds the slice [shard_offset, shard_offset + shape[0]) of axis 0 of a tensor whose
   // global axis-0 size is global_rows (0: not sharded, the rank holds the whole tensor). Expert tensors
   // are sharded this way over the expert-parallel group.
   int64_t global_rows = 0;
   int64_t shard_offset = 0;
-  int64_t offset = 0;           // into the flat buffers (set by ParamTable::add)
+  int64_t offset = 0;  // into the flat buffers (set by ParamTable::add)
   int64_t numel = 0;
 
   bool expert() const { return role == ParamRole::Expert; }

@@ -43,12 +43,11 @@ std::string read_text_file(const SourceSpec& spec) {
   return bytes;
 }
 
-void check_split(const Source& source, const char* split_name, size_t tokens, int64_t seq_len,
-                 const char* remedy) {
+void check_split(const Source& source, const char* split_name, size_t tokens, int64_t seq_len, const char* remedy) {
   if (static_cast<int64_t>(tokens) < seq_len + 1)
     MOE_BAD_INPUT(describe(source.name, source.path)
-                  << ": " << split_name << " split has " << tokens << " tokens; it needs at least seq_len+1 = "
-                  << seq_len + 1 << "; use a longer file or " << remedy);
+                  << ": " << split_name << " split has " << tokens
+                  << " tokens; it needs at least seq_len+1 = " << seq_len + 1 << "; use a longer file or " << remedy);
 }
 
 }  // namespace
@@ -81,15 +80,15 @@ Corpus embedded_corpus(double heldout_fraction) {
 
 Corpus load_corpus(const std::vector<SourceSpec>& specs, double heldout_fraction) {
   check_heldout_fraction(heldout_fraction);
-  if (specs.empty())
-    MOE_BAD_INPUT("data.sources is empty; list at least one {\"name\", \"path\", \"weight\"}");
+  if (specs.empty()) MOE_BAD_INPUT("data.sources is empty; list at least one {\"name\", \"path\", \"weight\"}");
   std::set<std::string> names;
   Corpus corpus;
   for (size_t i = 0; i < specs.size(); ++i) {
     const SourceSpec& spec = specs[i];
     if (spec.name.empty())
-      MOE_BAD_INPUT("data.sources[" << i << "] (path " << spec.path << ") has an empty name; give every source "
-                                    "a name (it labels eval_loss_by_source)");
+      MOE_BAD_INPUT("data.sources[" << i << "] (path " << spec.path
+                                    << ") has an empty name; give every source "
+                                       "a name (it labels eval_loss_by_source)");
     if (!names.insert(spec.name).second)
       MOE_BAD_INPUT(describe(spec.name, spec.path) << ": the name is used by another source too; names must be "
                                                       "unique");
@@ -122,9 +121,8 @@ void validate_corpus(const Corpus& corpus, int64_t seq_len, int64_t vocab) {
     for (const std::vector<int32_t>* split : {&source.train, &source.heldout})
       for (const int32_t token : *split)
         if (token < 0 || token >= vocab)
-          MOE_BAD_INPUT(describe(source.name, source.path)
-                        << ": token " << token << " is outside the vocabulary 0.." << vocab - 1
-                        << "; raise model.vocab or fix the data");
+          MOE_BAD_INPUT(describe(source.name, source.path) << ": token " << token << " is outside the vocabulary 0.."
+                                                           << vocab - 1 << "; raise model.vocab or fix the data");
 }
 
 }  // namespace moe::data

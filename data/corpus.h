@@ -21,7 +21,7 @@ struct SourceSpec {
 
 struct Source {
   std::string name;
-  double weight = 1.0;  // relative sampling probability (loader.h)
+  double weight = 1.0;                  // relative sampling probability (loader.h)
   std::vector<int32_t> train, heldout;  // tokens; heldout follows train in the file, they never overlap
   std::string path;  // where the tokens came from, for messages ("embedded:code.txt" for the default)
 };

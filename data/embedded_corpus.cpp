@@ -6,7 +6,7 @@
 
 // Defined by embedded_corpus_data.S. The size is a symbol of its own so no end symbol arithmetic
 // crosses the C++/assembly boundary.
-#define MOE_EMBEDDED_TEXT(name)                   \
+#define MOE_EMBEDDED_TEXT(name)                      \
   extern "C" const char moe_corpus_##name##_begin[]; \
   extern "C" const uint64_t moe_corpus_##name##_size;
 MOE_EMBEDDED_TEXT(prose)

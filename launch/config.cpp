@@ -273,8 +273,8 @@ void check_moe_every(const Checked& c) {
 void check_node_local_without_replicas(const Checked& c) {
   if (c.config.checkpoint.node_local && !c.config.checkpoint.replicas.empty())
     MOE_BAD_INPUT(c.show("checkpoint.replicas") << " with " << c.show("checkpoint.node_local")
-                                                 << ": replicas copy one directory, which node-local roots do not have; "
-                                                    "use checkpoint.peer_copy to keep each shard on a second host");
+                                                << ": replicas copy one directory, which node-local roots do not have; "
+                                                   "use checkpoint.peer_copy to keep each shard on a second host");
 }
 
 const std::vector<Rule>& rules() {

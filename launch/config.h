@@ -6,10 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace moe {
 
@@ -19,11 +18,11 @@ struct TrainConfig {
   int64_t global_batch = 0;  // sequences per optimizer step
   int64_t micro_batch = 0;   // sequences per micro-batch (= one routing group)
   int64_t seq_len = 0;
-  std::string recompute;     // "none" | "full"
+  std::string recompute;  // "none" | "full"
   int64_t log_every = 0;
-  int64_t eval_every = 0;    // 0: no periodic evaluation (a final one still runs)
+  int64_t eval_every = 0;      // 0: no periodic evaluation (a final one still runs)
   int64_t eval_sequences = 0;  // held-out sequences per data source per evaluation
-  int64_t threads = 0;       // 0: cores / ranks on this node
+  int64_t threads = 0;         // 0: cores / ranks on this node
 };
 
 struct ModelConfig {
@@ -31,13 +30,13 @@ struct ModelConfig {
   int64_t d_model = 0;
   int64_t layers = 0;
   int64_t heads = 0;
-  int64_t ffn_hidden = 0;    // width of the dense SwiGLU MLP
+  int64_t ffn_hidden = 0;  // width of the dense SwiGLU MLP
 };
 
 struct RouterConfig {
   double tau = 1.0;
-  std::string noise;         // "gumbel" | "none"
-  std::string score;         // "softmax" | "sigmoid"
+  std::string noise;  // "gumbel" | "none"
+  std::string score;  // "softmax" | "sigmoid"
   bool normalize = true;
   double bias_balance_rate = 0.0;  // moe.router.bias_balance.rate; 0 = off
 };
@@ -47,7 +46,7 @@ struct MoeLossConfig {
 };
 
 struct MoeConfig {
-  int64_t num_experts = 0;   // 0: every FFN is dense
+  int64_t num_experts = 0;  // 0: every FFN is dense
   int64_t top_k = 1;
   int64_t every = 1;
   int64_t expert_hidden = 0;
@@ -65,21 +64,21 @@ struct OptimConfig {
   double lr = 0, min_lr = 0;
   int64_t warmup = 0;
   double weight_decay = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  double clip = 0;           // global grad-norm clip; 0 = off
+  double clip = 0;             // global grad-norm clip; 0 = off
   double per_expert_clip = 0;  // 0 = off
   bool zero = false;
 };
 
 struct ParallelConfig {
   int64_t tp = 1, pp = 1, ep = 1;
-  int64_t dp = 0;            // 0 when "auto": world / (tp * pp), resolved once the world size is known
+  int64_t dp = 0;  // 0 when "auto": world / (tp * pp), resolved once the world size is known
 };
 
 struct CheckpointConfig {
-  std::string dir;           // relative to the run directory unless absolute
-  int64_t every = 0;         // 0 = no checkpoints
-  int64_t keep = 1;          // complete chains kept
-  int64_t full_every = 1;    // a full checkpoint every this many saves, XOR deltas between
+  std::string dir;         // relative to the run directory unless absolute
+  int64_t every = 0;       // 0 = no checkpoints
+  int64_t keep = 1;        // complete chains kept
+  int64_t full_every = 1;  // a full checkpoint every this many saves, XOR deltas between
   bool async = true;
   std::vector<std::string> replicas;
   bool peer_copy = false;
@@ -105,7 +104,7 @@ struct FaultConfig {
 
 struct DataSourceConfig {
   std::string name;
-  std::string path;          // a UTF-8/byte text file, tokenized by bytes
+  std::string path;  // a UTF-8/byte text file, tokenized by bytes
   double weight = 1.0;
 };
 
@@ -123,7 +122,7 @@ struct Config {
   CheckpointConfig checkpoint;
   FaultConfig fault;
   DataConfig data;
-  nlohmann::json resolved;   // every key with its value (defaults filled in), as written to config.json
+  nlohmann::json resolved;  // every key with its value (defaults filled in), as written to config.json
 };
 
 // Loads `path` (JSON), applies `overrides` ("dotted.key=value", value parsed as JSON when it parses,

@@ -41,8 +41,9 @@ KeySpec string_list(std::string key, std::string doc) {
   return {std::move(key), KeyType::StringList, json::array(), {}, {}, std::move(doc)};
 }
 KeySpec faults(std::string key, std::string doc) {
-  return {std::move(key), KeyType::Faults, json::array(), {}, {"kill", "hang", "stop", "exception", "corrupt_checkpoint"},
-          std::move(doc)};
+  return {
+      std::move(key), KeyType::Faults, json::array(), {}, {"kill", "hang", "stop", "exception", "corrupt_checkpoint"},
+      std::move(doc)};
 }
 KeySpec sources(std::string key, std::string doc) {
   return {std::move(key), KeyType::Sources, json::array(), {}, {}, std::move(doc)};
@@ -136,7 +137,8 @@ std::vector<KeySpec> build_schema() {
       number("fault.heartbeat_interval_s", 0.5, above(0), "seconds between two heartbeats of a rank"),
       number("fault.heartbeat_timeout_s", 30.0, above(0),
              "seconds without a heartbeat from a rank (a dead or stopped process) before the supervisor restarts"),
-      number("fault.setup_timeout_s", 300.0, above(0), "longest start-up (including checkpoint load) before it counts as hung"),
+      number("fault.setup_timeout_s", 300.0, above(0),
+             "longest start-up (including checkpoint load) before it counts as hung"),
       number("fault.step_timeout_s", 300.0, above(0),
              "longest training step (forward, backward, communication, update) before it counts as hung"),
       number("fault.eval_timeout_s", 300.0, above(0), "longest evaluation before it counts as hung"),
@@ -392,7 +394,8 @@ std::string describe_expected(const KeySpec& spec) {
     case KeyType::StringList:
       return "a list of non-empty strings";
     case KeyType::Faults:
-      return "a list of faults, each {\"kind\": " + quoted_list(spec.choices) + ", \"rank\": integer >= 0, \"step\": integer >= 1}";
+      return "a list of faults, each {\"kind\": " + quoted_list(spec.choices) +
+             ", \"rank\": integer >= 0, \"step\": integer >= 1}";
   }
   return "";
 }
@@ -462,9 +465,11 @@ json check_value(const KeySpec& spec, const json& value, const std::string& orig
           MOE_BAD_INPUT(where << ".kind = " << show_value(f["kind"]) << " (in " << origin << "): expected one of "
                               << quoted_list(spec.choices));
         if (!f["rank"].is_number_integer() || f["rank"].get<int64_t>() < 0)
-          MOE_BAD_INPUT(where << ".rank = " << show_value(f["rank"]) << " (in " << origin << "): expected an integer >= 0");
+          MOE_BAD_INPUT(where << ".rank = " << show_value(f["rank"]) << " (in " << origin
+                              << "): expected an integer >= 0");
         if (!f["step"].is_number_integer() || f["step"].get<int64_t>() < 1)
-          MOE_BAD_INPUT(where << ".step = " << show_value(f["step"]) << " (in " << origin << "): expected an integer >= 1");
+          MOE_BAD_INPUT(where << ".step = " << show_value(f["step"]) << " (in " << origin
+                              << "): expected an integer >= 1");
       }
       return value;
     }

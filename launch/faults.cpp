@@ -18,7 +18,10 @@ namespace fs = std::filesystem;
 
 FaultInjector::FaultInjector(std::vector<FaultInjection> faults, int64_t rank, std::string run_dir,
                              std::string checkpoint_root)
-    : faults_(std::move(faults)), rank_(rank), run_dir_(std::move(run_dir)), checkpoint_root_(std::move(checkpoint_root)) {}
+    : faults_(std::move(faults)),
+      rank_(rank),
+      run_dir_(std::move(run_dir)),
+      checkpoint_root_(std::move(checkpoint_root)) {}
 
 bool FaultInjector::any_for_this_rank() const {
   for (const FaultInjection& f : faults_)

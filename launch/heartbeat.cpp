@@ -15,9 +15,7 @@
 namespace moe {
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Compares in time independent of where the strings differ.
 bool equal_secret(std::string_view a, std::string_view b) {
@@ -31,12 +29,18 @@ bool equal_secret(std::string_view a, std::string_view b) {
 
 const char* phase_name(Phase phase) {
   switch (phase) {
-    case Phase::Setup: return "setup";
-    case Phase::Step: return "step";
-    case Phase::Eval: return "eval";
-    case Phase::CheckpointSave: return "checkpoint_save";
-    case Phase::CheckpointLoad: return "checkpoint_load";
-    case Phase::Done: return "done";
+    case Phase::Setup:
+      return "setup";
+    case Phase::Step:
+      return "step";
+    case Phase::Eval:
+      return "eval";
+    case Phase::CheckpointSave:
+      return "checkpoint_save";
+    case Phase::CheckpointLoad:
+      return "checkpoint_load";
+    case Phase::Done:
+      return "done";
   }
   return "?";
 }
@@ -49,8 +53,8 @@ std::optional<Phase> phase_from_name(std::string_view name) {
 
 std::string encode_heartbeat(const std::string& secret, const Heartbeat& b) {
   std::ostringstream out;
-  out << "MOEHB1 " << secret << ' ' << b.attempt << ' ' << b.rank << ' ' << b.pid << ' ' << b.step << ' ' << phase_name(b.phase) << ' '
-      << b.host;
+  out << "MOEHB1 " << secret << ' ' << b.attempt << ' ' << b.rank << ' ' << b.pid << ' ' << b.step << ' '
+      << phase_name(b.phase) << ' ' << b.host;
   return out.str();
 }
 
@@ -89,11 +93,16 @@ std::optional<Heartbeat> decode_heartbeat(std::string_view datagram, const std::
 double phase_timeout(const FaultConfig& f, Phase phase) {
   switch (phase) {
     case Phase::Setup:
-    case Phase::CheckpointLoad: return std::max(f.setup_timeout_s, phase == Phase::CheckpointLoad ? f.checkpoint_timeout_s : 0.0);
-    case Phase::Step: return f.step_timeout_s;
-    case Phase::Eval: return f.eval_timeout_s;
-    case Phase::CheckpointSave: return f.checkpoint_timeout_s;
-    case Phase::Done: return 1e18;
+    case Phase::CheckpointLoad:
+      return std::max(f.setup_timeout_s, phase == Phase::CheckpointLoad ? f.checkpoint_timeout_s : 0.0);
+    case Phase::Step:
+      return f.step_timeout_s;
+    case Phase::Eval:
+      return f.eval_timeout_s;
+    case Phase::CheckpointSave:
+      return f.checkpoint_timeout_s;
+    case Phase::Done:
+      return 1e18;
   }
   return f.step_timeout_s;
 }

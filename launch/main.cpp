@@ -2,13 +2,12 @@
 // errors into exit codes: 0 success, 2 bad input (nothing written), 1 anything else (CONTRACT.md).
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
 #include <iostream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "core/error.h"
 #include "core/host.h"
@@ -22,13 +21,13 @@ namespace {
 constexpr int kExitBadInput = 2;
 constexpr int kExitOther = 1;
 
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"moe: train mixture-of-experts language models, from one laptop to a GPU cluster.\n"
-               "Run `moe SUBCOMMAND --help` for the options of each subcommand.",
-               "moe"};
+  CLI::App app{
+      "moe: train mixture-of-experts language models, from one laptop to a GPU cluster.\n"
+      "Run `moe SUBCOMMAND --help` for the options of each subcommand.",
+      "moe"};
   app.require_subcommand(1);
   app.footer(
       "Train:  moe train --config FILE [--set KEY=VALUE]... [--run-dir DIR] [--resume auto|none|PATH]\n"
@@ -48,15 +47,17 @@ int main(int argc, char** argv) {
                         "else taken as a string)");
   train_cmd->add_option("--run-dir", train.run_dir,
                         "Run directory for config.json, manifest.json, metrics.jsonl (default: runs/<config name>)");
-  train_cmd->add_option("--resume", train.resume,
-                        "auto: continue from the newest checkpoint of the run directory that verifies, if any; "
-                        "none: start from step 0; PATH: a checkpoint")
+  train_cmd
+      ->add_option("--resume", train.resume,
+                   "auto: continue from the newest checkpoint of the run directory that verifies, if any; "
+                   "none: start from step 0; PATH: a checkpoint")
       ->default_val("auto");
   train_cmd->add_flag("--overwrite", train.overwrite,
                       "Start again in a run directory that already holds a run (its files are replaced)");
   train_cmd->add_flag("--quiet", train.quiet, "No progress line on the terminal");
-  train_cmd->add_option("--stop-after-step", train.stop_after_step,
-                        "End after this step (and its checkpoint) as if interrupted; for resume tests and demos")
+  train_cmd
+      ->add_option("--stop-after-step", train.stop_after_step,
+                   "End after this step (and its checkpoint) as if interrupted; for resume tests and demos")
       ->check(CLI::PositiveNumber);
 
   moe::CkptOptions ckpt;
@@ -64,25 +65,32 @@ int main(int argc, char** argv) {
 
   moe::LaunchOptions launch;
   CLI::App* launch_cmd = app.add_subcommand(
-      "launch", "The supervisor: runs mpirun for you, watches every rank's heartbeat, and restarts the job from "
-                "the newest checkpoint that verifies after a crash or a hang (fault.* config keys).");
+      "launch",
+      "The supervisor: runs mpirun for you, watches every rank's heartbeat, and restarts the job from "
+      "the newest checkpoint that verifies after a crash or a hang (fault.* config keys).");
   launch_cmd->add_option("--np", launch.np, "Ranks to run")->required()->check(CLI::PositiveNumber);
   launch_cmd->add_option("--hostfile", launch.hostfile, "OpenMPI hostfile (host slots=N per line)")
       ->check(CLI::ExistingFile);
   launch_cmd->add_option("--mpirun", launch.mpirun, "The mpirun program")->default_val("mpirun");
   launch_cmd->add_option("--mpirun-arg", launch.mpirun_args,
                          "An extra argument for mpirun (repeatable), e.g. --mpirun-arg=--oversubscribe");
-  launch_cmd->add_option("--config", launch.config_path, "Experiment config (JSON)")->required()->check(CLI::ExistingFile);
+  launch_cmd->add_option("--config", launch.config_path, "Experiment config (JSON)")
+      ->required()
+      ->check(CLI::ExistingFile);
   launch_cmd->add_option("--set", launch.overrides, "Override a config key (repeatable), as for moe train");
-  launch_cmd->add_option("--run-dir", launch.run_dir, "Run directory (default: runs/<config name>); events.log goes there");
+  launch_cmd->add_option("--run-dir", launch.run_dir,
+                         "Run directory (default: runs/<config name>); events.log goes there");
   launch_cmd->add_option("--resume", launch.resume, "First start: auto, none or PATH (restarts always resume auto)")
       ->default_val("auto");
   launch_cmd->add_flag("--overwrite", launch.overwrite, "First start: replace a run directory that holds a run");
   launch_cmd->add_flag("--quiet", launch.quiet, "No progress lines from the ranks and no event echo");
 
   // CLI11 reports a missing subcommand before an unknown one; name the unknown word instead.
-  if (argc > 1 && argv[1][0] != '-' && app.get_subcommands([&](CLI::App* sub) { return sub->get_name() == argv[1]; }).empty()) {
-    std::fprintf(stderr, "moe: error: unknown subcommand '%s'; the subcommands are: train, launch, ckpt (see moe --help)\n", argv[1]);
+  if (argc > 1 && argv[1][0] != '-' &&
+      app.get_subcommands([&](CLI::App* sub) { return sub->get_name() == argv[1]; }).empty()) {
+    std::fprintf(stderr,
+                 "moe: error: unknown subcommand '%s'; the subcommands are: train, launch, ckpt (see moe --help)\n",
+                 argv[1]);
     return kExitBadInput;
   }
   try {

@@ -5,12 +5,11 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <CLI/Version.hpp>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-
-#include <CLI/Version.hpp>
 
 #include "core/error.h"
 #include "core/host.h"
@@ -80,7 +79,7 @@ void write_run_files(const std::string& run_dir, const Config& config, const std
   m["created"] = utc_now();
   m["versions"] = build_versions();
   m["layout"] = {{"world", grid.sizes().world}, {"tp", grid.sizes().tp}, {"pp", grid.sizes().pp},
-                 {"dp", grid.sizes().dp}, {"ep", grid.sizes().ep}, {"edp", grid.edp()},
+                 {"dp", grid.sizes().dp},       {"ep", grid.sizes().ep}, {"edp", grid.edp()},
                  {"zero", config.optim.zero}};
   m["hosts"] = {host_name()};
   m["threads_per_rank"] = threads;

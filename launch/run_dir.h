@@ -4,10 +4,9 @@
 #pragma once
 
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "launch/config.h"
 #include "parallel/rank_grid.h"

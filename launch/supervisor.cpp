@@ -18,10 +18,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpointer.h"
 #include "core/error.h"
@@ -45,10 +44,7 @@ constexpr int kMaxDetailedIgnored = 5;  // per reason and attempt; then only cou
 volatile sig_atomic_t g_interrupted = 0;
 void on_interrupt(int) { g_interrupted = 1; }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 std::string random_secret() {
   unsigned char bytes[16] = {};
@@ -165,8 +161,7 @@ int run_launch(const LaunchOptions& o) {
   if (!o.hostfile.empty()) hosts = read_hostfile(o.hostfile);
   RankGrid({o.np, config.parallel.tp, config.parallel.pp, config.parallel.dp, config.parallel.ep, 1},
            config.moe.num_experts);
-  const std::string run_dir =
-      o.run_dir.empty() ? "runs/" + fs::path(o.config_path).stem().string() : o.run_dir;
+  const std::string run_dir = o.run_dir.empty() ? "runs/" + fs::path(o.config_path).stem().string() : o.run_dir;
   const FaultConfig& fault = config.fault;
 
   // The listener: loopback (or fault.listen), an ephemeral port, the job's secret.
@@ -231,7 +226,11 @@ int run_launch(const LaunchOptions& o) {
     posix_spawnattr_destroy(&attr);
     if (rc != 0) MOE_BAD_INPUT("cannot start " << args[0] << ": " << std::strerror(rc) << " (is OpenMPI installed?)");
     const double started = now_s();
-    events.add({{"event", "start"}, {"attempt", attempt}, {"np", np}, {"pid", child}, {"listen", listen_addr},
+    events.add({{"event", "start"},
+                {"attempt", attempt},
+                {"np", np},
+                {"pid", child},
+                {"listen", listen_addr},
                 {"hostfile", hostfile.empty() ? json(nullptr) : json(hostfile)}});
 
     std::map<int64_t, RankState> ranks;
@@ -267,8 +266,8 @@ int run_launch(const LaunchOptions& o) {
         max_step = std::max(max_step, beat->step);
         if (!training_seen && beat->phase == Phase::Step) {
           training_seen = true;
-          events.add({{"event", "training"}, {"attempt", attempt}, {"step", beat->step},
-                      {"time_to_train_s", t - started}});
+          events.add(
+              {{"event", "training"}, {"attempt", attempt}, {"step", beat->step}, {"time_to_train_s", t - started}});
         }
       }
       // A crash: mpirun ended.
@@ -294,7 +293,10 @@ int run_launch(const LaunchOptions& o) {
         failure = {{"event", "crash"}, {"exit_code", code}, {"attempt", attempt}};
         if (rank >= 0) {
           const RankState& r = ranks[rank];
-          failure.update({{"rank", rank}, {"host", r.host}, {"phase", phase_name(r.phase)}, {"step", r.step},
+          failure.update({{"rank", rank},
+                          {"host", r.host},
+                          {"phase", phase_name(r.phase)},
+                          {"step", r.step},
                           {"detect_s", t - r.last_seen}});
         }
         child = 0;
@@ -306,15 +308,24 @@ int run_launch(const LaunchOptions& o) {
         const double limit = phase_timeout(fault, r.phase) + fault.heartbeat_timeout_s;
         if (r.phase == Phase::Done) continue;
         if (silent > fault.heartbeat_timeout_s || stuck > limit) {
-          failure = {{"event", "hang"}, {"reason", silent > fault.heartbeat_timeout_s ? "silent" : "no progress"},
-                     {"rank", k}, {"host", r.host}, {"phase", phase_name(r.phase)}, {"step", r.step},
-                     {"detect_s", silent > fault.heartbeat_timeout_s ? silent : stuck}, {"attempt", attempt}};
+          failure = {{"event", "hang"},
+                     {"reason", silent > fault.heartbeat_timeout_s ? "silent" : "no progress"},
+                     {"rank", k},
+                     {"host", r.host},
+                     {"phase", phase_name(r.phase)},
+                     {"step", r.step},
+                     {"detect_s", silent > fault.heartbeat_timeout_s ? silent : stuck},
+                     {"attempt", attempt}};
           break;
         }
       }
       if (failure.empty() && int64_t(ranks.size()) < np && t - started > fault.setup_timeout_s)
-        failure = {{"event", "hang"}, {"reason", "ranks never reported"}, {"heard", ranks.size()}, {"np", np},
-                   {"detect_s", t - started - fault.setup_timeout_s}, {"attempt", attempt}};
+        failure = {{"event", "hang"},
+                   {"reason", "ranks never reported"},
+                   {"heard", ranks.size()},
+                   {"np", np},
+                   {"detect_s", t - started - fault.setup_timeout_s},
+                   {"attempt", attempt}};
       if (g_interrupted) failure = {{"event", "interrupted"}, {"attempt", attempt}};
       if (!failure.empty()) break;
     }
@@ -386,13 +397,16 @@ int run_launch(const LaunchOptions& o) {
     // What the restart will most likely resume from, for the log (with node-local roots: host 0's view).
     std::string ckpt_dir = config.checkpoint.dir;
     for (size_t at; (at = ckpt_dir.find("{node}")) != std::string::npos;) ckpt_dir.replace(at, 6, "0");
-    const auto newest = ckpt::find_newest((fs::path(run_dir) / ckpt_dir).string(),
-                                          config.checkpoint.replicas, &notes);
+    const auto newest = ckpt::find_newest((fs::path(run_dir) / ckpt_dir).string(), config.checkpoint.replicas, &notes);
     const int64_t resume_step = newest ? newest->chain.back().step : 0;
     const double backoff = std::min(60.0, fault.restart_backoff_s * std::pow(2.0, double(restarts - 1)));
-    events.add({{"event", "restart"}, {"restart", restarts}, {"of", fault.max_restarts},
-                {"resume_from", newest ? json(newest->dir) : json(nullptr)}, {"resume_step", resume_step},
-                {"steps_lost", std::max<int64_t>(0, max_step - resume_step)}, {"backoff_s", backoff},
+    events.add({{"event", "restart"},
+                {"restart", restarts},
+                {"of", fault.max_restarts},
+                {"resume_from", newest ? json(newest->dir) : json(nullptr)},
+                {"resume_step", resume_step},
+                {"steps_lost", std::max<int64_t>(0, max_step - resume_step)},
+                {"backoff_s", backoff},
                 {"checkpoint_notes", notes}});
     std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
   }

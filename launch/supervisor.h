@@ -17,15 +17,15 @@ namespace moe {
 
 struct LaunchOptions {
   int64_t np = 1;
-  std::string hostfile;                 // empty: this machine only
+  std::string hostfile;  // empty: this machine only
   std::string mpirun = "mpirun";
-  std::vector<std::string> mpirun_args; // extra arguments for mpirun, e.g. --oversubscribe
+  std::vector<std::string> mpirun_args;  // extra arguments for mpirun, e.g. --oversubscribe
   // What the ranks run (moe train options).
   std::string config_path;
   std::vector<std::string> overrides;
   std::string run_dir;
-  std::string resume = "auto";          // for the first start; restarts always resume auto
-  bool overwrite = false;               // for the first start
+  std::string resume = "auto";  // for the first start; restarts always resume auto
+  bool overwrite = false;       // for the first start
   bool quiet = false;
 };
 

@@ -14,9 +14,7 @@ int64_t global_base(const ParamSpec& spec) {
 
 // Replicated tensors are written by one replica: dense ones by world rank 0, expert ones by the first
 // rank of each expert-data-parallel group. ZeRO slices are distinct on every rank: each writes its own.
-bool writes(const TrainState& s, bool expert) {
-  return expert ? s.groups->coords.edp == 0 : s.groups->rank == 0;
-}
+bool writes(const TrainState& s, bool expert) { return expert ? s.groups->coords.edp == 0 : s.groups->rank == 0; }
 
 }  // namespace
 
@@ -43,7 +41,8 @@ std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
       if (op.offset >= sp.offset && op.offset < sp.offset + sp.numel) spec = &sp;
     const int64_t offset = global_base(*spec) + (op.offset - spec->offset);
     const bool mine = s.zero ? true : writes(s, spec->expert());
-    add("optim/exp_avg/" + spec->name, DType::F32, {op.length}, spec->global_shape(), offset, m.data() + op.state, mine);
+    add("optim/exp_avg/" + spec->name, DType::F32, {op.length}, spec->global_shape(), offset, m.data() + op.state,
+        mine);
     add("optim/exp_avg_sq/" + spec->name, DType::F32, {op.length}, spec->global_shape(), offset, v.data() + op.state,
         mine);
   }

@@ -1,18 +1,19 @@
 // The training loop of one rank.
 #include "launch/trainer.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <optional>
-#include <fstream>
 #include <regex>
 #include <thread>
 
-#include <unistd.h>
-
+#include "checkpoint/checkpointer.h"
 #include "core/backend/ops.h"
 #include "core/error.h"
 #include "core/host.h"
@@ -21,14 +22,13 @@
 #include "data/corpus.h"
 #include "data/loader.h"
 #include "launch/config.h"
-#include "launch/progress.h"
-#include "launch/run_dir.h"
-#include "optim/adamw.h"
-#include "optim/per_expert_clip.h"
-#include "checkpoint/checkpointer.h"
 #include "launch/faults.h"
 #include "launch/heartbeat.h"
+#include "launch/progress.h"
+#include "launch/run_dir.h"
 #include "launch/train_state.h"
+#include "optim/adamw.h"
+#include "optim/per_expert_clip.h"
 #include "parallel/process_groups.h"
 #include "parallel/self_communicator.h"
 
@@ -53,17 +53,19 @@ void check_memory(const Config& config) {
                B = double(config.train.micro_batch);
   const MoeConfig& m = config.moe;
   const double E = double(m.num_experts), K = double(m.top_k), Fe = double(m.expert_hidden);
-  const double ffn_params = m.num_experts > 0 ? 3 * D * Fe * (E + double(m.shared_experts)) + D * E + 3 * D * F : 3 * D * F;
+  const double ffn_params =
+      m.num_experts > 0 ? 3 * D * Fe * (E + double(m.shared_experts)) + D * E + 3 * D * F : 3 * D * F;
   const double ffn_acts = m.num_experts > 0 ? K * (2 * D + 3 * Fe) + 2 * E + 3 * F : 3 * F;
   const double params = 2 * V * D + L * (4 * D * D + ffn_params);
   const double acts = B * T * (L * (10 * D + ffn_acts) + 3 * V + 8 * D) + L * B * H * T * T;
   const double bytes = 4.0 * (4 * params + 2 * acts);
   const double available = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   if (bytes > available)
-    MOE_BAD_INPUT("the model and one micro-batch's activations need about " << bytes / (1 << 30) << " GiB (model.vocab="
-                  << config.model.vocab << ", model.d_model=" << config.model.d_model << ", model.layers="
-                  << config.model.layers << ", train.micro_batch=" << config.train.micro_batch << ", train.seq_len="
-                  << config.train.seq_len << "), more than this machine's " << available / (1 << 30)
+    MOE_BAD_INPUT("the model and one micro-batch's activations need about "
+                  << bytes / (1 << 30) << " GiB (model.vocab=" << config.model.vocab
+                  << ", model.d_model=" << config.model.d_model << ", model.layers=" << config.model.layers
+                  << ", train.micro_batch=" << config.train.micro_batch << ", train.seq_len=" << config.train.seq_len
+                  << "), more than this machine's " << available / (1 << 30)
                   << " GiB; make the model or train.micro_batch smaller");
 }
 
@@ -99,7 +101,8 @@ void check_checkpoint_fits(const ckpt::Manifest& m, const Config& config, const 
                           "moe.num_experts", "moe.every", "moe.expert_hidden", "moe.shared_experts"}) {
     const nlohmann::json::json_pointer ptr("/" + std::regex_replace(std::string(key), std::regex("\\."), "/"));
     const nlohmann::json a = then.contains(ptr) ? then.at(ptr) : nlohmann::json(), b = now.at(ptr);
-    if (a != b) diffs += std::string(diffs.empty() ? "" : ", ") + key + " = " + a.dump() + " there, " + b.dump() + " here";
+    if (a != b)
+      diffs += std::string(diffs.empty() ? "" : ", ") + key + " = " + a.dump() + " there, " + b.dump() + " here";
   }
   if (!diffs.empty())
     MOE_BAD_INPUT("checkpoint " << dir << " does not fit this config: " << diffs
@@ -207,14 +210,11 @@ EvalResult evaluate(Model<float>& model, const data::Loader& loader, int64_t eva
 
 }  // namespace
 
-int launcher_world_size() {
-  return env_int("OMPI_COMM_WORLD_SIZE", env_int("PMI_SIZE", env_int("PMIX_SIZE", 1)));
-}
+int launcher_world_size() { return env_int("OMPI_COMM_WORLD_SIZE", env_int("PMI_SIZE", env_int("PMIX_SIZE", 1))); }
 // MOE_RANKS_PER_NODE overrides it, to simulate several hosts on one machine (tests, demonstrations).
 int launcher_local_size() {
   return env_int("MOE_RANKS_PER_NODE", env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("MPI_LOCALNRANKS", 1)));
 }
-
 
 namespace {
 
@@ -255,15 +255,17 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   if (!world) world = std::make_unique<SelfCommunicator>("world");
   // Everything that can be refused is checked before anything is written, identically on every rank.
   Config config = load_config(options.config_path, options.overrides);
-  const RankGrid grid({world->size(), config.parallel.tp, config.parallel.pp, config.parallel.dp, config.parallel.ep, 1},
-                      config.moe.num_experts);
+  const RankGrid grid(
+      {world->size(), config.parallel.tp, config.parallel.pp, config.parallel.dp, config.parallel.ep, 1},
+      config.moe.num_experts);
   config.parallel.dp = grid.sizes().dp;
   const int64_t dp = grid.sizes().dp;
   const TrainConfig& tc = config.train;
   if (tc.global_batch % (dp * tc.micro_batch) != 0)
     MOE_BAD_INPUT("train.global_batch = " << tc.global_batch << " is not a multiple of the data-parallel size times "
-                  << "train.micro_batch = " << dp << " * " << tc.micro_batch << " = " << dp * tc.micro_batch
-                  << "; every data-parallel rank takes the same number of whole micro-batches");
+                                          << "train.micro_batch = " << dp << " * " << tc.micro_batch << " = "
+                                          << dp * tc.micro_batch
+                                          << "; every data-parallel rank takes the same number of whole micro-batches");
   check_memory(config);
   const std::string run_dir =
       options.run_dir.empty() ? "runs/" + fs::path(options.config_path).stem().string() : options.run_dir;
@@ -277,8 +279,9 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   const fs::path ckpt_root = fs::path(run_dir) / ckpt_dir_text;
   const bool node_local = config.checkpoint.node_local;
   if (node_local && options.resume != "auto" && options.resume != "none")
-    MOE_BAD_INPUT("--resume " << options.resume << " with checkpoint.node_local: a checkpoint is spread over the "
-                              "hosts' own disks; use --resume auto (or none)");
+    MOE_BAD_INPUT("--resume " << options.resume
+                              << " with checkpoint.node_local: a checkpoint is spread over the "
+                                 "hosts' own disks; use --resume auto (or none)");
   std::optional<ckpt::DistributedChoice> distributed;
   std::vector<std::string> distributed_notes;
   if (node_local && options.resume == "auto")  // collective: every host says what its disk holds
@@ -316,9 +319,8 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   resume_dir = broadcast_string(*world, resume_dir);
   const data::Corpus corpus = load_training_corpus(config);
 
-  const int threads = tc.threads > 0
-                          ? int(tc.threads)
-                          : std::max(1, int(std::thread::hardware_concurrency()) / launcher_local_size());
+  const int threads =
+      tc.threads > 0 ? int(tc.threads) : std::max(1, int(std::thread::hardware_concurrency()) / launcher_local_size());
   set_compute_threads(threads);
   ProcessGroups groups = make_process_groups(std::move(world), grid);
   HeartbeatSender heartbeat(groups.rank, host_name(), config.fault);
@@ -346,8 +348,9 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   GradBuckets buckets(model.table(), *groups.dp, *groups.edp, kBucketElements, config.optim.zero);
   std::vector<Segment> owned = buckets.owned_dense();
   owned.insert(owned.end(), buckets.owned_expert().begin(), buckets.owned_expert().end());
-  AdamW optimizer(model.table(), {config.optim.lr, config.optim.beta1, config.optim.beta2, config.optim.eps,
-                                  config.optim.weight_decay}, owned);
+  AdamW optimizer(
+      model.table(),
+      {config.optim.lr, config.optim.beta1, config.optim.beta2, config.optim.eps, config.optim.weight_decay}, owned);
   PerExpertClip per_expert_clip(model.table(), config.optim.per_expert_clip);
   const LrSchedule schedule{config.optim.lr, config.optim.min_lr, config.optim.warmup, tc.steps};
   const data::Loader loader(corpus, tc.seed, T);
@@ -413,9 +416,10 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
 
   std::unique_ptr<ckpt::Checkpointer> checkpointer;
   if (config.checkpoint.every > 0) {
-    nlohmann::json info = {{"config", config.resolved},
-                           {"layout", {{"world", grid.sizes().world}, {"dp", dp}, {"ep", ep}, {"zero", config.optim.zero}}},
-                           {"versions", build_versions()}};
+    nlohmann::json info = {
+        {"config", config.resolved},
+        {"layout", {{"world", grid.sizes().world}, {"dp", dp}, {"ep", ep}, {"zero", config.optim.zero}}},
+        {"versions", build_versions()}};
     checkpointer = std::make_unique<ckpt::Checkpointer>(
         ckpt::SaveSettings{ckpt_root.string(), config.checkpoint.keep, config.checkpoint.full_every,
                            config.checkpoint.async, config.checkpoint.replicas, config.checkpoint.peer_copy,
@@ -429,8 +433,8 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   if (grid.sizes().world > 1)
     layout += " (dp " + std::to_string(dp) + ", ep " + std::to_string(ep) + (config.optim.zero ? ", ZeRO-1" : "") + ")";
   progress.note("moe train: " + std::to_string(model.num_params()) + " parameters per rank, " +
-                std::to_string(tc.steps) + " steps of " + std::to_string(tc.global_batch * T) + " tokens on " +
-                layout + ", " + std::to_string(threads) + " threads per rank; run directory " + run_dir);
+                std::to_string(tc.steps) + " steps of " + std::to_string(tc.global_batch * T) + " tokens on " + layout +
+                ", " + std::to_string(threads) + " threads per rank; run directory " + run_dir);
 
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
@@ -518,8 +522,7 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
     double ckpt_stall = 0;
     if (checkpointer) {
       checkpointer->poll();
-      if (done % config.checkpoint.every == 0 || done == tc.steps)
-      {
+      if (done % config.checkpoint.every == 0 || done == tc.steps) {
         heartbeat.set(Phase::CheckpointSave, done, "checkpoint save");
         ckpt_stall = checkpointer->save(done, checkpoint_pieces(state, true));
       }
@@ -591,7 +594,8 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   }
   progress.finish();
   const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
-  progress.note("done in " + format_duration(total_s) + "; metrics in " + (fs::path(run_dir) / "metrics.jsonl").string());
+  progress.note("done in " + format_duration(total_s) + "; metrics in " +
+                (fs::path(run_dir) / "metrics.jsonl").string());
 
   TrainResult result;
   if (options.collect_parameters)

@@ -18,9 +18,9 @@ struct TrainOptions {
   std::string run_dir;                 // empty: runs/<config file stem>
   std::string resume = "auto";         // auto | none | PATH
   bool overwrite = false;
-  bool quiet = false;                  // no progress line (tests)
-  bool collect_parameters = false;     // return the final parameters in global coordinates (tests)
-  int64_t stop_after_step = 0;         // > 0: end after this step and its checkpoint, as if interrupted
+  bool quiet = false;                     // no progress line (tests)
+  bool collect_parameters = false;        // return the final parameters in global coordinates (tests)
+  int64_t stop_after_step = 0;            // > 0: end after this step and its checkpoint, as if interrupted
   std::vector<std::string> command_line;  // recorded in manifest.json
 };
 

@@ -20,7 +20,8 @@ PerExpertClip::PerExpertClip(const ParamTable& table, double factor) : factor_(f
     const int64_t global_E = spec.global_rows > 0 ? spec.global_rows : E;
     if (inserted)
       for (int64_t e = 0; e < E; ++e) experts_.push_back({group, e, spec.shard_offset + e, global_E, {}, 0.0, 0, 0.0});
-    for (int64_t e = 0; e < E; ++e) experts_[it->second + e].slices.emplace_back(spec.offset + e * per_expert, per_expert);
+    for (int64_t e = 0; e < E; ++e)
+      experts_[it->second + e].slices.emplace_back(spec.offset + e * per_expert, per_expert);
   }
 }
 
@@ -52,8 +53,8 @@ std::vector<double> PerExpertClip::sum_squares(const float* grads, const std::ve
 
 int64_t PerExpertClip::clip(float* grads, const std::vector<double>& total_sum_squares,
                             const std::vector<Segment>* owned) {
-  MOE_CHECK(total_sum_squares.size() == experts_.size(), "sums of squares for " << total_sum_squares.size()
-                                                                                 << " experts, expected " << experts_.size());
+  MOE_CHECK(total_sum_squares.size() == experts_.size(),
+            "sums of squares for " << total_sum_squares.size() << " experts, expected " << experts_.size());
   int64_t clipped = 0;
   for (size_t k = 0; k < experts_.size(); ++k) {
     Expert& x = experts_[k];

@@ -29,12 +29,12 @@ class PerExpertClip {
   int64_t clip(float* grads, const std::vector<double>& total_sum_squares, const std::vector<Segment>* owned);
 
   struct Expert {
-    std::string group;  // e.g. "layers.3.ffn.experts"
-    int64_t index = 0;  // expert number within this rank's shard of its layer
-    int64_t global_index = 0;  // expert number within its layer (index + the shard's first expert)
-    int64_t layer_experts = 0; // experts of the layer in all (E)
+    std::string group;          // e.g. "layers.3.ffn.experts"
+    int64_t index = 0;          // expert number within this rank's shard of its layer
+    int64_t global_index = 0;   // expert number within its layer (index + the shard's first expert)
+    int64_t layer_experts = 0;  // experts of the layer in all (E)
     std::vector<std::pair<int64_t, int64_t>> slices;  // (offset, length) in the flat buffers
-    double ema = 0;     // uncorrected moving average of past norms
+    double ema = 0;                                   // uncorrected moving average of past norms
     int64_t samples = 0;
     double last_norm = 0;
   };

@@ -47,10 +47,10 @@ class GradBuckets {
  private:
   struct Bucket {
     bool expert = false;
-    int64_t lo = 0, hi = 0;    // [lo, hi) of the flat buffers
-    int64_t shard = 0;         // ZeRO: elements per rank (the bucket padded to a multiple of the group)
+    int64_t lo = 0, hi = 0;  // [lo, hi) of the flat buffers
+    int64_t shard = 0;       // ZeRO: elements per rank (the bucket padded to a multiple of the group)
     std::vector<int64_t> specs;
-    int64_t pending = 0;       // specs not ready yet
+    int64_t pending = 0;  // specs not ready yet
     bool launched = false;
     std::unique_ptr<Request> request;
     std::vector<float> staging, received;

@@ -15,7 +15,7 @@ namespace moe {
 struct GridSizes {
   int64_t world = 1;
   int64_t tp = 1, pp = 1;
-  int64_t dp = 0;   // 0: "auto" = world / (tp * pp)
+  int64_t dp = 0;  // 0: "auto" = world / (tp * pp)
   int64_t ep = 1;
   int64_t etp = 1;  // expert tensor parallelism
 };

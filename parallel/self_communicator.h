@@ -30,14 +30,15 @@ class SelfCommunicator final : public Communicator {
   void allgather(const int64_t* send, int64_t* recv, int64_t count) override { std::copy_n(send, count, recv); }
   void alltoall(const int64_t* send, int64_t* recv, int64_t count) override { std::copy_n(send, count, recv); }
   void alltoallv(const float* send, const int64_t* send_counts, float* recv, const int64_t* recv_counts) override {
-    MOE_CHECK(send_counts[0] == recv_counts[0], "alltoallv with itself: " << send_counts[0] << " sent, "
-                                                                           << recv_counts[0] << " expected");
+    MOE_CHECK(send_counts[0] == recv_counts[0],
+              "alltoallv with itself: " << send_counts[0] << " sent, " << recv_counts[0] << " expected");
     std::copy_n(send, send_counts[0], recv);
   }
   void send(const float*, int64_t, int, int) override { MOE_FAIL("send on a group of one (" << name_ << ")"); }
   void recv(float*, int64_t, int, int) override { MOE_FAIL("recv on a group of one (" << name_ << ")"); }
   void sendrecv_bytes(const void* send, int64_t send_bytes, int, void* recv, int64_t recv_bytes, int, int) override {
-    MOE_CHECK(send_bytes == recv_bytes, "sendrecv with itself: " << send_bytes << " bytes sent, " << recv_bytes << " expected");
+    MOE_CHECK(send_bytes == recv_bytes,
+              "sendrecv with itself: " << send_bytes << " bytes sent, " << recv_bytes << " expected");
     std::copy_n(static_cast<const char*>(send), send_bytes, static_cast<char*>(recv));
   }
   void broadcast(float*, int64_t, int) override {}

@@ -17,8 +17,8 @@ class Ops {
   virtual const char* name() const = 0;
 
   // C(M,N) = alpha * op(A) * op(B) + beta * C, row-major; op(A) is (M,K), op(B) is (K,N).
-  virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
-                    int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) = 0;
+  virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+                    const T* B, int64_t ldb, T beta, T* C, int64_t ldc) = 0;
 
   // out: (N, D) = table[tokens]; tokens: (N) in [0, V).
   virtual void embedding_forward(const int32_t* tokens, const T* table, T* out, int64_t N, int64_t D) = 0;
@@ -28,8 +28,8 @@ class Ops {
   // y = x / sqrt(mean(x^2) + eps) * gain; x, y: (N, D); rstd: (N) saved for backward.
   virtual void rmsnorm_forward(const T* x, const T* gain, T* y, T* rstd, int64_t N, int64_t D) = 0;
   // dx = (written); dgain += (accumulates).
-  virtual void rmsnorm_backward(const T* x, const T* gain, const T* rstd, const T* dy, T* dx, T* dgain,
-                                int64_t N, int64_t D) = 0;
+  virtual void rmsnorm_backward(const T* x, const T* gain, const T* rstd, const T* dy, T* dx, T* dgain, int64_t N,
+                                int64_t D) = 0;
 
   // Rotary embedding in place on x: (B, T, H, Dh), pairs (2i, 2i+1) of each head rotated by
   // angle t * base^(-2i/Dh). inverse = true applies the transpose (the backward of the forward).
@@ -37,11 +37,11 @@ class Ops {
 
   // Causal softmax attention per head. q, k, v, out: (B, T, H*Dh) with head h at columns [h*Dh, (h+1)*Dh);
   // probs: (B, H, T, T) saved for backward (upper triangle zero).
-  virtual void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_,
-                                 int64_t H, int64_t Dh) = 0;
+  virtual void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,
+                                 int64_t Dh) = 0;
   // dq, dk, dv written. scratch: (T, T).
-  virtual void attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq,
-                                  T* dk, T* dv, T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) = 0;
+  virtual void attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq, T* dk,
+                                  T* dv, T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) = 0;
 
   // h = silu(a) * b, elementwise over n.
   virtual void swiglu_forward(const T* a, const T* b, T* h, int64_t n) = 0;

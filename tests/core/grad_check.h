@@ -1,13 +1,13 @@
 // Shared helpers for finite-difference gradient checks in double precision.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "core/philox.h"
 

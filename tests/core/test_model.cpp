@@ -1,10 +1,10 @@
 // The model's contracts beyond its gradients: recompute changes nothing (bit for bit), initialisation
 // is a pure function of (seed, name, element), the same inputs give the same bits.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "core/backend/ops.h"
 #include "core/model.h"

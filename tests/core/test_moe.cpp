@@ -1,13 +1,13 @@
 // The MoE layer: finite-difference gradient checks (fp64) through router, experts, shared experts and
 // fallback with each loss term on and off; routing properties on random inputs; each router loss
 // against an independent straightforward computation.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <memory>
 #include <set>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "core/model.h"
 #include "core/moe_layer.h"

@@ -1,12 +1,12 @@
 // The op conformance suite: every op of every backend against the double-precision CPU reference on
 // odd and model-like shapes, with a normalised error bound derived from the dtype and the reduction
 // length, and a NaN/Inf check. A new backend adds a row to backends().
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "core/backend/ops.h"
 #include "core/philox.h"
@@ -93,8 +93,7 @@ TEST_P(Conformance, NormsAndElementwise) {
   d.rope(rd2.data(), B, T, H, Dh, false);
   f.rope(rf2.data(), B, T, H, Dh, false);
   expect_close("rope", rf2, rd2, 2);
-  EXPECT_NEAR(d.sum_squares(x.data(), N * D), f.sum_squares(xf.data(), N * D),
-              1e-6 * d.sum_squares(x.data(), N * D));
+  EXPECT_NEAR(d.sum_squares(x.data(), N * D), f.sum_squares(xf.data(), N * D), 1e-6 * d.sum_squares(x.data(), N * D));
 }
 
 TEST_P(Conformance, AttentionAndLoss) {
@@ -110,8 +109,8 @@ TEST_P(Conformance, AttentionAndLoss) {
   expect_close("attention forward", of, od, T * Dh);
   d.attention_backward(q.data(), k.data(), v.data(), pd.data(), dout.data(), dqd.data(), dkd.data(), dvd.data(),
                        sd.data(), B, T, H, Dh);
-  f.attention_backward(qf.data(), kf.data(), vf.data(), pf.data(), doutf.data(), dqf.data(), dkf.data(),
-                       dvf.data(), sf.data(), B, T, H, Dh);
+  f.attention_backward(qf.data(), kf.data(), vf.data(), pf.data(), doutf.data(), dqf.data(), dkf.data(), dvf.data(),
+                       sf.data(), B, T, H, Dh);
   expect_close("attention backward dq", dqf, dqd, T * Dh);
   expect_close("attention backward dk", dkf, dkd, T * Dh);
   expect_close("attention backward dv", dvf, dvd, T * Dh);

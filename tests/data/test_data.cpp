@@ -30,8 +30,7 @@ class TempDir {
  public:
   TempDir() {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("moe_test_data_" + std::to_string(::getpid()) + "_" + info->name());
+    path_ = fs::temp_directory_path() / ("moe_test_data_" + std::to_string(::getpid()) + "_" + info->name());
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -304,8 +303,11 @@ TEST(Loader, SplitsOfExactlySeqLenPlusOneTokensWork) {
 
   // One token fewer leaves the train split short.
   const std::string short_path = dir.write("short.txt", text.substr(1));
-  expect_bad_input([&] { validate_corpus(load_corpus({{"tiny", short_path, 1.0}}, 0.5), seq_len, 256); },
-                   {short_path, "train split has 16 tokens", "seq_len+1 = 17"});
+  expect_bad_input(
+      [&] {
+        validate_corpus(load_corpus({{"tiny", short_path, 1.0}}, 0.5), seq_len, 256);
+      },
+      {short_path, "train split has 16 tokens", "seq_len+1 = 17"});
 }
 
 TEST(BadInput, FilesThatCannotServeAsSources) {
@@ -338,8 +340,11 @@ TEST(BadInput, SplitsTooShortForTheSequenceLength) {
 TEST(BadInput, SettingsAndSpecs) {
   TempDir dir;
   const std::string path = dir.write("a.txt", std::string(1000, 'a'));
-  expect_bad_input([&] { validate_corpus(load_corpus({{"a", path, 1.0}}, 0.1), 16, 255); },
-                   {"model.vocab is 255", "256"});
+  expect_bad_input(
+      [&] {
+        validate_corpus(load_corpus({{"a", path, 1.0}}, 0.1), 16, 255);
+      },
+      {"model.vocab is 255", "256"});
   Corpus wide = load_corpus({{"a", path, 1.0}}, 0.1);
   wide.sources[0].train[3] = 300;
   expect_bad_input([&] { validate_corpus(wide, 16, 256); }, {path, "token 300"});

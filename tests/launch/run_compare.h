@@ -2,6 +2,7 @@
 // and comparing metrics.jsonl runs bit for bit apart from the fields that measure the machine.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <bit>
@@ -9,13 +10,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 namespace moe::test_support {
 
@@ -86,7 +85,8 @@ inline std::string first_difference(const json& a, const json& b, const std::str
     return "";
   }
   if (a.is_array()) {
-    if (a.size() != b.size()) return where + ": " + std::to_string(a.size()) + " vs " + std::to_string(b.size()) + " items";
+    if (a.size() != b.size())
+      return where + ": " + std::to_string(a.size()) + " vs " + std::to_string(b.size()) + " items";
     for (size_t i = 0; i < a.size(); ++i)
       if (std::string d = first_difference(a[i], b[i], where + "[" + std::to_string(i) + "]"); !d.empty()) return d;
     return "";

@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -11,6 +12,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,14 +23,13 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "run_compare.h"
 
@@ -47,12 +48,10 @@ inline double now_s() {
 
 // The tiny model and the supervisor's timings every case shares (the brief's overrides).
 inline std::vector<std::string> base_sets() {
-  return {"train.threads=1",        "model.d_model=32",         "model.layers=2",
-          "model.heads=2",          "model.ffn_hidden=48",      "moe.num_experts=4",
-          "moe.expert_hidden=32",   "train.seq_len=32",         "train.global_batch=8",
-          "train.micro_batch=2",    "train.eval_sequences=2",   "train.steps=12",
-          "checkpoint.every=5",     "train.log_every=1",        "fault.heartbeat_interval_s=0.2",
-          "fault.heartbeat_timeout_s=2", "fault.restart_backoff_s=0.2",
+  return {"train.threads=1", "model.d_model=32", "model.layers=2", "model.heads=2", "model.ffn_hidden=48",
+          "moe.num_experts=4", "moe.expert_hidden=32", "train.seq_len=32", "train.global_batch=8",
+          "train.micro_batch=2", "train.eval_sequences=2", "train.steps=12", "checkpoint.every=5", "train.log_every=1",
+          "fault.heartbeat_interval_s=0.2", "fault.heartbeat_timeout_s=2", "fault.restart_backoff_s=0.2",
           // A save commits before the step returns: with asynchronous saves a commit waits for the next
           // step boundary at which every writer is done, so which checkpoint a fault finds committed
           // would depend on timing (steps here take ~20 ms).
@@ -60,7 +59,7 @@ inline std::vector<std::string> base_sets() {
 }
 
 inline std::vector<std::string> mpirun_args() {
-  return {"--mpirun-arg=--oversubscribe", "--mpirun-arg=--bind-to", "--mpirun-arg=none",
+  return {"--mpirun-arg=--oversubscribe", "--mpirun-arg=--bind-to",           "--mpirun-arg=none",
           "--mpirun-arg=--mca",           "--mpirun-arg=mpi_yield_when_idle", "--mpirun-arg=1"};
 }
 
@@ -123,8 +122,9 @@ struct LaunchResult {
 
 // Runs `moe launch` (args after "launch") with stdout and stderr in `base`, calling `tick` about every 20 ms
 // while it runs. Kills the launch (and any process of its job) after kLaunchTimeoutS.
-inline LaunchResult run_launch(const fs::path& base, const fs::path& run_dir, const std::vector<std::string>& launch_args,
-                        const std::function<void(const LaunchResult&)>& tick = {}) {
+inline LaunchResult run_launch(const fs::path& base, const fs::path& run_dir,
+                               const std::vector<std::string>& launch_args,
+                               const std::function<void(const LaunchResult&)>& tick = {}) {
   LaunchResult r;
   r.run_dir = run_dir;
   std::vector<std::string> args = {MOE_BINARY, "launch"};
@@ -175,8 +175,10 @@ inline LaunchResult run_launch(const fs::path& base, const fs::path& run_dir, co
       const auto mtime = fs::last_write_time(run_dir / "metrics.jsonl", ec);
       const bool restarted = std::any_of(r.events.begin(), r.events.end(),
                                          [](const json& e) { return e.value("event", "") == "restart"; });
-      if (!ec && restarted && !o.metrics_at_restart) o.metrics_at_restart = mtime;
-      else if (!ec && o.metrics_at_restart && mtime != *o.metrics_at_restart) o.metrics_resumed = t;
+      if (!ec && restarted && !o.metrics_at_restart)
+        o.metrics_at_restart = mtime;
+      else if (!ec && o.metrics_at_restart && mtime != *o.metrics_at_restart)
+        o.metrics_resumed = t;
     }
     if (done == pid) break;
     if (tick) tick(r);

@@ -18,13 +18,12 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/manifest.h"
@@ -47,12 +46,29 @@ const std::string kTinyMoeConfig = std::string(MOE_SOURCE_DIR) + "/configs/tiny_
 // of training, so every variant ends where the reference ends.
 std::vector<std::string> overrides(const std::vector<std::string>& extra = {}) {
   std::vector<std::string> o = {
-      "train.steps=20",          "train.log_every=1",      "train.eval_every=5",      "train.eval_sequences=2",
-      "train.seq_len=16",        "train.global_batch=4",   "train.micro_batch=2",     "train.threads=1",
-      "model.d_model=32",        "model.layers=2",         "model.heads=2",           "model.ffn_hidden=32",
-      "moe.num_experts=4",       "moe.top_k=2",            "moe.every=2",             "moe.expert_hidden=32",
-      "moe.router.noise=gumbel", "optim.lr=1e-3",          "optim.warmup=2",          "checkpoint.every=5",
-      "checkpoint.keep=100",     "checkpoint.full_every=1", "checkpoint.async=false",
+      "train.steps=20",
+      "train.log_every=1",
+      "train.eval_every=5",
+      "train.eval_sequences=2",
+      "train.seq_len=16",
+      "train.global_batch=4",
+      "train.micro_batch=2",
+      "train.threads=1",
+      "model.d_model=32",
+      "model.layers=2",
+      "model.heads=2",
+      "model.ffn_hidden=32",
+      "moe.num_experts=4",
+      "moe.top_k=2",
+      "moe.every=2",
+      "moe.expert_hidden=32",
+      "moe.router.noise=gumbel",
+      "optim.lr=1e-3",
+      "optim.warmup=2",
+      "checkpoint.every=5",
+      "checkpoint.keep=100",
+      "checkpoint.full_every=1",
+      "checkpoint.async=false",
   };
   o.insert(o.end(), extra.begin(), extra.end());
   return o;
@@ -239,12 +255,15 @@ void expect_falls_back(const std::string& run_dir, const std::vector<std::pair<i
   const RunOutput run = train(run_dir, extra);
   for (const auto& [step, why] : skipped) {
     EXPECT_TRUE(has_line(run.out, {"checkpoint: skipped " + ckpt_dir(run_dir, step) + ": ", why}))
-        << what << ": no note that step " << step << " was skipped (" << why << "); the run printed:\n" << run.out;
+        << what << ": no note that step " << step << " was skipped (" << why << "); the run printed:\n"
+        << run.out;
     EXPECT_EQ(run.out.find("resuming from " + ckpt_dir(run_dir, step)), std::string::npos)
-        << what << ": resumed from the damaged checkpoint:\n" << run.out;
+        << what << ": resumed from the damaged checkpoint:\n"
+        << run.out;
   }
   EXPECT_TRUE(has_line(run.out, {resumed_line(ckpt_dir(run_dir, from), from)}))
-      << what << ": expected to resume from step " << from << "; the run printed:\n" << run.out;
+      << what << ": expected to resume from step " << from << "; the run printed:\n"
+      << run.out;
   expect_equals_reference(run, what);
   // The run rewrote the damaged checkpoints on its way: the newest is whole again, and `latest` says so.
   std::vector<std::string> notes;
@@ -370,7 +389,8 @@ TEST(CheckpointDamage, CorruptPrimaryWithAGoodReplicaUsesTheReplica) {
   // Resumes from step 15 itself (the replica's copy), saying which file failed and which copy it used.
   const RunOutput resumed = train(run, extra);
   EXPECT_TRUE(has_line(resumed.out, {"checkpoint: ", shard(run, 15), "checksum", copy}))
-      << "no note naming the damaged file and the replica's copy; the run printed:\n" << resumed.out;
+      << "no note naming the damaged file and the replica's copy; the run printed:\n"
+      << resumed.out;
   EXPECT_TRUE(has_line(resumed.out, {resumed_line(ckpt_dir(run, 15), 15)})) << resumed.out;
   expect_equals_reference(resumed, "replica");
 }
@@ -393,7 +413,7 @@ TEST(CheckpointDamage, DeltaWhoseBaseManifestIsLostUsesTheReplicasManifest) {
   TempDir tmp("ckpt_damage");
   const std::string run = tmp / "run", replica = tmp / "replica";
   const std::vector<std::string> extra = {"checkpoint.replicas=[\"" + replica + "\"]", "checkpoint.full_every=2"};
-  train(run, extra, "auto", 15);  // step-5 full, 10 delta, 15 full
+  train(run, extra, "auto", 15);                             // step-5 full, 10 delta, 15 full
   fs::remove(fs::path(ckpt_dir(run, 5)) / "manifest.json");  // the base of step-10
   std::string why;
   const auto head = ckpt::verify_checkpoint(ckpt_dir(run, 5), {replica}, &why);
@@ -492,7 +512,8 @@ TEST(CheckpointDamage, DeltaWhoseBaseWasRewrittenIsNotRestored) {
   const RunOutput resumed = train(run, other_lr);
   EXPECT_TRUE(has_line(resumed.out, {resumed_line(ckpt_dir(run, 15), 15)})) << resumed.out;
   EXPECT_FALSE(has_line(resumed.out, {resumed_line(ckpt_dir(run, 20), 20)}))
-      << "restored the stale delta step-20 onto the new step-15:\n" << resumed.out;
+      << "restored the stale delta step-20 onto the new step-15:\n"
+      << resumed.out;
 }
 
 // ---- Retention and `latest` --------------------------------------------------------------------------------

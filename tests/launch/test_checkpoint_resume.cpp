@@ -3,16 +3,16 @@
 // chains, written synchronously and asynchronously, on 1 and 4 ranks; a checkpoint taken at one layout
 // resumes at another (dp 4 / ep 2 <-> dp 2 / ep 1) within the equivalence tolerance. Runs under
 // mpirun -np 4; single-rank cases run on rank 0 while the others wait.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "launch/trainer.h"
 #include "parallel/mpi_communicator.h"
@@ -26,12 +26,29 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 std::vector<std::string> base_overrides() {
-  return {"train.steps=20",        "train.log_every=1",      "train.eval_every=5",     "train.eval_sequences=2",
-          "train.seq_len=16",      "train.global_batch=8",   "train.micro_batch=1",    "train.threads=1",
-          "model.d_model=32",      "model.layers=2",         "model.heads=2",          "model.ffn_hidden=48",
-          "moe.num_experts=4",     "moe.top_k=2",            "moe.every=2",            "moe.expert_hidden=32",
-          "moe.router.noise=gumbel", "moe.capacity_factor=1.0", "moe.router.bias_balance.rate=0.01",
-          "optim.per_expert_clip=1.5", "optim.lr=1e-3",      "optim.warmup=2",         "checkpoint.every=5"};
+  return {"train.steps=20",
+          "train.log_every=1",
+          "train.eval_every=5",
+          "train.eval_sequences=2",
+          "train.seq_len=16",
+          "train.global_batch=8",
+          "train.micro_batch=1",
+          "train.threads=1",
+          "model.d_model=32",
+          "model.layers=2",
+          "model.heads=2",
+          "model.ffn_hidden=48",
+          "moe.num_experts=4",
+          "moe.top_k=2",
+          "moe.every=2",
+          "moe.expert_hidden=32",
+          "moe.router.noise=gumbel",
+          "moe.capacity_factor=1.0",
+          "moe.router.bias_balance.rate=0.01",
+          "optim.per_expert_clip=1.5",
+          "optim.lr=1e-3",
+          "optim.warmup=2",
+          "checkpoint.every=5"};
 }
 
 struct RunOutput {
@@ -109,8 +126,9 @@ TEST(CheckpointResume, StoppedAndResumedEqualsUninterruptedBitForBit) {
       {"serial_full_sync", 1, {"checkpoint.full_every=1", "checkpoint.async=false"}},
       {"serial_incremental_async", 1, {"checkpoint.full_every=4", "checkpoint.async=true"}},
       {"dp4_ep2_full_async", 4, {"parallel.ep=2", "checkpoint.full_every=1"}},
-      {"dp4_ep2_zero_incremental_sync", 4, {"parallel.ep=2", "optim.zero=true", "checkpoint.full_every=3",
-                                            "checkpoint.async=false"}},
+      {"dp4_ep2_zero_incremental_sync",
+       4,
+       {"parallel.ep=2", "optim.zero=true", "checkpoint.full_every=3", "checkpoint.async=false"}},
   };
   for (const Variant& v : variants) {
     const fs::path root = temp_root(v.name);

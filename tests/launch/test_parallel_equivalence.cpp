@@ -2,14 +2,14 @@
 // config trained for 10 steps on one rank and on dp = 2, dp = 4, ep = 2, ep = 4 and dp = 4 with ep = 2,
 // each with ZeRO off and on, with capacity dropping on and off. Runs under mpirun -np 4; layouts with
 // fewer ranks run on a sub-communicator while the other ranks wait.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "launch/trainer.h"
 #include "parallel/mpi_communicator.h"
@@ -23,10 +23,10 @@ using json = nlohmann::json;
 // A small MoE model: 2 layers (one dense, one MoE), 4 experts top-2, 8 sequences of 16 tokens per step,
 // one sequence per micro-batch so that dp = 4 still accumulates two micro-batches per rank.
 std::vector<std::string> base_overrides() {
-  return {"train.steps=10",        "train.log_every=1",     "train.eval_every=0",    "train.eval_sequences=2",
-          "train.seq_len=16",      "train.global_batch=8",  "train.micro_batch=1",   "train.threads=1",
-          "model.d_model=32",      "model.layers=2",        "model.heads=2",         "model.ffn_hidden=48",
-          "moe.num_experts=4",     "moe.top_k=2",           "moe.every=2",           "moe.expert_hidden=32",
+  return {"train.steps=10",          "train.log_every=1",    "train.eval_every=0",  "train.eval_sequences=2",
+          "train.seq_len=16",        "train.global_batch=8", "train.micro_batch=1", "train.threads=1",
+          "model.d_model=32",        "model.layers=2",       "model.heads=2",       "model.ffn_hidden=48",
+          "moe.num_experts=4",       "moe.top_k=2",          "moe.every=2",         "moe.expert_hidden=32",
           "moe.router.noise=gumbel", "optim.lr=1e-3",        "optim.warmup=2"};
 }
 
@@ -100,10 +100,11 @@ void check_all_layouts(const std::vector<std::string>& variant, const std::strin
   ASSERT_EQ(world->size(), 4) << "run under mpirun -np 4";
   const fs::path tmp = fs::temp_directory_path() / ("moe_equivalence_" + std::to_string(::getpid() - world->rank()));
   Run serial;
-  if (world->rank() == 0) serial = train(std::make_unique<SelfCommunicator>("world"), variant, (tmp / "serial").string());
+  if (world->rank() == 0)
+    serial = train(std::make_unique<SelfCommunicator>("world"), variant, (tmp / "serial").string());
   world->barrier();
-  for (const Layout& layout : {Layout{"dp2", 2, 1}, Layout{"dp4", 4, 1}, Layout{"ep2", 2, 2}, Layout{"ep4", 4, 4},
-                               Layout{"dp4_ep2", 4, 2}})
+  for (const Layout& layout :
+       {Layout{"dp2", 2, 1}, Layout{"dp4", 4, 1}, Layout{"ep2", 2, 2}, Layout{"ep4", 4, 4}, Layout{"dp4_ep2", 4, 2}})
     for (bool zero : {false, true}) {
       const std::string name = variant_name + "_" + layout.name + (zero ? "_zero" : "");
       auto sub = world->split(world->rank() < layout.ranks ? 0 : -1, world->rank(), "world");

@@ -1,9 +1,9 @@
 // Shrinking after repeated host failures (fault.shrink): which hosts and how many ranks the supervisor
 // restarts with, and when it refuses because the config does not fit the smaller world.
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -13,7 +13,9 @@
 namespace moe {
 namespace {
 
-Config config_with(const std::vector<std::string>& overrides) { return config_from_json(nlohmann::json::object(), overrides, "test"); }
+Config config_with(const std::vector<std::string>& overrides) {
+  return config_from_json(nlohmann::json::object(), overrides, "test");
+}
 
 TEST(Shrink, LeavesOutAHostThatFailedTwice) {
   const std::vector<HostSlots> hosts = {{"a", 2}, {"b", 2}};
@@ -35,10 +37,9 @@ TEST(Shrink, RefusesWhenTheConfigDoesNotFitTheSmallerWorld) {
   EXPECT_FALSE(plan_shrink(hosts, "b", 2, 4, config_with({"train.global_batch=8", "train.micro_batch=2"}), &why));
   EXPECT_NE(why.find("train.global_batch"), std::string::npos) << why;
   // ep = 4 does not fit 3 ranks.
-  EXPECT_FALSE(plan_shrink(hosts, "b", 2, 4,
-                           config_with({"train.global_batch=12", "train.micro_batch=1", "moe.num_experts=8",
-                                        "parallel.ep=4"}),
-                           &why));
+  EXPECT_FALSE(plan_shrink(
+      hosts, "b", 2, 4,
+      config_with({"train.global_batch=12", "train.micro_batch=1", "moe.num_experts=8", "parallel.ep=4"}), &why));
   EXPECT_NE(why.find("parallel.ep"), std::string::npos) << why;
   // A host that is not in the hostfile, or the only host, is never left out.
   EXPECT_FALSE(plan_shrink({{"a", 4}}, "a", 5, 4, config_with({}), &why));

@@ -11,6 +11,7 @@
 // run is made once.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -29,6 +30,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -36,12 +38,8 @@
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
 #include "checkpoint/checkpointer.h"
 #include "supervisor_harness.h"
-
 
 namespace {
 using namespace moe::test_support;
@@ -159,8 +157,8 @@ void expect_same_as_reference(const fs::path& run_dir) {
 // resumed run writing metrics.jsonl again.
 struct Recovery {
   double detect_s = -1;
-  double fault_to_event_s = -1;    // marker -> crash/hang line
-  double time_to_train_s = -1;     // the restart attempt's "training" event, -1 when there was none
+  double fault_to_event_s = -1;  // marker -> crash/hang line
+  double time_to_train_s = -1;   // the restart attempt's "training" event, -1 when there was none
   double backoff_s = -1;
   double event_to_resumed_s = -1;  // crash/hang line -> the resumed run writing metrics again
   double fault_to_resumed_s = -1;  // marker -> the resumed run writing metrics again
@@ -342,8 +340,8 @@ TEST(Supervisor, HungStepIsEndedByWatchdogOrNoProgressDetection) {
   for (const json& e : r.events) {
     const std::string kind = e.value("event", "");
     if (kind == "crash" || kind == "hang") {
-      std::cout << "[ detected ] as " << kind << (kind == "hang" ? " (" + e.value("reason", "") + ")" : "")
-                << ", rank " << e.value("rank", int64_t(-1)) << "\n";
+      std::cout << "[ detected ] as " << kind << (kind == "hang" ? " (" + e.value("reason", "") + ")" : "") << ", rank "
+                << e.value("rank", int64_t(-1)) << "\n";
       break;
     }
   }
@@ -382,8 +380,7 @@ TEST(Supervisor, CorruptNewestCheckpointFallsBackToTheOlderOne) {
   expect_names_dead_rank(r, 0);
   const auto restarts = events_named(r, "restart");
   if (!restarts.empty()) {
-    EXPECT_NE(restarts[0].value("resume_from", json()).dump().find("step-00000005"), std::string::npos)
-        << describe(r);
+    EXPECT_NE(restarts[0].value("resume_from", json()).dump().find("step-00000005"), std::string::npos) << describe(r);
     bool named = false;
     for (const json& note : restarts[0].value("checkpoint_notes", json::array()))
       named = named || (note.is_string() && note.get<std::string>().find("step-00000010") != std::string::npos &&
@@ -456,61 +453,63 @@ TEST(Supervisor, ForgedMalformedAndOversizedHeartbeatsAreIgnoredAndCounted) {
   // Heartbeats every 5 ms instead of 200 (no effect on the training): the supervisor only writes
   // events.log once it hears a heartbeat in phase "step" (see the next test), and the 12 steps here
   // take about 30 ms in all.
-  const LaunchResult r = run_launch(dir.path(), run, launch_args(run, {"fault.heartbeat_interval_s=0.005"}),
-                                    [&](const LaunchResult& now) {
-    if (sent) return;
-    // The address: from events.log's start event; events.log is only written once the supervisor hears
-    // a training heartbeat, which in this short run may come late, so mpirun's environment (the same
-    // address, handed to the ranks) serves too, whichever comes first.
-    for (const json& e : now.events)
-      if (e.value("event", "") == "start" && e.contains("listen")) listen = e["listen"].get<std::string>(), source = "events.log";
-    if (listen.empty()) {
-      listen = mpirun_env(now.pid, "MOE_HEARTBEAT_ADDR");
-      source = "mpirun's environment";
-    }
-    if (listen.empty()) return;
-    const size_t colon = listen.rfind(':');
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons(uint16_t(std::atoi(listen.c_str() + colon + 1)));
-    if (colon == std::string::npos || ::inet_pton(AF_INET, listen.substr(0, colon).c_str(), &to.sin_addr) != 1) {
-      listen.clear();
-      return;
-    }
-    auto send = [&](const std::string& datagram) {
-      ::sendto(sock, datagram.data(), datagram.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof to);
-    };
-    std::mt19937_64 rng(std::random_device{}());
-    char secret[33];
-    std::snprintf(secret, sizeof secret, "%016llx%016llx", static_cast<unsigned long long>(rng()),
-                  static_cast<unsigned long long>(rng()));
-    const std::string pid = std::to_string(::getpid());
-    // A heartbeat in the right format with a made-up secret, for a real rank.
-    send(std::string("MOEHB1 ") + secret + " 0 1 " + pid + " 3 step forger");
-    // Garbage bytes.
-    std::string garbage(64, '\0');
-    for (char& c : garbage) c = char(rng());
-    garbage[0] = '\x01';
-    send(garbage);
-    // A 4 KB datagram (the format is right but it is far past 512 bytes).
-    send(std::string("MOEHB1 ") + secret + " 0 0 " + pid + " 3 step " + std::string(4096, 'h'));
-    // A bad rank: negative (malformed whatever the secret) ...
-    send(std::string("MOEHB1 ") + secret + " 0 -1 " + pid + " 3 step forger");
-    // ... and out of range, signed with the job's real secret.
-    const std::string real = mpirun_env(now.pid, "MOE_HEARTBEAT_SECRET");
-    if (!real.empty()) {
-      send("MOEHB1 " + real + " 0 7 " + pid + " 3 step forger");
-      sent_bad_rank = true;
-    }
-    sent = true;
-  });
+  const LaunchResult r =
+      run_launch(dir.path(), run, launch_args(run, {"fault.heartbeat_interval_s=0.005"}), [&](const LaunchResult& now) {
+        if (sent) return;
+        // The address: from events.log's start event; events.log is only written once the supervisor hears
+        // a training heartbeat, which in this short run may come late, so mpirun's environment (the same
+        // address, handed to the ranks) serves too, whichever comes first.
+        for (const json& e : now.events)
+          if (e.value("event", "") == "start" && e.contains("listen"))
+            listen = e["listen"].get<std::string>(), source = "events.log";
+        if (listen.empty()) {
+          listen = mpirun_env(now.pid, "MOE_HEARTBEAT_ADDR");
+          source = "mpirun's environment";
+        }
+        if (listen.empty()) return;
+        const size_t colon = listen.rfind(':');
+        sockaddr_in to{};
+        to.sin_family = AF_INET;
+        to.sin_port = htons(uint16_t(std::atoi(listen.c_str() + colon + 1)));
+        if (colon == std::string::npos || ::inet_pton(AF_INET, listen.substr(0, colon).c_str(), &to.sin_addr) != 1) {
+          listen.clear();
+          return;
+        }
+        auto send = [&](const std::string& datagram) {
+          ::sendto(sock, datagram.data(), datagram.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof to);
+        };
+        std::mt19937_64 rng(std::random_device{}());
+        char secret[33];
+        std::snprintf(secret, sizeof secret, "%016llx%016llx", static_cast<unsigned long long>(rng()),
+                      static_cast<unsigned long long>(rng()));
+        const std::string pid = std::to_string(::getpid());
+        // A heartbeat in the right format with a made-up secret, for a real rank.
+        send(std::string("MOEHB1 ") + secret + " 0 1 " + pid + " 3 step forger");
+        // Garbage bytes.
+        std::string garbage(64, '\0');
+        for (char& c : garbage) c = char(rng());
+        garbage[0] = '\x01';
+        send(garbage);
+        // A 4 KB datagram (the format is right but it is far past 512 bytes).
+        send(std::string("MOEHB1 ") + secret + " 0 0 " + pid + " 3 step " + std::string(4096, 'h'));
+        // A bad rank: negative (malformed whatever the secret) ...
+        send(std::string("MOEHB1 ") + secret + " 0 -1 " + pid + " 3 step forger");
+        // ... and out of range, signed with the job's real secret.
+        const std::string real = mpirun_env(now.pid, "MOE_HEARTBEAT_SECRET");
+        if (!real.empty()) {
+          send("MOEHB1 " + real + " 0 7 " + pid + " 3 step forger");
+          sent_bad_rank = true;
+        }
+        sent = true;
+      });
   ::close(sock);
   ASSERT_TRUE(sent) << "found no heartbeat address while the launch ran\n" << describe(r);
   EXPECT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_TRUE(events_named(r, "restart").empty()) << "forged heartbeats caused a restart\n" << describe(r);
   std::map<std::string, int64_t> logged, totals;
   for (const json& e : events_named(r, "ignored_heartbeat")) ++logged[e.value("reason", "")];
-  for (const json& e : events_named(r, "ignored_heartbeats_total")) totals[e.value("reason", "")] += e.value("count", int64_t(0));
+  for (const json& e : events_named(r, "ignored_heartbeats_total"))
+    totals[e.value("reason", "")] += e.value("count", int64_t(0));
   std::cout << "[ figures ] heartbeats sent to " << listen << " (from " << source << "): ignored_heartbeat events";
   for (const auto& [k, v] : logged) std::cout << " '" << k << "' x" << v;
   std::cout << "; totals";
@@ -542,8 +541,8 @@ TEST(Supervisor, ForgedMalformedAndOversizedHeartbeatsAreIgnoredAndCounted) {
 TEST(Supervisor, SuccessfulLaunchWritesEventsLogWithoutATrainingHeartbeat) {
   TempDir dir("events");
   const fs::path run = dir.path() / "run";
-  const LaunchResult r = run_launch(
-      dir.path(), run, launch_args(run, {"fault.heartbeat_interval_s=2.5", "fault.heartbeat_timeout_s=20"}));
+  const LaunchResult r =
+      run_launch(dir.path(), run, launch_args(run, {"fault.heartbeat_interval_s=2.5", "fault.heartbeat_timeout_s=20"}));
   EXPECT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_TRUE(fs::exists(run / "metrics.jsonl"));
   EXPECT_TRUE(fs::exists(run / "events.log")) << "a launch that trained to the end left no events.log\n" << describe(r);

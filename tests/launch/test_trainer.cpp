@@ -12,12 +12,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <stdexcept>
+#include <nlohmann/json.hpp>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "launch/config.h"
@@ -38,9 +37,9 @@ const std::string kTinyConfig = std::string(MOE_SOURCE_DIR) + "/configs/tiny.jso
 // step and an evaluation every 6, one compute thread. `extra` comes last, so it wins.
 std::vector<std::string> tiny_overrides(const std::vector<std::string>& extra = {}) {
   std::vector<std::string> overrides = {
-      "train.steps=12",       "train.log_every=1",      "train.eval_every=6",     "train.eval_sequences=2",
-      "train.seq_len=16",     "train.global_batch=4",   "train.micro_batch=2",    "train.threads=1",
-      "model.d_model=32",     "model.layers=1",         "model.heads=2",          "model.ffn_hidden=32",
+      "train.steps=12",   "train.log_every=1",    "train.eval_every=6",  "train.eval_sequences=2",
+      "train.seq_len=16", "train.global_batch=4", "train.micro_batch=2", "train.threads=1",
+      "model.d_model=32", "model.layers=1",       "model.heads=2",       "model.ffn_hidden=32",
   };
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   return overrides;
@@ -85,7 +84,6 @@ std::vector<double> training_losses(const std::vector<json>& lines) {
     if (is_training_line(line)) losses.push_back(line.at("loss").get<double>());
   return losses;
 }
-
 
 // Both runs logged the same lines, equal bit for bit in every field but the timing ones.
 void expect_same_metrics(const std::vector<json>& a, const std::vector<json>& b) {
@@ -161,8 +159,8 @@ TEST(TrainerRunDirectory, MetricsLinesHaveTheContractFields) {
       continue;
     }
     training_steps.push_back(line.at("step").get<int64_t>());
-    for (const char* field : {"loss", "lm_loss", "aux_loss", "z_loss", "entropy_loss", "death_loss", "lr",
-                              "grad_norm", "tokens_per_s"}) {
+    for (const char* field :
+         {"loss", "lm_loss", "aux_loss", "z_loss", "entropy_loss", "death_loss", "lr", "grad_norm", "tokens_per_s"}) {
       ASSERT_TRUE(line.contains(field)) << "no '" << field << "' in " << line.dump();
       ASSERT_TRUE(line.at(field).is_number()) << field << " in " << line.dump();
       EXPECT_TRUE(std::isfinite(line.at(field).get<double>())) << field << " in " << line.dump();
@@ -236,9 +234,8 @@ TEST(TrainerRunDirectory, ManifestLayoutMultipliesOutToTheWorld) {
 
 TEST(TrainerLearning, LossFallsOnATinyModel) {
   TempDir tmp("trainer");
-  const std::vector<double> losses = training_losses(
-      train(tmp / "run", tiny_overrides({"train.steps=40", "train.seq_len=32", "train.eval_every=0",
-                                         "optim.lr=3e-3"})));
+  const std::vector<double> losses = training_losses(train(
+      tmp / "run", tiny_overrides({"train.steps=40", "train.seq_len=32", "train.eval_every=0", "optim.lr=3e-3"})));
   ASSERT_EQ(losses.size(), 40u);
   // A fresh model predicts nearly uniformly over the 256 byte tokens.
   EXPECT_NEAR(losses.front(), std::log(256.0), 0.2);

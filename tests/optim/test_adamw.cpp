@@ -1,9 +1,9 @@
 // AdamW against a straightforward double-precision transcription of the update; the schedule's shape;
 // clipping.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "optim/adamw.h"
 
@@ -73,8 +73,8 @@ TEST(PerExpertClip, GroupsExpertsAndClipsToTheAverageAfterTenSamples) {
   std::vector<float> g(table.numel());
   auto fill = [&](float expert0, float expert1) {
     std::fill(g.begin(), g.end(), 0.0f);
-    g[4] = expert0;   // w1 of expert 0
-    g[7] = expert1;   // w1 of expert 1 (router 0..3, w1 4..9, w2 10..11)
+    g[4] = expert0;  // w1 of expert 0
+    g[7] = expert1;  // w1 of expert 1 (router 0..3, w1 4..9, w2 10..11)
   };
   for (int i = 0; i < 10; ++i) {  // ten samples of norm 1: never clipped while collecting
     fill(1.0f, 1.0f);

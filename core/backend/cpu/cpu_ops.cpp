@@ -1,13 +1,13 @@
 // The CPU backend: the reference implementation of every op of core/backend/ops.h, on OpenBLAS (gemm)
 // and OpenMP (everything else). Every reduction runs in a fixed order that does not depend on the
 // thread count, so a run is reproducible bit for bit on any number of threads.
+#include <cblas.h>
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <thread>
 #include <vector>
-
-#include <cblas.h>
-#include <omp.h>
 
 #include "core/backend/ops.h"
 #include "core/error.h"
@@ -25,8 +25,8 @@ inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float a
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
               alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
-inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
-                      int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
+                      const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
               alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
@@ -36,8 +36,8 @@ class CpuOps final : public Ops<T> {
  public:
   const char* name() const override { return "cpu"; }
 
-  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-            const T* B, int64_t ldb, T beta, T* C, int64_t ldc) override {
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+            int64_t ldb, T beta, T* C, int64_t ldc) override {
     if (M == 0 || N == 0) return;
     if (K == 0) {  // BLAS leaves C untouched for K == 0 only when beta == 1
       for (int64_t i = 0; i < M; ++i)
