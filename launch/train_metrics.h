@@ -1,0 +1,39 @@
+// What a run reports: metrics.jsonl (opened fresh, or after a resume keeping the lines up to the
+// checkpoint's step), the line of a training step with one entry per MoE layer (CONTRACT.md,
+// docs/metrics.md), and evaluation on the held-out split of every source.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "launch/run_dir.h"
+#include "launch/train_setup.h"
+#include "launch/train_step.h"
+
+namespace moe {
+
+// metrics.jsonl of the run directory. A fresh run starts it empty; a resumed one keeps the lines up to
+// `start_step` (the lines after it are rewritten by this run; a line cut by a crash is dropped).
+std::unique_ptr<MetricsWriter> open_metrics(const std::string& run_dir, bool fresh, int64_t start_step);
+
+// The metrics line of a training step.
+struct StepTiming {
+  double tokens_per_s = 0, elapsed_s = 0, comm_wait_s = 0, ckpt_stall_s = 0;
+};
+nlohmann::json step_line(int64_t done, const StepResult& r, const StepTiming& timing, int64_t tokens_so_far,
+                         const std::vector<MoeLayer<float>*>& moe_layers);
+
+struct EvalResult {
+  double loss = 0;
+  std::vector<std::pair<std::string, double>> by_source;
+};
+// Mean token loss over the first train.eval_sequences held-out windows of every source. Every rank
+// evaluates the same windows: expert-parallel forwards run in lockstep.
+EvalResult evaluate(Trainer& trainer);
+nlohmann::json eval_line(int64_t done, const EvalResult& ev);
+std::string eval_text(int64_t done, const EvalResult& ev);
+
+}  // namespace moe

@@ -1,0 +1,178 @@
+// Setting up one rank of training: checks first, then the model and what trains it.
+#include "launch/train_setup.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "core/backend/ops.h"
+#include "core/error.h"
+
+namespace moe {
+namespace fs = std::filesystem;
+
+namespace {
+
+// A rough upper bound of the memory training needs (parameters with gradients and two moments,
+// activations of one micro-batch), so an impossible size is refused by name instead of failing to allocate.
+void check_memory(const Config& config) {
+  const double V = double(config.model.vocab), D = double(config.model.d_model), L = double(config.model.layers),
+               H = double(config.model.heads), F = double(config.model.ffn_hidden), T = double(config.train.seq_len),
+               B = double(config.train.micro_batch);
+  const MoeConfig& m = config.moe;
+  const double E = double(m.num_experts), K = double(m.top_k), Fe = double(m.expert_hidden);
+  const double ffn_params =
+      m.num_experts > 0 ? 3 * D * Fe * (E + double(m.shared_experts)) + D * E + 3 * D * F : 3 * D * F;
+  const double ffn_acts = m.num_experts > 0 ? K * (2 * D + 3 * Fe) + 2 * E + 3 * F : 3 * F;
+  const double params = 2 * V * D + L * (4 * D * D + ffn_params);
+  const double acts = B * T * (L * (10 * D + ffn_acts) + 3 * V + 8 * D) + L * B * H * T * T;
+  const double bytes = 4.0 * (4 * params + 2 * acts);
+  const double available = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (bytes > available)
+    MOE_BAD_INPUT("the model and one micro-batch's activations need about "
+                  << bytes / (1 << 30) << " GiB (model.vocab=" << config.model.vocab
+                  << ", model.d_model=" << config.model.d_model << ", model.layers=" << config.model.layers
+                  << ", train.micro_batch=" << config.train.micro_batch << ", train.seq_len=" << config.train.seq_len
+                  << "), more than this machine's " << available / (1 << 30)
+                  << " GiB; make the model or train.micro_batch smaller");
+}
+
+MoeSettings moe_settings(const Config& config, int64_t layer) {
+  const MoeConfig& m = config.moe;
+  MoeSettings s;
+  s.d_model = config.model.d_model;
+  s.num_experts = m.num_experts, s.top_k = m.top_k, s.expert_hidden = m.expert_hidden;
+  s.shared_experts = m.shared_experts, s.fallback_hidden = m.fallback_hidden;
+  s.layers_total = config.model.layers, s.layer = layer;
+  s.tau = m.router.tau;
+  s.noise = m.router.noise == "gumbel" ? RouterNoise::Gumbel : RouterNoise::None;
+  s.score = m.router.score == "sigmoid" ? RouterScore::Sigmoid : RouterScore::Softmax;
+  s.normalize = m.router.normalize;
+  s.capacity_factor = m.capacity_factor;
+  s.drop_policy = m.drop_policy == "position" ? DropPolicy::Position : DropPolicy::Probs;
+  s.overflow = m.overflow == "reroute" ? Overflow::Reroute : m.overflow == "dense" ? Overflow::Dense : Overflow::Drop;
+  s.expert_dropout = m.expert_dropout;
+  s.coef_aux = m.loss.aux, s.coef_z = m.loss.z, s.coef_entropy = m.loss.entropy, s.coef_death = m.loss.death;
+  s.death_floor = m.loss.death_floor;
+  return s;
+}
+
+// Layer l is an MoE layer when l % moe.every == moe.every - 1 (MODEL.md), else a dense SwiGLU MLP.
+Model<float>::FfnFactory ffn_factory(const Config& config, int64_t ep_size, int64_t ep_rank) {
+  return [config, ep_size, ep_rank](int64_t layer) -> std::unique_ptr<FeedForward<float>> {
+    const MoeConfig& m = config.moe;
+    if (m.num_experts > 0 && layer % m.every == m.every - 1) {
+      MoeSettings s = moe_settings(config, layer);
+      s.ep_size = ep_size, s.ep_rank = ep_rank;
+      return std::make_unique<MoeLayer<float>>(cpu_ops<float>(), s);
+    }
+    return std::make_unique<DenseMlp<float>>(cpu_ops<float>(), config.model.d_model, config.model.ffn_hidden,
+                                             config.model.layers);
+  };
+}
+
+// Threads per rank: train.threads, or this node's cores shared by its ranks.
+int set_threads(const TrainConfig& tc) {
+  const int threads =
+      tc.threads > 0 ? int(tc.threads) : std::max(1, int(std::thread::hardware_concurrency()) / launcher_local_size());
+  set_compute_threads(threads);
+  return threads;
+}
+
+// The model with its MoE layers wired to the expert all-to-all, initialised from the seed.
+void build_model(Trainer& t) {
+  const Config& config = t.config;
+  const TrainConfig& tc = config.train;
+  const ModelShape shape{config.model.vocab, config.model.d_model, config.model.layers, config.model.heads,
+                         config.model.ffn_hidden};
+  t.model = std::make_unique<Model<float>>(cpu_ops<float>(), shape, tc.seq_len, tc.micro_batch,
+                                           tc.recompute == "full" ? Recompute::Full : Recompute::None,
+                                           ffn_factory(config, config.parallel.ep, t.groups.coords.ep));
+  t.exchange = std::make_unique<CommunicatorExchange>(*t.groups.ep);
+  for (int64_t l = 0; l < t.model->num_layers(); ++l)
+    if (auto* m = dynamic_cast<MoeLayer<float>*>(&t.model->ffn(l))) {
+      m->set_exchange(t.exchange.get());
+      t.moe_layers.push_back(m);
+    }
+  t.model->init_params(tc.seed);
+}
+
+}  // namespace
+
+CheckedConfig load_checked_config(const TrainOptions& options, int64_t world_size) {
+  Config config = load_config(options.config_path, options.overrides);
+  RankGrid grid({world_size, config.parallel.tp, config.parallel.pp, config.parallel.dp, config.parallel.ep, 1},
+                config.moe.num_experts);
+  config.parallel.dp = grid.sizes().dp;
+  const int64_t dp = grid.sizes().dp;
+  const TrainConfig& tc = config.train;
+  if (tc.global_batch % (dp * tc.micro_batch) != 0)
+    MOE_BAD_INPUT("train.global_batch = " << tc.global_batch << " is not a multiple of the data-parallel size times "
+                                          << "train.micro_batch = " << dp << " * " << tc.micro_batch << " = "
+                                          << dp * tc.micro_batch
+                                          << "; every data-parallel rank takes the same number of whole micro-batches");
+  check_memory(config);
+  return {std::move(config), std::move(grid)};
+}
+
+TrainPaths train_paths(const TrainOptions& options, const Config& config, int64_t world_rank) {
+  TrainPaths p;
+  p.run_dir = options.run_dir.empty() ? "runs/" + fs::path(options.config_path).stem().string() : options.run_dir;
+  std::string ckpt_dir_text = config.checkpoint.dir;
+  p.ranks_per_node = std::max(1, launcher_local_size());
+  p.node = world_rank / p.ranks_per_node;
+  p.node_leader = world_rank % p.ranks_per_node == 0;
+  for (size_t at; (at = ckpt_dir_text.find("{node}")) != std::string::npos;)
+    ckpt_dir_text.replace(at, 6, std::to_string(p.node));
+  p.ckpt_root = fs::path(p.run_dir) / ckpt_dir_text;
+  return p;
+}
+
+data::Corpus load_training_corpus(const Config& config) {
+  data::Corpus corpus;
+  if (config.data.sources.empty()) {
+    corpus = data::embedded_corpus(config.data.heldout_fraction);
+  } else {
+    std::vector<data::SourceSpec> specs;
+    for (const DataSourceConfig& s : config.data.sources) specs.push_back({s.name, s.path, s.weight});
+    corpus = data::load_corpus(specs, config.data.heldout_fraction);
+  }
+  data::validate_corpus(corpus, config.train.seq_len, config.model.vocab);
+  return corpus;
+}
+
+int64_t Trainer::micro_batches() const {
+  return config.train.global_batch / (grid.sizes().dp * config.train.micro_batch);
+}
+int64_t Trainer::tokens_per_step() const { return config.train.global_batch * config.train.seq_len; }
+int64_t Trainer::first_sequence() const { return groups.coords.dp * micro_batches() * config.train.micro_batch; }
+
+Trainer::Trainer(CheckedConfig checked, TrainPaths paths_in, const data::Corpus& corpus,
+                 std::unique_ptr<Communicator> world)
+    : config(std::move(checked.config)),
+      grid(std::move(checked.grid)),
+      paths(std::move(paths_in)),
+      threads(set_threads(config.train)),
+      groups(make_process_groups(std::move(world), grid)) {
+  const TrainConfig& tc = config.train;
+  build_model(*this);
+  // 256k floats (1 MB) per bucket: several buckets even for small models, so reduction overlaps backward.
+  constexpr int64_t kBucketElements = 1 << 18;
+  buckets = std::make_unique<GradBuckets>(model->table(), *groups.dp, *groups.edp, kBucketElements, config.optim.zero);
+  owned = buckets->owned_dense();
+  owned.insert(owned.end(), buckets->owned_expert().begin(), buckets->owned_expert().end());
+  optimizer = std::make_unique<AdamW>(model->table(),
+                                      AdamWSettings{config.optim.lr, config.optim.beta1, config.optim.beta2,
+                                                    config.optim.eps, config.optim.weight_decay},
+                                      owned);
+  clip = std::make_unique<PerExpertClip>(model->table(), config.optim.per_expert_clip);
+  schedule = LrSchedule{config.optim.lr, config.optim.min_lr, config.optim.warmup, tc.steps};
+  loader = std::make_unique<data::Loader>(corpus, tc.seed, tc.seq_len);
+  last_used.assign(moe_layers.size(), std::vector<int64_t>(size_t(config.moe.num_experts), -1));
+  state.model = model.get(), state.optimizer = optimizer.get(), state.clip = clip.get();
+  state.moe_layers = moe_layers, state.last_used = &last_used, state.groups = &groups;
+  state.zero = config.optim.zero;
+}
+
+}  // namespace moe

@@ -1,0 +1,78 @@
+// Setting up one rank of training, in the order that keeps every refusal before any write: the config
+// and the layout checked, the paths worked out, the data loaded, then the process groups, the model and
+// everything that trains it. Not here: choosing and loading a checkpoint (launch/resume.h), the step
+// (launch/train_step.h), metrics and evaluation (launch/train_metrics.h).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/model.h"
+#include "core/moe_layer.h"
+#include "data/corpus.h"
+#include "data/loader.h"
+#include "launch/config.h"
+#include "launch/train_state.h"
+#include "launch/trainer.h"
+#include "optim/adamw.h"
+#include "optim/per_expert_clip.h"
+#include "parallel/grad_buckets.h"
+#include "parallel/process_groups.h"
+#include "parallel/rank_grid.h"
+
+namespace moe {
+
+// Where this rank's run lives. An absolute checkpoint.dir replaces run_dir; with node-local roots
+// "{node}" in checkpoint.dir names this rank's host.
+struct TrainPaths {
+  std::string run_dir;
+  std::filesystem::path ckpt_root;
+  int64_t ranks_per_node = 1;
+  int64_t node = 0;
+  bool node_leader = true;  // the first rank of its host
+};
+
+// The config, loaded and checked against the world size (layout, batch divisibility, memory).
+struct CheckedConfig {
+  Config config;
+  RankGrid grid;
+};
+CheckedConfig load_checked_config(const TrainOptions& options, int64_t world_size);
+TrainPaths train_paths(const TrainOptions& options, const Config& config, int64_t world_rank);
+data::Corpus load_training_corpus(const Config& config);
+
+// Everything one rank trains with, built once, in the order the members are listed. Construction takes
+// the world communicator, allocates and initialises the parameters, and writes nothing.
+struct Trainer {
+  Trainer(CheckedConfig checked, TrainPaths paths, const data::Corpus& corpus, std::unique_ptr<Communicator> world);
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  Config config;
+  RankGrid grid;
+  TrainPaths paths;
+  int threads = 1;
+  ProcessGroups groups;
+  std::unique_ptr<Model<float>> model;
+  std::unique_ptr<CommunicatorExchange> exchange;
+  std::vector<MoeLayer<float>*> moe_layers;
+  std::unique_ptr<GradBuckets> buckets;
+  std::vector<Segment> owned;  // the gradient slices this rank clips and updates
+  std::unique_ptr<AdamW> optimizer;
+  std::unique_ptr<PerExpertClip> clip;
+  LrSchedule schedule;
+  std::unique_ptr<data::Loader> loader;
+  // Last step at which each expert of each MoE layer received a token, for the dead-expert count.
+  std::vector<std::vector<int64_t>> last_used;
+  TrainState state;
+
+  int64_t micro_batches() const;    // per data-parallel rank and step
+  int64_t tokens_per_step() const;  // the global batch
+  int64_t first_sequence() const;   // this rank's slice of the global batch
+  bool leader() const { return groups.rank == 0; }
+};
+
+}  // namespace moe

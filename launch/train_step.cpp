@@ -1,0 +1,144 @@
+// One optimizer step of one rank.
+#include "launch/train_step.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace moe {
+namespace {
+
+constexpr int64_t kDeadAfterSteps = 100;
+
+// Step statistics every rank contributes to: the LM loss sum, then per MoE layer the router losses and
+// entropy (doubles) and the counts (integers). Summed over the data-parallel group.
+struct StepTotals {
+  std::vector<double> real;
+  std::vector<int64_t> counts;
+};
+
+StepTotals gather_totals(double loss_sum, const std::vector<MoeLayer<float>*>& moe_layers) {
+  StepTotals t;
+  t.real.push_back(loss_sum);
+  for (MoeLayer<float>* m : moe_layers) {
+    const RouterStepStats& st = *m->router_stats();
+    t.real.insert(t.real.end(), {st.aux, st.z, st.entropy_loss, st.death, st.entropy_sum});
+    t.counts.insert(t.counts.end(), {st.dropped, st.rerouted, st.fallback, st.tokens, st.groups});
+    t.counts.insert(t.counts.end(), st.tokens_per_expert.begin(), st.tokens_per_expert.end());
+  }
+  return t;
+}
+
+void scatter_totals(const StepTotals& t, const std::vector<MoeLayer<float>*>& moe_layers) {
+  size_t r = 1, c = 0;
+  for (MoeLayer<float>* m : moe_layers) {
+    RouterStepStats& st = *m->router_stats();
+    st.aux = t.real[r++], st.z = t.real[r++], st.entropy_loss = t.real[r++], st.death = t.real[r++];
+    st.entropy_sum = t.real[r++];
+    st.dropped = t.counts[c++], st.rerouted = t.counts[c++], st.fallback = t.counts[c++];
+    st.tokens = t.counts[c++], st.groups = t.counts[c++];
+    for (int64_t& n : st.tokens_per_expert) n = t.counts[c++];
+  }
+}
+
+// Forward and backward of this rank's micro-batches; returns the sum of their token losses.
+double forward_backward(Trainer& t, int64_t step, double loss_scale) {
+  const TrainConfig& tc = t.config.train;
+  const int64_t T = tc.seq_len, micro = tc.micro_batch, micro_batches = t.micro_batches();
+  const int64_t groups_per_step = tc.global_batch / micro;  // routing groups in the whole step
+  std::vector<int32_t> tokens(size_t(micro * (T + 1)));
+  Model<float>& model = *t.model;
+  model.zero_grads();
+  for (MoeLayer<float>* m : t.moe_layers) m->reset_stats();
+  t.buckets->start(model.grads());
+  double loss_sum = 0;
+  for (int64_t mb = 0; mb < micro_batches; ++mb) {
+    const int64_t seq0 = t.first_sequence() + mb * micro;
+    for (int64_t b = 0; b < micro; ++b) t.loader->train_sequence(step, seq0 + b, tokens.data() + b * (T + 1));
+    // Router losses are averaged over the step's routing groups (micro-batches) on all ranks.
+    model.set_context(true, step, seq0, 1.0 / double(groups_per_step), tc.seed);
+    // Gradients are final during the last micro-batch's backward: reduce buckets as they complete.
+    if (mb == micro_batches - 1)
+      model.set_grad_ready_hook([&](int64_t first, int64_t end) { t.buckets->mark_ready(first, end); });
+    loss_sum += model.forward(tokens.data(), micro);
+    model.backward(loss_scale);
+    model.set_grad_ready_hook(nullptr);
+  }
+  t.buckets->finish();
+  return loss_sum;
+}
+
+// The step's losses, summed over the data-parallel group (routing statistics too, in the layers).
+void reduce_losses(Trainer& t, double loss_sum, double loss_scale, StepResult& r) {
+  StepTotals totals = gather_totals(loss_sum, t.moe_layers);
+  t.groups.dp->allreduce_sum(totals.real.data(), int64_t(totals.real.size()));
+  t.groups.dp->allreduce_sum(totals.counts.data(), int64_t(totals.counts.size()));
+  scatter_totals(totals, t.moe_layers);
+  r.lm_loss = totals.real[0] * loss_scale;
+  for (MoeLayer<float>* m : t.moe_layers) {
+    const RouterStepStats& st = *m->router_stats();
+    r.aux += st.aux / double(st.groups), r.z += st.z / double(st.groups);
+    r.entropy += st.entropy_loss / double(st.groups), r.death += st.death / double(st.groups);
+  }
+  r.loss = r.lm_loss + r.aux + r.z + r.entropy + r.death;
+}
+
+// Per-expert clipping, then the global norm (returned, before clipping) and its clip.
+void clip_gradients(Trainer& t, StepResult& r) {
+  const Config& config = t.config;
+  float* grads = t.model->grads();
+  // An expert's gradient lives on one expert-parallel rank, sliced over the expert-data-parallel group
+  // under ZeRO.
+  if (config.optim.per_expert_clip > 0) {
+    const std::vector<Segment>* mine = config.optim.zero ? &t.buckets->owned_expert() : nullptr;
+    std::vector<double> ss = t.clip->sum_squares(grads, mine);
+    if (config.optim.zero) t.groups.edp->allreduce_sum(ss.data(), int64_t(ss.size()));
+    r.experts_clipped = t.clip->clip(grads, ss, mine);
+    t.groups.ep->allreduce_sum(&r.experts_clipped, 1);
+  }
+  // Dense gradients are replicated over dp (or sliced under ZeRO), expert gradients are spread over ep
+  // (and sliced over edp under ZeRO).
+  double dense_ss = sum_squares(grads, t.buckets->owned_dense());
+  double expert_ss = sum_squares(grads, t.buckets->owned_expert());
+  if (config.optim.zero) {
+    t.groups.dp->allreduce_sum(&dense_ss, 1);
+    t.groups.edp->allreduce_sum(&expert_ss, 1);
+  }
+  t.groups.ep->allreduce_sum(&expert_ss, 1);
+  r.grad_norm = std::sqrt(dense_ss + expert_ss);
+  if (config.optim.clip > 0 && r.grad_norm > config.optim.clip)
+    scale_segments(grads, t.owned, float(config.optim.clip / r.grad_norm));
+}
+
+// Balancing biases from the step's counts, and the dead-expert tracker.
+int64_t update_routing(Trainer& t, int64_t step) {
+  int64_t dead = 0;
+  for (size_t i = 0; i < t.moe_layers.size(); ++i) {
+    const RouterStepStats& st = *t.moe_layers[i]->router_stats();
+    t.moe_layers[i]->update_balancing_bias(st.tokens_per_expert, t.config.moe.router.bias_balance_rate);
+    for (size_t e = 0; e < st.tokens_per_expert.size(); ++e) {
+      if (st.tokens_per_expert[e] > 0) t.last_used[i][e] = step;
+      dead += step - t.last_used[i][e] >= kDeadAfterSteps;
+    }
+  }
+  return dead;
+}
+
+}  // namespace
+
+StepResult train_step(Trainer& t, int64_t step) {
+  StepResult r;
+  const double loss_scale = 1.0 / double(t.tokens_per_step());  // mean over all tokens of the global batch
+  const double loss_sum = forward_backward(t, step, loss_scale);
+  reduce_losses(t, loss_sum, loss_scale, r);
+  if (!std::isfinite(r.loss))
+    MOE_FAIL("the loss became " << r.loss << " at step " << step + 1 << "; lower optim.lr or raise optim.warmup");
+  clip_gradients(t, r);
+  r.lr = t.schedule.at(step);
+  t.optimizer->step(t.model->params(), t.model->grads(), r.lr);
+  t.buckets->allgather_params(t.model->params());
+  r.dead_experts = update_routing(t, step);
+  return r;
+}
+
+}  // namespace moe

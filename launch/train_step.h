@@ -1,0 +1,24 @@
+// One optimizer step of one rank: the micro-batches' forwards and backwards with the gradient buckets
+// reducing as backward completes them, the step's losses and routing statistics summed over the
+// data-parallel group, per-expert and global clipping, AdamW, and the balancing-bias update.
+#pragma once
+
+#include <cstdint>
+
+#include "launch/train_setup.h"
+
+namespace moe {
+
+struct StepResult {
+  double loss = 0;  // lm_loss + the router losses
+  double lm_loss = 0, aux = 0, z = 0, entropy = 0, death = 0;
+  double lr = 0;
+  double grad_norm = 0;  // before clipping
+  int64_t experts_clipped = 0;
+  int64_t dead_experts = 0;  // experts without a token for the last 100 steps
+};
+
+// Collective. Trains step `step` (0-based). Throws when the loss is not finite (nothing is updated then).
+StepResult train_step(Trainer& trainer, int64_t step);
+
+}  // namespace moe
