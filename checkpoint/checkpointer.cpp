@@ -255,6 +255,8 @@ void Checkpointer::commit(Job& job, bool wait) {
                             std::to_string(flags[1]) + " rank(s)" + (job.error.empty() ? "" : ": " + job.error) +
                             "; the previous checkpoint stays the newest";
     if (log_) log_(msg);
+    failed_step_ = job.step;
+    failure_ = msg;
     chain_.clear();  // the next save starts a new full chain
     previous_.clear();
     job_.reset();

@@ -85,6 +85,9 @@ class Checkpointer {
     int64_t bytes = 0;  // all files of the checkpoint
   };
   const Report& last_report() const { return report_; }
+  // The step of the newest save that failed (-1: none) and why; a later committed save supersedes it.
+  int64_t last_failed_step() const { return failed_step_; }
+  const std::string& last_failure() const { return failure_; }
 
  private:
   struct Job;
@@ -103,6 +106,8 @@ class Checkpointer {
   std::vector<std::string> chain_;                        // directories of the current chain
   int64_t saves_ = 0;
   Report report_;
+  int64_t failed_step_ = -1;
+  std::string failure_;
 };
 
 // ---- Restore ------------------------------------------------------------------------------------

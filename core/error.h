@@ -1,6 +1,7 @@
 // The project's one error type. Libraries throw it; only the program's entry point decides to exit.
-// BadInput (config, command line, data, checkpoint that does not fit) maps to exit code 2; anything
-// else to exit code 1. The message says what was wrong, with which value, and what to do.
+// BadInput (config, command line, data, checkpoint that does not fit) maps to exit code 2; RunFailed (a
+// run that cannot go on through no fault of the program: it diverged, its last checkpoint could not be
+// written) and Internal (a bug) to exit code 1. The message says what was wrong, with which value, and what to do.
 #pragma once
 
 #include <sstream>
@@ -9,7 +10,7 @@
 
 namespace moe {
 
-enum class ErrorKind { BadInput, Internal };
+enum class ErrorKind { BadInput, Internal, RunFailed };
 
 class Error : public std::runtime_error {
  public:
@@ -48,4 +49,6 @@ std::string error_context();
   } while (0)
 // Bad user input (exit 2).
 #define MOE_BAD_INPUT(msg) throw ::moe::Error(::moe::ErrorKind::BadInput, __FILE__, __LINE__, MOE_STR_CAT(msg))
+// The run cannot go on, and the message says why and what to do (exit 1, not reported as a bug).
+#define MOE_RUN_FAILED(msg) throw ::moe::Error(::moe::ErrorKind::RunFailed, __FILE__, __LINE__, MOE_STR_CAT(msg))
 #define MOE_FAIL(msg) throw ::moe::Error(::moe::ErrorKind::Internal, __FILE__, __LINE__, MOE_STR_CAT(msg))

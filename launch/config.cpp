@@ -200,6 +200,7 @@ Config fill(const Entries& entries) {
   c.fault.max_restarts = r.integer("fault.max_restarts");
   c.fault.restart_backoff_s = r.number("fault.restart_backoff_s");
   c.fault.shrink = r.boolean("fault.shrink");
+  c.fault.term_grace_s = r.number("fault.term_grace_s");
   c.fault.listen = r.string("fault.listen");
   for (const json& f : r.at("fault.inject"))
     c.fault.inject.push_back({f["kind"].get<std::string>(), f["rank"].get<int64_t>(), f["step"].get<int64_t>()});

@@ -98,6 +98,7 @@ struct FaultConfig {
   int64_t max_restarts = 0;
   double restart_backoff_s = 1.0;
   bool shrink = false;
+  double term_grace_s = 30;  // after SIGTERM/SIGINT: time a final checkpoint may take
   std::string listen;
   std::vector<FaultInjection> inject;
 };

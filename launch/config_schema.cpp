@@ -148,6 +148,9 @@ std::vector<KeySpec> build_schema() {
              "seconds before the first restart; doubled at each further restart (at most 60)"),
       boolean("fault.shrink", false,
               "with --hostfile: after a host fails twice, restart without it at a smaller data-parallel size"),
+      number("fault.term_grace_s", 30.0, at_least(0),
+             "after SIGTERM or SIGINT the step in progress finishes and a checkpoint of it is written when the "
+             "last save took less than this many seconds (0: never); then the run exits 143 (SIGTERM) or 130"),
       string("fault.listen", "127.0.0.1", "address the supervisor's heartbeat listener binds to (loopback by default)"),
       faults("fault.inject",
              "faults to inject for tests and demonstrations: a list of {\"kind\": kill|hang|stop|exception|"

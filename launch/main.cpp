@@ -118,7 +118,8 @@ int main(int argc, char** argv) {
   try {
     if (train_cmd->parsed()) {
       train.command_line.assign(argv, argv + argc);
-      moe::run_train(train, std::move(world));
+      const moe::TrainResult result = moe::run_train(train, std::move(world));
+      if (result.stop_signal != 0) return 128 + result.stop_signal;
     } else if (ckpt_cmd->parsed()) {
       moe::run_ckpt(ckpt, std::cout);
     } else if (launch_cmd->parsed()) {
@@ -130,6 +131,10 @@ int main(int argc, char** argv) {
       // Bad input is found identically on every rank (or agreed from rank 0): one message, every rank exits 2.
       if (rank == 0) std::fprintf(stderr, "moe: error: %s\n", e.message().c_str());
       return kExitBadInput;
+    }
+    if (e.kind() == moe::ErrorKind::RunFailed) {
+      std::fprintf(stderr, "moe: stopped (%s): %s\n", moe::error_context().c_str(), e.message().c_str());
+      return kExitOther;
     }
     std::fprintf(stderr, "moe: internal error (%s, %s:%d): %s\n", moe::error_context().c_str(), e.file().c_str(),
                  e.line(), e.message().c_str());

@@ -124,7 +124,38 @@ int64_t update_routing(Trainer& t, int64_t step) {
   return dead;
 }
 
+// Values of a checkpoint piece that are not finite (floating-point pieces only).
+int64_t count_non_finite(const ckpt::Piece& p) {
+  int64_t bad = 0;
+  if (p.dtype == ckpt::DType::F32) {
+    const float* x = static_cast<const float*>(p.src);
+    for (int64_t i = 0; i < p.count(); ++i) bad += !std::isfinite(x[i]);
+  } else if (p.dtype == ckpt::DType::F64) {
+    const double* x = static_cast<const double*>(p.src);
+    for (int64_t i = 0; i < p.count(); ++i) bad += !std::isfinite(x[i]);
+  }
+  return bad;
+}
+
 }  // namespace
+
+void check_state_finite(Trainer& t, int64_t done) {
+  int64_t bad = 0;
+  std::string first;
+  for (const ckpt::Piece& p : checkpoint_pieces(t.state, true)) {
+    const int64_t n = count_non_finite(p);
+    if (n > 0 && first.empty()) first = p.tensor;
+    bad += n;
+  }
+  int64_t total = bad;
+  t.groups.world->allreduce_sum(&total, 1);
+  if (total > 0)
+    MOE_RUN_FAILED("after step " << done << ", " << total << " values of the training state are not finite"
+                                 << (first.empty() ? std::string() : " (on this rank, in " + first + ")")
+                                 << "; no checkpoint of this step is written and the committed ones are kept. "
+                                    "Lower optim.lr or raise optim.warmup, and resume from the newest checkpoint "
+                                    "(--resume auto)");
+}
 
 StepResult train_step(Trainer& t, int64_t step) {
   StepResult r;
@@ -132,7 +163,9 @@ StepResult train_step(Trainer& t, int64_t step) {
   const double loss_sum = forward_backward(t, step, loss_scale);
   reduce_losses(t, loss_sum, loss_scale, r);
   if (!std::isfinite(r.loss))
-    MOE_FAIL("the loss became " << r.loss << " at step " << step + 1 << "; lower optim.lr or raise optim.warmup");
+    MOE_RUN_FAILED("the loss became " << r.loss << " at step " << step + 1
+                                      << "; nothing of this step is saved. Lower optim.lr or raise optim.warmup, and "
+                                         "resume from the newest checkpoint (--resume auto)");
   clip_gradients(t, r);
   r.lr = t.schedule.at(step);
   t.optimizer->step(t.model->params(), t.model->grads(), r.lr);

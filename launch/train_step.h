@@ -18,7 +18,13 @@ struct StepResult {
   int64_t dead_experts = 0;  // experts without a token for the last 100 steps
 };
 
-// Collective. Trains step `step` (0-based). Throws when the loss is not finite (nothing is updated then).
+// Collective. Trains step `step` (0-based). Throws RunFailed when the loss is not finite (nothing is
+// updated then).
 StepResult train_step(Trainer& trainer, int64_t step);
+
+// Collective. Throws RunFailed on every rank when any value of the state a checkpoint of step `done`
+// would hold (parameters, optimizer moments, clipping statistics) is not finite, so that nothing
+// non-finite is ever committed and the checkpoints already committed stay the newest.
+void check_state_finite(Trainer& trainer, int64_t done);
 
 }  // namespace moe

@@ -4,6 +4,7 @@
 #include "launch/trainer.h"
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include "launch/progress.h"
 #include "launch/resume.h"
 #include "launch/run_dir.h"
+#include "launch/stop_signal.h"
 #include "launch/train_metrics.h"
 #include "launch/train_setup.h"
 #include "launch/train_step.h"
@@ -104,6 +106,7 @@ struct Loop {
   FaultInjector faults;
   int64_t resumed_step = 0;
   Clock clock;
+  int64_t last_save_step = -1;  // the newest step a save was started for
 };
 
 void log_step(Loop& loop, int64_t done, const StepResult& r, double ckpt_stall) {
@@ -150,7 +153,9 @@ bool run_step(Loop& loop, int64_t step) {
     ck->poll();
     if (done % config.checkpoint.every == 0 || done == config.train.steps) {
       loop.heartbeat.set(Phase::CheckpointSave, done, "checkpoint save");
+      check_state_finite(t, done);
       ckpt_stall = ck->save(done, checkpoint_pieces(t.state, true));
+      loop.last_save_step = done;
     }
   }
   log_step(loop, done, r, ckpt_stall);
@@ -166,11 +171,46 @@ bool run_step(Loop& loop, int64_t step) {
   return true;
 }
 
+const char* signal_name(int sig) { return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "a signal"; }
+
+// After a stop signal, at the end of step `done` on every rank: a checkpoint of this step when the last
+// save's time fits in fault.term_grace_s (or none was measured yet), then the run ends.
+void stop_on_signal(Loop& loop, int sig, int64_t done) {
+  Trainer& t = loop.t;
+  std::string saved;
+  if (ckpt::Checkpointer* ck = loop.out.checkpointer.get()) {
+    const double grace = t.config.fault.term_grace_s;
+    const auto& last = ck->last_report();
+    const double estimate = last.step >= 0 ? last.write_s + last.stall_s : 0.0;
+    if (loop.last_save_step == done) {
+      saved = "; its checkpoint is being committed";
+    } else if (grace > 0 && estimate <= grace) {
+      loop.heartbeat.set(Phase::CheckpointSave, done, "checkpoint save after a stop signal");
+      check_state_finite(t, done);
+      ck->save(done, checkpoint_pieces(t.state, true));
+      loop.last_save_step = done;
+      saved = "; writing a checkpoint of it";
+    } else {
+      saved =
+          "; no checkpoint of it (the last save took " + std::to_string(estimate) + " s, more than fault.term_grace_s)";
+    }
+  }
+  loop.progress.note(std::string("moe train: ") + signal_name(sig) + " received: stopping after step " +
+                     std::to_string(done) + saved + "; continue with --resume auto");
+}
+
 void finish_run(Loop& loop) {
   loop.heartbeat.set(Phase::CheckpointSave, loop.t.config.train.steps, "final checkpoint");
   if (ckpt::Checkpointer* ck = loop.out.checkpointer.get()) {
     ck->finish();
     const auto& r = ck->last_report();
+    if (ck->last_failed_step() > r.step)
+      MOE_RUN_FAILED("the checkpoint of step "
+                     << ck->last_failed_step() << " could not be written (" << ck->last_failure() << "); "
+                     << (r.step >= 0 ? "the newest committed checkpoint is step " + std::to_string(r.step)
+                                     : std::string("none was committed since this start"))
+                     << ". Make room in (or fix) " << loop.t.paths.ckpt_root.string()
+                     << " and run again with --resume auto");
     if (r.step >= 0)
       loop.progress.note("checkpoint: newest is step " + std::to_string(r.step) + " (" + r.kind + ", " +
                          std::to_string(r.bytes) + " bytes, written in " + std::to_string(r.write_s) + " s, stall " +
@@ -206,6 +246,7 @@ int launcher_local_size() {
 }
 
 TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator> world) {
+  const StopSignals signals;  // from here on SIGTERM and SIGINT ask for a clean stop
   if (!world) world = std::make_unique<SelfCommunicator>("world");
   // Everything that can be refused is checked before anything is written, identically on every rank.
   CheckedConfig checked = load_checked_config(options, world->size());
@@ -236,10 +277,18 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
       out,        progress,
       heartbeat,  FaultInjector(t.config.fault.inject, t.groups.rank, t.paths.run_dir, t.paths.ckpt_root.string()),
       start_step, Clock{}};
-  for (int64_t step = start_step; step < tc.steps; ++step)
+  int stop_signal = 0;
+  for (int64_t step = start_step; step < tc.steps; ++step) {
     if (!run_step(loop, step)) break;
+    if ((stop_signal = StopSignals::agreed(*t.groups.world)) != 0) {
+      stop_on_signal(loop, stop_signal, step + 1);
+      break;
+    }
+  }
   finish_run(loop);
-  return options.collect_parameters ? collect_parameters(t) : TrainResult{};
+  TrainResult result = options.collect_parameters ? collect_parameters(t) : TrainResult{};
+  result.stop_signal = stop_signal;
+  return result;
 }
 
 }  // namespace moe

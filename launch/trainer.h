@@ -28,6 +28,9 @@ struct TrainResult {
   // Every parameter tensor under its global name and global shape (expert shards gathered), on every
   // rank; filled only with TrainOptions::collect_parameters.
   std::map<std::string, std::vector<float>> parameters;
+  // The signal (SIGTERM, SIGINT) that stopped the run before its last step, 0 if none; the program
+  // then exits with 128 + it.
+  int stop_signal = 0;
 };
 
 // Returns normally on success; throws moe::Error (BadInput for anything the user can fix). world: every
