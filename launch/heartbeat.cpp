@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <sstream>
 
 namespace moe {
@@ -132,10 +133,22 @@ HeartbeatSender::HeartbeatSender(int64_t rank, const std::string& host, const Fa
 }
 
 HeartbeatSender::~HeartbeatSender() {
-  set(Phase::Done, step_, "finished");
+  // Unwinding an exception is no finish: the rank stays as last reported, so that the supervisor names it
+  // as the one that failed.
+  const bool finished = std::uncaught_exceptions() == 0;
+  if (finished) set(Phase::Done, step_, "finished");
   stop_ = true;
   if (thread_.joinable()) thread_.join();
-  if (socket_ >= 0) ::close(socket_);
+  if (socket_ >= 0) {
+    // The last word, whether or not the thread's next beat would have come: the supervisor counts a run as
+    // finished only when a rank has reported its last step.
+    if (finished) {
+      const std::string message =
+          encode_heartbeat(secret_, {attempt_, rank_, int64_t(::getpid()), step_, phase_, host_});
+      ::send(socket_, message.data(), message.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+    ::close(socket_);
+  }
 }
 
 void HeartbeatSender::set(Phase phase, int64_t step, const char* operation) {

@@ -43,6 +43,8 @@ class HeartbeatSender {
  public:
   // Sends only when the supervisor's environment is present; the watchdog runs in any case.
   HeartbeatSender(int64_t rank, const std::string& host, const FaultConfig& fault);
+  // Ending normally, sends one last beat (phase done, the steps done) at once: the supervisor counts a run
+  // as finished only when a rank reported its last step. Unwinding an exception, sends nothing more.
   ~HeartbeatSender();
   HeartbeatSender(const HeartbeatSender&) = delete;
   HeartbeatSender& operator=(const HeartbeatSender&) = delete;

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -68,7 +70,18 @@ int main(int argc, char** argv) {
       "launch",
       "The supervisor: runs mpirun for you, watches every rank's heartbeat, and restarts the job from "
       "the newest checkpoint that verifies after a crash or a hang (fault.* config keys).");
-  launch_cmd->add_option("--np", launch.np, "Ranks to run")->required()->check(CLI::PositiveNumber);
+  launch_cmd->add_option("--np", launch.np, "Ranks to run (a whole number >= 1)")
+      ->required()
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            char* end = nullptr;
+            errno = 0;
+            const long long n = std::strtoll(text.c_str(), &end, 10);
+            if (text.empty() || *end != '\0' || errno != 0 || n < 1)
+              return "expected a whole number of ranks >= 1, got " + text;
+            return std::string();
+          },
+          "N>=1"));
   launch_cmd->add_option("--hostfile", launch.hostfile, "OpenMPI hostfile (host slots=N per line)")
       ->check(CLI::ExistingFile);
   launch_cmd->add_option("--mpirun", launch.mpirun, "The mpirun program")->default_val("mpirun");
@@ -84,6 +97,12 @@ int main(int argc, char** argv) {
       ->default_val("auto");
   launch_cmd->add_flag("--overwrite", launch.overwrite, "First start: replace a run directory that holds a run");
   launch_cmd->add_flag("--quiet", launch.quiet, "No progress lines from the ranks and no event echo");
+  launch_cmd
+      ->add_option("--term-grace-s", launch.term_grace_s,
+                   "On SIGTERM/SIGINT: seconds the ranks have, after SIGTERM, to stop by themselves before every "
+                   "process of the job is killed (a second signal kills at once)")
+      ->default_val(30)
+      ->check(CLI::Range(0.0, 86400.0));
 
   // CLI11 reports a missing subcommand before an unknown one; name the unknown word instead.
   if (argc > 1 && argv[1][0] != '-' &&
@@ -123,6 +142,7 @@ int main(int argc, char** argv) {
     } else if (ckpt_cmd->parsed()) {
       moe::run_ckpt(ckpt, std::cout);
     } else if (launch_cmd->parsed()) {
+      launch.command_line.assign(argv, argv + argc);
       return moe::run_launch(launch);
     }
     return 0;

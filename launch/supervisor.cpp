@@ -27,6 +27,8 @@
 #include "core/host.h"
 #include "launch/config.h"
 #include "launch/heartbeat.h"
+#include "launch/job_processes.h"
+#include "launch/run_lock.h"
 #include "parallel/rank_grid.h"
 
 extern char** environ;
@@ -41,8 +43,13 @@ constexpr int kExitGaveUp = 3;
 constexpr int kExitBadInput = 2;
 constexpr int kMaxDetailedIgnored = 5;  // per reason and attempt; then only counted
 
-volatile sig_atomic_t g_interrupted = 0;
-void on_interrupt(int) { g_interrupted = 1; }
+// SIGINT/SIGTERM to the supervisor: the first asks the ranks to stop (and decides the exit code,
+// 128 + signal); a second ends everything at once.
+volatile sig_atomic_t g_signals = 0, g_first_signal = 0;
+void on_signal(int sig) {
+  if (g_signals == 0) g_first_signal = sig;
+  g_signals = g_signals + 1;
+}
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -95,6 +102,18 @@ struct RankState {
 
 }  // namespace
 
+void check_launch_layout(const Config& config, int64_t np) {
+  const RankGrid grid({np, config.parallel.tp, config.parallel.pp, config.parallel.dp, config.parallel.ep, 1},
+                      config.moe.num_experts);
+  const int64_t dp = grid.sizes().dp;
+  if (config.train.global_batch % (dp * config.train.micro_batch) != 0)
+    MOE_BAD_INPUT("train.global_batch = " << config.train.global_batch
+                                          << " is not a multiple of the data-parallel size "
+                                          << "times train.micro_batch = " << dp << " * " << config.train.micro_batch
+                                          << " = " << dp * config.train.micro_batch << " for --np " << np
+                                          << "; choose --np, parallel.* or the batch sizes so that it is");
+}
+
 std::vector<HostSlots> read_hostfile(const std::string& path) {
   std::ifstream in(path);
   if (!in) MOE_BAD_INPUT("--hostfile " << path << ": cannot be read");
@@ -126,11 +145,9 @@ std::optional<ShrinkPlan> plan_shrink(const std::vector<HostSlots>& hosts, const
   ShrinkPlan plan;
   plan.np = np - std::min(np - 1, it->slots);
   try {
-    RankGrid({plan.np, config.parallel.tp, config.parallel.pp, 0, config.parallel.ep, 1}, config.moe.num_experts);
-    const int64_t dp = plan.np / (config.parallel.tp * config.parallel.pp);
-    if (config.train.global_batch % (dp * config.train.micro_batch) != 0)
-      MOE_BAD_INPUT("train.global_batch = " << config.train.global_batch << " does not split over dp = " << dp
-                                            << " ranks of train.micro_batch = " << config.train.micro_batch);
+    Config shrunk = config;
+    shrunk.parallel.dp = 0;  // "auto" for the smaller world
+    check_launch_layout(shrunk, plan.np);
   } catch (const Error& e) {
     *why = e.message();
     return std::nullopt;
@@ -142,13 +159,346 @@ std::optional<ShrinkPlan> plan_shrink(const std::vector<HostSlots>& hosts, const
 
 namespace {
 
-bool alive(pid_t pid) {
-  if (pid <= 0 || ::kill(pid, 0) != 0) return false;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  std::getline(stat, text);
-  const size_t paren = text.rfind(')');
-  return paren == std::string::npos || paren + 2 >= text.size() || text[paren + 2] != 'Z';
+struct Listener {
+  int sock = -1;
+  std::string addr;  // host:port, handed to the ranks
+  ~Listener() {
+    if (sock >= 0) ::close(sock);
+  }
+};
+
+// The heartbeat listener: loopback (or fault.listen), an ephemeral port.
+void open_listener(const FaultConfig& fault, Listener* listener) {
+  listener->sock = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (listener->sock < 0) MOE_FAIL("cannot open the heartbeat socket: " << std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  if (inet_pton(AF_INET, fault.listen.c_str(), &addr.sin_addr) != 1)
+    MOE_BAD_INPUT("fault.listen = \"" << fault.listen << "\": expected an IPv4 address such as 127.0.0.1");
+  if (::bind(listener->sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+    MOE_BAD_INPUT("fault.listen = \"" << fault.listen << "\": cannot bind the heartbeat listener there ("
+                                      << std::strerror(errno) << ")");
+  socklen_t len = sizeof addr;
+  ::getsockname(listener->sock, reinterpret_cast<sockaddr*>(&addr), &len);
+  listener->addr = fault.listen + ":" + std::to_string(ntohs(addr.sin_port));
+}
+
+// What every attempt shares.
+struct Launch {
+  Launch(const LaunchOptions& o, const Config& c, std::string dir)
+      : options(o), config(c), run_dir(std::move(dir)), events(fs::path(run_dir) / "events.log", !o.quiet) {}
+  const LaunchOptions& options;
+  const Config& config;
+  std::string run_dir, self, secret = random_secret(), lock_token;
+  Listener listener;
+  Events events;
+  std::string rank_host = host_name();
+};
+
+// The state of one attempt, from its heartbeats.
+struct Attempt {
+  int64_t attempt = 0, np = 0;
+  double started = 0;
+  std::map<int64_t, RankState> ranks;
+  std::map<std::string, int64_t> ignored;
+  bool training_seen = false;
+  int64_t max_step = 0;
+};
+
+// mpirun with an argument vector (no shell ever sees a config value), in a process group of its own.
+pid_t spawn_job(Launch& l, int64_t attempt, int64_t np, const std::string& hostfile) {
+  const LaunchOptions& o = l.options;
+  std::vector<std::string> args = {o.mpirun, "-np", std::to_string(np)};
+  if (!hostfile.empty()) args.insert(args.end(), {"--hostfile", hostfile});
+  args.insert(args.end(), o.mpirun_args.begin(), o.mpirun_args.end());
+  if (::geteuid() == 0 && std::find(args.begin(), args.end(), "--allow-run-as-root") == args.end())
+    args.push_back("--allow-run-as-root");
+  args.insert(args.end(), {l.self, "train", "--config", o.config_path, "--run-dir", l.run_dir});
+  for (const std::string& s : o.overrides) args.insert(args.end(), {"--set", s});
+  if (np != o.np) args.insert(args.end(), {"--set", "parallel.dp=auto"});
+  // Restarts resume from the newest checkpoint that verifies (the ranks decide: with node-local roots only
+  // they can see every host's disk); with none, --overwrite lets them start again from step 0.
+  args.insert(args.end(), {"--resume", attempt == 0 ? o.resume : "auto"});
+  if (attempt > 0 || o.overwrite) args.push_back("--overwrite");
+  if (o.quiet) args.push_back("--quiet");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "MOE_HEARTBEAT_", 14) != 0 && std::strncmp(*e, "MOE_RUN_LOCK_TOKEN=", 19) != 0)
+      env_text.emplace_back(*e);
+  env_text.push_back("MOE_HEARTBEAT_ADDR=" + l.listener.addr);
+  env_text.push_back("MOE_HEARTBEAT_SECRET=" + l.secret);
+  env_text.push_back("MOE_LAUNCH_ATTEMPT=" + std::to_string(attempt));
+  env_text.push_back(std::string(RunLock::kTokenVariable) + "=" + l.lock_token);  // the ranks run under our lock
+  std::vector<char*> envp;
+  for (std::string& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
+
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setpgroup(&attr, 0);  // its own process group
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGINT), sigaddset(&defaults, SIGTERM);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  pid_t child = 0;
+  const int rc = posix_spawnp(&child, args[0].c_str(), nullptr, &attr, argv.data(), envp.data());
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) MOE_BAD_INPUT("cannot start " << args[0] << ": " << std::strerror(rc) << " (is OpenMPI installed?)");
+  return child;
+}
+
+// Reads every datagram waiting on the listener.
+void drain_heartbeats(Launch& l, Attempt& a, JobProcesses& job) {
+  const double t = now_s();
+  for (;;) {
+    char buf[2048];
+    // MSG_TRUNC: the datagram's real length, even when it is longer than the buffer.
+    const ssize_t n = ::recv(l.listener.sock, buf, sizeof buf, MSG_DONTWAIT | MSG_TRUNC);
+    if (n < 0) break;
+    std::string why;
+    const auto beat = size_t(n) > kMaxHeartbeatBytes
+                          ? (why = "oversized", std::optional<Heartbeat>())
+                          : decode_heartbeat(std::string_view(buf, size_t(n)), l.secret, &why);
+    if (!beat || beat->rank >= a.np || beat->attempt != a.attempt) {
+      if (beat) why = beat->attempt != a.attempt ? "stale (an ended job's)" : "rank out of range";
+      // Stale beats of the job just ended are expected; only the suspicious ones are logged one by one.
+      if (++a.ignored[why] <= kMaxDetailedIgnored && why.rfind("stale", 0) != 0)
+        l.events.add({{"event", "ignored_heartbeat"}, {"reason", why}, {"bytes", n}, {"attempt", a.attempt}});
+      continue;
+    }
+    l.events.open();  // the job has started: from now on events are written as they come
+    RankState& r = a.ranks[beat->rank];
+    if (r.last_seen == 0 || r.step != beat->step || r.phase != beat->phase) r.progress_since = t;
+    r.last_seen = t, r.step = beat->step, r.phase = beat->phase, r.host = beat->host, r.pid = beat->pid;
+    if (beat->host == l.rank_host) job.note_rank(beat->pid);
+    a.max_step = std::max(a.max_step, beat->step);
+    if (!a.training_seen && beat->phase == Phase::Step) {
+      a.training_seen = true;
+      l.events.add(
+          {{"event", "training"}, {"attempt", a.attempt}, {"step", beat->step}, {"time_to_train_s", t - a.started}});
+    }
+  }
+}
+
+// mpirun has ended with `code`: success only when a rank reported the last step; else the crash.
+json judge_exit(const Launch& l, Attempt& a, int code) {
+  const int64_t last = l.config.train.steps;
+  if (code == 0 && a.max_step >= last) return {{"event", "finished"}, {"attempt", a.attempt}};
+  json failure = {{"event", "crash"}, {"exit_code", code}, {"attempt", a.attempt}};
+  if (code == 0)
+    failure["reason"] =
+        "mpirun exited 0 but no rank reported finishing the last step (train.steps = " + std::to_string(last) +
+        "); the most steps done reported: " + std::to_string(a.max_step) + " by " + std::to_string(a.ranks.size()) +
+        " rank(s) heard";
+  // The rank that fell silent first is the one that failed.
+  int64_t rank = -1;
+  for (const auto& [k, r] : a.ranks)
+    if (r.phase != Phase::Done && (rank < 0 || r.last_seen < a.ranks[rank].last_seen)) rank = k;
+  if (rank >= 0) {
+    const RankState& r = a.ranks[rank];
+    failure.update({{"rank", rank},
+                    {"host", r.host},
+                    {"phase", phase_name(r.phase)},
+                    {"step", r.step},
+                    {"detect_s", now_s() - r.last_seen}});
+  }
+  return failure;
+}
+
+// A hang: a rank silent, or making no progress, past its limit; or ranks that never reported.
+json find_hang(const FaultConfig& fault, const Attempt& a) {
+  const double t = now_s();
+  for (const auto& [k, r] : a.ranks) {
+    const double silent = t - r.last_seen, stuck = t - r.progress_since;
+    const double limit = phase_timeout(fault, r.phase) + fault.heartbeat_timeout_s;
+    if (r.phase == Phase::Done) continue;
+    if (silent > fault.heartbeat_timeout_s || stuck > limit)
+      return {{"event", "hang"},
+              {"reason", silent > fault.heartbeat_timeout_s ? "silent" : "no progress"},
+              {"rank", k},
+              {"host", r.host},
+              {"phase", phase_name(r.phase)},
+              {"step", r.step},
+              {"detect_s", silent > fault.heartbeat_timeout_s ? silent : stuck},
+              {"attempt", a.attempt}};
+  }
+  if (int64_t(a.ranks.size()) < a.np && t - a.started > fault.setup_timeout_s)
+    return {{"event", "hang"},
+            {"reason", "ranks never reported"},
+            {"heard", a.ranks.size()},
+            {"np", a.np},
+            {"detect_s", t - a.started - fault.setup_timeout_s},
+            {"attempt", a.attempt}};
+  return {};
+}
+
+// Watches one attempt until it finishes, fails, or a signal arrives: the outcome as an event.
+json watch(Launch& l, Attempt& a, JobProcesses& job) {
+  for (;;) {
+    pollfd pfd{l.listener.sock, POLLIN, 0};
+    ::poll(&pfd, 1, 100);
+    drain_heartbeats(l, a, job);
+    if (const auto code = job.poll_mpirun()) {
+      drain_heartbeats(l, a, job);  // the last beats may have come between the drain and mpirun's end
+      json outcome = judge_exit(l, a, *code);
+      if (*code == kExitBadInput && !a.training_seen && a.attempt == 0) outcome["event"] = "refused";
+      return outcome;
+    }
+    if (g_signals) return {{"event", "interrupted"}, {"attempt", a.attempt}};
+    json hang = find_hang(l.config.fault, a);
+    if (!hang.empty()) return hang;
+  }
+}
+
+std::string signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : std::to_string(sig); }
+
+// A signal to the supervisor: SIGTERM to the ranks, up to --term-grace-s for them to stop (a second signal
+// cuts it short), then everything still there is killed. Returns the exit code, 128 + the first signal.
+int stop_on_signal(Launch& l, JobProcesses* job, const json& where) {
+  const int sig = int(g_first_signal);
+  json event = {{"event", "interrupted"}, {"signal", signal_name(sig)}, {"term_grace_s", l.options.term_grace_s}};
+  event.update(where);
+  if (job) {
+    const double since = now_s();
+    int64_t termed = 0;
+    bool stopped = false;
+    while (g_signals < 2 && now_s() - since < l.options.term_grace_s) {
+      termed += job->forward_term();  // again and again: ranks still starting appear meanwhile
+      if ((stopped = job->all_gone())) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    const auto end = job->end_all(g_signals < 2 ? 3.0 : 0.0, 10.0, [] { return g_signals >= 2; });
+    event.update({{"ranks_sent_sigterm", termed},
+                  {"stopped_within_grace", stopped},
+                  {"waited_s", now_s() - since},
+                  {"second_signal", g_signals >= 2},
+                  {"killed", end.killed},
+                  {"processes_left", end.left}});
+  }
+  event["exit_code"] = 128 + sig;
+  l.events.open();
+  l.events.add(event);
+  std::fprintf(stderr, "moe launch: stopped by %s; %s; no restart (exit code %d)\n", signal_name(sig).c_str(),
+               event.value("processes_left", int64_t(0)) == 0 ? "no process of the job is left"
+                                                              : "some processes of the job could not be ended",
+               128 + sig);
+  return 128 + sig;
+}
+
+}  // namespace
+
+namespace {
+
+// Between attempts: counts the restart, gives up past fault.max_restarts (false), shrinks the job when a
+// host failed twice, logs what the restart resumes from and sleeps the backoff (cut short by a signal).
+bool prepare_restart(Launch& l, const json& failure, int64_t* restarts, int64_t* np, std::string* hostfile,
+                     std::vector<HostSlots>* hosts, std::map<std::string, int64_t>* failures_by_host) {
+  const FaultConfig& fault = l.config.fault;
+  if (failure.contains("host")) ++(*failures_by_host)[failure["host"].get<std::string>()];
+  if (++*restarts > fault.max_restarts) {
+    l.events.add({{"event", "gave_up"}, {"restarts", *restarts - 1}, {"max_restarts", fault.max_restarts}});
+    std::fprintf(stderr,
+                 "moe launch: giving up after %lld restarts (fault.max_restarts = %lld); the newest committed "
+                 "checkpoint is kept under %s\n",
+                 static_cast<long long>(*restarts - 1), static_cast<long long>(fault.max_restarts),
+                 (fs::path(l.run_dir) / l.config.checkpoint.dir).c_str());
+    return false;
+  }
+  // Shrink: a host that failed twice is left out, when the config still fits the smaller world.
+  if (fault.shrink && !hosts->empty() && failure.contains("host")) {
+    const std::string bad = failure["host"];
+    std::string why;
+    if (auto plan = plan_shrink(*hosts, bad, (*failures_by_host)[bad], *np, l.config, &why)) {
+      *hosts = plan->hosts;
+      *hostfile = (fs::path(l.run_dir) / "hostfile.shrunk").string();
+      std::ofstream out(*hostfile, std::ios::trunc);
+      for (const HostSlots& h : *hosts) out << h.name << " slots=" << h.slots << "\n";
+      l.events.add({{"event", "shrink"}, {"host", bad}, {"np", plan->np}, {"was", *np}, {"hostfile", *hostfile}});
+      *np = plan->np;
+    } else if ((*failures_by_host)[bad] >= 2) {
+      l.events.add({{"event", "cannot_shrink"}, {"host", bad}, {"reason", why}});
+    }
+  }
+  std::vector<std::string> notes;
+  // What the restart will most likely resume from, for the log (with node-local roots: host 0's view).
+  std::string ckpt_dir = l.config.checkpoint.dir;
+  for (size_t at; (at = ckpt_dir.find("{node}")) != std::string::npos;) ckpt_dir.replace(at, 6, "0");
+  const auto newest =
+      ckpt::find_newest((fs::path(l.run_dir) / ckpt_dir).string(), l.config.checkpoint.replicas, &notes);
+  const int64_t resume_step = newest ? newest->chain.back().step : 0;
+  const double backoff = std::min(60.0, fault.restart_backoff_s * std::pow(2.0, double(*restarts - 1)));
+  l.events.add({{"event", "restart"},
+                {"restart", *restarts},
+                {"of", fault.max_restarts},
+                {"resume_from", newest ? json(newest->dir) : json(nullptr)},
+                {"resume_step", resume_step},
+                {"steps_lost", std::max<int64_t>(0, failure.value("max_step", int64_t(0)) - resume_step)},
+                {"backoff_s", backoff},
+                {"checkpoint_notes", notes}});
+  for (const double until = now_s() + backoff; now_s() < until && !g_signals;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return true;
+}
+
+// Attempts until one finishes (0), the ranks refuse the input (2), restarts run out (3) or a signal (128+).
+int supervise(Launch& l, RunLock& lock) {
+  const LaunchOptions& o = l.options;
+  int64_t np = o.np, restarts = 0;
+  std::string hostfile = o.hostfile;
+  std::vector<HostSlots> hosts;
+  if (!hostfile.empty()) hosts = read_hostfile(hostfile);
+  std::map<std::string, int64_t> failures_by_host;
+  for (int64_t attempt = 0;; ++attempt) {
+    if (g_signals) return stop_on_signal(l, nullptr, {{"attempt", attempt}, {"while", "between attempts"}});
+    Attempt a;
+    a.attempt = attempt, a.np = np;
+    const pid_t mpirun = spawn_job(l, attempt, np, hostfile);
+    JobProcesses job(mpirun, l.secret, l.self);
+    a.started = now_s();
+    l.events.add({{"event", "start"},
+                  {"attempt", attempt},
+                  {"np", np},
+                  {"pid", mpirun},
+                  {"listen", l.listener.addr},
+                  {"hostfile", hostfile.empty() ? json(nullptr) : json(hostfile)}});
+    json outcome = watch(l, a, job);
+    const std::string kind = outcome["event"];
+    if (kind == "interrupted")
+      return stop_on_signal(l, &job, {{"attempt", attempt}, {"while", a.training_seen ? "training" : "start-up"}});
+    // Whatever the outcome, nothing of the job outlives it: the ranks are killed at once (a rank left
+    // running would go on committing checkpoints after the failure was declared), mpirun after 3 s.
+    const auto end = job.end_all(3.0, 10.0, [] { return g_signals >= 2; });
+    if (kind == "refused") {
+      lock.release(true);  // the ranks said why, and wrote nothing; restarting would say it again
+      return kExitBadInput;
+    }
+    l.events.open();
+    if (kind == "finished") {
+      outcome.update({{"restarts", restarts}, {"step", a.max_step}, {"processes_left", end.left}});
+      l.events.add(outcome);
+    } else {
+      outcome.update({{"killed_stragglers", end.killed}, {"processes_left", end.left}});
+      l.events.add(outcome);
+    }
+    for (const auto& [reason, count] : a.ignored)
+      l.events.add({{"event", "ignored_heartbeats_total"}, {"reason", reason}, {"count", count}, {"attempt", attempt}});
+    if (kind == "finished") return 0;
+    if (g_signals) return stop_on_signal(l, nullptr, {{"attempt", attempt}, {"while", "ending a failed attempt"}});
+    outcome["max_step"] = a.max_step;
+    if (!prepare_restart(l, outcome, &restarts, &np, &hostfile, &hosts, &failures_by_host)) return kExitGaveUp;
+  }
+}
+
+std::string joined(const std::vector<std::string>& words) {
+  std::string out;
+  for (const std::string& w : words) out += (out.empty() ? "" : " ") + w;
+  return out;
 }
 
 }  // namespace
@@ -156,259 +506,29 @@ bool alive(pid_t pid) {
 int run_launch(const LaunchOptions& o) {
   // Everything checkable is checked before anything starts or is written.
   Config config = load_config(o.config_path, o.overrides);
-  if (o.np < 1) MOE_BAD_INPUT("--np " << o.np << ": expected at least 1 rank");
-  std::vector<HostSlots> hosts;
-  if (!o.hostfile.empty()) hosts = read_hostfile(o.hostfile);
-  RankGrid({o.np, config.parallel.tp, config.parallel.pp, config.parallel.dp, config.parallel.ep, 1},
-           config.moe.num_experts);
+  if (o.np < 1) MOE_BAD_INPUT("--np: expected a whole number of ranks >= 1, got " << o.np);
+  if (!(o.term_grace_s >= 0) || !std::isfinite(o.term_grace_s))
+    MOE_BAD_INPUT("--term-grace-s: expected seconds >= 0, got " << o.term_grace_s);
+  if (!o.hostfile.empty()) read_hostfile(o.hostfile);
+  check_launch_layout(config, o.np);
   const std::string run_dir = o.run_dir.empty() ? "runs/" + fs::path(o.config_path).stem().string() : o.run_dir;
-  const FaultConfig& fault = config.fault;
-
-  // The listener: loopback (or fault.listen), an ephemeral port, the job's secret.
-  const int sock = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (sock < 0) MOE_FAIL("cannot open the heartbeat socket: " << std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  if (inet_pton(AF_INET, fault.listen.c_str(), &addr.sin_addr) != 1)
-    MOE_BAD_INPUT("fault.listen = \"" << fault.listen << "\": expected an IPv4 address such as 127.0.0.1");
-  if (::bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
-    MOE_BAD_INPUT("fault.listen = \"" << fault.listen << "\": cannot bind the heartbeat listener there ("
-                                      << std::strerror(errno) << ")");
-  socklen_t len = sizeof addr;
-  ::getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &len);
-  const std::string listen_addr = fault.listen + ":" + std::to_string(ntohs(addr.sin_port));
-  const std::string secret = random_secret();  // handed to the ranks in their environment, never logged
-
+  Launch l(o, config, run_dir);
+  open_listener(config.fault, &l.listener);
   char self[4096] = {};
   if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) MOE_FAIL("cannot find this program's path");
-  Events events(fs::path(run_dir) / "events.log", !o.quiet);
-  ::signal(SIGINT, on_interrupt);
-  ::signal(SIGTERM, on_interrupt);
+  l.self = self;
 
-  int64_t np = o.np;
-  std::string hostfile = o.hostfile;
-  std::map<std::string, int64_t> failures_by_host;
-  int64_t restarts = 0;
-  for (int64_t attempt = 0;; ++attempt) {
-    // argv for mpirun: no shell ever sees a config value.
-    std::vector<std::string> args = {o.mpirun, "-np", std::to_string(np)};
-    if (!hostfile.empty()) args.insert(args.end(), {"--hostfile", hostfile});
-    args.insert(args.end(), o.mpirun_args.begin(), o.mpirun_args.end());
-    if (::geteuid() == 0 && std::find(args.begin(), args.end(), "--allow-run-as-root") == args.end())
-      args.push_back("--allow-run-as-root");
-    args.insert(args.end(), {self, "train", "--config", o.config_path, "--run-dir", run_dir});
-    for (const std::string& s : o.overrides) args.insert(args.end(), {"--set", s});
-    if (np != o.np) args.insert(args.end(), {"--set", "parallel.dp=auto"});
-    // Restarts resume from the newest checkpoint that verifies (the ranks decide: with node-local roots only
-    // they can see every host's disk); with none, --overwrite lets them start again from step 0.
-    args.insert(args.end(), {"--resume", attempt == 0 ? o.resume : "auto"});
-    if (attempt > 0 || o.overwrite) args.push_back("--overwrite");
-    if (o.quiet) args.push_back("--quiet");
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_text;
-    for (char** e = environ; *e; ++e)
-      if (std::strncmp(*e, "MOE_HEARTBEAT_", 14) != 0) env_text.emplace_back(*e);
-    env_text.push_back("MOE_HEARTBEAT_ADDR=" + listen_addr);
-    env_text.push_back("MOE_HEARTBEAT_SECRET=" + secret);
-    env_text.push_back("MOE_LAUNCH_ATTEMPT=" + std::to_string(attempt));
-    std::vector<char*> envp;
-    for (std::string& e : env_text) envp.push_back(e.data());
-    envp.push_back(nullptr);
-
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-    posix_spawnattr_setpgroup(&attr, 0);  // its own process group: ending the job is one kill()
-    pid_t child = 0;
-    const int rc = posix_spawnp(&child, args[0].c_str(), nullptr, &attr, argv.data(), envp.data());
-    posix_spawnattr_destroy(&attr);
-    if (rc != 0) MOE_BAD_INPUT("cannot start " << args[0] << ": " << std::strerror(rc) << " (is OpenMPI installed?)");
-    const double started = now_s();
-    events.add({{"event", "start"},
-                {"attempt", attempt},
-                {"np", np},
-                {"pid", child},
-                {"listen", listen_addr},
-                {"hostfile", hostfile.empty() ? json(nullptr) : json(hostfile)}});
-
-    std::map<int64_t, RankState> ranks;
-    std::map<std::string, int64_t> ignored;
-    bool training_seen = false;
-    int64_t max_step = 0;
-    json failure;  // empty while all is well
-    int status = 0;
-    for (;;) {
-      pollfd pfd{sock, POLLIN, 0};
-      ::poll(&pfd, 1, 100);
-      const double t = now_s();
-      while (pfd.revents & POLLIN) {
-        char buf[2048];
-        // MSG_TRUNC: the datagram's real length, even when it is longer than the buffer.
-        const ssize_t n = ::recv(sock, buf, sizeof buf, MSG_DONTWAIT | MSG_TRUNC);
-        if (n < 0) break;
-        std::string why;
-        const auto beat = size_t(n) > kMaxHeartbeatBytes
-                              ? (why = "oversized", std::optional<Heartbeat>())
-                              : decode_heartbeat(std::string_view(buf, size_t(n)), secret, &why);
-        if (!beat || beat->rank >= np || beat->attempt != attempt) {
-          if (beat) why = beat->attempt != attempt ? "stale (an ended job's)" : "rank out of range";
-          // Stale beats of the job just ended are expected; only the suspicious ones are logged one by one.
-          if (++ignored[why] <= kMaxDetailedIgnored && why.rfind("stale", 0) != 0)
-            events.add({{"event", "ignored_heartbeat"}, {"reason", why}, {"bytes", n}, {"attempt", attempt}});
-          continue;
-        }
-        events.open();  // the job has started: from now on events are written as they come
-        RankState& r = ranks[beat->rank];
-        if (r.last_seen == 0 || r.step != beat->step || r.phase != beat->phase) r.progress_since = t;
-        r.last_seen = t, r.step = beat->step, r.phase = beat->phase, r.host = beat->host, r.pid = beat->pid;
-        max_step = std::max(max_step, beat->step);
-        if (!training_seen && beat->phase == Phase::Step) {
-          training_seen = true;
-          events.add(
-              {{"event", "training"}, {"attempt", attempt}, {"step", beat->step}, {"time_to_train_s", t - started}});
-        }
-      }
-      // A crash: mpirun ended.
-      const pid_t done = ::waitpid(child, &status, WNOHANG);
-      if (done == child) {
-        const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (code == 0) {
-          events.open();
-          events.add({{"event", "finished"}, {"attempt", attempt}, {"restarts", restarts}});
-          for (const auto& [reason, count] : ignored)
-            events.add({{"event", "ignored_heartbeats_total"}, {"reason", reason}, {"count", count}});
-          ::close(sock);
-          return 0;
-        }
-        if (code == kExitBadInput && !training_seen && attempt == 0) {
-          ::close(sock);
-          return kExitBadInput;  // the ranks said why; restarting would say it again
-        }
-        // The rank that fell silent first is the one that failed.
-        int64_t rank = -1;
-        for (const auto& [k, r] : ranks)
-          if (r.phase != Phase::Done && (rank < 0 || r.last_seen < ranks[rank].last_seen)) rank = k;
-        failure = {{"event", "crash"}, {"exit_code", code}, {"attempt", attempt}};
-        if (rank >= 0) {
-          const RankState& r = ranks[rank];
-          failure.update({{"rank", rank},
-                          {"host", r.host},
-                          {"phase", phase_name(r.phase)},
-                          {"step", r.step},
-                          {"detect_s", t - r.last_seen}});
-        }
-        child = 0;
-        break;
-      }
-      // A hang: a rank silent, or making no progress, past its limit.
-      for (const auto& [k, r] : ranks) {
-        const double silent = t - r.last_seen, stuck = t - r.progress_since;
-        const double limit = phase_timeout(fault, r.phase) + fault.heartbeat_timeout_s;
-        if (r.phase == Phase::Done) continue;
-        if (silent > fault.heartbeat_timeout_s || stuck > limit) {
-          failure = {{"event", "hang"},
-                     {"reason", silent > fault.heartbeat_timeout_s ? "silent" : "no progress"},
-                     {"rank", k},
-                     {"host", r.host},
-                     {"phase", phase_name(r.phase)},
-                     {"step", r.step},
-                     {"detect_s", silent > fault.heartbeat_timeout_s ? silent : stuck},
-                     {"attempt", attempt}};
-          break;
-        }
-      }
-      if (failure.empty() && int64_t(ranks.size()) < np && t - started > fault.setup_timeout_s)
-        failure = {{"event", "hang"},
-                   {"reason", "ranks never reported"},
-                   {"heard", ranks.size()},
-                   {"np", np},
-                   {"detect_s", t - started - fault.setup_timeout_s},
-                   {"attempt", attempt}};
-      if (g_interrupted) failure = {{"event", "interrupted"}, {"attempt", attempt}};
-      if (!failure.empty()) break;
-    }
-
-    // End the whole job. The ranks first, at once: OpenMPI gives each rank a process group of its own, and
-    // a rank left running (or woken up) would go on training and committing checkpoints after the failure
-    // was declared. SIGKILL also ends a stopped process. Then mpirun's group.
-    int64_t leftover = 0;
-    for (const auto& [k, r] : ranks)
-      if (alive(pid_t(r.pid))) {
-        const pid_t group = ::getpgid(pid_t(r.pid));
-        ::kill(pid_t(r.pid), SIGKILL), ++leftover;
-        if (group > 1 && group != ::getpgrp()) ::kill(-group, SIGKILL);
-      }
-    if (child > 0) {
-      ::kill(-child, SIGTERM);
-      for (int i = 0; i < 30 && ::waitpid(child, &status, WNOHANG) == 0; ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      ::kill(-child, SIGKILL);
-      ::waitpid(child, &status, 0);
-    }
-    int64_t still = 0;
-    for (int i = 0; i < 20; ++i) {  // up to 2 s for the kernel to take them
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      still = 0;
-      for (const auto& [k, r] : ranks) still += alive(pid_t(r.pid));
-      if (still == 0) break;
-    }
-    failure["killed_stragglers"] = leftover;
-    failure["processes_left"] = still;
-    events.open();
-    events.add(failure);
-    for (const auto& [reason, count] : ignored)
-      events.add({{"event", "ignored_heartbeats_total"}, {"reason", reason}, {"count", count}, {"attempt", attempt}});
-    if (failure["event"] == "interrupted") {
-      ::close(sock);
-      return 1;
-    }
-
-    if (failure.contains("host")) ++failures_by_host[failure["host"].get<std::string>()];
-    if (++restarts > fault.max_restarts) {
-      events.add({{"event", "gave_up"}, {"restarts", restarts - 1}, {"max_restarts", fault.max_restarts}});
-      std::fprintf(stderr,
-                   "moe launch: giving up after %lld restarts (fault.max_restarts = %lld); the newest committed "
-                   "checkpoint is kept under %s\n",
-                   static_cast<long long>(restarts - 1), static_cast<long long>(fault.max_restarts),
-                   (fs::path(run_dir) / config.checkpoint.dir).c_str());
-      ::close(sock);
-      return kExitGaveUp;
-    }
-
-    // Shrink: a host that failed twice is left out, when the config still fits the smaller world.
-    if (fault.shrink && !hosts.empty() && failure.contains("host")) {
-      const std::string bad = failure["host"];
-      std::string why;
-      if (auto plan = plan_shrink(hosts, bad, failures_by_host[bad], np, config, &why)) {
-        hosts = plan->hosts;
-        hostfile = (fs::path(run_dir) / "hostfile.shrunk").string();
-        std::ofstream out(hostfile, std::ios::trunc);
-        for (const HostSlots& h : hosts) out << h.name << " slots=" << h.slots << "\n";
-        events.add({{"event", "shrink"}, {"host", bad}, {"np", plan->np}, {"was", np}, {"hostfile", hostfile}});
-        np = plan->np;
-      } else if (failures_by_host[bad] >= 2) {
-        events.add({{"event", "cannot_shrink"}, {"host", bad}, {"reason", why}});
-      }
-    }
-
-    std::vector<std::string> notes;
-    // What the restart will most likely resume from, for the log (with node-local roots: host 0's view).
-    std::string ckpt_dir = config.checkpoint.dir;
-    for (size_t at; (at = ckpt_dir.find("{node}")) != std::string::npos;) ckpt_dir.replace(at, 6, "0");
-    const auto newest = ckpt::find_newest((fs::path(run_dir) / ckpt_dir).string(), config.checkpoint.replicas, &notes);
-    const int64_t resume_step = newest ? newest->chain.back().step : 0;
-    const double backoff = std::min(60.0, fault.restart_backoff_s * std::pow(2.0, double(restarts - 1)));
-    events.add({{"event", "restart"},
-                {"restart", restarts},
-                {"of", fault.max_restarts},
-                {"resume_from", newest ? json(newest->dir) : json(nullptr)},
-                {"resume_step", resume_step},
-                {"steps_lost", std::max<int64_t>(0, max_step - resume_step)},
-                {"backoff_s", backoff},
-                {"checkpoint_notes", notes}});
-    std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+  ::signal(SIGINT, on_signal);
+  ::signal(SIGTERM, on_signal);
+  JobProcesses::become_subreaper();  // ranks orphaned by mpirun stay ours to find and end
+  // The lock comes last, just before the first write: a launch refused above leaves nothing behind.
+  RunLock lock = RunLock::acquire(run_dir, o.command_line.empty() ? "" : joined(o.command_line));
+  l.lock_token = lock.token();
+  try {
+    return supervise(l, lock);
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::BadInput) lock.release(true);  // e.g. no mpirun to start: nothing written
+    throw;
   }
 }
 

@@ -6,6 +6,10 @@
 // fault.max_restarts times with a doubling backoff; past that it exits with code 3. Every event goes to
 // RUN_DIR/events.log (JSON lines): what failed (rank, host, phase, step), how long detection took, the
 // checkpoint resumed from, the steps lost, and heartbeats it ignored (wrong secret, malformed, oversized).
+// Before anything starts it checks the layout; it holds the run directory's lock (launch/run_lock.h) for
+// the whole launch; it counts a run as finished only when a rank reported the last step; on SIGTERM or
+// SIGINT it forwards SIGTERM to the ranks, kills what is left after --term-grace-s (or a second signal)
+// and exits 128 + the signal without restarting (docs/fault.md).
 #pragma once
 
 #include <cstdint>
@@ -27,12 +31,20 @@ struct LaunchOptions {
   std::string resume = "auto";  // for the first start; restarts always resume auto
   bool overwrite = false;       // for the first start
   bool quiet = false;
+  // SIGTERM/SIGINT to the supervisor: how long the ranks have, after SIGTERM, to stop by themselves.
+  double term_grace_s = 30;
+  std::vector<std::string> command_line;  // of `moe launch`, for the run lock's file
 };
 
-// Exit code of the whole launch: 0 done, 2 bad input, 3 gave up after the allowed restarts, 1 other.
+// Exit code of the whole launch: 0 done (a rank reported the last step and mpirun exited 0), 2 bad input
+// (nothing started or written), 3 gave up after the allowed restarts, 128 + N stopped by signal N
+// (SIGINT, SIGTERM), 1 other. The run directory is locked (launch/run_lock.h) for the whole launch.
 int run_launch(const LaunchOptions& options);
 
 struct Config;
+// The layout checks of the trainer, for `np` ranks: the rank grid (parallel.*, moe.num_experts) and
+// train.global_batch over dp * train.micro_batch. moe::Error(BadInput) naming the keys when it does not fit.
+void check_launch_layout(const Config& config, int64_t np);
 struct HostSlots {
   std::string name;
   int64_t slots = 1;

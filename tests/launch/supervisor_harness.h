@@ -214,6 +214,22 @@ inline std::vector<std::string> launch_args(const fs::path& run_dir, const std::
   return args;
 }
 
+// An executable shell script standing in for mpirun (or a rank), for cases that need no MPI.
+inline fs::path write_stand_in(const fs::path& path, const std::string& body) {
+  {
+    std::ofstream out(path);
+    out << "#!/bin/sh\n" << body;
+  }
+  fs::permissions(path, fs::perms::owner_all);
+  return path;
+}
+
+// launch_args with another --np.
+inline std::vector<std::string> with_np(std::vector<std::string> args, int np) {
+  args[1] = std::to_string(np);  // launch_args starts with --np N
+  return args;
+}
+
 inline std::string describe(const LaunchResult& r) {
   std::ostringstream out;
   out << "exit " << r.exit_code << (r.timed_out ? " (timed out)" : "") << " after " << r.wall_s << " s\nevents.log:\n";

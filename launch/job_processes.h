@@ -1,0 +1,64 @@
+// The processes of one launched job on this host, found and ended without trusting the process group
+// alone: OpenMPI puts each rank in a process group of its own, a rank may leave its session (setsid), and
+// ranks still starting have sent no heartbeat. A process belongs to the job when it descends from the
+// supervisor (which makes itself its descendants' subreaper, so orphans stay descendants) or carries the
+// job's heartbeat secret in its environment. The ranks among them (SIGTERM is forwarded to these) run
+// this program, carry OMPI_COMM_WORLD_RANK, or were heard by heartbeat. Processes on other hosts are
+// mpirun's to end. Not here: deciding when to end a job (launch/supervisor.cpp).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace moe {
+
+class JobProcesses {
+ public:
+  // Orphaned descendants are re-parented to this process instead of init (PR_SET_CHILD_SUBREAPER);
+  // call once before starting any job.
+  static void become_subreaper();
+
+  JobProcesses(pid_t mpirun, std::string secret, std::string rank_program);
+
+  // mpirun's exit code (128 + signal when killed) once it has ended, else nullopt. Reaps every other
+  // child that has ended too (orphans re-parented here).
+  std::optional<int> poll_mpirun();
+  // A rank's pid from a heartbeat of this host (never signalled unless it belongs to the job).
+  void note_rank(int64_t pid);
+  // SIGTERM (and SIGCONT) to every rank of the job not yet sent one; returns how many got it now.
+  int64_t forward_term();
+  // True when no process of the job is left on this host (mpirun included).
+  bool all_gone();
+
+  struct EndReport {
+    int64_t killed = 0;  // processes sent SIGKILL
+    int64_t left = 0;    // processes of the job still alive when the report was made
+  };
+  // Ends everything: SIGKILL to the ranks and every other process of the job but mpirun at once, SIGTERM
+  // to mpirun's group (so that it can end ranks on other hosts) and SIGKILL after `mpirun_grace_s` or when
+  // `hurry()` says so; then waits (up to `verify_s`) until every known pid is gone (ESRCH) and the
+  // process group is empty, killing again whatever still appears.
+  EndReport end_all(double mpirun_grace_s, double verify_s, const std::function<bool()>& hurry);
+
+ private:
+  struct Proc {
+    pid_t pid = 0, pgid = 0;
+    bool rank = false;
+  };
+  std::vector<Proc> scan() const;  // the live processes of the job, mpirun included
+  bool gone_for_good(pid_t pid) const;
+
+  pid_t mpirun_;
+  std::string secret_entry_;  // "MOE_HEARTBEAT_SECRET=<secret>"
+  std::string rank_program_;
+  std::optional<int> mpirun_code_;
+  std::set<pid_t> noted_, termed_, seen_;
+};
+
+}  // namespace moe
