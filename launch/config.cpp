@@ -4,11 +4,16 @@
 // world size (parallel.dp = "auto" stays 0) and opens no data file: the trainer and data module do.
 #include "launch/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -33,6 +38,18 @@ std::string join(const std::vector<std::string>& items) {
   std::string out;
   for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
   return out;
+}
+
+// "train.steps[0][0]...": a path into the document, shortened for messages.
+std::string short_path(const std::string& path) {
+  constexpr size_t kMaxChars = 60;
+  if (path.empty()) return "the top level";
+  return "'" + (path.size() > kMaxChars ? path.substr(0, kMaxChars) + "..." : path) + "'";
+}
+
+[[noreturn]] void too_deep(const std::string& origin, const std::string& where) {
+  MOE_BAD_INPUT(origin << " nests objects and arrays more than " << kMaxConfigDepth << " levels deep (at "
+                       << short_path(where) << "), the limit; a config needs at most 4: check the JSON");
 }
 
 [[noreturn]] void unknown_key(const std::string& key, const std::string& origin) {
@@ -70,6 +87,20 @@ void walk(const json& object, const std::string& section, const std::string& ori
   }
 }
 
+// VALUE of a --set as JSON (discarded when it does not parse), no deeper than a config file may nest.
+json parse_set_value(const std::string& raw, const std::string& origin) {
+  int64_t depth = 0;
+  auto callback = [&](int, json::parse_event_t event, json&) {
+    if (event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) {
+      if (++depth > kMaxConfigDepth) too_deep(origin, "");
+    } else if (event == json::parse_event_t::object_end || event == json::parse_event_t::array_end) {
+      --depth;
+    }
+    return true;
+  };
+  return json::parse(raw, callback, /*allow_exceptions=*/false);
+}
+
 // "--set KEY=VALUE": VALUE is JSON when it parses, else the plain text. A string key always takes the
 // text, so `--set checkpoint.dir=2024` is the folder "2024", not a type error.
 void apply_override(const std::string& text, Entries& entries) {
@@ -77,11 +108,16 @@ void apply_override(const std::string& text, Entries& entries) {
   if (equals == std::string::npos)
     MOE_BAD_INPUT("--set '" << text << "': expected KEY=VALUE, e.g. --set train.steps=5");
   const std::string key = text.substr(0, equals), raw = text.substr(equals + 1);
-  const std::string origin = "--set " + text;
+  constexpr size_t kMaxShownChars = 100;  // a --set may be long; its message need not repeat all of it
+  const std::string origin = "--set " + (text.size() > kMaxShownChars ? text.substr(0, kMaxShownChars) + "..." : text);
   const KeySpec* spec = config_schema::find_key(key);
   const bool takes_text =
       spec && (spec->type == config_schema::KeyType::String || spec->type == config_schema::KeyType::Choice);
-  json value = json::parse(raw, nullptr, /*allow_exceptions=*/false);
+  if (int64_t(raw.size()) > kMaxConfigBytes)
+    MOE_BAD_INPUT("--set " << key << ": the value is " << raw.size() << " bytes, over the limit of " << kMaxConfigBytes
+                           << " bytes (16 MiB); put large values in the config file");
+  // A text key parses only a quoted VALUE: anything else is its text, however it is bracketed.
+  json value = takes_text && raw.rfind('"', 0) != 0 ? json(raw) : parse_set_value(raw, origin);
   if (value.is_discarded() || (takes_text && !value.is_string())) value = raw;
   if (spec) {
     entries[key] = {config_schema::check_value(*spec, value, origin), origin};
@@ -278,6 +314,27 @@ void check_node_local_without_replicas(const Checked& c) {
                                                    "use checkpoint.peer_copy to keep each shard on a second host");
 }
 
+void check_heartbeat_interval(const Checked& c) {
+  if (c.config.fault.heartbeat_interval_s >= c.config.fault.heartbeat_timeout_s)
+    MOE_BAD_INPUT(c.show("fault.heartbeat_interval_s")
+                  << " is not below " << c.show("fault.heartbeat_timeout_s")
+                  << ": the supervisor would take every rank for dead between two heartbeats; lower the interval or "
+                     "raise the timeout");
+}
+void check_all_to_all_count(const Checked& c) {
+  const Config& k = c.config;
+  if (k.moe.num_experts == 0 || k.parallel.ep == 1) return;
+  // Every row a micro-batch routes can go to one peer, and MPI counts elements in an int.
+  const double elements =
+      double(k.train.micro_batch) * double(k.train.seq_len) * double(k.moe.top_k) * double(k.model.d_model);
+  if (elements > double(std::numeric_limits<int32_t>::max()))
+    MOE_BAD_INPUT("train.micro_batch * train.seq_len * moe.top_k * model.d_model = "
+                  << k.train.micro_batch << " * " << k.train.seq_len << " * " << k.moe.top_k << " * " << k.model.d_model
+                  << " = " << int64_t(elements) << " elements, with " << c.show("parallel.ep")
+                  << ": one expert-parallel all-to-all carries at most 2147483647 (MPI counts are int); lower "
+                     "train.micro_batch or train.seq_len");
+}
+
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> table = {
       {"`model.d_model` is a multiple of `model.heads`.", check_heads_divide_width},
@@ -289,7 +346,13 @@ const std::vector<Rule>& rules() {
       {"`moe.top_k` <= `moe.num_experts` when `moe.num_experts` > 0.", check_top_k},
       {"`moe.every` <= `model.layers`.", check_moe_every},
       {"`checkpoint.replicas` is empty when `checkpoint.node_local` is true.", check_node_local_without_replicas},
-      {"Data source names are non-empty and unique.", nullptr},  // checked with the list itself
+      {"`fault.heartbeat_interval_s` < `fault.heartbeat_timeout_s`, or every rank would look dead between beats.",
+       check_heartbeat_interval},
+      {"With `parallel.ep` > 1 and experts, `train.micro_batch * train.seq_len * moe.top_k * model.d_model` <= "
+       "2147483647: the elements of one all-to-all, counted by MPI in an int.",
+       check_all_to_all_count},
+      {"The weights of `data.sources` sum to a finite number.", nullptr},  // checked with the list itself
+      {"Data source names are non-empty and unique.", nullptr},            // checked with the list itself
   };
   return table;
 }
@@ -312,16 +375,51 @@ const std::vector<Rule>& gates() {
   return table;
 }
 
+const char* file_kind(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+[[noreturn]] void config_too_large(const std::string& path, int64_t bytes) {
+  MOE_BAD_INPUT("config file '" << path << "' is " << bytes << " bytes, over the limit of " << kMaxConfigBytes
+                                << " bytes (16 MiB); a config is a few kilobytes: check that --config names the "
+                                   "experiment's JSON file");
+}
+
+// Reads at most kMaxConfigBytes of a regular file. The file is opened without blocking and judged by
+// fstat of what was opened, so a FIFO, /dev/zero or a huge file is refused before any of it is read.
 std::string read_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) MOE_BAD_INPUT("config file '" << path << "' does not exist");
-  if (std::filesystem::is_directory(path, ec))
-    MOE_BAD_INPUT("config file '" << path << "' is a directory; expected a JSON file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) MOE_BAD_INPUT("cannot open config file '" << path << "': " << std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) MOE_BAD_INPUT("config file '" << path << "' does not exist");
+    MOE_BAD_INPUT("cannot open config file '" << path << "': " << std::strerror(errno)
+                                              << "; check the path and its permissions");
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) MOE_BAD_INPUT("cannot read config file '" << path << "': " << std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) MOE_BAD_INPUT("config file '" << path << "' is a directory; expected a JSON file");
+  if (!S_ISREG(st.st_mode))
+    MOE_BAD_INPUT("config file '" << path << "' is " << file_kind(st.st_mode)
+                                  << "; expected a regular JSON file: write the config to a file and pass its path");
+  if (st.st_size > kMaxConfigBytes) config_too_large(path, int64_t(st.st_size));
+  std::string text;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) MOE_BAD_INPUT("cannot read config file '" << path << "': " << std::strerror(errno));
+    if (n == 0) break;
+    text.append(buffer, size_t(n));
+    if (int64_t(text.size()) > kMaxConfigBytes) config_too_large(path, int64_t(text.size()));  // it grew
+  }
+  return text;
 }
 
 // nlohmann reports a byte offset; people read lines and columns, and the line itself.
@@ -363,6 +461,7 @@ json parse_rejecting_duplicates(const std::string& path, const std::string& text
       case json::parse_event_t::array_start: {
         Frame frame;
         frame.path = child_path();
+        if (int64_t(stack.size()) >= kMaxConfigDepth) too_deep("config file '" + path + "'", frame.path);
         frame.is_array = event == json::parse_event_t::array_start;
         stack.push_back(std::move(frame));
         break;
@@ -459,6 +558,10 @@ or the `--set`) and what is expected.
 - Unknown keys are errors at every level, and the nearest valid key is suggested; a section must be an
   object. A key may appear only once in a file.
 - Malformed JSON is reported with its line and column.
+- What is parsed is bounded: the config must be a regular file (not a FIFO, a device or a directory) of
+  at most 16 MiB, with objects and arrays nested at most 64 deep; a `--set` value has the same bounds.
+- The limits of the code itself (e.g. at most 1024 experts, step numbers of at most 8 digits) are the
+  ranges of the tables below, so a value past one is refused here, by name, not when training starts.
 
 The values must also agree with each other:
 

@@ -126,8 +126,14 @@ struct Config {
   nlohmann::json resolved;  // every key with its value (defaults filled in), as written to config.json
 };
 
+// Bounds of what is parsed, so a wrong path or a hostile file cannot exhaust memory or the stack: a
+// config file (or one --set value) of at most 16 MiB, objects and arrays nested at most 64 deep.
+inline constexpr int64_t kMaxConfigBytes = int64_t(16) << 20;
+inline constexpr int64_t kMaxConfigDepth = 64;
+
 // Loads `path` (JSON), applies `overrides` ("dotted.key=value", value parsed as JSON when it parses,
-// else taken as a string), fills defaults and validates. Throws moe::Error(BadInput) naming the file.
+// else taken as a string), fills defaults and validates. Throws moe::Error(BadInput) naming the file;
+// a path that is not a regular file (a FIFO, a device, a directory) is refused without reading it.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides);
 // The same from an already-parsed document (`origin` names it in messages).
 Config config_from_json(const nlohmann::json& document, const std::vector<std::string>& overrides,

@@ -17,6 +17,11 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 Range at_least(double v) { return {v, kInf, false, false}; }
 Range above(double v) { return {v, kInf, true, false}; }
 Range between(double lo, double hi, bool lo_open, bool hi_open) { return {lo, hi, lo_open, hi_open}; }
+Range from_to(double lo, double hi) { return {lo, hi, false, false}; }
+// Limits of the code itself, each with its reason in the key's doc.
+constexpr double kMaxSteps = 99999999;  // checkpoint folders are step-%08d, newest found by name
+constexpr double kMaxInt32 = 2147483647;
+constexpr double kMaxExperts = 1024;  // the router's per-token score buffer (core/moe_router.cpp)
 Range unbounded() { return {}; }
 
 KeySpec integer(std::string key, int64_t def, Range range, std::string doc) {
@@ -52,7 +57,9 @@ KeySpec sources(std::string key, std::string doc) {
 std::vector<KeySpec> build_schema() {
   // Defaults describe a small CPU model that trains in minutes on the embedded corpus.
   return {
-      integer("train.steps", 300, at_least(1), "optimizer steps to run"),
+      integer("train.steps", 300, from_to(1, kMaxSteps),
+              "optimizer steps to run; at most 99999999 (checkpoint folders are named step-NNNNNNNN and the newest is "
+              "found by name)"),
       integer("train.seed", 1234, at_least(0), "seed of every random stream (init, data order, router noise, dropout)"),
       integer("train.global_batch", 16, at_least(1), "sequences per optimizer step"),
       integer("train.micro_batch", 4, at_least(1),
@@ -64,16 +71,20 @@ std::vector<KeySpec> build_schema() {
       integer("train.eval_every", 100, at_least(0),
               "evaluate on held-out data every this many steps; 0 = only at the end"),
       integer("train.eval_sequences", 8, at_least(1), "held-out sequences per data source per evaluation"),
-      integer("train.threads", 0, at_least(0), "CPU threads per rank; 0 = the node's cores divided by its ranks"),
+      integer("train.threads", 0, from_to(0, kMaxInt32),
+              "CPU threads per rank; 0 = the node's cores divided by its ranks (OpenMP takes a 32-bit count)"),
 
-      integer("model.vocab", 256, at_least(2), "vocabulary size; at least 256 while tokens are bytes"),
+      integer("model.vocab", 256, from_to(2, kMaxInt32),
+              "vocabulary size; at least 256 while tokens are bytes, and tokens are 32-bit integers"),
       integer("model.d_model", 128, at_least(1), "width of the residual stream"),
       integer("model.layers", 4, at_least(1), "transformer blocks"),
       integer("model.heads", 4, at_least(1), "attention heads; d_model / heads must be an even integer"),
       integer("model.ffn_hidden", 384, at_least(1), "hidden width of the dense SwiGLU MLP"),
 
-      integer("moe.num_experts", 0, at_least(0), "routed experts per MoE layer; 0 = every FFN is dense"),
-      integer("moe.top_k", 2, at_least(1), "experts each token is routed to"),
+      integer("moe.num_experts", 0, from_to(0, kMaxExperts),
+              "routed experts per MoE layer; 0 = every FFN is dense; at most 1024 (the router's per-token score "
+              "buffer)"),
+      integer("moe.top_k", 2, from_to(1, kMaxExperts), "experts each token is routed to; at most moe.num_experts"),
       integer("moe.every", 1, at_least(1),
               "every this-many-th block has an MoE FFN instead of the dense MLP (1 = all)"),
       integer("moe.expert_hidden", 128, at_least(1), "hidden width of each expert's SwiGLU MLP"),
@@ -134,7 +145,9 @@ std::vector<KeySpec> build_schema() {
               "checkpoint.dir is on each host's own disk (`{node}` in it is replaced by the host's number): every "
               "host commits the manifest, and restoring fetches ranges from the hosts that hold them"),
 
-      number("fault.heartbeat_interval_s", 0.5, above(0), "seconds between two heartbeats of a rank"),
+      number("fault.heartbeat_interval_s", 0.5, from_to(0.001, 60),
+             "seconds between two heartbeats of a rank; below fault.heartbeat_timeout_s, and at most 60 because a rank "
+             "waits up to one interval for its heartbeat thread when it ends"),
       number("fault.heartbeat_timeout_s", 30.0, above(0),
              "seconds without a heartbeat from a rank (a dead or stopped process) before the supervisor restarts"),
       number("fault.setup_timeout_s", 300.0, above(0),
@@ -175,19 +188,25 @@ bool in_range(const Range& r, double v) {
 }
 
 std::string format_bound(double v) {
+  // Integral bounds in full (99999999, not 1e+08): they are what a user types.
+  if (std::floor(v) == v && std::fabs(v) < 1e15) return std::to_string(int64_t(v));
   std::ostringstream out;
   out << v;
   return out.str();
 }
 
-// ">= 1", "> 0", "in [0, 1)"; empty when unbounded.
-std::string describe_range(const Range& r) {
+// ">= 1", "> 0", "in [0, 1)"; an integer key bounded both ways reads ">= 0 and <= 1024". Empty when
+// unbounded.
+std::string describe_range(const Range& r, bool integer = false) {
   const bool has_min = std::isfinite(r.min), has_max = std::isfinite(r.max);
+  const std::string lower = (r.min_open ? "> " : ">= ") + format_bound(r.min);
+  const std::string upper = (r.max_open ? "< " : "<= ") + format_bound(r.max);
+  if (has_min && has_max && integer) return lower + " and " + upper;
   if (has_min && has_max)
     return "in " + std::string(r.min_open ? "(" : "[") + format_bound(r.min) + ", " + format_bound(r.max) +
            (r.max_open ? ")" : "]");
-  if (has_min) return (r.min_open ? "> " : ">= ") + format_bound(r.min);
-  if (has_max) return (r.max_open ? "< " : "<= ") + format_bound(r.max);
+  if (has_min) return lower;
+  if (has_max) return upper;
   return "";
 }
 
@@ -232,6 +251,7 @@ json check_source(const KeySpec& spec, const json& item, size_t index, const std
 json check_sources(const KeySpec& spec, const json& value, const std::string& origin) {
   if (!value.is_array()) bad_value(spec, spec.key, value, origin);
   json out = json::array();
+  double total_weight = 0;
   for (size_t i = 0; i < value.size(); ++i) {
     json source = check_source(spec, value[i], i, origin);
     // Names label eval_loss_by_source in metrics.jsonl, so two sources may not share one.
@@ -240,6 +260,12 @@ json check_sources(const KeySpec& spec, const json& value, const std::string& or
         MOE_BAD_INPUT(spec.key << "[" << i << "].name = " << source["name"].dump() << " (in " << origin
                                << "): expected a unique name, but " << spec.key << "[" << j
                                << "] has it too (names label eval_loss_by_source)");
+    total_weight += source["weight"].get<double>();
+    // The sampler draws from the running sum of the weights: past the largest double, one source takes all.
+    if (!std::isfinite(total_weight))
+      MOE_BAD_INPUT(spec.key << "[" << i << "].weight = " << source["weight"].dump() << " (in " << origin
+                             << "): the weights' sum is past the largest number; expected weights whose sum is finite "
+                                "(they are relative: scale them all down)");
     out.push_back(std::move(source));
   }
   return out;
@@ -288,8 +314,8 @@ std::string allowed_cell(const KeySpec& spec) {
   if (spec.type == KeyType::Sources) return "see above";
   if (spec.type == KeyType::StringList) return "non-empty strings";
   if (spec.type == KeyType::Faults) return "see Meaning";
-  if (spec.type == KeyType::IntegerOrAuto) return describe_range(spec.range) + " or `\"auto\"`";
-  const std::string range = describe_range(spec.range);
+  if (spec.type == KeyType::IntegerOrAuto) return describe_range(spec.range, true) + " or `\"auto\"`";
+  const std::string range = describe_range(spec.range, spec.type == KeyType::Integer);
   return range.empty() ? "any" : range;
 }
 
@@ -378,7 +404,8 @@ std::string nearest_key(const std::string& unknown) {
 }
 
 std::string describe_expected(const KeySpec& spec) {
-  const std::string range = describe_range(spec.range);
+  const std::string range =
+      describe_range(spec.range, spec.type == KeyType::Integer || spec.type == KeyType::IntegerOrAuto);
   switch (spec.type) {
     case KeyType::Integer:
       return range.empty() ? "an integer" : "an integer " + range;

@@ -2,11 +2,16 @@
 #include "launch/run_dir.h"
 
 #include <cblas.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <CLI/Version.hpp>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -18,25 +23,78 @@
 namespace moe {
 namespace fs = std::filesystem;
 
+namespace {
+
+// `path` itself when it exists, else its nearest existing ancestor: where creating it would start.
+// `to_create` receives the names of the directories below it that creating `path` would make. Refuses
+// what stat cannot see past (a component without search permission).
+fs::path nearest_existing(const fs::path& path, const std::string& label, std::vector<std::string>& to_create) {
+  for (fs::path p = path;; p = p.parent_path()) {
+    const fs::path probe = p.empty() ? fs::path(".") : p;
+    struct stat st {};
+    if (::stat(probe.c_str(), &st) == 0) return probe;
+    const bool missing = errno == ENOENT || errno == ENOTDIR || errno == ENAMETOOLONG;
+    if (!p.filename().empty()) to_create.push_back(p.filename().string());
+    if (!missing || p.empty() || p == p.parent_path())
+      MOE_BAD_INPUT(label << ": cannot look at " << probe.string() << " (" << std::strerror(errno)
+                          << "); choose a path this user can reach");
+  }
+}
+
+}  // namespace
+
+void check_dir_writable(const std::string& dir, const std::string& label) {
+  const fs::path path(dir);
+  const std::string fix = "; choose a writable location";
+  // Leave room for the names written inside (e.g. tmp-step-00000001/peer-of-rank-00000.h5).
+  constexpr size_t kRoomForNames = 64;
+  if (path.string().size() + kRoomForNames >= PATH_MAX)
+    MOE_BAD_INPUT(label << ": the path is " << path.string().size() << " characters; expected at most "
+                        << PATH_MAX - kRoomForNames << " (PATH_MAX " << PATH_MAX
+                        << ", less room for the files inside)");
+  std::vector<std::string> to_create;
+  const fs::path existing = nearest_existing(path, label, to_create);
+  const bool is_self = existing == path;
+  std::error_code ec;
+  if (!fs::is_directory(existing, ec)) {
+    if (is_self) MOE_BAD_INPUT(label << ": exists and is not a directory; expected a directory or a new path");
+    MOE_BAD_INPUT(label << ": cannot be created because " << existing.string()
+                        << " is not a directory; expected a directory or a new path");
+  }
+  const std::string where = is_self ? "it" : "its nearest existing parent " + existing.string();
+  struct statvfs fs_info {};
+  if (::statvfs(existing.c_str(), &fs_info) == 0 && (fs_info.f_flag & ST_RDONLY))
+    MOE_BAD_INPUT(label << ": " << where << " is on a read-only file system" << fix);
+  if (::access(existing.c_str(), W_OK | X_OK) != 0)
+    MOE_BAD_INPUT(label << ": " << where << " is not writable (" << std::strerror(errno) << ")" << fix);
+  // The directories still to be created must have names the file system accepts.
+  long name_max = ::pathconf(existing.c_str(), _PC_NAME_MAX);
+  if (name_max <= 0) name_max = NAME_MAX;
+  for (const std::string& name : to_create)
+    if (long(name.size()) > name_max)
+      MOE_BAD_INPUT(label << ": the name '" << name.substr(0, 40) << "...' is " << name.size()
+                          << " characters; the file system allows at most " << name_max << "; choose a shorter one");
+}
+
+void check_checkpoint_roots_writable(const std::string& checkpoint_root, const CheckpointConfig& checkpoint) {
+  if (checkpoint.every <= 0) return;  // nothing will be written there
+  check_dir_writable(checkpoint_root, "checkpoint.dir (" + checkpoint_root + ")");
+  for (size_t i = 0; i < checkpoint.replicas.size(); ++i)
+    check_dir_writable(checkpoint.replicas[i],
+                       "checkpoint.replicas[" + std::to_string(i) + "] (" + checkpoint.replicas[i] + ")");
+}
+
 void check_run_dir_usable(const std::string& run_dir, bool overwrite) {
+  const std::string label = "--run-dir " + run_dir;
+  check_dir_writable(run_dir, label);
   std::error_code ec;
   const fs::path dir(run_dir);
-  if (!fs::exists(dir, ec)) {
-    // The directory will be created: its nearest existing ancestor must be a directory.
-    fs::path ancestor = dir.parent_path();
-    while (!ancestor.empty() && !fs::exists(ancestor, ec)) ancestor = ancestor.parent_path();
-    if (!ancestor.empty() && !fs::is_directory(ancestor, ec))
-      MOE_BAD_INPUT("--run-dir " << run_dir << ": cannot be created because " << ancestor.string()
-                                 << " is not a directory; expected a directory or a new path");
-    return;
-  }
-  if (!fs::is_directory(dir, ec))
-    MOE_BAD_INPUT("--run-dir " << run_dir << ": exists and is not a directory; expected a directory or a new path");
+  if (!fs::exists(dir, ec)) return;
   for (const char* name : {"metrics.jsonl", "config.json"})
     if (fs::exists(dir / name, ec) && !overwrite)
-      MOE_BAD_INPUT("--run-dir " << run_dir << ": already holds a run (" << name
-                                 << ") and there is no checkpoint to resume from; pass --overwrite to start it "
-                                    "again, or choose another --run-dir");
+      MOE_BAD_INPUT(label << ": already holds a run (" << name
+                          << ") and there is no checkpoint to resume from; pass --overwrite to start it "
+                             "again, or choose another --run-dir");
 }
 
 std::string config_hash(const Config& config) {

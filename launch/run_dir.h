@@ -14,8 +14,18 @@
 namespace moe {
 
 // Refuses (BadInput) a run directory that already holds a run (config.json or metrics.jsonl) unless
-// `overwrite`, and a path that exists but is not a directory. Writes nothing.
+// `overwrite`, and one that check_dir_writable refuses. Writes nothing.
 void check_run_dir_usable(const std::string& run_dir, bool overwrite);
+
+// Refuses (BadInput, the message starting with `label`) a directory that the program could not create
+// or write: the path or its nearest existing ancestor is not a directory, is on a read-only file system
+// (statvfs, so root is refused too), is not writable or searchable (access), or a name still to be
+// created is longer than the file system allows. Creates nothing, so a refusal leaves nothing behind.
+void check_dir_writable(const std::string& dir, const std::string& label);
+
+// check_dir_writable for the checkpoint root (checkpoint.dir as resolved against the run directory)
+// and each of checkpoint.replicas; nothing when checkpoint.every is 0.
+void check_checkpoint_roots_writable(const std::string& checkpoint_root, const CheckpointConfig& checkpoint);
 
 // Creates the directory and writes config.json (the resolved config) and manifest.json.
 void write_run_files(const std::string& run_dir, const Config& config, const std::vector<std::string>& command_line,

@@ -87,6 +87,13 @@ write_unknown_key() { printf '{"train": {"stepz": 5}}\n' > typo.json; }
 write_wrong_type() { printf '{"train": {"steps": "5"}}\n' > strings.json; }
 write_short_source() { printf 'too short' > short.txt; }
 make_regular_file() { printf 'not a run directory\n' > afile; }
+make_fifo() { mkfifo fifo; }
+# 100,000 nested brackets: a parser that built (or printed) the tree would exhaust memory or the stack.
+write_deep_json() { python3 -c "print('[' * 100000 + ']' * 100000)" > deep.json; }
+# 20 MB of zero bytes (sparse): over the 16 MiB limit, refused before a byte of it is read.
+write_big_json() { truncate -s 20M big.json; }
+make_dir_ro() { mkdir ro; }
+make_dir_locked() { mkdir locked && chmod 555 locked; }
 # A finished run in ./run: what the next command must leave alone.
 previous_run() {
   if ! "$moe" train --config "$config" "${small[@]}" --run-dir run > /dev/null 2> setup_stderr.txt \
@@ -136,6 +143,63 @@ expect=("model.d_model = 34" "model.heads = 4")
 run_case "d_model not a multiple of heads" 2 no_setup \
   "$moe" train --config "$config" "${small[@]}" --set model.d_model=34 --set model.heads=4
 
+# ---- What is parsed is bounded: the kind of file, its size, its nesting; the same for --set values. ----------
+expect=("/dev/zero" "character device" "regular JSON file")
+run_case "--config /dev/zero" 2 no_setup "$moe" train --config /dev/zero "${small[@]}"
+
+# Nobody writes to the FIFO: a program that opened it for a blocking read would hang until the test's timeout.
+expect=("fifo" "FIFO" "regular JSON file")
+run_case "--config a FIFO" 2 make_fifo timeout 20 "$moe" train --config fifo "${small[@]}"
+
+expect=("deep.json" "more than 64 levels")
+run_case "100,000 nested brackets" 2 write_deep_json "$moe" train --config deep.json "${small[@]}"
+
+expect=("big.json" "20971520 bytes" "16777216")
+run_case "a 20 MB config" 2 write_big_json "$moe" train --config big.json "${small[@]}"
+
+# 60,000 levels: as deep as one command-line argument can hold.
+deep_value=$(python3 -c "print('[' * 60000 + ']' * 60000)")
+expect=("--set train.steps=[[[" "more than 64 levels")
+run_case "--set of 60,000 nested brackets" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set "train.steps=$deep_value"
+
+# ---- Limits of the code: each a range or rule of the schema, refused by key before anything is written. ----
+expect=("moe.num_experts = 2048" "<= 1024")
+run_case "moe.num_experts past the router's limit" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set moe.num_experts=2048
+
+expect=("moe.top_k = 1025" "<= 1024")
+run_case "moe.top_k past the router's limit" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set moe.num_experts=1024 --set moe.top_k=1025
+
+expect=("moe.top_k = 9" "moe.num_experts = 8")
+run_case "moe.top_k above moe.num_experts" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set moe.num_experts=8 --set moe.top_k=9
+
+expect=("train.steps = 100000000" "<= 99999999")
+run_case "train.steps past the checkpoint names' digits" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set train.steps=100000000
+
+expect=("train.threads = 4294967297" "<= 2147483647")
+run_case "train.threads past an int" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set train.threads=4294967297
+
+expect=("model.vocab = 2147483648" "<= 2147483647")
+run_case "model.vocab past 32-bit tokens" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set model.vocab=2147483648
+
+expect=("fault.heartbeat_interval_s = 1e+300" "in [0.001, 60]")
+run_case "fault.heartbeat_interval_s past a minute" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set fault.heartbeat_interval_s=1e300
+
+expect=("fault.heartbeat_interval_s = 40" "fault.heartbeat_timeout_s = 30")
+run_case "heartbeat interval not below its timeout" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set fault.heartbeat_interval_s=40
+
+expect=("data.sources[1].weight" "sum is finite")
+run_case "source weights summing past a double" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set 'data.sources=[{"name": "a", "path": "a.txt", "weight": 1e308}, {"name": "b", "path": "b.txt", "weight": 1e308}]'
+
 # ---- Data. ------------------------------------------------------------------------------------------------------
 expect=("missing.txt")
 run_case "data source file missing" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
@@ -180,6 +244,30 @@ run_case "--run-dir is a regular file" 2 make_regular_file \
 expect=("afile/run")
 run_case "--run-dir under a regular file" 2 make_regular_file \
   "$moe" train --config "$config" "${small[@]}" --run-dir afile/run
+
+expect=("afile/a/b" "afile is not a directory")
+run_case "--run-dir two levels under a regular file" 2 make_regular_file \
+  "$moe" train --config "$config" "${small[@]}" --run-dir afile/a/b
+
+long_name=$(printf 'n%.0s' $(seq 300))
+expect=("300 characters" "at most 255")
+run_case "--run-dir with a 300-character name" 2 no_setup \
+  "$moe" train --config "$config" "${small[@]}" --run-dir "run/$long_name"
+
+# A read-only file system refuses root too: a tmpfs mounted read-only in a mount namespace of the command's
+# own (nothing to unmount afterwards). Where mounting is not permitted, a directory without write
+# permission does for any other user; as root without mounts, the case cannot be made here.
+if [ "$(id -u)" = 0 ] && unshare -m sh -c 'mount -t tmpfs -o ro,size=1m tmpfs /mnt' 2> /dev/null; then
+  expect=("--run-dir ro/run" "read-only file system")
+  run_case "--run-dir on a read-only file system" 2 make_dir_ro unshare -m sh -c \
+    'mount -t tmpfs -o ro,size=1m tmpfs ro && exec "$@"' sh "$moe" train --config "$config" "${small[@]}" --run-dir ro/run
+elif [ "$(id -u)" != 0 ]; then
+  expect=("--run-dir locked/run" "not writable")
+  run_case "--run-dir in a directory without write permission" 2 make_dir_locked \
+    "$moe" train --config "$config" "${small[@]}" --run-dir locked/run
+else
+  echo "SKIP [--run-dir on a read-only file system]: cannot mount here"
+fi
 
 # ---- Help. ------------------------------------------------------------------------------------------------------
 for help in "--help" "train --help"; do

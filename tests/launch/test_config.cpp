@@ -1,11 +1,16 @@
 // Tests of the config loader (launch/config.h): defaults, every validation rule with the key and value in
-// its message, --set, malformed files, docs/config.md against its generator, and the repo's configs/*.json.
-// It does not test what the trainer does with the values.
+// its message, --set, malformed, oversized, deep and non-regular files, docs/config.md against its
+// generator, and the repo's configs/*.json; and the writability checks of the run directory and the
+// checkpoint roots (launch/run_dir.h). It does not test what the trainer does with the values.
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -13,6 +18,7 @@
 
 #include "core/error.h"
 #include "launch/config.h"
+#include "launch/run_dir.h"
 
 namespace moe {
 namespace {
@@ -198,6 +204,57 @@ TEST(ConfigRanges, EachBoundIsEnforced) {
   }
 }
 
+// Limits of the code itself are ranges of the schema, refused with the key, the value and the range.
+TEST(ConfigRanges, LimitsOfTheCodeAreInTheSchema) {
+  struct Case {
+    std::string key;
+    json value;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"moe.num_experts", 2048, "an integer >= 0 and <= 1024"},
+      {"moe.top_k", 1025, "an integer >= 1 and <= 1024"},
+      {"train.steps", 100000000, "an integer >= 1 and <= 99999999"},
+      {"train.threads", int64_t(1) << 32, "<= 2147483647"},
+      {"model.vocab", int64_t(1) << 31, "<= 2147483647"},
+      {"fault.heartbeat_interval_s", 0, "a number in [0.001, 60]"},
+      {"fault.heartbeat_interval_s", 1e300, "a number in [0.001, 60]"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.key);
+    expect_bad_input([&] { from(document_with(c.key, c.value)); }, {c.key, c.value.dump(), c.expected, "test.json"});
+  }
+  // The bounds themselves are allowed.
+  EXPECT_EQ(from(json{{"moe", {{"num_experts", 1024}, {"top_k", 1024}}}}).moe.num_experts, 1024);
+  EXPECT_EQ(from(document_with("train.steps", 99999999)).train.steps, 99999999);
+}
+
+TEST(ConfigRules, HeartbeatIntervalBelowTimeout) {
+  expect_bad_input(
+      [] {
+        from(json{{"fault", {{"heartbeat_interval_s", 10}, {"heartbeat_timeout_s", 5}}}});
+      },
+      {"fault.heartbeat_interval_s = 10", "fault.heartbeat_timeout_s = 5", "lower the interval"});
+  EXPECT_NO_THROW(from(json{{"fault", {{"heartbeat_interval_s", 4}, {"heartbeat_timeout_s", 5}}}}));
+}
+
+TEST(ConfigRules, AllToAllCountFitsAnInt) {
+  const json big = {{"train", {{"micro_batch", 64}, {"global_batch", 64}, {"seq_len", 4096}}},
+                    {"model", {{"d_model", 1024}}},
+                    {"moe", {{"num_experts", 8}, {"top_k", 8}}}};
+  EXPECT_NO_THROW(from(big));  // one rank per expert group: no all-to-all
+  expect_bad_input([&] { from(big, {"parallel.ep=2"}); },
+                   {"64 * 4096 * 8 * 1024 = 2147483648", "parallel.ep = 2", "lower train.micro_batch"});
+  EXPECT_NO_THROW(from(big, {"parallel.ep=2", "train.seq_len=2048"}));
+}
+
+TEST(ConfigRules, SourceWeightsSumToAFiniteNumber) {
+  const json sources = json::parse(R"([{"name": "a", "path": "a.txt", "weight": 1e308},
+                                       {"name": "b", "path": "b.txt", "weight": 1e308}])");
+  expect_bad_input([&] { from(document_with("data.sources", sources)); },
+                   {"data.sources[1].weight = 1e+308", "sum is finite", "scale them all down"});
+}
+
 TEST(ConfigRanges, UnboundedNumbersTakeAnySign) {
   const Config c = from(json{{"moe", {{"capacity_factor", -1}, {"loss", {{"entropy", -0.5}}}}}});
   EXPECT_DOUBLE_EQ(c.moe.capacity_factor, -1.0);
@@ -345,6 +402,151 @@ TEST(ConfigFile, MissingFileAndDuplicateKeys) {
       "dup2.json", R"({"data": {"sources": [{"name": "a", "path": "x"}, {"name": "b", "name": "c", "path": "y"}]}})");
   expect_bad_input([&] { load_config(sources, {}); }, {"duplicate key 'data.sources[1].name'"});
   std::filesystem::remove(sources);
+}
+
+TEST(ConfigFile, RefusesWhatIsNotARegularFile) {
+  expect_bad_input([] { load_config("/dev/zero", {}); }, {"'/dev/zero'", "character device", "regular JSON file"});
+  const std::string fifo = write_temp("fifo", "");
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // Nobody writes to the FIFO: a loader that opened it for a blocking read would hang here.
+  expect_bad_input([&] { load_config(fifo, {}); }, {fifo, "FIFO", "regular JSON file"});
+  std::filesystem::remove(fifo);
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  expect_bad_input([&] { load_config(dir, {}); }, {dir, "is a directory"});
+}
+
+TEST(ConfigFile, RefusesAFileOverTheSizeLimit) {
+  const std::string path = write_temp("big.json", "{}");
+  std::filesystem::resize_file(path, uint64_t(kMaxConfigBytes) + 1);  // sparse: nothing is written to disk
+  expect_bad_input([&] { load_config(path, {}); }, {path, std::to_string(kMaxConfigBytes + 1) + " bytes", "16 MiB"});
+  std::filesystem::resize_file(path, uint64_t(20) << 20);
+  expect_bad_input([&] { load_config(path, {}); }, {path, "20971520 bytes", std::to_string(kMaxConfigBytes)});
+  std::filesystem::remove(path);
+}
+
+std::string nested_arrays(int64_t depth, const std::string& inside = "") {
+  return std::string(size_t(depth), '[') + inside + std::string(size_t(depth), ']');
+}
+
+TEST(ConfigFile, RefusesNestingDeeperThanTheLimit) {
+  const std::string deep = write_temp("deep.json", nested_arrays(100000));
+  expect_bad_input([&] { load_config(deep, {}); }, {deep, "more than 64 levels", "(at '[0][0][0]"});
+  std::filesystem::remove(deep);
+  // Inside a key, the message says where.
+  const std::string in_key = write_temp("deep_key.json", R"({"train": {"steps": )" + nested_arrays(100000) + "}}");
+  expect_bad_input([&] { load_config(in_key, {}); }, {in_key, "more than 64 levels", "'train.steps[0][0]"});
+  std::filesystem::remove(in_key);
+  // 64 levels parse; the value is then judged as usual.
+  const std::string limit = write_temp("limit.json", R"({"train": {"steps": )" + nested_arrays(62) + "}}");
+  expect_bad_input([&] { load_config(limit, {}); }, {"train.steps = [[[", "expected an integer"});
+  std::filesystem::remove(limit);
+}
+
+TEST(ConfigSet, ValuesHaveTheFileBounds) {
+  expect_bad_input([] { from(json::object(), {"train.steps=" + nested_arrays(100000)}); },
+                   {"--set train.steps=[[[", "more than 64 levels"});
+  expect_bad_input([] { from(json::object(), {"data.sources=" + std::string(size_t(kMaxConfigBytes) + 1, ' ')}); },
+                   {"--set data.sources", std::to_string(kMaxConfigBytes + 1) + " bytes", "16 MiB"});
+  // A text key takes the text as it is, however it is bracketed.
+  EXPECT_EQ(from(json::object(), {"checkpoint.dir=" + nested_arrays(100)}).checkpoint.dir, nested_arrays(100));
+}
+
+// ---- Writability of the run directory and the checkpoint roots (launch/run_dir.h). -------------------
+
+namespace fs = std::filesystem;
+
+// A fresh directory under the temporary folder, removed with everything in it at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() / ("moe_test_dirs_" + std::to_string(::getpid()) + "_" + std::to_string(next_++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+  // Every path below the directory, to show that a refusal created nothing.
+  std::vector<std::string> tree() const {
+    std::vector<std::string> out;
+    for (const auto& entry : fs::recursive_directory_iterator(path_)) out.push_back(entry.path().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+ private:
+  fs::path path_;
+  static inline int next_ = 0;
+};
+
+TEST(RunDirWritable, NewAndExistingWritableDirectoriesPass) {
+  const TempDir tmp;
+  EXPECT_NO_THROW(check_dir_writable(tmp / "a/b/c", "--run-dir a/b/c"));
+  EXPECT_NO_THROW(check_dir_writable(tmp.path().string(), "--run-dir"));
+  EXPECT_NO_THROW(check_run_dir_usable(tmp / "run", false));
+  EXPECT_TRUE(tmp.tree().empty());  // the checks create nothing
+}
+
+TEST(RunDirWritable, RefusesAPathUnderARegularFile) {
+  const TempDir tmp;
+  std::ofstream(tmp / "afile") << "x";
+  const auto before = tmp.tree();
+  expect_bad_input([&] { check_dir_writable(tmp / "afile/run/deeper", "--run-dir X"); },
+                   {"--run-dir X", "cannot be created because", "afile is not a directory"});
+  expect_bad_input([&] { check_dir_writable(tmp / "afile", "checkpoint.dir (afile)"); },
+                   {"checkpoint.dir (afile)", "exists and is not a directory"});
+  expect_bad_input([&] { check_run_dir_usable(tmp / "afile/run", true); }, {"--run-dir", "afile/run"});
+  EXPECT_EQ(tmp.tree(), before);
+}
+
+TEST(RunDirWritable, RefusesANameTheFileSystemCannotHold) {
+  const TempDir tmp;
+  expect_bad_input([&] { check_dir_writable(tmp / ("run/" + std::string(300, 'n')), "--run-dir long"); },
+                   {"--run-dir long", "300 characters", "at most 255"});
+  expect_bad_input([&] { check_dir_writable(tmp / std::string(5000, 'x'), "--run-dir longer"); },
+                   {"--run-dir longer", "PATH_MAX"});
+  EXPECT_TRUE(tmp.tree().empty());
+}
+
+TEST(RunDirWritable, RefusesADirectoryWithoutWritePermission) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root writes regardless of permissions; the read-only mount test covers root";
+  const TempDir tmp;
+  fs::create_directories(tmp / "locked");
+  fs::permissions(tmp / "locked", fs::perms::owner_read | fs::perms::owner_exec);
+  expect_bad_input([&] { check_dir_writable(tmp / "locked/run", "--run-dir R"); },
+                   {"--run-dir R", "locked", "not writable", "choose a writable location"});
+  expect_bad_input([&] { check_run_dir_usable(tmp / "locked", false); }, {"locked", "not writable"});
+  fs::permissions(tmp / "locked", fs::perms::owner_all);
+  EXPECT_EQ(tmp.tree(), std::vector<std::string>{tmp / "locked"});
+}
+
+// A read-only tmpfs in a mount namespace of this process's own, so it needs no cleanup and is refused
+// even as root (statvfs reports ST_RDONLY). Skipped where mounting is not permitted.
+TEST(RunDirWritable, RefusesAReadOnlyFileSystemEvenAsRoot) {
+  const TempDir tmp;
+  fs::create_directories(tmp / "ro");
+  if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+      ::mount("tmpfs", (tmp / "ro").c_str(), "tmpfs", MS_RDONLY, "size=1m") != 0)
+    GTEST_SKIP() << "cannot mount a read-only tmpfs here: " << std::strerror(errno);
+  expect_bad_input([&] { check_dir_writable(tmp / "ro/run/deeper", "--run-dir D"); },
+                   {"--run-dir D", "ro", "read-only file system", "choose a writable location"});
+  expect_bad_input([&] { check_run_dir_usable(tmp / "ro", false); }, {"--run-dir", "read-only file system"});
+  CheckpointConfig checkpoint;
+  checkpoint.every = 1;
+  expect_bad_input([&] { check_checkpoint_roots_writable(tmp / "ro/ckpt", checkpoint); },
+                   {"checkpoint.dir (" + (tmp / "ro/ckpt") + ")", "read-only file system"});
+  checkpoint.replicas = {tmp / "replica", tmp / "ro/replica"};
+  expect_bad_input([&] { check_checkpoint_roots_writable(tmp / "ckpt", checkpoint); },
+                   {"checkpoint.replicas[1]", "read-only file system"});
+  checkpoint.every = 0;  // no checkpoints: nothing to check
+  EXPECT_NO_THROW(check_checkpoint_roots_writable(tmp / "ro/ckpt", checkpoint));
+  EXPECT_EQ(::umount2((tmp / "ro").c_str(), MNT_DETACH), 0);
+  EXPECT_EQ(tmp.tree(), std::vector<std::string>{tmp / "ro"});
 }
 
 // docs/config.md is generated; MOE_REGENERATE_DOCS=1 rewrites it instead of comparing.
