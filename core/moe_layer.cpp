@@ -127,27 +127,27 @@ void MoeLayer<T>::update_balancing_bias(const std::vector<int64_t>& counts, doub
 // Rows for each rank's experts are contiguous in the global-expert order of the permutation; the counts
 // per (source, local expert) are exchanged first so that every rank knows what it will receive.
 template <typename T>
-void MoeLayer<T>::plan_exchange() {
+void MoeLayer<T>::plan_exchange(MoeSlot<T>& st) {
   const int64_t P = s_.ep_size, El = local_experts();
   std::vector<int64_t> send_count(static_cast<size_t>(P * El));
-  for (int64_t e = 0; e < s_.num_experts; ++e) send_count[e] = expert_offset_[e + 1] - expert_offset_[e];
-  recv_count_.assign(size_t(P * El), 0);
+  for (int64_t e = 0; e < s_.num_experts; ++e) send_count[e] = st.expert_offset[e + 1] - st.expert_offset[e];
+  st.recv_count.assign(size_t(P * El), 0);
   if (P == 1)
-    recv_count_ = send_count;
+    st.recv_count = send_count;
   else
-    exchange_->exchange_counts(send_count.data(), recv_count_.data(), El);
-  send_rows_.assign(size_t(P), 0);
-  recv_rows_.assign(size_t(P), 0);
+    exchange_->exchange_counts(send_count.data(), st.recv_count.data(), El);
+  st.send_rows.assign(size_t(P), 0);
+  st.recv_rows.assign(size_t(P), 0);
   for (int64_t q = 0; q < P; ++q)
     for (int64_t el = 0; el < El; ++el)
-      send_rows_[q] += send_count[q * El + el], recv_rows_[q] += recv_count_[q * El + el];
-  local_offset_.assign(size_t(El + 1), 0);
+      st.send_rows[q] += send_count[q * El + el], st.recv_rows[q] += st.recv_count[q * El + el];
+  st.local_offset.assign(size_t(El + 1), 0);
   for (int64_t el = 0; el < El; ++el) {
     int64_t rows = 0;
-    for (int64_t q = 0; q < P; ++q) rows += recv_count_[q * El + el];
-    local_offset_[el + 1] = local_offset_[el] + rows;
+    for (int64_t q = 0; q < P; ++q) rows += st.recv_count[q * El + el];
+    st.local_offset[el + 1] = st.local_offset[el] + rows;
   }
-  received_ = local_offset_[El];
+  st.received = st.local_offset[El];
 }
 
 template <typename T>
@@ -169,123 +169,151 @@ void MoeLayer<T>::exchange_rows(const T* send, const std::vector<int64_t>& send_
 // Received rows arrive source-major (source rank, local expert); the experts compute expert-major (local
 // expert, source rank). Moves the blocks between the two orders, in either direction.
 template <typename T>
-void MoeLayer<T>::reorder_received(const T* from, T* to, int64_t width, bool to_expert_major) {
+void MoeLayer<T>::reorder_received(const MoeSlot<T>& st, const T* from, T* to, int64_t width,
+                                   bool to_expert_major) const {
   const int64_t P = s_.ep_size, El = local_experts();
   int64_t src = 0;
   for (int64_t q = 0; q < P; ++q)
     for (int64_t el = 0; el < El; ++el) {
-      int64_t dst = local_offset_[el];
-      for (int64_t q2 = 0; q2 < q; ++q2) dst += recv_count_[q2 * El + el];
-      const int64_t n = recv_count_[q * El + el] * width;
+      int64_t dst = st.local_offset[el];
+      for (int64_t q2 = 0; q2 < q; ++q2) dst += st.recv_count[q2 * El + el];
+      const int64_t n = st.recv_count[q * El + el] * width;
       const int64_t from_row = to_expert_major ? src : dst, to_row = to_expert_major ? dst : src;
       std::copy_n(from + from_row * width, n, to + to_row * width);
-      src += recv_count_[q * El + el];
+      src += st.recv_count[q * El + el];
     }
 }
 
 template <typename T>
-void MoeLayer<T>::dispatch_rows(const T* token_rows, T* expert_rows, int64_t width) {
-  exchange_buffer_.resize(size_t(received_ * width));
-  exchange_rows(token_rows, send_rows_, exchange_buffer_.data(), recv_rows_, width);
-  reorder_received(exchange_buffer_.data(), expert_rows, width, true);
+void MoeLayer<T>::dispatch_rows(const MoeSlot<T>& st, const T* token_rows, T* expert_rows, int64_t width) {
+  exchange_buffer_.resize(size_t(st.received * width));
+  exchange_rows(token_rows, st.send_rows, exchange_buffer_.data(), st.recv_rows, width);
+  reorder_received(st, exchange_buffer_.data(), expert_rows, width, true);
 }
 
 template <typename T>
-void MoeLayer<T>::combine_rows(const T* expert_rows, T* token_rows, int64_t width) {
-  exchange_buffer_.resize(size_t(received_ * width));
-  reorder_received(expert_rows, exchange_buffer_.data(), width, false);
-  exchange_rows(exchange_buffer_.data(), recv_rows_, token_rows, send_rows_, width);  // counts swapped
+void MoeLayer<T>::combine_rows(const MoeSlot<T>& st, const T* expert_rows, T* token_rows, int64_t width) {
+  exchange_buffer_.resize(size_t(st.received * width));
+  reorder_received(st, expert_rows, exchange_buffer_.data(), width, false);
+  exchange_rows(exchange_buffer_.data(), st.recv_rows, token_rows, st.send_rows, width);  // counts swapped
 }
 
 // ---- Forward and backward --------------------------------------------------------------------------
 
 template <typename T>
-void MoeLayer<T>::forward(const T* x, T* y, T* acts, int64_t N) {
+void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot* slot, int64_t N) {
   const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k, F = s_.expert_hidden, El = local_experts();
   MOE_CHECK(s_.ep_size == 1 || exchange_,
             "an MoE layer over " << s_.ep_size << " expert-parallel ranks needs an exchange");
+  MoeSlot<T>& st = static_cast<MoeSlot<T>&>(*slot);
   const ActsView v = carve(acts, N);
   // Plan (local): router, selection, capacity, permutation.
   ops_.gemm(false, false, N, E, D, T(1), x, D, router_, E, T(0), v.logits, E);  // z = x Wg
-  route(v.logits, v.scores, N);
-  build_permutation(N);
-  plan_exchange();
+  route(context, v.logits, v.scores, st, N);
+  build_permutation(st, N);
+  plan_exchange(st);
 
   // Dispatch: gather each expert's tokens into its block, send blocks to the experts' ranks.
-  const int64_t M = expert_offset_[E], R = received_;
+  const int64_t M = st.expert_offset[E], R = st.received;
   // Kept across forwards: allocating (and zeroing) them every time cost as much as the gather itself.
   std::vector<T>& xp = token_rows_;
   xp.resize(size_t(M * D));
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < M; ++r) copy_row(x + (perm_slot_[r] / K) * D, xp.data() + r * D, D);
-  xe_.resize(size_t(R * D));
-  ea_.resize(size_t(R * F)), eb_.resize(size_t(R * F)), eh_.resize(size_t(R * F));
-  dispatch_rows(xp.data(), xe_.data(), D);
+  for (int64_t r = 0; r < M; ++r) copy_row(x + (st.perm_slot[r] / K) * D, xp.data() + r * D, D);
+  st.xe.resize(size_t(R * D));
+  st.ea.resize(size_t(R * F)), st.eb.resize(size_t(R * F)), st.eh.resize(size_t(R * F));
+  dispatch_rows(st, xp.data(), st.xe.data(), D);
 
   // Experts: one GEMM per local expert over its block.
   std::vector<T>& ye = expert_out_;
   ye.resize(size_t(R * D));
   for (int64_t el = 0; el < El; ++el) {
-    const int64_t r0 = local_offset_[el], m = local_offset_[el + 1] - r0;
+    const int64_t r0 = st.local_offset[el], m = st.local_offset[el + 1] - r0;
     if (m == 0) continue;
-    ops_.gemm(false, false, m, F, D, T(1), xe_.data() + r0 * D, D, w1_ + el * D * F, F, T(0), ea_.data() + r0 * F, F);
-    ops_.gemm(false, false, m, F, D, T(1), xe_.data() + r0 * D, D, w3_ + el * D * F, F, T(0), eb_.data() + r0 * F, F);
+    ops_.gemm(false, false, m, F, D, T(1), st.xe.data() + r0 * D, D, w1_ + el * D * F, F, T(0), st.ea.data() + r0 * F,
+              F);
+    ops_.gemm(false, false, m, F, D, T(1), st.xe.data() + r0 * D, D, w3_ + el * D * F, F, T(0), st.eb.data() + r0 * F,
+              F);
   }
-  ops_.swiglu_forward(ea_.data(), eb_.data(), eh_.data(), R * F);
+  ops_.swiglu_forward(st.ea.data(), st.eb.data(), st.eh.data(), R * F);
   for (int64_t el = 0; el < El; ++el) {
-    const int64_t r0 = local_offset_[el], m = local_offset_[el + 1] - r0;
+    const int64_t r0 = st.local_offset[el], m = st.local_offset[el + 1] - r0;
     if (m == 0) continue;
-    ops_.gemm(false, false, m, D, F, T(1), eh_.data() + r0 * F, F, w2_ + el * F * D, D, T(0), ye.data() + r0 * D, D);
+    ops_.gemm(false, false, m, D, F, T(1), st.eh.data() + r0 * F, F, w2_ + el * F * D, D, T(0), ye.data() + r0 * D, D);
   }
 
   // Combine: outputs back to their tokens' ranks, then y = sum_j w_j Expert_j(x), slots in order.
-  combine_rows(ye.data(), v.yp, D);
-  const std::vector<int64_t>& row_of_slot = row_of_slot_;
+  combine_rows(st, ye.data(), v.yp, D);
+  const std::vector<int64_t>& row_of_slot = st.row_of_slot;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     T* yn = y + n * D;
     std::fill_n(yn, D, T(0));
     for (int64_t j = 0; j < K; ++j) {
       const int64_t slot = n * K + j;
-      if (assigned_expert_[slot] < 0) continue;
-      const T w = gate_[slot];
+      if (st.assigned_expert[slot] < 0) continue;
+      const T w = st.gate[slot];
       const T* src = v.yp + row_of_slot[slot] * D;
       for (int64_t d = 0; d < D; ++d) yn[d] += w * src[d];
     }
   }
   if (shared_) {
-    shared_->forward(x, v.shared_out, v.shared_acts, N);
+    shared_->forward(context, x, v.shared_out, v.shared_acts, nullptr, N);
     ops_.add_inplace(y, v.shared_out, N * D);
   }
-  if (fallback_ && !fallback_token_.empty()) {
-    const int64_t Mf = int64_t(fallback_token_.size());
-    for (int64_t i = 0; i < Mf; ++i) copy_row(x + int64_t(fallback_token_[i]) * D, v.xf + i * D, D);
-    fallback_->forward(v.xf, v.yf, v.fallback_acts, Mf);
+  if (fallback_ && !st.fallback_token.empty()) {
+    const int64_t Mf = int64_t(st.fallback_token.size());
+    for (int64_t i = 0; i < Mf; ++i) copy_row(x + int64_t(st.fallback_token[i]) * D, v.xf + i * D, D);
+    fallback_->forward(context, v.xf, v.yf, v.fallback_acts, nullptr, Mf);
     for (int64_t i = 0; i < Mf; ++i) {
-      T* yn = y + int64_t(fallback_token_[i]) * D;
-      for (int64_t d = 0; d < D; ++d) yn[d] += fallback_weight_[i] * v.yf[i * D + d];
+      T* yn = y + int64_t(st.fallback_token[i]) * D;
+      for (int64_t d = 0; d < D; ++d) yn[d] += st.fallback_weight[i] * v.yf[i * D + d];
     }
   }
 
-  router_losses(v.logits, v.scores, N);
-  if (context_.training && !context_.recomputing) {
-    stats_.groups += 1;
-    stats_.tokens += N;
-    for (int64_t slot = 0; slot < N * K; ++slot) {
-      if (assigned_expert_[slot] >= 0) ++stats_.tokens_per_expert[assigned_expert_[slot]];
-      stats_.dropped += fate_[slot] == SlotFate::Dropped;
-      stats_.rerouted += fate_[slot] == SlotFate::Rerouted;
-      stats_.fallback += fate_[slot] == SlotFate::Fallback;
-    }
+  router_losses(v.logits, v.scores, st, N);
+  count_stats(context, st, N);
+}
+
+// Statistics are counted once per real training forward, never on a recompute.
+template <typename T>
+void MoeLayer<T>::count_stats(const FfnContext& context, const MoeSlot<T>& st, int64_t N) {
+  if (!context.training || context.recomputing) return;
+  const int64_t K = s_.top_k;
+  stats_.groups += 1;
+  stats_.tokens += N;
+  for (int64_t slot = 0; slot < N * K; ++slot) {
+    if (st.assigned_expert[slot] >= 0) ++stats_.tokens_per_expert[st.assigned_expert[slot]];
+    stats_.dropped += st.fate[slot] == SlotFate::Dropped;
+    stats_.rerouted += st.fate[slot] == SlotFate::Rerouted;
+    stats_.fallback += st.fate[slot] == SlotFate::Fallback;
   }
+  stats_.aux += st.aux, stats_.z += st.z, stats_.entropy_loss += st.entropy, stats_.death += st.death;
+  stats_.entropy_sum += st.entropy_sum;
 }
 
 template <typename T>
-void MoeLayer<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* /*scratch*/, int64_t N) {
+double MoeLayer<T>::router_loss(const FfnSlot* slot) const {
+  if (!slot) return 0.0;
+  const auto& st = static_cast<const MoeSlot<T>&>(*slot);
+  return st.aux + st.z + st.entropy + st.death;
+}
+
+template <typename T>
+const MoeSlot<T>& MoeLayer<T>::default_state() const {
+  const FfnSlot* slot = this->default_slot_state();
+  MOE_CHECK(slot, "the MoE layer's routing is read before any one-at-a-time forward");
+  return static_cast<const MoeSlot<T>&>(*slot);
+}
+
+template <typename T>
+void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T* dx, const T* acts, FfnSlot* slot,
+                           T* /*scratch*/, int64_t N) {
   const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k, F = s_.expert_hidden, El = local_experts();
+  const MoeSlot<T>& st = static_cast<const MoeSlot<T>&>(*slot);
   const ActsView v = carve(const_cast<T*>(acts), N);
-  const int64_t M = expert_offset_[E], R = received_;
-  const int64_t Mf = int64_t(fallback_token_.size());
+  const int64_t M = st.expert_offset[E], R = st.received;
+  const int64_t Mf = int64_t(st.fallback_token.size());
   const int64_t shared_scratch = shared_ ? shared_->scratch_size(N) : 0;
   const int64_t fb_rows = std::max<int64_t>(Mf, 1);
   const int64_t fb_scratch = fallback_ ? fallback_->scratch_size(fb_rows) : 0;
@@ -313,46 +341,46 @@ void MoeLayer<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* /*s
 
   // Shared experts write dx; otherwise it starts at zero.
   if (shared_)
-    shared_->backward(x, dy, dx, v.shared_acts, sh, N);
+    shared_->backward(context, x, dy, dx, v.shared_acts, nullptr, sh, N);
   else
     ops_.fill(dx, T(0), N * D);
 
   // Routed experts, mirrored: un-weight at the token side, dispatch the output gradients to the experts,
   // expert backward per block, combine the input gradients back, scatter them to the tokens.
-  const std::vector<int64_t>& row_of_slot = row_of_slot_;
+  const std::vector<int64_t>& row_of_slot = st.row_of_slot;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < M; ++r) {
-    const int64_t slot = perm_slot_[r];
+    const int64_t slot = st.perm_slot[r];
     const T* g = dy + (slot / K) * D;
     const T* out = v.yp + r * D;
-    const T w = gate_[slot];
+    const T w = st.gate[slot];
     double dot = 0;
     for (int64_t d = 0; d < D; ++d) dyp[r * D + d] = w * g[d], dot += double(g[d]) * out[d];
     dw[slot] = T(dot);
   }
-  dispatch_rows(dyp, dye, D);
+  dispatch_rows(st, dyp, dye, D);
   for (int64_t el = 0; el < El; ++el) {
-    const int64_t r0 = local_offset_[el], m = local_offset_[el + 1] - r0;
+    const int64_t r0 = st.local_offset[el], m = st.local_offset[el + 1] - r0;
     if (m == 0) continue;
-    ops_.gemm(true, false, F, D, m, T(1), eh_.data() + r0 * F, F, dye + r0 * D, D, T(1), dw2_ + el * F * D, D);
+    ops_.gemm(true, false, F, D, m, T(1), st.eh.data() + r0 * F, F, dye + r0 * D, D, T(1), dw2_ + el * F * D, D);
     ops_.gemm(false, true, m, F, D, T(1), dye + r0 * D, D, w2_ + el * F * D, D, T(0), dh + r0 * F, F);
   }
-  ops_.swiglu_backward(ea_.data(), eb_.data(), dh, da, db, R * F);
+  ops_.swiglu_backward(st.ea.data(), st.eb.data(), dh, da, db, R * F);
   for (int64_t el = 0; el < El; ++el) {
-    const int64_t r0 = local_offset_[el], m = local_offset_[el + 1] - r0;
+    const int64_t r0 = st.local_offset[el], m = st.local_offset[el + 1] - r0;
     if (m == 0) continue;
-    const T* xe = xe_.data() + r0 * D;
+    const T* xe = st.xe.data() + r0 * D;
     ops_.gemm(true, false, D, F, m, T(1), xe, D, da + r0 * F, F, T(1), dw1_ + el * D * F, F);
     ops_.gemm(true, false, D, F, m, T(1), xe, D, db + r0 * F, F, T(1), dw3_ + el * D * F, F);
     ops_.gemm(false, true, m, D, F, T(1), da + r0 * F, F, w1_ + el * D * F, F, T(0), dxe + r0 * D, D);
     ops_.gemm(false, true, m, D, F, T(1), db + r0 * F, F, w3_ + el * D * F, F, T(1), dxe + r0 * D, D);
   }
-  combine_rows(dxe, dxp, D);
+  combine_rows(st, dxe, dxp, D);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t j = 0; j < K; ++j) {
       const int64_t slot = n * K + j;
-      if (assigned_expert_[slot] < 0) continue;
+      if (st.assigned_expert[slot] < 0) continue;
       const T* src = dxp + row_of_slot[slot] * D;
       for (int64_t d = 0; d < D; ++d) dx[n * D + d] += src[d];
     }
@@ -360,19 +388,19 @@ void MoeLayer<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* /*s
   // Dense fallback of overflowed assignments.
   if (fallback_ && Mf > 0) {
     for (int64_t i = 0; i < Mf; ++i) {
-      const int64_t n = fallback_token_[i];
+      const int64_t n = st.fallback_token[i];
       double dot = 0;
       for (int64_t d = 0; d < D; ++d)
-        dyf[i * D + d] = fallback_weight_[i] * dy[n * D + d], dot += double(dy[n * D + d]) * v.yf[i * D + d];
+        dyf[i * D + d] = st.fallback_weight[i] * dy[n * D + d], dot += double(dy[n * D + d]) * v.yf[i * D + d];
       for (int64_t j = 0; j < K; ++j)
-        if (fate_[n * K + j] == SlotFate::Fallback) dw[n * K + j] += T(dot);
+        if (st.fate[n * K + j] == SlotFate::Fallback) dw[n * K + j] += T(dot);
     }
-    fallback_->backward(v.xf, dyf, dxf, v.fallback_acts, fbs, Mf);
+    fallback_->backward(context, v.xf, dyf, dxf, v.fallback_acts, nullptr, fbs, Mf);
     for (int64_t i = 0; i < Mf; ++i)
-      for (int64_t d = 0; d < D; ++d) dx[int64_t(fallback_token_[i]) * D + d] += dxf[i * D + d];
+      for (int64_t d = 0; d < D; ++d) dx[int64_t(st.fallback_token[i]) * D + d] += dxf[i * D + d];
   }
 
-  router_backward(x, v.logits, v.scores, dw, dp, dz, dx, N);
+  router_backward(context, st, x, v.logits, v.scores, dw, dp, dz, dx, N);
 }
 
 template class MoeLayer<float>;
