@@ -27,7 +27,7 @@ void DenseMlp<T>::bind(const ParamTable& table, T* params, T* grads) {
 }
 
 template <typename T>
-void DenseMlp<T>::forward(const T* x, T* y, T* acts, int64_t N) {
+void DenseMlp<T>::forward(const FfnContext&, const T* x, T* y, T* acts, FfnSlot*, int64_t N) {
   T* a = acts;               // (N, F) x W1
   T* b = acts + N * F_;      // (N, F) x W3
   T* s = acts + 2 * N * F_;  // (N, F) silu(a) * b
@@ -38,7 +38,8 @@ void DenseMlp<T>::forward(const T* x, T* y, T* acts, int64_t N) {
 }
 
 template <typename T>
-void DenseMlp<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t N) {
+void DenseMlp<T>::backward(const FfnContext&, const T* x, const T* dy, T* dx, const T* acts, FfnSlot*, T* scratch,
+                           int64_t N) {
   const T* a = acts;
   const T* b = acts + N * F_;
   const T* s = acts + 2 * N * F_;

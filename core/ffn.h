@@ -1,10 +1,14 @@
-// The FFN slot of a transformer layer (MODEL.md: FFN_l). A strategy chosen once at construction:
-// the dense SwiGLU MLP here; the MoE layer implements the same interface. Activations live in
-// memory the model hands in (so activation recompute can share one scratch set across layers);
-// parameters and gradients in the model's flat buffers, registered by name in the parameter table.
+// The FFN of a transformer layer (MODEL.md: FFN_l). A strategy chosen once at construction: the
+// dense SwiGLU MLP here; the MoE layer implements the same interface. A layer holds parameters,
+// configuration and step statistics only. What one micro-batch leaves for its backward lives in
+// memory the caller hands in: activations in the model's arena (so activation recompute can share
+// one set across layers), everything else (routing, plans, expert-side rows) in an FfnSlot the layer
+// makes and the model keeps per (micro-batch slot, layer). Parameters and gradients live in the
+// model's flat buffers, registered by name in the parameter table.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,15 +42,24 @@ struct RouterStepStats {
   double aux = 0, z = 0, entropy_loss = 0, death = 0;
 };
 
+// One micro-batch's state inside one FFN layer beyond its activations (MoeLayer: routing, dispatch
+// and exchange plans, expert-side activations, router losses). Written by forward, read by backward.
+class FfnSlot {
+ public:
+  virtual ~FfnSlot() = default;
+};
+
 template <typename T>
 class FeedForward {
  public:
   virtual ~FeedForward() = default;
-  virtual void set_context(const FfnContext& context) {}
-  // Routing statistics of the current step; nullptr for a dense FFN.
+  // A fresh per-micro-batch state for this layer; nullptr when the activations say everything.
+  virtual std::unique_ptr<FfnSlot> make_slot() const { return nullptr; }
+  // Routing statistics of the current step (summed over its training forwards); nullptr for a dense FFN.
   virtual RouterStepStats* router_stats() { return nullptr; }
-  // Router losses of the last forward, coefficients applied, unscaled by the group weight (0 when dense).
-  virtual double last_router_loss() const { return 0.0; }
+  // Router losses of the forward held by `slot`, coefficients applied, unscaled by the group weight
+  // (0 when dense).
+  virtual double router_loss(const FfnSlot* slot) const { return 0.0; }
   // Matmul FLOPs of one forward over N tokens (for throughput figures).
   virtual double forward_flops(int64_t N) const = 0;
   // Adds this layer's parameters to the table under `prefix` (e.g. "layers.3.mlp").
@@ -56,10 +69,33 @@ class FeedForward {
   // Elements of saved activations (acts) and of backward scratch for N tokens.
   virtual int64_t activation_size(int64_t N) const = 0;
   virtual int64_t scratch_size(int64_t N) const = 0;
-  // x: (N, D) normalised input; y: (N, D) written; acts: activation_size(N) saved for backward.
-  virtual void forward(const T* x, T* y, T* acts, int64_t N) = 0;
-  // After forward on the same x and acts. dx: (N, D) written; parameter gradients accumulate.
-  virtual void backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t N) = 0;
+  // x: (N, D) normalised input; y: (N, D) written; acts: activation_size(N) saved for backward;
+  // slot: from make_slot(), written with what backward needs. context.recomputing: a forward run again
+  // for backward, which must not count statistics.
+  virtual void forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot* slot, int64_t N) = 0;
+  // After forward on the same x, acts and slot. dx: (N, D) written; parameter gradients accumulate;
+  // scratch: scratch_size(N).
+  virtual void backward(const FfnContext& context, const T* x, const T* dy, T* dx, const T* acts, FfnSlot* slot,
+                        T* scratch, int64_t N) = 0;
+
+  // One micro-batch at a time (layer tests, benchmarks): a default context and slot held here.
+  void set_context(const FfnContext& context) { default_context_ = context; }
+  void forward(const T* x, T* y, T* acts, int64_t N) { forward(default_context_, x, y, acts, default_slot(), N); }
+  void backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t N) {
+    backward(default_context_, x, dy, dx, acts, default_slot(), scratch, N);
+  }
+  double last_router_loss() const { return router_loss(default_slot_.get()); }
+
+ protected:
+  FfnSlot* default_slot() {
+    if (!default_slot_) default_slot_ = make_slot();
+    return default_slot_.get();
+  }
+  const FfnSlot* default_slot_state() const { return default_slot_.get(); }
+
+ private:
+  FfnContext default_context_;
+  std::unique_ptr<FfnSlot> default_slot_;
 };
 
 // SwiGLU(x) = (silu(x W1) * (x W3)) W2 with W1, W3: (D, F), W2: (F, D).
@@ -71,8 +107,11 @@ class DenseMlp final : public FeedForward<T> {
   void bind(const ParamTable& table, T* params, T* grads) override;
   int64_t activation_size(int64_t N) const override { return 3 * N * F_; }
   int64_t scratch_size(int64_t N) const override { return 3 * N * F_; }
-  void forward(const T* x, T* y, T* acts, int64_t N) override;
-  void backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t N) override;
+  using FeedForward<T>::forward;
+  using FeedForward<T>::backward;
+  void forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot* slot, int64_t N) override;
+  void backward(const FfnContext& context, const T* x, const T* dy, T* dx, const T* acts, FfnSlot* slot, T* scratch,
+                int64_t N) override;
   double forward_flops(int64_t N) const override { return 6.0 * double(N) * double(D_) * double(F_); }
 
  private:

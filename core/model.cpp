@@ -11,7 +11,7 @@ namespace moe {
 
 template <typename T>
 Model<T>::Model(Ops<T>& ops, const ModelShape& shape, int64_t seq_len, int64_t max_batch, Recompute recompute,
-                FfnFactory ffn_factory)
+                FfnFactory ffn_factory, int num_slots)
     : ops_(ops), shape_(shape), T_(seq_len), max_batch_(max_batch), recompute_(recompute) {
   const int64_t V = shape.vocab, D = shape.d_model, L = shape.layers, H = shape.heads;
   MOE_CHECK(D % H == 0 && shape.head_dim() % 2 == 0, "d_model " << D << " and heads " << H);
@@ -54,30 +54,47 @@ Model<T>::Model(Ops<T>& ops, const ModelShape& shape, int64_t seq_len, int64_t m
   out_norm_ = P + at("out_norm.gain"), d_out_norm_ = G + at("out_norm.gain");
   head_ = P + at("head.weight"), d_head_ = G + at("head.weight");
 
-  // Activation arena.
+  // Activations: one arena per slot; with Recompute::Full one set of layer activations for all.
   const int64_t N = max_batch * seq_len;
-  const int64_t sets = recompute == Recompute::Full ? 1 : L;
-  arena_.assign(size_t((L + 1) * N * D + sets * acts_size() + N * D + N + N * V + N * D), T(0));
-  T* cursor = arena_.data();
-  for (int64_t l = 0; l <= L; ++l, cursor += N * D) x_.push_back(cursor);
-  for (int64_t s = 0; s < sets; ++s) acts_.push_back(carve_acts(cursor));
-  while (int64_t(acts_.size()) < L) acts_.push_back(acts_[0]);
-  xo_ = cursor, cursor += N * D;
-  rstd_o_ = cursor, cursor += N;
-  logits_ = cursor, cursor += N * V;
-  ffn_out_ = cursor, cursor += N * D;
-  losses_.assign(size_t(N), T(0));
+  MOE_CHECK(num_slots >= 1, num_slots << " micro-batch slots; at least one is needed");
+  if (recompute == Recompute::Full) {
+    shared_acts_.assign(size_t(acts_size()), T(0));
+    T* cursor = shared_acts_.data();
+    carve_acts(cursor);
+  }
+  slots_.resize(size_t(num_slots));
+  for (Slot& slot : slots_) make_slot(slot);
 
   int64_t ffn_scratch = 0;
   for (const auto& f : ffn_) ffn_scratch = std::max(ffn_scratch, f->scratch_size(N));
-  scratch_.assign(size_t(6 * N * D + N * V + T_ * T_ + ffn_scratch), T(0));
-  cursor = scratch_.data();
-  for (T** p : {&dres_, &dtmp_, &dq_, &dk_, &dv_, &datt_}) *p = cursor, cursor += N * D;
+  scratch_.assign(size_t(7 * N * D + N * V + T_ * T_ + ffn_scratch), T(0));
+  T* cursor = scratch_.data();
+  for (T** p : {&ffn_out_, &dres_, &dtmp_, &dq_, &dk_, &dv_, &datt_}) *p = cursor, cursor += N * D;
   dlogits_ = cursor, cursor += N * V;
   attn_scratch_ = cursor, cursor += T_ * T_;
   ffn_scratch_ = cursor;
-  inputs_.assign(size_t(N), 0);
-  targets_.assign(size_t(N), 0);
+}
+
+template <typename T>
+void Model<T>::make_slot(Slot& slot) {
+  const int64_t N = max_batch_ * T_, D = shape_.d_model, V = shape_.vocab, L = shape_.layers;
+  const bool shared = recompute_ == Recompute::Full;
+  slot.arena.assign(size_t((L + 1) * N * D + (shared ? 0 : L * acts_size()) + N * D + N + N * V), T(0));
+  T* cursor = slot.arena.data();
+  for (int64_t l = 0; l <= L; ++l, cursor += N * D) slot.x.push_back(cursor);
+  if (shared) {
+    T* shared_cursor = shared_acts_.data();
+    slot.acts.assign(size_t(L), carve_acts(shared_cursor));
+  } else {
+    for (int64_t l = 0; l < L; ++l) slot.acts.push_back(carve_acts(cursor));
+  }
+  slot.xo = cursor, cursor += N * D;
+  slot.rstd_o = cursor, cursor += N;
+  slot.logits = cursor, cursor += N * V;
+  slot.losses.assign(size_t(N), T(0));
+  slot.inputs.assign(size_t(N), 0);
+  slot.targets.assign(size_t(N), 0);
+  for (const auto& f : ffn_) slot.ffn.push_back(f->make_slot());
 }
 
 template <typename T>
@@ -109,9 +126,12 @@ void Model<T>::zero_grads() {
 }
 
 template <typename T>
-void Model<T>::block_forward(int64_t l, const T* x_in, T* x_out, const BlockActs& a, int64_t B) {
+void Model<T>::block_forward(int64_t l, const FfnContext& context, Slot& s, int64_t B) {
   const int64_t N = B * T_, D = shape_.d_model, H = shape_.heads, Dh = shape_.head_dim();
   const BlockWeights& w = blocks_[l];
+  const BlockActs& a = s.acts[l];
+  const T* x_in = s.x[l];
+  T* x_out = s.x[l + 1];
   // h = x + Attn(RMSNorm_a(x))
   ops_.rmsnorm_forward(x_in, w.attn_norm, a.xa, a.rstd_a, N, D);
   ops_.gemm(false, false, N, D, D, T(1), a.xa, D, w.wq, D, T(0), a.q, D);
@@ -124,20 +144,22 @@ void Model<T>::block_forward(int64_t l, const T* x_in, T* x_out, const BlockActs
   ops_.gemm(false, false, N, D, D, T(1), a.att, D, w.wo, D, T(1), a.h, D);
   // x = h + FFN(RMSNorm_f(h))
   ops_.rmsnorm_forward(a.h, w.ffn_norm, a.xf, a.rstd_f, N, D);
-  ffn_[l]->forward(a.xf, ffn_out_, a.ffn, N);
+  ffn_[l]->forward(context, a.xf, ffn_out_, a.ffn, s.ffn[l].get(), N);
   ops_.add(a.h, ffn_out_, x_out, N * D);
 }
 
 template <typename T>
-void Model<T>::block_backward(int64_t l, const T* x_in, T* dres, const BlockActs& a, int64_t B) {
+void Model<T>::block_backward(int64_t l, const FfnContext& context, Slot& s, T* dres, int64_t B) {
   // On entry dres = dL/dx_out; on exit dres = dL/dx_in (the residual stream accumulates).
   const int64_t N = B * T_, D = shape_.d_model, H = shape_.heads, Dh = shape_.head_dim();
   const BlockWeights& w = blocks_[l];
-  ffn_[l]->backward(a.xf, dres, dtmp_, a.ffn, ffn_scratch_, N);                        // dtmp = dL/dxf
-  ops_.rmsnorm_backward(a.h, w.ffn_norm, a.rstd_f, dtmp_, datt_, w.d_ffn_norm, N, D);  // datt = via norm
-  ops_.add_inplace(dres, datt_, N * D);                                                // dres = dL/dh
-  ops_.gemm(true, false, D, D, N, T(1), a.att, D, dres, D, T(1), w.dwo, D);            // dWo += att^T dh
-  ops_.gemm(false, true, N, D, D, T(1), dres, D, w.wo, D, T(0), datt_, D);             // datt = dh Wo^T
+  const BlockActs& a = s.acts[l];
+  const T* x_in = s.x[l];
+  ffn_[l]->backward(context, a.xf, dres, dtmp_, a.ffn, s.ffn[l].get(), ffn_scratch_, N);  // dtmp = dL/dxf
+  ops_.rmsnorm_backward(a.h, w.ffn_norm, a.rstd_f, dtmp_, datt_, w.d_ffn_norm, N, D);     // datt = via norm
+  ops_.add_inplace(dres, datt_, N * D);                                                   // dres = dL/dh
+  ops_.gemm(true, false, D, D, N, T(1), a.att, D, dres, D, T(1), w.dwo, D);               // dWo += att^T dh
+  ops_.gemm(false, true, N, D, D, T(1), dres, D, w.wo, D, T(0), datt_, D);                // datt = dh Wo^T
   ops_.attention_backward(a.q, a.k, a.v, a.probs, datt_, dq_, dk_, dv_, attn_scratch_, B, T_, H, Dh);
   ops_.rope(dq_, B, T_, H, Dh, true);
   ops_.rope(dk_, B, T_, H, Dh, true);
@@ -152,49 +174,57 @@ void Model<T>::block_backward(int64_t l, const T* x_in, T* dres, const BlockActs
 }
 
 template <typename T>
-double Model<T>::forward(const int32_t* tokens, int64_t B) {
+typename Model<T>::Slot& Model<T>::checked_slot(int slot) {
+  MOE_CHECK(slot >= 0 && slot < num_slots(), "micro-batch slot " << slot << "; the model has " << num_slots());
+  return slots_[size_t(slot)];
+}
+
+template <typename T>
+double Model<T>::forward(int slot, const int32_t* tokens, int64_t B) {
   MOE_CHECK(B >= 1 && B <= max_batch_, "micro-batch of " << B << " sequences; the model was sized for " << max_batch_);
+  Slot& s = checked_slot(slot);
   const int64_t N = B * T_, D = shape_.d_model, V = shape_.vocab, L = shape_.layers;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T_; ++t) {
-      inputs_[b * T_ + t] = tokens[b * (T_ + 1) + t];
-      targets_[b * T_ + t] = tokens[b * (T_ + 1) + t + 1];
+      s.inputs[b * T_ + t] = tokens[b * (T_ + 1) + t];
+      s.targets[b * T_ + t] = tokens[b * (T_ + 1) + t + 1];
     }
   for (int64_t i = 0; i < N; ++i)
-    MOE_CHECK(inputs_[i] >= 0 && inputs_[i] < V && targets_[i] >= 0 && targets_[i] < V,
+    MOE_CHECK(s.inputs[i] >= 0 && s.inputs[i] < V && s.targets[i] >= 0 && s.targets[i] < V,
               "token id outside the vocabulary [0, " << V << ")");
-  last_batch_ = B;
-  context_.recomputing = false;
-  for (auto& f : ffn_) f->set_context(context_);
+  s.batch = B;
+  s.context = context_;
+  s.context.recomputing = false;
 
-  ops_.embedding_forward(inputs_.data(), embed_, x_[0], N, D);
-  for (int64_t l = 0; l < L; ++l) block_forward(l, x_[l], x_[l + 1], acts_[l], B);
-  ops_.rmsnorm_forward(x_[L], out_norm_, xo_, rstd_o_, N, D);
-  ops_.gemm(false, false, N, V, D, T(1), xo_, D, head_, V, T(0), logits_, V);
-  ops_.cross_entropy_forward(logits_, targets_.data(), losses_.data(), N, V);
+  ops_.embedding_forward(s.inputs.data(), embed_, s.x[0], N, D);
+  for (int64_t l = 0; l < L; ++l) block_forward(l, s.context, s, B);
+  ops_.rmsnorm_forward(s.x[L], out_norm_, s.xo, s.rstd_o, N, D);
+  ops_.gemm(false, false, N, V, D, T(1), s.xo, D, head_, V, T(0), s.logits, V);
+  ops_.cross_entropy_forward(s.logits, s.targets.data(), s.losses.data(), N, V);
   double total = 0;
-  for (int64_t i = 0; i < N; ++i) total += double(losses_[i]);
+  for (int64_t i = 0; i < N; ++i) total += double(s.losses[i]);
   return total;
 }
 
 template <typename T>
-void Model<T>::backward(double loss_scale) {
-  MOE_CHECK(last_batch_ > 0, "backward without a forward");
-  const int64_t B = last_batch_, N = B * T_, D = shape_.d_model, V = shape_.vocab, L = shape_.layers;
-  ops_.cross_entropy_backward(logits_, targets_.data(), T(loss_scale), dlogits_, N, V);
-  ops_.gemm(true, false, D, V, N, T(1), xo_, D, dlogits_, V, T(1), d_head_, V);  // dHead += xo^T dlogits
-  ops_.gemm(false, true, N, D, V, T(1), dlogits_, V, head_, V, T(0), dtmp_, D);  // dxo = dlogits Head^T
-  ops_.rmsnorm_backward(x_[L], out_norm_, rstd_o_, dtmp_, dres_, d_out_norm_, N, D);
+void Model<T>::backward(int slot, double loss_scale) {
+  Slot& s = checked_slot(slot);
+  MOE_CHECK(s.batch > 0, "backward of micro-batch slot " << slot << " without a forward into it");
+  const int64_t B = s.batch, N = B * T_, D = shape_.d_model, V = shape_.vocab, L = shape_.layers;
+  ops_.cross_entropy_backward(s.logits, s.targets.data(), T(loss_scale), dlogits_, N, V);
+  ops_.gemm(true, false, D, V, N, T(1), s.xo, D, dlogits_, V, T(1), d_head_, V);  // dHead += xo^T dlogits
+  ops_.gemm(false, true, N, D, V, T(1), dlogits_, V, head_, V, T(0), dtmp_, D);   // dxo = dlogits Head^T
+  ops_.rmsnorm_backward(s.x[L], out_norm_, s.rstd_o, dtmp_, dres_, d_out_norm_, N, D);
   if (grad_ready_) grad_ready_(head_specs_.first, head_specs_.second);
-  context_.recomputing = true;  // a recomputed forward must not count routing statistics again
-  for (auto& f : ffn_) f->set_context(context_);
+  FfnContext context = s.context;
+  context.recomputing = true;  // a recomputed forward must not count routing statistics again
   for (int64_t l = L - 1; l >= 0; --l) {
-    // Recompute rewrites x_[l+1] with the same bits it already holds (same ops on the same input).
-    if (recompute_ == Recompute::Full) block_forward(l, x_[l], x_[l + 1], acts_[l], B);
-    block_backward(l, x_[l], dres_, acts_[l], B);
+    // Recompute rewrites x[l+1] with the same bits it already holds (same ops on the same input).
+    if (recompute_ == Recompute::Full) block_forward(l, context, s, B);
+    block_backward(l, context, s, dres_, B);
     if (grad_ready_) grad_ready_(layer_specs_[l].first, layer_specs_[l].second);
   }
-  ops_.embedding_backward(inputs_.data(), dres_, d_embed_, N, D);
+  ops_.embedding_backward(s.inputs.data(), dres_, d_embed_, N, D);
   if (grad_ready_) grad_ready_(embed_specs_.first, embed_specs_.second);
 }
 
@@ -217,9 +247,10 @@ void Model<T>::set_context(bool training, int64_t step, int64_t first_sequence, 
 }
 
 template <typename T>
-double Model<T>::last_router_loss() const {
+double Model<T>::router_loss(int slot) const {
+  MOE_CHECK(slot >= 0 && slot < num_slots(), "micro-batch slot " << slot << "; the model has " << num_slots());
   double total = 0;
-  for (const auto& f : ffn_) total += f->last_router_loss();
+  for (size_t l = 0; l < ffn_.size(); ++l) total += ffn_[l]->router_loss(slots_[size_t(slot)].ffn[l].get());
   return total;
 }
 

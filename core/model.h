@@ -1,8 +1,9 @@
 // The decoder-only language model of MODEL.md: embedding, L layers of (RMSNorm, rotary causal attention,
 // residual, RMSNorm, FFN slot, residual), output RMSNorm and untied head, cross-entropy. Forward and
 // backward are explicit and read like the math; the FFN strategy is chosen once at construction.
-// The model owns its flat parameter and gradient buffers (carved by the parameter table) and an
-// activation arena sized for one micro-batch of up to `max_batch` sequences.
+// The model owns its flat parameter and gradient buffers (carved by the parameter table) and
+// `num_slots` micro-batch slots: each an activation arena for up to `max_batch` sequences plus every
+// FFN's per-micro-batch state, so several micro-batches can be forwarded before their backwards (1F1B).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +38,7 @@ class Model {
   using FfnFactory = std::function<std::unique_ptr<FeedForward<T>>(int64_t layer)>;
 
   Model(Ops<T>& ops, const ModelShape& shape, int64_t seq_len, int64_t max_batch, Recompute recompute,
-        FfnFactory ffn_factory = nullptr);
+        FfnFactory ffn_factory = nullptr, int num_slots = 1);
 
   const ModelShape& shape() const { return shape_; }
   const ParamTable& table() const { return table_; }
@@ -50,13 +51,26 @@ class Model {
   void init_params(uint64_t seed) { table_.initialize(params_.data(), seed); }
   void zero_grads();
 
+  int num_slots() const { return int(slots_.size()); }
   // tokens: (B, T+1) rows, B <= max_batch; inputs are columns [0, T), targets columns [1, T].
-  // Returns the sum over the B*T tokens of -log p(target). Keeps what backward needs.
-  double forward(const int32_t* tokens, int64_t B);
-  // Per-token losses of the last forward: (B*T).
-  const T* token_losses() const { return losses_.data(); }
-  // After forward: accumulates d(loss_scale * sum of token losses)/d(params) into grads().
-  void backward(double loss_scale);
+  // Returns the sum over the B*T tokens of -log p(target). Keeps what backward needs in `slot`, with
+  // the context of the last set_context().
+  double forward(int slot, const int32_t* tokens, int64_t B);
+  // After forward into `slot`: accumulates d(loss_scale * sum of its token losses)/d(params) into grads().
+  // Slots are independent: backwards may run in any order after their forwards.
+  void backward(int slot, double loss_scale);
+  // Per-token losses of the forward in `slot`: (B*T).
+  const T* token_losses(int slot) const { return slots_[size_t(slot)].losses.data(); }
+  // Router losses of the forward in `slot`, summed over MoE layers (coefficients applied, unweighted).
+  double router_loss(int slot) const;
+  // The state layer `layer`'s FFN keeps for the micro-batch in `slot` (nullptr for a dense FFN).
+  const FfnSlot* ffn_slot(int slot, int64_t layer) const { return slots_[size_t(slot)].ffn[size_t(layer)].get(); }
+
+  // One micro-batch at a time: slot 0.
+  double forward(const int32_t* tokens, int64_t B) { return forward(0, tokens, B); }
+  void backward(double loss_scale) { backward(0, loss_scale); }
+  const T* token_losses() const { return token_losses(0); }
+  double last_router_loss() const { return router_loss(0); }
 
   // Matmul FLOPs of one forward over B sequences (attention included), for throughput figures.
   double forward_flops(int64_t B) const;
@@ -65,8 +79,6 @@ class Model {
   // micro-batch's first sequence within the step, and the weight of one routing group's router losses
   // in the step's loss (1 / routing groups per step). Passed to every FFN.
   void set_context(bool training, int64_t step, int64_t first_sequence, double router_loss_scale, uint64_t seed);
-  // Router losses of the last forward, summed over MoE layers (coefficients applied, unweighted).
-  double last_router_loss() const;
   FeedForward<T>& ffn(int64_t layer) { return *ffn_[layer]; }
   // Called during backward with a range [first, end) of parameter-table specs whose gradients are final
   // for this backward (output head, then each layer from the last, then the embedding), so gradient
@@ -84,8 +96,23 @@ class Model {
     T *xa, *rstd_a, *q, *k, *v, *probs, *att, *h, *xf, *rstd_f, *ffn;
   };
 
-  void block_forward(int64_t l, const T* x_in, T* x_out, const BlockActs& a, int64_t B);
-  void block_backward(int64_t l, const T* x_in, T* dres, const BlockActs& a, int64_t B);
+  // One micro-batch in flight: its inputs, activations, FFN states and the context of its forward.
+  struct Slot {
+    std::vector<T> arena;
+    std::vector<T*> x;            // L + 1 pointers, (N, D) each: each layer's input, then the final x
+    std::vector<BlockActs> acts;  // L entries (all the model's shared set when recomputing)
+    T *xo = nullptr, *rstd_o = nullptr, *logits = nullptr;
+    std::vector<T> losses;  // (N)
+    std::vector<int32_t> inputs, targets;
+    std::vector<std::unique_ptr<FfnSlot>> ffn;  // L entries
+    FfnContext context;
+    int64_t batch = 0;  // 0: no forward yet
+  };
+
+  void make_slot(Slot& slot);
+  Slot& checked_slot(int slot);
+  void block_forward(int64_t l, const FfnContext& context, Slot& s, int64_t B);
+  void block_backward(int64_t l, const FfnContext& context, Slot& s, T* dres, int64_t B);
   BlockActs carve_acts(T*& cursor) const;
   int64_t acts_size() const;
 
@@ -100,18 +127,14 @@ class Model {
   const T *embed_ = nullptr, *out_norm_ = nullptr, *head_ = nullptr;
   T *d_embed_ = nullptr, *d_out_norm_ = nullptr, *d_head_ = nullptr;
 
-  // Activations: x_in of every layer plus the final x; per-layer acts (or one shared set when recomputing).
-  std::vector<T> arena_;
-  std::vector<T*> x_;            // L + 1 pointers, (N, D) each
-  std::vector<BlockActs> acts_;  // L entries (all equal when recomputing)
-  T *xo_, *rstd_o_, *logits_, *ffn_out_;
-  std::vector<T> losses_;
-  // Backward scratch shared by all layers.
+  std::vector<Slot> slots_;
+  // Recompute::Full: one set of layer activations shared by every layer of every slot, since each
+  // layer's forward is run again just before its backward.
+  std::vector<T> shared_acts_;
+  // Scratch of one forward or backward call, shared by all layers and slots.
   std::vector<T> scratch_;
-  T *dres_, *dtmp_, *dq_, *dk_, *dv_, *datt_, *dlogits_, *attn_scratch_, *ffn_scratch_;
-  std::vector<int32_t> inputs_, targets_;
-  int64_t last_batch_ = 0;
-  FfnContext context_;
+  T *ffn_out_, *dres_, *dtmp_, *dq_, *dk_, *dv_, *datt_, *dlogits_, *attn_scratch_, *ffn_scratch_;
+  FfnContext context_;  // of the next forwards
   GradReadyHook grad_ready_;
   // Spec index ranges of the table: the embedding, each layer, the output norm and head.
   std::pair<int64_t, int64_t> embed_specs_, head_specs_;

@@ -1,5 +1,5 @@
-// The MoE layer: routing (plan), expert compute over permuted contiguous blocks, combine, router losses,
-// and the mirrored backward. See moe_layer.h for what is and is not here.
+// The MoE layer: the wiring of router, dispatch plan, dispatcher and experts, the combine, the shared
+// experts and the dense fallback, forward and mirrored backward. See moe_layer.h.
 #include "core/moe_layer.h"
 
 #include <algorithm>
@@ -27,13 +27,17 @@ struct MoeLayer<T>::ActsView {
 };
 
 template <typename T>
-MoeLayer<T>::MoeLayer(Ops<T>& ops, const MoeSettings& settings) : ops_(ops), s_(settings) {
+MoeLayer<T>::MoeLayer(Ops<T>& ops, const MoeSettings& settings)
+    : ops_(ops),
+      s_(settings),
+      router_(ops, settings),
+      dispatcher_(settings.num_experts, settings.ep_size),
+      experts_(ops, settings.d_model, settings.expert_hidden) {
   MOE_CHECK(s_.num_experts >= 1 && s_.top_k >= 1 && s_.top_k <= s_.num_experts,
             "experts " << s_.num_experts << ", top_k " << s_.top_k);
   MOE_CHECK(
       s_.ep_size >= 1 && s_.num_experts % s_.ep_size == 0 && s_.ep_rank >= 0 && s_.ep_rank < s_.ep_size,
       "expert parallelism " << s_.ep_size << " (rank " << s_.ep_rank << ") over " << s_.num_experts << " experts");
-  bias_.assign(size_t(s_.num_experts), 0.0f);
   if (s_.shared_experts > 0)
     shared_ = std::make_unique<DenseMlp<T>>(ops, s_.d_model, s_.shared_experts * s_.expert_hidden, s_.layers_total);
   if (s_.overflow == Overflow::Dense)
@@ -59,10 +63,9 @@ void MoeLayer<T>::register_params(ParamTable& table, const std::string& prefix) 
 template <typename T>
 void MoeLayer<T>::bind(const ParamTable& table, T* params, T* grads) {
   auto at = [&](const char* name) { return table.find(prefix_ + name).offset; };
-  router_ = params + at(".router.weight"), d_router_ = grads + at(".router.weight");
-  w1_ = params + at(".experts.w1"), dw1_ = grads + at(".experts.w1");
-  w3_ = params + at(".experts.w3"), dw3_ = grads + at(".experts.w3");
-  w2_ = params + at(".experts.w2"), dw2_ = grads + at(".experts.w2");
+  router_.bind(params + at(".router.weight"), grads + at(".router.weight"));
+  experts_.bind(params + at(".experts.w1"), params + at(".experts.w3"), params + at(".experts.w2"),
+                grads + at(".experts.w1"), grads + at(".experts.w3"), grads + at(".experts.w2"));
   if (shared_) shared_->bind(table, params, grads);
   if (fallback_) fallback_->bind(table, params, grads);
 }
@@ -109,270 +112,223 @@ void MoeLayer<T>::reset_stats() {
   stats_.tokens_per_expert.assign(size_t(s_.num_experts), 0);
 }
 
-template <typename T>
-void MoeLayer<T>::update_balancing_bias(const std::vector<int64_t>& counts, double rate) {
-  if (rate <= 0) return;
-  MOE_CHECK(int64_t(counts.size()) == s_.num_experts, "counts of " << counts.size() << " experts");
-  double mean = 0;
-  for (int64_t c : counts) mean += double(c);
-  mean /= double(counts.size());
-  for (size_t e = 0; e < counts.size(); ++e) {
-    const double diff = mean - double(counts[e]);
-    bias_[e] += float(rate * double((diff > 0) - (diff < 0)));
-  }
-}
-
-// ---- Dispatch and combine: communication only --------------------------------------------------
-
-// Rows for each rank's experts are contiguous in the global-expert order of the permutation; the counts
-// per (source, local expert) are exchanged first so that every rank knows what it will receive.
-template <typename T>
-void MoeLayer<T>::plan_exchange() {
-  const int64_t P = s_.ep_size, El = local_experts();
-  std::vector<int64_t> send_count(static_cast<size_t>(P * El));
-  for (int64_t e = 0; e < s_.num_experts; ++e) send_count[e] = expert_offset_[e + 1] - expert_offset_[e];
-  recv_count_.assign(size_t(P * El), 0);
-  if (P == 1)
-    recv_count_ = send_count;
-  else
-    exchange_->exchange_counts(send_count.data(), recv_count_.data(), El);
-  send_rows_.assign(size_t(P), 0);
-  recv_rows_.assign(size_t(P), 0);
-  for (int64_t q = 0; q < P; ++q)
-    for (int64_t el = 0; el < El; ++el)
-      send_rows_[q] += send_count[q * El + el], recv_rows_[q] += recv_count_[q * El + el];
-  local_offset_.assign(size_t(El + 1), 0);
-  for (int64_t el = 0; el < El; ++el) {
-    int64_t rows = 0;
-    for (int64_t q = 0; q < P; ++q) rows += recv_count_[q * El + el];
-    local_offset_[el + 1] = local_offset_[el] + rows;
-  }
-  received_ = local_offset_[El];
-}
+// ---- Forward -------------------------------------------------------------------------------------
 
 template <typename T>
-void MoeLayer<T>::exchange_rows(const T* send, const std::vector<int64_t>& send_rows, T* recv,
-                                const std::vector<int64_t>& recv_rows, int64_t width) {
-  if (s_.ep_size == 1) {
-    std::copy_n(send, send_rows[0] * width, recv);
-    return;
-  }
-  if constexpr (std::is_same_v<T, float>) {
-    std::vector<int64_t> sc(send_rows.size()), rc(recv_rows.size());
-    for (size_t q = 0; q < sc.size(); ++q) sc[q] = send_rows[q] * width, rc[q] = recv_rows[q] * width;
-    exchange_->exchange(send, sc.data(), recv, rc.data());
-  } else {
-    MOE_FAIL("expert parallelism runs in float only");
-  }
-}
-
-// Received rows arrive source-major (source rank, local expert); the experts compute expert-major (local
-// expert, source rank). Moves the blocks between the two orders, in either direction.
-template <typename T>
-void MoeLayer<T>::reorder_received(const T* from, T* to, int64_t width, bool to_expert_major) {
-  const int64_t P = s_.ep_size, El = local_experts();
-  int64_t src = 0;
-  for (int64_t q = 0; q < P; ++q)
-    for (int64_t el = 0; el < El; ++el) {
-      int64_t dst = local_offset_[el];
-      for (int64_t q2 = 0; q2 < q; ++q2) dst += recv_count_[q2 * El + el];
-      const int64_t n = recv_count_[q * El + el] * width;
-      const int64_t from_row = to_expert_major ? src : dst, to_row = to_expert_major ? dst : src;
-      std::copy_n(from + from_row * width, n, to + to_row * width);
-      src += recv_count_[q * El + el];
-    }
-}
-
-template <typename T>
-void MoeLayer<T>::dispatch_rows(const T* token_rows, T* expert_rows, int64_t width) {
-  exchange_buffer_.resize(size_t(received_ * width));
-  exchange_rows(token_rows, send_rows_, exchange_buffer_.data(), recv_rows_, width);
-  reorder_received(exchange_buffer_.data(), expert_rows, width, true);
-}
-
-template <typename T>
-void MoeLayer<T>::combine_rows(const T* expert_rows, T* token_rows, int64_t width) {
-  exchange_buffer_.resize(size_t(received_ * width));
-  reorder_received(expert_rows, exchange_buffer_.data(), width, false);
-  exchange_rows(exchange_buffer_.data(), recv_rows_, token_rows, send_rows_, width);  // counts swapped
-}
-
-// ---- Forward and backward --------------------------------------------------------------------------
-
-template <typename T>
-void MoeLayer<T>::forward(const T* x, T* y, T* acts, int64_t N) {
-  const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k, F = s_.expert_hidden, El = local_experts();
-  MOE_CHECK(s_.ep_size == 1 || exchange_,
-            "an MoE layer over " << s_.ep_size << " expert-parallel ranks needs an exchange");
+void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot* slot, int64_t N) {
+  const int64_t D = s_.d_model, K = s_.top_k;
+  MOE_CHECK(dispatcher_.ready(), "an MoE layer over " << s_.ep_size << " expert-parallel ranks needs an exchange");
+  MoeSlot<T>& st = static_cast<MoeSlot<T>&>(*slot);
   const ActsView v = carve(acts, N);
-  // Plan (local): router, selection, capacity, permutation.
-  ops_.gemm(false, false, N, E, D, T(1), x, D, router_, E, T(0), v.logits, E);  // z = x Wg
-  route(v.logits, v.scores, N);
-  build_permutation(N);
-  plan_exchange();
+  // Router and plan (local): scores, selection, gate weights, losses; capacity, overflow, permutation.
+  router_.forward(context, x, v.logits, v.scores, st.routing, N);
+  plan(st, N);
+  dispatcher_.plan(st.plan.expert_offset, st.exchange);
 
   // Dispatch: gather each expert's tokens into its block, send blocks to the experts' ranks.
-  const int64_t M = expert_offset_[E], R = received_;
+  const int64_t M = st.plan.rows(), R = st.exchange.received;
   // Kept across forwards: allocating (and zeroing) them every time cost as much as the gather itself.
   std::vector<T>& xp = token_rows_;
   xp.resize(size_t(M * D));
+  const int32_t* perm_slot = st.plan.perm_slot.data();
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < M; ++r) copy_row(x + (perm_slot_[r] / K) * D, xp.data() + r * D, D);
-  xe_.resize(size_t(R * D));
-  ea_.resize(size_t(R * F)), eb_.resize(size_t(R * F)), eh_.resize(size_t(R * F));
-  dispatch_rows(xp.data(), xe_.data(), D);
+  for (int64_t r = 0; r < M; ++r) copy_row(x + (perm_slot[r] / K) * D, xp.data() + r * D, D);
+  experts_.resize(st.experts, R);
+  dispatcher_.dispatch(st.exchange, xp.data(), st.experts.xe.data(), D);
 
-  // Experts: one GEMM per local expert over its block.
-  std::vector<T>& ye = expert_out_;
-  ye.resize(size_t(R * D));
-  for (int64_t el = 0; el < El; ++el) {
-    const int64_t r0 = local_offset_[el], m = local_offset_[el + 1] - r0;
-    if (m == 0) continue;
-    ops_.gemm(false, false, m, F, D, T(1), xe_.data() + r0 * D, D, w1_ + el * D * F, F, T(0), ea_.data() + r0 * F, F);
-    ops_.gemm(false, false, m, F, D, T(1), xe_.data() + r0 * D, D, w3_ + el * D * F, F, T(0), eb_.data() + r0 * F, F);
+  // Experts, then their outputs back to the tokens' ranks and the gate-weighted sum.
+  expert_out_.resize(size_t(R * D));
+  experts_.forward(st.exchange.local_offset, st.experts, expert_out_.data());
+  dispatcher_.combine(st.exchange, expert_out_.data(), v.yp, D);
+  combine(st, v.yp, y, N);
+  if (shared_) {
+    shared_->forward(context, x, v.shared_out, v.shared_acts, nullptr, N);
+    ops_.add_inplace(y, v.shared_out, N * D);
   }
-  ops_.swiglu_forward(ea_.data(), eb_.data(), eh_.data(), R * F);
-  for (int64_t el = 0; el < El; ++el) {
-    const int64_t r0 = local_offset_[el], m = local_offset_[el + 1] - r0;
-    if (m == 0) continue;
-    ops_.gemm(false, false, m, D, F, T(1), eh_.data() + r0 * F, F, w2_ + el * F * D, D, T(0), ye.data() + r0 * D, D);
-  }
+  if (fallback_ && !st.fallback_token.empty()) fallback_forward(context, st, x, v, y);
+  count_stats(context, st, N);
+}
 
-  // Combine: outputs back to their tokens' ranks, then y = sum_j w_j Expert_j(x), slots in order.
-  combine_rows(ye.data(), v.yp, D);
-  const std::vector<int64_t>& row_of_slot = row_of_slot_;
+// Capacity and overflow over the router's preferences, then the tokens the dense fallback computes.
+template <typename T>
+void MoeLayer<T>::plan(MoeSlot<T>& st, int64_t N) const {
+  const int64_t K = s_.top_k;
+  DispatchRequest<T> request;
+  request.tokens = N, request.experts = s_.num_experts, request.top_k = K;
+  request.choices = st.routing.choices, request.preference = st.routing.preference.data();
+  request.score = st.routing.selected_score.data();
+  request.capacity = capacity(N), request.drop_policy = s_.drop_policy, request.overflow = s_.overflow;
+  plan_dispatch(request, st.plan);
+  st.fallback_token.clear();
+  st.fallback_weight.clear();
+  if (s_.overflow != Overflow::Dense) return;
+  for (int64_t n = 0; n < N; ++n) {
+    double w = 0;
+    bool any = false;
+    for (int64_t j = 0; j < K; ++j)
+      if (st.plan.fate[n * K + j] == SlotFate::Fallback) w += double(st.routing.gate[n * K + j]), any = true;
+    if (any) st.fallback_token.push_back(int32_t(n)), st.fallback_weight.push_back(T(w));
+  }
+}
+
+template <typename T>
+void MoeLayer<T>::combine(const MoeSlot<T>& st, const T* yp, T* y, int64_t N) const {
+  const int64_t D = s_.d_model, K = s_.top_k;
+  const int32_t* assigned = st.plan.assigned_expert.data();
+  const int64_t* row_of_slot = st.plan.row_of_slot.data();
+  const T* gate = st.routing.gate.data();
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     T* yn = y + n * D;
     std::fill_n(yn, D, T(0));
     for (int64_t j = 0; j < K; ++j) {
       const int64_t slot = n * K + j;
-      if (assigned_expert_[slot] < 0) continue;
-      const T w = gate_[slot];
-      const T* src = v.yp + row_of_slot[slot] * D;
+      if (assigned[slot] < 0) continue;
+      const T w = gate[slot];
+      const T* src = yp + row_of_slot[slot] * D;
       for (int64_t d = 0; d < D; ++d) yn[d] += w * src[d];
-    }
-  }
-  if (shared_) {
-    shared_->forward(x, v.shared_out, v.shared_acts, N);
-    ops_.add_inplace(y, v.shared_out, N * D);
-  }
-  if (fallback_ && !fallback_token_.empty()) {
-    const int64_t Mf = int64_t(fallback_token_.size());
-    for (int64_t i = 0; i < Mf; ++i) copy_row(x + int64_t(fallback_token_[i]) * D, v.xf + i * D, D);
-    fallback_->forward(v.xf, v.yf, v.fallback_acts, Mf);
-    for (int64_t i = 0; i < Mf; ++i) {
-      T* yn = y + int64_t(fallback_token_[i]) * D;
-      for (int64_t d = 0; d < D; ++d) yn[d] += fallback_weight_[i] * v.yf[i * D + d];
-    }
-  }
-
-  router_losses(v.logits, v.scores, N);
-  if (context_.training && !context_.recomputing) {
-    stats_.groups += 1;
-    stats_.tokens += N;
-    for (int64_t slot = 0; slot < N * K; ++slot) {
-      if (assigned_expert_[slot] >= 0) ++stats_.tokens_per_expert[assigned_expert_[slot]];
-      stats_.dropped += fate_[slot] == SlotFate::Dropped;
-      stats_.rerouted += fate_[slot] == SlotFate::Rerouted;
-      stats_.fallback += fate_[slot] == SlotFate::Fallback;
     }
   }
 }
 
 template <typename T>
-void MoeLayer<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* /*scratch*/, int64_t N) {
-  const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k, F = s_.expert_hidden, El = local_experts();
+void MoeLayer<T>::fallback_forward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v,
+                                   T* y) {
+  const int64_t D = s_.d_model, Mf = int64_t(st.fallback_token.size());
+  for (int64_t i = 0; i < Mf; ++i) copy_row(x + int64_t(st.fallback_token[i]) * D, v.xf + i * D, D);
+  fallback_->forward(context, v.xf, v.yf, v.fallback_acts, nullptr, Mf);
+  for (int64_t i = 0; i < Mf; ++i) {
+    T* yn = y + int64_t(st.fallback_token[i]) * D;
+    for (int64_t d = 0; d < D; ++d) yn[d] += st.fallback_weight[i] * v.yf[i * D + d];
+  }
+}
+
+// Statistics are counted once per real training forward, never on a recompute.
+template <typename T>
+void MoeLayer<T>::count_stats(const FfnContext& context, const MoeSlot<T>& st, int64_t N) {
+  if (!context.training || context.recomputing) return;
+  const int64_t K = s_.top_k;
+  stats_.groups += 1;
+  stats_.tokens += N;
+  for (int64_t slot = 0; slot < N * K; ++slot) {
+    if (st.plan.assigned_expert[slot] >= 0) ++stats_.tokens_per_expert[st.plan.assigned_expert[slot]];
+    stats_.dropped += st.plan.fate[slot] == SlotFate::Dropped;
+    stats_.rerouted += st.plan.fate[slot] == SlotFate::Rerouted;
+    stats_.fallback += st.plan.fate[slot] == SlotFate::Fallback;
+  }
+  const Routing<T>& r = st.routing;
+  stats_.aux += r.aux, stats_.z += r.z, stats_.entropy_loss += r.entropy, stats_.death += r.death;
+  stats_.entropy_sum += r.entropy_sum;
+}
+
+template <typename T>
+double MoeLayer<T>::router_loss(const FfnSlot* slot) const {
+  if (!slot) return 0.0;
+  return static_cast<const MoeSlot<T>&>(*slot).routing.loss();
+}
+
+template <typename T>
+const MoeSlot<T>& MoeLayer<T>::default_state() const {
+  const FfnSlot* slot = this->default_slot_state();
+  MOE_CHECK(slot, "the MoE layer's routing is read before any one-at-a-time forward");
+  return static_cast<const MoeSlot<T>&>(*slot);
+}
+
+// ---- Backward ------------------------------------------------------------------------------------
+
+template <typename T>
+void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T* dx, const T* acts, FfnSlot* slot,
+                           T* /*scratch*/, int64_t N) {
+  const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k, F = s_.expert_hidden;
+  const MoeSlot<T>& st = static_cast<const MoeSlot<T>&>(*slot);
   const ActsView v = carve(const_cast<T*>(acts), N);
-  const int64_t M = expert_offset_[E], R = received_;
-  const int64_t Mf = int64_t(fallback_token_.size());
+  const int64_t M = st.plan.rows(), R = st.exchange.received;
+  const int64_t Mf = int64_t(st.fallback_token.size());
   const int64_t shared_scratch = shared_ ? shared_->scratch_size(N) : 0;
   const int64_t fb_rows = std::max<int64_t>(Mf, 1);
-  const int64_t fb_scratch = fallback_ ? fallback_->scratch_size(fb_rows) : 0;
+  const int64_t fb_scratch = fallback_ ? fallback_->scratch_size(fb_rows) + 2 * fb_rows * D : 0;
+  const int64_t experts_scratch = GroupedExperts<T>::scratch_size(R, F);
   const size_t need =
-      size_t(2 * M * D + 2 * R * D + 3 * R * F + 2 * N * E + N * K + shared_scratch + fb_scratch + 2 * fb_rows * D);
+      size_t(2 * M * D + 2 * R * D + experts_scratch + 2 * N * E + N * K + std::max(shared_scratch, fb_scratch));
   if (scratch_.size() < need) scratch_.resize(need);
   T* c = scratch_.data();
-  T* dyp = c;             // (M, D) token side
-  T* dxp = (c += M * D);  // (M, D) token side
-  T* dye = (c += M * D);  // (R, D) expert side
-  T* dxe = (c += R * D);  // (R, D) expert side
-  T* dh = (c += R * D);   // (R, F)
-  T* da = (c += R * F);   // (R, F)
-  T* db = (c += R * F);   // (R, F)
-  T* dp = (c += R * F);   // (N, E)
-  T* dz = (c += N * E);   // (N, E)
-  T* dw = (c += N * E);   // (N K)
-  T* sh = (c += N * K);   // shared scratch
-  T* fbs = (c += shared_scratch);
-  T* dyf = (c += fb_scratch);
-  T* dxf = (c += fb_rows * D);
+  T* dyp = c;                      // (M, D) token side
+  T* dxp = (c += M * D);           // (M, D) token side
+  T* dye = (c += M * D);           // (R, D) expert side
+  T* dxe = (c += R * D);           // (R, D) expert side
+  T* es = (c += R * D);            // experts' scratch
+  T* dp = (c += experts_scratch);  // (N, E)
+  T* dz = (c += N * E);            // (N, E)
+  T* dw = (c += N * E);            // (N K)
+  T* sub = (c += N * K);           // shared experts' or fallback's scratch (used one after the other)
   std::fill_n(dp, N * E, T(0));
   std::fill_n(dz, N * E, T(0));
   std::fill_n(dw, N * K, T(0));
 
   // Shared experts write dx; otherwise it starts at zero.
   if (shared_)
-    shared_->backward(x, dy, dx, v.shared_acts, sh, N);
+    shared_->backward(context, x, dy, dx, v.shared_acts, nullptr, sub, N);
   else
     ops_.fill(dx, T(0), N * D);
 
   // Routed experts, mirrored: un-weight at the token side, dispatch the output gradients to the experts,
   // expert backward per block, combine the input gradients back, scatter them to the tokens.
-  const std::vector<int64_t>& row_of_slot = row_of_slot_;
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < M; ++r) {
-    const int64_t slot = perm_slot_[r];
-    const T* g = dy + (slot / K) * D;
-    const T* out = v.yp + r * D;
-    const T w = gate_[slot];
-    double dot = 0;
-    for (int64_t d = 0; d < D; ++d) dyp[r * D + d] = w * g[d], dot += double(g[d]) * out[d];
-    dw[slot] = T(dot);
-  }
-  dispatch_rows(dyp, dye, D);
-  for (int64_t el = 0; el < El; ++el) {
-    const int64_t r0 = local_offset_[el], m = local_offset_[el + 1] - r0;
-    if (m == 0) continue;
-    ops_.gemm(true, false, F, D, m, T(1), eh_.data() + r0 * F, F, dye + r0 * D, D, T(1), dw2_ + el * F * D, D);
-    ops_.gemm(false, true, m, F, D, T(1), dye + r0 * D, D, w2_ + el * F * D, D, T(0), dh + r0 * F, F);
-  }
-  ops_.swiglu_backward(ea_.data(), eb_.data(), dh, da, db, R * F);
-  for (int64_t el = 0; el < El; ++el) {
-    const int64_t r0 = local_offset_[el], m = local_offset_[el + 1] - r0;
-    if (m == 0) continue;
-    const T* xe = xe_.data() + r0 * D;
-    ops_.gemm(true, false, D, F, m, T(1), xe, D, da + r0 * F, F, T(1), dw1_ + el * D * F, F);
-    ops_.gemm(true, false, D, F, m, T(1), xe, D, db + r0 * F, F, T(1), dw3_ + el * D * F, F);
-    ops_.gemm(false, true, m, D, F, T(1), da + r0 * F, F, w1_ + el * D * F, F, T(0), dxe + r0 * D, D);
-    ops_.gemm(false, true, m, D, F, T(1), db + r0 * F, F, w3_ + el * D * F, F, T(1), dxe + r0 * D, D);
-  }
-  combine_rows(dxe, dxp, D);
+  uncombine(st, dy, v.yp, dyp, dw);
+  dispatcher_.dispatch(st.exchange, dyp, dye, D);
+  experts_.backward(st.exchange.local_offset, st.experts, dye, es, dxe);
+  dispatcher_.combine(st.exchange, dxe, dxp, D);
+  const int32_t* assigned = st.plan.assigned_expert.data();
+  const int64_t* row_of_slot = st.plan.row_of_slot.data();
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t j = 0; j < K; ++j) {
       const int64_t slot = n * K + j;
-      if (assigned_expert_[slot] < 0) continue;
+      if (assigned[slot] < 0) continue;
       const T* src = dxp + row_of_slot[slot] * D;
       for (int64_t d = 0; d < D; ++d) dx[n * D + d] += src[d];
     }
 
-  // Dense fallback of overflowed assignments.
-  if (fallback_ && Mf > 0) {
-    for (int64_t i = 0; i < Mf; ++i) {
-      const int64_t n = fallback_token_[i];
-      double dot = 0;
-      for (int64_t d = 0; d < D; ++d)
-        dyf[i * D + d] = fallback_weight_[i] * dy[n * D + d], dot += double(dy[n * D + d]) * v.yf[i * D + d];
-      for (int64_t j = 0; j < K; ++j)
-        if (fate_[n * K + j] == SlotFate::Fallback) dw[n * K + j] += T(dot);
-    }
-    fallback_->backward(v.xf, dyf, dxf, v.fallback_acts, fbs, Mf);
-    for (int64_t i = 0; i < Mf; ++i)
-      for (int64_t d = 0; d < D; ++d) dx[int64_t(fallback_token_[i]) * D + d] += dxf[i * D + d];
-  }
+  if (fallback_ && Mf > 0) fallback_backward(context, st, v, dy, dw, sub, dx, N);
+  router_.backward(context, st.routing, x, v.logits, v.scores, dw, dp, dz, dx, N);
+}
 
-  router_backward(x, v.logits, v.scores, dw, dp, dz, dx, N);
+template <typename T>
+void MoeLayer<T>::uncombine(const MoeSlot<T>& st, const T* dy, const T* yp, T* dyp, T* dw) const {
+  const int64_t D = s_.d_model, K = s_.top_k, M = st.plan.rows();
+  const int32_t* perm_slot = st.plan.perm_slot.data();
+  const T* gate = st.routing.gate.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < M; ++r) {
+    const int64_t slot = perm_slot[r];
+    const T* g = dy + (slot / K) * D;
+    const T* out = yp + r * D;
+    const T w = gate[slot];
+    double dot = 0;
+    for (int64_t d = 0; d < D; ++d) dyp[r * D + d] = w * g[d], dot += double(g[d]) * out[d];
+    dw[slot] = T(dot);
+  }
+}
+
+// Dense fallback of overflowed assignments: its input gradient to dx, its output's share to each
+// overflowed assignment's gate weight.
+template <typename T>
+void MoeLayer<T>::fallback_backward(const FfnContext& context, const MoeSlot<T>& st, const ActsView& v, const T* dy,
+                                    T* dw, T* scratch, T* dx, int64_t N) {
+  const int64_t D = s_.d_model, K = s_.top_k, Mf = int64_t(st.fallback_token.size());
+  T* dyf = scratch;       // (Mf, D)
+  T* dxf = dyf + Mf * D;  // (Mf, D)
+  T* fbs = dxf + Mf * D;  // the fallback MLP's scratch
+  for (int64_t i = 0; i < Mf; ++i) {
+    const int64_t n = st.fallback_token[i];
+    double dot = 0;
+    for (int64_t d = 0; d < D; ++d)
+      dyf[i * D + d] = st.fallback_weight[i] * dy[n * D + d], dot += double(dy[n * D + d]) * v.yf[i * D + d];
+    for (int64_t j = 0; j < K; ++j)
+      if (st.plan.fate[n * K + j] == SlotFate::Fallback) dw[n * K + j] += T(dot);
+  }
+  fallback_->backward(context, v.xf, dyf, dxf, v.fallback_acts, nullptr, fbs, Mf);
+  for (int64_t i = 0; i < Mf; ++i)
+    for (int64_t d = 0; d < D; ++d) dx[int64_t(st.fallback_token[i]) * D + d] += dxf[i * D + d];
 }
 
 template class MoeLayer<float>;

@@ -1,0 +1,43 @@
+// The routed experts of one rank: El SwiGLU MLPs, each applied to its contiguous block of rows
+// (expert-major), one GEMM per expert and matrix (grouped), the SwiGLU elementwise over all blocks at
+// once. Parameters are the layer's (E_local, D, F) / (E_local, F, D) stacks; no routing here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/backend/ops.h"
+
+namespace moe {
+
+// Expert-side activations of one routing group, kept for the backward: xe (R, D), a = xe W1,
+// b = xe W3, h = silu(a) * b, all (R, F).
+template <typename T>
+struct ExpertActs {
+  std::vector<T> xe, a, b, h;
+};
+
+template <typename T>
+class GroupedExperts {
+ public:
+  GroupedExperts(Ops<T>& ops, int64_t d_model, int64_t hidden) : ops_(ops), D_(d_model), F_(hidden) {}
+  void bind(const T* w1, const T* w3, const T* w2, T* dw1, T* dw3, T* dw2) {
+    w1_ = w1, w3_ = w3, w2_ = w2, dw1_ = dw1, dw3_ = dw3, dw2_ = dw2;
+  }
+  // Sizes acts for R rows (its xe is then filled by the dispatcher).
+  void resize(ExpertActs<T>& acts, int64_t R) const;
+  // offset: El + 1 block offsets; acts.xe filled; writes acts.a, b, h and y: (R, D).
+  void forward(const std::vector<int64_t>& offset, ExpertActs<T>& acts, T* y) const;
+  // dy: (R, D); scratch: 3 R F; dx: (R, D) written; parameter gradients accumulate.
+  void backward(const std::vector<int64_t>& offset, const ExpertActs<T>& acts, const T* dy, T* scratch, T* dx) const;
+  static int64_t scratch_size(int64_t R, int64_t hidden) { return 3 * R * hidden; }
+
+ private:
+  Ops<T>& ops_;
+  int64_t D_, F_;
+  const T *w1_ = nullptr, *w3_ = nullptr, *w2_ = nullptr;
+  T *dw1_ = nullptr, *dw3_ = nullptr, *dw2_ = nullptr;
+};
+
+}  // namespace moe

@@ -1,0 +1,79 @@
+// The MoE router of MODEL.md steps 1-5 and its losses: logits z = x Wg, noise and temperature,
+// scores, expert dropout, selection by scores plus balancing bias, gate weights, the four router
+// losses, and the backward of all of it into Wg and x. The strategies (noise, score function, gate
+// normalisation) are chosen at construction; forward calls them. The balancing bias lives here: it
+// selects, it never weights. Not here: capacity and overflow (dispatch_plan.h).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/backend/ops.h"
+#include "core/ffn.h"
+#include "core/moe/settings.h"
+#include "core/philox.h"
+
+namespace moe {
+
+// What the router decided for one routing group of N tokens, kept for the backward.
+template <typename T>
+struct Routing {
+  int64_t choices = 0;              // width of a preference row
+  std::vector<int32_t> preference;  // (N, choices): usable experts by p + b, best first, -1 after the last
+  std::vector<int32_t> selected;    // (N, K): the first K of each row
+  std::vector<T> selected_score;    // (N, K): p of each selected expert
+  std::vector<T> gate;              // (N, K): gate weight of each selected expert
+  std::vector<T> denom;             // (N): the renormalisation sum (1 when not renormalising)
+  std::vector<uint8_t> denom_clamped;
+  std::vector<uint8_t> expert_masked;  // (E): expert dropout of this step
+  std::vector<T> f;                    // (E): top-k selection fractions of p alone (no gradient)
+  // Router losses, coefficients applied; the entropy sum over tokens for the metrics.
+  double aux = 0, z = 0, entropy = 0, death = 0, entropy_sum = 0;
+  double loss() const { return aux + z + entropy + death; }
+};
+
+template <typename T>
+class Router {
+ public:
+  Router(Ops<T>& ops, const MoeSettings& settings);
+  void bind(const T* weight, T* grad) { weight_ = weight, grad_ = grad; }
+
+  // x: (N, D); logits: (N, E) written with z = x Wg; scores: (N, E) written with p; routing written.
+  void forward(const FfnContext& context, const T* x, T* logits, T* scores, Routing<T>& routing, int64_t N) const;
+  // dw: (N, K) gradients of the gate weights; dp, dz: (N, E) zeroed scratch. Accumulates dWg and adds
+  // the router's share to dx: (N, D).
+  void backward(const FfnContext& context, const Routing<T>& routing, const T* x, const T* logits, const T* scores,
+                const T* dw, T* dp, T* dz, T* dx, int64_t N) const;
+
+  std::vector<float>& bias() { return bias_; }
+  // After an optimizer step: b_e += rate * sign(mean_c - c_e) from the step's counts (MODEL.md).
+  void update_bias(const std::vector<int64_t>& counts, double rate);
+
+  // Strategies: z row (E) in place; scores from z' (E); their backward; gate weights and backward.
+  using NoiseFn = void (*)(const RngStream& rng, int64_t step, int64_t first_counter, double* z, int64_t E);
+  using ScoreFn = void (*)(const double* z, T* p, int64_t E);
+  using ScoreBackwardFn = void (*)(const T* p, const T* dp, double tau, T* dz, int64_t E);
+  using GateFn = void (*)(const T* p, const int32_t* selected, int64_t K, T* gate, T* denom, uint8_t* clamped);
+  using GateBackwardFn = void (*)(const T* gate, const int32_t* selected, const T* dw, T denom, bool clamped, int64_t K,
+                                  T* dp);
+
+ private:
+  void select(const FfnContext& context, const T* scores, Routing<T>& r, int64_t N) const;
+  void losses(const T* logits, const T* scores, Routing<T>& r, int64_t N) const;
+  void loss_backward(const FfnContext& context, const Routing<T>& r, const T* logits, const T* scores, T* dp, T* dz,
+                     int64_t N) const;
+
+  Ops<T>& ops_;
+  MoeSettings s_;
+  NoiseFn noise_;
+  ScoreFn score_;
+  ScoreBackwardFn score_backward_;
+  GateFn gate_;
+  GateBackwardFn gate_backward_;
+  int64_t choices_;  // K, or E when overflow reroutes down the preference row
+  std::vector<float> bias_;
+  const T* weight_ = nullptr;
+  T* grad_ = nullptr;
+};
+
+}  // namespace moe

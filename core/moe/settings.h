@@ -1,0 +1,39 @@
+// Configuration of one MoE layer (MODEL.md "MoE layer"; keys in docs/config.md) and the fate of one
+// (token, choice) assignment. Plain data shared by the MoE parts in core/moe/.
+#pragma once
+
+#include <cstdint>
+
+namespace moe {
+
+enum class RouterScore { Softmax, Sigmoid };
+enum class RouterNoise { None, Gumbel };
+enum class DropPolicy { Probs, Position };
+enum class Overflow { Drop, Reroute, Dense };
+
+struct MoeSettings {
+  int64_t d_model = 0;
+  int64_t num_experts = 0;    // E
+  int64_t top_k = 1;          // K
+  int64_t expert_hidden = 0;  // width of each routed and shared expert
+  int64_t shared_experts = 0;
+  int64_t fallback_hidden = 0;  // width of the dense fallback (Overflow::Dense)
+  int64_t layers_total = 1;     // L, for the 1/sqrt(2L) scaling of output projections
+  int64_t layer = 0;            // this layer's index (addresses its random streams)
+  double tau = 1.0;
+  RouterNoise noise = RouterNoise::None;
+  RouterScore score = RouterScore::Softmax;
+  bool normalize = true;         // renormalise the gate weights of the selected experts (when top_k > 1)
+  double capacity_factor = 0.0;  // <= 0: no limit
+  DropPolicy drop_policy = DropPolicy::Probs;
+  Overflow overflow = Overflow::Drop;
+  double expert_dropout = 0.0;
+  double coef_aux = 0, coef_z = 0, coef_entropy = 0, coef_death = 0, death_floor = 0.01;
+  // Expert parallelism: this rank holds experts [ep_rank * E / ep_size, (ep_rank + 1) * E / ep_size).
+  int64_t ep_size = 1, ep_rank = 0;
+};
+
+// Fate of one (token, slot) assignment after capacity.
+enum class SlotFate : int8_t { None, Kept, Rerouted, Fallback, Dropped };
+
+}  // namespace moe

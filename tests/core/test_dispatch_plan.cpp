@@ -1,0 +1,154 @@
+// The dispatch plan against a brute-force reference on thousands of random routings: small token,
+// expert and top-k counts, every drop policy and overflow policy, with and without a capacity, scores
+// drawn from a few values so that ties happen, tokens with fewer usable experts than top_k.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/moe/dispatch_plan.h"
+
+namespace moe {
+namespace {
+
+struct Case {
+  int64_t tokens, experts, top_k, choices, capacity;
+  DropPolicy drop_policy;
+  Overflow overflow;
+  std::vector<int32_t> preference;  // (tokens, choices)
+  std::vector<float> score;         // (tokens, top_k)
+};
+
+DispatchRequest<float> request_of(const Case& c) {
+  DispatchRequest<float> r;
+  r.tokens = c.tokens, r.experts = c.experts, r.top_k = c.top_k, r.choices = c.choices;
+  r.preference = c.preference.data(), r.score = c.score.data(), r.capacity = c.capacity;
+  r.drop_policy = c.drop_policy, r.overflow = c.overflow;
+  return r;
+}
+
+// The rules of MODEL.md and docs/moe.md, written the slow way: an assignment is kept when fewer than
+// `capacity` assignments to its expert come before it; the overflowed ones are taken one at a time,
+// always the first in priority among those left; the permutation is read off expert by expert.
+DispatchPlan reference(const Case& c) {
+  const int64_t K = c.top_k, M = c.tokens * K, E = c.experts, W = c.choices;
+  auto selected = [&](int64_t s) { return c.preference[(s / K) * W + s % K]; };
+  auto before = [&](int64_t a, int64_t b) {
+    if (c.drop_policy == DropPolicy::Probs && c.score[a] != c.score[b]) return c.score[a] > c.score[b];
+    return a < b;
+  };
+  DispatchPlan p;
+  p.fate.assign(size_t(M), SlotFate::None);
+  p.assigned_expert.assign(size_t(M), -1);
+  std::vector<int64_t> load(size_t(E), 0);
+  std::vector<bool> pending(size_t(M), false);
+  for (int64_t s = 0; s < M; ++s) {
+    if (selected(s) < 0) continue;
+    int64_t ahead = 0;
+    for (int64_t t = 0; t < M; ++t) ahead += t != s && selected(t) == selected(s) && before(t, s);
+    if (ahead < c.capacity)
+      p.fate[s] = SlotFate::Kept, p.assigned_expert[s] = selected(s), ++load[selected(s)];
+    else
+      pending[s] = true;
+  }
+  while (true) {
+    int64_t s = -1;
+    for (int64_t t = 0; t < M; ++t)
+      if (pending[t] && (s < 0 || before(t, s))) s = t;
+    if (s < 0) break;
+    pending[s] = false;
+    if (c.overflow == Overflow::Drop) {
+      p.fate[s] = SlotFate::Dropped;
+    } else if (c.overflow == Overflow::Dense) {
+      p.fate[s] = SlotFate::Fallback;
+    } else {
+      p.fate[s] = SlotFate::Dropped;
+      const int64_t n = s / K;
+      for (int64_t i = 0; i < W; ++i) {
+        const int32_t e = c.preference[n * W + i];
+        if (e < 0) break;
+        bool taken = load[e] >= c.capacity;
+        for (int64_t j = 0; j < K; ++j) taken = taken || selected(n * K + j) == e || p.assigned_expert[n * K + j] == e;
+        if (taken) continue;
+        p.fate[s] = SlotFate::Rerouted, p.assigned_expert[s] = e, ++load[e];
+        break;
+      }
+    }
+  }
+  p.expert_offset.assign(1, 0);
+  p.row_of_slot.assign(size_t(M), -1);
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t s = 0; s < M; ++s)
+      if (p.assigned_expert[s] == e) p.row_of_slot[s] = int64_t(p.perm_slot.size()), p.perm_slot.push_back(int32_t(s));
+    p.expert_offset.push_back(int64_t(p.perm_slot.size()));
+  }
+  return p;
+}
+
+Case random_case(std::mt19937_64& rng, DropPolicy drop_policy, Overflow overflow, bool limited) {
+  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  Case c;
+  c.tokens = uniform(1, 12), c.experts = uniform(1, 6), c.top_k = uniform(1, c.experts);
+  // Reroute walks down rows of every usable expert; the other policies read only the selected ones.
+  c.choices = overflow == Overflow::Reroute ? c.experts : uniform(c.top_k, c.experts);
+  c.capacity = limited ? uniform(0, c.tokens * c.top_k / c.experts + 2) : std::numeric_limits<int64_t>::max();
+  c.drop_policy = drop_policy, c.overflow = overflow;
+  c.preference.assign(size_t(c.tokens * c.choices), -1);
+  c.score.assign(size_t(c.tokens * c.top_k), 0.0f);
+  std::vector<int32_t> experts(size_t(c.experts));
+  for (int64_t n = 0; n < c.tokens; ++n) {
+    std::iota(experts.begin(), experts.end(), 0);
+    std::shuffle(experts.begin(), experts.end(), rng);
+    // Expert dropout can leave a token fewer usable experts than top_k.
+    const int64_t usable = uniform(0, 5) == 0 ? uniform(0, c.experts) : c.experts;
+    for (int64_t i = 0; i < std::min(usable, c.choices); ++i) c.preference[n * c.choices + i] = experts[i];
+    for (int64_t j = 0; j < c.top_k; ++j)
+      if (c.preference[n * c.choices + j] >= 0) c.score[n * c.top_k + j] = 0.125f * float(uniform(1, 4));
+  }
+  return c;
+}
+
+TEST(DispatchPlan, MatchesBruteForceOnRandomRoutings) {
+  std::mt19937_64 rng(2024);
+  int64_t cases = 0, overflowed = 0;
+  for (DropPolicy drop_policy : {DropPolicy::Probs, DropPolicy::Position})
+    for (Overflow overflow : {Overflow::Drop, Overflow::Reroute, Overflow::Dense})
+      for (bool limited : {true, false})
+        for (int i = 0; i < 600; ++i, ++cases) {
+          const Case c = random_case(rng, drop_policy, overflow, limited);
+          DispatchPlan plan;
+          plan_dispatch(request_of(c), plan);
+          const DispatchPlan want = reference(c);
+          ASSERT_EQ(plan.fate, want.fate) << "case " << cases;
+          ASSERT_EQ(plan.assigned_expert, want.assigned_expert) << "case " << cases;
+          ASSERT_EQ(plan.expert_offset, want.expert_offset) << "case " << cases;
+          ASSERT_EQ(plan.perm_slot, want.perm_slot) << "case " << cases;
+          ASSERT_EQ(plan.row_of_slot, want.row_of_slot) << "case " << cases;
+          // Properties the reference shares: no expert above capacity, no token twice at one expert.
+          for (int64_t e = 0; e < c.experts; ++e)
+            ASSERT_LE(plan.expert_offset[e + 1] - plan.expert_offset[e], c.capacity) << "case " << cases;
+          for (int64_t n = 0; n < c.tokens; ++n)
+            for (int64_t j = 0; j < c.top_k; ++j)
+              for (int64_t i = 0; i < j; ++i) {
+                const int32_t a = plan.assigned_expert[n * c.top_k + i], b = plan.assigned_expert[n * c.top_k + j];
+                ASSERT_TRUE(a < 0 || a != b) << "case " << cases;
+              }
+          overflowed += std::count_if(plan.fate.begin(), plan.fate.end(), [](SlotFate f) {
+            return f == SlotFate::Dropped || f == SlotFate::Rerouted || f == SlotFate::Fallback;
+          });
+        }
+  EXPECT_GT(overflowed, cases) << "the random cases must exercise overflow";
+}
+
+TEST(DispatchPlan, RefusesRowsNarrowerThanTopK) {
+  Case c{2, 3, 2, 1, 1, DropPolicy::Probs, Overflow::Drop, {0, 1}, {0.5f, 0.5f, 0.5f, 0.5f}};
+  DispatchPlan plan;
+  EXPECT_ANY_THROW(plan_dispatch(request_of(c), plan));
+}
+
+}  // namespace
+}  // namespace moe
