@@ -117,11 +117,11 @@ bool JobProcesses::gone_for_good(pid_t pid) const {
   return true;
 }
 
-int64_t JobProcesses::forward_term() {
+int64_t JobProcesses::forward_stop() {
   int64_t sent = 0;
   for (const Proc& p : scan())
     if (p.rank && termed_.insert(p.pid).second) {
-      ::kill(p.pid, SIGTERM);
+      ::kill(p.pid, SIGUSR1);  // the ranks' request for a clean stop (launch/stop_signal.h)
       ::kill(p.pid, SIGCONT);  // a stopped rank must run to see it
       ++sent;
     }

@@ -31,8 +31,9 @@ class JobProcesses {
   std::optional<int> poll_mpirun();
   // A rank's pid from a heartbeat of this host (never signalled unless it belongs to the job).
   void note_rank(int64_t pid);
-  // SIGTERM (and SIGCONT) to every rank of the job not yet sent one; returns how many got it now.
-  int64_t forward_term();
+  // SIGUSR1, the ranks' request for a clean stop (and SIGCONT), to every rank of the job not yet sent one;
+  // returns how many got it now.
+  int64_t forward_stop();
   // True when no process of the job is left on this host (mpirun included).
   bool all_gone();
 

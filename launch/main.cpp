@@ -56,6 +56,11 @@ int main(int argc, char** argv) {
       ->default_val("auto");
   train_cmd->add_flag("--overwrite", train.overwrite,
                       "Start again in a run directory that already holds a run (its files are replaced)");
+  train_cmd
+      ->add_option("--allow-config-change", train.allow_config_change,
+                   "Resume even though these keys (or prefixes, e.g. data) differ from the checkpoint's config: "
+                   "KEY,KEY,... (see docs/cli.md)")
+      ->delimiter(',');
   train_cmd->add_flag("--quiet", train.quiet, "No progress line on the terminal");
   train_cmd
       ->add_option("--stop-after-step", train.stop_after_step,
@@ -96,6 +101,10 @@ int main(int argc, char** argv) {
   launch_cmd->add_option("--resume", launch.resume, "First start: auto, none or PATH (restarts always resume auto)")
       ->default_val("auto");
   launch_cmd->add_flag("--overwrite", launch.overwrite, "First start: replace a run directory that holds a run");
+  launch_cmd
+      ->add_option("--allow-config-change", launch.allow_config_change,
+                   "As for moe train: keys whose change since the checkpoint is meant (KEY,KEY,...)")
+      ->delimiter(',');
   launch_cmd->add_flag("--quiet", launch.quiet, "No progress lines from the ranks and no event echo");
   launch_cmd
       ->add_option("--term-grace-s", launch.term_grace_s,

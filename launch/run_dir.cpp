@@ -125,7 +125,7 @@ void write_file(const fs::path& path, const std::string& text) {
 }  // namespace
 
 void write_run_files(const std::string& run_dir, const Config& config, const std::vector<std::string>& command_line,
-                     int threads, const RankGrid& grid) {
+                     int threads, const RankGrid& grid, const nlohmann::json& start) {
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   if (ec) MOE_FAIL("cannot create run directory " << run_dir << ": " << ec.message());
@@ -142,6 +142,8 @@ void write_run_files(const std::string& run_dir, const Config& config, const std
   m["hosts"] = {host_name()};
   m["threads_per_rank"] = threads;
   m["command"] = command_line;
+  m["start"] = start;
+  m["history"] = "config_history.jsonl";
   write_file(fs::path(run_dir) / "manifest.json", m.dump(2) + "\n");
 }
 

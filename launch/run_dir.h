@@ -28,8 +28,9 @@ void check_dir_writable(const std::string& dir, const std::string& label);
 void check_checkpoint_roots_writable(const std::string& checkpoint_root, const CheckpointConfig& checkpoint);
 
 // Creates the directory and writes config.json (the resolved config) and manifest.json.
+// `start`: this start of the run (step, checkpoint resumed from, changes), recorded as manifest.json's "start".
 void write_run_files(const std::string& run_dir, const Config& config, const std::vector<std::string>& command_line,
-                     int threads, const RankGrid& grid);
+                     int threads, const RankGrid& grid, const nlohmann::json& start = nlohmann::json::object());
 
 // The config's identity: xxh64 of its canonical JSON, as 16 hex digits.
 std::string config_hash(const Config& config);

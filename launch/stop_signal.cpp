@@ -5,13 +5,22 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 namespace moe {
 namespace {
 
 volatile sig_atomic_t g_first_signal = 0;
-struct sigaction g_previous_term, g_previous_int;
+struct sigaction g_previous_term, g_previous_int, g_previous_usr1;
+bool g_term_installed = false;
+
+// Under `moe launch` the ranks' SIGTERM comes from mpirun ending the job (a rank died: the step cannot
+// finish) or from the supervisor's kill; the supervisor asks for a clean stop with SIGUSR1 instead.
+bool supervised() {
+  const char* addr = std::getenv("MOE_HEARTBEAT_ADDR");
+  return addr && *addr;
+}
 
 void on_signal(int sig) {
   if (g_first_signal != 0) {  // the second one: no more waiting
@@ -31,13 +40,20 @@ StopSignals::StopSignals() {
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // the step's system calls (file writes, MPI) carry on
-  sigaction(SIGTERM, &action, &g_previous_term);
-  sigaction(SIGINT, &action, &g_previous_int);
+  sigaction(SIGUSR1, &action, &g_previous_usr1);
+  g_term_installed = !supervised();
+  if (g_term_installed) {
+    sigaction(SIGTERM, &action, &g_previous_term);
+    sigaction(SIGINT, &action, &g_previous_int);
+  }
 }
 
 StopSignals::~StopSignals() {
-  sigaction(SIGTERM, &g_previous_term, nullptr);
-  sigaction(SIGINT, &g_previous_int, nullptr);
+  sigaction(SIGUSR1, &g_previous_usr1, nullptr);
+  if (g_term_installed) {
+    sigaction(SIGTERM, &g_previous_term, nullptr);
+    sigaction(SIGINT, &g_previous_int, nullptr);
+  }
 }
 
 int StopSignals::received() { return int(g_first_signal); }

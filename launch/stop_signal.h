@@ -1,8 +1,11 @@
-// SIGTERM and SIGINT during `moe train`. Schedulers send SIGTERM some time before they kill, so the first
+// Stop signals during `moe train`. Schedulers send SIGTERM some time before they kill, so the first
 // signal only asks the run to stop: the step in progress finishes, every rank agrees to stop after the
 // same step, a checkpoint of that step is written if it fits in fault.term_grace_s, metrics are flushed,
-// and the program exits with 128 + the signal's number (143 for SIGTERM, 130 for SIGINT). A second
-// signal ends the process at once with the same code. docs/fault.md describes it.
+// and the program exits with 128 + the signal's number (143 for SIGTERM, 130 for SIGINT, 138 for
+// SIGUSR1). A second signal ends the process at once with the same code. SIGUSR1 always asks for a clean
+// stop (mpirun forwards it to every rank without killing them, as it does after forwarding SIGTERM);
+// SIGTERM and SIGINT do too except under `moe launch`, whose ranks get SIGTERM only when the job is being
+// ended. docs/fault.md describes it.
 #pragma once
 
 #include "parallel/communicator.h"

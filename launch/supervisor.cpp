@@ -220,6 +220,7 @@ pid_t spawn_job(Launch& l, int64_t attempt, int64_t np, const std::string& hostf
   // they can see every host's disk); with none, --overwrite lets them start again from step 0.
   args.insert(args.end(), {"--resume", attempt == 0 ? o.resume : "auto"});
   if (attempt > 0 || o.overwrite) args.push_back("--overwrite");
+  for (const std::string& key : o.allow_config_change) args.insert(args.end(), {"--allow-config-change", key});
   if (o.quiet) args.push_back("--quiet");
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -358,8 +359,8 @@ json watch(Launch& l, Attempt& a, JobProcesses& job) {
 
 std::string signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : std::to_string(sig); }
 
-// A signal to the supervisor: SIGTERM to the ranks, up to --term-grace-s for them to stop (a second signal
-// cuts it short), then everything still there is killed. Returns the exit code, 128 + the first signal.
+// A signal to the supervisor: SIGUSR1 (a clean stop) to the ranks, up to --term-grace-s for them to stop (a second
+// signal cuts it short), then everything still there is killed. Returns the exit code, 128 + the first signal.
 int stop_on_signal(Launch& l, JobProcesses* job, const json& where) {
   const int sig = int(g_first_signal);
   json event = {{"event", "interrupted"}, {"signal", signal_name(sig)}, {"term_grace_s", l.options.term_grace_s}};
@@ -369,12 +370,12 @@ int stop_on_signal(Launch& l, JobProcesses* job, const json& where) {
     int64_t termed = 0;
     bool stopped = false;
     while (g_signals < 2 && now_s() - since < l.options.term_grace_s) {
-      termed += job->forward_term();  // again and again: ranks still starting appear meanwhile
+      termed += job->forward_stop();  // again and again: ranks still starting appear meanwhile
       if ((stopped = job->all_gone())) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     const auto end = job->end_all(g_signals < 2 ? 3.0 : 0.0, 10.0, [] { return g_signals >= 2; });
-    event.update({{"ranks_sent_sigterm", termed},
+    event.update({{"ranks_sent_stop", termed},
                   {"stopped_within_grace", stopped},
                   {"waited_s", now_s() - since},
                   {"second_signal", g_signals >= 2},

@@ -28,8 +28,9 @@ struct LaunchOptions {
   std::string config_path;
   std::vector<std::string> overrides;
   std::string run_dir;
-  std::string resume = "auto";  // for the first start; restarts always resume auto
-  bool overwrite = false;       // for the first start
+  std::string resume = "auto";                   // for the first start; restarts always resume auto
+  bool overwrite = false;                        // for the first start
+  std::vector<std::string> allow_config_change;  // passed to the ranks (moe train --allow-config-change)
   bool quiet = false;
   // SIGTERM/SIGINT to the supervisor: how long the ranks have, after SIGTERM, to stop by themselves.
   double term_grace_s = 30;

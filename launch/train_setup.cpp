@@ -22,9 +22,13 @@ void check_memory(const Config& config) {
                B = double(config.train.micro_batch);
   const MoeConfig& m = config.moe;
   const double E = double(m.num_experts), K = double(m.top_k), Fe = double(m.expert_hidden);
+  // The dense fallback of moe.overflow = "dense"; routed rows keep their input, three hidden-width
+  // activations, the output and the dispatch and exchange staging (per routed row ~4 D + 5 Fe).
+  const double fallback = m.overflow == "dense" ? double(m.fallback_hidden) : 0.0;
   const double ffn_params =
-      m.num_experts > 0 ? 3 * D * Fe * (E + double(m.shared_experts)) + D * E + 3 * D * F : 3 * D * F;
-  const double ffn_acts = m.num_experts > 0 ? K * (2 * D + 3 * Fe) + 2 * E + 3 * F : 3 * F;
+      m.num_experts > 0 ? 3 * D * Fe * (E + double(m.shared_experts)) + D * E + 3 * D * (F + fallback) : 3 * D * F;
+  const double ffn_acts =
+      m.num_experts > 0 ? K * (4 * D + 5 * Fe) + 3 * E + 3 * (F + fallback + Fe * double(m.shared_experts)) : 3 * F;
   const double params = 2 * V * D + L * (4 * D * D + ffn_params);
   const double acts = B * T * (L * (10 * D + ffn_acts) + 3 * V + 8 * D) + L * B * H * T * T;
   const double bytes = 4.0 * (4 * params + 2 * acts);

@@ -8,15 +8,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "checkpoint/checkpointer.h"
 #include "core/error.h"
 #include "core/host.h"
+#include "launch/agree.h"
+#include "launch/config_change.h"
 #include "launch/faults.h"
 #include "launch/heartbeat.h"
 #include "launch/progress.h"
 #include "launch/resume.h"
 #include "launch/run_dir.h"
+#include "launch/run_lock.h"
 #include "launch/stop_signal.h"
 #include "launch/train_metrics.h"
 #include "launch/train_setup.h"
@@ -44,7 +48,8 @@ struct RunOutputs {
 
 // A fresh start removes old checkpoints (--overwrite: they must not be resumed later) and writes the run
 // files; a resume keeps metrics.jsonl up to the checkpoint's step.
-RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoint& point, int64_t start_step) {
+RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoint& point, int64_t start_step,
+                        const std::vector<ConfigChange>& changes) {
   RunOutputs out;
   const bool fresh = point.dir.empty();
   const TrainPaths& paths = t.paths;
@@ -53,9 +58,17 @@ RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoi
     fs::remove_all(paths.ckpt_root, ec);  // this host's old checkpoints
   }
   if (t.leader()) {
-    // A checkpoint outside the run directory may be resumed into a new one: give it its run files.
-    if (fresh || !fs::exists(fs::path(paths.run_dir) / "config.json"))
-      write_run_files(paths.run_dir, t.config, options.command_line, t.threads, t.grid);
+    // config.json and manifest.json describe this start; config_history.jsonl keeps every start.
+    const nlohmann::json start = {{"time", utc_now()},
+                                  {"step", start_step},
+                                  {"resumed_from", fresh ? nlohmann::json() : nlohmann::json(point.dir)},
+                                  {"changes", changes_json(changes)},
+                                  {"allowed_changes", options.allow_config_change},
+                                  {"command", options.command_line}};
+    write_run_files(paths.run_dir, t.config, options.command_line, t.threads, t.grid, start);
+    nlohmann::json entry = start;
+    entry["config"] = t.config.resolved;
+    append_config_history(paths.run_dir, entry);
     out.metrics = open_metrics(paths.run_dir, fresh, start_step);
   }
   const Config& config = t.config;
@@ -144,7 +157,6 @@ void maybe_evaluate(Loop& loop, int64_t done) {
 bool run_step(Loop& loop, int64_t step) {
   Trainer& t = loop.t;
   const Config& config = t.config;
-  loop.heartbeat.set(Phase::Step, step, "training step (forward, backward, gradient reduction, update)");
   const StepResult r = train_step(t, step);
   loop.clock.interval_tokens += t.tokens_per_step();
   const int64_t done = step + 1;
@@ -171,7 +183,9 @@ bool run_step(Loop& loop, int64_t step) {
   return true;
 }
 
-const char* signal_name(int sig) { return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "a signal"; }
+const char* signal_name(int sig) {
+  return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
+}
 
 // After a stop signal, at the end of step `done` on every rank: a checkpoint of this step when the last
 // save's time fits in fault.term_grace_s (or none was measured yet), then the run ends.
@@ -184,6 +198,8 @@ void stop_on_signal(Loop& loop, int sig, int64_t done) {
     const double estimate = last.step >= 0 ? last.write_s + last.stall_s : 0.0;
     if (loop.last_save_step == done) {
       saved = "; its checkpoint is being committed";
+    } else if (done == loop.resumed_step) {
+      saved = done > 0 ? "; the checkpoint it resumed from holds it" : "";
     } else if (grace > 0 && estimate <= grace) {
       loop.heartbeat.set(Phase::CheckpointSave, done, "checkpoint save after a stop signal");
       check_state_finite(t, done);
@@ -256,16 +272,30 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   HeartbeatSender heartbeat(t.groups.rank, host_name(), t.config.fault);
   heartbeat.set(Phase::Setup, 0, "start-up");
   const ResumePoint point = choose_resume(options, t);
+  // The last refusals, then the run directory is this process's (and its supervisor's) until the end.
+  std::optional<RunLock> lock;
+  std::vector<ConfigChange> changes;  // since the checkpoint (rank 0)
+  on_rank0_agree(*t.groups.world, [&] {
+    if (!point.dir.empty()) {
+      const ckpt::Manifest m = point.distributed ? point.distributed->chain.back() : ckpt::read_manifest(point.dir);
+      changes = config_changes(m.config, t.config.resolved);
+      check_config_changes(changes, options.allow_config_change, point.dir);
+    }
+    check_dir_writable(t.paths.run_dir, "--run-dir " + t.paths.run_dir);  // resuming too: metrics are rewritten
+    check_checkpoint_roots_writable(t.paths.ckpt_root.string(), t.config.checkpoint);
+    lock.emplace(RunLock::acquire_or_inherit(t.paths.run_dir));
+  });
   int64_t start_step = 0;
   if (!point.dir.empty()) {
     heartbeat.set(Phase::CheckpointLoad, 0, "loading the checkpoint");
     start_step = load_resume(point, t);
   }
 
-  RunOutputs out = open_outputs(options, t, point, start_step);
+  RunOutputs out = open_outputs(options, t, point, start_step, changes);
   Progress progress(t.leader() && !options.quiet, launcher_world_size() == 1 && !std::getenv("OMPI_COMM_WORLD_RANK"));
   for (const std::string& note : point.notes) progress.note("checkpoint: " + note);
   if (!point.dir.empty()) progress.note("resuming from " + point.dir + " at step " + std::to_string(start_step));
+  if (!changes.empty()) progress.note("settings changed since the checkpoint: " + describe_changes(changes));
   const TrainConfig& tc = t.config.train;
   progress.note("moe train: " + std::to_string(t.model->num_params()) + " parameters per rank, " +
                 std::to_string(tc.steps) + " steps of " + std::to_string(t.tokens_per_step()) + " tokens on " +
@@ -279,11 +309,13 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
       start_step, Clock{}};
   int stop_signal = 0;
   for (int64_t step = start_step; step < tc.steps; ++step) {
-    if (!run_step(loop, step)) break;
+    heartbeat.set(Phase::Step, step, "training step (forward, backward, gradient reduction, update)");
+    // Before the step's first collective: every rank stops after the same step when any was asked to.
     if ((stop_signal = StopSignals::agreed(*t.groups.world)) != 0) {
-      stop_on_signal(loop, stop_signal, step + 1);
+      stop_on_signal(loop, stop_signal, step);
       break;
     }
+    if (!run_step(loop, step)) break;
   }
   finish_run(loop);
   TrainResult result = options.collect_parameters ? collect_parameters(t) : TrainResult{};

@@ -687,7 +687,7 @@ TEST(Supervisor, SigtermDuringTrainingLeavesNoProcess) {
   ASSERT_TRUE(sent) << describe(r);
   expect_stopped_by_sigterm(r, "training");
   const json e = events_named(r, "interrupted").back();
-  EXPECT_GE(e.value("ranks_sent_sigterm", int64_t(0)), 2) << e.dump();
+  EXPECT_GE(e.value("ranks_sent_stop", int64_t(0)), 2) << e.dump();
 }
 
 // The stand-in ranks below, once their shell runs its loop.
@@ -700,13 +700,13 @@ size_t fake_ranks_running(const fs::path& run) {
   return n;
 }
 
-// "Ranks" that ignore SIGTERM and left mpirun's process group and session (setsid; one of them orphaned
+// "Ranks" that ignore the stop request (SIGUSR1) and SIGTERM and left mpirun's process group and session (setsid; one of them orphaned
 // by a double fork): killed after --term-grace-s, or at once on a second signal.
 TEST(Supervisor, RanksThatIgnoreSigtermAndLeftTheGroupAreKilledAfterTheGraceOrASecondSignal) {
   for (const bool second_signal : {false, true}) {
     TempDir dir(second_signal ? "term-twice" : "term-grace");
     const fs::path run = dir.path() / "run";
-    const std::string rank = "setsid sh -c 'trap \"\" TERM; while :; do sleep 1; done; : " + run.string() + "'";
+    const std::string rank = "setsid sh -c 'trap \"\" TERM USR1; while :; do sleep 1; done; : " + run.string() + "'";
     const fs::path fake =
         write_stand_in(dir.path() / "fake-mpirun",
                        "OMPI_COMM_WORLD_RANK=0 " + rank + " &\n( OMPI_COMM_WORLD_RANK=1 " + rank + " & )\nsleep 300\n");
