@@ -211,8 +211,11 @@ void stop_on_signal(Loop& loop, int sig, int64_t done) {
           "; no checkpoint of it (the last save took " + std::to_string(estimate) + " s, more than fault.term_grace_s)";
     }
   }
-  loop.progress.note(std::string("moe train: ") + signal_name(sig) + " received: stopping after step " +
-                     std::to_string(done) + saved + "; continue with --resume auto");
+  // Said whatever --quiet says: the user (or the scheduler's log) must learn why the run ended.
+  loop.progress.finish();
+  if (t.leader())
+    std::fprintf(stderr, "moe train: %s received: stopping after step %lld%s; continue with --resume auto\n",
+                 signal_name(sig), static_cast<long long>(done), saved.c_str());
 }
 
 void finish_run(Loop& loop) {

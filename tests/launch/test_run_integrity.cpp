@@ -1,0 +1,197 @@
+// What a run must never do, attacked through the real program (build/bin/moe) as a scheduler, a careless
+// user or a full disk would: commit non-finite state, share a run directory with another live run,
+// resume silently with settings that change what the checkpoint means, end "done" when its last
+// checkpoint could not be written, or die without a word on SIGTERM. Wherever training continues, the
+// result must equal the uninterrupted run bit for bit.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <thread>
+
+#include "tests/launch/run_compare.h"
+
+namespace moe {
+namespace {
+
+using namespace moe::test_support;
+
+const std::string kConfig = std::string(MOE_SOURCE_DIR) + "/configs/tiny_moe.json";
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// A small, fast run: 1 thread, short sequences, a metrics line every step.
+std::vector<std::string> train_args(const fs::path& run_dir, std::vector<std::string> sets) {
+  std::vector<std::string> args = {"train", "--config", kConfig, "--run-dir", run_dir.string(), "--quiet"};
+  for (const char* s : {"train.threads=1", "train.seq_len=64", "train.global_batch=8", "train.log_every=1",
+                        "train.eval_every=0", "train.eval_sequences=4"})
+    args.insert(args.end(), {"--set", s});
+  for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
+  return args;
+}
+
+struct Proc {
+  pid_t pid = -1;
+  fs::path output;  // stdout and stderr
+};
+
+Proc spawn(const std::vector<std::string>& args, const fs::path& output) {
+  Proc p{::fork(), output};
+  if (p.pid == 0) {
+    const int fd = ::open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1), ::dup2(fd, 2);
+    std::vector<std::string> all = {MOE_BINARY};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(MOE_BINARY, argv.data());
+    ::_exit(127);
+  }
+  return p;
+}
+
+// The exit code (128 + signal when killed); `during` runs every 10 ms while the process lives. A process
+// still alive after timeout_s is killed and the check fails.
+int wait_exit(const Proc& p, double timeout_s, const std::function<void()>& during = nullptr) {
+  const double start = now_s();
+  for (;;) {
+    int status = 0;
+    if (::waitpid(p.pid, &status, WNOHANG) == p.pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (now_s() - start > timeout_s) {
+      ::kill(p.pid, SIGKILL);
+      ::waitpid(p.pid, &status, 0);
+      ADD_FAILURE() << "still running after " << timeout_s << " s; output:\n" << read_text_if_any(p.output);
+      return -1;
+    }
+    if (during) during();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+int run(const std::vector<std::string>& args, const fs::path& output, double timeout_s = 120) {
+  return wait_exit(spawn(args, output), timeout_s);
+}
+
+std::vector<json> metrics(const fs::path& run_dir) {
+  std::vector<json> lines;
+  std::istringstream in(read_text_if_any(run_dir / "metrics.jsonl"));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) lines.push_back(without_timing(json::parse(line)));
+  return lines;
+}
+
+int64_t training_lines(const fs::path& run_dir) {
+  int64_t n = 0;
+  for (const json& j : metrics(run_dir)) n += j.contains("loss");
+  return n;
+}
+
+void expect_same_metrics(const fs::path& a, const fs::path& b) {
+  const std::vector<json> x = metrics(a), y = metrics(b);
+  ASSERT_EQ(x.size(), y.size()) << a << " vs " << b;
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(first_difference(x[i], y[i], "line " + std::to_string(i)), "");
+}
+
+std::string latest(const fs::path& run_dir) { return read_text_if_any(run_dir / "checkpoints" / "latest"); }
+
+// The uninterrupted run every interrupted one is compared with, made once per (steps, checkpoint.every).
+fs::path reference_run(int64_t steps, const std::string& every) {
+  static std::map<std::string, std::unique_ptr<TempDir>> made;
+  const std::string key = std::to_string(steps) + "/" + every;
+  if (!made.count(key)) {
+    made[key] = std::make_unique<TempDir>("integrity-reference");
+    EXPECT_EQ(run(train_args(made[key]->path() / "run",
+                             {"train.steps=" + std::to_string(steps), "checkpoint.every=" + every}),
+                  made[key]->path() / "out.txt"),
+              0);
+  }
+  return made[key]->path() / "run";
+}
+
+// SIGTERM at several moments (start-up, mid-run, mid-save with a checkpoint every step): exit 143 with a
+// word, a committed checkpoint of the step it stopped after, and the resumed run equals the uninterrupted one.
+TEST(RunIntegrity, SigtermStopsCleanlyAndTheResumedRunEqualsTheUninterrupted) {
+  struct Case {
+    const char* name;
+    std::string every;
+    int64_t after_lines;  // send SIGTERM once this many training lines exist (0: at once)
+  };
+  for (const Case& c : {Case{"start-up", "4", 0}, Case{"mid-run", "4", 5}, Case{"mid-save", "1", 3}}) {
+    SCOPED_TRACE(c.name);
+    const fs::path reference = reference_run(12, c.every);
+    TempDir dir(std::string("sigterm-") + c.name);
+    const fs::path run_dir = dir.path() / "run";
+    const std::vector<std::string> args = train_args(run_dir, {"train.steps=12", "checkpoint.every=" + c.every});
+    const Proc p = spawn(args, dir.path() / "first.txt");
+    bool sent = false;
+    const int code = wait_exit(p, 120, [&] {
+      if (!sent && training_lines(run_dir) >= c.after_lines) sent = ::kill(p.pid, SIGTERM) == 0;
+    });
+    EXPECT_EQ(code, 143) << read_text_if_any(dir.path() / "first.txt");
+    const std::string said = read_text_if_any(dir.path() / "first.txt");
+    const int64_t stopped_after = training_lines(run_dir);
+    if (stopped_after > 0) {  // the handler was in place: it said so, and the step it stopped after is saved
+      EXPECT_NE(said.find("SIGTERM received: stopping after step " + std::to_string(stopped_after)), std::string::npos)
+          << said;
+      EXPECT_NE(latest(run_dir).find(std::to_string(stopped_after)), std::string::npos) << latest(run_dir);
+      EXPECT_LT(stopped_after, 12);
+    }
+    std::vector<std::string> again = args;
+    again.insert(again.end(), {"--resume", "auto", "--overwrite"});
+    EXPECT_EQ(run(again, dir.path() / "second.txt"), 0) << read_text_if_any(dir.path() / "second.txt");
+    expect_same_metrics(reference, run_dir);
+  }
+}
+
+// A second signal ends the process at once, whatever the step is doing.
+TEST(RunIntegrity, SecondSignalExitsAtOnce) {
+  TempDir dir("second-signal");
+  const fs::path run_dir = dir.path() / "run";
+  // Long steps (64 sequences of 128 tokens), so the second signal lands inside one.
+  const Proc p = spawn(train_args(run_dir, {"train.steps=1000", "train.seq_len=128", "train.global_batch=64",
+                                            "checkpoint.every=0"}),
+                       dir.path() / "out.txt");
+  double first_at = 0, second_at = 0;
+  const int code = wait_exit(p, 120, [&] {
+    if (first_at == 0 && training_lines(run_dir) >= 1 && ::kill(p.pid, SIGTERM) == 0) first_at = now_s();
+    if (first_at > 0 && second_at == 0 && now_s() - first_at > 0.02 && ::kill(p.pid, SIGINT) == 0)
+      second_at = now_s();
+  });
+  EXPECT_EQ(code, 143);
+  EXPECT_NE(read_text_if_any(dir.path() / "out.txt").find("second signal"), std::string::npos)
+      << read_text_if_any(dir.path() / "out.txt");
+}
+
+// Two trainers, one run directory: the second refuses (exit 2) naming the first's host and pid, and
+// the first goes on untouched.
+TEST(RunIntegrity, SecondTrainerInALiveRunDirectoryIsRefused) {
+  TempDir dir("two-trainers");
+  const fs::path run_dir = dir.path() / "run";
+  const Proc first = spawn(train_args(run_dir, {"train.steps=100000", "checkpoint.every=0"}), dir.path() / "a.txt");
+  int second_code = -1;
+  const int first_code = wait_exit(first, 120, [&] {
+    if (second_code != -1 || training_lines(run_dir) < 2) return;
+    const int64_t before = training_lines(run_dir);
+    std::vector<std::string> second = train_args(run_dir, {"train.steps=5"});
+    second.insert(second.end(), {"--overwrite", "--resume", "none"});
+    second_code = run(second, dir.path() / "b.txt");
+    const std::string said = read_text_if_any(dir.path() / "b.txt");
+    EXPECT_NE(said.find("in use by process " + std::to_string(first.pid)), std::string::npos) << said;
+    EXPECT_GE(training_lines(run_dir), before) << "the second trainer rewrote the first one's metrics";
+    ::kill(first.pid, SIGTERM);
+  });
+  EXPECT_EQ(second_code, 2);
+  EXPECT_EQ(first_code, 143) << read_text_if_any(dir.path() / "a.txt");
+}
+
+}  // namespace
+}  // namespace moe
