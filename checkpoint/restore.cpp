@@ -163,38 +163,42 @@ std::string chain_tensors_problem(const std::vector<Manifest>& chain, const std:
   }
 }
 
+// What this host holds: each committed checkpoint's manifest text and the files that verify here.
+json held_here(const std::string& local_root) {
+  json mine = json::object();
+  for (const std::string& dir : list_checkpoints(local_root)) {
+    Manifest m;
+    try {
+      m = read_manifest(dir);  // the type and size of manifest.json checked before it is read
+      check_manifest(m, fs::path(dir).filename().string(), (fs::path(dir) / kManifestName).string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    const std::string text = read_text(fs::path(dir) / kManifestName);
+    json files = json::object();
+    for (const FileEntry& f : m.files) {
+      const fs::path path = fs::path(dir) / f.name;
+      const FileEntry* content = f.peer_copy ? primary_entry(m, f.rank) : &f;
+      std::string problem;
+      if (!content || !check_file(path.string(), f, &problem)) continue;
+      try {
+        check_shard(path.string(), *content, m);
+      } catch (const Error&) {
+        continue;
+      }
+      files[f.name] = path.string();
+    }
+    mine[fs::path(dir).filename().string()] = {{"manifest", text}, {"files", files}};
+  }
+  return mine;
+}
+
 }  // namespace
 
 std::optional<DistributedChoice> find_newest_distributed(Communicator& world, const std::string& local_root,
                                                          bool node_leader, std::vector<std::string>* notes,
                                                          const std::vector<TensorExpectation>* expected) {
-  // What this host holds: each committed checkpoint's manifest text and the files that verify here.
-  json mine = json::object();
-  if (node_leader)
-    for (const std::string& dir : list_checkpoints(local_root)) {
-      Manifest m;
-      try {
-        m = read_manifest(dir);  // the type and size of manifest.json checked before it is read
-        check_manifest(m, fs::path(dir).filename().string(), (fs::path(dir) / kManifestName).string());
-      } catch (const std::exception&) {
-        continue;
-      }
-      const std::string text = read_text(fs::path(dir) / kManifestName);
-      json files = json::object();
-      for (const FileEntry& f : m.files) {
-        const fs::path path = fs::path(dir) / f.name;
-        const FileEntry* content = f.peer_copy ? primary_entry(m, f.rank) : &f;
-        std::string problem;
-        if (!content || !check_file(path.string(), f, &problem)) continue;
-        try {
-          check_shard(path.string(), *content, m);
-        } catch (const Error&) {
-          continue;
-        }
-        files[f.name] = path.string();
-      }
-      mine[fs::path(dir).filename().string()] = {{"manifest", text}, {"files", files}};
-    }
+  const json mine = node_leader ? held_here(local_root) : json::object();
   const std::vector<std::string> all = allgather_strings(world, mine.dump());
   std::vector<json> held;
   for (const std::string& text : all) held.push_back(json::parse(text));
