@@ -58,18 +58,6 @@ std::vector<std::string> allgather_strings(Communicator& comm, const std::string
 
 namespace {
 
-std::string step_dir_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
-  return buf;
-}
-
-std::string rank_file_name(int64_t rank) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "rank-%05lld.h5", static_cast<long long>(rank));
-  return buf;
-}
-
 void fsync_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) MOE_FAIL("cannot open " << path << " to sync it");
@@ -143,11 +131,11 @@ double Checkpointer::save(int64_t step, const std::vector<Piece>& pieces) {
   const bool full = saves_ % std::max<int64_t>(1, s_.full_every) == 0 || chain_.empty();
   job->kind = full ? "full" : "delta";
   if (full) chain_.clear();
-  chain_.push_back(step_dir_name(step));
+  chain_.push_back(checkpoint_name(step));
   job->chain = chain_;
   ++saves_;
-  job->final_dir = fs::path(s_.root) / step_dir_name(step);
-  job->tmp_dir = fs::path(s_.root) / ("tmp-" + step_dir_name(step));
+  job->final_dir = fs::path(s_.root) / checkpoint_name(step);
+  job->tmp_dir = fs::path(s_.root) / ("tmp-" + checkpoint_name(step));
 
   // Snapshot: the values now (or their XOR with the last save's), so training can go on.
   std::map<std::string, int> names;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "checkpoint/manifest.h"
+#include "checkpoint/verify.h"
 #include "parallel/communicator.h"
 
 namespace moe::ckpt {
@@ -121,14 +122,20 @@ struct Resolved {
   std::vector<std::string> notes;  // fallbacks taken and why
 };
 
-// Verifies dir (and the chain it needs): manifests readable, every file present with its size and
-// checksum, or a verified copy in a replica root. nullopt with `why` when it does not verify.
+// The one verification of a checkpoint, for `moe ckpt` and `--resume` alike (verify.h, docs/checkpoint.md):
+// dir and the chain it needs. Manifests readable and consistent (format, kind, step = the directory's and
+// the chain's, chain_manifests, file names confined to the directory); every file a regular file of its
+// size and xxh64 (or a verified copy in a replica root or a peer copy); every HDF5 file holding exactly the
+// datasets listed with their dtype, shape and range; every tensor covered exactly once, the same tensors
+// along the chain. With `expected` (what a resuming run needs): exactly those tensors, with those dtypes
+// and global shapes. nullopt with `why` when it does not verify.
 std::optional<Resolved> verify_checkpoint(const std::string& dir, const std::vector<std::string>& replica_roots,
-                                          std::string* why);
+                                          std::string* why, const std::vector<TensorExpectation>* expected = nullptr);
 // The newest checkpoint under root (step-* directories, newest first) that verifies; notes say what
 // was skipped and why. nullopt when there is none.
 std::optional<Resolved> find_newest(const std::string& root, const std::vector<std::string>& replica_roots,
-                                    std::vector<std::string>* notes);
+                                    std::vector<std::string>* notes,
+                                    const std::vector<TensorExpectation>* expected = nullptr);
 // Committed checkpoint directories under root, newest step first.
 std::vector<std::string> list_checkpoints(const std::string& root);
 // Fills every piece's dst from the checkpoint (and its chain). BadInput when a range is not in it.
@@ -145,8 +152,10 @@ struct DistributedChoice {
 };
 // Each host's first rank (node_leader) verifies what its own root holds; all ranks agree on the newest
 // checkpoint whose every file (or its peer copy) is held by some host, along its whole chain.
+// Each host's files pass check_manifest, check_file and check_shard (verify.h) on that host.
 std::optional<DistributedChoice> find_newest_distributed(Communicator& world, const std::string& local_root,
-                                                         bool node_leader, std::vector<std::string>* notes);
+                                                         bool node_leader, std::vector<std::string>* notes,
+                                                         const std::vector<TensorExpectation>* expected = nullptr);
 // Every rank asks the holders for the ranges its pieces need; the holders read them and send them back.
 void load_pieces_distributed(Communicator& world, const DistributedChoice& choice, const std::vector<Piece>& pieces);
 

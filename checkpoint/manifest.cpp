@@ -2,10 +2,13 @@
 #include "checkpoint/manifest.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -14,6 +17,8 @@
 namespace moe::ckpt {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+
+constexpr int64_t kMaxManifestBytes = int64_t{256} << 20;
 
 const char* dtype_name(DType t) {
   switch (t) {
@@ -139,8 +144,17 @@ void write_manifest(const std::string& dir, const Manifest& m) {
 
 Manifest read_manifest(const std::string& dir) {
   const fs::path path = fs::path(dir) / kManifestName;
+  // The type before opening (a FIFO would block the read), the size before reading.
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0)
+    MOE_BAD_INPUT("checkpoint " << dir << ": no " << kManifestName << " (not a committed checkpoint)");
+  if (!S_ISREG(st.st_mode))
+    MOE_BAD_INPUT(path.string() << " is not a regular file (a symbolic link, FIFO, device or directory)");
+  if (st.st_size > kMaxManifestBytes)
+    MOE_BAD_INPUT(path.string() << " is " << st.st_size << " bytes, more than any manifest (" << kMaxManifestBytes
+                                << ")");
   std::ifstream in(path);
-  if (!in) MOE_BAD_INPUT("checkpoint " << dir << ": no " << kManifestName << " (not a committed checkpoint)");
+  if (!in) MOE_BAD_INPUT("checkpoint " << dir << ": cannot read " << kManifestName);
   json j;
   try {
     j = json::parse(in);
@@ -151,19 +165,29 @@ Manifest read_manifest(const std::string& dir) {
 }
 
 std::string file_xxh64(const std::string& path, int64_t* size) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) MOE_BAD_INPUT("cannot read " << path);
+  // Non-blocking, so that a FIFO cannot hang the open; anything but a regular file is refused.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) MOE_BAD_INPUT("cannot read " << path << ": " << std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    MOE_BAD_INPUT(path << " is not a regular file");
+  }
   XXH64_state_t* state = XXH64_createState();
   XXH64_reset(state, 0);
   std::vector<char> buffer(1 << 20);
   int64_t total = 0;
-  for (size_t n; (n = std::fread(buffer.data(), 1, buffer.size(), f)) > 0;) {
-    XXH64_update(state, buffer.data(), n);
+  ssize_t n = 0;
+  while ((n = ::read(fd, buffer.data(), buffer.size())) > 0 || (n < 0 && errno == EINTR)) {
+    if (n < 0) continue;
+    XXH64_update(state, buffer.data(), size_t(n));
     total += int64_t(n);
   }
-  std::fclose(f);
+  const int read_errno = errno;
+  ::close(fd);
   const unsigned long long h = XXH64_digest(state);
   XXH64_freeState(state);
+  if (n < 0) MOE_BAD_INPUT("cannot read " << path << ": " << std::strerror(read_errno));
   if (size) *size = total;
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", h);

@@ -34,138 +34,11 @@ std::vector<std::string> list_checkpoints(const std::string& root) {
   return dirs;
 }
 
-namespace {
-
-// A file of `dir` that verifies, or a verified copy of it: in a replica root, or the peer copy another
-// rank kept (listed in the same manifest); "" if none.
-std::string verified_file(const fs::path& dir, const FileEntry& f, const Manifest& m,
-                          const std::vector<std::string>& replicas, std::vector<std::string>* notes) {
-  auto check = [&](const fs::path& path, std::string* problem) {
-    std::error_code ec;
-    if (!fs::exists(path, ec)) {
-      *problem = "missing";
-      return false;
-    }
-    int64_t size = 0;
-    const std::string h = file_xxh64(path.string(), &size);
-    if (size != f.size) {
-      *problem = "size " + std::to_string(size) + ", manifest says " + std::to_string(f.size);
-      return false;
-    }
-    if (h != f.xxh64) {
-      *problem = "checksum " + h + ", manifest says " + f.xxh64;
-      return false;
-    }
-    return true;
-  };
-  std::string problem;
-  const fs::path primary = dir / f.name;
-  if (check(primary, &problem)) return primary.string();
-  for (const std::string& replica : replicas) {
-    const fs::path copy = fs::path(replica) / dir.filename() / f.name;
-    std::string replica_problem;
-    if (check(copy, &replica_problem)) {
-      notes->push_back(primary.string() + " failed verification (" + problem + "); using the replica " + copy.string());
-      return copy.string();
-    }
-  }
-  for (const FileEntry& peer : m.files) {
-    if (!peer.peer_copy || peer.rank != f.rank) continue;
-    const fs::path copy = dir / peer.name;
-    std::string peer_problem;
-    if (check(copy, &peer_problem)) {
-      notes->push_back(primary.string() + " failed verification (" + problem + "); using the peer copy " +
-                       copy.string());
-      return copy.string();
-    }
-  }
-  notes->push_back(primary.string() + " failed verification (" + problem +
-                   ") and no replica or peer holds a good copy");
-  return "";
-}
-
-}  // namespace
-
-std::optional<Resolved> verify_checkpoint(const std::string& dir_text, const std::vector<std::string>& replicas,
-                                          std::string* why) {
-  const fs::path dir(dir_text);
-  Resolved r;
-  r.dir = dir.string();
-  try {
-    Manifest head;
-    try {
-      head = read_manifest(dir.string());
-    } catch (const Error& e) {
-      // The manifest itself may survive in a replica.
-      bool found = false;
-      for (const std::string& replica : replicas) {
-        try {
-          head = read_manifest((fs::path(replica) / dir.filename()).string());
-          r.notes.push_back(e.message() + "; using the manifest of replica " + replica);
-          found = true;
-          break;
-        } catch (const Error&) {
-        }
-      }
-      if (!found) throw;
-    }
-    if (head.chain_manifests.size() + 1 != head.chain.size() && head.chain.size() > 1)
-      MOE_BAD_INPUT("checkpoint " << dir.string()
-                                  << ": its manifest does not identify the checkpoints its chain needs");
-    for (size_t ci = 0; ci < head.chain.size(); ++ci) {
-      const std::string& name = head.chain[ci];
-      const fs::path d = dir.parent_path() / name;
-      Manifest m = head;
-      if (name != dir.filename().string()) {
-        // An earlier member: it must be the very checkpoint this one was computed from.
-        std::string manifest_dir;
-        for (const fs::path& candidate : [&] {
-               std::vector<fs::path> c = {d};
-               for (const std::string& replica : replicas) c.push_back(fs::path(replica) / name);
-               return c;
-             }()) {
-          std::error_code ec;
-          if (!fs::exists(candidate / kManifestName, ec)) continue;
-          if (file_xxh64((candidate / kManifestName).string()) != head.chain_manifests[ci]) continue;
-          manifest_dir = candidate.string();
-          break;
-        }
-        if (manifest_dir.empty())
-          MOE_BAD_INPUT("checkpoint " << dir.string() << " is a delta on " << name
-                                      << ", but no copy of that checkpoint is the one it was computed from "
-                                         "(missing, damaged or rewritten)");
-        if (manifest_dir != d.string()) r.notes.push_back("using the manifest of " + manifest_dir + " for " + name);
-        m = read_manifest(manifest_dir);
-      }
-      std::vector<std::string> paths;
-      for (const FileEntry& f : m.files) {
-        if (f.peer_copy) {
-          paths.push_back("");
-          continue;
-        }
-        const std::string p = verified_file(d, f, m, replicas, &r.notes);
-        if (p.empty()) {
-          *why = r.notes.back();
-          return std::nullopt;
-        }
-        paths.push_back(p);
-      }
-      r.chain.push_back(std::move(m));
-      r.chain_dirs.push_back(d.string());
-      r.paths.push_back(std::move(paths));
-    }
-    return r;
-  } catch (const Error& e) {
-    *why = e.message();
-    return std::nullopt;
-  }
-}
-
 std::optional<Resolved> find_newest(const std::string& root, const std::vector<std::string>& replicas,
-                                    std::vector<std::string>* notes) {
+                                    std::vector<std::string>* notes, const std::vector<TensorExpectation>* expected) {
   for (const std::string& dir : list_checkpoints(root)) {
     std::string why;
-    std::optional<Resolved> r = verify_checkpoint(dir, replicas, &why);
+    std::optional<Resolved> r = verify_checkpoint(dir, replicas, &why, expected);
     if (r) {
       notes->insert(notes->end(), r->notes.begin(), r->notes.end());
       return r;
@@ -263,31 +136,69 @@ std::string xxh64_hex(const std::string& bytes) {
   return hex;
 }
 
+const FileEntry* primary_entry(const Manifest& m, int64_t rank) {
+  for (const FileEntry& f : m.files)
+    if (!f.peer_copy && f.rank == rank) return &f;
+  return nullptr;
+}
+
+// Coverage along the chain and what the run needs (verify_checkpoint's last checks); "" when all is well.
+std::string chain_tensors_problem(const std::vector<Manifest>& chain, const std::string& name,
+                                  const std::vector<TensorExpectation>* expected) {
+  try {
+    std::map<std::string, TensorSummary> base;
+    for (const Manifest& m : chain) {
+      const std::map<std::string, TensorSummary> these = check_coverage(m, m.chain.back());
+      if (&m == &chain.front()) base = these;
+      for (const auto& [tensor, t] : these)
+        if (!base.count(tensor) || base[tensor].dtype != t.dtype || base[tensor].global_shape != t.global_shape)
+          MOE_BAD_INPUT("checkpoint " << m.chain.back() << " holds other tensors than the base of its chain");
+      if (these.size() != base.size())
+        MOE_BAD_INPUT("checkpoint " << m.chain.back() << " holds other tensors than the base of its chain");
+    }
+    if (expected) check_expected(check_coverage(chain.back(), name), *expected, name);
+    return "";
+  } catch (const Error& e) {
+    return e.message();
+  }
+}
+
+// What this host holds: each committed checkpoint's manifest text and the files that verify here.
+json held_here(const std::string& local_root) {
+  json mine = json::object();
+  for (const std::string& dir : list_checkpoints(local_root)) {
+    Manifest m;
+    try {
+      m = read_manifest(dir);  // the type and size of manifest.json checked before it is read
+      check_manifest(m, fs::path(dir).filename().string(), (fs::path(dir) / kManifestName).string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    const std::string text = read_text(fs::path(dir) / kManifestName);
+    json files = json::object();
+    for (const FileEntry& f : m.files) {
+      const fs::path path = fs::path(dir) / f.name;
+      const FileEntry* content = f.peer_copy ? primary_entry(m, f.rank) : &f;
+      std::string problem;
+      if (!content || !check_file(path.string(), f, &problem)) continue;
+      try {
+        check_shard(path.string(), *content, m);
+      } catch (const Error&) {
+        continue;
+      }
+      files[f.name] = path.string();
+    }
+    mine[fs::path(dir).filename().string()] = {{"manifest", text}, {"files", files}};
+  }
+  return mine;
+}
+
 }  // namespace
 
 std::optional<DistributedChoice> find_newest_distributed(Communicator& world, const std::string& local_root,
-                                                         bool node_leader, std::vector<std::string>* notes) {
-  // What this host holds: each committed checkpoint's manifest text and the files that verify here.
-  json mine = json::object();
-  if (node_leader)
-    for (const std::string& dir : list_checkpoints(local_root)) {
-      const std::string text = read_text(fs::path(dir) / kManifestName);
-      Manifest m;
-      try {
-        m = manifest_from_json(json::parse(text), (fs::path(dir) / kManifestName).string());
-      } catch (const std::exception&) {
-        continue;
-      }
-      json files = json::object();
-      for (const FileEntry& f : m.files) {
-        const fs::path path = fs::path(dir) / f.name;
-        std::error_code ec;
-        if (!fs::exists(path, ec)) continue;
-        int64_t size = 0;
-        if (file_xxh64(path.string(), &size) == f.xxh64 && size == f.size) files[f.name] = path.string();
-      }
-      mine[fs::path(dir).filename().string()] = {{"manifest", text}, {"files", files}};
-    }
+                                                         bool node_leader, std::vector<std::string>* notes,
+                                                         const std::vector<TensorExpectation>* expected) {
+  const json mine = node_leader ? held_here(local_root) : json::object();
   const std::vector<std::string> all = allgather_strings(world, mine.dump());
   std::vector<json> held;
   for (const std::string& text : all) held.push_back(json::parse(text));
@@ -348,6 +259,7 @@ std::optional<DistributedChoice> find_newest_distributed(Communicator& world, co
       c.holder.push_back(std::move(holders));
       c.path.push_back(std::move(paths));
     }
+    if (why.empty()) why = chain_tensors_problem(c.chain, name, expected);
     if (why.empty()) {
       notes->insert(notes->end(), c.notes.begin(), c.notes.end());
       return c;

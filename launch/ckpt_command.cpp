@@ -8,7 +8,9 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -81,7 +83,15 @@ struct Location {
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
+// A regular file (not a FIFO, which would block the read, nor a device); symbolic links are followed.
+bool regular_file(const fs::path& path) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::status(path, ec));
+}
+
 bool holds_checkpoint_manifest(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::symlink_status(dir / ckpt::kManifestName, ec))) return false;
   std::ifstream in(dir / ckpt::kManifestName);
   if (!in) return false;
   try {
@@ -117,7 +127,7 @@ Location locate(const std::string& path) {
       return {dir.string(), ""};
   }
   const fs::path config_path = dir / "config.json";
-  if (fs::exists(config_path, ec)) {
+  if (regular_file(config_path)) {
     std::ifstream in(config_path);
     json config;
     try {
@@ -149,6 +159,7 @@ std::string target_checkpoint(const Location& loc, std::ostream& out) {
 }
 
 std::string read_latest(const std::string& root) {
+  if (!regular_file(fs::path(root) / "latest")) return "";
   std::ifstream in(fs::path(root) / "latest");
   std::string name;
   if (in) std::getline(in, name);
@@ -225,87 +236,23 @@ void run_ls(const Location& loc, std::ostream& out) {
 
 // ---- verify ----------------------------------------------------------------------------------------------------
 
-// The file's datasets agree with the manifest's entries, and every element of each is read (HDF5 checks
-// the Fletcher-32 checksum of every chunk on the way). Returns the elements read.
-int64_t check_file_contents(const ckpt::ShardReader& reader, const FileEntry& f, const Manifest& m) {
-  const std::string& path = reader.path();
-  const std::string step = reader.attribute("step");
-  if (step != std::to_string(m.step))
-    MOE_BAD_INPUT("checkpoint shard " << path << " says step '" << step << "', its manifest says step " << m.step
-                                      << ": the file belongs to another checkpoint");
-  std::set<std::string> listed;
+// Every stored element of the file's datasets is read (HDF5 checks the Fletcher-32 checksum of every chunk
+// on the way); verify_checkpoint has matched them against the manifest. Returns the elements read.
+int64_t read_every_chunk(const std::string& path, const FileEntry& f) {
+  const ckpt::ShardReader reader(path);
   int64_t elements = 0;
   std::vector<uint8_t> buffer;
   for (const DatasetEntry& d : f.datasets) {
-    listed.insert(d.dataset);
-    if (!reader.has(d.dataset))
-      MOE_BAD_INPUT("checkpoint shard " << path << " has no dataset " << d.dataset << " that its manifest lists");
     const ckpt::DatasetInfo& info = reader.info(d.dataset);
-    // An XOR delta is stored as 32-bit words, and the file's attributes count words; the manifest counts elements.
-    const int64_t words = d.xor_delta ? dtype_bytes(d.dtype) / 4 : 1;
-    const DType stored = d.xor_delta ? DType::U32 : d.dtype;
-    const int64_t stored_count = d.count * words, stored_offset = d.flat_offset * words;
-    const std::vector<int64_t> stored_global =
-        d.xor_delta ? std::vector<int64_t>{ckpt::numel(d.global_shape) * words} : d.global_shape;
-    if (info.dtype != stored || info.numel() != stored_count || info.global_shape != stored_global ||
-        info.flat_offset != stored_offset)
-      MOE_BAD_INPUT("checkpoint shard " << path << ", dataset " << d.dataset << ": the file holds "
-                                        << ckpt::dtype_name(info.dtype) << " x " << info.numel() << " at flat offset "
-                                        << info.flat_offset << " of global shape " << shape_text(info.global_shape)
-                                        << ", the manifest says " << ckpt::dtype_name(stored) << " x " << stored_count
-                                        << " at " << stored_offset << " of " << shape_text(stored_global));
     const int64_t block = ckpt::kShardChunkElements * 4;  // bounded memory for large tensors
-    for (int64_t begin = 0; begin < stored_count; begin += block) {
-      const int64_t n = std::min(block, stored_count - begin);
-      buffer.resize(size_t(n * dtype_bytes(stored)));
-      reader.read(d.dataset, stored, begin, n, buffer.data());
+    for (int64_t begin = 0; begin < info.numel(); begin += block) {
+      const int64_t n = std::min(block, info.numel() - begin);
+      buffer.resize(size_t(n * dtype_bytes(info.dtype)));
+      reader.read(d.dataset, info.dtype, begin, n, buffer.data());
     }
-    elements += stored_count;
+    elements += info.numel();
   }
-  for (const ckpt::DatasetInfo& info : reader.datasets())
-    if (!listed.count(info.name))
-      MOE_BAD_INPUT("checkpoint shard " << path << " holds dataset " << info.name
-                                        << " that its manifest does not list");
   return elements;
-}
-
-// Every tensor of `m` is tiled exactly by its pieces (no gap, no overlap), with one dtype and global shape;
-// returns the tensors.
-std::set<std::string> check_coverage(const Manifest& m, const std::string& dir) {
-  struct Ranges {
-    DType dtype;
-    std::vector<int64_t> global_shape;
-    std::vector<std::pair<int64_t, int64_t>> ranges;
-  };
-  std::map<std::string, Ranges> tensors;
-  for (const FileEntry& f : m.files) {
-    if (f.peer_copy) continue;
-    for (const DatasetEntry& d : f.datasets) {
-      auto [it, fresh] = tensors.try_emplace(d.tensor, Ranges{d.dtype, d.global_shape, {}});
-      if (!fresh && (it->second.dtype != d.dtype || it->second.global_shape != d.global_shape))
-        MOE_BAD_INPUT("checkpoint " << dir << ": the pieces of " << d.tensor << " disagree on dtype or global shape ("
-                                    << f.name << " says " << ckpt::dtype_name(d.dtype) << " "
-                                    << shape_text(d.global_shape) << ")");
-      it->second.ranges.emplace_back(d.flat_offset, d.count);
-    }
-  }
-  std::set<std::string> names;
-  for (auto& [name, t] : tensors) {
-    std::sort(t.ranges.begin(), t.ranges.end());
-    int64_t next = 0;
-    for (const auto& [offset, count] : t.ranges) {
-      if (offset != next)
-        MOE_BAD_INPUT("checkpoint " << dir << ": tensor " << name << " has "
-                                    << (offset < next ? "overlapping" : "missing") << " elements at flat offset "
-                                    << std::min(offset, next));
-      next = offset + count;
-    }
-    if (next != ckpt::numel(t.global_shape))
-      MOE_BAD_INPUT("checkpoint " << dir << ": tensor " << name << " holds " << next << " of its "
-                                  << ckpt::numel(t.global_shape) << " elements");
-    names.insert(name);
-  }
-  return names;
 }
 
 // A peer copy's entry lists no datasets: they are those of the rank's own file.
@@ -313,6 +260,20 @@ const FileEntry* primary_of(const Manifest& m, int64_t rank) {
   for (const FileEntry& f : m.files)
     if (!f.peer_copy && f.rank == rank) return &f;
   return nullptr;
+}
+
+// "" when the peer copy at `path` is a regular file of the size and xxh64 listed, holding its rank's datasets.
+std::string peer_copy_problem(const std::string& path, const FileEntry& f, const FileEntry* content,
+                              const Manifest& m) {
+  std::string problem;
+  if (!content) return "the manifest lists no file of rank " + std::to_string(f.rank) + " it would be a copy of";
+  if (!ckpt::check_file(path, f, &problem)) return problem;
+  try {
+    ckpt::check_shard(path, *content, m);
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "";
 }
 
 void run_verify(const Location& loc, std::ostream& out) {
@@ -323,15 +284,11 @@ void run_verify(const Location& loc, std::ostream& out) {
   // Damaged files that a copy stands in for: the checkpoint loads, but is not whole.
   std::vector<std::string> problems = r.notes;
   int64_t files = 0, bytes = 0, datasets = 0, elements = 0;
-  const std::set<std::string> head_tensors = check_coverage(head, dir);
   for (size_t c = 0; c < r.chain.size(); ++c) {
     const Manifest& m = r.chain[c];
     const fs::path chain_dir(r.chain_dirs[c]);
     const std::string name = chain_dir.filename().string();
-    const std::set<std::string> tensors = check_coverage(m, r.chain_dirs[c]);
-    if (tensors != head_tensors)
-      MOE_BAD_INPUT("checkpoint " << r.chain_dirs[c] << " of the chain holds other tensors than " << dir << " ("
-                                  << tensors.size() << " against " << head_tensors.size() << ")");
+    const size_t tensors = ckpt::check_coverage(m, r.chain_dirs[c]).size();  // checked by verify_checkpoint
     for (size_t fi = 0; fi < m.files.size(); ++fi) {
       const FileEntry& f = m.files[fi];
       std::string path = r.paths[c][fi];
@@ -341,18 +298,7 @@ void run_verify(const Location& loc, std::ostream& out) {
         // verify_checkpoint looks at a peer copy only when it stands in for a damaged file.
         path = (chain_dir / f.name).string();
         content = primary_of(m, f.rank);
-        std::error_code ec;
-        int64_t size = -1;
-        const std::string hash = fs::exists(path, ec) ? ckpt::file_xxh64(path, &size) : "";
-        std::string problem;
-        if (size < 0)
-          problem = "missing";
-        else if (size != f.size)
-          problem = "size " + std::to_string(size) + ", manifest says " + std::to_string(f.size);
-        else if (hash != f.xxh64)
-          problem = "checksum " + hash + ", manifest says " + f.xxh64;
-        else if (!content)
-          problem = "the manifest lists no file of rank " + std::to_string(f.rank) + " it would be a copy of";
+        const std::string problem = peer_copy_problem(path, f, content, m);
         if (!problem.empty()) {
           out << "peer copy of rank " << f.rank << " FAILED (" << problem << ")\n";
           problems.push_back(path + " (peer copy of rank " + std::to_string(f.rank) + ") failed verification (" +
@@ -367,8 +313,7 @@ void run_verify(const Location& loc, std::ostream& out) {
       out.flush();
       int64_t n = 0;
       try {
-        const ckpt::ShardReader reader(path);
-        n = check_file_contents(reader, *content, m);
+        n = read_every_chunk(path, *content);
       } catch (const Error&) {
         out << ": FAILED\n";
         throw;
@@ -377,7 +322,7 @@ void run_verify(const Location& loc, std::ostream& out) {
           << " stored elements read, Fletcher-32 of every chunk ok\n";
       ++files, bytes += f.size, datasets += int64_t(content->datasets.size()), elements += n;
     }
-    out << "  " << name << ": " << tensors.size() << " tensors, each covered exactly once by its pieces\n";
+    out << "  " << name << ": " << tensors << " tensors, each covered exactly once by its pieces\n";
   }
   if (!problems.empty()) {
     std::string text;
@@ -463,24 +408,56 @@ void run_info(const Location& loc, std::ostream& out) {
 
 // ---- export ----------------------------------------------------------------------------------------------------
 
-void run_export(const Location& loc, const CkptOptions& o, std::ostream& out) {
-  // Everything that can refuse is checked before anything is written.
+// --out can be written: its parent is a writable directory outside any checkpoint, and it does not exist
+// (or --force). Returns the parent. Everything here refuses before anything is written.
+fs::path check_export_target(const CkptOptions& o) {
   if (o.out.empty()) MOE_BAD_INPUT("moe ckpt export: --out FILE.h5 is required");
   std::error_code ec;
   const fs::path target(o.out);
+  const std::string name = target.filename().string();
+  if (name.empty() || name == "." || name == "..")
+    MOE_BAD_INPUT("--out " << o.out << " names a directory; expected a file name");
   const fs::file_status status = fs::symlink_status(target, ec);
   if (fs::exists(status)) {
     if (fs::is_directory(status)) MOE_BAD_INPUT("--out " << o.out << " is a directory; expected a file name");
     if (!o.force) MOE_BAD_INPUT("--out " << o.out << " exists; pass --force to replace it");
+    if (!fs::is_regular_file(status) && !fs::is_symlink(status))
+      MOE_BAD_INPUT("--out " << o.out << " exists and is not a regular file; --force replaces only files");
   }
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  if (!fs::is_directory(parent, ec))
+  const fs::file_status parent_status = fs::status(parent, ec);
+  if (!fs::exists(parent_status))
     MOE_BAD_INPUT("--out " << o.out << ": directory " << parent.string() << " does not exist");
+  if (!fs::is_directory(parent_status))
+    MOE_BAD_INPUT("--out " << o.out << ": " << parent.string() << " is not a directory");
+  if (::access(parent.c_str(), W_OK | X_OK) != 0)
+    MOE_BAD_INPUT("--out " << o.out << ": cannot write into " << parent.string() << " (" << std::strerror(errno)
+                           << ")");
   const std::string parent_name = fs::absolute(parent, ec).lexically_normal().filename().string();
   if (starts_with(parent_name, "step-") || starts_with(parent_name, "tmp-step-") || holds_checkpoint_manifest(parent))
     MOE_BAD_INPUT("--out " << o.out
                            << " is inside a checkpoint directory; checkpoints are never modified, choose "
                               "another place");
+  return parent;
+}
+
+// Moves the complete file into place: without --force, never over a file that appeared meanwhile.
+void publish_export(const fs::path& partial, const fs::path& target, bool force) {
+  if (force) {
+    fs::rename(partial, target);
+    return;
+  }
+  if (::link(partial.c_str(), target.c_str()) != 0)
+    MOE_BAD_INPUT("--out " << target.string() << ": cannot create it (" << std::strerror(errno)
+                           << "); nothing was replaced (pass --force to replace an existing file)");
+  std::error_code ec;
+  fs::remove(partial, ec);
+}
+
+void run_export(const Location& loc, const CkptOptions& o, std::ostream& out) {
+  const fs::path target(o.out);
+  const fs::path parent = check_export_target(o);
+  std::error_code ec;
 
   const std::string dir = target_checkpoint(loc, out);
   const ckpt::Resolved r = verified(dir);
@@ -504,12 +481,17 @@ void run_export(const Location& loc, const CkptOptions& o, std::ostream& out) {
   // Written beside --out under a name of its own, renamed into place once complete and synced.
   const fs::path partial = parent / ("." + target.filename().string() + ".partial-" + std::to_string(::getpid()));
   int64_t elements = 0;
+  std::unique_ptr<ckpt::ShardWriter> writer;
   try {
-    ckpt::ShardWriter writer(partial.string());
-    writer.set_attribute("source_checkpoint", fs::absolute(dir).lexically_normal().string());
-    writer.set_attribute("step", std::to_string(head.step));
-    writer.set_attribute("kind", "export");
-    writer.set_attribute("chain", chain_text(head));
+    writer = std::make_unique<ckpt::ShardWriter>(partial.string());
+  } catch (const Error& e) {
+    MOE_BAD_INPUT("--out " << o.out << ": cannot create " << partial.string() << " (" << e.message() << ")");
+  }
+  try {
+    writer->set_attribute("source_checkpoint", fs::absolute(dir).lexically_normal().string());
+    writer->set_attribute("step", std::to_string(head.step));
+    writer->set_attribute("kind", "export");
+    writer->set_attribute("chain", chain_text(head));
     // Tensors in batches of bounded memory: one load_pieces call opens each file once per batch.
     constexpr int64_t kBatchBytes = int64_t{256} << 20;
     auto it = tensors.begin();
@@ -526,13 +508,13 @@ void run_export(const Location& loc, const CkptOptions& o, std::ostream& out) {
       ckpt::load_pieces(r, batch);
       for (size_t i = 0; i < batch.size(); ++i) {
         const ckpt::Piece& p = batch[i];
-        writer.write(p.tensor, p.dtype, buffers[i].data(), p.global_shape, p.global_shape, 0);
+        writer->write(p.tensor, p.dtype, buffers[i].data(), p.global_shape, p.global_shape, 0);
         out << "  " << p.tensor << "  " << shape_text(p.global_shape) << "  " << ckpt::dtype_name(p.dtype) << "\n";
         elements += p.count();
       }
     }
-    writer.close();
-    fs::rename(partial, target);  // replaces an existing file only with --force (checked above)
+    writer->close();
+    publish_export(partial, target, o.force);
   } catch (...) {
     fs::remove(partial, ec);
     throw;

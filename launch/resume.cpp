@@ -10,8 +10,9 @@
 namespace moe {
 namespace {
 
-// The keys that fix the model's parameters: a checkpoint taken with other values cannot be loaded.
-void check_checkpoint_fits(const ckpt::Manifest& m, const Config& config, const std::string& dir) {
+// The keys that fix the model's parameters: a checkpoint taken with other values cannot be loaded. The
+// refusal's text, or "" when it fits.
+std::string config_mismatch(const ckpt::Manifest& m, const Config& config, const std::string& dir) {
   const nlohmann::json& then = m.config;
   const nlohmann::json& now = config.resolved;
   std::string diffs;
@@ -22,40 +23,88 @@ void check_checkpoint_fits(const ckpt::Manifest& m, const Config& config, const 
     if (a != b)
       diffs += std::string(diffs.empty() ? "" : ", ") + key + " = " + a.dump() + " there, " + b.dump() + " here";
   }
-  if (!diffs.empty())
-    MOE_BAD_INPUT("checkpoint " << dir << " does not fit this config: " << diffs
-                                << "; resume with the model it was trained with, or start a new run (--resume none)");
+  if (diffs.empty()) return "";
+  return "checkpoint " + dir + " does not fit this config: " + diffs +
+         "; resume with the model it was trained with, or start a new run (--resume none)";
+}
+
+void check_checkpoint_fits(const ckpt::Manifest& m, const Config& config, const std::string& dir) {
+  const std::string mismatch = config_mismatch(m, config, dir);
+  if (!mismatch.empty()) MOE_BAD_INPUT(mismatch);
+}
+
+// The manifest of `dir` when it can be read (whether it verifies or not), for the message about its config.
+std::optional<ckpt::Manifest> readable_manifest(const std::string& dir) {
+  try {
+    return ckpt::read_manifest(dir);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+// The fitting checkpoint of `--resume auto`: the newest that verifies and holds what the model needs. When
+// none does and the newest is of another model config, that is what the user is told.
+void choose_auto(const Trainer& t, ResumePoint& point) {
+  const Config& config = t.config;
+  const std::string root = t.paths.ckpt_root.string();
+  if (auto found = ckpt::find_newest(root, config.checkpoint.replicas, &point.notes, &point.expected)) {
+    point.dir = found->dir;
+    check_checkpoint_fits(found->chain.back(), config, point.dir);
+    return;
+  }
+  for (const std::string& dir : ckpt::list_checkpoints(root))
+    if (const auto newest = readable_manifest(dir)) return check_checkpoint_fits(*newest, config, dir);
+}
+
+// `--resume PATH`: that checkpoint, verified against what the model needs, or a refusal naming the reason.
+void choose_path(const TrainOptions& options, const Trainer& t, ResumePoint& point) {
+  if (const auto m = readable_manifest(options.resume)) check_checkpoint_fits(*m, t.config, options.resume);
+  std::string why;
+  if (!ckpt::verify_checkpoint(options.resume, t.config.checkpoint.replicas, &why, &point.expected))
+    MOE_BAD_INPUT("--resume " << options.resume << ": " << why);
+  point.dir = options.resume;
+}
+
+// A fresh start in a directory that holds a run: say what is there and what to do.
+void check_fresh_start(const TrainOptions& options, const Trainer& t, const ResumePoint& point) {
+  try {
+    check_run_dir_usable(t.paths.run_dir, options.overwrite);
+  } catch (const Error& e) {
+    const std::vector<std::string> held = ckpt::list_checkpoints(t.paths.ckpt_root.string());
+    if (options.resume == "none" && !held.empty())
+      MOE_BAD_INPUT("--run-dir " << t.paths.run_dir << " already holds a run with " << held.size()
+                                 << " checkpoint(s) (the newest " << held.front()
+                                 << "), and --resume none starts again at step 0: pass --resume auto to continue "
+                                    "from the newest checkpoint that verifies, or --overwrite to start again and "
+                                    "delete them (or choose another --run-dir)");
+    std::string why;
+    for (const std::string& note : point.notes) why += "; " + note;
+    if (why.empty()) throw;
+    MOE_BAD_INPUT(e.message() << " (no checkpoint verifies" << why << ")");
+  }
 }
 
 // Rank 0's part: looks at the file system and verifies; `point` is filled on rank 0 only.
 void choose_on_rank0(const TrainOptions& options, const Trainer& t, ResumePoint& point) {
   const Config& config = t.config;
-  const std::string root = t.paths.ckpt_root.string();
   if (config.checkpoint.node_local) {
     if (point.distributed) {
       point.dir = (t.paths.ckpt_root / point.distributed->dir_name).string();
       check_checkpoint_fits(point.distributed->chain.back(), config, point.dir);
     }
   } else if (options.resume == "auto") {
-    if (auto found = ckpt::find_newest(root, config.checkpoint.replicas, &point.notes)) point.dir = found->dir;
+    choose_auto(t, point);
   } else if (options.resume != "none") {
-    std::string why;
-    if (!ckpt::verify_checkpoint(options.resume, config.checkpoint.replicas, &why))
-      MOE_BAD_INPUT("--resume " << options.resume << ": " << why);
-    point.dir = options.resume;
+    choose_path(options, t, point);
   }
-  if (point.dir.empty()) {
-    try {
-      check_run_dir_usable(t.paths.run_dir, options.overwrite);
-    } catch (const Error& e) {
-      std::string why;
-      for (const std::string& note : point.notes) why += "; " + note;
-      if (why.empty()) throw;
-      MOE_BAD_INPUT(e.message() << " (no checkpoint verifies" << why << ")");
-    }
-  } else if (!config.checkpoint.node_local) {
-    check_checkpoint_fits(ckpt::read_manifest(point.dir), config, point.dir);
-  }
+  if (point.dir.empty()) check_fresh_start(options, t, point);
+}
+
+// Every tensor the model restores, with its dtype and global shape: the union over the ranks (collective).
+std::vector<ckpt::TensorExpectation> model_expectations(Trainer& t) {
+  std::vector<ckpt::TensorExpectation> mine;
+  for (const ckpt::Piece& p : checkpoint_pieces(t.state, false)) mine.push_back({p.tensor, p.dtype, p.global_shape});
+  return ckpt::gather_expectations(*t.groups.world, mine);
 }
 
 }  // namespace
@@ -68,9 +117,10 @@ ResumePoint choose_resume(const TrainOptions& options, Trainer& t) {
                                  "hosts' own disks; use --resume auto (or none)");
   Communicator& world = *t.groups.world;
   ResumePoint point;
+  point.expected = model_expectations(t);
   if (node_local && options.resume == "auto")  // collective: every host says what its disk holds
-    point.distributed =
-        ckpt::find_newest_distributed(world, t.paths.ckpt_root.string(), t.paths.node_leader, &point.notes);
+    point.distributed = ckpt::find_newest_distributed(world, t.paths.ckpt_root.string(), t.paths.node_leader,
+                                                      &point.notes, &point.expected);
   on_rank0_agree(world, [&] { choose_on_rank0(options, t, point); });
   point.dir = broadcast_string(world, point.dir);
   return point;
@@ -83,7 +133,7 @@ int64_t load_resume(const ResumePoint& point, Trainer& t) {
     return point.distributed->chain.back().step;
   }
   std::string why;
-  const auto resolved = ckpt::verify_checkpoint(point.dir, t.config.checkpoint.replicas, &why);
+  const auto resolved = ckpt::verify_checkpoint(point.dir, t.config.checkpoint.replicas, &why, &point.expected);
   if (!resolved) MOE_FAIL("checkpoint " << point.dir << " verified on rank 0 but not here: " << why);
   ckpt::load_pieces(*resolved, checkpoint_pieces(t.state, false));
   finish_load(t.state);

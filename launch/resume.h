@@ -19,6 +19,7 @@ struct ResumePoint {
   std::string dir;                                     // the checkpoint directory; empty: a fresh start
   std::vector<std::string> notes;                      // checkpoints passed over and why (rank 0)
   std::optional<ckpt::DistributedChoice> distributed;  // with node-local roots
+  std::vector<ckpt::TensorExpectation> expected;       // what the model needs of a checkpoint (all ranks)
 };
 
 // Collective. The same answer on every rank, or the same BadInput on every rank.

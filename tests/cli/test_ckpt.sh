@@ -14,8 +14,8 @@ if [ $# -ne 2 ]; then
 fi
 moe=$1
 config="$2/configs/tiny_moe.json"
-for tool in h5dump dd sha256sum; do
-  command -v "$tool" > /dev/null || { echo "$tool not found (hdf5-tools, coreutils)" >&2; exit 1; }
+for tool in h5dump dd sha256sum jq mkfifo truncate timeout; do
+  command -v "$tool" > /dev/null || { echo "$tool not found (hdf5-tools, coreutils, jq)" >&2; exit 1; }
 done
 unset OMPI_COMM_WORLD_SIZE PMI_SIZE PMIX_SIZE OMPI_COMM_WORLD_LOCAL_SIZE MPI_LOCALNRANKS
 
@@ -34,7 +34,7 @@ fail() {
 }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/moe_ckpt_test.XXXXXX") || { echo "mktemp -d failed" >&2; exit 1; }
-trap 'rm -rf "$work" "$work.before" "$work.stdout" "$work.stderr"' EXIT
+trap 'rm -rf "$work" "$work.before" "$work.stdout" "$work.stderr" "$work.big"' EXIT
 cd "$work" || exit 1
 
 # Every path under the working directory with its type, then every file's sha256.
@@ -214,6 +214,80 @@ expect_err=("step-00000002/rank-00000.h5")
 unchanged=1
 run_case "verify of a delta whose base is damaged" 2 "$moe" ckpt verify E/checkpoints/step-00000004
 rm -rf D E
+
+# ---- Forged checkpoints: each refused by verify (exit 2), marked by ls, refused by --resume PATH ----------------
+# (tests/launch/test_checkpoint_damage.cpp rewrites shards with recomputed checksums and checks the fallback
+# of --resume auto; here the program itself, from the outside.)
+# forge NAME JQ_FILTER: a copy of A whose step-6 manifest is rewritten by JQ_FILTER.
+forge() {
+  rm -rf G && cp -r A G
+  jq "$1" G/checkpoints/step-00000006/manifest.json > manifest.tmp && mv manifest.tmp G/checkpoints/step-00000006/manifest.json
+}
+g6=G/checkpoints/step-00000006
+embed='(.files[0].datasets[] | select(.tensor == "params/embed.weight"))'
+for attack in \
+    '.step = 8 :: step 8, but the directory is step-00000006' \
+    "$embed.global_shape = [32,256] :: the file holds f32 x 8192 at flat offset 0 of global shape [256,32]" \
+    "$embed.dtype = \"f64\" :: the file holds f32" \
+    '.files[0].name = "../../etc/passwd" :: points outside the checkpoint directory' \
+    '.files[0].name = "/etc/passwd" :: points outside the checkpoint directory' \
+    '.kind = "delta" :: kind delta with a chain of 1' \
+    '.chain = ["step-00000002"] :: its chain does not end in its own directory'; do
+  filter=${attack%% :: *}
+  reason=${attack#* :: }
+  forge "$filter"
+  expect_err=("$reason")
+  unchanged=1
+  run_case "verify of a forged manifest ($filter)" 2 "$moe" ckpt verify "$g6"
+  expect_out=("NOT VERIFIED: " "$reason" "3 checkpoint(s), 2 verified")
+  run_case "ls of a forged manifest ($filter)" 0 "$moe" ckpt ls G
+  expect_err=("--resume $g6" "$reason")
+  run_case "resume PATH of a forged manifest ($filter)" 2 \
+    "$moe" train --config "$config" "${small[@]}" --set checkpoint.full_every=2 --run-dir G --resume "$g6"
+done
+
+# A symlink to a 20 GiB sparse file in place of a shard: refused at once, without reading it.
+rm -rf G && cp -r A G
+truncate -s 20G "$work.big"
+rm "$g6/rank-00000.h5" && ln -s "$work.big" "$g6/rank-00000.h5"
+expect_err=("rank-00000.h5" "a symbolic link, not a regular file")
+unchanged=1
+started=$(date +%s)
+run_case "verify of a symlink to a 20 GiB sparse file" 2 timeout 20 "$moe" ckpt verify "$g6"
+check "verify of a symlink to a 20 GiB sparse file: within 5 s" test $(($(date +%s) - started)) -le 5
+expect_out=("NOT VERIFIED: " "a symbolic link" "3 checkpoint(s), 2 verified")
+run_case "ls of a symlink to a 20 GiB sparse file" 0 timeout 20 "$moe" ckpt ls G
+rm -f "$work.big"
+
+# A FIFO in place of a shard, then of the manifest: nothing hangs.
+for victim in rank-00000.h5 manifest.json; do
+  rm -rf G && cp -r A G
+  rm "$g6/$victim" && mkfifo "$g6/$victim"
+  expect_err=("$victim" "not a regular file")
+  unchanged=1
+  run_case "verify of a FIFO in place of $victim" 2 timeout 20 "$moe" ckpt verify "$g6"
+  expect_out=("NOT VERIFIED: " "$victim" "3 checkpoint(s), 2 verified")
+  run_case "ls of a FIFO in place of $victim" 0 timeout 20 "$moe" ckpt ls G
+  expect_err=("--resume $g6" "not a regular file")
+  run_case "resume PATH of a FIFO in place of $victim" 2 timeout 20 \
+    "$moe" train --config "$config" "${small[@]}" --set checkpoint.full_every=2 --run-dir G --resume "$g6"
+done
+rm -rf G
+
+# ---- export to a place it cannot write: refused before anything is written -------------------------------------
+expect_err=("afile2" "is not a directory")
+printf 'x\n' > afile2
+unchanged=1
+run_case "export under a regular file" 2 "$moe" ckpt export A --out afile2/x.h5
+expect_err=("missing-dir" "does not exist")
+unchanged=1
+run_case "export into a missing directory" 2 "$moe" ckpt export A --out missing-dir/x.h5
+if [ "$(id -u)" = 0 ]; then readonly_out=/proc/moe_ckpt_export_test.h5; else mkdir ro && chmod 555 ro && readonly_out=ro/x.h5; fi
+expect_err=("$readonly_out")
+unchanged=1
+run_case "export into a read-only location" 2 "$moe" ckpt export A --out "$readonly_out"
+check "export into a read-only location: no file" test ! -e "$readonly_out"
+rm -rf afile2 ro 2> /dev/null || { chmod 755 ro; rm -rf ro; }
 
 # ---- Two ranks with peer copies: a damaged rank file is read from its copy, and verify says so. ------------------
 mpirun=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --timeout 60)
