@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <thread>
 
@@ -191,6 +192,92 @@ TEST(RunIntegrity, SecondTrainerInALiveRunDirectoryIsRefused) {
   });
   EXPECT_EQ(second_code, 2);
   EXPECT_EQ(first_code, 143) << read_text_if_any(dir.path() / "a.txt");
+}
+
+// A learning rate that turns the weights to infinity: the state is checked before it is saved, so the
+// run stops (exit 1, saying why) without committing it, and the newest good checkpoint survives
+// retention and resumes.
+TEST(RunIntegrity, NonFiniteStateIsNeverCommitted) {
+  TempDir dir("non-finite");
+  const fs::path run_dir = dir.path() / "run";
+  const std::vector<std::string> good = {"train.steps=8", "checkpoint.every=1", "checkpoint.keep=1"};
+  std::vector<std::string> args = train_args(run_dir, good);
+  args.insert(args.end(), {"--stop-after-step", "4"});
+  ASSERT_EQ(run(args, dir.path() / "first.txt"), 0) << read_text_if_any(dir.path() / "first.txt");
+  ASSERT_NE(latest(run_dir).find("step-00000004"), std::string::npos);
+  args = train_args(run_dir, good);
+  args.insert(args.end(), {"--set", "optim.lr=1e39"});  // infinite in float
+  EXPECT_EQ(run(args, dir.path() / "diverged.txt"), 1);
+  const std::string said = read_text_if_any(dir.path() / "diverged.txt");
+  EXPECT_NE(said.find("not finite"), std::string::npos) << said;
+  EXPECT_EQ(said.find("internal error"), std::string::npos) << said;
+  EXPECT_NE(latest(run_dir).find("step-00000004"), std::string::npos) << latest(run_dir);
+  EXPECT_TRUE(fs::exists(run_dir / "checkpoints" / "step-00000004" / "manifest.json"));
+  EXPECT_FALSE(fs::exists(run_dir / "checkpoints" / "step-00000005"));
+  EXPECT_EQ(run({"ckpt", "verify", (run_dir / "checkpoints" / "step-00000004").string()}, dir.path() / "v.txt"), 0)
+      << read_text_if_any(dir.path() / "v.txt");
+  // Resumed with the learning rate it was trained with, it ends as the uninterrupted run.
+  EXPECT_EQ(run(train_args(run_dir, good), dir.path() / "resumed.txt"), 0)
+      << read_text_if_any(dir.path() / "resumed.txt");
+  expect_same_metrics(reference_run(8, "1"), run_dir);
+}
+
+// A checkpoint root on a small file system that fills up: the save that does not fit fails, the one
+// before stays the newest, and a run whose last checkpoint could not be written ends with exit 1 saying
+// so, never "done". Needs permission to mount a tmpfs (skipped otherwise).
+TEST(RunIntegrity, FullDiskFailsTheRunInsteadOfEndingDone) {
+  TempDir dir("full-disk");
+  const fs::path disk = dir.path() / "disk";
+  fs::create_directories(disk);
+  // One checkpoint of this model (parameters and two moments) is about 32 MB: room for one, not two.
+  if (::mount("tmpfs", disk.c_str(), "tmpfs", 0, "size=48m") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno) << ")";
+  const fs::path run_dir = dir.path() / "run";
+  const std::vector<std::string> args =
+      train_args(run_dir, {"train.steps=4", "checkpoint.every=2", "checkpoint.keep=1", "checkpoint.async=false",
+                           "checkpoint.dir=" + (disk / "ckpt").string()});
+  const int code = run(args, dir.path() / "out.txt");
+  const std::string said = read_text_if_any(dir.path() / "out.txt");
+  const std::string newest = read_text_if_any(disk / "ckpt" / "latest");
+  const int verified = run({"ckpt", "verify", (disk / "ckpt" / "step-00000002").string()}, dir.path() / "v.txt");
+  ::umount2(disk.c_str(), MNT_DETACH);
+  EXPECT_EQ(code, 1) << said;
+  EXPECT_NE(said.find("could not be written"), std::string::npos) << said;
+  EXPECT_NE(newest.find("step-00000002"), std::string::npos) << newest;
+  EXPECT_EQ(verified, 0) << read_text_if_any(dir.path() / "v.txt");
+}
+
+// Resuming with other settings: a key that fixes what the checkpoint means is refused (exit 2, nothing
+// written) unless named in --allow-config-change; every start is recorded with what changed.
+TEST(RunIntegrity, ConfigChangesOnResumeAreRefusedOrRecorded) {
+  TempDir dir("config-change");
+  const fs::path run_dir = dir.path() / "run";
+  ASSERT_EQ(run(train_args(run_dir, {"train.steps=3", "checkpoint.every=3"}), dir.path() / "a.txt"), 0);
+  const std::string config_before = read_text(run_dir / "config.json");
+  const std::string history_before = read_text(run_dir / "config_history.jsonl");
+  EXPECT_EQ(run(train_args(run_dir, {"train.steps=6", "checkpoint.every=3", "train.seed=7"}), dir.path() / "b.txt"), 2);
+  const std::string said = read_text_if_any(dir.path() / "b.txt");
+  EXPECT_NE(said.find("train.seed 1234 -> 7"), std::string::npos) << said;
+  EXPECT_NE(said.find("--allow-config-change train.seed"), std::string::npos) << said;
+  EXPECT_EQ(read_text(run_dir / "config.json"), config_before);
+  EXPECT_EQ(read_text(run_dir / "config_history.jsonl"), history_before);
+
+  std::vector<std::string> allowed = train_args(run_dir, {"train.steps=6", "checkpoint.every=3", "optim.lr=0.001"});
+  ASSERT_EQ(run(allowed, dir.path() / "c.txt"), 0) << read_text_if_any(dir.path() / "c.txt");
+  const json config = json::parse(read_text(run_dir / "config.json"));
+  EXPECT_EQ(config["optim"]["lr"], 0.001);
+  const json start = json::parse(read_text(run_dir / "manifest.json"))["start"];
+  EXPECT_EQ(start["step"], 3);
+  ASSERT_EQ(start["changes"].size(), 2u) << start.dump();  // optim.lr and train.steps
+  EXPECT_EQ(start["changes"][0]["key"], "optim.lr");
+  std::istringstream history(read_text(run_dir / "config_history.jsonl"));
+  int64_t starts = 0;
+  for (std::string line; std::getline(history, line);) starts += !line.empty();
+  EXPECT_EQ(starts, 2);
+
+  allowed = train_args(run_dir, {"train.steps=9", "checkpoint.every=3", "optim.lr=0.001", "train.seed=7"});
+  allowed.insert(allowed.end(), {"--allow-config-change", "train.seed"});
+  EXPECT_EQ(run(allowed, dir.path() / "d.txt"), 0) << read_text_if_any(dir.path() / "d.txt");
 }
 
 }  // namespace
