@@ -24,9 +24,7 @@ using namespace moe::test_support;
 
 const std::string kConfig = std::string(MOE_SOURCE_DIR) + "/configs/tiny_moe.json";
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // A small, fast run: 1 thread, short sequences, a metrics line every step.
 std::vector<std::string> train_args(const fs::path& run_dir, std::vector<std::string> sets) {
@@ -158,14 +156,13 @@ TEST(RunIntegrity, SecondSignalExitsAtOnce) {
   TempDir dir("second-signal");
   const fs::path run_dir = dir.path() / "run";
   // Long steps (64 sequences of 128 tokens), so the second signal lands inside one.
-  const Proc p = spawn(train_args(run_dir, {"train.steps=1000", "train.seq_len=128", "train.global_batch=64",
-                                            "checkpoint.every=0"}),
-                       dir.path() / "out.txt");
+  const Proc p = spawn(
+      train_args(run_dir, {"train.steps=1000", "train.seq_len=128", "train.global_batch=64", "checkpoint.every=0"}),
+      dir.path() / "out.txt");
   double first_at = 0, second_at = 0;
   const int code = wait_exit(p, 120, [&] {
     if (first_at == 0 && training_lines(run_dir) >= 1 && ::kill(p.pid, SIGTERM) == 0) first_at = now_s();
-    if (first_at > 0 && second_at == 0 && now_s() - first_at > 0.02 && ::kill(p.pid, SIGINT) == 0)
-      second_at = now_s();
+    if (first_at > 0 && second_at == 0 && now_s() - first_at > 0.02 && ::kill(p.pid, SIGINT) == 0) second_at = now_s();
   });
   EXPECT_EQ(code, 143);
   EXPECT_NE(read_text_if_any(dir.path() / "out.txt").find("second signal"), std::string::npos)

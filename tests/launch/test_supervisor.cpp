@@ -700,8 +700,8 @@ size_t fake_ranks_running(const fs::path& run) {
   return n;
 }
 
-// "Ranks" that ignore the stop request (SIGUSR1) and SIGTERM and left mpirun's process group and session (setsid; one of them orphaned
-// by a double fork): killed after --term-grace-s, or at once on a second signal.
+// "Ranks" that ignore the stop request (SIGUSR1) and SIGTERM and left mpirun's process group and session (setsid; one
+// of them orphaned by a double fork): killed after --term-grace-s, or at once on a second signal.
 TEST(Supervisor, RanksThatIgnoreSigtermAndLeftTheGroupAreKilledAfterTheGraceOrASecondSignal) {
   for (const bool second_signal : {false, true}) {
     TempDir dir(second_signal ? "term-twice" : "term-grace");
