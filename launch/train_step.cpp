@@ -163,9 +163,11 @@ StepResult train_step(Trainer& t, int64_t step) {
   const double loss_sum = forward_backward(t, step, loss_scale);
   reduce_losses(t, loss_sum, loss_scale, r);
   if (!std::isfinite(r.loss))
-    MOE_RUN_FAILED("the loss became " << r.loss << " at step " << step + 1
-                                      << "; nothing of this step is saved. Lower optim.lr or raise optim.warmup, and "
-                                         "resume from the newest checkpoint (--resume auto)");
+    MOE_RUN_FAILED("the loss became " << r.loss << " at step " << step + 1 << " (lm " << r.lm_loss << ", aux " << r.aux
+                                      << ", z " << r.z << ", entropy " << r.entropy << ", death " << r.death
+                                      << "); nothing of this step is saved. Lower optim.lr, raise optim.warmup or "
+                                         "lower the moe.loss.* coefficient of a non-finite term, and resume from the "
+                                         "newest checkpoint (--resume auto)");
   clip_gradients(t, r);
   r.lr = t.schedule.at(step);
   t.optimizer->step(t.model->params(), t.model->grads(), r.lr);
