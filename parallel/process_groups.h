@@ -32,18 +32,25 @@ struct ProcessGroups {
 // world: an MpiCommunicator (any other communicator: a single process, every group of size one).
 ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const RankGrid& grid);
 
-// The MoE dispatcher's all-to-all over a communicator (counts first, then rows).
+// The MoE dispatcher's all-to-all over a communicator (the ep group): counts with a blocking all-to-all,
+// rows with the nonblocking all-to-all-v, so that start returns while rows travel.
 class CommunicatorExchange final : public ExpertExchange {
  public:
   explicit CommunicatorExchange(Communicator& comm) : comm_(comm) {}
   int size() const override { return comm_.size(); }
   int rank() const override { return comm_.rank(); }
   void exchange_counts(const int64_t* send, int64_t* recv, int64_t n) override { comm_.alltoall(send, recv, n); }
-  void exchange(const float* send, const int64_t* send_counts, float* recv, const int64_t* recv_counts) override {
-    comm_.alltoallv(send, send_counts, recv, recv_counts);
+  std::unique_ptr<ExchangeHandle> start(const float* send, const int64_t* send_counts, float* recv,
+                                        const int64_t* recv_counts) override {
+    return std::make_unique<RequestHandle>(comm_.ialltoallv(send, send_counts, recv, recv_counts));
   }
 
  private:
+  struct RequestHandle final : ExchangeHandle {
+    explicit RequestHandle(std::unique_ptr<Request> r) : request(std::move(r)) {}
+    void wait() override { request->wait(); }
+    std::unique_ptr<Request> request;  // destroying it waits
+  };
   Communicator& comm_;
 };
 
