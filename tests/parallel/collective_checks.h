@@ -25,7 +25,7 @@ inline int64_t sum_over_world(int64_t local) {
 #define EXPECT_NONE_WRONG(wrong_local)                                              \
   do {                                                                              \
     const int64_t wrong_local_ = (wrong_local);                                     \
-    EXPECT_EQ(::moe::comm_test::sum_over_world(wrong_local_), 0)                      \
+    EXPECT_EQ(::moe::comm_test::sum_over_world(wrong_local_), 0)                    \
         << "wrong elements, summed over ranks (this rank: " << wrong_local_ << ")"; \
   } while (0)
 
