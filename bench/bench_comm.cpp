@@ -1,5 +1,6 @@
 // bench_comm: bandwidth of the collectives the trainer uses, through MpiCommunicator (host memory), in the
-// style of nccl-tests: all-reduce (float sum, in place) and all-to-allv (uniform and skewed split sizes)
+// style of nccl-tests: all-reduce (float sum, in place), all-to-allv (uniform and skewed split sizes; and
+// the nonblocking ialltoallv, started then waited) and point to point (isend/irecv around a ring)
 // for message sizes doubling from --min-bytes to --max-bytes, against a memcpy of the same size run on
 // every rank at once in the same process (on one machine MPI moves the data through shared memory).
 // Run it under mpirun; rank 0 prints human-readable tables, then one line of JSON with every figure.
@@ -140,6 +141,15 @@ Row measure_allreduce(MpiCommunicator& comm, int64_t bytes, float* data, int war
 // ---- all-to-allv
 
 enum class Split { Uniform, Skewed };
+enum class Form { Blocking, Nonblocking };  // alltoallv, or ialltoallv then wait
+
+void alltoallv(MpiCommunicator& comm, Form form, const float* send, const std::vector<int64_t>& send_counts,
+               float* recv, const std::vector<int64_t>& recv_counts) {
+  if (form == Form::Blocking)
+    comm.alltoallv(send, send_counts.data(), recv, recv_counts.data());
+  else
+    comm.ialltoallv(send, send_counts.data(), recv, recv_counts.data())->wait();
+}
 
 // The share of its data every rank sends to destination d. Uniform: 1/n. Skewed: Zipf with exponent 1
 // over the destination's rank, the same for every source: w_d = (1 / (d + 1)) / H_n, H_n = sum_{k=1..n} 1/k
@@ -174,13 +184,13 @@ float alltoallv_value(int src, int64_t k) { return float(src * 1000 + k % 1000);
 
 // Element k of what rank src sends to any destination is src * 1000 + k % 1000: exact in float, it names
 // its source, and the receiver compares with ==; the count of wrong elements is summed over ranks.
-void check_alltoallv(MpiCommunicator& comm, float* send, const std::vector<int64_t>& send_counts, float* recv,
-                     const std::vector<int64_t>& recv_counts) {
+void check_alltoallv(MpiCommunicator& comm, Form form, float* send, const std::vector<int64_t>& send_counts,
+                     float* recv, const std::vector<int64_t>& recv_counts) {
   const int n = comm.size();
   int64_t at = 0;
   for (int d = 0; d < n; ++d)
     for (int64_t k = 0; k < send_counts[size_t(d)]; ++k) send[at++] = alltoallv_value(comm.rank(), k);
-  comm.alltoallv(send, send_counts.data(), recv, recv_counts.data());
+  alltoallv(comm, form, send, send_counts, recv, recv_counts);
   int64_t wrong = 0;
   at = 0;
   for (int s = 0; s < n; ++s)
@@ -191,18 +201,18 @@ void check_alltoallv(MpiCommunicator& comm, float* send, const std::vector<int64
 
 // busbw = algbw x (n-1)/n (nccl-tests' all-to-all factor, which assumes uniform splits): the share of a
 // rank's data that leaves it. For skewed splits the busiest receiver is the better measure: max_recv_bw.
-Row measure_alltoallv(MpiCommunicator& comm, Split split, int64_t bytes, float* send, float* recv, int warmup,
-                      int reps) {
+Row measure_alltoallv(MpiCommunicator& comm, Split split, Form form, int64_t bytes, float* send, float* recv,
+                      int warmup, int reps) {
   const int n = comm.size(), me = comm.rank();
   const std::vector<int64_t> send_counts = send_counts_for(split, n, bytes / int64_t(sizeof(float)));
   std::vector<int64_t> recv_counts(static_cast<size_t>(n));
   comm.alltoall(send_counts.data(), recv_counts.data(), 1);  // as the MoE dispatcher learns its receive counts
-  check_alltoallv(comm, send, send_counts, recv, recv_counts);
+  check_alltoallv(comm, form, send, send_counts, recv, recv_counts);
   Row row;
   for (const int64_t c : send_counts) row.bytes += c * int64_t(sizeof(float));
   row.calls = calls_per_rep(bytes);
   row.time_s = time_on_every_rank(comm, warmup, reps, row.calls,
-                                  [&] { comm.alltoallv(send, send_counts.data(), recv, recv_counts.data()); });
+                                  [&] { alltoallv(comm, form, send, send_counts, recv, recv_counts); });
   int64_t received_from_others = 0;
   for (int s = 0; s < n; ++s)
     if (s != me) received_from_others += recv_counts[size_t(s)] * int64_t(sizeof(float));
@@ -210,6 +220,36 @@ Row measure_alltoallv(MpiCommunicator& comm, Split split, int64_t bytes, float* 
   row.algbw = double(row.bytes) / row.time_s.median * 1e-9;
   row.busbw = row.algbw * double(n - 1) / n;
   row.max_recv_bw = double(max_received) / row.time_s.median * 1e-9;
+  return row;
+}
+
+// ---- point to point
+
+// One step of a ring: isend `count` floats to the next rank and irecv as many from the previous one,
+// both posted before either is waited on (the exchange of neighbouring pipeline stages).
+void ring_step(MpiCommunicator& comm, const float* send, float* recv, int64_t count) {
+  const int n = comm.size(), me = comm.rank();
+  auto received = comm.irecv(recv, count, (me + n - 1) % n, 31);
+  auto sent = comm.isend(send, count, (me + 1) % n, 31);
+  received->wait();
+  sent->wait();
+}
+
+// busbw = algbw (nccl-tests' sendrecv): every byte a rank sends crosses one link once.
+Row measure_ring(MpiCommunicator& comm, int64_t bytes, float* send, float* recv, int warmup, int reps) {
+  const int n = comm.size(), me = comm.rank();
+  const int64_t count = bytes / int64_t(sizeof(float));
+  for (int64_t k = 0; k < count; ++k) send[k] = alltoallv_value(me, k);
+  ring_step(comm, send, recv, count);
+  int64_t wrong = 0;
+  for (int64_t k = 0; k < count; ++k) wrong += recv[k] != alltoallv_value((me + n - 1) % n, k);
+  comm.allreduce_sum(&wrong, 1);
+  MOE_CHECK(wrong == 0, "isend/irecv ring on " << n << " ranks: " << wrong << " received elements differ");
+  Row row;
+  row.bytes = count * int64_t(sizeof(float));
+  row.calls = calls_per_rep(bytes);
+  row.time_s = time_on_every_rank(comm, warmup, reps, row.calls, [&] { ring_step(comm, send, recv, count); });
+  row.algbw = row.busbw = double(row.bytes) / row.time_s.median * 1e-9;
   return row;
 }
 
@@ -274,6 +314,106 @@ std::vector<int64_t> message_sizes(const Options& o) {
   return sizes;
 }
 
+// The all-to-all-v tables (uniform, skewed, and uniform through ialltoallv), printed by the leader as they fill.
+std::vector<Table> measure_alltoallv_tables(MpiCommunicator& comm, const Options& o, const std::vector<int64_t>& sizes,
+                                            const Table& memcpy_table, float* a, float* b) {
+  const int n = comm.size();
+  const bool leader = comm.rank() == 0;
+  const std::vector<double> skew = destination_shares(Split::Skewed, n);
+  std::string skew_text;
+  for (const double w : skew) {
+    char share[16];
+    std::snprintf(share, sizeof share, "%.3f", w);
+    skew_text += (skew_text.empty() ? "" : ", ") + std::string(share);
+  }
+  struct AlltoallvCase {
+    Split split;
+    Form form;
+  };
+  const AlltoallvCase cases[] = {
+      {Split::Uniform, Form::Blocking}, {Split::Skewed, Form::Blocking}, {Split::Uniform, Form::Nonblocking}};
+  std::vector<Table> alltoallv{
+      {"alltoallv_uniform", "(n-1)/n", {}}, {"alltoallv_skewed", "(n-1)/n", {}}, {"ialltoallv_uniform", "(n-1)/n", {}}};
+  for (size_t c = 0; c < alltoallv.size(); ++c) {
+    const AlltoallvCase& what = cases[c];
+    Table& table = alltoallv[c];
+    if (leader) {
+      if (what.form == Form::Nonblocking)
+        std::printf(
+            "ialltoallv, uniform: as alltoallv, uniform, through the nonblocking form (ialltoallv, then wait on\n"
+            "  its request at once: the cost of the path the MoE dispatcher's start/finish takes):\n");
+      else if (what.split == Split::Uniform)
+        std::printf(
+            "alltoallv, uniform: every rank sends bytes/n to each rank (itself included); bytes = what one\n"
+            "  rank sends; maxrecv = bytes the busiest rank receives from other ranks / time:\n");
+      else
+        std::printf(
+            "alltoallv, skewed: every rank sends share w_d = (1/(d+1)) / H_n of its bytes to rank d (Zipf,\n"
+            "  exponent 1, over the destination's rank): w = [%s]; rank 0 receives %.2f x the bytes it sends:\n",
+            skew_text.c_str(), n * skew[0]);
+      print_header(true);
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      Row row = measure_alltoallv(comm, what.split, what.form, sizes[i], a, b, o.warmup, o.reps);
+      row.memcpy_bw = memcpy_table.rows[i].algbw;
+      if (leader) print_row(row, true);
+      table.rows.push_back(row);
+    }
+  }
+
+  return alltoallv;
+}
+
+Table measure_ring_table(MpiCommunicator& comm, const Options& o, const std::vector<int64_t>& sizes,
+                         const Table& memcpy_table, float* a, float* b) {
+  const bool leader = comm.rank() == 0;
+  Table ring{"sendrecv_ring", "1", {}};
+  if (leader) {
+    std::printf(
+        "isend/irecv ring: every rank sends bytes to the next rank and receives as many from the previous one\n"
+        "  (both posted, then both waited; MpiCommunicator::isend/irecv); busbw = algbw:\n");
+    print_header(false);
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    Row row = measure_ring(comm, sizes[i], a, b, o.warmup, o.reps);
+    row.memcpy_bw = memcpy_table.rows[i].algbw;
+    if (leader) print_row(row, false);
+    ring.rows.push_back(row);
+  }
+
+  return ring;
+}
+
+// One line of JSON with every figure (rank 0).
+void print_json(const Options& o, int n, const std::string& load_start, const std::string& load_end,
+                const Table& memcpy_table, const std::vector<const Table*>& tables) {
+  const std::vector<double> skew = destination_shares(Split::Skewed, n);
+  nlohmann::json out = {
+      {"bench", "comm"},
+      {"ranks", n},
+      {"mpi_library", mpi_library()},
+      {"quick", o.quick},
+      {"reps", o.reps},
+      {"warmup", o.warmup},
+      {"time_convention", "per call; slowest rank of a repetition; median over repetitions"},
+      {"bandwidth_convention", "GB/s = 1e9 bytes/s; algbw = bytes / time; busbw = algbw x factor (nccl-tests)"},
+      {"skewed_shares", skew},
+      {"load_average_start", load_start},
+      {"load_average_end", load_end}};
+  nlohmann::json memcpy_rows = nlohmann::json::array();
+  for (const Row& r : memcpy_table.rows)
+    memcpy_rows.push_back(
+        {{"bytes", r.bytes}, {"calls_per_rep", r.calls}, {"time_us", summary_json(r.time_s, 1e6)}, {"gbps", r.algbw}});
+  out["memcpy"] = memcpy_rows;
+  for (const Table* t : tables) {
+    const bool with_recv = t->name.find("alltoallv") != std::string::npos;
+    nlohmann::json rows = nlohmann::json::array();
+    for (const Row& r : t->rows) rows.push_back(row_json(r, with_recv));
+    out[t->name] = {{"busbw_factor", t->busbw_factor}, {"sizes", rows}};
+  }
+  std::printf("%s\n", out.dump().c_str());
+}
+
 void run(Options o, MpiCommunicator& comm) {
   if (o.quick) {  // a smoke check of every code path, not a measurement
     o.min_bytes = 1024;
@@ -330,63 +470,14 @@ void run(Options o, MpiCommunicator& comm) {
     allreduce.rows.push_back(row);
   }
 
-  const std::vector<double> skew = destination_shares(Split::Skewed, n);
-  std::string skew_text;
-  for (const double w : skew) {
-    char share[16];
-    std::snprintf(share, sizeof share, "%.3f", w);
-    skew_text += (skew_text.empty() ? "" : ", ") + std::string(share);
-  }
-  std::vector<Table> alltoallv{{"alltoallv_uniform", "(n-1)/n", {}}, {"alltoallv_skewed", "(n-1)/n", {}}};
-  for (const Split split : {Split::Uniform, Split::Skewed}) {
-    Table& table = alltoallv[split == Split::Uniform ? 0 : 1];
-    if (leader) {
-      if (split == Split::Uniform)
-        std::printf(
-            "alltoallv, uniform: every rank sends bytes/n to each rank (itself included); bytes = what one\n"
-            "  rank sends; maxrecv = bytes the busiest rank receives from other ranks / time:\n");
-      else
-        std::printf(
-            "alltoallv, skewed: every rank sends share w_d = (1/(d+1)) / H_n of its bytes to rank d (Zipf,\n"
-            "  exponent 1, over the destination's rank): w = [%s]; rank 0 receives %.2f x the bytes it sends:\n",
-            skew_text.c_str(), n * skew[0]);
-      print_header(true);
-    }
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      Row row = measure_alltoallv(comm, split, sizes[i], a.data(), b.data(), o.warmup, o.reps);
-      row.memcpy_bw = memcpy_bw(i);
-      if (leader) print_row(row, true);
-      table.rows.push_back(row);
-    }
-  }
+  const std::vector<Table> alltoallv = measure_alltoallv_tables(comm, o, sizes, memcpy_table, a.data(), b.data());
+  const Table ring = measure_ring_table(comm, o, sizes, memcpy_table, a.data(), b.data());
 
   const std::string load_end = load_average();
   if (!leader) return;
   std::printf("load average %s at end\n", load_end.c_str());
-  nlohmann::json out = {
-      {"bench", "comm"},
-      {"ranks", n},
-      {"mpi_library", mpi_library()},
-      {"quick", o.quick},
-      {"reps", o.reps},
-      {"warmup", o.warmup},
-      {"time_convention", "per call; slowest rank of a repetition; median over repetitions"},
-      {"bandwidth_convention", "GB/s = 1e9 bytes/s; algbw = bytes / time; busbw = algbw x factor (nccl-tests)"},
-      {"skewed_shares", skew},
-      {"load_average_start", load_start},
-      {"load_average_end", load_end}};
-  nlohmann::json memcpy_rows = nlohmann::json::array();
-  for (const Row& r : memcpy_table.rows)
-    memcpy_rows.push_back(
-        {{"bytes", r.bytes}, {"calls_per_rep", r.calls}, {"time_us", summary_json(r.time_s, 1e6)}, {"gbps", r.algbw}});
-  out["memcpy"] = memcpy_rows;
-  for (const Table* t : {&allreduce, &alltoallv[0], &alltoallv[1]}) {
-    const bool with_recv = t != &allreduce;
-    nlohmann::json rows = nlohmann::json::array();
-    for (const Row& r : t->rows) rows.push_back(row_json(r, with_recv));
-    out[t->name] = {{"busbw_factor", t->busbw_factor}, {"sizes", rows}};
-  }
-  std::printf("%s\n", out.dump().c_str());
+  print_json(o, n, load_start, load_end, memcpy_table,
+             {&allreduce, &alltoallv[0], &alltoallv[1], &alltoallv[2], &ring});
 }
 
 }  // namespace
@@ -395,7 +486,8 @@ void run(Options o, MpiCommunicator& comm) {
 int main(int argc, char** argv) {
   moe::bench::Options options;
   CLI::App app{
-      "bench_comm: nccl-tests-style bandwidth of all-reduce and all-to-allv through MpiCommunicator, as a ratio "
+      "bench_comm: nccl-tests-style bandwidth of all-reduce, all-to-allv (blocking and nonblocking) and isend/irecv "
+      "through MpiCommunicator, as a ratio "
       "to a memcpy of the same size measured in the same run. Run it under mpirun. See docs/bench.md.",
       "bench_comm"};
   app.add_option("--min-bytes", options.min_bytes, "Smallest message, bytes per rank (a multiple of 4)")

@@ -1,11 +1,20 @@
 // The communication seam of the MoE dispatcher: an all-to-all over the expert-parallel group, counts
 // first, then rows. core declares it; parallel/ implements it over a Communicator. A layer without one
-// (one expert-parallel rank) exchanges with itself.
+// (one expert-parallel rank) exchanges with itself. The rows' exchange has start and finish forms, so a
+// caller can compute (e.g. the shared experts) while rows travel.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 namespace moe {
+
+// An exchange of rows in flight. Destroying a handle that was not waited on waits.
+class ExchangeHandle {
+ public:
+  virtual ~ExchangeHandle() = default;
+  virtual void wait() = 0;
+};
 
 class ExpertExchange {
  public:
@@ -14,8 +23,19 @@ class ExpertExchange {
   virtual int rank() const = 0;
   // recv[q * n + i] = what rank q sent to this rank as its send[rank * n + i].
   virtual void exchange_counts(const int64_t* send, int64_t* recv, int64_t n) = 0;
-  // send_counts[q] floats of send go to rank q, in rank order; recv_counts[q] floats arrive from q.
-  virtual void exchange(const float* send, const int64_t* send_counts, float* recv, const int64_t* recv_counts) = 0;
+  // Starts the exchange of rows: send_counts[q] floats of send go to rank q, in rank order; recv_counts[q]
+  // floats arrive from q. The count arrays are read before start returns; send and recv must stay
+  // untouched until finish.
+  virtual std::unique_ptr<ExchangeHandle> start(const float* send, const int64_t* send_counts, float* recv,
+                                                const int64_t* recv_counts) = 0;
+  // Waits for a started exchange: recv is complete and send may be reused.
+  void finish(std::unique_ptr<ExchangeHandle> handle) {
+    if (handle) handle->wait();
+  }
+  // Blocking: start, then finish.
+  void exchange(const float* send, const int64_t* send_counts, float* recv, const int64_t* recv_counts) {
+    finish(start(send, send_counts, recv, recv_counts));
+  }
 };
 
 }  // namespace moe

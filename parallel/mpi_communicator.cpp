@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <utility>
 #include <vector>
@@ -50,10 +51,12 @@ bool mpi_running() {
 void finalize_at_exit() { MpiCommunicator::finalize(); }
 
 // A nonblocking operation in flight. Destroying it waits, so the buffers it reads and writes are never
-// released while MPI may still touch them.
+// released while MPI may still touch them. It owns what MPI reads until completion (the int counts and
+// displacements of a v-form), and for a receive the count it expects, checked when it completes.
 class MpiRequest final : public Request {
  public:
-  MpiRequest(MPI_Request request, std::string what) : request_(request), what_(std::move(what)) {}
+  MpiRequest(MPI_Request request, std::string what, std::vector<int> keep_alive = {})
+      : request_(request), what_(std::move(what)), keep_alive_(std::move(keep_alive)) {}
   ~MpiRequest() override {
     if (request_ == MPI_REQUEST_NULL || !mpi_running()) return;
     const int code = MPI_Wait(&request_, MPI_STATUS_IGNORE);
@@ -62,21 +65,93 @@ class MpiRequest final : public Request {
       std::cerr << "moe: MPI " << what_ << " failed while its request was destroyed, on " << detail::mpi_location()
                 << ": " << detail::mpi_error_string(code) << "\n";
   }
+  // A receive: on completion, the message must hold exactly `count` elements of `type`.
+  void expect_received(MPI_Datatype type, int count) {
+    receive_type_ = type;
+    receive_count_ = count;
+  }
   bool test() override {
     if (request_ == MPI_REQUEST_NULL) return true;  // MPI_Test and MPI_Wait set it to null on completion
     int done = 0;
-    CHECK_MPI(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), what_ << " (test)");
+    MPI_Status status;
+    CHECK_MPI(MPI_Test(&request_, &done, &status), what_ << " (test)");
+    if (done) check_received(status);
     return done != 0;
   }
   void wait() override {
     if (request_ == MPI_REQUEST_NULL) return;
-    CHECK_MPI(MPI_Wait(&request_, MPI_STATUS_IGNORE), what_ << " (wait)");
+    MPI_Status status;
+    CHECK_MPI(MPI_Wait(&request_, &status), what_ << " (wait)");
+    check_received(status);
   }
 
  private:
+  void check_received(const MPI_Status& status) {
+    if (receive_count_ < 0) return;
+    int received = 0;
+    CHECK_MPI(MPI_Get_count(&status, receive_type_, &received), what_ << " (count of the message received)");
+    const int expected = receive_count_;
+    receive_count_ = -1;  // checked once
+    // A shorter message is no MPI error, but here it means the two sides disagree on the size.
+    MOE_CHECK(received == expected, what_ << ": expected " << expected << " elements, the peer sent " << received);
+  }
+
   MPI_Request request_;
   std::string what_;
+  std::vector<int> keep_alive_;
+  MPI_Datatype receive_type_ = MPI_DATATYPE_NULL;
+  int receive_count_ = -1;  // -1: not a receive
 };
+
+// bf16 as its 16-bit storage: moved as MPI_UINT16_T, summed by the user-defined operation below.
+float bf16_to_float(uint16_t bits) {
+  const uint32_t wide = uint32_t{bits} << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof(value));
+  return value;
+}
+
+uint16_t float_to_bf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // NaN stays NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+void bf16_sum(void* in, void* inout, int* length, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *length; ++i) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+}
+
+// Created on first use (MPI is running then: a communicator exists); MPI_Finalize releases it.
+MPI_Op bf16_sum_op() {
+  static const MPI_Op op = [] {
+    MPI_Op created = MPI_OP_NULL;
+    CHECK_MPI(MPI_Op_create(&bf16_sum, /*commute=*/1, &created), "creation of the bf16 sum operation");
+    return created;
+  }();
+  return op;
+}
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::F32:
+      return MPI_FLOAT;
+    case DType::BF16:
+      return MPI_UINT16_T;
+    case DType::F64:
+      return MPI_DOUBLE;
+    case DType::I32:
+      return MPI_INT32_T;
+    case DType::I64:
+      return MPI_INT64_T;
+  }
+  MOE_FAIL("unknown DType " << int(dtype));
+}
+
+MPI_Op sum_op(DType dtype) { return dtype == DType::BF16 ? bf16_sum_op() : MPI_SUM; }
 
 }  // namespace
 
@@ -147,102 +222,95 @@ std::string MpiCommunicator::describe(const char* op) const {
          std::to_string(size_) + ")";
 }
 
-int MpiCommunicator::int_count(int64_t count, const char* op) const {
-  MOE_CHECK(count >= 0 && count <= INT_MAX, describe(op)
+std::string MpiCommunicator::describe(const char* op, DType dtype) const {
+  return describe((std::string(op) + "(" + dtype_name(dtype) + ")").c_str());
+}
+
+int MpiCommunicator::int_count(int64_t count, const char* op, DType dtype) const {
+  MOE_CHECK(count >= 0 && count <= INT_MAX, describe(op, dtype)
                                                 << ": count " << count << " is negative or exceeds MPI's int counts ("
                                                 << INT_MAX << " elements); split the buffer into smaller pieces");
   return static_cast<int>(count);
 }
 
-// ---- all-reduce
+// ---- all-reduce, reduce-scatter
 
-void MpiCommunicator::allreduce_sum(void* data, int64_t count, MPI_Datatype type, const char* op) {
-  const int n = int_count(count, op);
-  CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data, n, type, MPI_SUM, comm_), describe(op) << " of " << n << " elements");
-}
-void MpiCommunicator::allreduce_sum(float* data, int64_t count) {
-  allreduce_sum(data, count, MPI_FLOAT, "allreduce_sum(float)");
-}
-void MpiCommunicator::allreduce_sum(double* data, int64_t count) {
-  allreduce_sum(data, count, MPI_DOUBLE, "allreduce_sum(double)");
-}
-void MpiCommunicator::allreduce_sum(int64_t* data, int64_t count) {
-  allreduce_sum(data, count, MPI_INT64_T, "allreduce_sum(int64)");
+void MpiCommunicator::allreduce_sum(void* data, int64_t count, DType dtype) {
+  const char* op = "allreduce_sum";
+  const int n = int_count(count, op, dtype);
+  CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data, n, mpi_type(dtype), sum_op(dtype), comm_),
+            describe(op, dtype) << " of " << n << " elements");
 }
 
-std::unique_ptr<Request> MpiCommunicator::iallreduce_sum(float* data, int64_t count) {
-  const char* op = "iallreduce_sum(float)";
-  const int n = int_count(count, op);
+std::unique_ptr<Request> MpiCommunicator::iallreduce_sum(void* data, int64_t count, DType dtype) {
+  const char* op = "iallreduce_sum";
+  const int n = int_count(count, op, dtype);
   MPI_Request request = MPI_REQUEST_NULL;
-  std::string what = describe(op) + " of " + std::to_string(n) + " elements";
-  CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, n, MPI_FLOAT, MPI_SUM, comm_, &request), what);
+  std::string what = describe(op, dtype) + " of " + std::to_string(n) + " elements";
+  CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, n, mpi_type(dtype), sum_op(dtype), comm_, &request), what);
   return std::make_unique<MpiRequest>(request, std::move(what));
 }
 
-// ---- reduce-scatter
-
-void MpiCommunicator::reduce_scatter_sum(const float* send, float* recv, int64_t count) {
+void MpiCommunicator::reduce_scatter_sum(const void* send, void* recv, int64_t count, DType dtype) {
   const char* op = "reduce_scatter_sum";
-  const int n = int_count(count, op);
-  MOE_CHECK(n == 0 || send != recv, describe(op) << ": send and recv must be different buffers");
-  CHECK_MPI(MPI_Reduce_scatter_block(send, recv, n, MPI_FLOAT, MPI_SUM, comm_),
-            describe(op) << " of " << n << " elements per rank");
+  const int n = int_count(count, op, dtype);
+  MOE_CHECK(n == 0 || send != recv, describe(op, dtype) << ": send and recv must be different buffers");
+  CHECK_MPI(MPI_Reduce_scatter_block(send, recv, n, mpi_type(dtype), sum_op(dtype), comm_),
+            describe(op, dtype) << " of " << n << " elements per rank");
 }
 
-std::unique_ptr<Request> MpiCommunicator::ireduce_scatter_sum(const float* send, float* recv, int64_t count) {
+std::unique_ptr<Request> MpiCommunicator::ireduce_scatter_sum(const void* send, void* recv, int64_t count,
+                                                              DType dtype) {
   const char* op = "ireduce_scatter_sum";
-  const int n = int_count(count, op);
-  MOE_CHECK(n == 0 || send != recv, describe(op) << ": send and recv must be different buffers");
+  const int n = int_count(count, op, dtype);
+  MOE_CHECK(n == 0 || send != recv, describe(op, dtype) << ": send and recv must be different buffers");
   MPI_Request request = MPI_REQUEST_NULL;
-  std::string what = describe(op) + " of " + std::to_string(n) + " elements per rank";
-  CHECK_MPI(MPI_Ireduce_scatter_block(send, recv, n, MPI_FLOAT, MPI_SUM, comm_, &request), what);
+  std::string what = describe(op, dtype) + " of " + std::to_string(n) + " elements per rank";
+  CHECK_MPI(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(dtype), sum_op(dtype), comm_, &request), what);
   return std::make_unique<MpiRequest>(request, std::move(what));
 }
 
 // ---- all-gather, all-to-all
 
-void MpiCommunicator::allgather(const void* send, void* recv, int64_t count, MPI_Datatype type, const char* op) {
-  const int n = int_count(count, op);
-  MOE_CHECK(n == 0 || send != recv, describe(op) << ": send and recv must be different buffers");
-  CHECK_MPI(MPI_Allgather(send, n, type, recv, n, type, comm_), describe(op) << " of " << n << " elements per rank");
-}
-void MpiCommunicator::allgather(const float* send, float* recv, int64_t count) {
-  allgather(send, recv, count, MPI_FLOAT, "allgather(float)");
-}
-void MpiCommunicator::allgather(const int64_t* send, int64_t* recv, int64_t count) {
-  allgather(send, recv, count, MPI_INT64_T, "allgather(int64)");
+void MpiCommunicator::allgather(const void* send, void* recv, int64_t count, DType dtype) {
+  const char* op = "allgather";
+  const int n = int_count(count, op, dtype);
+  MOE_CHECK(n == 0 || send != recv, describe(op, dtype) << ": send and recv must be different buffers");
+  const MPI_Datatype type = mpi_type(dtype);
+  CHECK_MPI(MPI_Allgather(send, n, type, recv, n, type, comm_), describe(op, dtype)
+                                                                    << " of " << n << " elements per rank");
 }
 
-void MpiCommunicator::alltoall(const int64_t* send, int64_t* recv, int64_t count) {
-  const char* op = "alltoall(int64)";
-  const int n = int_count(count, op);
-  MOE_CHECK(n == 0 || send != recv, describe(op) << ": send and recv must be different buffers");
-  CHECK_MPI(MPI_Alltoall(send, n, MPI_INT64_T, recv, n, MPI_INT64_T, comm_),
-            describe(op) << " of " << n << " elements per rank");
+void MpiCommunicator::alltoall(const void* send, void* recv, int64_t count, DType dtype) {
+  const char* op = "alltoall";
+  const int n = int_count(count, op, dtype);
+  MOE_CHECK(n == 0 || send != recv, describe(op, dtype) << ": send and recv must be different buffers");
+  const MPI_Datatype type = mpi_type(dtype);
+  CHECK_MPI(MPI_Alltoall(send, n, type, recv, n, type, comm_), describe(op, dtype)
+                                                                   << " of " << n << " elements per rank");
 }
 
-void MpiCommunicator::alltoallv(const float* send, const int64_t* send_counts, float* recv,
-                                const int64_t* recv_counts) {
-  const char* op = "alltoallv";
+std::vector<int> MpiCommunicator::alltoallv_layout(const int64_t* send_counts, const int64_t* recv_counts,
+                                                   const char* op, DType dtype) const {
   // MPI's v-forms take int counts and int displacements: every count and every prefix sum must fit.
-  std::vector<int> counts_and_displacements(4 * static_cast<size_t>(size_));
-  int* send_counts_int = counts_and_displacements.data();
+  std::vector<int> layout(4 * static_cast<size_t>(size_));
+  int* send_counts_int = layout.data();
   int* send_displacements = send_counts_int + size_;
   int* recv_counts_int = send_displacements + size_;
   int* recv_displacements = recv_counts_int + size_;
   int64_t send_total = 0, recv_total = 0;
   for (int peer = 0; peer < size_; ++peer) {
-    MOE_CHECK(send_counts[peer] >= 0 && recv_counts[peer] >= 0, describe(op) << ": negative count for peer " << peer
-                                                                             << " (send " << send_counts[peer]
-                                                                             << ", recv " << recv_counts[peer] << ")");
+    MOE_CHECK(send_counts[peer] >= 0 && recv_counts[peer] >= 0,
+              describe(op, dtype) << ": negative count for peer " << peer << " (send " << send_counts[peer] << ", recv "
+                                  << recv_counts[peer] << ")");
     MOE_CHECK(send_total + send_counts[peer] <= INT_MAX,
-              describe(op) << ": send count " << send_counts[peer] << " to peer " << peer << " after " << send_total
-                           << " elements exceeds MPI's int counts and displacements (" << INT_MAX
-                           << " elements); split the exchange into smaller pieces");
+              describe(op, dtype) << ": send count " << send_counts[peer] << " to peer " << peer << " after "
+                                  << send_total << " elements exceeds MPI's int counts and displacements (" << INT_MAX
+                                  << " elements); split the exchange into smaller pieces");
     MOE_CHECK(recv_total + recv_counts[peer] <= INT_MAX,
-              describe(op) << ": recv count " << recv_counts[peer] << " from peer " << peer << " after " << recv_total
-                           << " elements exceeds MPI's int counts and displacements (" << INT_MAX
-                           << " elements); split the exchange into smaller pieces");
+              describe(op, dtype) << ": recv count " << recv_counts[peer] << " from peer " << peer << " after "
+                                  << recv_total << " elements exceeds MPI's int counts and displacements (" << INT_MAX
+                                  << " elements); split the exchange into smaller pieces");
     send_counts_int[peer] = static_cast<int>(send_counts[peer]);
     send_displacements[peer] = static_cast<int>(send_total);
     recv_counts_int[peer] = static_cast<int>(recv_counts[peer]);
@@ -250,31 +318,94 @@ void MpiCommunicator::alltoallv(const float* send, const int64_t* send_counts, f
     send_total += send_counts[peer];
     recv_total += recv_counts[peer];
   }
-  MOE_CHECK(send_total == 0 || recv_total == 0 || send != recv, describe(op)
-                                                                    << ": send and recv must be different buffers");
-  CHECK_MPI(MPI_Alltoallv(send, send_counts_int, send_displacements, MPI_FLOAT, recv, recv_counts_int,
-                          recv_displacements, MPI_FLOAT, comm_),
-            describe(op) << " (sending " << send_total << ", receiving " << recv_total << " elements)");
+  return layout;
 }
 
-// ---- point to point, broadcast, barrier
+namespace {
 
-void MpiCommunicator::send(const float* data, int64_t count, int peer, int tag) {
-  const int n = int_count(count, "send");
-  CHECK_MPI(MPI_Send(data, n, MPI_FLOAT, peer, tag, comm_),
-            describe("send") << " of " << n << " elements to peer " << peer << " with tag " << tag);
+// "(sending S, receiving R elements)" of an all-to-all-v layout, for messages.
+std::string alltoallv_totals(const std::vector<int>& layout, int size) {
+  int64_t send_total = 0, recv_total = 0;
+  for (int peer = 0; peer < size; ++peer) send_total += layout[peer], recv_total += layout[2 * size + peer];
+  return " (sending " + std::to_string(send_total) + ", receiving " + std::to_string(recv_total) + " elements)";
 }
 
-void MpiCommunicator::recv(float* data, int64_t count, int peer, int tag) {
-  const int n = int_count(count, "recv");
+bool alltoallv_moves_data(const std::vector<int>& layout, int size) {
+  int64_t send_total = 0, recv_total = 0;
+  for (int peer = 0; peer < size; ++peer) send_total += layout[peer], recv_total += layout[2 * size + peer];
+  return send_total != 0 && recv_total != 0;
+}
+
+}  // namespace
+
+void MpiCommunicator::alltoallv(const void* send, const int64_t* send_counts, void* recv, const int64_t* recv_counts,
+                                DType dtype) {
+  const char* op = "alltoallv";
+  const std::vector<int> layout = alltoallv_layout(send_counts, recv_counts, op, dtype);
+  MOE_CHECK(!alltoallv_moves_data(layout, size_) || send != recv, describe(op, dtype)
+                                                                      << ": send and recv must be different buffers");
+  const int* l = layout.data();
+  const MPI_Datatype type = mpi_type(dtype);
+  CHECK_MPI(MPI_Alltoallv(send, l, l + size_, type, recv, l + 2 * size_, l + 3 * size_, type, comm_),
+            describe(op, dtype) << alltoallv_totals(layout, size_));
+}
+
+std::unique_ptr<Request> MpiCommunicator::ialltoallv(const void* send, const int64_t* send_counts, void* recv,
+                                                     const int64_t* recv_counts, DType dtype) {
+  const char* op = "ialltoallv";
+  std::vector<int> layout = alltoallv_layout(send_counts, recv_counts, op, dtype);
+  MOE_CHECK(!alltoallv_moves_data(layout, size_) || send != recv, describe(op, dtype)
+                                                                      << ": send and recv must be different buffers");
+  const int* l = layout.data();
+  const MPI_Datatype type = mpi_type(dtype);
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::string what = describe(op, dtype) + alltoallv_totals(layout, size_);
+  CHECK_MPI(MPI_Ialltoallv(send, l, l + size_, type, recv, l + 2 * size_, l + 3 * size_, type, comm_, &request), what);
+  // MPI reads the counts and displacements until completion: the request keeps them (a moved vector keeps
+  // its storage).
+  return std::make_unique<MpiRequest>(request, std::move(what), std::move(layout));
+}
+
+// ---- point to point
+
+void MpiCommunicator::send(const void* data, int64_t count, DType dtype, int peer, int tag) {
+  const int n = int_count(count, "send", dtype);
+  CHECK_MPI(MPI_Send(data, n, mpi_type(dtype), peer, tag, comm_),
+            describe("send", dtype) << " of " << n << " elements to peer " << peer << " with tag " << tag);
+}
+
+void MpiCommunicator::recv(void* data, int64_t count, DType dtype, int peer, int tag) {
+  const int n = int_count(count, "recv", dtype);
+  const MPI_Datatype type = mpi_type(dtype);
   MPI_Status status;
-  CHECK_MPI(MPI_Recv(data, n, MPI_FLOAT, peer, tag, comm_, &status),
-            describe("recv") << " of " << n << " elements from peer " << peer << " with tag " << tag);
+  CHECK_MPI(MPI_Recv(data, n, type, peer, tag, comm_, &status),
+            describe("recv", dtype) << " of " << n << " elements from peer " << peer << " with tag " << tag);
   int received = 0;
-  CHECK_MPI(MPI_Get_count(&status, MPI_FLOAT, &received), describe("recv") << " (count of the message received)");
+  CHECK_MPI(MPI_Get_count(&status, type, &received), describe("recv", dtype) << " (count of the message received)");
   // A shorter message is no MPI error, but here it means the two sides disagree on the size.
-  MOE_CHECK(received == n, describe("recv") << " from peer " << peer << " with tag " << tag << ": expected " << n
-                                            << " elements, the peer sent " << received);
+  MOE_CHECK(received == n, describe("recv", dtype) << " from peer " << peer << " with tag " << tag << ": expected " << n
+                                                   << " elements, the peer sent " << received);
+}
+
+std::unique_ptr<Request> MpiCommunicator::isend(const void* data, int64_t count, DType dtype, int peer, int tag) {
+  const int n = int_count(count, "isend", dtype);
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::string what = describe("isend", dtype) + " of " + std::to_string(n) + " elements to peer " +
+                     std::to_string(peer) + " with tag " + std::to_string(tag);
+  CHECK_MPI(MPI_Isend(data, n, mpi_type(dtype), peer, tag, comm_, &request), what);
+  return std::make_unique<MpiRequest>(request, std::move(what));
+}
+
+std::unique_ptr<Request> MpiCommunicator::irecv(void* data, int64_t count, DType dtype, int peer, int tag) {
+  const int n = int_count(count, "irecv", dtype);
+  const MPI_Datatype type = mpi_type(dtype);
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::string what = describe("irecv", dtype) + " of " + std::to_string(n) + " elements from peer " +
+                     std::to_string(peer) + " with tag " + std::to_string(tag);
+  CHECK_MPI(MPI_Irecv(data, n, type, peer, tag, comm_, &request), what);
+  auto pending = std::make_unique<MpiRequest>(request, std::move(what));
+  pending->expect_received(type, n);
+  return pending;
 }
 
 void MpiCommunicator::sendrecv_bytes(const void* send, int64_t send_bytes, int dest, void* recv, int64_t recv_bytes,
@@ -293,15 +424,12 @@ void MpiCommunicator::sendrecv_bytes(const void* send, int64_t send_bytes, int d
   }
 }
 
-void MpiCommunicator::broadcast(void* data, int64_t count, MPI_Datatype type, int root, const char* op) {
-  const int n = int_count(count, op);
-  CHECK_MPI(MPI_Bcast(data, n, type, root, comm_), describe(op) << " of " << n << " elements from root " << root);
-}
-void MpiCommunicator::broadcast(float* data, int64_t count, int root) {
-  broadcast(data, count, MPI_FLOAT, root, "broadcast(float)");
-}
-void MpiCommunicator::broadcast(int64_t* data, int64_t count, int root) {
-  broadcast(data, count, MPI_INT64_T, root, "broadcast(int64)");
+// ---- broadcast, barrier
+
+void MpiCommunicator::broadcast(void* data, int64_t count, DType dtype, int root) {
+  const int n = int_count(count, "broadcast", dtype);
+  CHECK_MPI(MPI_Bcast(data, n, mpi_type(dtype), root, comm_), describe("broadcast", dtype)
+                                                                  << " of " << n << " elements from root " << root);
 }
 
 void MpiCommunicator::barrier() { CHECK_MPI(MPI_Barrier(comm_), describe("barrier")); }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "parallel/communicator.h"
@@ -67,33 +68,37 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string name() const override { return name_; }
 
-  void allreduce_sum(float* data, int64_t count) override;
-  void allreduce_sum(double* data, int64_t count) override;
-  void allreduce_sum(int64_t* data, int64_t count) override;
-  std::unique_ptr<Request> iallreduce_sum(float* data, int64_t count) override;
-  void reduce_scatter_sum(const float* send, float* recv, int64_t count) override;
-  std::unique_ptr<Request> ireduce_scatter_sum(const float* send, float* recv, int64_t count) override;
-  void allgather(const float* send, float* recv, int64_t count) override;
-  void allgather(const int64_t* send, int64_t* recv, int64_t count) override;
-  void alltoall(const int64_t* send, int64_t* recv, int64_t count) override;
-  void alltoallv(const float* send, const int64_t* send_counts, float* recv, const int64_t* recv_counts) override;
-  void send(const float* data, int64_t count, int peer, int tag) override;
-  void recv(float* data, int64_t count, int peer, int tag) override;
+  MOE_COMMUNICATOR_CONVENIENCE_FORMS;
+  void allreduce_sum(void* data, int64_t count, DType dtype) override;
+  std::unique_ptr<Request> iallreduce_sum(void* data, int64_t count, DType dtype) override;
+  void reduce_scatter_sum(const void* send, void* recv, int64_t count, DType dtype) override;
+  std::unique_ptr<Request> ireduce_scatter_sum(const void* send, void* recv, int64_t count, DType dtype) override;
+  void allgather(const void* send, void* recv, int64_t count, DType dtype) override;
+  void alltoall(const void* send, void* recv, int64_t count, DType dtype) override;
+  void alltoallv(const void* send, const int64_t* send_counts, void* recv, const int64_t* recv_counts,
+                 DType dtype) override;
+  std::unique_ptr<Request> ialltoallv(const void* send, const int64_t* send_counts, void* recv,
+                                      const int64_t* recv_counts, DType dtype) override;
+  void send(const void* data, int64_t count, DType dtype, int peer, int tag) override;
+  void recv(void* data, int64_t count, DType dtype, int peer, int tag) override;
+  std::unique_ptr<Request> isend(const void* data, int64_t count, DType dtype, int peer, int tag) override;
+  std::unique_ptr<Request> irecv(void* data, int64_t count, DType dtype, int peer, int tag) override;
   void sendrecv_bytes(const void* send, int64_t send_bytes, int dest, void* recv, int64_t recv_bytes, int source,
                       int tag) override;
-  void broadcast(float* data, int64_t count, int root) override;
-  void broadcast(int64_t* data, int64_t count, int root) override;
+  void broadcast(void* data, int64_t count, DType dtype, int root) override;
   void barrier() override;
 
  private:
   MpiCommunicator(MPI_Comm comm, std::string name, bool owning);
-  // "op on communicator 'name' (rank r of n)", for messages.
+  // "op(dtype) on communicator 'name' (rank r of n)", for messages.
+  std::string describe(const char* op, DType dtype) const;
   std::string describe(const char* op) const;
   // count as an MPI int count; throws naming op when it is negative or does not fit.
-  int int_count(int64_t count, const char* op) const;
-  void allreduce_sum(void* data, int64_t count, MPI_Datatype type, const char* op);
-  void allgather(const void* send, void* recv, int64_t count, MPI_Datatype type, const char* op);
-  void broadcast(void* data, int64_t count, MPI_Datatype type, int root, const char* op);
+  int int_count(int64_t count, const char* op, DType dtype) const;
+  // The counts and displacements of an all-to-all-v as MPI ints: send counts, send displacements, receive
+  // counts, receive displacements, `size` each. Throws before any communication when one does not fit.
+  std::vector<int> alltoallv_layout(const int64_t* send_counts, const int64_t* recv_counts, const char* op,
+                                    DType dtype) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::string name_;

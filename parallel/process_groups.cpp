@@ -1,13 +1,16 @@
 // Building the process groups from the rank grid.
 #include "parallel/process_groups.h"
 
+#include "core/error.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/self_communicator.h"
 
 namespace moe {
 
 ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const RankGrid& grid) {
-  ProcessGroups g{grid, world->rank(), grid.coords(world->rank()), nullptr, nullptr, nullptr, nullptr};
+  MOE_CHECK(world->size() == grid.sizes().world,
+            "process groups of a grid for " << grid.sizes().world << " ranks over a world of " << world->size());
+  ProcessGroups g{grid, world->rank(), grid.coords(world->rank())};
   auto* mpi = dynamic_cast<MpiCommunicator*>(world.get());
   auto make = [&](GroupKind kind, const char* name) -> std::unique_ptr<Communicator> {
     if (!mpi) return std::make_unique<SelfCommunicator>(name);
@@ -17,6 +20,12 @@ ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const Ran
   g.dp = make(GroupKind::Dp, "dp");
   g.ep = make(GroupKind::Ep, "ep");
   g.edp = make(GroupKind::Edp, "edp");
+  g.tp = make(GroupKind::Tp, "tp");
+  g.pp = make(GroupKind::Pp, "pp");
+  g.etp = make(GroupKind::Etp, "etp");
+  g.mp = make(GroupKind::Mp, "mp");
+  g.prev_stage = grid.pipeline_neighbor(g.rank, -1);
+  g.next_stage = grid.pipeline_neighbor(g.rank, +1);
   g.world = std::move(world);
   return g;
 }

@@ -26,6 +26,8 @@ const char* group_kind_name(GroupKind kind) {
       return "edp";
     case GroupKind::TpDp:
       return "stage";
+    case GroupKind::Mp:
+      return "mp";
   }
   return "?";
 }
@@ -151,33 +153,42 @@ RankGrid::RankGrid(const GridSizes& sizes, int64_t num_experts) : sizes_(sizes) 
 
 namespace {
 
-// The decomposition that `kind` belongs to and the digit it varies.
-struct KindDigit {
+// The decomposition that `kind` belongs to and the digits it varies (one or two; `high` = `low` for one).
+struct KindDigits {
   Radix radix;
-  int dim = 0;
+  int low = 0, high = 0;
+  int64_t low_size() const { return radix.sizes[low]; }
+  int64_t high_size() const { return high == low ? 1 : radix.sizes[high]; }
+  // The group's smallest rank: `rank` with the varied digits set to zero.
+  int64_t first(int64_t rank) const {
+    int64_t base = rank - radix.digit(rank, low) * radix.stride(low);
+    if (high != low) base -= radix.digit(rank, high) * radix.stride(high);
+    return base;
+  }
 };
 
-KindDigit kind_digit(const GridSizes& s, int64_t edp, GroupKind kind) {
-  Radix dense{{s.tp, s.dp, s.pp, 1}};
-  Radix expert{{s.etp, s.ep, edp, s.pp}};
+KindDigits kind_digits(const GridSizes& s, int64_t edp, GroupKind kind) {
+  const Radix dense{{s.tp, s.dp, s.pp, 1}};
+  const Radix expert{{s.etp, s.ep, edp, s.pp}};
   switch (kind) {
     case GroupKind::Tp:
-      return {dense, 0};
+      return {dense, 0, 0};
     case GroupKind::Dp:
-      return {dense, 1};
+      return {dense, 1, 1};
     case GroupKind::Pp:
-      return {dense, 2};
+      return {dense, 2, 2};
     case GroupKind::Etp:
-      return {expert, 0};
+      return {expert, 0, 0};
     case GroupKind::Ep:
-      return {expert, 1};
+      return {expert, 1, 1};
     case GroupKind::Edp:
-      return {expert, 2};
+      return {expert, 2, 2};
     case GroupKind::TpDp:
-      break;
+      return {dense, 0, 1};
+    case GroupKind::Mp:
+      return {dense, 0, 2};
   }
-  // TpDp: the tp and dp digits together form one digit of radix tp * dp.
-  return {Radix{{s.tp * s.dp, s.pp, 1, 1}}, 0};
+  MOE_FAIL("unknown group kind " << int(kind));
 }
 
 }  // namespace
@@ -198,19 +209,26 @@ RankCoords RankGrid::coords(int64_t rank) const {
 
 std::vector<int64_t> RankGrid::group(int64_t rank, GroupKind kind) const {
   MOE_CHECK(rank >= 0 && rank < sizes_.world, "rank " << rank << " outside the world of " << sizes_.world);
-  const KindDigit kd = kind_digit(sizes_, edp_, kind);
-  const int64_t stride = kd.radix.stride(kd.dim);
-  const int64_t first = rank - kd.radix.digit(rank, kd.dim) * stride;
-  std::vector<int64_t> members(static_cast<size_t>(kd.radix.sizes[kd.dim]));
-  for (size_t i = 0; i < members.size(); ++i) members[i] = first + static_cast<int64_t>(i) * stride;
+  const KindDigits kd = kind_digits(sizes_, edp_, kind);
+  const int64_t first = kd.first(rank), low_stride = kd.radix.stride(kd.low), high_stride = kd.radix.stride(kd.high);
+  // The low digit varies fastest: ascending, and a member's position is its coordinate in the group.
+  std::vector<int64_t> members;
+  members.reserve(static_cast<size_t>(kd.low_size() * kd.high_size()));
+  for (int64_t high = 0; high < kd.high_size(); ++high)
+    for (int64_t low = 0; low < kd.low_size(); ++low) members.push_back(first + low * low_stride + high * high_stride);
   return members;
 }
 
 int64_t RankGrid::group_id(int64_t rank, GroupKind kind) const {
   MOE_CHECK(rank >= 0 && rank < sizes_.world, "rank " << rank << " outside the world of " << sizes_.world);
-  const KindDigit kd = kind_digit(sizes_, edp_, kind);
-  // The group's smallest rank: the rank with this kind's digit set to zero.
-  return rank - kd.radix.digit(rank, kd.dim) * kd.radix.stride(kd.dim);
+  return kind_digits(sizes_, edp_, kind).first(rank);
+}
+
+int64_t RankGrid::pipeline_neighbor(int64_t rank, int64_t offset) const {
+  const RankCoords c = coords(rank);
+  const int64_t stage = c.pp + offset;
+  if (stage < 0 || stage >= sizes_.pp) return -1;
+  return rank_of(c.tp, c.dp, stage);
 }
 
 int64_t RankGrid::rank_of(int64_t tp, int64_t dp, int64_t pp) const {

@@ -25,7 +25,9 @@ struct RankCoords {
   int64_t etp = 0, ep = 0, edp = 0;  // expert layers (pp is shared)
 };
 
-enum class GroupKind { Tp, Dp, Pp, Etp, Ep, Edp, TpDp /* one pipeline stage */ };
+// TpDp: the ranks of one pipeline stage. Mp: the model-parallel group (tp x pp, Megatron-Core's
+// model_parallel_group): the ranks that hold one replica of the model, those with the same dp coordinate.
+enum class GroupKind { Tp, Dp, Pp, Etp, Ep, Edp, TpDp, Mp };
 const char* group_kind_name(GroupKind kind);
 
 class RankGrid {
@@ -43,6 +45,9 @@ class RankGrid {
   // A number identifying the group (equal for the ranks of one group, distinct between groups), usable
   // as the colour of MPI_Comm_split.
   int64_t group_id(int64_t rank, GroupKind kind) const;
+  // The rank of the same tp and dp coordinates `offset` pipeline stages away (-1: previous, +1: next), or
+  // -1 when that stage does not exist (no wrap-around). Its expert coordinates equal this rank's too.
+  int64_t pipeline_neighbor(int64_t rank, int64_t offset) const;
   // The rank at the given dense coordinates.
   int64_t rank_of(int64_t tp, int64_t dp, int64_t pp) const;
   // Experts [first, first + count) held by a rank of this expert-parallel coordinate.

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <string>
 
 #include "core/error.h"
@@ -17,32 +19,44 @@ class SelfCommunicator final : public Communicator {
   int size() const override { return 1; }
   std::string name() const override { return name_; }
 
-  void allreduce_sum(float*, int64_t) override {}
-  void allreduce_sum(double*, int64_t) override {}
-  void allreduce_sum(int64_t*, int64_t) override {}
-  std::unique_ptr<Request> iallreduce_sum(float*, int64_t) override { return std::make_unique<Done>(); }
-  void reduce_scatter_sum(const float* send, float* recv, int64_t count) override { std::copy_n(send, count, recv); }
-  std::unique_ptr<Request> ireduce_scatter_sum(const float* send, float* recv, int64_t count) override {
-    std::copy_n(send, count, recv);
+  MOE_COMMUNICATOR_CONVENIENCE_FORMS;
+  void allreduce_sum(void*, int64_t, DType) override {}
+  std::unique_ptr<Request> iallreduce_sum(void*, int64_t, DType) override { return std::make_unique<Done>(); }
+  void reduce_scatter_sum(const void* send, void* recv, int64_t count, DType dtype) override {
+    copy(send, recv, count, dtype);
+  }
+  std::unique_ptr<Request> ireduce_scatter_sum(const void* send, void* recv, int64_t count, DType dtype) override {
+    copy(send, recv, count, dtype);
     return std::make_unique<Done>();
   }
-  void allgather(const float* send, float* recv, int64_t count) override { std::copy_n(send, count, recv); }
-  void allgather(const int64_t* send, int64_t* recv, int64_t count) override { std::copy_n(send, count, recv); }
-  void alltoall(const int64_t* send, int64_t* recv, int64_t count) override { std::copy_n(send, count, recv); }
-  void alltoallv(const float* send, const int64_t* send_counts, float* recv, const int64_t* recv_counts) override {
+  void allgather(const void* send, void* recv, int64_t count, DType dtype) override { copy(send, recv, count, dtype); }
+  void alltoall(const void* send, void* recv, int64_t count, DType dtype) override { copy(send, recv, count, dtype); }
+  void alltoallv(const void* send, const int64_t* send_counts, void* recv, const int64_t* recv_counts,
+                 DType dtype) override {
     MOE_CHECK(send_counts[0] == recv_counts[0],
               "alltoallv with itself: " << send_counts[0] << " sent, " << recv_counts[0] << " expected");
-    std::copy_n(send, send_counts[0], recv);
+    copy(send, recv, send_counts[0], dtype);
   }
-  void send(const float*, int64_t, int, int) override { MOE_FAIL("send on a group of one (" << name_ << ")"); }
-  void recv(float*, int64_t, int, int) override { MOE_FAIL("recv on a group of one (" << name_ << ")"); }
+  std::unique_ptr<Request> ialltoallv(const void* send, const int64_t* send_counts, void* recv,
+                                      const int64_t* recv_counts, DType dtype) override {
+    alltoallv(send, send_counts, recv, recv_counts, dtype);
+    return std::make_unique<Done>();
+  }
+  // A group of one has no peer (sending to oneself would need a matching receive in flight).
+  void send(const void*, int64_t, DType, int, int) override { MOE_FAIL("send on a group of one (" << name_ << ")"); }
+  void recv(void*, int64_t, DType, int, int) override { MOE_FAIL("recv on a group of one (" << name_ << ")"); }
+  std::unique_ptr<Request> isend(const void*, int64_t, DType, int, int) override {
+    MOE_FAIL("isend on a group of one (" << name_ << ")");
+  }
+  std::unique_ptr<Request> irecv(void*, int64_t, DType, int, int) override {
+    MOE_FAIL("irecv on a group of one (" << name_ << ")");
+  }
   void sendrecv_bytes(const void* send, int64_t send_bytes, int, void* recv, int64_t recv_bytes, int, int) override {
     MOE_CHECK(send_bytes == recv_bytes,
               "sendrecv with itself: " << send_bytes << " bytes sent, " << recv_bytes << " expected");
     std::copy_n(static_cast<const char*>(send), send_bytes, static_cast<char*>(recv));
   }
-  void broadcast(float*, int64_t, int) override {}
-  void broadcast(int64_t*, int64_t, int) override {}
+  void broadcast(void*, int64_t, DType, int) override {}
   void barrier() override {}
 
  private:
@@ -50,6 +64,9 @@ class SelfCommunicator final : public Communicator {
     bool test() override { return true; }
     void wait() override {}
   };
+  static void copy(const void* from, void* to, int64_t count, DType dtype) {
+    if (count > 0 && from != to) std::memcpy(to, from, static_cast<size_t>(count) * dtype_size(dtype));
+  }
   std::string name_;
 };
 

@@ -35,16 +35,17 @@ void ExpertDispatcher<T>::plan(const std::vector<int64_t>& expert_offset, Exchan
 }
 
 template <typename T>
-void ExpertDispatcher<T>::exchange_rows(const T* send, const std::vector<int64_t>& send_rows, T* recv,
-                                        const std::vector<int64_t>& recv_rows, int64_t width) {
+std::unique_ptr<ExchangeHandle> ExpertDispatcher<T>::start_rows(const T* send, const std::vector<int64_t>& send_rows,
+                                                                T* recv, const std::vector<int64_t>& recv_rows,
+                                                                int64_t width) {
   if (ep_size_ == 1) {
     std::copy_n(send, send_rows[0] * width, recv);
-    return;
+    return nullptr;
   }
   if constexpr (std::is_same_v<T, float>) {
     std::vector<int64_t> sc(send_rows.size()), rc(recv_rows.size());
     for (size_t q = 0; q < sc.size(); ++q) sc[q] = send_rows[q] * width, rc[q] = recv_rows[q] * width;
-    exchange_->exchange(send, sc.data(), recv, rc.data());
+    return exchange_->start(send, sc.data(), recv, rc.data());  // the counts are read before start returns
   } else {
     MOE_FAIL("expert parallelism runs in float only");
   }
@@ -69,17 +70,50 @@ void ExpertDispatcher<T>::reorder(const ExchangePlan& p, const T* from, T* to, i
 }
 
 template <typename T>
+void ExpertDispatcher<T>::start_dispatch(const ExchangePlan& p, const T* token_rows, int64_t width,
+                                         RowsInFlight<T>& rows) {
+  rows.staging.resize(size_t(p.received * width));
+  rows.handle = start_rows(token_rows, p.send_rows, rows.staging.data(), p.recv_rows, width);
+}
+
+template <typename T>
+void ExpertDispatcher<T>::finish_dispatch(const ExchangePlan& p, RowsInFlight<T>& rows, T* expert_rows, int64_t width) {
+  if (rows.handle) rows.handle->wait();
+  rows.handle.reset();
+  reorder(p, rows.staging.data(), expert_rows, width, true);
+}
+
+template <typename T>
+void ExpertDispatcher<T>::start_combine(const ExchangePlan& p, const T* expert_rows, T* token_rows, int64_t width,
+                                        RowsInFlight<T>& rows) {
+  rows.staging.resize(size_t(p.received * width));
+  reorder(p, expert_rows, rows.staging.data(), width, false);
+  rows.handle = start_rows(rows.staging.data(), p.recv_rows, token_rows, p.send_rows, width);  // counts swapped
+}
+
+template <typename T>
+void ExpertDispatcher<T>::finish_combine(RowsInFlight<T>& rows) {
+  if (rows.handle) rows.handle->wait();
+  rows.handle.reset();
+}
+
+// The blocking forms reuse one staging buffer across calls.
+template <typename T>
 void ExpertDispatcher<T>::dispatch(const ExchangePlan& p, const T* token_rows, T* expert_rows, int64_t width) {
-  buffer_.resize(size_t(p.received * width));
-  exchange_rows(token_rows, p.send_rows, buffer_.data(), p.recv_rows, width);
-  reorder(p, buffer_.data(), expert_rows, width, true);
+  RowsInFlight<T> rows;
+  rows.staging.swap(buffer_);
+  start_dispatch(p, token_rows, width, rows);
+  finish_dispatch(p, rows, expert_rows, width);
+  buffer_.swap(rows.staging);
 }
 
 template <typename T>
 void ExpertDispatcher<T>::combine(const ExchangePlan& p, const T* expert_rows, T* token_rows, int64_t width) {
-  buffer_.resize(size_t(p.received * width));
-  reorder(p, expert_rows, buffer_.data(), width, false);
-  exchange_rows(buffer_.data(), p.recv_rows, token_rows, p.send_rows, width);  // counts swapped
+  RowsInFlight<T> rows;
+  rows.staging.swap(buffer_);
+  start_combine(p, expert_rows, token_rows, width, rows);
+  finish_combine(rows);
+  buffer_.swap(rows.staging);
 }
 
 template class ExpertDispatcher<float>;

@@ -1,10 +1,13 @@
 // The MoE dispatcher: moves rows between the token side (this rank's tokens, in the global expert
 // order of the dispatch plan) and the expert side (rows for this rank's experts, expert-major) over
 // the expert-parallel group, through ExpertExchange. plan() exchanges the counts; dispatch() and
-// combine() (its adjoint) move rows and do nothing else, so they can later overlap with compute.
+// combine() (its adjoint) move rows and do nothing else. Each has start and finish forms: between them
+// the rows travel (RowsInFlight owns them) and the caller may compute, e.g. the shared experts; the
+// blocking forms are start then finish.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/expert_exchange.h"
@@ -17,6 +20,13 @@ struct ExchangePlan {
   std::vector<int64_t> recv_count;            // (ep_size, local experts): rows from a source for an expert
   std::vector<int64_t> local_offset;          // local experts + 1: expert-major block offsets
   int64_t received = 0;                       // R: rows this rank's experts compute
+};
+
+// A dispatch or combine between its start and its finish.
+template <typename T>
+struct RowsInFlight {
+  std::unique_ptr<ExchangeHandle> handle;  // null when nothing travels (one expert-parallel rank)
+  std::vector<T> staging;                  // rows in source-major order: received (dispatch) or sent (combine)
 };
 
 template <typename T>
@@ -36,15 +46,25 @@ class ExpertDispatcher {
   // The adjoint: expert_rows (R, width) back to token_rows.
   void combine(const ExchangePlan& plan, const T* expert_rows, T* token_rows, int64_t width);
 
+  // dispatch in two halves: token_rows must stay untouched until finish_dispatch, which writes expert_rows.
+  void start_dispatch(const ExchangePlan& plan, const T* token_rows, int64_t width, RowsInFlight<T>& rows);
+  void finish_dispatch(const ExchangePlan& plan, RowsInFlight<T>& rows, T* expert_rows, int64_t width);
+  // combine in two halves: expert_rows may be reused after start_combine; token_rows is written by the
+  // time finish_combine returns.
+  void start_combine(const ExchangePlan& plan, const T* expert_rows, T* token_rows, int64_t width,
+                     RowsInFlight<T>& rows);
+  void finish_combine(RowsInFlight<T>& rows);
+
  private:
   // Received rows between source-major (source rank, local expert) and expert-major order.
   void reorder(const ExchangePlan& plan, const T* from, T* to, int64_t width, bool to_expert_major) const;
-  void exchange_rows(const T* send, const std::vector<int64_t>& send_rows, T* recv,
-                     const std::vector<int64_t>& recv_rows, int64_t width);
+  // Starts moving rows (one rank: copies them and returns null).
+  std::unique_ptr<ExchangeHandle> start_rows(const T* send, const std::vector<int64_t>& send_rows, T* recv,
+                                             const std::vector<int64_t>& recv_rows, int64_t width);
 
   int64_t experts_, ep_size_;
   ExpertExchange* exchange_ = nullptr;
-  std::vector<T> buffer_;  // workspace of one call
+  std::vector<T> buffer_;  // staging of the blocking forms, kept between calls
 };
 
 }  // namespace moe

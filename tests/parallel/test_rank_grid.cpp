@@ -21,8 +21,8 @@ namespace {
 
 using Ranks = std::vector<int64_t>;
 
-constexpr GroupKind kAllKinds[] = {GroupKind::Tp, GroupKind::Dp,  GroupKind::Pp,  GroupKind::Etp,
-                                   GroupKind::Ep, GroupKind::Edp, GroupKind::TpDp};
+constexpr GroupKind kAllKinds[] = {GroupKind::Tp, GroupKind::Dp,  GroupKind::Pp,   GroupKind::Etp,
+                                   GroupKind::Ep, GroupKind::Edp, GroupKind::TpDp, GroupKind::Mp};
 
 std::vector<int64_t> divisors(int64_t n) {
   std::vector<int64_t> out;
@@ -116,6 +116,8 @@ int64_t size_of(const RankGrid& g, GroupKind kind) {
       return g.edp();
     case GroupKind::TpDp:
       return s.tp * s.dp;
+    case GroupKind::Mp:
+      return s.tp * s.pp;
   }
   return -1;
 }
@@ -136,6 +138,8 @@ int64_t coordinate_of(const RankGrid& g, const RankCoords& c, GroupKind kind) {
       return c.edp;
     case GroupKind::TpDp:
       return c.tp + g.sizes().tp * c.dp;
+    case GroupKind::Mp:
+      return c.tp + g.sizes().tp * c.pp;
   }
   return -1;
 }
@@ -157,6 +161,8 @@ std::vector<int64_t> shared_key(const RankCoords& c, GroupKind kind) {
       return {c.etp, c.ep, c.pp};
     case GroupKind::TpDp:
       return {c.pp};
+    case GroupKind::Mp:
+      return {c.dp};
   }
   return {};
 }
@@ -247,6 +253,27 @@ void check_grid(const RankGrid& grid, const std::string& where) {
       for (int64_t i = 0; i < edp; ++i) edp_strided.push_back(stage.front() + r % s.ep + i * s.ep);
       ASSERT_EQ(grid.group(r, GroupKind::Ep), ep_run) << where << " rank " << r;
       ASSERT_EQ(grid.group(r, GroupKind::Edp), edp_strided) << where << " rank " << r;
+    }
+  }
+
+  // Pipeline neighbours: the same tp and dp (and so the same expert coordinates) one stage away, none
+  // beyond the first and last stage; each is a member of the rank's pp group.
+  for (int64_t r = 0; r < world; ++r) {
+    const RankCoords& c = coords[static_cast<size_t>(r)];
+    const Ranks pp_group = grid.group(r, GroupKind::Pp);
+    for (int64_t offset : {int64_t{-1}, int64_t{1}}) {
+      const int64_t neighbor = grid.pipeline_neighbor(r, offset);
+      const int64_t stage = c.pp + offset;
+      if (stage < 0 || stage >= s.pp) {
+        ASSERT_EQ(neighbor, -1) << where << " rank " << r << " offset " << offset;
+        continue;
+      }
+      ASSERT_EQ(neighbor, pp_group[static_cast<size_t>(stage)]) << where << " rank " << r << " offset " << offset;
+      const RankCoords& cn = coords[static_cast<size_t>(neighbor)];
+      ASSERT_EQ(std::make_tuple(cn.tp, cn.dp, cn.pp, cn.etp, cn.ep, cn.edp),
+                std::make_tuple(c.tp, c.dp, stage, c.etp, c.ep, c.edp))
+          << where << " rank " << r << " offset " << offset;
+      ASSERT_EQ(grid.pipeline_neighbor(neighbor, -offset), r) << where << " rank " << r << " offset " << offset;
     }
   }
 
@@ -422,6 +449,13 @@ TEST(RankGrid, TwoPipelineStages) {
   EXPECT_EQ(grid.group(9, GroupKind::Edp), (Ranks{9, 13}));
   EXPECT_EQ(grid.group(9, GroupKind::Dp), (Ranks{9, 11, 13, 15}));
   EXPECT_EQ(grid.group(9, GroupKind::Tp), (Ranks{8, 9}));
+  // Model parallel (tp x pp): the ranks with dp coordinate 0 of both stages, tp fastest.
+  EXPECT_EQ(grid.group(9, GroupKind::Mp), (Ranks{0, 1, 8, 9}));
+  EXPECT_EQ(grid.group(11, GroupKind::Mp), (Ranks{2, 3, 10, 11}));
+  EXPECT_EQ(grid.pipeline_neighbor(3, 1), 11);
+  EXPECT_EQ(grid.pipeline_neighbor(11, -1), 3);
+  EXPECT_EQ(grid.pipeline_neighbor(11, 1), -1);
+  EXPECT_EQ(grid.pipeline_neighbor(3, -1), -1);
   EXPECT_EQ(grid.coords(13).pp, 1);
   EXPECT_EQ(grid.rank_of(1, 2, 1), 13);
   // The group id is usable as an MPI_Comm_split colour: one value per group.
