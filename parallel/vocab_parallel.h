@@ -1,0 +1,21 @@
+// Cross-entropy over a vocabulary split across the tensor-parallel group (Megatron-Core's
+// vocab_parallel_cross_entropy): rank r holds the logits of the vocabulary block [r * Vl, (r + 1) * Vl),
+// no rank ever holds the full (N, V) logits. Per token: the maximum, the sum of exponentials and the target's
+// logit are each reduced over the group (N numbers each, not N * V), so every rank gets the same losses.
+#pragma once
+
+#include <cstdint>
+
+#include "parallel/communicator.h"
+
+namespace moe::tp {
+
+// logits: (N, Vl) this rank's block; targets: (N) ids in [0, tp * Vl). losses: (N) -log p(target), the same
+// on every rank; lse: (N) log-sum-exp over the whole vocabulary, saved for backward. Collective.
+void vocab_parallel_cross_entropy_forward(Communicator& tp, const float* logits, const int32_t* targets, float* losses,
+                                          double* lse, int64_t N, int64_t Vl);
+// dlogits: (N, Vl) = (softmax(logits) - onehot(target)) * scale on this rank's block (written). Local.
+void vocab_parallel_cross_entropy_backward(Communicator& tp, const float* logits, const int32_t* targets,
+                                           const double* lse, float scale, float* dlogits, int64_t N, int64_t Vl);
+
+}  // namespace moe::tp
