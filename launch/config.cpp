@@ -169,6 +169,9 @@ Config fill(const Entries& entries) {
   c.train.micro_batch = r.integer("train.micro_batch");
   c.train.seq_len = r.integer("train.seq_len");
   c.train.recompute = r.string("train.recompute");
+  c.train.trace = r.boolean("train.trace");
+  c.train.trace_from = r.integer("train.trace_from");
+  c.train.trace_steps = r.integer("train.trace_steps");
   c.train.log_every = r.integer("train.log_every");
   c.train.eval_every = r.integer("train.eval_every");
   c.train.eval_sequences = r.integer("train.eval_sequences");

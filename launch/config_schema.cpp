@@ -67,6 +67,11 @@ std::vector<KeySpec> build_schema() {
       integer("train.seq_len", 128, at_least(2), "tokens per training sequence"),
       choice("train.recompute", "none", {"none", "full"},
              "activation recomputation: `none` keeps activations for backward, `full` recomputes each block"),
+      boolean("train.trace", false,
+              "write RUN_DIR/trace.json, a timeline of every rank's forward, backward, communication waits and "
+              "optimizer for a few steps, in the Chrome Trace Event format (Perfetto, chrome://tracing)"),
+      integer("train.trace_from", 2, from_to(1, kMaxSteps), "the first step the trace records (1-based)"),
+      integer("train.trace_steps", 3, from_to(1, 1000), "how many steps the trace records"),
       integer("train.log_every", 10, at_least(1), "write a metrics.jsonl line every this many steps"),
       integer("train.eval_every", 100, at_least(0),
               "evaluate on held-out data every this many steps; 0 = only at the end"),

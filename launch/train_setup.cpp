@@ -158,7 +158,8 @@ Trainer::Trainer(CheckedConfig checked, TrainPaths paths_in, const data::Corpus&
       grid(std::move(checked.grid)),
       paths(std::move(paths_in)),
       threads(set_threads(config.train)),
-      groups(make_process_groups(std::move(world), grid)) {
+      groups(make_process_groups(std::move(world), grid)),
+      tracer(config.train.trace, config.train.trace_from, config.train.trace_steps) {
   const TrainConfig& tc = config.train;
   build_model(*this);
   // 256k floats (1 MB) per bucket: several buckets even for small models, so reduction overlaps backward.

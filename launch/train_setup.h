@@ -15,6 +15,7 @@
 #include "data/corpus.h"
 #include "data/loader.h"
 #include "launch/config.h"
+#include "launch/trace.h"
 #include "launch/train_state.h"
 #include "launch/trainer.h"
 #include "optim/adamw.h"
@@ -68,6 +69,7 @@ struct Trainer {
   // Last step at which each expert of each MoE layer received a token, for the dead-expert count.
   std::vector<std::vector<int64_t>> last_used;
   TrainState state;
+  Tracer tracer;
 
   int64_t micro_batches() const;    // per data-parallel rank and step
   int64_t tokens_per_step() const;  // the global batch

@@ -60,10 +60,17 @@ double forward_backward(Trainer& t, int64_t step, double loss_scale) {
     // Gradients are final during the last micro-batch's backward: reduce buckets as they complete.
     if (mb == micro_batches - 1)
       model.set_grad_ready_hook([&](int64_t first, int64_t end) { t.buckets->mark_ready(first, end); });
-    loss_sum += model.forward(tokens.data(), micro);
-    model.backward(loss_scale);
+    {
+      const auto span = t.tracer.span("forward", "compute", mb);
+      loss_sum += model.forward(tokens.data(), micro);
+    }
+    {
+      const auto span = t.tracer.span("backward", "compute", mb);
+      model.backward(loss_scale);
+    }
     model.set_grad_ready_hook(nullptr);
   }
+  const auto span = t.tracer.span("gradient reduction wait", "communication");
   t.buckets->finish();
   return loss_sum;
 }
@@ -161,17 +168,27 @@ StepResult train_step(Trainer& t, int64_t step) {
   StepResult r;
   const double loss_scale = 1.0 / double(t.tokens_per_step());  // mean over all tokens of the global batch
   const double loss_sum = forward_backward(t, step, loss_scale);
-  reduce_losses(t, loss_sum, loss_scale, r);
+  {
+    const auto span = t.tracer.span("loss and routing statistics", "communication");
+    reduce_losses(t, loss_sum, loss_scale, r);
+  }
   if (!std::isfinite(r.loss))
     MOE_RUN_FAILED("the loss became " << r.loss << " at step " << step + 1 << " (lm " << r.lm_loss << ", aux " << r.aux
                                       << ", z " << r.z << ", entropy " << r.entropy << ", death " << r.death
                                       << "); nothing of this step is saved. Lower optim.lr, raise optim.warmup or "
                                          "lower the moe.loss.* coefficient of a non-finite term, and resume from the "
                                          "newest checkpoint (--resume auto)");
-  clip_gradients(t, r);
+  {
+    const auto span = t.tracer.span("clipping", "optimizer");
+    clip_gradients(t, r);
+  }
   r.lr = t.schedule.at(step);
-  t.optimizer->step(t.model->params(), t.model->grads(), r.lr);
-  t.buckets->allgather_params(t.model->params());
+  {
+    const auto span = t.tracer.span("optimizer", "optimizer");
+    t.optimizer->step(t.model->params(), t.model->grads(), r.lr);
+    t.buckets->allgather_params(t.model->params());
+  }
+  const auto span = t.tracer.span("routing update", "optimizer");
   r.dead_experts = update_routing(t, step);
   return r;
 }

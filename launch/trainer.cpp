@@ -145,6 +145,7 @@ void maybe_evaluate(Loop& loop, int64_t done) {
   const TrainConfig& tc = loop.t.config.train;
   if (!((tc.eval_every > 0 && done % tc.eval_every == 0) || done == tc.steps)) return;
   loop.heartbeat.set(Phase::Eval, done, "evaluation");
+  const auto span = loop.t.tracer.span("evaluation", "evaluation");
   const EvalResult ev = evaluate(loop.t);
   if (loop.t.leader()) {
     loop.out.metrics->write(eval_line(done, ev));
@@ -165,6 +166,7 @@ bool run_step(Loop& loop, int64_t step) {
     ck->poll();
     if (done % config.checkpoint.every == 0 || done == config.train.steps) {
       loop.heartbeat.set(Phase::CheckpointSave, done, "checkpoint save");
+      const auto span = t.tracer.span("checkpoint save (stall)", "checkpoint");
       check_state_finite(t, done);
       ckpt_stall = ck->save(done, checkpoint_pieces(t.state, true));
       loop.last_save_step = done;
@@ -272,6 +274,7 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   TrainPaths paths = train_paths(options, checked.config, world->rank());
   const data::Corpus corpus = load_training_corpus(checked.config);
   Trainer t(std::move(checked), std::move(paths), corpus, std::move(world));
+  t.tracer.start(*t.groups.world);
   HeartbeatSender heartbeat(t.groups.rank, host_name(), t.config.fault);
   heartbeat.set(Phase::Setup, 0, "start-up");
   const ResumePoint point = choose_resume(options, t);
@@ -313,6 +316,7 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   int stop_signal = 0;
   for (int64_t step = start_step; step < tc.steps; ++step) {
     heartbeat.set(Phase::Step, step, "training step (forward, backward, gradient reduction, update)");
+    t.tracer.set_step(step + 1);
     // Before the step's first collective: every rank stops after the same step when any was asked to.
     if ((stop_signal = StopSignals::agreed(*t.groups.world)) != 0) {
       stop_on_signal(loop, stop_signal, step);
@@ -320,6 +324,8 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
     }
     if (!run_step(loop, step)) break;
   }
+  t.tracer.set_step(0);
+  t.tracer.write(*t.groups.world, (fs::path(t.paths.run_dir) / "trace.json").string());
   finish_run(loop);
   TrainResult result = options.collect_parameters ? collect_parameters(t) : TrainResult{};
   result.stop_signal = stop_signal;

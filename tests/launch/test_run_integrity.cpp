@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "tests/launch/run_compare.h"
@@ -275,6 +277,33 @@ TEST(RunIntegrity, ConfigChangesOnResumeAreRefusedOrRecorded) {
   allowed = train_args(run_dir, {"train.steps=9", "checkpoint.every=3", "optim.lr=0.001", "train.seed=7"});
   allowed.insert(allowed.end(), {"--allow-config-change", "train.seed"});
   EXPECT_EQ(run(allowed, dir.path() / "d.txt"), 0) << read_text_if_any(dir.path() / "d.txt");
+}
+
+// train.trace: RUN_DIR/trace.json in the Chrome Trace Event format, with every micro-batch's forward and
+// backward and the step's other phases for the chosen steps only.
+TEST(RunIntegrity, TraceRecordsTheChosenSteps) {
+  TempDir dir("trace");
+  const fs::path run_dir = dir.path() / "run";
+  ASSERT_EQ(run(train_args(run_dir, {"train.steps=5", "checkpoint.every=2", "train.trace=true", "train.trace_from=2",
+                                     "train.trace_steps=3"}),
+                dir.path() / "out.txt"),
+            0)
+      << read_text_if_any(dir.path() / "out.txt");
+  const json trace = json::parse(read_text(run_dir / "trace.json"));
+  std::map<std::string, int64_t> count;
+  std::set<int64_t> steps;
+  for (const json& e : trace.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    EXPECT_GE(e.at("dur").get<double>(), 0.0);
+    EXPECT_EQ(e.at("pid"), 0);
+    steps.insert(e.at("args").at("step").get<int64_t>());
+    ++count[e.at("name").get<std::string>()];
+  }
+  EXPECT_EQ(steps, (std::set<int64_t>{2, 3, 4}));
+  for (const char* name :
+       {"forward 0", "forward 1", "backward 0", "backward 1", "gradient reduction wait", "optimizer", "clipping"})
+    EXPECT_EQ(count[name], 3) << name;
+  EXPECT_EQ(count["checkpoint save (stall)"], 2);  // steps 2 and 4 save
 }
 
 }  // namespace

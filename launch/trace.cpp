@@ -1,0 +1,94 @@
+// The timeline of chosen steps, in the Chrome Trace Event format.
+#include "launch/trace.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace moe {
+namespace {
+
+// Every rank's string, on rank 0 (empty elsewhere): lengths, then the bytes packed eight to an int64.
+std::vector<std::string> gather_strings(Communicator& world, const std::string& mine) {
+  const int P = world.size();
+  int64_t length = int64_t(mine.size());
+  std::vector<int64_t> lengths(static_cast<size_t>(P));
+  world.allgather(&length, lengths.data(), 1);
+  int64_t words = 0;
+  for (int64_t l : lengths) words = std::max(words, (l + 7) / 8);
+  std::vector<int64_t> send(static_cast<size_t>(words), 0), all(static_cast<size_t>(words * P));
+  std::memcpy(send.data(), mine.data(), mine.size());
+  world.allgather(send.data(), all.data(), words);
+  std::vector<std::string> out;
+  for (int r = 0; r < P; ++r)
+    out.emplace_back(reinterpret_cast<const char*>(all.data() + r * words), size_t(lengths[size_t(r)]));
+  return out;
+}
+
+}  // namespace
+
+Tracer::Tracer(bool enabled, int64_t first_step, int64_t steps)
+    : enabled_(enabled), first_step_(first_step), steps_(steps) {}
+
+void Tracer::start(Communicator& world) {
+  rank_ = world.rank();
+  if (!enabled_) return;
+  world.barrier();
+  epoch_ = std::chrono::steady_clock::now();
+}
+
+void Tracer::set_step(int64_t step) {
+  step_ = step;
+  recording_ = enabled_ && step >= first_step_ && step < first_step_ + steps_;
+}
+
+double Tracer::now_us() const {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - epoch_).count();
+}
+
+Tracer::Span::Span(Tracer* tracer, const char* name, const char* category, int64_t micro_batch)
+    : tracer_(tracer),
+      name_(name),
+      category_(category),
+      micro_batch_(micro_batch),
+      start_us_(tracer ? tracer->now_us() : 0.0) {}
+
+Tracer::Span::~Span() {
+  if (tracer_) tracer_->add(name_, category_, micro_batch_, start_us_, tracer_->now_us());
+}
+
+void Tracer::add(const char* name, const char* category, int64_t micro_batch, double start_us, double end_us) {
+  nlohmann::json args = {{"step", step_}};
+  if (micro_batch >= 0) args["micro_batch"] = micro_batch;
+  const std::string label = micro_batch >= 0 ? std::string(name) + " " + std::to_string(micro_batch) : name;
+  const nlohmann::json e = {
+      {"name", label}, {"cat", category}, {"ph", "X"},   {"ts", start_us}, {"dur", end_us - start_us},
+      {"pid", rank_},  {"tid", 0},        {"args", args}};
+  events_ += e.dump() + "\n";
+}
+
+void Tracer::write(Communicator& world, const std::string& path) const {
+  if (!enabled_) return;
+  const std::vector<std::string> all = gather_strings(world, events_);
+  if (world.rank() != 0) return;
+  nlohmann::json events = nlohmann::json::array();
+  for (size_t r = 0; r < all.size(); ++r) {
+    events.push_back(
+        {{"name", "process_name"}, {"ph", "M"}, {"pid", r}, {"args", {{"name", "rank " + std::to_string(r)}}}});
+    size_t at = 0;
+    for (size_t end; (end = all[r].find('\n', at)) != std::string::npos; at = end + 1)
+      events.push_back(nlohmann::json::parse(all[r].substr(at, end - at)));
+  }
+  const nlohmann::json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) MOE_RUN_FAILED("cannot write the trace " << path);
+  const std::string text = trace.dump() + "\n";
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  std::fclose(f);
+  if (!ok) MOE_RUN_FAILED("cannot write the trace " << path);
+}
+
+}  // namespace moe

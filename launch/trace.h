@@ -1,0 +1,66 @@
+// A timeline of a few chosen steps (train.trace): every rank records spans — each micro-batch's forward
+// and backward, the wait for gradient reduction, the loss reduction, clipping, the optimizer, checkpoint
+// saves, evaluation — and at the end of the run rank 0 writes RUN_DIR/trace.json in the Chrome Trace Event
+// format (one process per rank), which Perfetto (ui.perfetto.dev) and chrome://tracing open.
+// Time is measured from a barrier at the start of the run on every rank, so spans of ranks on one host
+// line up; across hosts they are as aligned as the barrier's exit. Outside the chosen steps nothing is
+// recorded and a span costs one branch.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/communicator.h"
+
+namespace moe {
+
+class Tracer {
+ public:
+  // Records steps [first_step, first_step + steps) (1-based, as the progress line counts them) when enabled.
+  Tracer(bool enabled, int64_t first_step, int64_t steps);
+  // Collective: every rank's clock starts here.
+  void start(Communicator& world);
+  // The step now running (1-based); recording follows the chosen window.
+  void set_step(int64_t step);
+  bool recording() const { return recording_; }
+
+  class Span {
+   public:
+    Span(Tracer* tracer, const char* name, const char* category, int64_t micro_batch);
+    ~Span();
+    Span(const Span&) = delete;
+    Span& operator=(const Span&) = delete;
+
+   private:
+    Tracer* tracer_;  // null when not recording
+    const char* name_;
+    const char* category_;
+    int64_t micro_batch_;
+    double start_us_;
+  };
+  // A span from now to the end of the scope. micro_batch < 0: none.
+  Span span(const char* name, const char* category, int64_t micro_batch = -1) {
+    return Span(recording_ ? this : nullptr, name, category, micro_batch);
+  }
+
+  // Collective: gathers every rank's spans; rank 0 writes them to `path` (when enabled).
+  void write(Communicator& world, const std::string& path) const;
+  // This rank's events as Trace Event JSON objects, one per line (for tests).
+  const std::string& events() const { return events_; }
+
+ private:
+  double now_us() const;
+  void add(const char* name, const char* category, int64_t micro_batch, double start_us, double end_us);
+
+  bool enabled_;
+  int64_t first_step_, steps_;
+  bool recording_ = false;
+  int64_t step_ = 0;
+  int rank_ = 0;
+  std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
+  std::string events_;
+};
+
+}  // namespace moe
