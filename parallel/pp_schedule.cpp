@@ -24,6 +24,30 @@ void add_backward(std::vector<PipeAction>& a, int64_t stages, int64_t stage, int
 
 }  // namespace
 
+std::vector<std::pair<int64_t, int64_t>> stage_layers(int64_t layers, int64_t stages,
+                                                      const std::vector<int64_t>& counts) {
+  if (stages < 1) MOE_BAD_INPUT("parallel.pp = " << stages << ": expected at least one pipeline stage");
+  std::vector<int64_t> sizes = counts;
+  if (sizes.empty()) {
+    if (layers % stages != 0)
+      MOE_BAD_INPUT("parallel.pp = " << stages << " does not divide model.layers = " << layers
+                                     << "; choose a divisor, or give each stage's layer count in parallel.pp_layers");
+    sizes.assign(size_t(stages), layers / stages);
+  }
+  int64_t sum = 0;
+  for (int64_t n : sizes) {
+    if (n < 1) MOE_BAD_INPUT("parallel.pp_layers holds " << n << "; every stage needs at least one layer");
+    sum += n;
+  }
+  if (int64_t(sizes.size()) != stages || sum != layers)
+    MOE_BAD_INPUT("parallel.pp_layers has " << sizes.size() << " counts summing to " << sum << "; expected " << stages
+                                            << " (parallel.pp) summing to model.layers = " << layers);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t first = 0;
+  for (int64_t n : sizes) out.emplace_back(first, first + n), first += n;
+  return out;
+}
+
 const char* pipe_op_name(PipeOp op) {
   switch (op) {
     case PipeOp::RecvActivation:

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moe {
@@ -35,6 +36,12 @@ struct PipeAction {
 };
 
 enum class PipeSchedule { OneFOneB, GPipe };
+
+// The layers [first, last) of each pipeline stage: `layers` split evenly over `stages`, or by `counts`
+// (one positive count per stage, summing to `layers`) when given. BadInput naming parallel.pp and
+// parallel.pp_layers when the layers do not divide evenly without counts, or the counts do not fit.
+std::vector<std::pair<int64_t, int64_t>> stage_layers(int64_t layers, int64_t stages,
+                                                      const std::vector<int64_t>& counts = {});
 
 // The actions of `stage` (0-based) of `stages` for `micro_batches` micro-batches. The first stage has no
 // receives of activations and sends of gradients, the last no sends of activations and receives of

@@ -84,6 +84,22 @@ TEST(PipeSchedule, DescribedAsOneLinePerStage) {
             "stage 0: F0 F1 B0 F2 B1 B2\nstage 1: F0 B0 F1 B1 F2 B2\n");
 }
 
+TEST(PipeStages, EvenlyOrByCountsAndRefusedWhenTheyDoNotFit) {
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(stage_layers(8, 4), (Ranges{{0, 2}, {2, 4}, {4, 6}, {6, 8}}));
+  EXPECT_EQ(stage_layers(5, 1), (Ranges{{0, 5}}));
+  EXPECT_EQ(stage_layers(7, 3, {3, 3, 1}), (Ranges{{0, 3}, {3, 6}, {6, 7}}));
+  EXPECT_THROW(stage_layers(7, 2), Error);             // 2 does not divide 7
+  EXPECT_THROW(stage_layers(7, 2, {3, 3}), Error);     // sums to 6
+  EXPECT_THROW(stage_layers(7, 3, {4, 3}), Error);     // two counts for three stages
+  EXPECT_THROW(stage_layers(7, 3, {7, 0, 0}), Error);  // an empty stage
+  try {
+    stage_layers(7, 2);
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("parallel.pp_layers"), std::string::npos) << e.message();
+  }
+}
+
 TEST(PipeSchedule, RefusesEmptyPipelines) {
   EXPECT_THROW(pipeline_actions(PipeSchedule::OneFOneB, 0, 0, 4), Error);
   EXPECT_THROW(pipeline_actions(PipeSchedule::OneFOneB, 2, 0, 0), Error);
