@@ -177,7 +177,9 @@ rm -f a.txt b.txt c.txt header.txt
 
 h5dump -A "$ck/step-00000004/rank-00000.h5" > attrs.txt 2>&1
 check "rank file: global_shape attribute" grep -qF 'ATTRIBUTE "global_shape"' attrs.txt
-check "rank file: flat_offset attribute" grep -qF 'ATTRIBUTE "flat_offset"' attrs.txt
+check "rank file: slab_start attribute" grep -qF 'ATTRIBUTE "slab_start"' attrs.txt
+check "rank file: slab_shape attribute" grep -qF 'ATTRIBUTE "slab_shape"' attrs.txt
+check "rank file: range attribute" grep -qF 'ATTRIBUTE "range"' attrs.txt
 rm -f attrs.txt
 
 expect_err=("params4.h5" "--force")
@@ -227,7 +229,7 @@ g6=G/checkpoints/step-00000006
 embed='(.files[0].datasets[] | select(.tensor == "params/embed.weight"))'
 for attack in \
     '.step = 8 :: step 8, but the directory is step-00000006' \
-    "$embed.global_shape = [32,256] :: the file holds f32 x 8192 at flat offset 0 of global shape [256,32]" \
+    "$embed.global_shape = [32,256] | $embed.shape = [32,256] :: the file holds f32 x 8192 at [0:256, 0:32] of [256,32]" \
     "$embed.dtype = \"f64\" :: the file holds f32" \
     '.files[0].name = "../../etc/passwd" :: points outside the checkpoint directory' \
     '.files[0].name = "/etc/passwd" :: points outside the checkpoint directory' \
