@@ -1,6 +1,8 @@
 // Mapping the training state to checkpoint pieces.
 #include "launch/train_state.h"
 
+#include "checkpoint/writers.h"
+
 namespace moe {
 namespace {
 
@@ -17,15 +19,25 @@ struct Held {
   ParamGroup replicas = ParamGroup::None;
 };
 
-// Replicated pieces are written by one replica: those of the data-parallel group by world rank 0, those of
-// the expert-data-parallel group by its first rank. ZeRO slices are distinct on every rank: each writes its own.
+// Of the pieces held, those this rank writes: its own, and the replicated ones assign_writers gives it
+// among the members of their replica group (the data-parallel group: dense tensors, the optimizer step
+// and the MoE state, which every rank holds; the expert-data-parallel group: expert tensors and their
+// clipping statistics).
 std::vector<Piece> written_here(const TrainState& s, std::vector<Held> held) {
-  std::vector<Piece> out;
-  for (Held& h : held) {
-    const bool mine = h.replicas == ParamGroup::None ||
-                      (h.replicas == ParamGroup::ExpertDataParallel ? s.groups->coords.edp == 0 : s.groups->rank == 0);
-    if (mine) out.push_back(std::move(h.piece));
+  std::vector<bool> mine(held.size(), false);
+  for (size_t i = 0; i < held.size(); ++i) mine[i] = held[i].replicas == ParamGroup::None;
+  for (const ParamGroup g : {ParamGroup::DataParallel, ParamGroup::ExpertDataParallel}) {
+    const Communicator& group = g == ParamGroup::DataParallel ? *s.groups->dp : *s.groups->edp;
+    std::vector<std::pair<std::string, int64_t>> items;
+    std::vector<size_t> index;
+    for (size_t i = 0; i < held.size(); ++i)
+      if (held[i].replicas == g) items.emplace_back(held[i].piece.tensor, held[i].piece.bytes()), index.push_back(i);
+    const std::vector<int> writer = ckpt::assign_writers(items, group.size());
+    for (size_t k = 0; k < index.size(); ++k) mine[index[k]] = writer[k] == group.rank();
   }
+  std::vector<Piece> out;
+  for (size_t i = 0; i < held.size(); ++i)
+    if (mine[i]) out.push_back(std::move(held[i].piece));
   return out;
 }
 
