@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -58,30 +59,35 @@ Slab random_slab(std::mt19937_64& rng, const std::vector<int64_t>& global) {
   auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   Slab s;
   s.global_shape = global;
+  const bool large = pick(0, 2) > 0;  // two thirds of the boxes span most of each axis
   for (int64_t d : global) {
-    const int64_t start = pick(0, d - 1);
+    const int64_t start = large ? pick(0, (d - 1) / 3) : pick(0, d - 1);
     s.start.push_back(start);
-    s.shape.push_back(pick(1, d - start));
+    s.shape.push_back(large ? pick(std::max<int64_t>(1, (d - start) / 2), d - start) : pick(1, d - start));
   }
   const int64_t m = numel(s.shape);
-  s.begin = pick(0, 3) == 0 ? 0 : pick(0, m - 1);  // a whole box a quarter of the time
-  s.count = pick(0, 3) == 0 ? m - s.begin : pick(0, m - s.begin);
+  s.begin = pick(0, 1) == 0 ? 0 : pick(0, m - 1);  // a range from the start half the time
+  s.count = pick(0, 1) == 0 ? m - s.begin : pick(0, m - s.begin);
   EXPECT_EQ(s.problem(), "");
   return s;
 }
 
 TEST(SlabIntersect, MatchesElementByElementReferenceOnRandomShapes) {
   std::mt19937_64 rng(20260131);
-  for (int trial = 0; trial < 3000; ++trial) {
+  int shared = 0, several = 0;  // trials whose slabs share elements; of those, in more than one run
+  for (int trial = 0; trial < 10000; ++trial) {
     const int64_t axes = std::uniform_int_distribution<int64_t>(0, 4)(rng);
     std::vector<int64_t> global;
-    for (int64_t k = 0; k < axes; ++k) global.push_back(std::uniform_int_distribution<int64_t>(1, 5)(rng));
+    for (int64_t k = 0; k < axes; ++k) global.push_back(std::uniform_int_distribution<int64_t>(1, 6)(rng));
     const Slab a = random_slab(rng, global), b = random_slab(rng, global);
     const std::vector<ckpt::Run> runs = intersect(a, b);
     EXPECT_EQ(expand(runs), reference(a, b)) << "a = " << a.text() << ", b = " << b.text();
+    shared += !runs.empty(), several += runs.size() > 1;
     EXPECT_EQ(overlap(a, b), overlap(b, a)) << a.text() << " / " << b.text();
     for (size_t i = 1; i < runs.size(); ++i) EXPECT_GT(runs[i].to, runs[i - 1].to + runs[i - 1].length - 1);
   }
+  EXPECT_GT(shared, 3000) << "too few overlapping cases to mean much (" << shared << ")";
+  EXPECT_GT(several, 500) << "too few cases of several runs to mean much";
 }
 
 TEST(SlabIntersect, WholeTensorsAndFullTrailingAxesAreOneRun) {
@@ -258,6 +264,66 @@ TEST(SlabCoverage, TilingIsCheckedInNDimensions) {
   } catch (const Error& e) {
     EXPECT_NE(e.message().find("overlapping"), std::string::npos) << e.message();
   }
+}
+
+// The refusals of verify, for hyperslab pieces: an entry whose box or range lies outside its tensor, a
+// dataset not named by its first element, and a file whose dataset lies elsewhere than its manifest says.
+std::string refusal(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "";
+}
+
+TEST(SlabVerify, EntriesOutsideTheirTensorAndMisnamedDatasetsAreRefused) {
+  auto manifest_with = [](const DatasetEntry& d) {
+    Manifest m;
+    m.step = 1;
+    m.chain = {"step-00000001"};
+    FileEntry f;
+    f.name = "rank-00000.h5";
+    f.xxh64 = "0123456789abcdef";
+    f.datasets = {d};
+    m.files = {f};
+    return m;
+  };
+  const Slab outside{{kRows, kCols}, {0, 8}, {kRows, 4}, 0, 24};
+  EXPECT_NE(refusal([&] {
+              check_manifest(manifest_with({"params/w", "params/w", DType::F32, outside, false}), "step-00000001", "m");
+            }).find("outside the tensor on axis 1"),
+            std::string::npos);
+  const Slab long_range{{kRows, kCols}, {0, 3}, {kRows, 4}, 20, 5};
+  EXPECT_NE(
+      refusal([&] {
+        check_manifest(manifest_with({"params/w", "params/w", DType::F32, long_range, false}), "step-00000001", "m");
+      }).find("range is outside its box"),
+      std::string::npos);
+  const Slab block{{kRows, kCols}, {0, 3}, {kRows, 4}, 5, 9};  // first element: global index 14
+  EXPECT_EQ(
+      refusal([&] {
+        check_manifest(manifest_with({"params/w#14", "params/w", DType::F32, block, false}), "step-00000001", "m");
+      }),
+      "");
+  EXPECT_NE(refusal([&] {
+              check_manifest(manifest_with({"params/w#5", "params/w", DType::F32, block, false}), "step-00000001", "m");
+            }).find("is neither params/w nor params/w#14"),
+            std::string::npos);
+}
+
+TEST(SlabVerify, AFileWhosePieceLiesElsewhereThanItsManifestSaysIsRefused) {
+  TempRoot tmp;
+  save_two_steps(tmp.path.string());
+  const std::string dir = (tmp.path / "step-00000001").string();
+  Manifest m = read_manifest(dir);
+  const std::string path = dir + "/" + m.files[0].name;
+  EXPECT_NO_THROW(check_shard(path, m.files[0], m));
+  Slab& moved = m.files[0].datasets[0].slab;
+  moved.start[1] += 1;  // the same elements, one column to the right
+  EXPECT_NE(refusal([&] { check_shard(path, m.files[0], m); }).find("the file holds"), std::string::npos);
+  moved.start[1] -= 1, moved.begin += 1;  // the same box, the range shifted
+  EXPECT_NE(refusal([&] { check_shard(path, m.files[0], m); }).find("the file holds"), std::string::npos);
 }
 
 }  // namespace
