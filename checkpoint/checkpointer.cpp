@@ -145,10 +145,10 @@ double Checkpointer::save(int64_t step, const std::vector<Piece>& pieces) {
     snap.piece = p;
     snap.piece.src = nullptr;
     const int n = names[p.tensor]++;
-    snap.dataset = n == 0 ? p.tensor : p.tensor + "#" + std::to_string(p.flat_offset);
+    snap.dataset = n == 0 ? p.tensor : p.tensor + "#" + std::to_string(p.slab.first_global_index());
     const auto* src = static_cast<const uint8_t*>(p.src);
     std::vector<uint8_t> raw(src, src + p.bytes());
-    const std::string key = p.tensor + "@" + std::to_string(p.flat_offset);
+    const std::string key = p.tensor + "@" + p.slab.text();
     auto prev = previous_.find(key);
     if (!full && prev != previous_.end() && prev->second.size() == raw.size()) {
       snap.xor_delta = true;
@@ -190,16 +190,14 @@ void Checkpointer::start_job(std::unique_ptr<Job> job) {
         writer.set_attribute("kind", j->kind);
         for (const Job::Snap& s : j->snaps) {
           if (s.xor_delta) {
-            // Stored as 32-bit words: the file's own coordinates count words (the manifest keeps elements).
+            // Stored as 32-bit words: in the file, a 64-bit tensor has a trailing axis of 2 words (the
+            // manifest keeps elements).
             const int64_t words = int64_t(dtype_size(s.piece.dtype) / 4);
-            writer.write(s.dataset, DType::U32, s.bits.data(), {int64_t(s.bits.size() / 4)},
-                         {numel(s.piece.global_shape) * words}, s.piece.flat_offset * words, /*compress=*/true);
+            writer.write(s.dataset, DType::U32, s.bits.data(), s.piece.slab.in_words(words), /*compress=*/true);
           } else {
-            writer.write(s.dataset, s.piece.dtype, s.bits.data(), s.piece.shape, s.piece.global_shape,
-                         s.piece.flat_offset);
+            writer.write(s.dataset, s.piece.dtype, s.bits.data(), s.piece.slab);
           }
-          j->entry.datasets.push_back({s.dataset, s.piece.tensor, s.piece.dtype, s.piece.global_shape,
-                                       s.piece.flat_offset, s.piece.count(), s.xor_delta});
+          j->entry.datasets.push_back({s.dataset, s.piece.tensor, s.piece.dtype, s.piece.slab, s.xor_delta});
         }
         writer.close();  // flush and fsync
       }

@@ -31,16 +31,16 @@
 
 namespace moe::ckpt {
 
-// One contiguous range of a global tensor, as a rank holds it.
+// A part of a global tensor, as a rank holds it: a hyperslab (this rank's block of a split tensor, or the
+// whole tensor) and a range of its row-major order (a ZeRO slice; all of it otherwise). src and dst hold
+// slab.count elements in that order.
 struct Piece {
   std::string tensor;  // global name, e.g. "params/layers.0.attn.wq"
   DType dtype = DType::F32;
-  std::vector<int64_t> shape;  // as stored (its element count is the range's length)
-  std::vector<int64_t> global_shape;
-  int64_t flat_offset = 0;    // first element in the row-major flattening of the global tensor
+  Slab slab;                  // where its elements lie in the global tensor (slab.h)
   const void* src = nullptr;  // save: the values now
   void* dst = nullptr;        // restore: where they go
-  int64_t count() const { return numel(shape); }
+  int64_t count() const { return slab.count; }
   int64_t bytes() const;
 };
 

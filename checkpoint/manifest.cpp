@@ -48,9 +48,10 @@ json to_json(const FileEntry& f) {
     datasets.push_back({{"dataset", d.dataset},
                         {"tensor", d.tensor},
                         {"dtype", dtype_name(d.dtype)},
-                        {"global_shape", d.global_shape},
-                        {"flat_offset", d.flat_offset},
-                        {"count", d.count},
+                        {"global_shape", d.slab.global_shape},
+                        {"start", d.slab.start},
+                        {"shape", d.slab.shape},
+                        {"range", {d.slab.begin, d.slab.count}},
                         {"xor_delta", d.xor_delta}});
   return {{"name", f.name}, {"rank", f.rank},   {"peer_copy", f.peer_copy},
           {"size", f.size}, {"xxh64", f.xxh64}, {"datasets", datasets}};
@@ -71,7 +72,7 @@ json to_json(const Manifest& m) {
           {"files", files}};
 }
 
-FileEntry file_entry_from_json(const json& f, const std::string& origin) {
+FileEntry file_entry_from_json(const json& f, const std::string& origin, int format) {
   try {
     FileEntry e;
     e.name = f.at("name").get<std::string>();
@@ -84,9 +85,15 @@ FileEntry file_entry_from_json(const json& f, const std::string& origin) {
       de.dataset = d.at("dataset").get<std::string>();
       de.tensor = d.at("tensor").get<std::string>();
       de.dtype = dtype_from_name(d.at("dtype").get<std::string>(), origin);
-      de.global_shape = d.at("global_shape").get<std::vector<int64_t>>();
-      de.flat_offset = d.at("flat_offset").get<int64_t>();
-      de.count = d.at("count").get<int64_t>();
+      const auto global_shape = d.at("global_shape").get<std::vector<int64_t>>();
+      if (format == 1) {
+        de.slab = Slab::flat(global_shape, d.at("flat_offset").get<int64_t>(), d.at("count").get<int64_t>());
+      } else {
+        const auto range = d.at("range").get<std::vector<int64_t>>();
+        if (range.size() != 2) MOE_BAD_INPUT(origin << ": dataset " << de.dataset << ": range is not [begin, count]");
+        de.slab = {global_shape, d.at("start").get<std::vector<int64_t>>(), d.at("shape").get<std::vector<int64_t>>(),
+                   range[0], range[1]};
+      }
       de.xor_delta = d.value("xor_delta", false);
       e.datasets.push_back(std::move(de));
     }
@@ -98,10 +105,12 @@ FileEntry file_entry_from_json(const json& f, const std::string& origin) {
 
 Manifest manifest_from_json(const json& j, const std::string& origin) {
   try {
-    if (j.value("format", std::string()) != kFormat)
-      MOE_BAD_INPUT(origin << ": not a checkpoint manifest of format " << kFormat << " (format '"
+    const std::string format = j.value("format", std::string());
+    if (format != kFormat && format != kFormatV1)
+      MOE_BAD_INPUT(origin << ": not a checkpoint manifest of format " << kFormat << " or " << kFormatV1 << " (format '"
                            << j.value("format", std::string("?")) << "')");
     Manifest m;
+    m.format = format == kFormat ? 2 : 1;
     m.step = j.at("step").get<int64_t>();
     m.kind = j.at("kind").get<std::string>();
     m.chain = j.at("chain").get<std::vector<std::string>>();
@@ -110,7 +119,7 @@ Manifest manifest_from_json(const json& j, const std::string& origin) {
     m.config = j.at("config");
     m.layout = j.value("layout", json::object());
     m.versions = j.value("versions", json::object());
-    for (const json& f : j.at("files")) m.files.push_back(file_entry_from_json(f, origin));
+    for (const json& f : j.at("files")) m.files.push_back(file_entry_from_json(f, origin, m.format));
     if (m.chain.empty()) MOE_BAD_INPUT(origin << ": empty chain");
     return m;
   } catch (const json::exception& e) {

@@ -13,16 +13,22 @@
 
 namespace moe::ckpt {
 
-inline constexpr const char* kFormat = "moe-checkpoint-1";
+// The format written; "moe-checkpoint-1" (pieces as flat ranges of the whole tensor) is still read.
+inline constexpr const char* kFormat = "moe-checkpoint-2";
+inline constexpr const char* kFormatV1 = "moe-checkpoint-1";
 inline constexpr const char* kManifestName = "manifest.json";
 
 struct DatasetEntry {
   std::string dataset;  // the HDF5 dataset path in the file
   std::string tensor;   // the tensor's global name, e.g. "params/layers.0.attn.wq"
   DType dtype = DType::F32;
-  std::vector<int64_t> global_shape;
-  int64_t flat_offset = 0, count = 0;  // the elements [flat_offset, flat_offset + count) of the tensor
-  bool xor_delta = false;              // stored as the XOR of its bits with the previous checkpoint's
+  // Where its elements lie in the tensor: "global_shape", "start" and "shape" (the hyperslab) and "range"
+  // ([begin, count] of the hyperslab's row-major order). A "moe-checkpoint-1" entry ("flat_offset",
+  // "count") is read as Slab::flat: the whole tensor's box, the range [flat_offset, flat_offset + count).
+  Slab slab;
+  bool xor_delta = false;  // stored as the XOR of its bits with the previous checkpoint's
+  int64_t count() const { return slab.count; }
+  const std::vector<int64_t>& global_shape() const { return slab.global_shape; }
 };
 
 struct FileEntry {
@@ -35,6 +41,7 @@ struct FileEntry {
 };
 
 struct Manifest {
+  int format = 2;  // 1: read from a "moe-checkpoint-1" manifest (its files use flat_offset attributes)
   int64_t step = 0;
   std::string kind = "full";       // "full" | "delta"
   std::vector<std::string> chain;  // directory names from the full base to this one (this one last)
@@ -50,7 +57,8 @@ struct Manifest {
 
 nlohmann::json to_json(const Manifest& m);
 nlohmann::json to_json(const FileEntry& f);
-FileEntry file_entry_from_json(const nlohmann::json& j, const std::string& origin);
+// format: of the manifest the entry comes from (1 or 2).
+FileEntry file_entry_from_json(const nlohmann::json& j, const std::string& origin, int format = 2);
 // Throws BadInput naming `origin` when a field is missing or of the wrong type.
 Manifest manifest_from_json(const nlohmann::json& j, const std::string& origin);
 // Writes dir/manifest.json through a temporary file, fsync and rename.

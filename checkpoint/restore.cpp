@@ -48,6 +48,57 @@ std::optional<Resolved> find_newest(const std::string& root, const std::vector<s
   return std::nullopt;
 }
 
+namespace {
+
+// What piece p needs of dataset d: the runs they share, within the span [lo, hi) of d's stored elements.
+struct Need {
+  std::vector<Run> runs;
+  int64_t lo = 0, hi = 0, elements = 0;
+};
+
+Need need_of(const Piece& p, const DatasetEntry& d, const std::string& checkpoint) {
+  if (d.global_shape() != p.slab.global_shape)
+    MOE_BAD_INPUT("checkpoint " << checkpoint << ": tensor " << p.tensor << " has global shape "
+                                << json(d.global_shape()).dump() << ", this run expects "
+                                << json(p.slab.global_shape).dump());
+  Need n;
+  n.runs = intersect(p.slab, d.slab);
+  if (n.runs.empty()) return n;
+  n.lo = n.runs.front().from, n.hi = n.lo;
+  for (const Run& r : n.runs) {
+    n.lo = std::min(n.lo, r.from), n.hi = std::max(n.hi, r.from + r.length);
+    n.elements += r.length;
+  }
+  return n;
+}
+
+// The stored elements [lo, hi) of d, as bytes (32-bit words for an XOR delta).
+std::vector<uint8_t> read_span(ShardReader& reader, const DatasetEntry& d, int64_t lo, int64_t hi) {
+  const int64_t esize = int64_t(dtype_size(d.dtype));
+  std::vector<uint8_t> buf(size_t((hi - lo) * esize));
+  if (d.xor_delta)
+    reader.read(d.dataset, DType::U32, lo * esize / 4, (hi - lo) * esize / 4, buf.data());
+  else
+    reader.read(d.dataset, d.dtype, lo, hi - lo, buf.data());
+  return buf;
+}
+
+// Puts the elements of `span` (d's stored elements from n.lo) where p needs them: values, or XORed in.
+void place(const Piece& p, const Need& n, const uint8_t* span, bool xor_delta) {
+  const int64_t esize = int64_t(dtype_size(p.dtype));
+  auto* out = static_cast<uint8_t*>(p.dst);
+  for (const Run& r : n.runs) {
+    uint8_t* dst = out + r.to * esize;
+    const uint8_t* src = span + (r.from - n.lo) * esize;
+    if (xor_delta)
+      for (int64_t i = 0; i < r.length * esize; ++i) dst[i] ^= src[i];
+    else
+      std::memcpy(dst, src, size_t(r.length * esize));
+  }
+}
+
+}  // namespace
+
 void load_pieces(const Resolved& ck, const std::vector<Piece>& pieces) {
   std::map<std::string, std::unique_ptr<ShardReader>> readers;
   auto reader = [&](const std::string& path) -> ShardReader& {
@@ -56,8 +107,6 @@ void load_pieces(const Resolved& ck, const std::vector<Piece>& pieces) {
     return *r;
   };
   for (const Piece& p : pieces) {
-    const int64_t esize = int64_t(dtype_size(p.dtype)), count = p.count();
-    auto* out = static_cast<uint8_t*>(p.dst);
     for (size_t c = 0; c < ck.chain.size(); ++c) {
       const Manifest& m = ck.chain[c];
       int64_t covered = 0;
@@ -65,29 +114,16 @@ void load_pieces(const Resolved& ck, const std::vector<Piece>& pieces) {
         if (ck.paths[c][fi].empty()) continue;
         for (const DatasetEntry& d : m.files[fi].datasets) {
           if (d.tensor != p.tensor) continue;
-          if (d.global_shape != p.global_shape)
-            MOE_BAD_INPUT("checkpoint " << ck.chain_dirs[c] << ": tensor " << p.tensor << " has global shape "
-                                        << nlohmann::json(d.global_shape).dump() << ", this run expects "
-                                        << nlohmann::json(p.global_shape).dump());
-          const int64_t lo = std::max(p.flat_offset, d.flat_offset);
-          const int64_t hi = std::min(p.flat_offset + count, d.flat_offset + d.count);
-          if (hi <= lo) continue;
-          std::vector<uint8_t> buf(size_t((hi - lo) * esize));
-          ShardReader& r = reader(ck.paths[c][fi]);
-          if (d.xor_delta) {
-            r.read(d.dataset, DType::U32, (lo - d.flat_offset) * esize / 4, (hi - lo) * esize / 4, buf.data());
-            uint8_t* dst = out + (lo - p.flat_offset) * esize;
-            for (size_t i = 0; i < buf.size(); ++i) dst[i] ^= buf[i];
-          } else {
-            r.read(d.dataset, p.dtype, lo - d.flat_offset, hi - lo, buf.data());
-            std::memcpy(out + (lo - p.flat_offset) * esize, buf.data(), buf.size());
-          }
-          covered += hi - lo;
+          const Need n = need_of(p, d, ck.chain_dirs[c]);
+          if (n.runs.empty()) continue;
+          const std::vector<uint8_t> span = read_span(reader(ck.paths[c][fi]), d, n.lo, n.hi);
+          place(p, n, span.data(), d.xor_delta);
+          covered += n.elements;
         }
       }
-      if (covered != count)
-        MOE_BAD_INPUT("checkpoint " << ck.chain_dirs[c] << " holds " << covered << " of the " << count
-                                    << " elements of " << p.tensor << " this rank needs (from element " << p.flat_offset
+      if (covered != p.count())
+        MOE_BAD_INPUT("checkpoint " << ck.chain_dirs[c] << " holds " << covered << " of the " << p.count()
+                                    << " elements of " << p.tensor << " this rank needs (" << p.slab.text()
                                     << "); it does not fit this run");
     }
   }
@@ -286,14 +322,10 @@ void load_pieces_distributed(Communicator& world, const DistributedChoice& choic
         for (size_t d = 0; d < fe.datasets.size(); ++d) {
           const DatasetEntry& de = fe.datasets[d];
           if (de.tensor != p.tensor) continue;
-          if (de.global_shape != p.global_shape)
-            MOE_BAD_INPUT("checkpoint " << choice.chain[c].chain.back() << ": tensor " << p.tensor
-                                        << " has another global shape than this run expects");
-          const int64_t lo = std::max(p.flat_offset, de.flat_offset),
-                        hi = std::min(p.flat_offset + p.count(), de.flat_offset + de.count);
-          if (hi <= lo) continue;
-          asked[choice.holder[c][f]].push_back({int64_t(c), int64_t(f), int64_t(d), lo, hi - lo, int64_t(pi)});
-          covered[pi][c] += hi - lo;
+          const Need n = need_of(p, de, choice.chain[c].chain.back());
+          if (n.runs.empty()) continue;
+          asked[choice.holder[c][f]].push_back({int64_t(c), int64_t(f), int64_t(d), n.lo, n.hi - n.lo, int64_t(pi)});
+          covered[pi][c] += n.elements;
         }
       }
     for (size_t c = 0; c < choice.chain.size(); ++c)
@@ -322,13 +354,10 @@ void load_pieces_distributed(Communicator& world, const DistributedChoice& choic
       const std::string& path = choice.path[v[0]][v[1]];
       auto& reader = readers[path];
       if (!reader) reader = std::make_unique<ShardReader>(path);
-      const int64_t words_per = int64_t(dtype_size(de.dtype) / 4);
-      std::vector<uint32_t> buf(size_t(v[4] * words_per));
-      if (de.xor_delta)
-        reader->read(de.dataset, DType::U32, (v[3] - de.flat_offset) * words_per, v[4] * words_per, buf.data());
-      else
-        reader->read(de.dataset, de.dtype, v[3] - de.flat_offset, v[4], buf.data());
-      replies[q].insert(replies[q].end(), buf.begin(), buf.end());
+      const std::vector<uint8_t> span = read_span(*reader, de, v[3], v[3] + v[4]);
+      const size_t at = replies[q].size();
+      replies[q].resize(at + span.size() / 4);
+      std::memcpy(replies[q].data() + at, span.data(), span.size());
     }
   const auto answers = exchange_words(world, replies);
   // Apply in the order asked: the base's values first, then each delta's XOR, along the chain.
@@ -347,13 +376,7 @@ void load_pieces_distributed(Communicator& world, const DistributedChoice& choic
     for (const auto& [data, r] : by_chain[c]) {
       const Piece& p = pieces[r.piece];
       const DatasetEntry& de = choice.chain[r.chain].files[r.file].datasets[r.dataset];
-      const int64_t esize = int64_t(dtype_size(p.dtype));
-      auto* dst = static_cast<uint8_t*>(p.dst) + (r.lo - p.flat_offset) * esize;
-      const auto* src = reinterpret_cast<const uint8_t*>(data);
-      if (de.xor_delta)
-        for (int64_t i = 0; i < r.count * esize; ++i) dst[i] ^= src[i];
-      else
-        std::memcpy(dst, src, size_t(r.count * esize));
+      place(p, need_of(p, de, choice.dir_name), reinterpret_cast<const uint8_t*>(data), de.xor_delta);
     }
 }
 

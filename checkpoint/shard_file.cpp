@@ -248,19 +248,19 @@ ShardWriter::~ShardWriter() {
   if (file_ >= 0) H5Fclose(file_);
 }
 
-void ShardWriter::write(const std::string& name, DType dtype, const void* data, const std::vector<int64_t>& shape,
-                        const std::vector<int64_t>& global_shape, int64_t flat_offset, bool compress) {
+void ShardWriter::check_writable(const std::string& name) {
   MOE_CHECK(file_ >= 0, "write of " << name << " to " << path_ << " after close()");
   MOE_CHECK(valid_dataset_name(name), "bad dataset name '" << name << "' (non-empty, '/' between non-empty parts)");
-  const int64_t n = numel(shape);
-  const int64_t global_n = numel(global_shape);
-  MOE_CHECK(flat_offset >= 0 && flat_offset + n <= global_n, name << ": elements [" << flat_offset << ", "
-                                                                  << flat_offset + n
-                                                                  << ") outside the global tensor of " << global_n);
-  MOE_CHECK(n == 0 || data != nullptr, name << ": null data for " << n << " elements");
   MOE_CHECK(names_written_.insert(name).second, "dataset " << name << " written twice to " << path_);
-  const std::string where = "dataset " + name + " of " + path_;
+}
 
+namespace {
+
+// Creates dataset `name` of `shape`, chunked with a Fletcher-32 checksum per chunk, and writes its elements.
+Hid create_dataset(hid_t file, const std::string& name, DType dtype, const void* data,
+                   const std::vector<int64_t>& shape, bool compress, const std::string& where) {
+  const int64_t n = numel(shape);
+  MOE_CHECK(n == 0 || data != nullptr, where << ": null data for " << n << " elements");
   // A scalar is stored as one element: chunked storage (and so the checksum) needs a rank >= 1.
   std::vector<hsize_t> dims(shape.begin(), shape.end());
   if (dims.empty()) dims.push_back(1);
@@ -285,15 +285,47 @@ void ShardWriter::write(const std::string& name, DType dtype, const void* data, 
   if (!lcpl.ok() || H5Pset_create_intermediate_group(lcpl.get(), 1) < 0)
     MOE_FAIL("could not set up link creation for " << where << ": " << hdf5_error_detail());
 
-  Hid dataset(H5Dcreate2(file_, name.c_str(), file_type(dtype), space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
+  Hid dataset(H5Dcreate2(file, name.c_str(), file_type(dtype), space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
               H5Dclose);
   if (!dataset.ok()) MOE_FAIL("could not create " << where << ": " << hdf5_error_detail());
   if (n > 0 && H5Dwrite(dataset.get(), memory_type(dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
     MOE_FAIL("could not write " << where << " (disk full?): " << hdf5_error_detail());
+  return dataset;
+}
+
+// Chunks smaller than the chunk cache are written here, not by H5Dwrite.
+void close_dataset(Hid& dataset, const std::string& where) {
+  if (!dataset.close()) MOE_FAIL("could not write " << where << " (disk full?): " << hdf5_error_detail());
+}
+
+}  // namespace
+
+void ShardWriter::write(const std::string& name, DType dtype, const void* data, const std::vector<int64_t>& shape,
+                        const std::vector<int64_t>& global_shape, int64_t flat_offset, bool compress) {
+  check_writable(name);
+  const int64_t n = numel(shape);
+  const int64_t global_n = numel(global_shape);
+  MOE_CHECK(flat_offset >= 0 && flat_offset + n <= global_n, name << ": elements [" << flat_offset << ", "
+                                                                  << flat_offset + n
+                                                                  << ") outside the global tensor of " << global_n);
+  const std::string where = "dataset " + name + " of " + path_;
+  Hid dataset = create_dataset(file_, name, dtype, data, shape, compress, where);
   write_int64_attribute(dataset.get(), "global_shape", global_shape, false, where);
   write_int64_attribute(dataset.get(), "flat_offset", {flat_offset}, true, where);
-  // Chunks smaller than the chunk cache are written here, not by H5Dwrite.
-  if (!dataset.close()) MOE_FAIL("could not write " << where << " (disk full?): " << hdf5_error_detail());
+  close_dataset(dataset, where);
+}
+
+void ShardWriter::write(const std::string& name, DType dtype, const void* data, const Slab& slab, bool compress) {
+  check_writable(name);
+  const std::string problem = slab.problem();
+  MOE_CHECK(problem.empty(), name << ": " << slab.text() << ": " << problem);
+  const std::string where = "dataset " + name + " of " + path_;
+  Hid dataset = create_dataset(file_, name, dtype, data, slab.stored_shape(), compress, where);
+  write_int64_attribute(dataset.get(), "global_shape", slab.global_shape, false, where);
+  write_int64_attribute(dataset.get(), "slab_start", slab.start, false, where);
+  write_int64_attribute(dataset.get(), "slab_shape", slab.shape, false, where);
+  write_int64_attribute(dataset.get(), "range", {slab.begin, slab.count}, false, where);
+  close_dataset(dataset, where);
 }
 
 void ShardWriter::set_attribute(const std::string& key, const std::string& value) {
@@ -398,7 +430,8 @@ DatasetInfo read_dataset_info(hid_t file, const std::string& name, const std::st
   // Datasets written by other tools lack the attributes: they are whole tensors.
   const htri_t has_global = H5Aexists(dataset.get(), "global_shape");
   const htri_t has_offset = H5Aexists(dataset.get(), "flat_offset");
-  if (has_global < 0 || has_offset < 0)
+  const htri_t has_slab = H5Aexists(dataset.get(), "slab_start");
+  if (has_global < 0 || has_offset < 0 || has_slab < 0)
     damaged(path, "cannot list the attributes of dataset " + name, hdf5_error_detail());
   info.global_shape = has_global ? read_int64_attribute(dataset.get(), "global_shape", path, name) : info.shape;
   if (has_offset) {
@@ -410,15 +443,26 @@ DatasetInfo read_dataset_info(hid_t file, const std::string& name, const std::st
   // The writer stores a scalar as {1}; a scalar global tensor means the stored slice is that scalar.
   if (info.global_shape.empty() && info.shape == std::vector<int64_t>{1}) info.shape.clear();
 
-  int64_t global_n = 1;
-  for (int64_t d : info.global_shape) {
+  for (int64_t d : info.global_shape)
     if (d < 0) damaged(path, "dataset " + name + " has a negative global dimension", std::to_string(d));
-    global_n *= d;
+  info.has_slab = has_slab > 0;
+  if (info.has_slab) {
+    info.slab.global_shape = info.global_shape;
+    info.slab.start = read_int64_attribute(dataset.get(), "slab_start", path, name);
+    if (H5Aexists(dataset.get(), "slab_shape") <= 0 || H5Aexists(dataset.get(), "range") <= 0)
+      damaged(path, "dataset " + name + " has slab_start but not slab_shape and range", "missing attributes");
+    info.slab.shape = read_int64_attribute(dataset.get(), "slab_shape", path, name);
+    const std::vector<int64_t> range = read_int64_attribute(dataset.get(), "range", path, name);
+    if (range.size() != 2) damaged(path, "attribute range of dataset " + name + " is not two numbers", "bad shape");
+    info.slab.begin = range[0], info.slab.count = range[1];
+  } else {
+    info.slab = Slab::flat(info.global_shape, info.flat_offset, info.numel());
   }
-  if (info.flat_offset < 0 || info.flat_offset + info.numel() > global_n)
+  const std::string problem = info.slab.problem();
+  if (!problem.empty() || info.slab.count != info.numel())
     damaged(path,
-            "dataset " + name + " holds elements [" + std::to_string(info.flat_offset) + ", " +
-                std::to_string(info.flat_offset + info.numel()) + ") of a global tensor of " + std::to_string(global_n),
+            "dataset " + name + " of " + std::to_string(info.numel()) + " elements says it holds " + info.slab.text() +
+                (problem.empty() ? "" : ": " + problem),
             "inconsistent attributes");
   return info;
 }

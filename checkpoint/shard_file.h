@@ -1,6 +1,6 @@
-// One checkpoint shard file in HDF5: named numeric datasets, each a contiguous slice of a global tensor
-// in its row-major flattening, with the global shape and the slice's offset as attributes, plus
-// file-level string attributes. What goes into which file, the manifest and the commit by rename belong
+// One checkpoint shard file in HDF5: named numeric datasets, each a part of a global tensor (a hyperslab
+// and a range of its row-major order, slab.h) with where it lies as attributes, plus file-level string
+// attributes. What goes into which file, the manifest and the commit by rename belong
 // to the checkpoint layer above; this file only writes and reads one file.
 //
 // Every dataset is chunked and carries a Fletcher-32 checksum per chunk, so damaged data fail on read
@@ -13,6 +13,8 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include "checkpoint/slab.h"
 
 namespace moe::ckpt {
 
@@ -29,9 +31,13 @@ struct DatasetInfo {
   DType dtype;
   std::vector<int64_t> shape;         // the stored (local) shape
   std::vector<int64_t> global_shape;  // the full tensor's shape (attribute "global_shape")
-  int64_t flat_offset = 0;            // where the stored elements start in the row-major flattening of the
-                                      // global tensor (attribute "flat_offset"); the stored elements are
-                                      // the contiguous range [flat_offset, flat_offset + numel)
+  // Where the stored elements lie in the global tensor. Written by write(..., Slab): the attributes
+  // "slab_start", "slab_shape" and "range" ([begin, count]). Written the "moe-checkpoint-1" way (attribute
+  // "flat_offset": the stored elements are [flat_offset, flat_offset + numel) of the tensor's flattening),
+  // or by another tool (no attributes: the whole tensor), it is read as that range of the whole tensor.
+  Slab slab;
+  bool has_slab = false;    // the dataset has the slab attributes
+  int64_t flat_offset = 0;  // attribute "flat_offset" ("moe-checkpoint-1"); 0 when absent
   int64_t numel() const { return ckpt::numel(shape); }
 };
 
@@ -44,13 +50,19 @@ class ShardWriter {  // one file; not thread-safe: one thread owns all calls (HD
 
   // data: numel(shape) elements. compress: HDF5 shuffle + deflate (level 4) — for XOR deltas.
   // A scalar (shape {}) is stored as shape {1}; ShardReader reports it as {} again when global_shape is {}.
+  // The "moe-checkpoint-1" form (attributes global_shape and flat_offset), also that of `moe ckpt export`.
   void write(const std::string& name, DType dtype, const void* data, const std::vector<int64_t>& shape,
              const std::vector<int64_t>& global_shape, int64_t flat_offset, bool compress = false);
+  // A part of a global tensor: slab.count elements, stored in slab.stored_shape(), with the attributes
+  // global_shape, slab_start, slab_shape and range.
+  void write(const std::string& name, DType dtype, const void* data, const Slab& slab, bool compress = false);
   void set_attribute(const std::string& key, const std::string& value);  // file-level string attribute
   void close();  // flushes, closes, then fsyncs the file (open + fsync + close) so it is on disk
   const std::string& path() const { return path_; }
 
  private:
+  void check_writable(const std::string& name);
+
   std::string path_;
   int64_t file_ = -1;  // hid_t; -1 once closed
   std::set<std::string> names_written_;

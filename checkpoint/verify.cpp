@@ -58,16 +58,20 @@ bool valid_tensor_name(const std::string& t) {
 
 void check_dataset_entry(const DatasetEntry& d, const Manifest& m, const std::string& where) {
   if (!valid_tensor_name(d.tensor)) MOE_BAD_INPUT(where << ": tensor name '" << d.tensor << "' is not a global name");
-  if (d.dataset != d.tensor && d.dataset != d.tensor + "#" + std::to_string(d.flat_offset))
-    MOE_BAD_INPUT(where << ": dataset '" << d.dataset << "' is neither " << d.tensor << " nor " << d.tensor << "#"
-                        << d.flat_offset);
   if (d.dtype == DType::U32) MOE_BAD_INPUT(where << ", " << d.dataset << ": dtype u32 is no tensor's (f32, f64, i64)");
-  const int64_t n = checked_numel(d.global_shape);
+  const int64_t n = checked_numel(d.global_shape());
   if (n < 0)
-    MOE_BAD_INPUT(where << ", " << d.dataset << ": global shape " << shape_text(d.global_shape) << " is invalid");
-  if (d.flat_offset < 0 || d.count < 0 || d.flat_offset > n || d.count > n - d.flat_offset)
-    MOE_BAD_INPUT(where << ", " << d.dataset << ": elements [" << d.flat_offset << ", +" << d.count
-                        << ") are outside its tensor of " << n);
+    MOE_BAD_INPUT(where << ", " << d.dataset << ": global shape " << shape_text(d.global_shape()) << " is invalid");
+  if (checked_numel(d.slab.shape) < 0)
+    MOE_BAD_INPUT(where << ", " << d.dataset << ": shape " << shape_text(d.slab.shape) << " is invalid");
+  const std::string problem = d.slab.problem();
+  if (!problem.empty())
+    MOE_BAD_INPUT(where << ", " << d.dataset << ": " << d.slab.text() << ": " << problem << " of " << n << " elements");
+  // A second piece of a tensor in one file is named by the tensor's index of its first element.
+  const int64_t first = d.slab.first_global_index();
+  if (d.dataset != d.tensor && d.dataset != d.tensor + "#" + std::to_string(first))
+    MOE_BAD_INPUT(where << ": dataset '" << d.dataset << "' is neither " << d.tensor << " nor " << d.tensor << "#"
+                        << first);
   if (d.xor_delta && m.kind != "delta")
     MOE_BAD_INPUT(where << ", " << d.dataset << ": an XOR delta in a " << m.kind << " checkpoint");
 }
@@ -194,19 +198,18 @@ void check_shard(const std::string& path, const FileEntry& content, const Manife
     if (!reader.has(d.dataset))
       MOE_BAD_INPUT("checkpoint shard " << path << " has no dataset " << d.dataset << " that its manifest lists");
     const DatasetInfo& info = reader.info(d.dataset);
-    // An XOR delta is stored as 32-bit words, and the file's attributes count words; the manifest counts elements.
+    // An XOR delta is stored as 32-bit words: in the file, each element is `words` words, a trailing axis of
+    // that size ("moe-checkpoint-1": the tensor's flattening into words); the manifest counts elements.
     const int64_t words = d.xor_delta ? int64_t(detail::dtype_size(d.dtype) / 4) : 1;
     const DType stored = d.xor_delta ? DType::U32 : d.dtype;
-    const int64_t stored_count = d.count * words, stored_offset = d.flat_offset * words;
-    const std::vector<int64_t> stored_global =
-        d.xor_delta ? std::vector<int64_t>{numel(d.global_shape) * words} : d.global_shape;
-    if (info.dtype != stored || info.numel() != stored_count || info.global_shape != stored_global ||
-        info.flat_offset != stored_offset)
+    Slab want = d.slab.in_words(words);
+    if (m.format == 1 && d.xor_delta)
+      want = Slab::flat({numel(d.global_shape()) * words}, d.slab.begin * words, d.slab.count * words);
+    if (info.dtype != stored || info.numel() != want.count || info.slab != want || info.has_slab != (m.format == 2))
       MOE_BAD_INPUT("checkpoint shard " << path << ", dataset " << d.dataset << ": the file holds "
-                                        << dtype_name(info.dtype) << " x " << info.numel() << " at flat offset "
-                                        << info.flat_offset << " of global shape " << shape_text(info.global_shape)
-                                        << ", the manifest says " << dtype_name(stored) << " x " << stored_count
-                                        << " at " << stored_offset << " of " << shape_text(stored_global));
+                                        << dtype_name(info.dtype) << " x " << info.numel() << " at " << info.slab.text()
+                                        << (info.has_slab ? "" : " (format 1 attributes)") << ", the manifest says "
+                                        << dtype_name(stored) << " x " << want.count << " at " << want.text());
   }
   for (const DatasetInfo& info : reader.datasets())
     if (!listed.count(info.name))
@@ -214,34 +217,51 @@ void check_shard(const std::string& path, const FileEntry& content, const Manife
                                         << " that its manifest does not list");
 }
 
+namespace {
+
+// The pieces of one tensor hold each of its elements exactly once: as many elements as it has, and no two
+// pieces sharing one. Pieces of one hyperslab (ZeRO slices of a block) are compared by their ranges; pieces
+// of different hyperslabs by their intersection.
+void check_tiling(const std::string& name, const std::vector<Slab>& pieces, const std::string& dir) {
+  int64_t held = 0;
+  std::map<std::pair<std::vector<int64_t>, std::vector<int64_t>>, std::vector<std::pair<int64_t, int64_t>>> boxes;
+  for (const Slab& s : pieces) held += s.count, boxes[{s.start, s.shape}].emplace_back(s.begin, s.count);
+  auto overlapping = [&](const std::string& where) {
+    MOE_BAD_INPUT("checkpoint " << dir << ": tensor " << name << " has overlapping pieces (" << where << ")");
+  };
+  for (auto& [box, ranges] : boxes) {
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i)
+      if (ranges[i].first < ranges[i - 1].first + ranges[i - 1].second)
+        overlapping("elements " + std::to_string(ranges[i].first) + " of one box");
+  }
+  for (size_t i = 0; i < pieces.size(); ++i)
+    for (size_t j = i + 1; j < pieces.size(); ++j)
+      if ((pieces[i].start != pieces[j].start || pieces[i].shape != pieces[j].shape) && overlap(pieces[i], pieces[j]))
+        overlapping(pieces[i].text() + " and " + pieces[j].text());
+  const int64_t n = numel(pieces.front().global_shape);
+  if (held != n)
+    MOE_BAD_INPUT("checkpoint " << dir << ": tensor " << name << " holds " << held << " of its " << n
+                                << " elements: pieces are missing");
+}
+
+}  // namespace
+
 std::map<std::string, TensorSummary> check_coverage(const Manifest& m, const std::string& dir) {
   std::map<std::string, TensorSummary> tensors;
-  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> ranges;
+  std::map<std::string, std::vector<Slab>> pieces;
   for (const FileEntry& f : m.files) {
     if (f.peer_copy) continue;
     for (const DatasetEntry& d : f.datasets) {
-      auto [it, fresh] = tensors.try_emplace(d.tensor, TensorSummary{d.dtype, d.global_shape});
-      if (!fresh && (it->second.dtype != d.dtype || it->second.global_shape != d.global_shape))
+      auto [it, fresh] = tensors.try_emplace(d.tensor, TensorSummary{d.dtype, d.global_shape()});
+      if (!fresh && (it->second.dtype != d.dtype || it->second.global_shape != d.global_shape()))
         MOE_BAD_INPUT("checkpoint " << dir << ": the pieces of " << d.tensor << " disagree on dtype or global shape ("
-                                    << f.name << " says " << dtype_name(d.dtype) << " " << shape_text(d.global_shape)
+                                    << f.name << " says " << dtype_name(d.dtype) << " " << shape_text(d.global_shape())
                                     << ")");
-      ranges[d.tensor].emplace_back(d.flat_offset, d.count);
+      pieces[d.tensor].push_back(d.slab);
     }
   }
-  for (auto& [name, r] : ranges) {
-    std::sort(r.begin(), r.end());
-    int64_t next = 0;
-    for (const auto& [offset, count] : r) {
-      if (offset != next)
-        MOE_BAD_INPUT("checkpoint " << dir << ": tensor " << name << " has "
-                                    << (offset < next ? "overlapping" : "missing") << " elements at flat offset "
-                                    << std::min(offset, next));
-      next = offset + count;
-    }
-    if (next != numel(tensors[name].global_shape))
-      MOE_BAD_INPUT("checkpoint " << dir << ": tensor " << name << " holds " << next << " of its "
-                                  << numel(tensors[name].global_shape) << " elements");
-  }
+  for (const auto& [name, p] : pieces) check_tiling(name, p, dir);
   return tensors;
 }
 

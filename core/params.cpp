@@ -24,10 +24,51 @@ const char* param_role_name(ParamRole role) {
   return "?";
 }
 
+const char* param_group_name(ParamGroup group) {
+  switch (group) {
+    case ParamGroup::None:
+      return "none";
+    case ParamGroup::DataParallel:
+      return "dp";
+    case ParamGroup::ExpertParallel:
+      return "ep";
+    case ParamGroup::ExpertDataParallel:
+      return "edp";
+    case ParamGroup::TensorParallel:
+      return "tp";
+    case ParamGroup::ExpertTensorParallel:
+      return "etp";
+  }
+  return "?";
+}
+
+int64_t ParamSpec::global_index(int64_t local) const {
+  if (!is_split()) return local;
+  // Unravel in the block, shift the split axis, ravel in the global tensor.
+  int64_t index = 0, rest = local, block = numel, global = 1;
+  for (int64_t d : global_shape()) global *= d;
+  for (size_t k = 0; k < shape.size(); ++k) {
+    block /= shape[k];
+    global /= k == size_t(split.axis) ? split.global_size : shape[k];
+    const int64_t i = rest / block + (k == size_t(split.axis) ? split.offset : 0);
+    rest %= block;
+    index += i * global;
+  }
+  return index;
+}
+
 void ParamTable::add(ParamSpec spec) {
   MOE_CHECK(!contains(spec.name), "parameter '" << spec.name << "' added twice");
-  MOE_CHECK(spec.global_rows == 0 || (!spec.shape.empty() && spec.shard_offset + spec.shape[0] <= spec.global_rows),
-            "parameter '" << spec.name << "': shard outside its global rows");
+  if (spec.global_rows > 0 && !spec.is_split())
+    spec.split = {0, spec.global_rows, spec.shard_offset,
+                  spec.expert() ? ParamGroup::ExpertParallel : ParamGroup::None};
+  if (spec.split.axis == 0) spec.global_rows = spec.split.global_size, spec.shard_offset = spec.split.offset;
+  if (spec.replicas == ParamGroup::None)
+    spec.replicas = spec.expert() ? ParamGroup::ExpertDataParallel : ParamGroup::DataParallel;
+  const size_t axis = size_t(spec.split.axis);
+  MOE_CHECK(!spec.is_split() || (axis < spec.shape.size() && spec.split.offset >= 0 &&
+                                 spec.split.offset + spec.shape[axis] <= spec.split.global_size),
+            "parameter '" << spec.name << "': its block is outside the tensor on the split axis");
   int64_t n = 1;
   for (int64_t d : spec.shape) n *= d;
   spec.numel = n;
@@ -69,7 +110,11 @@ void ParamTable::initialize(T* params, uint64_t seed) const {
       case ParamInit::Normal: {
         const RngStream rng(seed, "init." + s.name);
         // Element i of the global tensor draws counter (i, 0): a shard draws exactly its own elements.
-        const int64_t base = s.global_rows > 0 ? s.shard_offset * (s.numel / s.shape[0]) : 0;
+        if (s.split.axis > 0) {
+          for (int64_t i = 0; i < s.numel; ++i) p[i] = T(s.init_std * rng.normal(uint64_t(s.global_index(i))));
+          break;
+        }
+        const int64_t base = s.is_split() ? s.split.offset * (s.numel / s.shape[0]) : 0;
         for (int64_t i = 0; i < s.numel; ++i) p[i] = T(s.init_std * rng.normal(uint64_t(base + i)));
         break;
       }

@@ -18,6 +18,20 @@ const char* param_role_name(ParamRole role);
 
 enum class ParamInit { Normal, Ones, Zeros };
 
+// The groups of the rank grid a parameter is split across or replicated over (DESIGN.md "Rank grid").
+enum class ParamGroup { None, DataParallel, ExpertParallel, ExpertDataParallel, TensorParallel, ExpertTensorParallel };
+const char* param_group_name(ParamGroup group);
+
+// How a tensor is split: this rank holds [offset, offset + shape[axis]) of axis `axis` of the global
+// tensor, whose size on that axis is global_size, and every other axis whole; the other members of
+// `group` hold the other blocks. axis -1: not split (the rank holds the whole tensor).
+struct Split {
+  int axis = -1;
+  int64_t global_size = 0;
+  int64_t offset = 0;
+  ParamGroup group = ParamGroup::None;
+};
+
 struct ParamSpec {
   std::string name;            // global name, e.g. "layers.3.attn.wq"
   std::vector<int64_t> shape;  // global shape
@@ -25,20 +39,35 @@ struct ParamSpec {
   bool weight_decay = true;
   ParamInit init = ParamInit::Normal;
   double init_std = 0.02;  // for ParamInit::Normal
-  // Sharding: this rank holds the slice [shard_offset, shard_offset + shape[0]) of axis 0 of a tensor whose
-  // global axis-0 size is global_rows (0: not sharded, the rank holds the whole tensor). Expert tensors
-  // are sharded this way over the expert-parallel group.
+  // Axis-0 sharding, the short form of split {0, global_rows, shard_offset, ExpertParallel}: this rank
+  // holds [shard_offset, shard_offset + shape[0]) of axis 0, of global size global_rows (0: not sharded).
+  // Expert tensors are sharded this way over the expert-parallel group. ParamTable::add keeps both forms
+  // in step: an axis-0 split sets these two, and these two set the split.
   int64_t global_rows = 0;
   int64_t shard_offset = 0;
   int64_t offset = 0;  // into the flat buffers (set by ParamTable::add)
   int64_t numel = 0;
+  Split split;  // how the tensor is split (set from global_rows when that is given)
+  // The group whose members hold identical copies (None: set by ParamTable::add from the role, expert
+  // tensors the expert-data-parallel group, every other the data-parallel group). A checkpoint writes
+  // each replicated tensor once, by one member of this group.
+  ParamGroup replicas = ParamGroup::None;
 
   bool expert() const { return role == ParamRole::Expert; }
+  bool is_split() const { return split.axis >= 0; }
   std::vector<int64_t> global_shape() const {
     std::vector<int64_t> g = shape;
-    if (global_rows > 0) g[0] = global_rows;
+    if (is_split()) g[size_t(split.axis)] = split.global_size;
     return g;
   }
+  // Where this rank's block starts in the global tensor, per axis (the hyperslab's start).
+  std::vector<int64_t> global_start() const {
+    std::vector<int64_t> s(shape.size(), 0);
+    if (is_split()) s[size_t(split.axis)] = split.offset;
+    return s;
+  }
+  // The row-major index in the global tensor of element `local` of this rank's block.
+  int64_t global_index(int64_t local) const;
 };
 
 // The flat buffers have two regions, each contiguous and in registration order: every non-expert

@@ -350,7 +350,7 @@ void run_info(const Location& loc, std::ostream& out) {
   const std::string dir = target_checkpoint(loc, out);
   const Manifest m = ckpt::read_manifest(dir);
   out << "checkpoint  " << dir << "\n"
-      << "format      " << ckpt::kFormat << "\n"
+      << "format      " << (m.format == 1 ? ckpt::kFormatV1 : ckpt::kFormat) << "\n"
       << "step        " << m.step << "\n"
       << "kind        " << kind_text(m) << "\n"
       << "chain       " << chain_text(m) << "\n"
@@ -383,7 +383,7 @@ void run_info(const Location& loc, std::ostream& out) {
   for (const FileEntry& f : m.files) {
     if (f.peer_copy) continue;
     for (const DatasetEntry& d : f.datasets) {
-      Tensor& t = tensors.try_emplace(d.tensor, Tensor{d.dtype, d.global_shape, 0, 0, {}}).first->second;
+      Tensor& t = tensors.try_emplace(d.tensor, Tensor{d.dtype, d.global_shape(), 0, 0, {}}).first->second;
       ++t.pieces, t.xor_pieces += d.xor_delta;
       t.files.insert(f.name);
     }
@@ -468,7 +468,7 @@ void run_export(const Location& loc, const CkptOptions& o, std::ostream& out) {
     for (const DatasetEntry& d : f.datasets) {
       if (!o.all && !starts_with(d.tensor, "params/")) continue;
       ckpt::Piece p;
-      p.tensor = d.tensor, p.dtype = d.dtype, p.shape = d.global_shape, p.global_shape = d.global_shape;
+      p.tensor = d.tensor, p.dtype = d.dtype, p.slab = ckpt::Slab::whole(d.global_shape());
       tensors.emplace(d.tensor, p);
     }
   }
@@ -508,8 +508,8 @@ void run_export(const Location& loc, const CkptOptions& o, std::ostream& out) {
       ckpt::load_pieces(r, batch);
       for (size_t i = 0; i < batch.size(); ++i) {
         const ckpt::Piece& p = batch[i];
-        writer->write(p.tensor, p.dtype, buffers[i].data(), p.global_shape, p.global_shape, 0);
-        out << "  " << p.tensor << "  " << shape_text(p.global_shape) << "  " << ckpt::dtype_name(p.dtype) << "\n";
+        writer->write(p.tensor, p.dtype, buffers[i].data(), p.slab.global_shape, p.slab.global_shape, 0);
+        out << "  " << p.tensor << "  " << shape_text(p.slab.global_shape) << "  " << ckpt::dtype_name(p.dtype) << "\n";
         elements += p.count();
       }
     }

@@ -103,7 +103,8 @@ void choose_on_rank0(const TrainOptions& options, const Trainer& t, ResumePoint&
 // Every tensor the model restores, with its dtype and global shape: the union over the ranks (collective).
 std::vector<ckpt::TensorExpectation> model_expectations(Trainer& t) {
   std::vector<ckpt::TensorExpectation> mine;
-  for (const ckpt::Piece& p : checkpoint_pieces(t.state, false)) mine.push_back({p.tensor, p.dtype, p.global_shape});
+  for (const ckpt::Piece& p : checkpoint_pieces(t.state, false))
+    mine.push_back({p.tensor, p.dtype, p.slab.global_shape});
   return ckpt::gather_expectations(*t.groups.world, mine);
 }
 

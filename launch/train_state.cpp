@@ -1,35 +1,57 @@
 // Mapping the training state to checkpoint pieces.
 #include "launch/train_state.h"
 
+#include "checkpoint/writers.h"
+
 namespace moe {
 namespace {
 
 using ckpt::Piece;
+using ckpt::Slab;
 
-// The element of the global tensor where this rank's slice of `spec` starts.
-int64_t global_base(const ParamSpec& spec) {
-  return spec.global_rows > 0 ? spec.shard_offset * (spec.numel / spec.shape[0]) : 0;
+// This rank's block of `spec` in the global tensor.
+Slab block_of(const ParamSpec& spec) { return Slab::box(spec.global_shape(), spec.global_start(), spec.shape); }
+
+// A piece and the group whose members hold it alike (None: this rank alone holds it, as a ZeRO slice).
+struct Held {
+  Piece piece;
+  ParamGroup replicas = ParamGroup::None;
+};
+
+// Of the pieces held, those this rank writes: its own, and the replicated ones assign_writers gives it
+// among the members of their replica group (the data-parallel group: dense tensors, the optimizer step
+// and the MoE state, which every rank holds; the expert-data-parallel group: expert tensors and their
+// clipping statistics).
+std::vector<Piece> written_here(const TrainState& s, std::vector<Held> held) {
+  std::vector<bool> mine(held.size(), false);
+  for (size_t i = 0; i < held.size(); ++i) mine[i] = held[i].replicas == ParamGroup::None;
+  for (const ParamGroup g : {ParamGroup::DataParallel, ParamGroup::ExpertDataParallel}) {
+    const Communicator& group = g == ParamGroup::DataParallel ? *s.groups->dp : *s.groups->edp;
+    std::vector<std::pair<std::string, int64_t>> items;
+    std::vector<size_t> index;
+    for (size_t i = 0; i < held.size(); ++i)
+      if (held[i].replicas == g) items.emplace_back(held[i].piece.tensor, held[i].piece.bytes()), index.push_back(i);
+    const std::vector<int> writer = ckpt::assign_writers(items, group.size());
+    for (size_t k = 0; k < index.size(); ++k) mine[index[k]] = writer[k] == group.rank();
+  }
+  std::vector<Piece> out;
+  for (size_t i = 0; i < held.size(); ++i)
+    if (mine[i]) out.push_back(std::move(held[i].piece));
+  return out;
 }
-
-// Replicated tensors are written by one replica: dense ones by world rank 0, expert ones by the first
-// rank of each expert-data-parallel group. ZeRO slices are distinct on every rank: each writes its own.
-bool writes(const TrainState& s, bool expert) { return expert ? s.groups->coords.edp == 0 : s.groups->rank == 0; }
 
 }  // namespace
 
 std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
-  std::vector<Piece> pieces;
+  std::vector<Held> held;
   const ParamTable& table = s.model->table();
-  auto add = [&](std::string tensor, ckpt::DType dtype, std::vector<int64_t> shape, std::vector<int64_t> global_shape,
-                 int64_t flat_offset, void* data, bool mine) {
-    if (for_save && !mine) return;
-    Piece p{std::move(tensor), dtype, std::move(shape), std::move(global_shape), flat_offset, data, data};
-    pieces.push_back(std::move(p));
+  auto add = [&](std::string tensor, ckpt::DType dtype, Slab slab, void* data, ParamGroup replicas) {
+    held.push_back({Piece{std::move(tensor), dtype, std::move(slab), data, data}, replicas});
   };
+  const ParamGroup all = ParamGroup::DataParallel, expert_group = ParamGroup::ExpertDataParallel;
 
   for (const ParamSpec& spec : table.specs())
-    add("params/" + spec.name, ckpt::DType::F32, spec.shape, spec.global_shape(), global_base(spec),
-        s.model->params() + spec.offset, writes(s, spec.expert()));
+    add("params/" + spec.name, ckpt::DType::F32, block_of(spec), s.model->params() + spec.offset, spec.replicas);
 
   // AdamW moments, piece by piece (whole tensors, or ZeRO slices), in the same coordinates.
   auto& m = s.optimizer->first_moment();
@@ -38,22 +60,22 @@ std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
     const ParamSpec* spec = nullptr;
     for (const ParamSpec& sp : table.specs())
       if (op.offset >= sp.offset && op.offset < sp.offset + sp.numel) spec = &sp;
-    const int64_t offset = global_base(*spec) + (op.offset - spec->offset);
-    const bool mine = s.zero ? true : writes(s, spec->expert());
-    add("optim/exp_avg/" + spec->name, ckpt::DType::F32, {op.length}, spec->global_shape(), offset, m.data() + op.state,
-        mine);
-    add("optim/exp_avg_sq/" + spec->name, ckpt::DType::F32, {op.length}, spec->global_shape(), offset,
-        v.data() + op.state, mine);
+    // A ZeRO slice is a range of the rank's block in its row-major order; otherwise all of it.
+    Slab slab = block_of(*spec);
+    slab.begin = op.offset - spec->offset, slab.count = op.length;
+    const ParamGroup replicas = s.zero ? ParamGroup::None : spec->replicas;
+    add("optim/exp_avg/" + spec->name, ckpt::DType::F32, slab, m.data() + op.state, replicas);
+    add("optim/exp_avg_sq/" + spec->name, ckpt::DType::F32, slab, v.data() + op.state, replicas);
   }
   s.optimizer_steps = s.optimizer->steps_taken();
-  add("optim/step", ckpt::DType::I64, {1}, {1}, 0, &s.optimizer_steps, s.groups->rank == 0);
+  add("optim/step", ckpt::DType::I64, Slab::whole({1}), &s.optimizer_steps, all);
 
   for (size_t i = 0; i < s.moe_layers.size(); ++i) {
     MoeLayer<float>* layer = s.moe_layers[i];
     const int64_t E = layer->settings().num_experts;
     const std::string prefix = "moe/" + layer->param_prefix();
-    add(prefix + ".balancing_bias", ckpt::DType::F32, {E}, {E}, 0, layer->balancing_bias().data(), s.groups->rank == 0);
-    add(prefix + ".last_used_step", ckpt::DType::I64, {E}, {E}, 0, (*s.last_used)[i].data(), s.groups->rank == 0);
+    add(prefix + ".balancing_bias", ckpt::DType::F32, Slab::whole({E}), layer->balancing_bias().data(), all);
+    add(prefix + ".last_used_step", ckpt::DType::I64, Slab::whole({E}), (*s.last_used)[i].data(), all);
   }
 
   // Per-expert clipping statistics of this rank's experts, by global expert index.
@@ -65,12 +87,14 @@ std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
     size_t end = k;
     while (end < experts.size() && experts[end].group == experts[k].group) ++end;
     const int64_t n = int64_t(end - k), E = experts[k].layer_experts;
-    add("clip/" + experts[k].group + ".norm_ema", ckpt::DType::F64, {n}, {E}, experts[k].global_index, &s.clip_ema[k],
-        writes(s, true));
-    add("clip/" + experts[k].group + ".samples", ckpt::DType::I64, {n}, {E}, experts[k].global_index,
-        &s.clip_samples[k], writes(s, true));
+    const Slab slab = Slab::box({E}, {experts[k].global_index}, {n});
+    add("clip/" + experts[k].group + ".norm_ema", ckpt::DType::F64, slab, &s.clip_ema[k], expert_group);
+    add("clip/" + experts[k].group + ".samples", ckpt::DType::I64, slab, &s.clip_samples[k], expert_group);
     k = end;
   }
+  if (for_save) return written_here(s, std::move(held));
+  std::vector<Piece> pieces;
+  for (Held& h : held) pieces.push_back(std::move(h.piece));
   return pieces;
 }
 

@@ -1,5 +1,6 @@
 // The training state of one rank as checkpoint pieces in global coordinates: what this rank writes
-// (each replicated tensor by one replica only) and what it needs to continue bit for bit. Parameters,
+// (each replicated tensor by one member of its replica group, the bytes balanced over the group's members,
+// checkpoint/writers.h) and what it needs to continue bit for bit. Parameters,
 // AdamW moments and step, balancing biases, per-expert clipping statistics, and the dead-expert tracker.
 // The data loader and every random stream are pure functions of the step, so the step is their state.
 #pragma once

@@ -177,7 +177,9 @@ rm -f a.txt b.txt c.txt header.txt
 
 h5dump -A "$ck/step-00000004/rank-00000.h5" > attrs.txt 2>&1
 check "rank file: global_shape attribute" grep -qF 'ATTRIBUTE "global_shape"' attrs.txt
-check "rank file: flat_offset attribute" grep -qF 'ATTRIBUTE "flat_offset"' attrs.txt
+check "rank file: slab_start attribute" grep -qF 'ATTRIBUTE "slab_start"' attrs.txt
+check "rank file: slab_shape attribute" grep -qF 'ATTRIBUTE "slab_shape"' attrs.txt
+check "rank file: range attribute" grep -qF 'ATTRIBUTE "range"' attrs.txt
 rm -f attrs.txt
 
 expect_err=("params4.h5" "--force")
@@ -227,7 +229,7 @@ g6=G/checkpoints/step-00000006
 embed='(.files[0].datasets[] | select(.tensor == "params/embed.weight"))'
 for attack in \
     '.step = 8 :: step 8, but the directory is step-00000006' \
-    "$embed.global_shape = [32,256] :: the file holds f32 x 8192 at flat offset 0 of global shape [256,32]" \
+    "$embed.global_shape = [32,256] | $embed.shape = [32,256] :: the file holds f32 x 8192 at [0:256, 0:32] of [256,32]" \
     "$embed.dtype = \"f64\" :: the file holds f32" \
     '.files[0].name = "../../etc/passwd" :: points outside the checkpoint directory' \
     '.files[0].name = "/etc/passwd" :: points outside the checkpoint directory' \
@@ -321,6 +323,34 @@ else
   fail "the two-rank run failed: $(cat setup.err)"
 fi
 rm -rf P setup.err
+
+# ---- A checkpoint of the first format (tests/fixtures/checkpoint-v1, see its README) ---------------------------
+# Listed, verified, summarised and exported by this program as the program that wrote it exported it, and
+# resumed from by a run of another layout (one rank, ep 1, where it was written by two ranks with ep 2).
+cp -r "$2/tests/fixtures/checkpoint-v1" V1
+check "the moe-checkpoint-1 fixture is as it was written" bash -c "cd V1 && sha256sum --quiet -c SHA256SUMS"
+expect_out=("step-00000004" "step-00000002" "2 checkpoint(s), 2 verified")
+run_case "ls of a moe-checkpoint-1 root" 0 "$moe" ckpt ls V1/checkpoints
+expect_out=("ok: " "rank-00000.h5" "rank-00001.h5" "(2 checkpoint(s) in its chain")
+unchanged=1
+run_case "verify of a moe-checkpoint-1 delta" 0 "$moe" ckpt verify V1/checkpoints/step-00000004
+expect_out=("format      moe-checkpoint-1" "step        4")
+run_case "info of a moe-checkpoint-1 checkpoint" 0 "$moe" ckpt info V1/checkpoints
+check "info: v1 expert weights in 2 files" grep -qE 'params/layers.0.ffn.experts.w1 +\[2,8,8\] +f32 +128 +2 +2 ' "$out"
+expect_out=("wrote v1.h5: 44 tensors")
+run_case "export of a moe-checkpoint-1 delta" 0 "$moe" ckpt export V1/checkpoints --all --out v1.h5
+for group in clip moe optim params; do
+  check "export of a moe-checkpoint-1 delta: /$group as its writer exported it" \
+    cmp -s <(h5dump -g "/$group" v1.h5 | tail -n +2) <(h5dump -g "/$group" V1/export-step4.h5 | tail -n +2)
+done
+v1_config=(--config V1/config.json --set parallel.ep=1 --set train.steps=6 --quiet)
+run_case "resume from a moe-checkpoint-1 checkpoint under another layout" 0 \
+  "$moe" train "${v1_config[@]}" --run-dir V1run --resume V1/checkpoints/step-00000004
+expect_out=("step-00000006" "1 checkpoint(s), 1 verified")
+run_case "ls of the run resumed from moe-checkpoint-1" 0 "$moe" ckpt ls V1run
+check "the resumed run writes moe-checkpoint-2" \
+  bash -c "jq -r .format V1run/checkpoints/step-00000006/manifest.json | grep -qx moe-checkpoint-2"
+rm -rf V1 V1run v1.h5
 
 # ---- Paths that are not checkpoints ------------------------------------------------------------------------------
 for action in ls verify info export; do

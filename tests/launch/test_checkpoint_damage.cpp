@@ -548,11 +548,11 @@ void rehash_in_manifest(const std::string& dir, const std::string& name) {
   });
 }
 
-// What a forger changes in one dataset of a shard: its dtype, stored and global shape, and its bytes.
+// What a forger changes in one dataset of a shard: its dtype, where it lies in the tensor, and its bytes.
 struct Forgery {
   std::string name;
   ckpt::DType dtype;
-  std::vector<int64_t> shape, global_shape;
+  ckpt::Slab slab;
   std::vector<uint8_t> bytes;
 };
 
@@ -569,14 +569,12 @@ void forge_shard(const std::string& dir, const std::string& target, const std::f
     bool found = false;
     for (const ckpt::DatasetInfo& info : reader.datasets()) {
       const size_t esize = info.dtype == ckpt::DType::F64 || info.dtype == ckpt::DType::I64 ? 8 : 4;
-      Forgery f{info.name, info.dtype, info.shape, info.global_shape,
-                std::vector<uint8_t>(size_t(info.numel()) * esize)};
+      Forgery f{info.name, info.dtype, info.slab, std::vector<uint8_t>(size_t(info.numel()) * esize)};
       reader.read(info.name, info.dtype, 0, info.numel(), f.bytes.data());
       if (info.name == target) change(f), found = true;
-      writer.write(f.name, f.dtype, f.bytes.data(), f.shape, f.global_shape, info.flat_offset);
+      writer.write(f.name, f.dtype, f.bytes.data(), f.slab);
     }
-    if (stowaway)
-      writer.write(stowaway->name, stowaway->dtype, stowaway->bytes.data(), stowaway->shape, stowaway->global_shape, 0);
+    if (stowaway) writer.write(stowaway->name, stowaway->dtype, stowaway->bytes.data(), stowaway->slab);
     writer.close();
     ASSERT_TRUE(found) << "no dataset " << target << " in " << path;
   }
@@ -586,9 +584,10 @@ void forge_shard(const std::string& dir, const std::string& target, const std::f
 
 // params/embed.weight [vocab, d_model] stored as [d_model, vocab]: the same elements, another shape.
 void transpose_embedding(Forgery& f) {
-  ASSERT_EQ(f.global_shape.size(), 2u);
-  std::swap(f.global_shape[0], f.global_shape[1]);
-  f.shape = f.global_shape;
+  std::vector<int64_t> shape = f.slab.global_shape;
+  ASSERT_EQ(shape.size(), 2u);
+  std::swap(shape[0], shape[1]);
+  f.slab = ckpt::Slab::whole(shape);
 }
 
 // params/embed.weight stored as float64 (the same values).
@@ -666,7 +665,7 @@ TEST(CheckpointForgery, ShardAndManifestWithAnotherShapeAreRefused) {
   const std::string run = tmp / "run";
   copy_base("sync", run);
   forge_shard(ckpt_dir(run, 15), "params/embed.weight", transpose_embedding);
-  edit_embedding_entry(ckpt_dir(run, 15), [](json& d) { d["global_shape"] = {32, 256}; });
+  edit_embedding_entry(ckpt_dir(run, 15), [](json& d) { d["global_shape"] = d["shape"] = {32, 256}; });
   expect_forgery_refused(run, "params/embed.weight is f32 [32,256], this run needs f32 [256,32]",
                          "shard and manifest of another shape", false);
 }
@@ -709,7 +708,7 @@ TEST(CheckpointForgery, ForeignTensorIsRefused) {
   TempDir tmp("ckpt_forgery");
   const std::string run = tmp / "run";
   copy_base("sync", run);
-  const Forgery stowaway{"params/stowaway", ckpt::DType::F32, {4}, {4}, std::vector<uint8_t>(16, 0)};
+  const Forgery stowaway{"params/stowaway", ckpt::DType::F32, ckpt::Slab::whole({4}), std::vector<uint8_t>(16, 0)};
   forge_shard(
       ckpt_dir(run, 15), "optim/step", [](Forgery&) {}, stowaway);
   edit_manifest(ckpt_dir(run, 15), [](json& m) {
@@ -717,8 +716,9 @@ TEST(CheckpointForgery, ForeignTensorIsRefused) {
                                          {"tensor", "params/stowaway"},
                                          {"dtype", "f32"},
                                          {"global_shape", {4}},
-                                         {"flat_offset", 0},
-                                         {"count", 4},
+                                         {"start", {0}},
+                                         {"shape", {4}},
+                                         {"range", {0, 4}},
                                          {"xor_delta", false}});
   });
   std::string why;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpointer.h"
 #include "launch/trainer.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/self_communicator.h"
@@ -209,6 +210,37 @@ TEST(CheckpointResume, NodeLocalRootsSurviveLosingOneHostsDisk) {
     }
   }
   ::unsetenv("MOE_RANKS_PER_NODE");
+}
+
+// Replicated tensors are written once, by one member of their replica group, the bytes spread over its
+// members: with dp 4 / ep 2 every rank's file holds dense tensors and expert tensors, none holds much more
+// than a quarter of the dense bytes (one tensor's worth of imbalance at most), and the checkpoint verifies
+// (each element written exactly once).
+TEST(CheckpointResume, ReplicatedTensorsAreWrittenOnceSpreadOverTheReplicaGroup) {
+  const fs::path root = temp_root("spread");
+  train(4, {"parallel.ep=2", "train.steps=5"}, (root / "run").string());
+  if (MpiCommunicator::world()->rank() == 0) {
+    const std::string dir = (root / "run" / "checkpoints" / "step-00000005").string();
+    std::string why;
+    ASSERT_TRUE(ckpt::verify_checkpoint(dir, {}, &why).has_value()) << why;
+    const ckpt::Manifest m = ckpt::read_manifest(dir);
+    ASSERT_EQ(m.files.size(), 4u);
+    std::vector<int64_t> dense(4, 0), expert(4, 0);
+    int64_t largest = 0, total = 0;
+    for (const ckpt::FileEntry& f : m.files)
+      for (const ckpt::DatasetEntry& d : f.datasets) {
+        const int64_t bytes = d.count() * (d.dtype == ckpt::DType::F32 ? 4 : 8);
+        (d.tensor.find(".experts.") != std::string::npos ? expert : dense)[size_t(f.rank)] += bytes;
+        if (d.tensor.find(".experts.") == std::string::npos) largest = std::max(largest, bytes), total += bytes;
+      }
+    for (size_t r = 0; r < 4; ++r) {
+      EXPECT_GT(dense[r], 0) << "rank " << r << " writes no dense tensor";
+      EXPECT_GT(expert[r], 0) << "rank " << r << " writes no expert tensor";
+      EXPECT_LE(dense[r], total / 4 + largest) << "rank " << r << " writes more than its share";
+    }
+    fs::remove_all(root);
+  }
+  MpiCommunicator::world()->barrier();
 }
 
 }  // namespace

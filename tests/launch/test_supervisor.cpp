@@ -73,8 +73,7 @@ std::map<std::string, std::vector<uint8_t>> final_params(const fs::path& checkpo
     for (const moe::ckpt::DatasetEntry& d : f.datasets) {
       if (d.tensor.rfind("params/", 0) != 0 || pieces.count(d.tensor)) continue;
       moe::ckpt::Piece p;
-      p.tensor = d.tensor, p.dtype = d.dtype, p.shape = d.global_shape, p.global_shape = d.global_shape;
-      p.flat_offset = 0;
+      p.tensor = d.tensor, p.dtype = d.dtype, p.slab = moe::ckpt::Slab::whole(d.global_shape());
       pieces.emplace(d.tensor, p);
     }
   std::vector<moe::ckpt::Piece> list;
