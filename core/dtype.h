@@ -10,7 +10,7 @@
 
 namespace moe {
 
-enum class DType : uint8_t { F32, BF16, F64, I32, I64 };
+enum class DType : uint8_t { F32, BF16, F64, I32, I64, U8 };  // U8: masks
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -19,6 +19,8 @@ constexpr size_t dtype_size(DType t) {
       return 4;
     case DType::BF16:
       return 2;
+    case DType::U8:
+      return 1;
     case DType::F64:
     case DType::I64:
       return 8;
@@ -38,6 +40,8 @@ constexpr const char* dtype_name(DType t) {
       return "i32";
     case DType::I64:
       return "i64";
+    case DType::U8:
+      return "u8";
   }
   return "?";
 }
@@ -78,6 +82,10 @@ constexpr DType dtype_of<int32_t>() {
 template <>
 constexpr DType dtype_of<int64_t>() {
   return DType::I64;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::U8;
 }
 
 }  // namespace moe

@@ -4,7 +4,6 @@
 namespace moe {
 namespace {
 
-using ckpt::DType;
 using ckpt::Piece;
 
 // The element of the global tensor where this rank's slice of `spec` starts.
@@ -21,7 +20,7 @@ bool writes(const TrainState& s, bool expert) { return expert ? s.groups->coords
 std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
   std::vector<Piece> pieces;
   const ParamTable& table = s.model->table();
-  auto add = [&](std::string tensor, DType dtype, std::vector<int64_t> shape, std::vector<int64_t> global_shape,
+  auto add = [&](std::string tensor, ckpt::DType dtype, std::vector<int64_t> shape, std::vector<int64_t> global_shape,
                  int64_t flat_offset, void* data, bool mine) {
     if (for_save && !mine) return;
     Piece p{std::move(tensor), dtype, std::move(shape), std::move(global_shape), flat_offset, data, data};
@@ -29,32 +28,31 @@ std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
   };
 
   for (const ParamSpec& spec : table.specs())
-    add("params/" + spec.name, DType::F32, spec.shape, spec.global_shape(), global_base(spec),
+    add("params/" + spec.name, ckpt::DType::F32, spec.shape, spec.global_shape(), global_base(spec),
         s.model->params() + spec.offset, writes(s, spec.expert()));
 
   // AdamW moments, piece by piece (whole tensors, or ZeRO slices), in the same coordinates.
-  auto& m = s.optimizer->first_moment();
-  auto& v = s.optimizer->second_moment();
+  float* m = s.optimizer->first_moment();
+  float* v = s.optimizer->second_moment();
   for (const AdamW::Piece& op : s.optimizer->pieces()) {
     const ParamSpec* spec = nullptr;
     for (const ParamSpec& sp : table.specs())
       if (op.offset >= sp.offset && op.offset < sp.offset + sp.numel) spec = &sp;
     const int64_t offset = global_base(*spec) + (op.offset - spec->offset);
     const bool mine = s.zero ? true : writes(s, spec->expert());
-    add("optim/exp_avg/" + spec->name, DType::F32, {op.length}, spec->global_shape(), offset, m.data() + op.state,
-        mine);
-    add("optim/exp_avg_sq/" + spec->name, DType::F32, {op.length}, spec->global_shape(), offset, v.data() + op.state,
+    add("optim/exp_avg/" + spec->name, ckpt::DType::F32, {op.length}, spec->global_shape(), offset, m + op.state, mine);
+    add("optim/exp_avg_sq/" + spec->name, ckpt::DType::F32, {op.length}, spec->global_shape(), offset, v + op.state,
         mine);
   }
   s.optimizer_steps = s.optimizer->steps_taken();
-  add("optim/step", DType::I64, {1}, {1}, 0, &s.optimizer_steps, s.groups->rank == 0);
+  add("optim/step", ckpt::DType::I64, {1}, {1}, 0, &s.optimizer_steps, s.groups->rank == 0);
 
   for (size_t i = 0; i < s.moe_layers.size(); ++i) {
     MoeLayer<float>* layer = s.moe_layers[i];
     const int64_t E = layer->settings().num_experts;
     const std::string prefix = "moe/" + layer->param_prefix();
-    add(prefix + ".balancing_bias", DType::F32, {E}, {E}, 0, layer->balancing_bias().data(), s.groups->rank == 0);
-    add(prefix + ".last_used_step", DType::I64, {E}, {E}, 0, (*s.last_used)[i].data(), s.groups->rank == 0);
+    add(prefix + ".balancing_bias", ckpt::DType::F32, {E}, {E}, 0, layer->balancing_bias().data(), s.groups->rank == 0);
+    add(prefix + ".last_used_step", ckpt::DType::I64, {E}, {E}, 0, (*s.last_used)[i].data(), s.groups->rank == 0);
   }
 
   // Per-expert clipping statistics of this rank's experts, by global expert index.
@@ -66,10 +64,10 @@ std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
     size_t end = k;
     while (end < experts.size() && experts[end].group == experts[k].group) ++end;
     const int64_t n = int64_t(end - k), E = experts[k].layer_experts;
-    add("clip/" + experts[k].group + ".norm_ema", DType::F64, {n}, {E}, experts[k].global_index, &s.clip_ema[k],
+    add("clip/" + experts[k].group + ".norm_ema", ckpt::DType::F64, {n}, {E}, experts[k].global_index, &s.clip_ema[k],
         writes(s, true));
-    add("clip/" + experts[k].group + ".samples", DType::I64, {n}, {E}, experts[k].global_index, &s.clip_samples[k],
-        writes(s, true));
+    add("clip/" + experts[k].group + ".samples", ckpt::DType::I64, {n}, {E}, experts[k].global_index,
+        &s.clip_samples[k], writes(s, true));
     k = end;
   }
   return pieces;

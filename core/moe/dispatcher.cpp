@@ -38,7 +38,7 @@ template <typename T>
 void ExpertDispatcher<T>::exchange_rows(const T* send, const std::vector<int64_t>& send_rows, T* recv,
                                         const std::vector<int64_t>& recv_rows, int64_t width) {
   if (ep_size_ == 1) {
-    std::copy_n(send, send_rows[0] * width, recv);
+    backend_.copy(recv, send, size_t(send_rows[0] * width) * sizeof(T));
     return;
   }
   if constexpr (std::is_same_v<T, float>) {
@@ -63,23 +63,23 @@ void ExpertDispatcher<T>::reorder(const ExchangePlan& p, const T* from, T* to, i
       for (int64_t q2 = 0; q2 < q; ++q2) dst += p.recv_count[q2 * El + el];
       const int64_t n = p.recv_count[q * El + el] * width;
       const int64_t from_row = to_expert_major ? src : dst, to_row = to_expert_major ? dst : src;
-      std::copy_n(from + from_row * width, n, to + to_row * width);
+      backend_.copy(to + to_row * width, from + from_row * width, size_t(n) * sizeof(T));
       src += p.recv_count[q * El + el];
     }
 }
 
 template <typename T>
 void ExpertDispatcher<T>::dispatch(const ExchangePlan& p, const T* token_rows, T* expert_rows, int64_t width) {
-  buffer_.resize(size_t(p.received * width));
-  exchange_rows(token_rows, p.send_rows, buffer_.data(), p.recv_rows, width);
-  reorder(p, buffer_.data(), expert_rows, width, true);
+  backend_.reserve(buffer_, dtype_of<T>(), p.received * width);
+  exchange_rows(token_rows, p.send_rows, buffer_.template data<T>(), p.recv_rows, width);
+  reorder(p, buffer_.template data<T>(), expert_rows, width, true);
 }
 
 template <typename T>
 void ExpertDispatcher<T>::combine(const ExchangePlan& p, const T* expert_rows, T* token_rows, int64_t width) {
-  buffer_.resize(size_t(p.received * width));
-  reorder(p, expert_rows, buffer_.data(), width, false);
-  exchange_rows(buffer_.data(), p.recv_rows, token_rows, p.send_rows, width);  // counts swapped
+  backend_.reserve(buffer_, dtype_of<T>(), p.received * width);
+  reorder(p, expert_rows, buffer_.template data<T>(), width, false);
+  exchange_rows(buffer_.template data<T>(), p.recv_rows, token_rows, p.send_rows, width);  // counts swapped
 }
 
 template class ExpertDispatcher<float>;

@@ -72,8 +72,9 @@ TEST(DType, Bf16RoundsToNearestEven) {
     if (!std::isfinite(x)) continue;
     ASSERT_EQ(float_to_bf16(x).bits, reference_bf16(x)) << std::hex << u;
     // The relative error of a normal value is at most half a bf16 ulp, 2^-8.
-    if (std::abs(x) > 1e-30f && std::abs(x) < 1e30f)
+    if (std::abs(x) > 1e-30f && std::abs(x) < 1e30f) {
       ASSERT_LE(std::abs(double(bf16_to_float(float_to_bf16(x))) - x), std::ldexp(std::abs(double(x)), -8));
+    }
   }
 }
 

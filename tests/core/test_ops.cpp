@@ -10,6 +10,7 @@
 
 #include "core/backend/ops.h"
 #include "core/philox.h"
+#include "tests/core/test_backend.h"
 
 namespace moe {
 namespace {
@@ -18,7 +19,7 @@ struct BackendRow {
   std::string name;
   Ops<float>* ops;
 };
-std::vector<BackendRow> backends() { return {{"cpu", &cpu_ops<float>()}}; }
+std::vector<BackendRow> backends() { return {{"cpu", &test_backend().ops<float>()}}; }
 
 std::vector<double> randn(int64_t n, const std::string& purpose, double scale = 1.0) {
   const RngStream rng(99, purpose);
@@ -46,7 +47,7 @@ class Conformance : public ::testing::TestWithParam<BackendRow> {};
 
 TEST_P(Conformance, Gemm) {
   Ops<float>& f = *GetParam().ops;
-  Ops<double>& d = cpu_ops<double>();
+  Ops<double>& d = test_backend().ops<double>();
   for (auto [M, N, K] : {std::array<int64_t, 3>{1, 1, 1}, {7, 13, 5}, {64, 96, 128}, {33, 1, 257}})
     for (int ta = 0; ta < 2; ++ta)
       for (int tb = 0; tb < 2; ++tb) {
@@ -62,7 +63,7 @@ TEST_P(Conformance, Gemm) {
 
 TEST_P(Conformance, NormsAndElementwise) {
   Ops<float>& f = *GetParam().ops;
-  Ops<double>& d = cpu_ops<double>();
+  Ops<double>& d = test_backend().ops<double>();
   const int64_t N = 37, D = 96;
   const auto x = randn(N * D, "x", 3.0), g = randn(D, "g"), dy = randn(N * D, "dy");
   std::vector<double> yd(N * D), rd(N), dxd(N * D), dgd(D, 0.0);
@@ -98,7 +99,7 @@ TEST_P(Conformance, NormsAndElementwise) {
 
 TEST_P(Conformance, AttentionAndLoss) {
   Ops<float>& f = *GetParam().ops;
-  Ops<double>& d = cpu_ops<double>();
+  Ops<double>& d = test_backend().ops<double>();
   const int64_t B = 2, T = 17, H = 3, Dh = 8, n = B * T * H * Dh;
   const auto q = randn(n, "q"), k = randn(n, "k"), v = randn(n, "v"), dout = randn(n, "do");
   const auto qf = to_float(q), kf = to_float(k), vf = to_float(v), doutf = to_float(dout);
