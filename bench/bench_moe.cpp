@@ -19,7 +19,7 @@
 #include "bench/sgemm_peak.h"
 #include "bench/timing.h"
 #include "bench_main.h"
-#include "core/backend/ops.h"
+#include "core/backend/backend.h"
 #include "core/error.h"
 #include "core/ffn.h"
 #include "core/moe_layer.h"
@@ -101,9 +101,8 @@ bool all_finite(const std::vector<float>& v) {
 
 // The MoE layer and its dense baseline, measured in alternation (MoE forward + backward, then dense
 // forward + backward, each repetition) so that a change of machine load hits both alike.
-MoeResult measure_moe(const MoeShape& shape, int warmup, int reps) {
+MoeResult measure_moe(Backend& backend, const MoeShape& shape, int warmup, int reps) {
   const int64_t N = shape.tokens, D = shape.d_model;
-  Ops<float>& ops = cpu_ops<float>();
   // The router of configs/tiny_moe.json: softmax, no noise, renormalised gates, aux and z losses on.
   MoeSettings settings;
   settings.d_model = D;
@@ -115,8 +114,8 @@ MoeResult measure_moe(const MoeShape& shape, int warmup, int reps) {
   settings.overflow = Overflow::Drop;
   settings.coef_aux = 0.01;
   settings.coef_z = 0.001;
-  MoeLayer<float> moe(ops, settings);
-  DenseMlp<float> dense(ops, D, shape.top_k * shape.expert_hidden, 1);
+  MoeLayer<float> moe(backend, settings);
+  DenseMlp<float> dense(backend, D, shape.top_k * shape.expert_hidden, 1);
   LayerBuffers moe_buffers, dense_buffers;
   moe_buffers.allocate(moe, "moe", N, 1234);
   dense_buffers.allocate(dense, "dense", N, 1234);
@@ -206,7 +205,7 @@ nlohmann::json timing_json(const LayerTiming& t, const SgemmPeak& peak) {
           {"forward_backward_ratio_to_sgemm_peak", train_gflops(t) / peak.gflops}};
 }
 
-nlohmann::json to_json(const Options& o, const SgemmPeak& peak, const std::vector<MoeResult>& results,
+nlohmann::json to_json(const Options& o, int threads, const SgemmPeak& peak, const std::vector<MoeResult>& results,
                        const std::string& load_start, const std::string& load_end) {
   nlohmann::json layers = nlohmann::json::array();
   for (const MoeResult& r : results) {
@@ -227,7 +226,7 @@ nlohmann::json to_json(const Options& o, const SgemmPeak& peak, const std::vecto
                       {"moe_over_dense_forward_backward", ratio_train(r)}});
   }
   return {{"bench", "moe"},
-          {"threads", compute_threads()},
+          {"threads", threads},
           {"hardware_threads", int(std::thread::hardware_concurrency())},
           {"quick", o.quick},
           {"reps", o.reps},
@@ -242,7 +241,7 @@ nlohmann::json to_json(const Options& o, const SgemmPeak& peak, const std::vecto
 }
 
 void run(Options o) {
-  set_compute_threads(o.threads);
+  const std::unique_ptr<Backend> backend = make_cpu_backend(o.threads);
   std::vector<int64_t> sgemm_sizes{512, 1024, 2048};
   int64_t D = 256, F = 512, N = 2048;
   std::vector<int64_t> expert_counts{8, 32, 64}, top_ks{1, 2, 4};
@@ -263,12 +262,13 @@ void run(Options o) {
   shapes.push_back(capacity_row);
 
   const std::string load_start = load_average();
-  std::printf("bench_moe: %d threads (%u hardware threads), load average %s at start%s\n", compute_threads(),
+  std::printf("bench_moe: %d threads (%u hardware threads), load average %s at start%s\n", backend->threads(),
               std::thread::hardware_concurrency(), load_start.c_str(),
               o.quick ? "; --quick: sizes too small to mean anything" : "");
-  std::printf("sgemm peak: cpu_ops<float>().gemm (OpenBLAS), square n x n x n, 2 n^3 FLOPs, median of %d reps:\n",
-              o.sgemm_reps);
-  const SgemmPeak peak = measure_sgemm_peak(sgemm_sizes, o.sgemm_reps);
+  std::printf(
+      "sgemm peak: Ops<float>::gemm of the CPU backend (OpenBLAS), square n x n x n, 2 n^3 FLOPs, median of %d reps:\n",
+      o.sgemm_reps);
+  const SgemmPeak peak = measure_sgemm_peak(*backend, sgemm_sizes, o.sgemm_reps);
   std::printf("  peak %.1f GFLOP/s (n=%lld)\n", peak.gflops, (long long)peak.n);
   std::printf(
       "MoE layer: fp32, training forward (softmax router, no noise, aux + z losses) and backward, one routing group\n"
@@ -280,13 +280,13 @@ void run(Options o) {
   std::fflush(stdout);
   std::vector<MoeResult> results;
   for (const MoeShape& shape : shapes) {
-    results.push_back(measure_moe(shape, o.warmup, o.reps));
+    results.push_back(measure_moe(*backend, shape, o.warmup, o.reps));
     print_moe(results.back(), peak);
   }
   print_table(results, peak);
   const std::string load_end = load_average();
   std::printf("load average %s at end\n", load_end.c_str());
-  std::printf("%s\n", to_json(o, peak, results, load_start, load_end).dump().c_str());
+  std::printf("%s\n", to_json(o, backend->threads(), peak, results, load_start, load_end).dump().c_str());
 }
 
 }  // namespace

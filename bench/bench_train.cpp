@@ -16,7 +16,7 @@
 #include "bench/sgemm_peak.h"
 #include "bench/timing.h"
 #include "bench_main.h"
-#include "core/backend/ops.h"
+#include "core/backend/backend.h"
 #include "core/error.h"
 #include "core/model.h"
 #include "optim/adamw.h"
@@ -48,15 +48,15 @@ struct TrainResult {
 
 // One optimizer step as the trainer runs it (launch/trainer.cpp): zero the gradients, forward and
 // backward over each micro-batch, clip, AdamW. Tokens are synthetic: the cost does not depend on them.
-TrainResult measure_train_step(const TrainShape& shape, int warmup, int steps) {
+TrainResult measure_train_step(Backend& backend, const TrainShape& shape, int warmup, int steps) {
   const int64_t T = shape.seq_len, micro = shape.micro_batch;
   MOE_CHECK(shape.global_batch % micro == 0, "global_batch " << shape.global_batch << " is not a multiple of "
                                                              << "micro_batch " << micro);
   const int64_t micro_batches = shape.global_batch / micro;
-  Model<float> model(cpu_ops<float>(), shape.model, T, micro, Recompute::None);
+  Model<float> model(backend, shape.model, T, micro, Recompute::None);
   model.init_params(1234);
   // The settings of configs/tiny.json; they do not change the cost of a step.
-  AdamW optimizer(model.table(), {3e-3, 0.9, 0.95, 1e-8, 0.1});
+  AdamW optimizer(backend, model.table(), {3e-3, 0.9, 0.95, 1e-8, 0.1});
   const double clip = 1.0, lr = 3e-3;
 
   std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(micro_batches));
@@ -90,7 +90,7 @@ TrainResult measure_train_step(const TrainShape& shape, int warmup, int steps) {
     }
     {
       const Stopwatch clock;
-      clip_grad_norm(model.grads(), model.num_params(), clip);
+      clip_grad_norm(backend, model.grads(), model.num_params(), clip);
       optimizer.step(model.params(), model.grads(), lr);
       optimizer_time += clock.seconds();
     }
@@ -137,7 +137,7 @@ void print_train(const TrainResult& r, const SgemmPeak& peak, int steps) {
   std::fflush(stdout);
 }
 
-nlohmann::json to_json(const Options& o, const SgemmPeak& peak, const std::vector<TrainResult>& trains,
+nlohmann::json to_json(const Options& o, int threads, const SgemmPeak& peak, const std::vector<TrainResult>& trains,
                        const std::string& load_start, const std::string& load_end) {
   nlohmann::json shapes = nlohmann::json::array();
   for (const TrainResult& r : trains) {
@@ -163,7 +163,7 @@ nlohmann::json to_json(const Options& o, const SgemmPeak& peak, const std::vecto
                       {"last_loss", r.last_loss}});
   }
   return {{"bench", "train"},
-          {"threads", compute_threads()},
+          {"threads", threads},
           {"hardware_threads", int(std::thread::hardware_concurrency())},
           {"quick", o.quick},
           {"steps", o.steps},
@@ -176,7 +176,7 @@ nlohmann::json to_json(const Options& o, const SgemmPeak& peak, const std::vecto
 }
 
 void run(Options o) {
-  set_compute_threads(o.threads);
+  const std::unique_ptr<Backend> backend = make_cpu_backend(o.threads);
   std::vector<int64_t> sgemm_sizes{512, 1024, 2048};
   std::vector<TrainShape> shapes{
       // configs/tiny.json, the default experiment.
@@ -192,12 +192,13 @@ void run(Options o) {
     o.sgemm_reps = 3;
   }
   const std::string load_start = load_average();
-  std::printf("bench_train: %d threads (%u hardware threads), load average %s at start%s\n", compute_threads(),
+  std::printf("bench_train: %d threads (%u hardware threads), load average %s at start%s\n", backend->threads(),
               std::thread::hardware_concurrency(), load_start.c_str(),
               o.quick ? "; --quick: sizes too small to mean anything" : "");
-  std::printf("sgemm peak: cpu_ops<float>().gemm (OpenBLAS), square n x n x n, 2 n^3 FLOPs, median of %d reps:\n",
-              o.sgemm_reps);
-  const SgemmPeak peak = measure_sgemm_peak(sgemm_sizes, o.sgemm_reps);
+  std::printf(
+      "sgemm peak: Ops<float>::gemm of the CPU backend (OpenBLAS), square n x n x n, 2 n^3 FLOPs, median of %d reps:\n",
+      o.sgemm_reps);
+  const SgemmPeak peak = measure_sgemm_peak(*backend, sgemm_sizes, o.sgemm_reps);
   std::printf("  peak %.1f GFLOP/s (n=%lld)\n", peak.gflops, (long long)peak.n);
   std::printf(
       "training step: dense model, fp32, Recompute::None, AdamW + clipping; %d warm-up steps, median of %d;\n"
@@ -207,12 +208,12 @@ void run(Options o) {
   std::fflush(stdout);
   std::vector<TrainResult> trains;
   for (const TrainShape& shape : shapes) {
-    trains.push_back(measure_train_step(shape, o.warmup, o.steps));
+    trains.push_back(measure_train_step(*backend, shape, o.warmup, o.steps));
     print_train(trains.back(), peak, o.steps);
   }
   const std::string load_end = load_average();
   std::printf("load average %s at end\n", load_end.c_str());
-  std::printf("%s\n", to_json(o, peak, trains, load_start, load_end).dump().c_str());
+  std::printf("%s\n", to_json(o, backend->threads(), peak, trains, load_start, load_end).dump().c_str());
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The baseline every benchmark divides by: the sgemm rate of cpu_ops<float>().gemm on square matrices,
+// The baseline every benchmark divides by: the sgemm rate of the backend's Ops<float>::gemm on square matrices,
 // measured in the same process with the thread count in use, plus the deterministic inputs it (and the
 // benchmarks) fill matrices with. Prints one line per size, as the benchmarks' output shows it; decides
 // nothing about which sizes are measured.
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "bench/timing.h"
-#include "core/backend/ops.h"
+#include "core/backend/backend.h"
 
 namespace moe::bench {
 
@@ -36,8 +36,8 @@ struct SgemmPeak {
   int64_t n = 0;      // the size that reached it
 };
 
-inline SgemmPeak measure_sgemm_peak(const std::vector<int64_t>& sizes, int reps) {
-  Ops<float>& ops = cpu_ops<float>();
+inline SgemmPeak measure_sgemm_peak(Backend& backend, const std::vector<int64_t>& sizes, int reps) {
+  Ops<float>& ops = backend.ops<float>();
   SgemmPeak peak;
   for (const int64_t n : sizes) {
     std::vector<float> a(size_t(n * n)), b(size_t(n * n)), c(size_t(n * n));

@@ -1,15 +1,91 @@
-// The element types of buffers that cross a seam (backend, communicator, checkpoint) as a run-time value.
-// bf16 is stored as the upper 16 bits of an IEEE float; arithmetic on it accumulates in fp32.
+// Element types chosen at run time: what a buffer stores and what an op accumulates in (MODEL.md: the
+// router in fp32 whatever the compute precision; bf16 storage with fp32 accumulation; fp64 for the
+// gradient checks). The sizes and the fp32 <-> bf16 conversions live here, written once for every
+// backend (the CUDA backend's kernels call the same functions). Not here: bf16 compute on the CPU.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace moe {
 
-enum class DType : int8_t { F32, BF16, F64, I32, I64 };
+enum class DType : uint8_t { F32, BF16, F64, I32, I64, U8 };  // U8: masks
 
-size_t dtype_size(DType dtype);       // bytes per element
-const char* dtype_name(DType dtype);  // "f32", "bf16", "f64", "i32", "i64"
+constexpr size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32:
+    case DType::I32:
+      return 4;
+    case DType::BF16:
+      return 2;
+    case DType::U8:
+      return 1;
+    case DType::F64:
+    case DType::I64:
+      return 8;
+  }
+  return 0;
+}
+
+constexpr const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "f32";
+    case DType::BF16:
+      return "bf16";
+    case DType::F64:
+      return "f64";
+    case DType::I32:
+      return "i32";
+    case DType::I64:
+      return "i64";
+    case DType::U8:
+      return "u8";
+  }
+  return "?";
+}
+
+// bfloat16: the upper half of an IEEE fp32, stored as its bits.
+struct bf16 {
+  uint16_t bits = 0;
+};
+
+// fp32 -> bf16 rounding to nearest, ties to even; NaN stays a (quiet) NaN, infinities stay infinite.
+constexpr bf16 float_to_bf16(float x) {
+  const uint32_t u = __builtin_bit_cast(uint32_t, x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x0040u)};  // NaN: keep it quiet
+  const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
+  return bf16{uint16_t((u + rounding) >> 16)};
+}
+
+constexpr float bf16_to_float(bf16 x) { return __builtin_bit_cast(float, uint32_t(x.bits) << 16); }
+
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::F32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::F64;
+}
+template <>
+constexpr DType dtype_of<bf16>() {
+  return DType::BF16;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::I32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::I64;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::U8;
+}
 
 }  // namespace moe

@@ -6,8 +6,8 @@
 namespace moe {
 
 template <typename T>
-DenseMlp<T>::DenseMlp(Ops<T>& ops, int64_t d_model, int64_t hidden, int64_t layers_total)
-    : ops_(ops), D_(d_model), F_(hidden), L_(layers_total) {}
+DenseMlp<T>::DenseMlp(Backend& backend, int64_t d_model, int64_t hidden, int64_t layers_total)
+    : ops_(backend.ops<T>()), D_(d_model), F_(hidden), L_(layers_total) {}
 
 template <typename T>
 void DenseMlp<T>::register_params(ParamTable& table, const std::string& prefix) {

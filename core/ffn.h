@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/backend/ops.h"
+#include "core/backend/backend.h"
 #include "core/params.h"
 
 namespace moe {
@@ -102,7 +102,7 @@ class FeedForward {
 template <typename T>
 class DenseMlp final : public FeedForward<T> {
  public:
-  DenseMlp(Ops<T>& ops, int64_t d_model, int64_t hidden, int64_t layers_total);
+  DenseMlp(Backend& backend, int64_t d_model, int64_t hidden, int64_t layers_total);
   void register_params(ParamTable& table, const std::string& prefix) override;
   void bind(const ParamTable& table, T* params, T* grads) override;
   int64_t activation_size(int64_t N) const override { return 3 * N * F_; }

@@ -10,9 +10,14 @@
 namespace moe {
 
 template <typename T>
-Model<T>::Model(Ops<T>& ops, const ModelShape& shape, int64_t seq_len, int64_t max_batch, Recompute recompute,
+Model<T>::Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int64_t max_batch, Recompute recompute,
                 FfnFactory ffn_factory, int num_slots)
-    : ops_(ops), shape_(shape), T_(seq_len), max_batch_(max_batch), recompute_(recompute) {
+    : backend_(backend),
+      ops_(backend.ops<T>()),
+      shape_(shape),
+      T_(seq_len),
+      max_batch_(max_batch),
+      recompute_(recompute) {
   const int64_t V = shape.vocab, D = shape.d_model, L = shape.layers, H = shape.heads;
   MOE_CHECK(D % H == 0 && shape.head_dim() % 2 == 0, "d_model " << D << " and heads " << H);
   const double out_std = 0.02 / std::sqrt(2.0 * double(L));  // Wo scaled by 1/sqrt(2L) (MODEL.md)
@@ -29,7 +34,7 @@ Model<T>::Model(Ops<T>& ops, const ModelShape& shape, int64_t seq_len, int64_t m
     table_.add({p + ".attn.wv", {D, D}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
     table_.add({p + ".attn.wo", {D, D}, ParamRole::Dense, true, ParamInit::Normal, out_std});
     table_.add({p + ".ffn_norm.gain", {D}, ParamRole::Norm, false, ParamInit::Ones});
-    ffn_.push_back(ffn_factory ? ffn_factory(l) : std::make_unique<DenseMlp<T>>(ops, D, shape.ffn_hidden, L));
+    ffn_.push_back(ffn_factory ? ffn_factory(l) : std::make_unique<DenseMlp<T>>(backend, D, shape.ffn_hidden, L));
     ffn_.back()->register_params(table_, p + ".ffn");
     layer_specs_.emplace_back(first, specs());
   }
@@ -38,10 +43,11 @@ Model<T>::Model(Ops<T>& ops, const ModelShape& shape, int64_t seq_len, int64_t m
   table_.add({"head.weight", {D, V}, ParamRole::Output, true, ParamInit::Normal, 0.02});
   head_specs_ = {head_first, specs()};
 
-  params_.assign(size_t(table_.numel()), T(0));
-  grads_.assign(size_t(table_.numel()), T(0));
-  T* P = params_.data();
-  T* G = grads_.data();
+  constexpr DType kType = dtype_of<T>();
+  params_ = backend.allocate(kType, table_.numel());
+  grads_ = backend.allocate(kType, table_.numel());
+  T* P = params();
+  T* G = grads();
   auto at = [&](const std::string& name) { return table_.find(name).offset; };
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = "layers." + std::to_string(l);
@@ -58,8 +64,8 @@ Model<T>::Model(Ops<T>& ops, const ModelShape& shape, int64_t seq_len, int64_t m
   const int64_t N = max_batch * seq_len;
   MOE_CHECK(num_slots >= 1, num_slots << " micro-batch slots; at least one is needed");
   if (recompute == Recompute::Full) {
-    shared_acts_.assign(size_t(acts_size()), T(0));
-    T* cursor = shared_acts_.data();
+    shared_acts_ = backend.allocate(kType, acts_size());
+    T* cursor = shared_acts_.template data<T>();
     carve_acts(cursor);
   }
   slots_.resize(size_t(num_slots));
@@ -67,8 +73,8 @@ Model<T>::Model(Ops<T>& ops, const ModelShape& shape, int64_t seq_len, int64_t m
 
   int64_t ffn_scratch = 0;
   for (const auto& f : ffn_) ffn_scratch = std::max(ffn_scratch, f->scratch_size(N));
-  scratch_.assign(size_t(7 * N * D + N * V + T_ * T_ + ffn_scratch), T(0));
-  T* cursor = scratch_.data();
+  scratch_ = backend.allocate(kType, 7 * N * D + N * V + T_ * T_ + ffn_scratch);
+  T* cursor = scratch_.template data<T>();
   for (T** p : {&ffn_out_, &dres_, &dtmp_, &dq_, &dk_, &dv_, &datt_}) *p = cursor, cursor += N * D;
   dlogits_ = cursor, cursor += N * V;
   attn_scratch_ = cursor, cursor += T_ * T_;
@@ -79,11 +85,11 @@ template <typename T>
 void Model<T>::make_slot(Slot& slot) {
   const int64_t N = max_batch_ * T_, D = shape_.d_model, V = shape_.vocab, L = shape_.layers;
   const bool shared = recompute_ == Recompute::Full;
-  slot.arena.assign(size_t((L + 1) * N * D + (shared ? 0 : L * acts_size()) + N * D + N + N * V), T(0));
-  T* cursor = slot.arena.data();
+  slot.arena = backend_.allocate(dtype_of<T>(), (L + 1) * N * D + (shared ? 0 : L * acts_size()) + N * D + N + N * V);
+  T* cursor = slot.arena.template data<T>();
   for (int64_t l = 0; l <= L; ++l, cursor += N * D) slot.x.push_back(cursor);
   if (shared) {
-    T* shared_cursor = shared_acts_.data();
+    T* shared_cursor = shared_acts_.template data<T>();
     slot.acts.assign(size_t(L), carve_acts(shared_cursor));
   } else {
     for (int64_t l = 0; l < L; ++l) slot.acts.push_back(carve_acts(cursor));
@@ -91,9 +97,10 @@ void Model<T>::make_slot(Slot& slot) {
   slot.xo = cursor, cursor += N * D;
   slot.rstd_o = cursor, cursor += N;
   slot.logits = cursor, cursor += N * V;
-  slot.losses.assign(size_t(N), T(0));
-  slot.inputs.assign(size_t(N), 0);
-  slot.targets.assign(size_t(N), 0);
+  slot.losses = backend_.allocate(dtype_of<T>(), N);
+  slot.inputs = backend_.allocate(DType::I32, N);
+  slot.targets = backend_.allocate(DType::I32, N);
+  slot.host_tokens.assign(size_t(2 * N), 0);
   for (const auto& f : ffn_) slot.ffn.push_back(f->make_slot());
 }
 
@@ -121,8 +128,16 @@ typename Model<T>::BlockActs Model<T>::carve_acts(T*& cursor) const {
 }
 
 template <typename T>
+void Model<T>::init_params(uint64_t seed) {
+  std::vector<T> host(size_t(table_.numel()));
+  table_.initialize(host.data(), seed);
+  backend_.copy_to_device(params(), host.data(), table_.numel());
+  backend_.synchronize();
+}
+
+template <typename T>
 void Model<T>::zero_grads() {
-  ops_.fill(grads_.data(), T(0), int64_t(grads_.size()));
+  ops_.fill(grads(), T(0), table_.numel());
 }
 
 template <typename T>
@@ -184,25 +199,32 @@ double Model<T>::forward(int slot, const int32_t* tokens, int64_t B) {
   MOE_CHECK(B >= 1 && B <= max_batch_, "micro-batch of " << B << " sequences; the model was sized for " << max_batch_);
   Slot& s = checked_slot(slot);
   const int64_t N = B * T_, D = shape_.d_model, V = shape_.vocab, L = shape_.layers;
+  // tokens are the loader's, on the host: split, checked, then copied to the backend once.
+  int32_t* inputs = s.host_tokens.data();
+  int32_t* targets = inputs + N;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T_; ++t) {
-      s.inputs[b * T_ + t] = tokens[b * (T_ + 1) + t];
-      s.targets[b * T_ + t] = tokens[b * (T_ + 1) + t + 1];
+      inputs[b * T_ + t] = tokens[b * (T_ + 1) + t];
+      targets[b * T_ + t] = tokens[b * (T_ + 1) + t + 1];
     }
   for (int64_t i = 0; i < N; ++i)
-    MOE_CHECK(s.inputs[i] >= 0 && s.inputs[i] < V && s.targets[i] >= 0 && s.targets[i] < V,
+    MOE_CHECK(inputs[i] >= 0 && inputs[i] < V && targets[i] >= 0 && targets[i] < V,
               "token id outside the vocabulary [0, " << V << ")");
+  backend_.copy_to_device(s.inputs.template data<int32_t>(), inputs, N);
+  backend_.copy_to_device(s.targets.template data<int32_t>(), targets, N);
   s.batch = B;
   s.context = context_;
   s.context.recomputing = false;
 
-  ops_.embedding_forward(s.inputs.data(), embed_, s.x[0], N, D);
+  ops_.embedding_forward(s.inputs.template data<int32_t>(), embed_, s.x[0], N, D);
   for (int64_t l = 0; l < L; ++l) block_forward(l, s.context, s, B);
   ops_.rmsnorm_forward(s.x[L], out_norm_, s.xo, s.rstd_o, N, D);
   ops_.gemm(false, false, N, V, D, T(1), s.xo, D, head_, V, T(0), s.logits, V);
-  ops_.cross_entropy_forward(s.logits, s.targets.data(), s.losses.data(), N, V);
+  ops_.cross_entropy_forward(s.logits, s.targets.template data<int32_t>(), s.losses.template data<T>(), N, V);
+  // The loss is what the host needs: the per-token losses copied out once, summed in token order.
+  const std::vector<T> losses = backend_.download(s.losses.template data<T>(), N);
   double total = 0;
-  for (int64_t i = 0; i < N; ++i) total += double(s.losses[i]);
+  for (int64_t i = 0; i < N; ++i) total += double(losses[size_t(i)]);
   return total;
 }
 
@@ -211,7 +233,7 @@ void Model<T>::backward(int slot, double loss_scale) {
   Slot& s = checked_slot(slot);
   MOE_CHECK(s.batch > 0, "backward of micro-batch slot " << slot << " without a forward into it");
   const int64_t B = s.batch, N = B * T_, D = shape_.d_model, V = shape_.vocab, L = shape_.layers;
-  ops_.cross_entropy_backward(s.logits, s.targets.data(), T(loss_scale), dlogits_, N, V);
+  ops_.cross_entropy_backward(s.logits, s.targets.template data<int32_t>(), T(loss_scale), dlogits_, N, V);
   ops_.gemm(true, false, D, V, N, T(1), s.xo, D, dlogits_, V, T(1), d_head_, V);  // dHead += xo^T dlogits
   ops_.gemm(false, true, N, D, V, T(1), dlogits_, V, head_, V, T(0), dtmp_, D);   // dxo = dlogits Head^T
   ops_.rmsnorm_backward(s.x[L], out_norm_, s.rstd_o, dtmp_, dres_, d_out_norm_, N, D);
@@ -224,7 +246,7 @@ void Model<T>::backward(int slot, double loss_scale) {
     block_backward(l, context, s, dres_, B);
     if (grad_ready_) grad_ready_(layer_specs_[l].first, layer_specs_[l].second);
   }
-  ops_.embedding_backward(s.inputs.data(), dres_, d_embed_, N, D);
+  ops_.embedding_backward(s.inputs.template data<int32_t>(), dres_, d_embed_, N, D);
   if (grad_ready_) grad_ready_(embed_specs_.first, embed_specs_.second);
 }
 

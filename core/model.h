@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/backend/ops.h"
+#include "core/backend/backend.h"
 #include "core/ffn.h"
 #include "core/params.h"
 
@@ -37,18 +37,22 @@ class Model {
   // Builds the FFN of layer l; the default is the dense SwiGLU MLP.
   using FfnFactory = std::function<std::unique_ptr<FeedForward<T>>(int64_t layer)>;
 
-  Model(Ops<T>& ops, const ModelShape& shape, int64_t seq_len, int64_t max_batch, Recompute recompute,
+  // Every buffer (parameters, gradients, activations, scratch) is allocated through `backend`.
+  Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int64_t max_batch, Recompute recompute,
         FfnFactory ffn_factory = nullptr, int num_slots = 1);
 
   const ModelShape& shape() const { return shape_; }
   const ParamTable& table() const { return table_; }
-  T* params() { return params_.data(); }
-  T* grads() { return grads_.data(); }
-  const T* params() const { return params_.data(); }
-  const T* grads() const { return grads_.data(); }
+  // The flat buffers, in the backend's memory.
+  T* params() { return params_.template data<T>(); }
+  T* grads() { return grads_.template data<T>(); }
+  const T* params() const { return params_.template data<T>(); }
+  const T* grads() const { return grads_.template data<T>(); }
+  Backend& backend() const { return backend_; }
   int64_t num_params() const { return table_.numel(); }
 
-  void init_params(uint64_t seed) { table_.initialize(params_.data(), seed); }
+  // Initialised on the host (a pure function of the seed), then copied to the backend once.
+  void init_params(uint64_t seed);
   void zero_grads();
 
   int num_slots() const { return int(slots_.size()); }
@@ -59,8 +63,8 @@ class Model {
   // After forward into `slot`: accumulates d(loss_scale * sum of its token losses)/d(params) into grads().
   // Slots are independent: backwards may run in any order after their forwards.
   void backward(int slot, double loss_scale);
-  // Per-token losses of the forward in `slot`: (B*T).
-  const T* token_losses(int slot) const { return slots_[size_t(slot)].losses.data(); }
+  // Per-token losses of the forward in `slot`: (B*T), in the backend's memory.
+  const T* token_losses(int slot) const { return slots_[size_t(slot)].losses.template data<T>(); }
   // Router losses of the forward in `slot`, summed over MoE layers (coefficients applied, unweighted).
   double router_loss(int slot) const;
   // The state layer `layer`'s FFN keeps for the micro-batch in `slot` (nullptr for a dense FFN).
@@ -98,12 +102,13 @@ class Model {
 
   // One micro-batch in flight: its inputs, activations, FFN states and the context of its forward.
   struct Slot {
-    std::vector<T> arena;
+    Buffer arena;
     std::vector<T*> x;            // L + 1 pointers, (N, D) each: each layer's input, then the final x
     std::vector<BlockActs> acts;  // L entries (all the model's shared set when recomputing)
     T *xo = nullptr, *rstd_o = nullptr, *logits = nullptr;
-    std::vector<T> losses;  // (N)
-    std::vector<int32_t> inputs, targets;
+    Buffer losses;                              // (N)
+    Buffer inputs, targets;                     // (N) token ids
+    std::vector<int32_t> host_tokens;           // (2 N) inputs then targets, staged on the host
     std::vector<std::unique_ptr<FfnSlot>> ffn;  // L entries
     FfnContext context;
     int64_t batch = 0;  // 0: no forward yet
@@ -116,13 +121,14 @@ class Model {
   BlockActs carve_acts(T*& cursor) const;
   int64_t acts_size() const;
 
+  Backend& backend_;
   Ops<T>& ops_;
   ModelShape shape_;
   int64_t T_, max_batch_;
   Recompute recompute_;
   ParamTable table_;
   std::vector<std::unique_ptr<FeedForward<T>>> ffn_;
-  std::vector<T> params_, grads_;
+  Buffer params_, grads_;
   std::vector<BlockWeights> blocks_;
   const T *embed_ = nullptr, *out_norm_ = nullptr, *head_ = nullptr;
   T *d_embed_ = nullptr, *d_out_norm_ = nullptr, *d_head_ = nullptr;
@@ -130,9 +136,9 @@ class Model {
   std::vector<Slot> slots_;
   // Recompute::Full: one set of layer activations shared by every layer of every slot, since each
   // layer's forward is run again just before its backward.
-  std::vector<T> shared_acts_;
+  Buffer shared_acts_;
   // Scratch of one forward or backward call, shared by all layers and slots.
-  std::vector<T> scratch_;
+  Buffer scratch_;
   T *ffn_out_, *dres_, *dtmp_, *dq_, *dk_, *dv_, *datt_, *dlogits_, *attn_scratch_, *ffn_scratch_;
   FfnContext context_;  // of the next forwards
   GradReadyHook grad_ready_;

@@ -11,12 +11,6 @@
 #include "core/error.h"
 
 namespace moe {
-namespace {
-template <typename T>
-inline void copy_row(const T* src, T* dst, int64_t D) {
-  std::copy_n(src, D, dst);
-}
-}  // namespace
 
 template <typename T>
 struct MoeLayer<T>::ActsView {
@@ -27,21 +21,22 @@ struct MoeLayer<T>::ActsView {
 };
 
 template <typename T>
-MoeLayer<T>::MoeLayer(Ops<T>& ops, const MoeSettings& settings)
-    : ops_(ops),
+MoeLayer<T>::MoeLayer(Backend& backend, const MoeSettings& settings)
+    : backend_(backend),
+      ops_(backend.ops<T>()),
       s_(settings),
-      router_(ops, settings),
-      dispatcher_(settings.num_experts, settings.ep_size),
-      experts_(ops, settings.d_model, settings.expert_hidden) {
+      router_(backend, settings),
+      dispatcher_(backend, settings.num_experts, settings.ep_size),
+      experts_(backend, settings.d_model, settings.expert_hidden) {
   MOE_CHECK(s_.num_experts >= 1 && s_.top_k >= 1 && s_.top_k <= s_.num_experts,
             "experts " << s_.num_experts << ", top_k " << s_.top_k);
   MOE_CHECK(
       s_.ep_size >= 1 && s_.num_experts % s_.ep_size == 0 && s_.ep_rank >= 0 && s_.ep_rank < s_.ep_size,
       "expert parallelism " << s_.ep_size << " (rank " << s_.ep_rank << ") over " << s_.num_experts << " experts");
   if (s_.shared_experts > 0)
-    shared_ = std::make_unique<DenseMlp<T>>(ops, s_.d_model, s_.shared_experts * s_.expert_hidden, s_.layers_total);
+    shared_ = std::make_unique<DenseMlp<T>>(backend, s_.d_model, s_.shared_experts * s_.expert_hidden, s_.layers_total);
   if (s_.overflow == Overflow::Dense)
-    fallback_ = std::make_unique<DenseMlp<T>>(ops, s_.d_model, s_.fallback_hidden, s_.layers_total);
+    fallback_ = std::make_unique<DenseMlp<T>>(backend, s_.d_model, s_.fallback_hidden, s_.layers_total);
   reset_stats();
 }
 
@@ -116,30 +111,29 @@ void MoeLayer<T>::reset_stats() {
 
 template <typename T>
 void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot* slot, int64_t N) {
-  const int64_t D = s_.d_model, K = s_.top_k;
+  const int64_t D = s_.d_model;
   MOE_CHECK(dispatcher_.ready(), "an MoE layer over " << s_.ep_size << " expert-parallel ranks needs an exchange");
   MoeSlot<T>& st = static_cast<MoeSlot<T>&>(*slot);
   const ActsView v = carve(acts, N);
   // Router and plan (local): scores, selection, gate weights, losses; capacity, overflow, permutation.
   router_.forward(context, x, v.logits, v.scores, st.routing, N);
   plan(st, N);
+  upload_plan(st, N);
   dispatcher_.plan(st.plan.expert_offset, st.exchange);
 
   // Dispatch: gather each expert's tokens into its block, send blocks to the experts' ranks.
   const int64_t M = st.plan.rows(), R = st.exchange.received;
   // Kept across forwards: allocating (and zeroing) them every time cost as much as the gather itself.
-  std::vector<T>& xp = token_rows_;
-  xp.resize(size_t(M * D));
-  const int32_t* perm_slot = st.plan.perm_slot.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < M; ++r) copy_row(x + (perm_slot[r] / K) * D, xp.data() + r * D, D);
+  backend_.reserve(token_rows_, dtype_of<T>(), M * D);
+  T* xp = token_rows_.template data<T>();
+  ops_.gather_rows(x, st.perm_token.template data<int32_t>(), nullptr, xp, M, D);
   experts_.resize(st.experts, R);
-  dispatcher_.dispatch(st.exchange, xp.data(), st.experts.xe.data(), D);
+  dispatcher_.dispatch(st.exchange, xp, st.experts.xe.template data<T>(), D);
 
   // Experts, then their outputs back to the tokens' ranks and the gate-weighted sum.
-  expert_out_.resize(size_t(R * D));
-  experts_.forward(st.exchange.local_offset, st.experts, expert_out_.data());
-  dispatcher_.combine(st.exchange, expert_out_.data(), v.yp, D);
+  backend_.reserve(expert_out_, dtype_of<T>(), R * D);
+  experts_.forward(st.exchange.local_offset, st.experts, expert_out_.template data<T>());
+  dispatcher_.combine(st.exchange, expert_out_.template data<T>(), v.yp, D);
   combine(st, v.yp, y, N);
   if (shared_) {
     shared_->forward(context, x, v.shared_out, v.shared_acts, nullptr, N);
@@ -172,35 +166,37 @@ void MoeLayer<T>::plan(MoeSlot<T>& st, int64_t N) const {
 }
 
 template <typename T>
-void MoeLayer<T>::combine(const MoeSlot<T>& st, const T* yp, T* y, int64_t N) const {
-  const int64_t D = s_.d_model, K = s_.top_k;
-  const int32_t* assigned = st.plan.assigned_expert.data();
-  const int64_t* row_of_slot = st.plan.row_of_slot.data();
-  const T* gate = st.routing.gate.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    T* yn = y + n * D;
-    std::fill_n(yn, D, T(0));
-    for (int64_t j = 0; j < K; ++j) {
-      const int64_t slot = n * K + j;
-      if (assigned[slot] < 0) continue;
-      const T w = gate[slot];
-      const T* src = yp + row_of_slot[slot] * D;
-      for (int64_t d = 0; d < D; ++d) yn[d] += w * src[d];
-    }
+void MoeLayer<T>::upload_plan(MoeSlot<T>& st, int64_t N) const {
+  const int64_t K = s_.top_k, M = st.plan.rows();
+  std::vector<int32_t> perm_token(static_cast<size_t>(M)), slot_row(static_cast<size_t>(N * K));
+  std::vector<T> perm_gate(static_cast<size_t>(M));
+  for (int64_t r = 0; r < M; ++r) {
+    const int32_t slot = st.plan.perm_slot[size_t(r)];
+    perm_token[size_t(r)] = int32_t(slot / K), perm_gate[size_t(r)] = st.routing.gate[size_t(slot)];
   }
+  for (int64_t slot = 0; slot < N * K; ++slot) slot_row[size_t(slot)] = int32_t(st.plan.row_of_slot[size_t(slot)]);
+  st.perm_token = backend_.upload(perm_token);
+  st.perm_gate = backend_.upload(perm_gate);
+  st.slot_row = backend_.upload(slot_row);
+  st.gate = backend_.upload(st.routing.gate);
+  st.fallback_token_rows = backend_.upload(st.fallback_token);
+  st.fallback_weights = backend_.upload(st.fallback_weight);
+}
+
+template <typename T>
+void MoeLayer<T>::combine(const MoeSlot<T>& st, const T* yp, T* y, int64_t N) const {
+  ops_.combine_rows(yp, st.slot_row.template data<int32_t>(), st.gate.template data<T>(), y, N, s_.top_k, s_.d_model,
+                    false);
 }
 
 template <typename T>
 void MoeLayer<T>::fallback_forward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v,
                                    T* y) {
   const int64_t D = s_.d_model, Mf = int64_t(st.fallback_token.size());
-  for (int64_t i = 0; i < Mf; ++i) copy_row(x + int64_t(st.fallback_token[i]) * D, v.xf + i * D, D);
+  const int32_t* tokens = st.fallback_token_rows.template data<int32_t>();
+  ops_.gather_rows(x, tokens, nullptr, v.xf, Mf, D);
   fallback_->forward(context, v.xf, v.yf, v.fallback_acts, nullptr, Mf);
-  for (int64_t i = 0; i < Mf; ++i) {
-    T* yn = y + int64_t(st.fallback_token[i]) * D;
-    for (int64_t d = 0; d < D; ++d) yn[d] += st.fallback_weight[i] * v.yf[i * D + d];
-  }
+  ops_.scatter_add_rows(v.yf, tokens, st.fallback_weights.template data<T>(), y, Mf, D);
 }
 
 // Statistics are counted once per real training forward, never on a recompute.
@@ -248,10 +244,10 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
   const int64_t fb_rows = std::max<int64_t>(Mf, 1);
   const int64_t fb_scratch = fallback_ ? fallback_->scratch_size(fb_rows) + 2 * fb_rows * D : 0;
   const int64_t experts_scratch = GroupedExperts<T>::scratch_size(R, F);
-  const size_t need =
-      size_t(2 * M * D + 2 * R * D + experts_scratch + 2 * N * E + N * K + std::max(shared_scratch, fb_scratch));
-  if (scratch_.size() < need) scratch_.resize(need);
-  T* c = scratch_.data();
+  const int64_t need =
+      2 * M * D + 2 * R * D + experts_scratch + 2 * N * E + N * K + std::max(shared_scratch, fb_scratch);
+  backend_.reserve(scratch_, dtype_of<T>(), need);
+  T* c = scratch_.template data<T>();
   T* dyp = c;                      // (M, D) token side
   T* dxp = (c += M * D);           // (M, D) token side
   T* dye = (c += M * D);           // (R, D) expert side
@@ -261,9 +257,9 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
   T* dz = (c += N * E);            // (N, E)
   T* dw = (c += N * E);            // (N K)
   T* sub = (c += N * K);           // shared experts' or fallback's scratch (used one after the other)
-  std::fill_n(dp, N * E, T(0));
-  std::fill_n(dz, N * E, T(0));
-  std::fill_n(dw, N * K, T(0));
+  ops_.fill(dp, T(0), N * E);
+  ops_.fill(dz, T(0), N * E);
+  host_dw_.assign(size_t(N * K), T(0));
 
   // Shared experts write dx; otherwise it starts at zero.
   if (shared_)
@@ -273,62 +269,50 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
 
   // Routed experts, mirrored: un-weight at the token side, dispatch the output gradients to the experts,
   // expert backward per block, combine the input gradients back, scatter them to the tokens.
-  uncombine(st, dy, v.yp, dyp, dw);
+  uncombine(st, dy, v.yp, dyp, host_dw_);
   dispatcher_.dispatch(st.exchange, dyp, dye, D);
   experts_.backward(st.exchange.local_offset, st.experts, dye, es, dxe);
   dispatcher_.combine(st.exchange, dxe, dxp, D);
-  const int32_t* assigned = st.plan.assigned_expert.data();
-  const int64_t* row_of_slot = st.plan.row_of_slot.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t j = 0; j < K; ++j) {
-      const int64_t slot = n * K + j;
-      if (assigned[slot] < 0) continue;
-      const T* src = dxp + row_of_slot[slot] * D;
-      for (int64_t d = 0; d < D; ++d) dx[n * D + d] += src[d];
-    }
+  ops_.combine_rows(dxp, st.slot_row.template data<int32_t>(), nullptr, dx, N, K, D, true);
 
-  if (fallback_ && Mf > 0) fallback_backward(context, st, v, dy, dw, sub, dx, N);
+  if (fallback_ && Mf > 0) fallback_backward(context, st, v, dy, host_dw_, sub, dx, N);
+  backend_.copy_to_device(dw, host_dw_.data(), N * K);
   router_.backward(context, st.routing, x, v.logits, v.scores, dw, dp, dz, dx, N);
 }
 
 template <typename T>
-void MoeLayer<T>::uncombine(const MoeSlot<T>& st, const T* dy, const T* yp, T* dyp, T* dw) const {
-  const int64_t D = s_.d_model, K = s_.top_k, M = st.plan.rows();
-  const int32_t* perm_slot = st.plan.perm_slot.data();
-  const T* gate = st.routing.gate.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < M; ++r) {
-    const int64_t slot = perm_slot[r];
-    const T* g = dy + (slot / K) * D;
-    const T* out = yp + r * D;
-    const T w = gate[slot];
-    double dot = 0;
-    for (int64_t d = 0; d < D; ++d) dyp[r * D + d] = w * g[d], dot += double(g[d]) * out[d];
-    dw[slot] = T(dot);
-  }
+void MoeLayer<T>::uncombine(const MoeSlot<T>& st, const T* dy, const T* yp, T* dyp, std::vector<T>& dw) {
+  const int64_t D = s_.d_model, M = st.plan.rows();
+  const int32_t* perm_token = st.perm_token.template data<int32_t>();
+  ops_.gather_rows(dy, perm_token, st.perm_gate.template data<T>(), dyp, M, D);
+  // dw of a slot = dy of its token . its expert's output: one value per permuted row, to the host.
+  backend_.reserve(dots_, dtype_of<T>(), M);
+  ops_.row_dots(dy, perm_token, yp, dots_.template data<T>(), M, D);
+  const std::vector<T> dots = backend_.download(dots_.template data<T>(), M);
+  for (int64_t r = 0; r < M; ++r) dw[size_t(st.plan.perm_slot[size_t(r)])] = dots[size_t(r)];
 }
 
 // Dense fallback of overflowed assignments: its input gradient to dx, its output's share to each
 // overflowed assignment's gate weight.
 template <typename T>
 void MoeLayer<T>::fallback_backward(const FfnContext& context, const MoeSlot<T>& st, const ActsView& v, const T* dy,
-                                    T* dw, T* scratch, T* dx, int64_t N) {
+                                    std::vector<T>& dw, T* scratch, T* dx, int64_t N) {
   const int64_t D = s_.d_model, K = s_.top_k, Mf = int64_t(st.fallback_token.size());
   T* dyf = scratch;       // (Mf, D)
   T* dxf = dyf + Mf * D;  // (Mf, D)
   T* fbs = dxf + Mf * D;  // the fallback MLP's scratch
+  const int32_t* tokens = st.fallback_token_rows.template data<int32_t>();
+  ops_.gather_rows(dy, tokens, st.fallback_weights.template data<T>(), dyf, Mf, D);
+  backend_.reserve(dots_, dtype_of<T>(), Mf);
+  ops_.row_dots(dy, tokens, v.yf, dots_.template data<T>(), Mf, D);
+  const std::vector<T> dots = backend_.download(dots_.template data<T>(), Mf);
   for (int64_t i = 0; i < Mf; ++i) {
-    const int64_t n = st.fallback_token[i];
-    double dot = 0;
-    for (int64_t d = 0; d < D; ++d)
-      dyf[i * D + d] = st.fallback_weight[i] * dy[n * D + d], dot += double(dy[n * D + d]) * v.yf[i * D + d];
+    const int64_t n = st.fallback_token[size_t(i)];
     for (int64_t j = 0; j < K; ++j)
-      if (st.plan.fate[n * K + j] == SlotFate::Fallback) dw[n * K + j] += T(dot);
+      if (st.plan.fate[size_t(n * K + j)] == SlotFate::Fallback) dw[size_t(n * K + j)] += dots[size_t(i)];
   }
   fallback_->backward(context, v.xf, dyf, dxf, v.fallback_acts, nullptr, fbs, Mf);
-  for (int64_t i = 0; i < Mf; ++i)
-    for (int64_t d = 0; d < D; ++d) dx[int64_t(st.fallback_token[i]) * D + d] += dxf[i * D + d];
+  ops_.scatter_add_rows(dxf, tokens, nullptr, dx, Mf, D);
 }
 
 template class MoeLayer<float>;

@@ -31,12 +31,16 @@ struct MoeSlot final : FfnSlot {
   std::vector<T> fallback_weight;       // their summed overflowed gate weights
   ExchangePlan exchange;
   ExpertActs<T> experts;
+  // The plan's indices and weights in the backend's memory, for the row-moving ops: token of each
+  // permuted row and its gate weight (M); permuted row of each slot, -1 if none, and its gate (N K);
+  // the fallback's tokens and weights (Mf).
+  Buffer perm_token, perm_gate, slot_row, gate, fallback_token_rows, fallback_weights;
 };
 
 template <typename T>
 class MoeLayer final : public FeedForward<T> {
  public:
-  MoeLayer(Ops<T>& ops, const MoeSettings& settings);
+  MoeLayer(Backend& backend, const MoeSettings& settings);
 
   void register_params(ParamTable& table, const std::string& prefix) override;
   void bind(const ParamTable& table, T* params, T* grads) override;
@@ -81,12 +85,15 @@ class MoeLayer final : public FeedForward<T> {
   // y[n] = sum_j w_j * yp[row(n, j)], choices in order for each token (deterministic).
   void combine(const MoeSlot<T>& st, const T* yp, T* y, int64_t N) const;
   void fallback_forward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v, T* y);
-  // dyp: (M, D) un-weighted output gradients in permuted order; dw: (N K) gate-weight gradients.
-  void uncombine(const MoeSlot<T>& st, const T* dy, const T* yp, T* dyp, T* dw) const;
-  void fallback_backward(const FfnContext& context, const MoeSlot<T>& st, const ActsView& v, const T* dy, T* dw,
-                         T* scratch, T* dx, int64_t N);
+  // The plan's indices and weights to the backend.
+  void upload_plan(MoeSlot<T>& st, int64_t N) const;
+  // dyp: (M, D) un-weighted output gradients in permuted order; dw: (N K) gate-weight gradients (host).
+  void uncombine(const MoeSlot<T>& st, const T* dy, const T* yp, T* dyp, std::vector<T>& dw);
+  void fallback_backward(const FfnContext& context, const MoeSlot<T>& st, const ActsView& v, const T* dy,
+                         std::vector<T>& dw, T* scratch, T* dx, int64_t N);
   void count_stats(const FfnContext& context, const MoeSlot<T>& st, int64_t N);
 
+  Backend& backend_;
   Ops<T>& ops_;
   MoeSettings s_;
   std::string prefix_;
@@ -97,7 +104,8 @@ class MoeLayer final : public FeedForward<T> {
   std::unique_ptr<DenseMlp<T>> shared_, fallback_;
 
   // Workspace of one forward or backward call (no micro-batch state), kept to avoid reallocating.
-  std::vector<T> scratch_, token_rows_, expert_out_;
+  Buffer scratch_, token_rows_, expert_out_, dots_;
+  std::vector<T> host_dw_;
 };
 
 }  // namespace moe

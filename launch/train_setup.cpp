@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <thread>
 
-#include "core/backend/ops.h"
+#include "core/backend/backend.h"
 #include "core/error.h"
 
 namespace moe {
@@ -63,24 +63,24 @@ MoeSettings moe_settings(const Config& config, int64_t layer) {
 }
 
 // Layer l is an MoE layer when l % moe.every == moe.every - 1 (MODEL.md), else a dense SwiGLU MLP.
-Model<float>::FfnFactory ffn_factory(const Config& config, int64_t ep_size, int64_t ep_rank) {
-  return [config, ep_size, ep_rank](int64_t layer) -> std::unique_ptr<FeedForward<float>> {
+Model<float>::FfnFactory ffn_factory(Backend& backend, const Config& config, int64_t ep_size, int64_t ep_rank) {
+  return [&backend, config, ep_size, ep_rank](int64_t layer) -> std::unique_ptr<FeedForward<float>> {
     const MoeConfig& m = config.moe;
     if (m.num_experts > 0 && layer % m.every == m.every - 1) {
       MoeSettings s = moe_settings(config, layer);
       s.ep_size = ep_size, s.ep_rank = ep_rank;
-      return std::make_unique<MoeLayer<float>>(cpu_ops<float>(), s);
+      return std::make_unique<MoeLayer<float>>(backend, s);
     }
-    return std::make_unique<DenseMlp<float>>(cpu_ops<float>(), config.model.d_model, config.model.ffn_hidden,
+    return std::make_unique<DenseMlp<float>>(backend, config.model.d_model, config.model.ffn_hidden,
                                              config.model.layers);
   };
 }
 
 // Threads per rank: train.threads, or this node's cores shared by its ranks.
-int set_threads(const TrainConfig& tc) {
+int set_threads(Backend& backend, const TrainConfig& tc) {
   const int threads =
       tc.threads > 0 ? int(tc.threads) : std::max(1, int(std::thread::hardware_concurrency()) / launcher_local_size());
-  set_compute_threads(threads);
+  backend.set_threads(threads);
   return threads;
 }
 
@@ -90,9 +90,9 @@ void build_model(Trainer& t) {
   const TrainConfig& tc = config.train;
   const ModelShape shape{config.model.vocab, config.model.d_model, config.model.layers, config.model.heads,
                          config.model.ffn_hidden};
-  t.model = std::make_unique<Model<float>>(cpu_ops<float>(), shape, tc.seq_len, tc.micro_batch,
+  t.model = std::make_unique<Model<float>>(t.backend, shape, tc.seq_len, tc.micro_batch,
                                            tc.recompute == "full" ? Recompute::Full : Recompute::None,
-                                           ffn_factory(config, config.parallel.ep, t.groups.coords.ep));
+                                           ffn_factory(t.backend, config, config.parallel.ep, t.groups.coords.ep));
   t.exchange = std::make_unique<CommunicatorExchange>(*t.groups.ep);
   for (int64_t l = 0; l < t.model->num_layers(); ++l)
     if (auto* m = dynamic_cast<MoeLayer<float>*>(&t.model->ffn(l))) {
@@ -153,11 +153,12 @@ int64_t Trainer::tokens_per_step() const { return config.train.global_batch * co
 int64_t Trainer::first_sequence() const { return groups.coords.dp * micro_batches() * config.train.micro_batch; }
 
 Trainer::Trainer(CheckedConfig checked, TrainPaths paths_in, const data::Corpus& corpus,
-                 std::unique_ptr<Communicator> world)
+                 std::unique_ptr<Communicator> world, Backend& backend_in)
     : config(std::move(checked.config)),
       grid(std::move(checked.grid)),
       paths(std::move(paths_in)),
-      threads(set_threads(config.train)),
+      backend(backend_in),
+      threads(set_threads(backend, config.train)),
       groups(make_process_groups(std::move(world), grid)),
       tracer(config.train.trace, config.train.trace_from, config.train.trace_steps) {
   const TrainConfig& tc = config.train;
@@ -167,7 +168,7 @@ Trainer::Trainer(CheckedConfig checked, TrainPaths paths_in, const data::Corpus&
   buckets = std::make_unique<GradBuckets>(model->table(), *groups.dp, *groups.edp, kBucketElements, config.optim.zero);
   owned = buckets->owned_dense();
   owned.insert(owned.end(), buckets->owned_expert().begin(), buckets->owned_expert().end());
-  optimizer = std::make_unique<AdamW>(model->table(),
+  optimizer = std::make_unique<AdamW>(backend, model->table(),
                                       AdamWSettings{config.optim.lr, config.optim.beta1, config.optim.beta2,
                                                     config.optim.eps, config.optim.weight_decay},
                                       owned);

@@ -46,15 +46,17 @@ TrainPaths train_paths(const TrainOptions& options, const Config& config, int64_
 data::Corpus load_training_corpus(const Config& config);
 
 // Everything one rank trains with, built once, in the order the members are listed. Construction takes
-// the world communicator, allocates and initialises the parameters, and writes nothing.
+// the world communicator, allocates and initialises the parameters through `backend`, and writes nothing.
 struct Trainer {
-  Trainer(CheckedConfig checked, TrainPaths paths, const data::Corpus& corpus, std::unique_ptr<Communicator> world);
+  Trainer(CheckedConfig checked, TrainPaths paths, const data::Corpus& corpus, std::unique_ptr<Communicator> world,
+          Backend& backend);
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
   Config config;
   RankGrid grid;
   TrainPaths paths;
+  Backend& backend;
   int threads = 1;
   ProcessGroups groups;
   std::unique_ptr<Model<float>> model;

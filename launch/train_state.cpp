@@ -54,8 +54,8 @@ std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
     add("params/" + spec.name, ckpt::DType::F32, block_of(spec), s.model->params() + spec.offset, spec.replicas);
 
   // AdamW moments, piece by piece (whole tensors, or ZeRO slices), in the same coordinates.
-  auto& m = s.optimizer->first_moment();
-  auto& v = s.optimizer->second_moment();
+  float* m = s.optimizer->first_moment();
+  float* v = s.optimizer->second_moment();
   for (const AdamW::Piece& op : s.optimizer->pieces()) {
     const ParamSpec* spec = nullptr;
     for (const ParamSpec& sp : table.specs())
@@ -64,8 +64,8 @@ std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
     Slab slab = block_of(*spec);
     slab.begin = op.offset - spec->offset, slab.count = op.length;
     const ParamGroup replicas = s.zero ? ParamGroup::None : spec->replicas;
-    add("optim/exp_avg/" + spec->name, ckpt::DType::F32, slab, m.data() + op.state, replicas);
-    add("optim/exp_avg_sq/" + spec->name, ckpt::DType::F32, slab, v.data() + op.state, replicas);
+    add("optim/exp_avg/" + spec->name, ckpt::DType::F32, slab, m + op.state, replicas);
+    add("optim/exp_avg_sq/" + spec->name, ckpt::DType::F32, slab, v + op.state, replicas);
   }
   s.optimizer_steps = s.optimizer->steps_taken();
   add("optim/step", ckpt::DType::I64, Slab::whole({1}), &s.optimizer_steps, all);

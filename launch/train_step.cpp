@@ -105,8 +105,8 @@ void clip_gradients(Trainer& t, StepResult& r) {
   }
   // Dense gradients are replicated over dp (or sliced under ZeRO), expert gradients are spread over ep
   // (and sliced over edp under ZeRO).
-  double dense_ss = sum_squares(grads, t.buckets->owned_dense());
-  double expert_ss = sum_squares(grads, t.buckets->owned_expert());
+  double dense_ss = sum_squares(t.model->backend(), grads, t.buckets->owned_dense());
+  double expert_ss = sum_squares(t.model->backend(), grads, t.buckets->owned_expert());
   if (config.optim.zero) {
     t.groups.dp->allreduce_sum(&dense_ss, 1);
     t.groups.edp->allreduce_sum(&expert_ss, 1);
@@ -114,7 +114,7 @@ void clip_gradients(Trainer& t, StepResult& r) {
   t.groups.ep->allreduce_sum(&expert_ss, 1);
   r.grad_norm = std::sqrt(dense_ss + expert_ss);
   if (config.optim.clip > 0 && r.grad_norm > config.optim.clip)
-    scale_segments(grads, t.owned, float(config.optim.clip / r.grad_norm));
+    scale_segments(t.model->backend(), grads, t.owned, float(config.optim.clip / r.grad_norm));
 }
 
 // Balancing biases from the step's counts, and the dead-expert tracker.

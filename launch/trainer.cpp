@@ -267,13 +267,18 @@ int launcher_local_size() {
 }
 
 TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator> world) {
+  const std::unique_ptr<Backend> backend = make_cpu_backend(0);
+  return run_train(options, *backend, std::move(world));
+}
+
+TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique_ptr<Communicator> world) {
   const StopSignals signals;  // from here on SIGTERM and SIGINT ask for a clean stop
   if (!world) world = std::make_unique<SelfCommunicator>("world");
   // Everything that can be refused is checked before anything is written, identically on every rank.
   CheckedConfig checked = load_checked_config(options, world->size());
   TrainPaths paths = train_paths(options, checked.config, world->rank());
   const data::Corpus corpus = load_training_corpus(checked.config);
-  Trainer t(std::move(checked), std::move(paths), corpus, std::move(world));
+  Trainer t(std::move(checked), std::move(paths), corpus, std::move(world), backend);
   t.tracer.start(*t.groups.world);
   HeartbeatSender heartbeat(t.groups.rank, host_name(), t.config.fault);
   heartbeat.set(Phase::Setup, 0, "start-up");

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backend/backend.h"
 #include "parallel/communicator.h"
 
 namespace moe {
@@ -37,6 +38,8 @@ struct TrainResult {
 
 // Returns normally on success; throws moe::Error (BadInput for anything the user can fix). world: every
 // rank of the job (an MPI communicator under mpirun); null for a single process.
+// backend: made once by the program's entry point; without one, a CPU backend of this process.
+TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique_ptr<Communicator> world = nullptr);
 TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator> world = nullptr);
 
 // Ranks in this job and ranks on this node, from the launcher's environment (1 when not under mpirun).

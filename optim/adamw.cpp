@@ -16,7 +16,8 @@ double LrSchedule::at(int64_t step) const {
   return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * std::min(1.0, progress)));
 }
 
-AdamW::AdamW(const ParamTable& table, AdamWSettings settings, const std::vector<Segment>& owned) : s_(settings) {
+AdamW::AdamW(Backend& backend, const ParamTable& table, AdamWSettings settings, const std::vector<Segment>& owned)
+    : backend_(backend), s_(settings) {
   std::vector<Segment> ranges = owned;
   if (ranges.empty()) ranges.push_back({0, table.numel()});
   int64_t state = 0;
@@ -27,48 +28,37 @@ AdamW::AdamW(const ParamTable& table, AdamWSettings settings, const std::vector<
       pieces_.push_back({lo, hi - lo, spec.weight_decay, state});
       state += hi - lo;
     }
-  m_.assign(size_t(state), 0.0f);
-  v_.assign(size_t(state), 0.0f);
+  m_ = backend.allocate(DType::F32, state);
+  v_ = backend.allocate(DType::F32, state);
 }
 
 void AdamW::step(float* params, const float* grads, double lr) {
   ++t_;
   const double bc1 = 1.0 - std::pow(s_.beta1, double(t_));
   const double bc2 = 1.0 - std::pow(s_.beta2, double(t_));
-  const float b1 = float(s_.beta1), b2 = float(s_.beta2);
-  const float step_size = float(lr / bc1);
-  const float inv_bc2 = float(1.0 / bc2);
-  const float eps = float(s_.eps);
+  Ops<float>::AdamWStep step{float(s_.beta1), float(s_.beta2), float(lr / bc1), float(1.0 / bc2), float(s_.eps), 0.0f};
+  Ops<float>& ops = backend_.ops<float>();
   for (const Piece& piece : pieces_) {
-    const float decay = piece.decay ? float(lr * s_.weight_decay) : 0.0f;
-    float* p = params + piece.offset;
-    const float* g = grads + piece.offset;
-    float* m = m_.data() + piece.state;
-    float* v = v_.data() + piece.state;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < piece.length; ++i) {
-      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-      v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-      p[i] -= decay * p[i];  // decoupled weight decay
-      p[i] -= step_size * m[i] / (std::sqrt(v[i] * inv_bc2) + eps);
-    }
+    step.decay = piece.decay ? float(lr * s_.weight_decay) : 0.0f;
+    ops.adamw_update(params + piece.offset, grads + piece.offset, first_moment() + piece.state,
+                     second_moment() + piece.state, piece.length, step);
   }
 }
 
-double sum_squares(const float* data, const std::vector<Segment>& segments) {
-  Ops<float>& ops = cpu_ops<float>();
+double sum_squares(Backend& backend, const float* data, const std::vector<Segment>& segments) {
+  Ops<float>& ops = backend.ops<float>();
   double total = 0;
   for (const Segment& s : segments) total += ops.sum_squares(data + s.offset, s.length);
   return total;
 }
 
-void scale_segments(float* data, const std::vector<Segment>& segments, float factor) {
-  Ops<float>& ops = cpu_ops<float>();
+void scale_segments(Backend& backend, float* data, const std::vector<Segment>& segments, float factor) {
+  Ops<float>& ops = backend.ops<float>();
   for (const Segment& s : segments) ops.scale(data + s.offset, factor, s.length);
 }
 
-double clip_grad_norm(float* grads, int64_t n, double clip) {
-  Ops<float>& ops = cpu_ops<float>();
+double clip_grad_norm(Backend& backend, float* grads, int64_t n, double clip) {
+  Ops<float>& ops = backend.ops<float>();
   const double norm = std::sqrt(ops.sum_squares(grads, n));
   if (clip > 0 && norm > clip) ops.scale(grads, float(clip / norm), n);
   return norm;

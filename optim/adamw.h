@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/backend/backend.h"
 #include "core/params.h"
 #include "parallel/grad_buckets.h"
 
@@ -27,17 +28,19 @@ struct LrSchedule {
 };
 
 // Updates the slices of the flat buffers it owns: the whole table by default, one slice of every
-// gradient bucket under ZeRO. Its moments exist only for what it owns.
+// gradient bucket under ZeRO. Its moments exist only for what it owns, in buffers of `backend`; params
+// and grads are the model's, in the same backend's memory.
 class AdamW {
  public:
-  AdamW(const ParamTable& table, AdamWSettings settings, const std::vector<Segment>& owned = {});
+  AdamW(Backend& backend, const ParamTable& table, AdamWSettings settings, const std::vector<Segment>& owned = {});
   // One update of the owned params from grads at learning rate lr. Increments the step count first
   // (bias correction uses t = 1 for the first update).
   void step(float* params, const float* grads, double lr);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }  // restoring a checkpoint
-  std::vector<float>& first_moment() { return m_; }
-  std::vector<float>& second_moment() { return v_; }
+  // The moments, in the backend's memory: (sum of the owned pieces' lengths) each.
+  float* first_moment() { return m_.data<float>(); }
+  float* second_moment() { return v_.data<float>(); }
   // Owned pieces, each within one parameter tensor: (offset in the flat buffers, length, decayed).
   struct Piece {
     int64_t offset, length;
@@ -47,17 +50,19 @@ class AdamW {
   const std::vector<Piece>& pieces() const { return pieces_; }
 
  private:
+  Backend& backend_;
   AdamWSettings s_;
   std::vector<Piece> pieces_;
-  std::vector<float> m_, v_;
+  Buffer m_, v_;
   int64_t t_ = 0;
 };
 
 // L2 norm of all gradients (fixed reduction order). When clip > 0 and the norm exceeds it, scales the
 // gradients by clip / norm. Returns the norm before clipping.
-double clip_grad_norm(float* grads, int64_t n, double clip);
+// grads: in the backend's memory.
+double clip_grad_norm(Backend& backend, float* grads, int64_t n, double clip);
 // Sum of squares over segments (fixed order).
-double sum_squares(const float* data, const std::vector<Segment>& segments);
-void scale_segments(float* data, const std::vector<Segment>& segments, float factor);
+double sum_squares(Backend& backend, const float* data, const std::vector<Segment>& segments);
+void scale_segments(Backend& backend, float* data, const std::vector<Segment>& segments, float factor);
 
 }  // namespace moe

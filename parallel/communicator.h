@@ -27,21 +27,6 @@ class Request {
   virtual void wait() = 0;
 };
 
-// The DType of a C++ element type (bf16 has no C++ type here: pass DType::BF16 with its 16-bit storage).
-template <typename T>
-constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) {
-    return DType::F32;
-  } else if constexpr (std::is_same_v<T, double>) {
-    return DType::F64;
-  } else if constexpr (std::is_same_v<T, int32_t>) {
-    return DType::I32;
-  } else {
-    static_assert(std::is_same_v<T, int64_t>, "communicator buffers are float, double, int32_t or int64_t");
-    return DType::I64;
-  }
-}
-
 class Communicator {
  public:
   virtual ~Communicator() = default;

@@ -1,5 +1,6 @@
 // The backend seam: the narrow set of ops every layer is written with (DESIGN.md "Backend").
-// Pointers are in the backend's memory (host for the CPU backend). Every op has a CPU reference in
+// Pointers are in the backend's memory (host for the CPU backend); the ops of a backend are reached
+// through its Backend object (core/backend/backend.h), which also owns that memory. Every op has a CPU reference in
 // core/backend/cpu/ and a conformance test; another backend implements this interface and must pass it.
 //
 // Gradient contract (STYLE.md): parameter gradients accumulate (+=); activation gradients are written (=),
@@ -63,14 +64,50 @@ class Ops {
   virtual void scale(T* y, T factor, int64_t n) = 0;
   // Sum of squares in double, in a fixed order (same result whatever the thread count).
   virtual double sum_squares(const T* x, int64_t n) = 0;
+
+  // ---- The MoE path ----------------------------------------------------------------------------
+  // Grouped GEMM over experts: group g owns the rows [row_offset[g], row_offset[g + 1]) of the
+  // row-blocked operands (row_offset: groups + 1 values, host memory). Empty groups are skipped.
+  //   trans_a = false: C_g (m_g, N) = alpha A_g (m_g, K) op(B_g) + beta C_g, with A and C row-blocked
+  //                    (A: (rows, K), C: (rows, N)) and B_g = B + g K N, (K, N) or, trans_b, (N, K).
+  //   trans_a = true:  C_g (K, N) = alpha A_g^T B_g + beta C_g, with A: (rows, K) and B: (rows, N)
+  //                    row-blocked and C_g = C + g K N (the weight gradients); trans_b must be false.
+  virtual void grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K,
+                            T alpha, const T* A, const T* B, T beta, T* C) = 0;
+
+  // Standard Gumbel noise of one Philox stream (core/philox.h, RngStream with this key):
+  // out[i] = gumbel(a = step, b = first_counter + i) for i < n, in double.
+  virtual void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) = 0;
+  // Row scores of (z + noise) / tau in double (noise: (N, E) or null): p = softmax over each row, or
+  // p = sigmoid elementwise. z, p: (N, E).
+  virtual void softmax_rows(const T* z, const double* noise, double tau, T* p, int64_t N, int64_t E) = 0;
+  virtual void sigmoid_rows(const T* z, const double* noise, double tau, T* p, int64_t N, int64_t E) = 0;
+  // The K best columns of each row by double(p) + bias (bias: (E) or null), ties to the lower column,
+  // masked columns (mask: (E), nonzero = masked; or null) never chosen, best first, -1 after the last
+  // usable one. p: (N, E); index: (N, K).
+  virtual void topk_rows(const T* p, const float* bias, const uint8_t* mask, int32_t* index, int64_t N, int64_t E,
+                         int64_t K) = 0;
+
+  // dst[r] = scale[r] * src[index[r]] (scale null: a copy); index < 0 gives a zero row. dst: (rows, D).
+  virtual void gather_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) = 0;
+  // dst[index[r]] += scale[r] * src[r] (scale null: src[r]); rows sharing a destination add in row order.
+  virtual void scatter_add_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows,
+                                int64_t D) = 0;
+  // The combine, a scatter-add written as a gather so that each token sums its K rows in choice order:
+  // dst[n] = (accumulate ? dst[n] : 0) + sum_j weight[n K + j] * src[index[n K + j]] over j < K with
+  // index >= 0 (weight null: 1). src: (rows, D); index, weight: (N, K); dst: (N, D).
+  virtual void combine_rows(const T* src, const int32_t* index, const T* weight, T* dst, int64_t N, int64_t K,
+                            int64_t D, bool accumulate) = 0;
+  // out[r] = sum_d a[index[r], d] * b[r, d], accumulated in double. a: (*, D); b: (rows, D); out: (rows).
+  virtual void row_dots(const T* a, const int32_t* index, const T* b, T* out, int64_t rows, int64_t D) = 0;
+
+  // ---- The optimizer ---------------------------------------------------------------------------
+  // One AdamW update over n elements, decoupled weight decay (optim/adamw.h):
+  //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  p -= decay p;  p -= step_size m / (sqrt(v inv_bc2) + eps)
+  struct AdamWStep {
+    T beta1, beta2, step_size, inv_bc2, eps, decay;
+  };
+  virtual void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamWStep& step) = 0;
 };
-
-// The CPU backend (OpenBLAS + OpenMP), for float and double (double serves the gradient checks).
-template <typename T>
-Ops<T>& cpu_ops();
-
-// Threads of this process for OpenMP loops and BLAS; 0 picks cores / ranks on this node.
-void set_compute_threads(int threads);
-int compute_threads();
 
 }  // namespace moe

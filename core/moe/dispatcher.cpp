@@ -39,7 +39,7 @@ std::unique_ptr<ExchangeHandle> ExpertDispatcher<T>::start_rows(const T* send, c
                                                                 T* recv, const std::vector<int64_t>& recv_rows,
                                                                 int64_t width) {
   if (ep_size_ == 1) {
-    std::copy_n(send, send_rows[0] * width, recv);
+    backend_.copy(recv, send, size_t(send_rows[0] * width) * sizeof(T));
     return nullptr;
   }
   if constexpr (std::is_same_v<T, float>) {
@@ -64,7 +64,7 @@ void ExpertDispatcher<T>::reorder(const ExchangePlan& p, const T* from, T* to, i
       for (int64_t q2 = 0; q2 < q; ++q2) dst += p.recv_count[q2 * El + el];
       const int64_t n = p.recv_count[q * El + el] * width;
       const int64_t from_row = to_expert_major ? src : dst, to_row = to_expert_major ? dst : src;
-      std::copy_n(from + from_row * width, n, to + to_row * width);
+      backend_.copy(to + to_row * width, from + from_row * width, size_t(n) * sizeof(T));
       src += p.recv_count[q * El + el];
     }
 }

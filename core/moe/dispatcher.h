@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/backend/backend.h"
 #include "core/expert_exchange.h"
 
 namespace moe {
@@ -33,7 +34,8 @@ template <typename T>
 class ExpertDispatcher {
  public:
   // experts: E in all; this rank holds E / ep_size of them, the ranks in order.
-  ExpertDispatcher(int64_t experts, int64_t ep_size) : experts_(experts), ep_size_(ep_size) {}
+  ExpertDispatcher(Backend& backend, int64_t experts, int64_t ep_size)
+      : backend_(backend), experts_(experts), ep_size_(ep_size) {}
   // Required when ep_size > 1 (float only); without one a single rank exchanges with itself.
   void set_exchange(ExpertExchange* exchange) { exchange_ = exchange; }
   bool ready() const { return ep_size_ == 1 || exchange_ != nullptr; }
@@ -62,6 +64,7 @@ class ExpertDispatcher {
   std::unique_ptr<ExchangeHandle> start_rows(const T* send, const std::vector<int64_t>& send_rows, T* recv,
                                              const std::vector<int64_t>& recv_rows, int64_t width);
 
+  Backend& backend_;
   int64_t experts_, ep_size_;
   ExpertExchange* exchange_ = nullptr;
   std::vector<T> buffer_;  // staging of the blocking forms, kept between calls

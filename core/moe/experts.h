@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/backend/ops.h"
+#include "core/backend/backend.h"
 
 namespace moe {
 
@@ -15,13 +15,14 @@ namespace moe {
 // b = xe W3, h = silu(a) * b, all (R, F).
 template <typename T>
 struct ExpertActs {
-  std::vector<T> xe, a, b, h;
+  Buffer xe, a, b, h;  // in the backend's memory
 };
 
 template <typename T>
 class GroupedExperts {
  public:
-  GroupedExperts(Ops<T>& ops, int64_t d_model, int64_t hidden) : ops_(ops), D_(d_model), F_(hidden) {}
+  GroupedExperts(Backend& backend, int64_t d_model, int64_t hidden)
+      : backend_(backend), ops_(backend.ops<T>()), D_(d_model), F_(hidden) {}
   void bind(const T* w1, const T* w3, const T* w2, T* dw1, T* dw3, T* dw2) {
     w1_ = w1, w3_ = w3, w2_ = w2, dw1_ = dw1, dw3_ = dw3, dw2_ = dw2;
   }
@@ -34,6 +35,7 @@ class GroupedExperts {
   static int64_t scratch_size(int64_t R, int64_t hidden) { return 3 * R * hidden; }
 
  private:
+  Backend& backend_;
   Ops<T>& ops_;
   int64_t D_, F_;
   const T *w1_ = nullptr, *w3_ = nullptr, *w2_ = nullptr;

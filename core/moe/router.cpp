@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <string>
 
 #include "core/error.h"
@@ -16,22 +15,6 @@ constexpr double kMinGateSum = 1e-6;
 constexpr double kMinLogArg = 1e-30;
 constexpr int64_t kMaxExperts = 1024;
 
-void no_noise(const RngStream&, int64_t, int64_t, double*, int64_t) {}
-void gumbel_noise(const RngStream& rng, int64_t step, int64_t first_counter, double* z, int64_t E) {
-  for (int64_t e = 0; e < E; ++e) z[e] += rng.gumbel(uint64_t(step), uint64_t(first_counter + e));
-}
-
-template <typename T>
-void softmax_scores(const double* z, T* p, int64_t E) {
-  double m = -INFINITY, sum = 0;
-  for (int64_t e = 0; e < E; ++e) m = std::max(m, z[e]);
-  for (int64_t e = 0; e < E; ++e) sum += std::exp(z[e] - m);
-  for (int64_t e = 0; e < E; ++e) p[e] = T(std::exp(z[e] - m) / sum);
-}
-template <typename T>
-void sigmoid_scores(const double* z, T* p, int64_t E) {
-  for (int64_t e = 0; e < E; ++e) p[e] = T(1.0 / (1.0 + std::exp(-z[e])));
-}
 template <typename T>
 void softmax_backward(const T* p, const T* g, double tau, T* dz, int64_t E) {
   double dot = 0;
@@ -78,11 +61,12 @@ void renormalised_gates_backward(const T* gate, const int32_t* selected, const T
 }  // namespace
 
 template <typename T>
-Router<T>::Router(Ops<T>& ops, const MoeSettings& settings) : ops_(ops), s_(settings) {
+Router<T>::Router(Backend& backend, const MoeSettings& settings)
+    : backend_(backend), ops_(backend.ops<T>()), s_(settings) {
   MOE_CHECK(s_.num_experts <= kMaxExperts, s_.num_experts << " experts; at most " << kMaxExperts << " per layer");
-  noise_ = s_.noise == RouterNoise::Gumbel ? gumbel_noise : no_noise;
+  gumbel_ = s_.noise == RouterNoise::Gumbel;
   const bool softmax = s_.score == RouterScore::Softmax;
-  score_ = softmax ? softmax_scores<T> : sigmoid_scores<T>;
+  score_ = softmax ? &Ops<T>::softmax_rows : &Ops<T>::sigmoid_rows;
   score_backward_ = softmax ? softmax_backward<T> : sigmoid_backward<T>;
   // Renormalising one selected expert would make its weight 1 and cut the router off (docs/moe.md).
   const bool renormalise = s_.normalize && s_.top_k > 1;
@@ -97,23 +81,28 @@ void Router<T>::forward(const FfnContext& context, const T* x, T* logits, T* sco
   const int64_t D = s_.d_model, E = s_.num_experts;
   ops_.gemm(false, false, N, E, D, T(1), x, D, weight_, E, T(0), logits, E);  // z = x Wg
   // Scores p = score((z + g) / tau), g noise in training only.
-  const RngStream rng(context.seed, "moe.router.gumbel.layer" + std::to_string(s_.layer));
-  const NoiseFn noise = context.training ? noise_ : no_noise;
-  for (int64_t n = 0; n < N; ++n) {
-    double z[kMaxExperts];
-    for (int64_t e = 0; e < E; ++e) z[e] = double(logits[n * E + e]);
-    noise(rng, context.step, (context.first_token + n) * E, z, E);
-    for (int64_t e = 0; e < E; ++e) z[e] /= s_.tau;
-    score_(z, scores + n * E, E);
+  // Token n, expert e draws counter (first_token + n) E + e of the step: contiguous over the group.
+  const double* noise = nullptr;
+  if (context.training && gumbel_) {
+    backend_.reserve(noise_, DType::F64, N * E);
+    const RngStream rng(context.seed, "moe.router.gumbel.layer" + std::to_string(s_.layer));
+    ops_.gumbel_noise(rng.key, uint64_t(context.step), uint64_t(context.first_token * E), noise_.data<double>(), N * E);
+    noise = noise_.data<double>();
   }
-  select(context, scores, r, N);
-  losses(logits, scores, r, N);
+  (ops_.*score_)(logits, noise, s_.tau, scores, N, E);
+  // The gate weights, the dispatch plan and the losses are worked out on the host from one copy of
+  // the logits and scores (docs/design.md "The backend seam": what still runs on the host).
+  const std::vector<T> host_logits = backend_.download(logits, N * E);
+  const std::vector<T> host_scores = backend_.download(scores, N * E);
+  select(context, scores, host_scores.data(), r, N);
+  losses(host_logits.data(), host_scores.data(), r, N);
 }
 
 // Expert dropout, then per token: top-k of p alone (for f), the preference row by p + b among the
 // unmasked experts (ties to the lower index), the selected experts and their gate weights.
 template <typename T>
-void Router<T>::select(const FfnContext& context, const T* scores, Routing<T>& r, int64_t N) const {
+void Router<T>::select(const FfnContext& context, const T* scores, const T* host_scores, Routing<T>& r,
+                       int64_t N) const {
   const int64_t E = s_.num_experts, K = s_.top_k, W = choices_;
   const RngStream dropout(context.seed, "moe.expert_dropout.layer" + std::to_string(s_.layer));
   r.expert_masked.assign(size_t(E), 0);
@@ -128,26 +117,24 @@ void Router<T>::select(const FfnContext& context, const T* scores, Routing<T>& r
   r.denom.assign(size_t(N), T(1));
   r.denom_clamped.assign(size_t(N), 0);
   r.f.assign(size_t(E), T(0));
-  std::vector<int32_t> order(static_cast<size_t>(E));
+  // Top-k of p alone (for f), and the preference rows by p + b among the unmasked experts.
+  backend_.reserve(plain_top_, DType::I32, N * K);
+  backend_.reserve(preference_, DType::I32, N * W);
+  bias_on_backend_ = backend_.upload(bias_);
+  mask_ = backend_.upload(r.expert_masked);
+  ops_.topk_rows(scores, nullptr, nullptr, plain_top_.data<int32_t>(), N, E, K);
+  ops_.topk_rows(scores, bias_on_backend_.data<float>(), mask_.data<uint8_t>(), preference_.data<int32_t>(), N, E, W);
+  const std::vector<int32_t> plain = backend_.download(plain_top_.data<int32_t>(), N * K);
+  backend_.copy_to_host(r.preference.data(), preference_.data<int32_t>(), N * W);
+  backend_.synchronize();
+  for (int64_t i = 0; i < N * K; ++i) r.f[plain[size_t(i)]] += T(1);
   for (int64_t n = 0; n < N; ++n) {
-    const T* p = scores + n * E;
-    // Only the first K (or W) of each order matter: partial sorts under a strict total order, which
-    // select what a full stable sort would.
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                      [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-    for (int64_t j = 0; j < K; ++j) r.f[order[j]] += T(1);
-    int64_t available = 0;
-    for (int32_t e = 0; e < E; ++e)
-      if (!r.expert_masked[e]) order[available++] = e;
-    const int64_t take = std::min(W, available);
-    std::partial_sort(order.begin(), order.begin() + take, order.begin() + available, [&](int32_t a, int32_t b) {
-      const double ka = double(p[a]) + bias_[a], kb = double(p[b]) + bias_[b];
-      return ka > kb || (ka == kb && a < b);
-    });
-    std::copy_n(order.begin(), take, r.preference.begin() + n * W);
+    const T* p = host_scores + n * E;
     int32_t* sel = r.selected.data() + n * K;
-    for (int64_t j = 0; j < std::min(K, take); ++j) sel[j] = order[j], r.selected_score[n * K + j] = p[order[j]];
+    for (int64_t j = 0; j < K; ++j) {
+      sel[j] = r.preference[size_t(n * W + j)];
+      if (sel[j] >= 0) r.selected_score[n * K + j] = p[sel[j]];
+    }
     gate_(p, sel, K, r.gate.data() + n * K, r.denom.data() + n, r.denom_clamped.data() + n);
   }
   for (int64_t e = 0; e < E; ++e) r.f[e] /= T(double(N * K));

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/backend/ops.h"
+#include "core/backend/backend.h"
 #include "core/ffn.h"
 #include "core/moe/settings.h"
 #include "core/philox.h"
@@ -35,7 +35,7 @@ struct Routing {
 template <typename T>
 class Router {
  public:
-  Router(Ops<T>& ops, const MoeSettings& settings);
+  Router(Backend& backend, const MoeSettings& settings);
   void bind(const T* weight, T* grad) { weight_ = weight, grad_ = grad; }
 
   // x: (N, D); logits: (N, E) written with z = x Wg; scores: (N, E) written with p; routing written.
@@ -49,30 +49,34 @@ class Router {
   // After an optimizer step: b_e += rate * sign(mean_c - c_e) from the step's counts (MODEL.md).
   void update_bias(const std::vector<int64_t>& counts, double rate);
 
-  // Strategies: z row (E) in place; scores from z' (E); their backward; gate weights and backward.
-  using NoiseFn = void (*)(const RngStream& rng, int64_t step, int64_t first_counter, double* z, int64_t E);
-  using ScoreFn = void (*)(const double* z, T* p, int64_t E);
+  // Strategies: the scores op (softmax or sigmoid rows); the scores' backward; gate weights and backward.
+  using ScoreOp = void (Ops<T>::*)(const T* z, const double* noise, double tau, T* p, int64_t N, int64_t E);
   using ScoreBackwardFn = void (*)(const T* p, const T* dp, double tau, T* dz, int64_t E);
   using GateFn = void (*)(const T* p, const int32_t* selected, int64_t K, T* gate, T* denom, uint8_t* clamped);
   using GateBackwardFn = void (*)(const T* gate, const int32_t* selected, const T* dw, T denom, bool clamped, int64_t K,
                                   T* dp);
 
  private:
-  void select(const FfnContext& context, const T* scores, Routing<T>& r, int64_t N) const;
+  // scores: in the backend's memory; host_scores: their copy on the host.
+  void select(const FfnContext& context, const T* scores, const T* host_scores, Routing<T>& r, int64_t N) const;
   void losses(const T* logits, const T* scores, Routing<T>& r, int64_t N) const;
   void loss_backward(const FfnContext& context, const Routing<T>& r, const T* logits, const T* scores, T* dp, T* dz,
                      int64_t N) const;
 
+  Backend& backend_;
   Ops<T>& ops_;
   MoeSettings s_;
-  NoiseFn noise_;
-  ScoreFn score_;
+  bool gumbel_;  // noise in training
+  ScoreOp score_;
   ScoreBackwardFn score_backward_;
   GateFn gate_;
   GateBackwardFn gate_backward_;
-  int64_t choices_;  // K, or E when overflow reroutes down the preference row
-  std::vector<float> bias_;
+  int64_t choices_;          // K, or E when overflow reroutes down the preference row
+  std::vector<float> bias_;  // on the host: updated from the step's counts, saved in checkpoints
   const T* weight_ = nullptr;
+  // Backend workspace of one forward: noise (N, E), the balancing bias and the dropout mask (E), the
+  // top-k of p alone (N, K) and the preference rows (N, W).
+  mutable Buffer noise_, bias_on_backend_, mask_, plain_top_, preference_;
   T* grad_ = nullptr;
 };
 

@@ -6,6 +6,7 @@
 #include "core/ffn.h"
 #include "core/model.h"
 #include "grad_check.h"
+#include "tests/core/test_backend.h"
 
 namespace moe {
 namespace {
@@ -14,7 +15,7 @@ using testing::dot;
 using testing::expect_gradient_matches;
 using testing::random_vector;
 
-Ops<double>& ops() { return cpu_ops<double>(); }
+Ops<double>& ops() { return test_backend().ops<double>(); }
 
 TEST(GradCheck, RmsNorm) {
   const int64_t N = 5, D = 12;
@@ -118,7 +119,7 @@ TEST(GradCheck, Embedding) {
 
 TEST(GradCheck, DenseMlp) {
   const int64_t N = 6, D = 8, F = 10;
-  DenseMlp<double> mlp(ops(), D, F, 2);
+  DenseMlp<double> mlp(test_backend(), D, F, 2);
   ParamTable table;
   mlp.register_params(table, "mlp");
   std::vector<double> params(table.numel()), grads(table.numel(), 0.0);
@@ -142,7 +143,7 @@ TEST(GradCheck, DenseMlp) {
 void check_model(Recompute recompute) {
   ModelShape shape{13, 8, 2, 2, 12};
   const int64_t T = 5, B = 3;
-  Model<double> model(ops(), shape, T, B, recompute);
+  Model<double> model(test_backend(), shape, T, B, recompute);
   model.init_params(11);
   for (int64_t i = 0; i < model.num_params(); ++i) model.params()[i] *= 5;  // leave the near-linear regime
   std::vector<int32_t> tokens(B * (T + 1));
@@ -173,7 +174,7 @@ TEST(GradCheck, WholeModelWithRecompute) { check_model(Recompute::Full); }
 TEST(GradientContract, BackwardTwiceIsTwiceTheGradients) {
   ModelShape shape{11, 8, 2, 2, 8};
   const int64_t T = 4, B = 2;
-  Model<double> model(ops(), shape, T, B, Recompute::None);
+  Model<double> model(test_backend(), shape, T, B, Recompute::None);
   model.init_params(3);
   std::vector<int32_t> tokens(B * (T + 1));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 5 + 1) % shape.vocab);

@@ -8,6 +8,7 @@
 
 #include "core/backend/ops.h"
 #include "core/model.h"
+#include "tests/core/test_backend.h"
 
 namespace moe {
 namespace {
@@ -21,8 +22,8 @@ std::vector<int32_t> make_tokens(int64_t B, int64_t T, int64_t V) {
 TEST(Model, RecomputeGivesIdenticalGradients) {
   const ModelShape shape{256, 32, 3, 4, 48};
   const int64_t T = 16, B = 3;
-  Model<float> plain(cpu_ops<float>(), shape, T, B, Recompute::None);
-  Model<float> recomputed(cpu_ops<float>(), shape, T, B, Recompute::Full);
+  Model<float> plain(test_backend(), shape, T, B, Recompute::None);
+  Model<float> recomputed(test_backend(), shape, T, B, Recompute::Full);
   plain.init_params(5);
   recomputed.init_params(5);
   const auto tokens = make_tokens(B, T, shape.vocab);
@@ -39,7 +40,7 @@ TEST(Model, RecomputeGivesIdenticalGradients) {
 TEST(Model, SameInputsSameBits) {
   const ModelShape shape{256, 32, 2, 2, 40};
   const int64_t T = 12, B = 2;
-  Model<float> a(cpu_ops<float>(), shape, T, B, Recompute::None), b(cpu_ops<float>(), shape, T, B, Recompute::None);
+  Model<float> a(test_backend(), shape, T, B, Recompute::None), b(test_backend(), shape, T, B, Recompute::None);
   a.init_params(8);
   b.init_params(8);
   ASSERT_EQ(0, std::memcmp(a.params(), b.params(), sizeof(float) * a.num_params()));
@@ -55,8 +56,8 @@ TEST(Model, SameInputsSameBits) {
 TEST(Model, InitIsPerNameAndElementNotPerLayout) {
   // The same tensor in models of different depth draws the same values: init is keyed by name and
   // global element index, never by position in the flat buffer.
-  Model<float> small(cpu_ops<float>(), {256, 32, 1, 2, 40}, 8, 1, Recompute::None);
-  Model<float> deep(cpu_ops<float>(), {256, 32, 3, 2, 40}, 8, 1, Recompute::None);
+  Model<float> small(test_backend(), {256, 32, 1, 2, 40}, 8, 1, Recompute::None);
+  Model<float> deep(test_backend(), {256, 32, 3, 2, 40}, 8, 1, Recompute::None);
   small.init_params(21);
   deep.init_params(21);
   for (const char* name : {"embed.weight", "layers.0.attn.wq", "layers.0.ffn.w1"}) {
@@ -77,7 +78,7 @@ TEST(Model, InitIsPerNameAndElementNotPerLayout) {
 TEST(Model, InitialLossIsNearUniform) {
   const ModelShape shape{256, 32, 2, 2, 40};
   const int64_t T = 16, B = 2;
-  Model<float> m(cpu_ops<float>(), shape, T, B, Recompute::None);
+  Model<float> m(test_backend(), shape, T, B, Recompute::None);
   m.init_params(1);
   const auto tokens = make_tokens(B, T, shape.vocab);
   const double mean = m.forward(tokens.data(), B) / double(B * T);

@@ -12,6 +12,7 @@
 #include "core/model.h"
 #include "core/moe_layer.h"
 #include "grad_check.h"
+#include "tests/core/test_backend.h"
 
 namespace moe {
 namespace {
@@ -25,7 +26,7 @@ struct Harness {
   ParamTable table;
   std::vector<double> params, grads, acts;
   Harness(const MoeSettings& s, int64_t N, uint64_t seed, double weight_scale = 10.0) {
-    layer = std::make_unique<MoeLayer<double>>(cpu_ops<double>(), s);
+    layer = std::make_unique<MoeLayer<double>>(test_backend(), s);
     layer->register_params(table, "moe");
     params.assign(table.numel(), 0.0);
     grads.assign(table.numel(), 0.0);
@@ -348,13 +349,13 @@ TEST(MoeModel, WholeModelGradientAndRecomputeCountsOnce) {
   const ModelShape shape{13, 8, 2, 2, 12};
   const int64_t T = 5, B = 2;
   for (Recompute rc : {Recompute::None, Recompute::Full}) {
-    Model<double> model(cpu_ops<double>(), shape, T, B, rc, [&](int64_t l) -> std::unique_ptr<FeedForward<double>> {
+    Model<double> model(test_backend(), shape, T, B, rc, [&](int64_t l) -> std::unique_ptr<FeedForward<double>> {
       if (l == 1) {
         MoeSettings ls = s;
         ls.layer = l;
-        return std::make_unique<MoeLayer<double>>(cpu_ops<double>(), ls);
+        return std::make_unique<MoeLayer<double>>(test_backend(), ls);
       }
-      return std::make_unique<DenseMlp<double>>(cpu_ops<double>(), 8, 12, 2);
+      return std::make_unique<DenseMlp<double>>(test_backend(), 8, 12, 2);
     });
     model.init_params(3);
     for (int64_t i = 0; i < model.num_params(); ++i) model.params()[i] *= 5;
@@ -385,7 +386,7 @@ TEST(MoeModel, WholeModelGradientAndRecomputeCountsOnce) {
 }
 
 TEST(MoeBias, UpdateFollowsSignOfDeficit) {
-  MoeLayer<float> layer(cpu_ops<float>(), [] {
+  MoeLayer<float> layer(test_backend(), [] {
     MoeSettings s;
     s.d_model = 4, s.num_experts = 4, s.top_k = 1, s.expert_hidden = 4;
     return s;

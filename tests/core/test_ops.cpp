@@ -1,151 +1,148 @@
-// The op conformance suite: every op of every backend against the double-precision CPU reference on
-// odd and model-like shapes, with a normalised error bound derived from the dtype and the reduction
-// length, and a NaN/Inf check. A new backend adds a row to backends().
+// The op conformance suite, dense ops: every op of every backend, in fp32 and fp64, against the CPU
+// backend in double on odd and model-like shapes, with a normalised error bound derived from the dtype
+// and the reduction length, and a NaN/Inf check. Data moves through the backends' buffers. A new
+// backend adds a row to conformance::backends(). The MoE ops are in test_moe_ops.cpp.
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <functional>
-#include <string>
+#include <array>
 #include <vector>
 
-#include "core/backend/ops.h"
-#include "core/philox.h"
+#include "tests/core/conformance.h"
 
-namespace moe {
+namespace moe::conformance {
 namespace {
 
-struct BackendRow {
-  std::string name;
-  Ops<float>* ops;
-};
-std::vector<BackendRow> backends() { return {{"cpu", &cpu_ops<float>()}}; }
-
-std::vector<double> randn(int64_t n, const std::string& purpose, double scale = 1.0) {
-  const RngStream rng(99, purpose);
-  std::vector<double> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[i] = scale * rng.normal(uint64_t(i));
-  return v;
-}
-std::vector<float> to_float(const std::vector<double>& v) { return {v.begin(), v.end()}; }
-
-// max |got - ref| / (max |ref| + tiny) <= bound, with bound = c * eps_fp32 * sqrt(reduction length).
-void expect_close(const std::string& what, const std::vector<float>& got, const std::vector<double>& ref,
-                  int64_t reduction_length) {
-  ASSERT_EQ(got.size(), ref.size());
-  double max_ref = 0, max_err = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got[i])) << what << ": non-finite at " << i;
-    max_ref = std::max(max_ref, std::abs(ref[i]));
-    max_err = std::max(max_err, std::abs(double(got[i]) - ref[i]));
-  }
-  const double bound = 8 * 1.2e-7 * std::sqrt(double(std::max<int64_t>(reduction_length, 1)));
-  EXPECT_LE(max_err / (max_ref + 1e-30), bound) << what;
-}
-
-class Conformance : public ::testing::TestWithParam<BackendRow> {};
-
-TEST_P(Conformance, Gemm) {
-  Ops<float>& f = *GetParam().ops;
-  Ops<double>& d = cpu_ops<double>();
+template <typename T>
+void gemm_cases(Backend& b) {
+  Backend& r = reference();
   for (auto [M, N, K] : {std::array<int64_t, 3>{1, 1, 1}, {7, 13, 5}, {64, 96, 128}, {33, 1, 257}})
     for (int ta = 0; ta < 2; ++ta)
       for (int tb = 0; tb < 2; ++tb) {
         const auto A = randn(M * K, "A"), B = randn(K * N, "B"), C = randn(M * N, "C");
-        std::vector<double> Cd = C;
-        std::vector<float> Cf = to_float(C), Af = to_float(A), Bf = to_float(B);
         const int64_t lda = ta ? M : K, ldb = tb ? K : N;
-        d.gemm(ta, tb, M, N, K, 0.5, A.data(), lda, B.data(), ldb, 0.25, Cd.data(), N);
-        f.gemm(ta, tb, M, N, K, 0.5f, Af.data(), lda, Bf.data(), ldb, 0.25f, Cf.data(), N);
-        expect_close("gemm", Cf, Cd, K);
+        Buffer a = put<T>(b, A), bb = put<T>(b, B), c = put<T>(b, C);
+        Buffer ra = put<double>(r, A), rb = put<double>(r, B), rc = put<double>(r, C);
+        b.ops<T>().gemm(ta, tb, M, N, K, T(0.5), a.data<T>(), lda, bb.data<T>(), ldb, T(0.25), c.data<T>(), N);
+        r.ops<double>().gemm(ta, tb, M, N, K, 0.5, ra.data<double>(), lda, rb.data<double>(), ldb, 0.25,
+                             rc.data<double>(), N);
+        expect_close<T>("gemm", get<T>(b, c), get<double>(r, rc), K);
       }
 }
 
-TEST_P(Conformance, NormsAndElementwise) {
-  Ops<float>& f = *GetParam().ops;
-  Ops<double>& d = cpu_ops<double>();
+TEST_P(Conformance, Gemm) {
+  gemm_cases<float>(backend());
+  gemm_cases<double>(backend());
+}
+
+template <typename T>
+void norm_cases(Backend& b) {
+  Backend& r = reference();
+  Ops<T>& f = b.ops<T>();
+  Ops<double>& d = r.ops<double>();
   const int64_t N = 37, D = 96;
-  const auto x = randn(N * D, "x", 3.0), g = randn(D, "g"), dy = randn(N * D, "dy");
-  std::vector<double> yd(N * D), rd(N), dxd(N * D), dgd(D, 0.0);
-  std::vector<float> yf(N * D), rf(N), dxf(N * D), dgf(D, 0.0f);
-  const auto xf = to_float(x), gf = to_float(g), dyf = to_float(dy);
-  d.rmsnorm_forward(x.data(), g.data(), yd.data(), rd.data(), N, D);
-  f.rmsnorm_forward(xf.data(), gf.data(), yf.data(), rf.data(), N, D);
-  expect_close("rmsnorm forward", yf, yd, D);
-  d.rmsnorm_backward(x.data(), g.data(), rd.data(), dy.data(), dxd.data(), dgd.data(), N, D);
-  f.rmsnorm_backward(xf.data(), gf.data(), rf.data(), dyf.data(), dxf.data(), dgf.data(), N, D);
-  expect_close("rmsnorm backward dx", dxf, dxd, D);
-  expect_close("rmsnorm backward dgain", dgf, dgd, N);
+  const auto X = randn(N * D, "x", 3.0), G = randn(D, "g"), DY = randn(N * D, "dy");
+  Buffer x = put<T>(b, X), g = put<T>(b, G), dy = put<T>(b, DY), y = b.allocate(dtype_of<T>(), N * D),
+         rstd = b.allocate(dtype_of<T>(), N), dx = b.allocate(dtype_of<T>(), N * D), dg = b.allocate(dtype_of<T>(), D);
+  Buffer rx = put<double>(r, X), rg = put<double>(r, G), rdy = put<double>(r, DY), ry = r.allocate(DType::F64, N * D),
+         rrstd = r.allocate(DType::F64, N), rdx = r.allocate(DType::F64, N * D), rdg = r.allocate(DType::F64, D);
+  f.rmsnorm_forward(x.data<T>(), g.data<T>(), y.data<T>(), rstd.data<T>(), N, D);
+  d.rmsnorm_forward(rx.data<double>(), rg.data<double>(), ry.data<double>(), rrstd.data<double>(), N, D);
+  expect_close<T>("rmsnorm forward", get<T>(b, y), get<double>(r, ry), D);
+  f.rmsnorm_backward(x.data<T>(), g.data<T>(), rstd.data<T>(), dy.data<T>(), dx.data<T>(), dg.data<T>(), N, D);
+  d.rmsnorm_backward(rx.data<double>(), rg.data<double>(), rrstd.data<double>(), rdy.data<double>(), rdx.data<double>(),
+                     rdg.data<double>(), N, D);
+  expect_close<T>("rmsnorm backward dx", get<T>(b, dx), get<double>(r, rdx), D);
+  expect_close<T>("rmsnorm backward dgain", get<T>(b, dg), get<double>(r, rdg), N);
 
-  std::vector<double> hd(N * D), dad(N * D), dbd(N * D);
-  std::vector<float> hf(N * D), daf(N * D), dbf(N * D);
-  d.swiglu_forward(x.data(), dy.data(), hd.data(), N * D);
-  f.swiglu_forward(xf.data(), dyf.data(), hf.data(), N * D);
-  expect_close("swiglu forward", hf, hd, 1);
-  d.swiglu_backward(x.data(), dy.data(), g.data(), dad.data(), dbd.data(), D);
-  f.swiglu_backward(xf.data(), dyf.data(), gf.data(), daf.data(), dbf.data(), D);
-  expect_close("swiglu backward", std::vector<float>(daf.begin(), daf.begin() + D),
-               std::vector<double>(dad.begin(), dad.begin() + D), 1);
+  // SwiGLU over N*D elements, its backward over the first D.
+  f.swiglu_forward(x.data<T>(), dy.data<T>(), y.data<T>(), N * D);
+  d.swiglu_forward(rx.data<double>(), rdy.data<double>(), ry.data<double>(), N * D);
+  expect_close<T>("swiglu forward", get<T>(b, y), get<double>(r, ry), 1);
+  Buffer da = b.allocate(dtype_of<T>(), D), db = b.allocate(dtype_of<T>(), D);
+  Buffer rda = r.allocate(DType::F64, D), rdb = r.allocate(DType::F64, D);
+  f.swiglu_backward(x.data<T>(), dy.data<T>(), g.data<T>(), da.data<T>(), db.data<T>(), D);
+  d.swiglu_backward(rx.data<double>(), rdy.data<double>(), rg.data<double>(), rda.data<double>(), rdb.data<double>(),
+                    D);
+  expect_close<T>("swiglu backward da", get<T>(b, da), get<double>(r, rda), 1);
+  expect_close<T>("swiglu backward db", get<T>(b, db), get<double>(r, rdb), 1);
 
-  // rope: B=2, T=9, H=3, Dh=32 = N*D elements? use the first part of x.
-  const int64_t B = 2, T = 9, H = 3, Dh = 32, n = B * T * H * Dh;
-  std::vector<double> rd2(x.begin(), x.begin() + n);
-  std::vector<float> rf2(xf.begin(), xf.begin() + n);
-  d.rope(rd2.data(), B, T, H, Dh, false);
-  f.rope(rf2.data(), B, T, H, Dh, false);
-  expect_close("rope", rf2, rd2, 2);
-  EXPECT_NEAR(d.sum_squares(x.data(), N * D), f.sum_squares(xf.data(), N * D), 1e-6 * d.sum_squares(x.data(), N * D));
+  // Rotary embedding over the first B*T*H*Dh values of x.
+  const int64_t B = 2, T_ = 9, H = 3, Dh = 32, n = B * T_ * H * Dh;
+  const std::vector<double> X0(X.begin(), X.begin() + n);
+  Buffer q = put<T>(b, X0), rq = put<double>(r, X0);
+  f.rope(q.data<T>(), B, T_, H, Dh, false);
+  d.rope(rq.data<double>(), B, T_, H, Dh, false);
+  expect_close<T>("rope", get<T>(b, q), get<double>(r, rq), 2);
+  const double ss = d.sum_squares(rx.data<double>(), N * D);
+  EXPECT_NEAR(f.sum_squares(x.data<T>(), N * D), ss, 8 * eps<T>() * ss);
+}
+
+TEST_P(Conformance, NormsAndElementwise) {
+  norm_cases<float>(backend());
+  norm_cases<double>(backend());
+}
+
+template <typename T>
+void attention_cases(Backend& b) {
+  Backend& r = reference();
+  const int64_t B = 2, T_ = 17, H = 3, Dh = 8, n = B * T_ * H * Dh, P = B * H * T_ * T_;
+  const auto Q = randn(n, "q"), K = randn(n, "k"), V = randn(n, "v"), DO = randn(n, "do");
+  auto run = [&](Backend& be, auto zero) {
+    using U = decltype(zero);
+    constexpr DType t = dtype_of<U>();
+    Buffer q = put<U>(be, Q), k = put<U>(be, K), v = put<U>(be, V), dout = put<U>(be, DO);
+    Buffer out = be.allocate(t, n), probs = be.allocate(t, P), dq = be.allocate(t, n), dk = be.allocate(t, n),
+           dv = be.allocate(t, n), scratch = be.allocate(t, T_ * T_);
+    Ops<U>& o = be.ops<U>();
+    o.attention_forward(q.data<U>(), k.data<U>(), v.data<U>(), out.data<U>(), probs.data<U>(), B, T_, H, Dh);
+    o.attention_backward(q.data<U>(), k.data<U>(), v.data<U>(), probs.data<U>(), dout.data<U>(), dq.data<U>(),
+                         dk.data<U>(), dv.data<U>(), scratch.data<U>(), B, T_, H, Dh);
+    return std::array<std::vector<double>, 4>{get<U>(be, out), get<U>(be, dq), get<U>(be, dk), get<U>(be, dv)};
+  };
+  const auto got = run(b, T(0)), ref = run(r, 0.0);
+  const char* names[4] = {"attention forward", "attention backward dq", "attention backward dk",
+                          "attention backward dv"};
+  for (int i = 0; i < 4; ++i) expect_close<T>(names[i], got[size_t(i)], ref[size_t(i)], T_ * Dh);
+}
+
+template <typename T>
+void loss_cases(Backend& b) {
+  Backend& r = reference();
+  const int64_t N = 19, V = 256;
+  const auto Z = randn(N * V, "z", 4.0);
+  std::vector<int32_t> targets(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) targets[size_t(i)] = int32_t((i * 37) % V);
+  const std::vector<int32_t> tokens = {3, 0, 255, 3, 3, 7};
+  const auto table = randn(V * 5, "E"), g6 = randn(6 * 5, "g6");
+  auto run = [&](Backend& be, auto zero) {
+    using U = decltype(zero);
+    constexpr DType t = dtype_of<U>();
+    Ops<U>& o = be.ops<U>();
+    Buffer z = put<U>(be, Z), tg = put_index(be, targets), losses = be.allocate(t, N), dz = be.allocate(t, N * V);
+    o.cross_entropy_forward(z.data<U>(), tg.data<int32_t>(), losses.data<U>(), N, V);
+    o.cross_entropy_backward(z.data<U>(), tg.data<int32_t>(), U(0.1), dz.data<U>(), N, V);
+    Buffer tok = put_index(be, tokens), tab = put<U>(be, table), g = put<U>(be, g6), e = be.allocate(t, 6 * 5),
+           dtab = be.allocate(t, V * 5);
+    o.embedding_forward(tok.data<int32_t>(), tab.data<U>(), e.data<U>(), 6, 5);
+    o.embedding_backward(tok.data<int32_t>(), g.data<U>(), dtab.data<U>(), 6, 5);
+    return std::array<std::vector<double>, 4>{get<U>(be, losses), get<U>(be, dz), get<U>(be, e), get<U>(be, dtab)};
+  };
+  const auto got = run(b, T(0)), ref = run(r, 0.0);
+  expect_close<T>("cross-entropy forward", got[0], ref[0], V);
+  expect_close<T>("cross-entropy backward", got[1], ref[1], V);
+  expect_close<T>("embedding forward", got[2], ref[2], 1);
+  expect_close<T>("embedding backward", got[3], ref[3], 3);
 }
 
 TEST_P(Conformance, AttentionAndLoss) {
-  Ops<float>& f = *GetParam().ops;
-  Ops<double>& d = cpu_ops<double>();
-  const int64_t B = 2, T = 17, H = 3, Dh = 8, n = B * T * H * Dh;
-  const auto q = randn(n, "q"), k = randn(n, "k"), v = randn(n, "v"), dout = randn(n, "do");
-  const auto qf = to_float(q), kf = to_float(k), vf = to_float(v), doutf = to_float(dout);
-  std::vector<double> od(n), pd(B * H * T * T), dqd(n), dkd(n), dvd(n), sd(T * T);
-  std::vector<float> of(n), pf(B * H * T * T), dqf(n), dkf(n), dvf(n), sf(T * T);
-  d.attention_forward(q.data(), k.data(), v.data(), od.data(), pd.data(), B, T, H, Dh);
-  f.attention_forward(qf.data(), kf.data(), vf.data(), of.data(), pf.data(), B, T, H, Dh);
-  expect_close("attention forward", of, od, T * Dh);
-  d.attention_backward(q.data(), k.data(), v.data(), pd.data(), dout.data(), dqd.data(), dkd.data(), dvd.data(),
-                       sd.data(), B, T, H, Dh);
-  f.attention_backward(qf.data(), kf.data(), vf.data(), pf.data(), doutf.data(), dqf.data(), dkf.data(), dvf.data(),
-                       sf.data(), B, T, H, Dh);
-  expect_close("attention backward dq", dqf, dqd, T * Dh);
-  expect_close("attention backward dk", dkf, dkd, T * Dh);
-  expect_close("attention backward dv", dvf, dvd, T * Dh);
-
-  const int64_t N = 19, V = 256;
-  const auto z = randn(N * V, "z", 4.0);
-  const auto zf = to_float(z);
-  std::vector<int32_t> targets(N);
-  for (int64_t i = 0; i < N; ++i) targets[i] = int32_t((i * 37) % V);
-  std::vector<double> ld(N), gd(N * V);
-  std::vector<float> lf(N), gf(N * V);
-  d.cross_entropy_forward(z.data(), targets.data(), ld.data(), N, V);
-  f.cross_entropy_forward(zf.data(), targets.data(), lf.data(), N, V);
-  expect_close("cross-entropy forward", lf, ld, V);
-  d.cross_entropy_backward(z.data(), targets.data(), 0.1, gd.data(), N, V);
-  f.cross_entropy_backward(zf.data(), targets.data(), 0.1f, gf.data(), N, V);
-  expect_close("cross-entropy backward", gf, gd, V);
-
-  std::vector<int32_t> tokens = {3, 0, 255, 3, 3, 7};
-  const auto table = randn(V * 5, "E");
-  const auto tablef = to_float(table);
-  const auto g6 = randn(6 * 5, "g6");
-  const auto g6f = to_float(g6);
-  std::vector<double> ed(6 * 5), edt(V * 5, 0.0);
-  std::vector<float> ef(6 * 5), eft(V * 5, 0.0f);
-  d.embedding_forward(tokens.data(), table.data(), ed.data(), 6, 5);
-  f.embedding_forward(tokens.data(), tablef.data(), ef.data(), 6, 5);
-  expect_close("embedding forward", ef, ed, 1);
-  d.embedding_backward(tokens.data(), g6.data(), edt.data(), 6, 5);
-  f.embedding_backward(tokens.data(), g6f.data(), eft.data(), 6, 5);
-  expect_close("embedding backward", eft, edt, 3);
+  attention_cases<float>(backend());
+  attention_cases<double>(backend());
+  loss_cases<float>(backend());
+  loss_cases<double>(backend());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(backends()),
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace
-}  // namespace moe
+}  // namespace moe::conformance

@@ -11,6 +11,7 @@
 
 #include "core/model.h"
 #include "core/moe_layer.h"
+#include "tests/core/test_backend.h"
 
 namespace moe {
 namespace {
@@ -32,10 +33,10 @@ std::unique_ptr<Model<float>> make_model(bool with_moe, Recompute recompute, int
   typename Model<float>::FfnFactory factory = nullptr;
   if (with_moe)
     factory = [](int64_t l) -> std::unique_ptr<FeedForward<float>> {
-      if (l % 2 == 1) return std::make_unique<MoeLayer<float>>(cpu_ops<float>(), moe_settings(l));
-      return std::make_unique<DenseMlp<float>>(cpu_ops<float>(), kShape.d_model, kShape.ffn_hidden, kShape.layers);
+      if (l % 2 == 1) return std::make_unique<MoeLayer<float>>(test_backend(), moe_settings(l));
+      return std::make_unique<DenseMlp<float>>(test_backend(), kShape.d_model, kShape.ffn_hidden, kShape.layers);
     };
-  auto model = std::make_unique<Model<float>>(cpu_ops<float>(), kShape, kSeqLen, kBatch, recompute, factory, slots);
+  auto model = std::make_unique<Model<float>>(test_backend(), kShape, kSeqLen, kBatch, recompute, factory, slots);
   model->init_params(21);
   for (int64_t i = 0; i < model->num_params(); ++i) model->params()[i] *= 8;  // routing far from uniform
   return model;

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/backend/backend.h"
 #include "core/moe/dispatcher.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/process_groups.h"
@@ -65,7 +66,8 @@ TEST(ExpertExchange, DispatcherStartFinishEqualsBlockingAndCombineIsItsAdjoint) 
   CommunicatorExchange exchange(*world);
   const int n = exchange.size(), me = exchange.rank();
   const int64_t local = 2, experts = local * n;
-  ExpertDispatcher<float> dispatcher(experts, n);
+  const auto backend = make_cpu_backend(1);
+  ExpertDispatcher<float> dispatcher(*backend, experts, n);
   dispatcher.set_exchange(&exchange);
   std::vector<int64_t> expert_offset(experts + 1, 0);
   for (int64_t e = 0; e < experts; ++e) expert_offset[e + 1] = expert_offset[e] + rows_for(me, e);

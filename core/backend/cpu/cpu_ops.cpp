@@ -6,9 +6,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
 #include <thread>
 #include <vector>
 
+#include "core/backend/backend.h"
+#include "core/backend/cpu/moe_kernels.h"
 #include "core/backend/ops.h"
 #include "core/error.h"
 
@@ -242,6 +247,49 @@ class CpuOps final : public Ops<T> {
     return total;
   }
 
+  void grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K,
+                    T alpha, const T* A, const T* B, T beta, T* C) override {
+    MOE_CHECK(!(trans_a && trans_b), "grouped gemm: trans_a with trans_b is not an expert shape");
+    // One GEMM per group: on the CPU the interface matters, not fusing the groups.
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t r0 = row_offset[g], m = row_offset[g + 1] - r0;
+      if (m == 0) continue;
+      if (!trans_a)
+        gemm(false, trans_b, m, N, K, alpha, A + r0 * K, K, B + g * K * N, trans_b ? K : N, beta, C + r0 * N, N);
+      else
+        gemm(true, false, K, N, m, alpha, A + r0 * K, K, B + r0 * N, N, beta, C + g * K * N, N);
+    }
+  }
+  void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) override {
+    cpu::gumbel_noise(key, step, first_counter, out, n);
+  }
+  void softmax_rows(const T* z, const double* noise, double tau, T* p, int64_t N, int64_t E) override {
+    cpu::softmax_rows(z, noise, tau, p, N, E);
+  }
+  void sigmoid_rows(const T* z, const double* noise, double tau, T* p, int64_t N, int64_t E) override {
+    cpu::sigmoid_rows(z, noise, tau, p, N, E);
+  }
+  void topk_rows(const T* p, const float* bias, const uint8_t* mask, int32_t* index, int64_t N, int64_t E,
+                 int64_t K) override {
+    cpu::topk_rows(p, bias, mask, index, N, E, K);
+  }
+  void gather_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) override {
+    cpu::gather_rows(src, index, scale, dst, rows, D);
+  }
+  void scatter_add_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) override {
+    cpu::scatter_add_rows(src, index, scale, dst, rows, D);
+  }
+  void combine_rows(const T* src, const int32_t* index, const T* weight, T* dst, int64_t N, int64_t K, int64_t D,
+                    bool accumulate) override {
+    cpu::combine_rows(src, index, weight, dst, N, K, D, accumulate);
+  }
+  void row_dots(const T* a, const int32_t* index, const T* b, T* out, int64_t rows, int64_t D) override {
+    cpu::row_dots(a, index, b, out, rows, D);
+  }
+  void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const typename Ops<T>::AdamWStep& step) override {
+    cpu::adamw_update(p, g, m, v, n, step);
+  }
+
  private:
   static double log_sum_exp(const T* z, int64_t V) {
     double m = -INFINITY;
@@ -266,25 +314,54 @@ class CpuOps final : public Ops<T> {
   }
 };
 
-int g_threads = 1;  // set once at start-up by set_compute_threads
+// Host memory, work done when a call returns: the CPU stream has nothing to wait for.
+class CpuStream final : public Stream {
+ public:
+  void synchronize() override {}
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) { set_threads(threads); }
+  const char* name() const override { return "cpu"; }
+  bool memory_is_host() const override { return true; }
+  int threads() const override { return threads_; }
+  // OpenMP and OpenBLAS keep their thread counts per process: the last backend made sets them.
+  void set_threads(int threads) override {
+    if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+    threads_ = threads;
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+  }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
+  Stream& stream() override { return stream_; }
+
+ protected:
+  void* allocate_bytes(size_t bytes) override {
+    constexpr size_t kAlign = 64;  // a cache line
+    void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  void free_bytes(void* p) noexcept override { std::free(p); }
+  Ops<float>& ops_f32() override { return f32_; }
+  Ops<double>& ops_f64() override { return f64_; }
+
+ private:
+  static void copy_bytes(void* dst, const void* src, size_t bytes) {
+    if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
+  }
+  int threads_ = 1;
+  CpuStream stream_;
+  CpuOps<float> f32_;
+  CpuOps<double> f64_;
+};
 
 }  // namespace
 
-template <typename T>
-Ops<T>& cpu_ops() {
-  static CpuOps<T> ops;
-  return ops;
-}
-template Ops<float>& cpu_ops<float>();
-template Ops<double>& cpu_ops<double>();
-
-void set_compute_threads(int threads) {
-  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  g_threads = threads;
-  omp_set_num_threads(threads);
-  openblas_set_num_threads(threads);
-}
-
-int compute_threads() { return g_threads; }
+std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
 
 }  // namespace moe

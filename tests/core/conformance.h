@@ -1,0 +1,85 @@
+// What the op conformance suites share: the backends under test (a new backend adds a row), the compute
+// types every op runs in (fp32 and fp64), moving test data through a backend's buffers (allocate,
+// copy_to_device, op, copy_to_host, compare: host pointers never reach an op), random inputs, and the
+// normalised error bound, derived from the dtype and the reduction length.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend/backend.h"
+#include "core/philox.h"
+
+namespace moe::conformance {
+
+struct BackendRow {
+  std::string name;
+  std::function<std::unique_ptr<Backend>()> make;
+};
+inline std::vector<BackendRow> backends() {
+  return {{"cpu", [] { return make_cpu_backend(0); }}};
+}
+
+// The reference: the CPU backend in double.
+inline Backend& reference() {
+  static const std::unique_ptr<Backend> backend = make_cpu_backend(0);
+  return *backend;
+}
+
+inline std::vector<double> randn(int64_t n, const std::string& purpose, double scale = 1.0) {
+  const RngStream rng(99, purpose);
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = scale * rng.normal(uint64_t(i));
+  return v;
+}
+
+// Host values (held in double) in and out of a backend's buffers as T.
+template <typename T>
+Buffer put(Backend& b, const std::vector<double>& host) {
+  return b.upload(std::vector<T>(host.begin(), host.end()));
+}
+inline Buffer put_index(Backend& b, const std::vector<int32_t>& host) { return b.upload(host); }
+template <typename T>
+std::vector<double> get(Backend& b, const Buffer& buffer) {
+  const std::vector<T> v = b.download<T>(buffer);
+  return {v.begin(), v.end()};
+}
+
+// Unit round-off of T.
+template <typename T>
+constexpr double eps() {
+  return double(std::numeric_limits<T>::epsilon());
+}
+
+// max |got - ref| / (max |ref| + tiny) <= 8 eps(T) sqrt(reduction length), and every value finite.
+template <typename T>
+void expect_close(const std::string& what, const std::vector<double>& got, const std::vector<double>& ref,
+                  int64_t reduction_length) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double max_ref = 0, max_err = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << ": non-finite at " << i;
+    max_ref = std::max(max_ref, std::abs(ref[i]));
+    max_err = std::max(max_err, std::abs(got[i] - ref[i]));
+  }
+  const double bound = 8 * eps<T>() * std::sqrt(double(std::max<int64_t>(reduction_length, 1)));
+  EXPECT_LE(max_err / (max_ref + 1e-300), bound) << what << " (" << (sizeof(T) == 4 ? "f32" : "f64") << ")";
+}
+
+class Conformance : public ::testing::TestWithParam<BackendRow> {
+ protected:
+  void SetUp() override { backend_ = GetParam().make(); }
+  Backend& backend() { return *backend_; }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+};
+
+}  // namespace moe::conformance

@@ -1,0 +1,210 @@
+// The op conformance suite, MoE and optimizer ops: grouped GEMM, Gumbel noise, row softmax and sigmoid,
+// row top-k (with the router's tie rule), gather, scatter-add, combine, row dots, the AdamW update.
+// Every backend, fp32 and fp64, data through the backend's buffers, against references written
+// from the definitions in double; index results (top-k) compare exactly.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "tests/core/conformance.h"
+
+namespace moe::conformance {
+namespace {
+
+// Expert blocks of an MoE shape with empty experts and a single-row one.
+const std::vector<int64_t> kOffsets = {0, 5, 5, 6, 19, 19, 40};
+
+template <typename T>
+void grouped_gemm_cases(Backend& b) {
+  const int64_t G = int64_t(kOffsets.size()) - 1, rows = kOffsets.back(), N = 24, K = 17;
+  for (int mode = 0; mode < 3; ++mode) {  // A B, A B^T, A^T B (weight gradients)
+    const bool ta = mode == 2, tb = mode == 1;
+    const auto A = randn(rows * K, "gA"), B = randn(ta ? rows * N : G * K * N, "gB");
+    const auto C = randn(ta ? G * K * N : rows * N, "gC");
+    std::vector<double> ref = C;
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t r = kOffsets[size_t(g)]; r < kOffsets[size_t(g + 1)]; ++r)
+        for (int64_t i = 0; i < (ta ? K : 1); ++i)
+          for (int64_t n = 0; n < N; ++n) {
+            if (!ta) {  // C[r, n] = 0.5 sum_k A[r, k] B_g[k, n] + 0.25 C[r, n]
+              double s = 0;
+              for (int64_t k = 0; k < K; ++k)
+                s += A[size_t(r * K + k)] * B[size_t(g * K * N + (tb ? n * K + k : k * N + n))];
+              ref[size_t(r * N + n)] = 0.5 * s + 0.25 * C[size_t(r * N + n)];
+            } else {  // C_g[i, n] accumulates 0.5 A[r, i] B[r, n] (beta applied below)
+              ref[size_t(g * K * N + i * N + n)] += 0.5 * A[size_t(r * K + i)] * B[size_t(r * N + n)];
+            }
+          }
+    if (ta)  // beta 0.25 on groups that have rows; empty groups are skipped, their C untouched
+      for (int64_t g = 0; g < G; ++g)
+        if (kOffsets[size_t(g + 1)] > kOffsets[size_t(g)])
+          for (int64_t i = 0; i < K * N; ++i) ref[size_t(g * K * N + i)] -= 0.75 * C[size_t(g * K * N + i)];
+    Buffer a = put<T>(b, A), bb = put<T>(b, B), c = put<T>(b, C);
+    b.ops<T>().grouped_gemm(ta, tb, G, kOffsets.data(), N, K, T(0.5), a.data<T>(), bb.data<T>(), T(0.25), c.data<T>());
+    expect_close<T>("grouped gemm mode " + std::to_string(mode), get<T>(b, c), ref, ta ? 21 : K);
+  }
+}
+
+TEST_P(Conformance, GroupedGemm) {
+  grouped_gemm_cases<float>(backend());
+  grouped_gemm_cases<double>(backend());
+}
+
+TEST_P(Conformance, GumbelNoiseIsThePhiloxStream) {
+  const RngStream rng(7, "moe.router.gumbel.layer1");
+  const int64_t n = 1000;
+  Buffer out = backend().allocate(DType::F64, n);
+  backend().ops<float>().gumbel_noise(rng.key, 3, 500, out.data<double>(), n);
+  const std::vector<double> got = backend().download<double>(out);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[size_t(i)], rng.gumbel(3, uint64_t(500 + i))) << i;
+}
+
+template <typename T>
+void score_cases(Backend& b) {
+  const int64_t N = 13, E = 7;
+  const double tau = 0.7;
+  const auto Z = randn(N * E, "z", 3.0), noise = randn(N * E, "noise");
+  std::vector<double> soft(size_t(N * E)), sig(size_t(N * E));
+  for (int64_t n = 0; n < N; ++n) {
+    double m = -INFINITY, s = 0;
+    std::vector<double> z(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) z[size_t(e)] = (double(T(Z[size_t(n * E + e)])) + noise[size_t(n * E + e)]) / tau;
+    for (double v : z) m = std::max(m, v);
+    for (double v : z) s += std::exp(v - m);
+    for (int64_t e = 0; e < E; ++e) {
+      soft[size_t(n * E + e)] = std::exp(z[size_t(e)] - m) / s;
+      sig[size_t(n * E + e)] = 1.0 / (1.0 + std::exp(-z[size_t(e)]));
+    }
+  }
+  Buffer z = put<T>(b, Z), nz = b.upload(noise), p = b.allocate(dtype_of<T>(), N * E);
+  b.ops<T>().softmax_rows(z.data<T>(), nz.data<double>(), tau, p.data<T>(), N, E);
+  expect_close<T>("softmax rows", get<T>(b, p), soft, 1);
+  b.ops<T>().sigmoid_rows(z.data<T>(), nz.data<double>(), tau, p.data<T>(), N, E);
+  expect_close<T>("sigmoid rows", get<T>(b, p), sig, 1);
+}
+
+TEST_P(Conformance, RowScores) {
+  score_cases<float>(backend());
+  score_cases<double>(backend());
+}
+
+// Brute force: a stable sort of the usable columns by key descending (ties keep the lower column).
+std::vector<int32_t> reference_topk(const std::vector<double>& p, const std::vector<float>& bias,
+                                    const std::vector<uint8_t>& mask, int64_t N, int64_t E, int64_t K) {
+  std::vector<int32_t> out;
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<int32_t> cols;
+    for (int32_t e = 0; e < E; ++e)
+      if (mask.empty() || !mask[size_t(e)]) cols.push_back(e);
+    auto key = [&](int32_t e) { return p[size_t(n * E + e)] + (bias.empty() ? 0.0 : double(bias[size_t(e)])); };
+    std::stable_sort(cols.begin(), cols.end(), [&](int32_t a, int32_t c) { return key(a) > key(c); });
+    for (int64_t j = 0; j < K; ++j) out.push_back(j < int64_t(cols.size()) ? cols[size_t(j)] : -1);
+  }
+  return out;
+}
+
+template <typename T>
+void topk_cases(Backend& b) {
+  const int64_t N = 29, E = 9;
+  // Values on a coarse grid so that ties are common; every row exact in T.
+  std::vector<double> P(static_cast<size_t>(N * E));
+  const RngStream rng(3, "topk");
+  for (int64_t i = 0; i < N * E; ++i) P[size_t(i)] = double(rng.below(4, uint64_t(i))) * 0.25;
+  const std::vector<float> bias = {0.0f, 0.25f, 0.0f, -0.25f, 0.0f, 0.0f, 0.5f, 0.0f, 0.25f};
+  const std::vector<uint8_t> mask = {0, 0, 1, 0, 0, 1, 0, 0, 1};
+  Buffer p = put<T>(b, P), bs = b.upload(bias), mk = b.upload(mask);
+  for (int64_t K : {int64_t(1), int64_t(3), E}) {
+    Buffer idx = b.allocate(DType::I32, N * K);
+    b.ops<T>().topk_rows(p.data<T>(), nullptr, nullptr, idx.data<int32_t>(), N, E, K);
+    EXPECT_EQ(b.download<int32_t>(idx), reference_topk(P, {}, {}, N, E, K)) << "plain, K " << K;
+    b.ops<T>().topk_rows(p.data<T>(), bs.data<float>(), mk.data<uint8_t>(), idx.data<int32_t>(), N, E, K);
+    EXPECT_EQ(b.download<int32_t>(idx), reference_topk(P, bias, mask, N, E, K)) << "biased and masked, K " << K;
+  }
+}
+
+TEST_P(Conformance, RowTopKBreaksTiesToTheLowerIndex) {
+  topk_cases<float>(backend());
+  topk_cases<double>(backend());
+}
+
+template <typename T>
+void row_move_cases(Backend& b) {
+  const int64_t rows = 11, D = 70, N = 6, K = 2;
+  const auto src = randn(rows * D, "src"), base = randn(N * D, "base"), scale = randn(rows, "scale");
+  const std::vector<int32_t> index = {3, 0, 5, -1, 2, 2, 4, 1, 0, 5, 3};       // rows -> tokens in [0, N)
+  const std::vector<int32_t> pick = {4, 9, -1, 0, 10, 10, 7, 3, 1, -1, 2, 6};  // (N, K) -> rows
+  const auto weight = randn(N * K, "weight");
+  std::vector<double> gathered(size_t(rows * D), 0.0), scattered = base, combined(size_t(N * D), 0.0);
+  std::vector<double> dots(size_t(rows), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < D; ++d) {
+      const int32_t i = index[size_t(r)];
+      if (i < 0) continue;
+      gathered[size_t(r * D + d)] = scale[size_t(r)] * base[size_t(i * D + d)];
+      scattered[size_t(i * D + d)] += scale[size_t(r)] * src[size_t(r * D + d)];
+      dots[size_t(r)] += base[size_t(i * D + d)] * src[size_t(r * D + d)];
+    }
+  for (int64_t s = 0; s < N * K; ++s)
+    if (pick[size_t(s)] >= 0)
+      for (int64_t d = 0; d < D; ++d)
+        combined[size_t((s / K) * D + d)] += weight[size_t(s)] * src[size_t(pick[size_t(s)] * D + d)];
+  Ops<T>& o = b.ops<T>();
+  Buffer bs = put<T>(b, src), bb = put<T>(b, base), sc = put<T>(b, scale), w = put<T>(b, weight);
+  Buffer ix = put_index(b, index), pk = put_index(b, pick), out = b.allocate(dtype_of<T>(), rows * D);
+  o.gather_rows(bb.data<T>(), ix.data<int32_t>(), sc.data<T>(), out.data<T>(), rows, D);
+  expect_close<T>("gather rows", get<T>(b, out), gathered, 1);
+  Buffer acc = put<T>(b, base);
+  o.scatter_add_rows(bs.data<T>(), ix.data<int32_t>(), sc.data<T>(), acc.data<T>(), rows, D);
+  expect_close<T>("scatter-add rows", get<T>(b, acc), scattered, 3);
+  Buffer comb = put<T>(b, base);  // overwritten: accumulate = false
+  o.combine_rows(bs.data<T>(), pk.data<int32_t>(), w.data<T>(), comb.data<T>(), N, K, D, false);
+  expect_close<T>("combine rows", get<T>(b, comb), combined, K);
+  Buffer dot = b.allocate(dtype_of<T>(), rows);
+  std::vector<int32_t> safe = index;
+  for (int32_t& i : safe) i = std::max(i, 0);
+  for (int64_t r = 0; r < rows; ++r)
+    if (index[size_t(r)] < 0)
+      for (int64_t d = 0; d < D; ++d) dots[size_t(r)] += base[size_t(d)] * src[size_t(r * D + d)];
+  Buffer sx = put_index(b, safe);
+  o.row_dots(bb.data<T>(), sx.data<int32_t>(), bs.data<T>(), dot.data<T>(), rows, D);
+  expect_close<T>("row dots", get<T>(b, dot), dots, D);
+}
+
+TEST_P(Conformance, GatherScatterCombine) {
+  row_move_cases<float>(backend());
+  row_move_cases<double>(backend());
+}
+
+template <typename T>
+void adamw_cases(Backend& b) {
+  const int64_t n = 1000;
+  const auto P = randn(n, "p"), G = randn(n, "g", 0.1), M = randn(n, "m", 0.01);
+  auto V = randn(n, "v", 0.001);
+  for (double& v : V) v = v * v;
+  const typename Ops<T>::AdamWStep s{T(0.9), T(0.95), T(0.01), T(1.3), T(1e-8), T(0.001)};
+  std::vector<double> p = P, m = M, v = V;
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = double(T(G[size_t(i)]));
+    m[size_t(i)] = double(s.beta1) * M[size_t(i)] + (1 - double(s.beta1)) * g;
+    v[size_t(i)] = double(s.beta2) * V[size_t(i)] + (1 - double(s.beta2)) * g * g;
+    p[size_t(i)] -= double(s.decay) * p[size_t(i)];
+    p[size_t(i)] -= double(s.step_size) * m[size_t(i)] / (std::sqrt(v[size_t(i)] * double(s.inv_bc2)) + double(s.eps));
+  }
+  Buffer bp = put<T>(b, P), bg = put<T>(b, G), bm = put<T>(b, M), bv = put<T>(b, V);
+  b.ops<T>().adamw_update(bp.data<T>(), bg.data<T>(), bm.data<T>(), bv.data<T>(), n, s);
+  expect_close<T>("adamw params", get<T>(b, bp), p, 4);
+  expect_close<T>("adamw first moment", get<T>(b, bm), m, 2);
+  expect_close<T>("adamw second moment", get<T>(b, bv), v, 2);
+}
+
+TEST_P(Conformance, AdamWUpdate) {
+  adamw_cases<float>(backend());
+  adamw_cases<double>(backend());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(backends()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace moe::conformance
