@@ -147,6 +147,8 @@ MPI_Datatype mpi_type(DType dtype) {
       return MPI_INT32_T;
     case DType::I64:
       return MPI_INT64_T;
+    case DType::U8:
+      return MPI_UINT8_T;
   }
   MOE_FAIL("unknown DType " << int(dtype));
 }
