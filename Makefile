@@ -18,7 +18,7 @@ MPI_ARGS ?= --mpirun-arg=--oversubscribe --mpirun-arg=--bind-to --mpirun-arg=non
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-# Debian packages the build needs (DESIGN.md "Dependencies"); libopenblas-openmp-dev gives OpenBLAS on
+# Debian packages the build needs (docs/design.md); libopenblas-openmp-dev gives OpenBLAS on
 # the same OpenMP runtime as the rest of the code.
 DEBIAN_PACKAGES := build-essential cmake libcli11-dev nlohmann-json3-dev libgtest-dev libopenblas-dev \
                    libopenblas-openmp-dev libxxhash-dev libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools \

@@ -24,7 +24,7 @@ steps=${MOE_SCALING_STEPS:-30}
 command -v python3 >/dev/null || { echo "bench_scaling: python3 is needed for the summary" >&2; exit 2; }
 mkdir -p "$out"
 
-# The flags of tests/CMakeLists.txt (PITFALLS.md): oversubscribed ranks that yield when idle, not bound to
+# The flags of tests/CMakeLists.txt (docs/design.md "Small machines"): oversubscribed ranks that yield when idle, not bound to
 # cores; mpirun's timeout ends every rank if a run hangs.
 mpirun_flags=(--oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --timeout 300)
 [[ $(id -u) == 0 ]] && mpirun_flags+=(--allow-run-as-root)

@@ -1,4 +1,4 @@
-// Element types chosen at run time: what a buffer stores and what an op accumulates in (MODEL.md: the
+// Element types chosen at run time: what a buffer stores and what an op accumulates in (docs/model.md: the
 // router in fp32 whatever the compute precision; bf16 storage with fp32 accumulation; fp64 for the
 // gradient checks). The sizes and the fp32 <-> bf16 conversions live here, written once for every
 // backend (the CUDA backend's kernels call the same functions). Not here: bf16 compute on the CPU.

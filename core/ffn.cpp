@@ -12,7 +12,7 @@ DenseMlp<T>::DenseMlp(Backend& backend, int64_t d_model, int64_t hidden, int64_t
 template <typename T>
 void DenseMlp<T>::register_params(ParamTable& table, const std::string& prefix) {
   prefix_ = prefix;
-  const double out_std = 0.02 / std::sqrt(2.0 * double(L_));  // W2 scaled by 1/sqrt(2L) (MODEL.md)
+  const double out_std = 0.02 / std::sqrt(2.0 * double(L_));  // W2 scaled by 1/sqrt(2L) (docs/model.md)
   table.add({prefix + ".w1", {D_, F_}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
   table.add({prefix + ".w3", {D_, F_}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
   table.add({prefix + ".w2", {F_, D_}, ParamRole::Dense, true, ParamInit::Normal, out_std});

@@ -1,4 +1,4 @@
-// The FFN of a transformer layer (MODEL.md: FFN_l). A strategy chosen once at construction: the
+// The FFN of a transformer layer (docs/model.md: FFN_l). A strategy chosen once at construction: the
 // dense SwiGLU MLP here; the MoE layer implements the same interface. A layer holds parameters,
 // configuration and step statistics only. What one micro-batch leaves for its backward lives in
 // memory the caller hands in: activations in the model's arena (so activation recompute can share

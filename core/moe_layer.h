@@ -1,4 +1,4 @@
-// The MoE layer of MODEL.md ("MoE layer") in the FFN slot. It only wires its parts (core/moe/):
+// The MoE layer of docs/model.md ("MoE layer") in the FFN slot. It only wires its parts (core/moe/):
 // router (scores, selection, gate weights, router losses) -> dispatch plan (capacity, overflow,
 // permutation) -> dispatcher (rows to the experts' ranks) -> grouped experts -> dispatcher back ->
 // combine (gate-weighted sum), plus the shared experts and the dense fallback, and the mirrored
@@ -62,7 +62,7 @@ class MoeLayer final : public FeedForward<T> {
 
   // Starts a new step's statistics.
   void reset_stats();
-  // After an optimizer step: b_e += rate * sign(mean_c - c_e) from the step's counts (MODEL.md).
+  // After an optimizer step: b_e += rate * sign(mean_c - c_e) from the step's counts (docs/model.md).
   // counts: tokens_per_expert summed over the step (and, with data parallelism, over all replicas).
   void update_balancing_bias(const std::vector<int64_t>& counts, double rate) { router_.update_bias(counts, rate); }
   std::vector<float>& balancing_bias() { return router_.bias(); }

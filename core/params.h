@@ -2,7 +2,7 @@
 // split), and one flat buffer each for parameters, gradients and optimizer state is carved from it by
 // offset. Data-parallel buckets, ZeRO shards and checkpoint entries are slices of this table; nothing
 // picks a tensor by index. Initialisation is a pure function of (seed, name, global element index), so a
-// shard initialised as its slice of the full tensor equals the serial run's (MODEL.md "Init").
+// shard initialised as its slice of the full tensor equals the serial run's (docs/model.md "Init").
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,7 @@ const char* param_role_name(ParamRole role);
 
 enum class ParamInit { Normal, Ones, Zeros };
 
-// The groups of the rank grid a parameter is split across or replicated over (DESIGN.md "Rank grid").
+// The groups of the rank grid a parameter is split across or replicated over (docs/parallel.md).
 enum class ParamGroup { None, DataParallel, ExpertParallel, ExpertDataParallel, TensorParallel, ExpertTensorParallel };
 const char* param_group_name(ParamGroup group);
 

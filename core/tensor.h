@@ -1,6 +1,6 @@
 // A small non-owning tensor: a pointer into one of the flat buffers plus its shape (row-major). Layers
-// take raw pointers with the shape beside each argument (STYLE.md); code that handles tensors by name —
-// the parameter table, checkpoints, tests — uses this view.
+// take raw pointers with the shape beside each argument (docs/design.md "Conventions"); code that handles tensors by
+// name — the parameter table, checkpoints, tests — uses this view.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // The loader: which tokens global sequence `index` of optimizer step `step` holds, as a pure function
 // of (seed, step, index) and the corpus. No position is kept, so resuming at step s needs no
-// checkpointed state and every parallel layout (MODEL.md "Batches") sees the same sequences.
+// checkpointed state and every parallel layout (docs/model.md "Batches") sees the same sequences.
 // Not here: which indices a rank takes (its data-parallel slice), batching into tensors, the corpus.
 #pragma once
 

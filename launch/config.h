@@ -1,4 +1,4 @@
-// The experiment config: one JSON file per experiment, the keys of CONTRACT.md plus the project's own.
+// The experiment config: one JSON file per experiment, the keys of docs/cli.md plus the project's own.
 // Loading validates every key before any work starts: wrong type, out-of-range value, unknown key (with
 // the nearest valid key suggested), inconsistent values. Each failure throws moe::Error(BadInput) whose
 // message names the dotted key, the value and what is expected. docs/config.md is the full reference and

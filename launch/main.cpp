@@ -1,5 +1,5 @@
 // The `moe` program: parses the command line (CLI11) and runs a subcommand. The only place that turns
-// errors into exit codes: 0 success, 2 bad input (nothing written), 1 anything else (CONTRACT.md).
+// errors into exit codes: 0 success, 2 bad input (nothing written), 1 anything else (docs/cli.md).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>

@@ -1,4 +1,4 @@
-// The run directory (CONTRACT.md): resolved config.json, manifest.json, metrics.jsonl. Deciding whether
+// The run directory (docs/cli.md): resolved config.json, manifest.json, metrics.jsonl. Deciding whether
 // a directory may be used is separate from writing to it, so every refusal happens before anything
 // is written or overwritten.
 #pragma once

@@ -7,7 +7,7 @@
 namespace moe {
 namespace {
 
-// One MoE layer's entry of the metrics line (CONTRACT.md).
+// One MoE layer's entry of the metrics line (docs/cli.md).
 nlohmann::json moe_metrics(const RouterStepStats& st) {
   double mean = 0, var = 0;
   for (int64_t c : st.tokens_per_expert) mean += double(c);

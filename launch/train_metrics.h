@@ -1,5 +1,5 @@
 // What a run reports: metrics.jsonl (opened fresh, or after a resume keeping the lines up to the
-// checkpoint's step), the line of a training step with one entry per MoE layer (CONTRACT.md,
+// checkpoint's step), the line of a training step with one entry per MoE layer (docs/metrics.md,
 // docs/metrics.md), and evaluation on the held-out split of every source.
 #pragma once
 

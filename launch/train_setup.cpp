@@ -62,7 +62,7 @@ MoeSettings moe_settings(const Config& config, int64_t layer) {
   return s;
 }
 
-// Layer l is an MoE layer when l % moe.every == moe.every - 1 (MODEL.md), else a dense SwiGLU MLP.
+// Layer l is an MoE layer when l % moe.every == moe.every - 1 (docs/model.md), else a dense SwiGLU MLP.
 Model<float>::FfnFactory ffn_factory(Backend& backend, const Config& config, int64_t ep_size, int64_t ep_rank) {
   return [&backend, config, ep_size, ep_rank](int64_t layer) -> std::unique_ptr<FeedForward<float>> {
     const MoeConfig& m = config.moe;

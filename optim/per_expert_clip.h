@@ -1,4 +1,4 @@
-// Per-expert gradient clipping (MODEL.md "Per-expert gradient clipping"): each routed expert's gradient,
+// Per-expert gradient clipping (docs/model.md "Per-expert gradient clipping"): each routed expert's gradient,
 // all its matrices together, is clipped to factor * m_e, where m_e is the bias-corrected exponential moving
 // average (decay 0.99) of that expert's past unclipped norms; no clipping until m_e has 10 samples.
 // Experts are found in the parameter table: every tensor of role Expert has the expert on axis 0, and

@@ -1,4 +1,4 @@
-// The communicator seam (DESIGN.md "Communicator"): collectives and point-to-point transfers over a group
+// The communicator seam (docs/design.md "The seams"): collectives and point-to-point transfers over a group
 // of ranks, on typed buffers (pointer, count, DType). MPI implements it for host memory
 // (mpi_communicator.cpp); NCCL will implement it for device memory. Counts are in elements; displacements
 // of the v-forms are the prefix sums of the counts. Nonblocking forms return a request that must complete

@@ -1,4 +1,4 @@
-// The backend object (DESIGN.md "Memory belongs to the backend"; ggml's backend buffer type): made once
+// The backend object (docs/design.md "The backend seam"; ggml's backend buffer type): made once
 // in `main` (or by a test or benchmark through make_cpu_backend) and passed down to everything that
 // allocates or computes. It owns memory (Buffer: RAII, with its dtype and whether the host can address
 // it), the copies between host and backend memory, the stream its work is ordered on, the thread count,

@@ -1,10 +1,10 @@
-// The backend seam: the narrow set of ops every layer is written with (DESIGN.md "Backend").
+// The backend seam: the narrow set of ops every layer is written with (docs/design.md "The backend seam").
 // Pointers are in the backend's memory (host for the CPU backend); the ops of a backend are reached
 // through its Backend object (core/backend/backend.h), which also owns that memory. Every op has a CPU reference in
 // core/backend/cpu/ and a conformance test; another backend implements this interface and must pass it.
 //
-// Gradient contract (STYLE.md): parameter gradients accumulate (+=); activation gradients are written (=),
-// except where an op says it accumulates (the residual stream).
+// Gradient contract (docs/design.md "Conventions"): parameter gradients accumulate (+=); activation gradients are
+// written (=), except where an op says it accumulates (the residual stream).
 #pragma once
 
 #include <cstdint>

@@ -10,7 +10,7 @@
 namespace moe {
 namespace {
 // Below this the renormalising sum of the selected scores is clamped (and treated as a constant), so
-// a sigmoid router cannot drive its scores towards zero to game the losses (PITFALLS.md).
+// a sigmoid router cannot drive its scores towards zero to game the losses (docs/moe.md).
 constexpr double kMinGateSum = 1e-6;
 constexpr double kMinLogArg = 1e-30;
 constexpr int64_t kMaxExperts = 1024;

@@ -1,4 +1,4 @@
-// The MoE router of MODEL.md steps 1-5 and its losses: logits z = x Wg, noise and temperature,
+// The MoE router of docs/model.md steps 1-5 and its losses: logits z = x Wg, noise and temperature,
 // scores, expert dropout, selection by scores plus balancing bias, gate weights, the four router
 // losses, and the backward of all of it into Wg and x. The strategies (noise, score function, gate
 // normalisation) are chosen at construction; forward calls them. The balancing bias lives here: it
@@ -46,7 +46,7 @@ class Router {
                 const T* dw, T* dp, T* dz, T* dx, int64_t N) const;
 
   std::vector<float>& bias() { return bias_; }
-  // After an optimizer step: b_e += rate * sign(mean_c - c_e) from the step's counts (MODEL.md).
+  // After an optimizer step: b_e += rate * sign(mean_c - c_e) from the step's counts (docs/model.md).
   void update_bias(const std::vector<int64_t>& counts, double rate);
 
   // Strategies: the scores op (softmax or sigmoid rows); the scores' backward; gate weights and backward.

@@ -1,4 +1,4 @@
-// Configuration of one MoE layer (MODEL.md "MoE layer"; keys in docs/config.md) and the fate of one
+// Configuration of one MoE layer (docs/model.md "MoE layer"; keys in docs/config.md) and the fate of one
 // (token, choice) assignment. Plain data shared by the MoE parts in core/moe/.
 #pragma once
 

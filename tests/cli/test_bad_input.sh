@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end tests of the `moe` command line: every kind of bad input ends with exit code 2, a message on
-# stderr naming the problem (the key, file or value), and nothing written or overwritten (DESIGN.md,
-# invariant 5; CONTRACT.md, exit codes). Also that --help works. What a successful run writes, and how it
+# stderr naming the problem (the key, file or value), and nothing written or overwritten (docs/design.md,
+# invariant 5; docs/cli.md, exit codes). Also that --help works. What a successful run writes, and how it
 # trains, is tests/launch/test_trainer.cpp's business.
 #
 # Usage: test_bad_input.sh MOE_BINARY SOURCE_DIR

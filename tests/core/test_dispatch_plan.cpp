@@ -31,7 +31,7 @@ DispatchRequest<float> request_of(const Case& c) {
   return r;
 }
 
-// The rules of MODEL.md and docs/moe.md, written the slow way: an assignment is kept when fewer than
+// The rules of docs/model.md and docs/moe.md, written the slow way: an assignment is kept when fewer than
 // `capacity` assignments to its expert come before it; the overflowed ones are taken one at a time,
 // always the first in priority among those left; the permutation is read off expert by expert.
 DispatchPlan reference(const Case& c) {

@@ -1,5 +1,5 @@
 // Finite-difference gradient checks (double precision) for every op's backward, the dense MLP, and
-// the whole model; and the gradient-accumulation contract of STYLE.md.
+// the whole model; and the gradient-accumulation contract of docs/design.md "Conventions".
 #include <gtest/gtest.h>
 
 #include "core/backend/ops.h"
@@ -169,8 +169,8 @@ void check_model(Recompute recompute) {
 TEST(GradCheck, WholeModel) { check_model(Recompute::None); }
 TEST(GradCheck, WholeModelWithRecompute) { check_model(Recompute::Full); }
 
-// STYLE.md: parameter gradients accumulate. Two backwards give twice the gradients, up to the rounding
-// of one addition per element (BLAS may fold the old value in before or after its K-blocks).
+// docs/design.md "Conventions": parameter gradients accumulate. Two backwards give twice the gradients, up to the
+// rounding of one addition per element (BLAS may fold the old value in before or after its K-blocks).
 TEST(GradientContract, BackwardTwiceIsTwiceTheGradients) {
   ModelShape shape{11, 8, 2, 2, 8};
   const int64_t T = 4, B = 2;

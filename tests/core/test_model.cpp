@@ -66,7 +66,7 @@ TEST(Model, InitIsPerNameAndElementNotPerLayout) {
     ASSERT_EQ(s.numel, d.numel);
     EXPECT_EQ(0, std::memcmp(small.params() + s.offset, deep.params() + d.offset, sizeof(float) * s.numel)) << name;
   }
-  // Initial statistics follow MODEL.md: std 0.02, output projections scaled by 1/sqrt(2L), gains one.
+  // Initial statistics follow docs/model.md: std 0.02, output projections scaled by 1/sqrt(2L), gains one.
   const ParamSpec& wq = deep.table().find("layers.1.attn.wq");
   double ss = 0;
   for (int64_t i = 0; i < wq.numel; ++i) ss += double(deep.params()[wq.offset + i]) * deep.params()[wq.offset + i];

@@ -1,4 +1,4 @@
-// Damaged checkpoints (DESIGN.md invariants 4 and 5; PITFALLS.md "Checkpoints"): a checkpoint is either
+// Damaged checkpoints (docs/design.md, invariants 4 and 5; docs/checkpoint.md): a checkpoint is either
 // complete and verified or ignored, and `--resume auto` says which one it skipped and why, falls back to
 // the newest one that verifies (a replica's copy of a file, else an older checkpoint, else none) and then
 // ends bit for bit where an uninterrupted run ends. A damaged checkpoint named by --resume PATH, or one of

@@ -1,4 +1,4 @@
-// Checkpoints users can trust (DESIGN.md invariants 3 and 4): a run stopped after step 10 and resumed
+// Checkpoints users can trust (docs/design.md, invariants 3 and 4): a run stopped after step 10 and resumed
 // equals the uninterrupted 20-step run bit for bit (metrics and parameters), with full and incremental
 // chains, written synchronously and asynchronously, on 1 and 4 ranks; a checkpoint taken at one layout
 // resumes at another (dp 4 / ep 2 <-> dp 2 / ep 1) within the equivalence tolerance. Runs under

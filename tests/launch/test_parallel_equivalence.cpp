@@ -1,4 +1,4 @@
-// Every data- and expert-parallel layout reproduces the serial run (DESIGN.md invariant 2): the same
+// Every data- and expert-parallel layout reproduces the serial run (docs/design.md, invariants 2): the same
 // config trained for 10 steps on one rank and on dp = 2, dp = 4, ep = 2, ep = 4 and dp = 4 with ep = 2,
 // each with ZeRO off and on, with capacity dropping on and off. Runs under mpirun -np 4; layouts with
 // fewer ranks run on a sub-communicator while the other ranks wait.

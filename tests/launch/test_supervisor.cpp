@@ -1,4 +1,4 @@
-// Fault recovery of `moe launch` end to end (DESIGN.md invariants 3-5): the real program runs as a
+// Fault recovery of `moe launch` end to end (docs/design.md, invariants 3-5): the real program runs as a
 // subprocess, starting mpirun with 2 ranks of a tiny MoE model, while faults are injected (fault.inject):
 // a killed rank, a stopped (silent) rank, a hung main thread, an exception, a corrupted newest checkpoint,
 // more faults than fault.max_restarts allows, forged and malformed heartbeats, and bad input. Each

@@ -1,6 +1,6 @@
 // End-to-end tests of `moe train` in process (launch/trainer.h, run_trainer): the same config and seed
-// reproduce metrics.jsonl bit for bit (DESIGN.md, invariant 3), full recomputation changes no bit, the
-// run directory holds what CONTRACT.md promises, a tiny model learns, and bad input writes nothing.
+// reproduce metrics.jsonl bit for bit (docs/design.md, invariant 3), full recomputation changes no bit, the
+// run directory holds what docs/cli.md promises, a tiny model learns, and bad input writes nothing.
 // Not here: the command line and exit codes (tests/cli/test_bad_input.sh), the config rules one by one
 // (test_config.cpp), the model's math (tests/core).
 #include <gtest/gtest.h>
@@ -134,7 +134,7 @@ TEST(TrainerReproducibility, FullRecomputeGivesTheSameMetricsBitForBit) {
   expect_same_metrics(none, full);
 }
 
-// ---- The run directory (CONTRACT.md) ------------------------------------------------------------------
+// ---- The run directory (docs/cli.md) ------------------------------------------------------------------
 
 TEST(TrainerRunDirectory, MetricsLinesHaveTheContractFields) {
   TempDir tmp("trainer");
