@@ -1,9 +1,13 @@
-// The decoder-only language model of MODEL.md: embedding, L layers of (RMSNorm, rotary causal attention,
-// residual, RMSNorm, FFN slot, residual), output RMSNorm and untied head, cross-entropy. Forward and
-// backward are explicit and read like the math; the FFN strategy is chosen once at construction.
-// The model owns its flat parameter and gradient buffers (carved by the parameter table) and
-// `num_slots` micro-batch slots: each an activation arena for up to `max_batch` sequences plus every
-// FFN's per-micro-batch state, so several micro-batches can be forwarded before their backwards (1F1B).
+// The decoder-only language model of MODEL.md: embedding, L layers of (RMSNorm, attention, residual,
+// RMSNorm, FFN, residual), output RMSNorm and untied head, cross-entropy. Forward and backward are
+// explicit and read like the math; attention and FFN are layers made by factories at construction
+// (default: multi-head rotary causal attention, dense SwiGLU MLP).
+// A pipeline stage is the same class with parts absent: layers [first, last) of the model, with the
+// embedding and the head optional (StageSpec); its parameter table holds only its own parameters, under
+// the whole model's names. The model owns its flat parameter and gradient buffers (carved by the
+// parameter table) and `num_slots` micro-batch slots: each an activation arena for up to `max_batch`
+// sequences plus every layer's per-micro-batch state, so several micro-batches can be forwarded before
+// their backwards (1F1B).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/attention.h"
 #include "core/backend/backend.h"
 #include "core/ffn.h"
 #include "core/params.h"
@@ -31,15 +36,27 @@ enum class Recompute {
   Full,  // each layer keeps only its input and recomputes its forward just before its backward
 };
 
+// Which part of the model this object holds: layers [first_layer, last_layer) (last_layer -1: through the
+// last layer), the embedding (the first stage) and the output norm, head and loss (the last stage). The
+// default is the whole model.
+struct StageSpec {
+  int64_t first_layer = 0, last_layer = -1;
+  bool embedding = true, head = true;
+};
+
 template <typename T>
 class Model {
  public:
   // Builds the FFN of layer l; the default is the dense SwiGLU MLP.
   using FfnFactory = std::function<std::unique_ptr<FeedForward<T>>(int64_t layer)>;
+  // Builds the attention of layer l; the default is MhaAttention.
+  using AttentionFactory = std::function<std::unique_ptr<Attention<T>>(int64_t layer)>;
 
-  // Every buffer (parameters, gradients, activations, scratch) is allocated through `backend`.
+  // Every buffer (parameters, gradients, activations, scratch) is allocated through `backend`. Layer
+  // indices (the factories', ffn(), ffn_slot()) are the whole model's.
   Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int64_t max_batch, Recompute recompute,
-        FfnFactory ffn_factory = nullptr, int num_slots = 1);
+        FfnFactory ffn_factory = nullptr, int num_slots = 1, const StageSpec& stage = {},
+        AttentionFactory attention_factory = nullptr);
 
   const ModelShape& shape() const { return shape_; }
   const ParamTable& table() const { return table_; }
@@ -57,18 +74,32 @@ class Model {
 
   int num_slots() const { return int(slots_.size()); }
   // tokens: (B, T+1) rows, B <= max_batch; inputs are columns [0, T), targets columns [1, T].
-  // Returns the sum over the B*T tokens of -log p(target). Keeps what backward needs in `slot`, with
-  // the context of the last set_context().
+  // Returns the sum over the B*T tokens of -log p(target) (0 for a stage without the head). Keeps what
+  // backward needs in `slot`, with the context of the last set_context(). Needs the embedding.
   double forward(int slot, const int32_t* tokens, int64_t B);
+  // A stage without the embedding: `input_activation` is its first layer's input (B*T, D), in the
+  // backend's memory, copied into the slot (nullptr when the stage has the embedding). tokens as above:
+  // the head needs the targets.
+  double forward(int slot, const int32_t* tokens, int64_t B, const T* input_activation);
   // After forward into `slot`: accumulates d(loss_scale * sum of its token losses)/d(params) into grads().
-  // Slots are independent: backwards may run in any order after their forwards.
+  // Slots are independent: backwards may run in any order after their forwards. Needs the head.
   void backward(int slot, double loss_scale);
-  // Per-token losses of the forward in `slot`: (B*T), in the backend's memory.
+  // A stage without the head: `output_grad` is the gradient (B*T, D) of its output activation, in the
+  // backend's memory (nullptr when the stage has the head; loss_scale then scales its loss).
+  void backward(int slot, double loss_scale, const T* output_grad);
+  // The last layer's output (B*T, D) of the forward in `slot`: what the next stage takes as input.
+  const T* output_activation(int slot) const { return slots_[size_t(slot)].x.back(); }
+  // A stage without the embedding, after backward of `slot`: the gradient (B*T, D) of its input activation,
+  // what the previous stage's backward takes (nullptr when the stage has the embedding).
+  const T* input_grad(int slot) const { return slots_[size_t(slot)].input_grad.template data<T>(); }
+  // Per-token losses of the forward in `slot`: (B*T), in the backend's memory (a stage with the head).
   const T* token_losses(int slot) const { return slots_[size_t(slot)].losses.template data<T>(); }
   // Router losses of the forward in `slot`, summed over MoE layers (coefficients applied, unweighted).
   double router_loss(int slot) const;
   // The state layer `layer`'s FFN keeps for the micro-batch in `slot` (nullptr for a dense FFN).
-  const FfnSlot* ffn_slot(int slot, int64_t layer) const { return slots_[size_t(slot)].ffn[size_t(layer)].get(); }
+  const FfnSlot* ffn_slot(int slot, int64_t layer) const {
+    return slots_[size_t(slot)].ffn[size_t(local(layer))].get();
+  }
 
   // One micro-batch at a time: slot 0.
   double forward(const int32_t* tokens, int64_t B) { return forward(0, tokens, B); }
@@ -83,41 +114,54 @@ class Model {
   // micro-batch's first sequence within the step, and the weight of one routing group's router losses
   // in the step's loss (1 / routing groups per step). Passed to every FFN.
   void set_context(bool training, int64_t step, int64_t first_sequence, double router_loss_scale, uint64_t seed);
-  FeedForward<T>& ffn(int64_t layer) { return *ffn_[layer]; }
+  FeedForward<T>& ffn(int64_t layer) { return *ffn_[size_t(local(layer))]; }
+  Attention<T>& attention(int64_t layer) { return *attn_[size_t(local(layer))]; }
   // Called during backward with a range [first, end) of parameter-table specs whose gradients are final
   // for this backward (output head, then each layer from the last, then the embedding), so gradient
   // communication can start while backward goes on. Empty: no calls.
   using GradReadyHook = std::function<void(int64_t first_spec, int64_t end_spec)>;
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
+  // Layers of the whole model; this object holds [first_layer(), end_layer()).
   int64_t num_layers() const { return shape_.layers; }
+  int64_t first_layer() const { return first_; }
+  int64_t end_layer() const { return end_; }
+  const StageSpec& stage() const { return stage_; }
 
  private:
-  struct BlockWeights {  // pointers into params_ / grads_ for one layer
-    const T *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm;
-    T *d_attn_norm, *dwq, *dwk, *dwv, *dwo, *d_ffn_norm;
+  struct BlockWeights {  // pointers into params_ / grads_ for one layer's norms
+    const T *attn_norm, *ffn_norm;
+    T *d_attn_norm, *d_ffn_norm;
   };
   struct BlockActs {  // one layer's saved activations for one micro-batch
-    T *xa, *rstd_a, *q, *k, *v, *probs, *att, *h, *xf, *rstd_f, *ffn;
+    T *xa, *rstd_a, *attn, *h, *xf, *rstd_f, *ffn;
   };
 
   // One micro-batch in flight: its inputs, activations, FFN states and the context of its forward.
   struct Slot {
     Buffer arena;
-    std::vector<T*> x;            // L + 1 pointers, (N, D) each: each layer's input, then the final x
-    std::vector<BlockActs> acts;  // L entries (all the model's shared set when recomputing)
-    T *xo = nullptr, *rstd_o = nullptr, *logits = nullptr;
-    Buffer losses;                              // (N)
-    Buffer inputs, targets;                     // (N) token ids
-    std::vector<int32_t> host_tokens;           // (2 N) inputs then targets, staged on the host
-    std::vector<std::unique_ptr<FfnSlot>> ffn;  // L entries
+    std::vector<T*> x;            // layers + 1 pointers, (N, D) each: each layer's input, then its output
+    std::vector<BlockActs> acts;  // one per layer (all the model's shared set when recomputing)
+    T *xo = nullptr, *rstd_o = nullptr, *logits = nullptr;  // with the head
+    Buffer losses;                                          // (N), with the head
+    Buffer inputs, targets;                                 // (N) token ids
+    Buffer input_grad;                                      // (N, D), without the embedding
+    std::vector<int32_t> host_tokens;                       // (2 N) inputs then targets, staged on the host
+    std::vector<std::unique_ptr<FfnSlot>> ffn;              // one per layer
     FfnContext context;
     int64_t batch = 0;  // 0: no forward yet
   };
 
+  void build_layers(const FfnFactory& ffn_factory, const AttentionFactory& attention_factory);
+  void make_scratch();
   void make_slot(Slot& slot);
   Slot& checked_slot(int slot);
-  void block_forward(int64_t l, const FfnContext& context, Slot& s, int64_t B);
-  void block_backward(int64_t l, const FfnContext& context, Slot& s, T* dres, int64_t B);
+  int64_t local(int64_t layer) const;
+  int64_t stage_layers() const { return end_ - first_; }
+  void stage_inputs(Slot& s, const int32_t* tokens, int64_t B);
+  double head_forward(Slot& s, int64_t N);
+  void head_backward(Slot& s, double loss_scale, int64_t N);
+  void block_forward(int64_t i, const FfnContext& context, Slot& s, int64_t B);
+  void block_backward(int64_t i, const FfnContext& context, Slot& s, T* dres, int64_t B);
   BlockActs carve_acts(T*& cursor) const;
   int64_t acts_size() const;
 
@@ -126,7 +170,10 @@ class Model {
   ModelShape shape_;
   int64_t T_, max_batch_;
   Recompute recompute_;
+  StageSpec stage_;
+  int64_t first_, end_;  // the stage's layers
   ParamTable table_;
+  std::vector<std::unique_ptr<Attention<T>>> attn_;  // one per layer of the stage
   std::vector<std::unique_ptr<FeedForward<T>>> ffn_;
   Buffer params_, grads_;
   std::vector<BlockWeights> blocks_;
@@ -139,10 +186,11 @@ class Model {
   Buffer shared_acts_;
   // Scratch of one forward or backward call, shared by all layers and slots.
   Buffer scratch_;
-  T *ffn_out_, *dres_, *dtmp_, *dq_, *dk_, *dv_, *datt_, *dlogits_, *attn_scratch_, *ffn_scratch_;
-  FfnContext context_;  // of the next forwards
+  T *ffn_out_ = nullptr, *dres_ = nullptr, *dtmp_ = nullptr, *dnorm_ = nullptr, *dlogits_ = nullptr;
+  T* layer_scratch_ = nullptr;  // the attention's or the FFN's backward scratch
+  FfnContext context_;          // of the next forwards
   GradReadyHook grad_ready_;
-  // Spec index ranges of the table: the embedding, each layer, the output norm and head.
+  // Spec index ranges of the table: the embedding, each layer of the stage, the output norm and head.
   std::pair<int64_t, int64_t> embed_specs_, head_specs_;
   std::vector<std::pair<int64_t, int64_t>> layer_specs_;
 };

@@ -1,0 +1,62 @@
+// The attention of a transformer layer (MODEL.md: Attn_l), a layer made by a factory as the FFN is
+// (core/ffn.h): parameters registered by name in the model's table and bound to its flat buffers; what one
+// micro-batch leaves for its backward lives in activation memory the caller hands in (the model's arena,
+// so activation recompute can share one set across layers); backward scratch is the caller's too. Shapes
+// follow FeedForward's: x, y, dy, dx are (N, D) with N = B * seq_len.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/backend/backend.h"
+#include "core/params.h"
+
+namespace moe {
+
+template <typename T>
+class Attention {
+ public:
+  virtual ~Attention() = default;
+  // Adds this layer's parameters to the table under `prefix` (e.g. "layers.3.attn").
+  virtual void register_params(ParamTable& table, const std::string& prefix) = 0;
+  // Points at the flat buffers once they exist (offsets come from the table).
+  virtual void bind(const ParamTable& table, T* params, T* grads) = 0;
+  // Elements of saved activations (acts) and of backward scratch for N tokens.
+  virtual int64_t activation_size(int64_t N) const = 0;
+  virtual int64_t scratch_size(int64_t N) const = 0;
+  // Matmul FLOPs of one forward over N tokens (for throughput figures).
+  virtual double forward_flops(int64_t N) const = 0;
+  // x: (N, D) normalised input of B sequences; the attention's output is added to y (N, D), the residual
+  // stream, so the residual sum is the output projection's own accumulation; acts: activation_size(N)
+  // saved for backward.
+  virtual void forward(const T* x, T* y, T* acts, int64_t B) = 0;
+  // After forward on the same x and acts. dy: (N, D) gradient of the output; dx: (N, D) written; parameter
+  // gradients accumulate; scratch: scratch_size(N).
+  virtual void backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) = 0;
+};
+
+// Multi-head causal self-attention with rotary positions: q, k, v = x Wq, x Wk, x Wv (D, D) each, rotated,
+// softmax(q k^T / sqrt(Dh)) v per head, then the output projection Wo (D, D).
+template <typename T>
+class MhaAttention final : public Attention<T> {
+ public:
+  MhaAttention(Backend& backend, int64_t d_model, int64_t heads, int64_t seq_len, int64_t layers_total);
+  void register_params(ParamTable& table, const std::string& prefix) override;
+  void bind(const ParamTable& table, T* params, T* grads) override;
+  // q, k, v, the attention's output (N, D) each and the probabilities (B, H, T, T).
+  int64_t activation_size(int64_t N) const override { return 4 * N * D_ + N * H_ * T_; }
+  // dq, dk, dv, d(att) (N, D) each and one (T, T) block.
+  int64_t scratch_size(int64_t N) const override { return 4 * N * D_ + T_ * T_; }
+  double forward_flops(int64_t N) const override;
+  void forward(const T* x, T* y, T* acts, int64_t B) override;
+  void backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) override;
+
+ private:
+  Ops<T>& ops_;
+  int64_t D_, H_, T_, L_;
+  std::string prefix_;
+  const T *wq_ = nullptr, *wk_ = nullptr, *wv_ = nullptr, *wo_ = nullptr;
+  T *dwq_ = nullptr, *dwk_ = nullptr, *dwv_ = nullptr, *dwo_ = nullptr;
+};
+
+}  // namespace moe
