@@ -16,7 +16,7 @@ MhaAttention<T>::MhaAttention(Backend& backend, int64_t d_model, int64_t heads, 
 template <typename T>
 void MhaAttention<T>::register_params(ParamTable& table, const std::string& prefix) {
   prefix_ = prefix;
-  const double out_std = 0.02 / std::sqrt(2.0 * double(L_));  // Wo scaled by 1/sqrt(2L) (MODEL.md)
+  const double out_std = 0.02 / std::sqrt(2.0 * double(L_));  // Wo scaled by 1/sqrt(2L) (docs/model.md)
   table.add({prefix + ".wq", {D_, D_}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
   table.add({prefix + ".wk", {D_, D_}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
   table.add({prefix + ".wv", {D_, D_}, ParamRole::Dense, true, ParamInit::Normal, 0.02});

@@ -1,4 +1,4 @@
-// The attention of a transformer layer (MODEL.md: Attn_l), a layer made by a factory as the FFN is
+// The attention of a transformer layer (docs/model.md: Attn_l), a layer made by a factory as the FFN is
 // (core/ffn.h): parameters registered by name in the model's table and bound to its flat buffers; what one
 // micro-batch leaves for its backward lives in activation memory the caller hands in (the model's arena,
 // so activation recompute can share one set across layers); backward scratch is the caller's too. Shapes

@@ -1,4 +1,4 @@
-// The decoder-only language model of MODEL.md: embedding, L layers of (RMSNorm, attention, residual,
+// The decoder-only language model of docs/model.md: embedding, L layers of (RMSNorm, attention, residual,
 // RMSNorm, FFN, residual), output RMSNorm and untied head, cross-entropy. Forward and backward are
 // explicit and read like the math; attention and FFN are layers made by factories at construction
 // (default: multi-head rotary causal attention, dense SwiGLU MLP).

@@ -190,6 +190,9 @@ void store(DType dtype, void* buffer, int64_t i, int64_t value) {
     case DType::I64:
       static_cast<int64_t*>(buffer)[i] = value;
       return;
+    case DType::U8:
+      static_cast<uint8_t*>(buffer)[i] = static_cast<uint8_t>(value);
+      return;
   }
 }
 
@@ -209,6 +212,8 @@ int64_t load(DType dtype, const void* buffer, int64_t i) {
       return static_cast<const int32_t*>(buffer)[i];
     case DType::I64:
       return static_cast<const int64_t*>(buffer)[i];
+    case DType::U8:
+      return static_cast<const uint8_t*>(buffer)[i];
   }
   return -1;
 }

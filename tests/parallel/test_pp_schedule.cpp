@@ -35,15 +35,23 @@ void check_schedule(PipeSchedule schedule, int64_t P, int64_t m) {
         backwarded_at[size_t(a[i].micro_batch)] = int64_t(i);
       }
       // A receive comes right before the compute that needs it, a send right after the one that made it.
-      if (a[i].op == PipeOp::RecvActivation) EXPECT_EQ(a[i + 1], (PipeAction{PipeOp::Forward, a[i].micro_batch}));
-      if (a[i].op == PipeOp::SendGradient) EXPECT_EQ(a[i - 1], (PipeAction{PipeOp::Backward, a[i].micro_batch}));
+      if (a[i].op == PipeOp::RecvActivation) {
+        EXPECT_EQ(a[i + 1], (PipeAction{PipeOp::Forward, a[i].micro_batch}));
+      }
+      if (a[i].op == PipeOp::SendGradient) {
+        EXPECT_EQ(a[i - 1], (PipeAction{PipeOp::Backward, a[i].micro_batch}));
+      }
     }
     for (int64_t mb = 0; mb < m; ++mb) {
       ASSERT_GE(forwarded_at[size_t(mb)], 0);
       EXPECT_LT(forwarded_at[size_t(mb)], backwarded_at[size_t(mb)]) << "micro-batch " << mb << ", stage " << s;
     }
-    if (s == 0) EXPECT_TRUE(of_kind(a, PipeOp::RecvActivation).empty() && of_kind(a, PipeOp::SendGradient).empty());
-    if (s == P - 1) EXPECT_TRUE(of_kind(a, PipeOp::SendActivation).empty() && of_kind(a, PipeOp::RecvGradient).empty());
+    if (s == 0) {
+      EXPECT_TRUE(of_kind(a, PipeOp::RecvActivation).empty() && of_kind(a, PipeOp::SendGradient).empty());
+    }
+    if (s == P - 1) {
+      EXPECT_TRUE(of_kind(a, PipeOp::SendActivation).empty() && of_kind(a, PipeOp::RecvGradient).empty());
+    }
     if (s + 1 < P) {  // what this stage sends is what the next receives, in the same order, and back
       const std::vector<PipeAction> b = pipeline_actions(schedule, P, s + 1, m);
       EXPECT_EQ(of_kind(a, PipeOp::SendActivation), of_kind(b, PipeOp::RecvActivation));
