@@ -23,22 +23,8 @@ namespace {
 constexpr int kExitBadInput = 2;
 constexpr int kExitOther = 1;
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{
-      "moe: train mixture-of-experts language models, from one laptop to a GPU cluster.\n"
-      "Run `moe SUBCOMMAND --help` for the options of each subcommand.",
-      "moe"};
-  app.require_subcommand(1);
-  app.footer(
-      "Train:  moe train --config FILE [--set KEY=VALUE]... [--run-dir DIR] [--resume auto|none|PATH]\n"
-      "Launch: moe launch --np N [--hostfile F] --config FILE [--set KEY=VALUE]... (restarts after faults)\n"
-      "Ckpt:   moe ckpt ls|verify|info PATH, moe ckpt export PATH --out FILE.h5 [--all] [--force]\n"
-      "Docs:   docs/cli.md (commands), docs/config.md (config keys), docs/metrics.md (metrics.jsonl),\n"
-      "        docs/checkpoint.md (checkpoint layout)");
-
-  moe::TrainOptions train;
+// `moe train`'s options.
+CLI::App* add_train_command(CLI::App& app, moe::TrainOptions& train) {
   CLI::App* train_cmd = app.add_subcommand(
       "train", "One rank of training (run it under mpirun for several ranks; without mpirun for one).");
   train_cmd->add_option("--config", train.config_path, "Experiment config (JSON); see docs/config.md")
@@ -67,10 +53,11 @@ int main(int argc, char** argv) {
                    "End after this step (and its checkpoint) as if interrupted; for resume tests and demos")
       ->check(CLI::PositiveNumber);
 
-  moe::CkptOptions ckpt;
-  CLI::App* ckpt_cmd = moe::add_ckpt_command(app, ckpt);
+  return train_cmd;
+}
 
-  moe::LaunchOptions launch;
+// `moe launch`'s options.
+CLI::App* add_launch_command(CLI::App& app, moe::LaunchOptions& launch) {
   CLI::App* launch_cmd = app.add_subcommand(
       "launch",
       "The supervisor: runs mpirun for you, watches every rank's heartbeat, and restarts the job from "
@@ -107,11 +94,55 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   launch_cmd->add_flag("--quiet", launch.quiet, "No progress lines from the ranks and no event echo");
   launch_cmd
-      ->add_option("--term-grace-s", launch.term_grace_s,
-                   "On SIGTERM/SIGINT: seconds the ranks have, after SIGTERM, to stop by themselves before every "
-                   "process of the job is killed (a second signal kills at once)")
+      ->add_option(
+          "--term-grace-s", launch.term_grace_s,
+          "On SIGTERM/SIGINT: seconds the ranks have, after SIGUSR1 (a clean stop), to end by themselves before every "
+          "process of the job is killed (a second signal kills at once)")
       ->default_val(30)
       ->check(CLI::Range(0.0, 86400.0));
+
+  return launch_cmd;
+}
+
+// The exit code of an error that reached the program (docs/cli.md), after saying what it was.
+int report(const moe::Error& e, int rank, int size) {
+  if (e.kind() == moe::ErrorKind::BadInput) {
+    // Bad input is found identically on every rank (or agreed from rank 0): one message, every rank exits 2.
+    if (rank == 0) std::fprintf(stderr, "moe: error: %s\n", e.message().c_str());
+    return kExitBadInput;
+  }
+  if (e.kind() == moe::ErrorKind::RunFailed) {
+    std::fprintf(stderr, "moe: stopped (%s): %s\n", moe::error_context().c_str(), e.message().c_str());
+    return kExitOther;
+  }
+  std::fprintf(stderr, "moe: internal error (%s, %s:%d): %s\n", moe::error_context().c_str(), e.file().c_str(),
+               e.line(), e.message().c_str());
+  if (size > 1) moe::MpiCommunicator::abort(kExitOther);  // the other ranks may wait in a collective
+  return kExitOther;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "moe: train mixture-of-experts language models, from one laptop to a GPU cluster.\n"
+      "Run `moe SUBCOMMAND --help` for the options of each subcommand.",
+      "moe"};
+  app.require_subcommand(1);
+  app.footer(
+      "Train:  moe train --config FILE [--set KEY=VALUE]... [--run-dir DIR] [--resume auto|none|PATH]\n"
+      "Launch: moe launch --np N [--hostfile F] --config FILE [--set KEY=VALUE]... (restarts after faults)\n"
+      "Ckpt:   moe ckpt ls|verify|info PATH, moe ckpt export PATH --out FILE.h5 [--all] [--force]\n"
+      "Docs:   docs/cli.md (commands), docs/config.md (config keys), docs/metrics.md (metrics.jsonl),\n"
+      "        docs/checkpoint.md (checkpoint layout)");
+
+  moe::TrainOptions train;
+  CLI::App* train_cmd = add_train_command(app, train);
+  moe::CkptOptions ckpt;
+  CLI::App* ckpt_cmd = moe::add_ckpt_command(app, ckpt);
+
+  moe::LaunchOptions launch;
+  CLI::App* launch_cmd = add_launch_command(app, launch);
 
   // CLI11 reports a missing subcommand before an unknown one; name the unknown word instead.
   if (argc > 1 && argv[1][0] != '-' &&
@@ -158,19 +189,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const moe::Error& e) {
-    if (e.kind() == moe::ErrorKind::BadInput) {
-      // Bad input is found identically on every rank (or agreed from rank 0): one message, every rank exits 2.
-      if (rank == 0) std::fprintf(stderr, "moe: error: %s\n", e.message().c_str());
-      return kExitBadInput;
-    }
-    if (e.kind() == moe::ErrorKind::RunFailed) {
-      std::fprintf(stderr, "moe: stopped (%s): %s\n", moe::error_context().c_str(), e.message().c_str());
-      return kExitOther;
-    }
-    std::fprintf(stderr, "moe: internal error (%s, %s:%d): %s\n", moe::error_context().c_str(), e.file().c_str(),
-                 e.line(), e.message().c_str());
-    if (size > 1) moe::MpiCommunicator::abort(kExitOther);  // the other ranks may wait in a collective
-    return kExitOther;
+    return report(e, rank, size);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moe: error (%s): %s\n", moe::error_context().c_str(), e.what());
     if (size > 1) moe::MpiCommunicator::abort(kExitOther);
