@@ -15,12 +15,12 @@
 #include "checkpoint/detail.h"
 #include "core/error.h"
 #include "core/host.h"
+#include "parallel/strings.h"
 
 namespace moe::ckpt {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
-using detail::allgather_strings;
 using detail::dtype_size;
 using detail::peer_file_name;
 using detail::step_of_dir;
@@ -35,23 +35,6 @@ std::string peer_file_name(int64_t rank) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "peer-of-rank-%05lld.h5", static_cast<long long>(rank));
   return buf;
-}
-
-// Lengths first, then the bytes as int64 values.
-std::vector<std::string> allgather_strings(Communicator& comm, const std::string& mine) {
-  const int P = comm.size();
-  int64_t len = int64_t(mine.size());
-  std::vector<int64_t> lens(static_cast<size_t>(P));
-  comm.allgather(&len, lens.data(), 1);
-  int64_t longest = 0;
-  for (int64_t l : lens) longest = std::max(longest, l);
-  std::vector<int64_t> send(size_t(longest), 0), recv(size_t(longest * P));
-  for (size_t i = 0; i < mine.size(); ++i) send[i] = static_cast<unsigned char>(mine[i]);
-  comm.allgather(send.data(), recv.data(), longest);
-  std::vector<std::string> out(static_cast<size_t>(P));
-  for (int r = 0; r < P; ++r)
-    for (int64_t i = 0; i < lens[r]; ++i) out[r].push_back(char(recv[size_t(r * longest + i)]));
-  return out;
 }
 
 }  // namespace detail

@@ -15,6 +15,5 @@ size_t dtype_size(DType t);
 int64_t step_of_dir(const std::string& name);
 std::string peer_file_name(int64_t rank);
 // Every rank's string, on every rank (collective).
-std::vector<std::string> allgather_strings(Communicator& comm, const std::string& mine);
 
 }  // namespace moe::ckpt::detail

@@ -20,20 +20,6 @@ using json = nlohmann::json;
 
 constexpr int64_t kMaxManifestBytes = int64_t{256} << 20;
 
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::F32:
-      return "f32";
-    case DType::F64:
-      return "f64";
-    case DType::I64:
-      return "i64";
-    case DType::U32:
-      return "u32";
-  }
-  return "?";
-}
-
 DType dtype_from_name(const std::string& name, const std::string& origin) {
   if (name == "f32") return DType::F32;
   if (name == "f64") return DType::F64;

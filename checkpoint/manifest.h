@@ -66,7 +66,6 @@ void write_manifest(const std::string& dir, const Manifest& m);
 // Reads dir/manifest.json; BadInput naming the path if missing or malformed.
 Manifest read_manifest(const std::string& dir);
 
-const char* dtype_name(DType t);
 DType dtype_from_name(const std::string& name, const std::string& origin);
 
 // xxh64 of a file's bytes, as 16 hex digits; size in bytes. Throws BadInput naming the path if unreadable.

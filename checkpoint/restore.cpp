@@ -10,11 +10,11 @@
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/detail.h"
 #include "core/error.h"
+#include "parallel/strings.h"
 
 namespace moe::ckpt {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using detail::allgather_strings;
 using detail::dtype_size;
 using detail::step_of_dir;
 

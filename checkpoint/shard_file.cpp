@@ -32,20 +32,6 @@ int64_t numel(const std::vector<int64_t>& shape) {
 
 namespace {
 
-const char* element_type_name(DType dtype) {
-  switch (dtype) {
-    case DType::F32:
-      return "f32";
-    case DType::F64:
-      return "f64";
-    case DType::I64:
-      return "i64";
-    case DType::U32:
-      return "u32";
-  }
-  return "?";
-}
-
 // Closes an HDF5 identifier when it goes out of scope.
 class Hid {
  public:
@@ -516,8 +502,8 @@ const DatasetInfo& ShardReader::info(const std::string& name) const {
 
 void ShardReader::read(const std::string& name, DType dtype, int64_t begin, int64_t count, void* out) const {
   const DatasetInfo& meta = info(name);
-  MOE_CHECK(dtype == meta.dtype, "dataset " << name << " of " << path_ << " holds " << element_type_name(meta.dtype)
-                                            << ", asked for " << element_type_name(dtype));
+  MOE_CHECK(dtype == meta.dtype, "dataset " << name << " of " << path_ << " holds " << dtype_name(meta.dtype)
+                                            << ", asked for " << dtype_name(dtype));
   MOE_CHECK(begin >= 0 && count >= 0 && begin + count <= meta.numel(),
             "elements [" << begin << ", " << begin + count << ") outside dataset " << name << " of " << meta.numel());
   if (count == 0) return;
@@ -582,6 +568,20 @@ std::string ShardReader::attribute(const std::string& key) const {
     damaged(path_, "cannot read file attribute " + key, hdf5_error_detail());
   value.resize(std::strlen(value.c_str()));
   return value;
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::F32:
+      return "f32";
+    case DType::F64:
+      return "f64";
+    case DType::I64:
+      return "i64";
+    case DType::U32:
+      return "u32";
+  }
+  return "?";
 }
 
 }  // namespace moe::ckpt

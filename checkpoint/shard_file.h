@@ -19,6 +19,7 @@
 namespace moe::ckpt {
 
 enum class DType { F32, F64, I64, U32 };
+const char* dtype_name(DType t);  // "f32", "f64", "i64", "u32"
 
 // Row-major flattening helpers used by the checkpoint layer. numel({}) == 1 (a scalar).
 int64_t numel(const std::vector<int64_t>& shape);

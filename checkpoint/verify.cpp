@@ -17,6 +17,7 @@
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/detail.h"
 #include "core/error.h"
+#include "parallel/strings.h"
 
 namespace moe::ckpt {
 namespace fs = std::filesystem;
@@ -288,7 +289,7 @@ std::vector<TensorExpectation> gather_expectations(Communicator& world, const st
   json text = json::array();
   for (const TensorExpectation& e : mine) text.push_back({e.tensor, dtype_name(e.dtype), e.global_shape});
   std::map<std::string, TensorExpectation> all;
-  for (const std::string& rank_text : detail::allgather_strings(world, text.dump()))
+  for (const std::string& rank_text : allgather_strings(world, text.dump()))
     for (const json& e : json::parse(rank_text)) {
       TensorExpectation x{e[0].get<std::string>(), dtype_from_name(e[1].get<std::string>(), "expectation"),
                           e[2].get<std::vector<int64_t>>()};

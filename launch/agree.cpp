@@ -4,17 +4,9 @@
 #include <vector>
 
 #include "core/error.h"
+#include "parallel/strings.h"
 
 namespace moe {
-
-std::string broadcast_string(Communicator& world, const std::string& text) {
-  int64_t n = int64_t(text.size());
-  world.broadcast(&n, 1, 0);
-  std::vector<int64_t> bytes(text.begin(), text.end());
-  bytes.resize(size_t(n));
-  world.broadcast(bytes.data(), n, 0);
-  return std::string(bytes.begin(), bytes.end());
-}
 
 void on_rank0_agree(Communicator& world, const std::function<void()>& check) {
   std::string message;

@@ -6,13 +6,12 @@
 #include <string>
 
 #include "parallel/communicator.h"
+#include "parallel/strings.h"
 
 namespace moe {
 
 // Runs check on rank 0 only (for example a look at the file system that rank 0 then changes) and makes
 // every rank throw the same error (kind and message) if it threw.
 void on_rank0_agree(Communicator& world, const std::function<void()>& check);
-// A string of rank 0's, on every rank.
-std::string broadcast_string(Communicator& world, const std::string& text);
 
 }  // namespace moe

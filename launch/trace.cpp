@@ -7,29 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "parallel/strings.h"
 
 namespace moe {
-namespace {
-
-// Every rank's string, on rank 0 (empty elsewhere): lengths, then the bytes packed eight to an int64.
-std::vector<std::string> gather_strings(Communicator& world, const std::string& mine) {
-  const int P = world.size();
-  int64_t length = int64_t(mine.size());
-  std::vector<int64_t> lengths(static_cast<size_t>(P));
-  world.allgather(&length, lengths.data(), 1);
-  int64_t words = 0;
-  for (int64_t l : lengths) words = std::max(words, (l + 7) / 8);
-  std::vector<int64_t> send(static_cast<size_t>(words), 0), all(static_cast<size_t>(words * P));
-  std::memcpy(send.data(), mine.data(), mine.size());
-  world.allgather(send.data(), all.data(), words);
-  std::vector<std::string> out;
-  for (int r = 0; r < P; ++r)
-    out.emplace_back(reinterpret_cast<const char*>(all.data() + r * words), size_t(lengths[size_t(r)]));
-  return out;
-}
-
-}  // namespace
-
 Tracer::Tracer(bool enabled, int64_t first_step, int64_t steps)
     : enabled_(enabled), first_step_(first_step), steps_(steps) {}
 
@@ -72,7 +52,7 @@ void Tracer::add(const char* name, const char* category, int64_t micro_batch, do
 
 void Tracer::write(Communicator& world, const std::string& path) const {
   if (!enabled_) return;
-  const std::vector<std::string> all = gather_strings(world, events_);
+  const std::vector<std::string> all = allgather_strings(world, events_);
   if (world.rank() != 0) return;
   nlohmann::json events = nlohmann::json::array();
   for (size_t r = 0; r < all.size(); ++r) {
