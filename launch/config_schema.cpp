@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <sstream>
 
 #include "core/error.h"
@@ -54,8 +55,7 @@ KeySpec sources(std::string key, std::string doc) {
   return {std::move(key), KeyType::Sources, json::array(), {}, {}, std::move(doc)};
 }
 
-std::vector<KeySpec> build_schema() {
-  // Defaults describe a small CPU model that trains in minutes on the embedded corpus.
+std::vector<KeySpec> train_keys() {
   return {
       integer("train.steps", 300, from_to(1, kMaxSteps),
               "optimizer steps to run; at most 99999999 (checkpoint folders are named step-NNNNNNNN and the newest is "
@@ -78,14 +78,22 @@ std::vector<KeySpec> build_schema() {
       integer("train.eval_sequences", 8, at_least(1), "held-out sequences per data source per evaluation"),
       integer("train.threads", 0, from_to(0, kMaxInt32),
               "CPU threads per rank; 0 = the node's cores divided by its ranks (OpenMP takes a 32-bit count)"),
+  };
+}
 
+std::vector<KeySpec> model_keys() {
+  return {
       integer("model.vocab", 256, from_to(2, kMaxInt32),
               "vocabulary size; at least 256 while tokens are bytes, and tokens are 32-bit integers"),
       integer("model.d_model", 128, at_least(1), "width of the residual stream"),
       integer("model.layers", 4, at_least(1), "transformer blocks"),
       integer("model.heads", 4, at_least(1), "attention heads; d_model / heads must be an even integer"),
       integer("model.ffn_hidden", 384, at_least(1), "hidden width of the dense SwiGLU MLP"),
+  };
+}
 
+std::vector<KeySpec> moe_keys() {
+  return {
       integer("moe.num_experts", 0, from_to(0, kMaxExperts),
               "routed experts per MoE layer; 0 = every FFN is dense; at most 1024 (the router's per-token score "
               "buffer)"),
@@ -117,7 +125,11 @@ std::vector<KeySpec> build_schema() {
              "weight of the penalty on experts whose token share falls below "
              "death_floor"),
       number("moe.loss.death_floor", 0.01, between(0, 1, false, false), "token share under which an expert is dying"),
+  };
+}
 
+std::vector<KeySpec> optim_keys() {
+  return {
       number("optim.lr", 3e-3, above(0), "peak learning rate, reached at the end of warmup"),
       number("optim.min_lr", 3e-4, at_least(0), "learning rate at the last step; at most optim.lr"),
       integer("optim.warmup", 20, at_least(0), "steps of linear learning-rate warmup"),
@@ -128,13 +140,21 @@ std::vector<KeySpec> build_schema() {
       number("optim.clip", 1.0, at_least(0), "clip the global gradient norm to this; 0 = off"),
       number("optim.per_expert_clip", 0.0, at_least(0), "clip each expert's gradient norm to this; 0 = off"),
       boolean("optim.zero", false, "shard the optimizer state over data-parallel ranks (ZeRO-1)"),
+  };
+}
 
+std::vector<KeySpec> parallel_keys() {
+  return {
       integer("parallel.tp", 1, at_least(1), "tensor-parallel ranks"),
       integer("parallel.pp", 1, at_least(1), "pipeline stages"),
       integer("parallel.ep", 1, at_least(1), "expert-parallel ranks: the experts are split over them"),
       integer_or_auto("parallel.dp", "auto", at_least(1),
                       "data-parallel replicas; `\"auto\"` = world size / (tp * pp)"),
+  };
+}
 
+std::vector<KeySpec> checkpoint_keys() {
+  return {
       string("checkpoint.dir", "checkpoints", "checkpoint folder, relative to the run directory"),
       integer("checkpoint.every", 0, at_least(0), "write a checkpoint every this many steps; 0 = off"),
       integer("checkpoint.keep", 2, at_least(1),
@@ -149,7 +169,11 @@ std::vector<KeySpec> build_schema() {
       boolean("checkpoint.node_local", false,
               "checkpoint.dir is on each host's own disk (`{node}` in it is replaced by the host's number): every "
               "host commits the manifest, and restoring fetches ranges from the hosts that hold them"),
+  };
+}
 
+std::vector<KeySpec> fault_keys() {
+  return {
       number("fault.heartbeat_interval_s", 0.5, from_to(0.001, 60),
              "seconds between two heartbeats of a rank; below fault.heartbeat_timeout_s, and at most 60 because a rank "
              "waits up to one interval for its heartbeat thread when it ends"),
@@ -168,16 +192,30 @@ std::vector<KeySpec> build_schema() {
               "with --hostfile: after a host fails twice, restart without it at a smaller data-parallel size"),
       number("fault.term_grace_s", 30.0, at_least(0),
              "after SIGTERM or SIGINT the step in progress finishes and a checkpoint of it is written when the "
-             "last save took less than this many seconds (0: never); then the run exits 143 (SIGTERM) or 130"),
+             "last save took less than this many seconds (0: never); then the run exits 143 (SIGTERM), 130 (SIGINT) or "
+             "138 (SIGUSR1)"),
       string("fault.listen", "127.0.0.1", "address the supervisor's heartbeat listener binds to (loopback by default)"),
       faults("fault.inject",
              "faults to inject for tests and demonstrations: a list of {\"kind\": kill|hang|stop|exception|"
              "corrupt_checkpoint, \"rank\": int, \"step\": int}; each fires once in a run's life"),
+  };
+}
 
+std::vector<KeySpec> data_keys() {
+  return {
       sources("data.sources", "training text sources (see above); `[]` = the embedded default corpus"),
       number("data.heldout_fraction", 0.05, between(0, 0.5, true, false),
              "fraction of each source held out for evaluation"),
   };
+}
+
+std::vector<KeySpec> build_schema() {
+  // Defaults describe a small CPU model that trains in minutes on the embedded corpus.
+  std::vector<KeySpec> all;
+  for (std::vector<KeySpec> part : {train_keys(), model_keys(), moe_keys(), optim_keys(), parallel_keys(),
+                                    checkpoint_keys(), fault_keys(), data_keys()})
+    all.insert(all.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
+  return all;
 }
 
 [[noreturn]] void bad_value(const KeySpec& spec, const std::string& key, const json& value, const std::string& origin,

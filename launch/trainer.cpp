@@ -292,7 +292,8 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
       changes = config_changes(m.config, t.config.resolved);
       check_config_changes(changes, options.allow_config_change, point.dir);
     }
-    check_dir_writable(t.paths.run_dir, "--run-dir " + t.paths.run_dir);  // resuming too: metrics are rewritten
+    // A fresh start checked the run directory in choose_resume; a resume rewrites metrics.jsonl there.
+    if (!point.dir.empty()) check_dir_writable(t.paths.run_dir, "--run-dir " + t.paths.run_dir);
     check_checkpoint_roots_writable(t.paths.ckpt_root.string(), t.config.checkpoint);
     lock.emplace(RunLock::acquire_or_inherit(t.paths.run_dir));
   });
