@@ -11,6 +11,7 @@
 
 #include "core/model.h"
 #include "core/moe_layer.h"
+#include "tests/core/moe_test_settings.h"
 #include "tests/core/test_backend.h"
 
 namespace moe {
@@ -20,14 +21,7 @@ constexpr int kMicroBatches = 4;
 constexpr int64_t kSeqLen = 6, kBatch = 2;
 const ModelShape kShape{31, 16, 3, 2, 24};
 
-MoeSettings moe_settings(int64_t layer) {
-  MoeSettings s;
-  s.d_model = kShape.d_model, s.num_experts = 4, s.top_k = 2, s.expert_hidden = 8, s.shared_experts = 1;
-  s.layers_total = kShape.layers, s.layer = layer;
-  s.noise = RouterNoise::Gumbel, s.capacity_factor = 0.75, s.overflow = Overflow::Reroute;
-  s.coef_aux = 0.01, s.coef_z = 0.001, s.coef_entropy = 0.01, s.coef_death = 0.1;
-  return s;
-}
+MoeSettings moe_settings(int64_t layer) { return test::stressed_moe_settings(kShape, layer); }
 
 std::unique_ptr<Model<float>> make_model(bool with_moe, Recompute recompute, int slots) {
   typename Model<float>::FfnFactory factory = nullptr;
