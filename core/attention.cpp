@@ -8,19 +8,34 @@
 namespace moe {
 
 template <typename T>
-MhaAttention<T>::MhaAttention(Backend& backend, int64_t d_model, int64_t heads, int64_t seq_len, int64_t layers_total)
-    : ops_(backend.ops<T>()), D_(d_model), H_(heads), T_(seq_len), L_(layers_total) {
+MhaAttention<T>::MhaAttention(Backend& backend, int64_t d_model, int64_t heads, int64_t seq_len, int64_t layers_total,
+                              TpShard shard)
+    : ops_(backend.ops<T>()),
+      D_(d_model),
+      H_(heads),
+      T_(seq_len),
+      L_(layers_total),
+      shard_(shard),
+      Hl_(heads / shard.size),
+      Dq_(d_model / heads * (heads / shard.size)) {
   MOE_CHECK(heads > 0 && D_ % H_ == 0 && (D_ / H_) % 2 == 0, "d_model " << D_ << " and heads " << H_);
+  MOE_CHECK(shard.size >= 1 && H_ % shard.size == 0 && shard.rank >= 0 && shard.rank < shard.size,
+            heads << " heads over " << shard.size << " tensor-parallel ranks");
 }
 
 template <typename T>
 void MhaAttention<T>::register_params(ParamTable& table, const std::string& prefix) {
   prefix_ = prefix;
   const double out_std = 0.02 / std::sqrt(2.0 * double(L_));  // Wo scaled by 1/sqrt(2L) (docs/model.md)
-  table.add({prefix + ".wq", {D_, D_}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
-  table.add({prefix + ".wk", {D_, D_}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
-  table.add({prefix + ".wv", {D_, D_}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
-  table.add({prefix + ".wo", {D_, D_}, ParamRole::Dense, true, ParamInit::Normal, out_std});
+  // Column-parallel q, k, v (this shard's heads' columns), row-parallel output projection (their rows).
+  for (const char* w : {".wq", ".wk", ".wv"}) {
+    ParamSpec spec{prefix + w, {D_, Dq_}, ParamRole::Dense, true, ParamInit::Normal, 0.02};
+    spec.split = shard_.split(1, D_);
+    table.add(spec);
+  }
+  ParamSpec wo{prefix + ".wo", {Dq_, D_}, ParamRole::Dense, true, ParamInit::Normal, out_std};
+  wo.split = shard_.split(0, D_);
+  table.add(wo);
 }
 
 template <typename T>
@@ -33,39 +48,39 @@ void MhaAttention<T>::bind(const ParamTable& table, T* params, T* grads) {
 
 template <typename T>
 double MhaAttention<T>::forward_flops(int64_t N) const {
-  const double n = double(N), D = double(D_), Tq = double(T_);
-  return 2 * n * D * D * 4 + 2 * 2 * n * Tq * D;
+  const double n = double(N), D = double(D_), Dq = double(Dq_), Tq = double(T_);
+  return 2 * n * D * Dq * 4 + 2 * 2 * n * Tq * Dq;
 }
 
 template <typename T>
 void MhaAttention<T>::forward(const T* x, T* y, T* acts, int64_t B) {
-  const int64_t N = B * T_, D = D_, Dh = D_ / H_;
-  T *q = acts, *k = q + N * D, *v = k + N * D, *att = v + N * D, *probs = att + N * D;
-  ops_.gemm(false, false, N, D, D, T(1), x, D, wq_, D, T(0), q, D);
-  ops_.gemm(false, false, N, D, D, T(1), x, D, wk_, D, T(0), k, D);
-  ops_.gemm(false, false, N, D, D, T(1), x, D, wv_, D, T(0), v, D);
-  ops_.rope(q, B, T_, H_, Dh, false);
-  ops_.rope(k, B, T_, H_, Dh, false);
-  ops_.attention_forward(q, k, v, att, probs, B, T_, H_, Dh);
-  ops_.gemm(false, false, N, D, D, T(1), att, D, wo_, D, T(1), y, D);  // y += att Wo
+  const int64_t N = B * T_, D = D_, Q = Dq_, H = Hl_, Dh = D_ / H_;
+  T *q = acts, *k = q + N * Q, *v = k + N * Q, *att = v + N * Q, *probs = att + N * Q;
+  ops_.gemm(false, false, N, Q, D, T(1), x, D, wq_, Q, T(0), q, Q);
+  ops_.gemm(false, false, N, Q, D, T(1), x, D, wk_, Q, T(0), k, Q);
+  ops_.gemm(false, false, N, Q, D, T(1), x, D, wv_, Q, T(0), v, Q);
+  ops_.rope(q, B, T_, H, Dh, false);
+  ops_.rope(k, B, T_, H, Dh, false);
+  ops_.attention_forward(q, k, v, att, probs, B, T_, H, Dh);
+  ops_.gemm(false, false, N, D, Q, T(1), att, Q, wo_, D, T(1), y, D);  // y += att Wo
 }
 
 template <typename T>
 void MhaAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) {
-  const int64_t N = B * T_, D = D_, Dh = D_ / H_;
-  const T *q = acts, *k = q + N * D, *v = k + N * D, *att = v + N * D, *probs = att + N * D;
-  T *dq = scratch, *dk = dq + N * D, *dv = dk + N * D, *datt = dv + N * D, *block = datt + N * D;
-  ops_.gemm(true, false, D, D, N, T(1), att, D, dy, D, T(1), dwo_, D);  // dWo += att^T dy
-  ops_.gemm(false, true, N, D, D, T(1), dy, D, wo_, D, T(0), datt, D);  // datt = dy Wo^T
-  ops_.attention_backward(q, k, v, probs, datt, dq, dk, dv, block, B, T_, H_, Dh);
-  ops_.rope(dq, B, T_, H_, Dh, true);
-  ops_.rope(dk, B, T_, H_, Dh, true);
-  ops_.gemm(true, false, D, D, N, T(1), x, D, dq, D, T(1), dwq_, D);
-  ops_.gemm(true, false, D, D, N, T(1), x, D, dk, D, T(1), dwk_, D);
-  ops_.gemm(true, false, D, D, N, T(1), x, D, dv, D, T(1), dwv_, D);
-  ops_.gemm(false, true, N, D, D, T(1), dq, D, wq_, D, T(0), dx, D);  // dx = dq Wq^T
-  ops_.gemm(false, true, N, D, D, T(1), dk, D, wk_, D, T(1), dx, D);  //    + dk Wk^T
-  ops_.gemm(false, true, N, D, D, T(1), dv, D, wv_, D, T(1), dx, D);  //    + dv Wv^T
+  const int64_t N = B * T_, D = D_, Q = Dq_, H = Hl_, Dh = D_ / H_;
+  const T *q = acts, *k = q + N * Q, *v = k + N * Q, *att = v + N * Q, *probs = att + N * Q;
+  T *dq = scratch, *dk = dq + N * Q, *dv = dk + N * Q, *datt = dv + N * Q, *block = datt + N * Q;
+  ops_.gemm(true, false, Q, D, N, T(1), att, Q, dy, D, T(1), dwo_, D);  // dWo += att^T dy
+  ops_.gemm(false, true, N, Q, D, T(1), dy, D, wo_, D, T(0), datt, Q);  // datt = dy Wo^T
+  ops_.attention_backward(q, k, v, probs, datt, dq, dk, dv, block, B, T_, H, Dh);
+  ops_.rope(dq, B, T_, H, Dh, true);
+  ops_.rope(dk, B, T_, H, Dh, true);
+  ops_.gemm(true, false, D, Q, N, T(1), x, D, dq, Q, T(1), dwq_, Q);
+  ops_.gemm(true, false, D, Q, N, T(1), x, D, dk, Q, T(1), dwk_, Q);
+  ops_.gemm(true, false, D, Q, N, T(1), x, D, dv, Q, T(1), dwv_, Q);
+  ops_.gemm(false, true, N, D, Q, T(1), dq, Q, wq_, Q, T(0), dx, D);  // dx = dq Wq^T
+  ops_.gemm(false, true, N, D, Q, T(1), dk, Q, wk_, Q, T(1), dx, D);  //    + dk Wk^T
+  ops_.gemm(false, true, N, D, Q, T(1), dv, Q, wv_, Q, T(1), dx, D);  //    + dv Wv^T
 }
 
 template class MhaAttention<float>;

@@ -37,16 +37,21 @@ class Attention {
 
 // Multi-head causal self-attention with rotary positions: q, k, v = x Wq, x Wk, x Wv (D, D) each, rotated,
 // softmax(q k^T / sqrt(Dh)) v per head, then the output projection Wo (D, D).
+// A tensor-parallel shard (block r of tp) holds heads [r H / tp, (r + 1) H / tp): the columns of Wq, Wk, Wv
+// and the rows of Wo of those heads (column- and row-parallel), so its output is its heads' partial sum of
+// the whole output; parallel/tp_layers.h sums it over the group.
 template <typename T>
 class MhaAttention final : public Attention<T> {
  public:
-  MhaAttention(Backend& backend, int64_t d_model, int64_t heads, int64_t seq_len, int64_t layers_total);
+  MhaAttention(Backend& backend, int64_t d_model, int64_t heads, int64_t seq_len, int64_t layers_total,
+               TpShard shard = {});
   void register_params(ParamTable& table, const std::string& prefix) override;
   void bind(const ParamTable& table, T* params, T* grads) override;
-  // q, k, v, the attention's output (N, D) each and the probabilities (B, H, T, T).
-  int64_t activation_size(int64_t N) const override { return 4 * N * D_ + N * H_ * T_; }
-  // dq, dk, dv, d(att) (N, D) each and one (T, T) block.
-  int64_t scratch_size(int64_t N) const override { return 4 * N * D_ + T_ * T_; }
+  // q, k, v, the attention's output (N, Dq) each and the probabilities (B, Hl, T, T), with Hl the shard's
+  // heads and Dq their width.
+  int64_t activation_size(int64_t N) const override { return 4 * N * Dq_ + N * Hl_ * T_; }
+  // dq, dk, dv, d(att) (N, Dq) each and one (T, T) block.
+  int64_t scratch_size(int64_t N) const override { return 4 * N * Dq_ + T_ * T_; }
   double forward_flops(int64_t N) const override;
   void forward(const T* x, T* y, T* acts, int64_t B) override;
   void backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) override;
@@ -54,6 +59,8 @@ class MhaAttention final : public Attention<T> {
  private:
   Ops<T>& ops_;
   int64_t D_, H_, T_, L_;
+  TpShard shard_;
+  int64_t Hl_, Dq_;  // the shard's heads and their width
   std::string prefix_;
   const T *wq_ = nullptr, *wk_ = nullptr, *wv_ = nullptr, *wo_ = nullptr;
   T *dwq_ = nullptr, *dwk_ = nullptr, *dwv_ = nullptr, *dwo_ = nullptr;

@@ -38,4 +38,18 @@ class ExpertExchange {
   }
 };
 
+// The ranks that share one routing group, each holding a block of its tokens (the tensor-parallel group
+// under tensor parallelism): the all-gather of per-token router rows, so that every one of them routes the
+// whole group and capacity, drops and losses are those of the unsplit group. core declares it; parallel/
+// implements it over a Communicator.
+class TokenGather {
+ public:
+  virtual ~TokenGather() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  // full (size * count) = every rank's local (count), in rank order.
+  virtual void allgather(const float* local, float* full, int64_t count) = 0;
+  virtual void allgather(const double* local, double* full, int64_t count) = 0;
+};
+
 }  // namespace moe

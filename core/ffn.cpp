@@ -3,19 +3,30 @@
 
 #include <cmath>
 
+#include "core/error.h"
+
 namespace moe {
 
 template <typename T>
-DenseMlp<T>::DenseMlp(Backend& backend, int64_t d_model, int64_t hidden, int64_t layers_total)
-    : ops_(backend.ops<T>()), D_(d_model), F_(hidden), L_(layers_total) {}
+DenseMlp<T>::DenseMlp(Backend& backend, int64_t d_model, int64_t hidden, int64_t layers_total, TpShard shard)
+    : ops_(backend.ops<T>()), D_(d_model), F_(hidden / shard.size), L_(layers_total), shard_(shard) {
+  MOE_CHECK(shard.size >= 1 && hidden % shard.size == 0 && shard.rank >= 0 && shard.rank < shard.size,
+            "hidden width " << hidden << " over " << shard.size << " tensor-parallel ranks");
+}
 
 template <typename T>
 void DenseMlp<T>::register_params(ParamTable& table, const std::string& prefix) {
   prefix_ = prefix;
   const double out_std = 0.02 / std::sqrt(2.0 * double(L_));  // W2 scaled by 1/sqrt(2L) (docs/model.md)
-  table.add({prefix + ".w1", {D_, F_}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
-  table.add({prefix + ".w3", {D_, F_}, ParamRole::Dense, true, ParamInit::Normal, 0.02});
-  table.add({prefix + ".w2", {F_, D_}, ParamRole::Dense, true, ParamInit::Normal, out_std});
+  const int64_t F = F_ * shard_.size;                         // the whole hidden width
+  for (const char* w : {".w1", ".w3"}) {
+    ParamSpec spec{prefix + w, {D_, F_}, ParamRole::Dense, true, ParamInit::Normal, 0.02};
+    spec.split = shard_.split(1, F);
+    table.add(spec);
+  }
+  ParamSpec w2{prefix + ".w2", {F_, D_}, ParamRole::Dense, true, ParamInit::Normal, out_std};
+  w2.split = shard_.split(0, F);
+  table.add(w2);
 }
 
 template <typename T>

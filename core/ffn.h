@@ -98,11 +98,13 @@ class FeedForward {
   std::unique_ptr<FfnSlot> default_slot_;
 };
 
-// SwiGLU(x) = (silu(x W1) * (x W3)) W2 with W1, W3: (D, F), W2: (F, D).
+// SwiGLU(x) = (silu(x W1) * (x W3)) W2 with W1, W3: (D, F), W2: (F, D). A tensor-parallel shard (block r
+// of tp) holds hidden units [r F / tp, (r + 1) F / tp): those columns of W1, W3 and rows of W2 (column- and
+// row-parallel), so its output is a partial sum of the whole output (parallel/tp_layers.h sums it).
 template <typename T>
 class DenseMlp final : public FeedForward<T> {
  public:
-  DenseMlp(Backend& backend, int64_t d_model, int64_t hidden, int64_t layers_total);
+  DenseMlp(Backend& backend, int64_t d_model, int64_t hidden, int64_t layers_total, TpShard shard = {});
   void register_params(ParamTable& table, const std::string& prefix) override;
   void bind(const ParamTable& table, T* params, T* grads) override;
   int64_t activation_size(int64_t N) const override { return 3 * N * F_; }
@@ -116,7 +118,8 @@ class DenseMlp final : public FeedForward<T> {
 
  private:
   Ops<T>& ops_;
-  int64_t D_, F_, L_;
+  int64_t D_, F_, L_;  // F_: the shard's hidden units
+  TpShard shard_;
   std::string prefix_;
   const T *w1_ = nullptr, *w3_ = nullptr, *w2_ = nullptr;
   T *dw1_ = nullptr, *dw3_ = nullptr, *dw2_ = nullptr;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 
@@ -11,7 +12,8 @@ namespace moe {
 
 template <typename T>
 Model<T>::Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int64_t max_batch, Recompute recompute,
-                FfnFactory ffn_factory, int num_slots, const StageSpec& stage, AttentionFactory attention_factory)
+                FfnFactory ffn_factory, int num_slots, const StageSpec& stage, AttentionFactory attention_factory,
+                TensorParallelLayout<T> tp)
     : backend_(backend),
       ops_(backend.ops<T>()),
       shape_(shape),
@@ -20,21 +22,32 @@ Model<T>::Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int6
       recompute_(recompute),
       stage_(stage),
       first_(stage.first_layer),
-      end_(stage.last_layer < 0 ? shape.layers : stage.last_layer) {
+      end_(stage.last_layer < 0 ? shape.layers : stage.last_layer),
+      tp_(std::move(tp)) {
   const int64_t V = shape.vocab, D = shape.d_model, H = shape.heads;
   MOE_CHECK(D % H == 0 && shape.head_dim() % 2 == 0, "d_model " << D << " and heads " << H);
   MOE_CHECK(first_ >= 0 && first_ <= end_ && end_ <= shape.layers,
             "stage layers [" << first_ << ", " << end_ << ") of a model with " << shape.layers);
+  MOE_CHECK(!tp_.sequence_parallel || seq_len % tp_.shard.size == 0,
+            "sequence length " << seq_len << " over " << tp_.shard.size << " sequence-parallel ranks");
   auto specs = [&] { return int64_t(table_.specs().size()); };
-  if (stage.embedding) table_.add({"embed.weight", {V, D}, ParamRole::Embedding, false, ParamInit::Normal, 0.02});
+  if (stage.embedding) {
+    embedding_ = tp_.embedding ? tp_.embedding() : std::make_unique<TokenEmbedding<T>>(backend, V, D);
+    embedding_->register_params(table_);
+  }
   embed_specs_ = {0, specs()};
   build_layers(ffn_factory, attention_factory);
   const int64_t head_first = specs();
   if (stage.head) {
     table_.add({"out_norm.gain", {D}, ParamRole::Norm, false, ParamInit::Ones});
-    table_.add({"head.weight", {D, V}, ParamRole::Output, true, ParamInit::Normal, 0.02});
+    head_ = tp_.head ? tp_.head() : std::make_unique<LmHead<T>>(backend, V, D);
+    head_->register_params(table_);
   }
   head_specs_ = {head_first, specs()};
+  // Norms see only this rank's rows under sequence parallelism: their gradients are partial sums.
+  if (tp_.sequence_parallel && tp_.shard.size > 1)
+    for (const ParamSpec& spec : std::vector<ParamSpec>(table_.specs()))
+      if (spec.role == ParamRole::Norm) table_.mark_partial_over_tp(spec.name);
 
   constexpr DType kType = dtype_of<T>();
   params_ = backend.allocate(kType, table_.numel());
@@ -49,10 +62,10 @@ Model<T>::Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int6
     attn_[size_t(l - first_)]->bind(table_, P, G);
     ffn_[size_t(l - first_)]->bind(table_, P, G);
   }
-  if (stage.embedding) embed_ = P + at("embed.weight"), d_embed_ = G + at("embed.weight");
+  if (stage.embedding) embedding_->bind(table_, P, G);
   if (stage.head) {
     out_norm_ = P + at("out_norm.gain"), d_out_norm_ = G + at("out_norm.gain");
-    head_ = P + at("head.weight"), d_head_ = G + at("head.weight");
+    head_->bind(table_, P, G);
   }
 
   // Activations: one arena per slot; with Recompute::Full one set of layer activations for all.
@@ -88,25 +101,24 @@ void Model<T>::build_layers(const FfnFactory& ffn_factory, const AttentionFactor
 // Scratch of one forward or backward call, shared by all layers and slots.
 template <typename T>
 void Model<T>::make_scratch() {
-  const int64_t N = max_batch_ * T_, D = shape_.d_model, V = shape_.vocab;
-  int64_t layer_scratch = 0;
-  for (const auto& f : ffn_) layer_scratch = std::max(layer_scratch, f->scratch_size(N));
-  for (const auto& a : attn_) layer_scratch = std::max(layer_scratch, a->scratch_size(N));
-  scratch_ = backend_.allocate(dtype_of<T>(), 4 * N * D + (stage_.head ? N * V : 0) + layer_scratch);
+  const int64_t N = max_batch_ * T_, R = rows(N), D = shape_.d_model;
+  int64_t layer_scratch = head_ ? head_->scratch_size(N) : 0;
+  for (const auto& f : ffn_) layer_scratch = std::max(layer_scratch, f->scratch_size(R));
+  for (const auto& a : attn_) layer_scratch = std::max(layer_scratch, a->scratch_size(R));
+  scratch_ = backend_.allocate(dtype_of<T>(), 4 * R * D + layer_scratch);
   T* cursor = scratch_.template data<T>();
-  for (T** p : {&ffn_out_, &dres_, &dtmp_, &dnorm_}) *p = cursor, cursor += N * D;
-  if (stage_.head) dlogits_ = cursor, cursor += N * V;
+  for (T** p : {&ffn_out_, &dres_, &dtmp_, &dnorm_}) *p = cursor, cursor += R * D;
   layer_scratch_ = cursor;
 }
 
 template <typename T>
 void Model<T>::make_slot(Slot& slot) {
-  const int64_t N = max_batch_ * T_, D = shape_.d_model, V = shape_.vocab, L = stage_layers();
+  const int64_t N = max_batch_ * T_, R = rows(N), D = shape_.d_model, L = stage_layers();
   const bool shared = recompute_ == Recompute::Full;
-  const int64_t head = stage_.head ? N * D + N + N * V : 0;
-  slot.arena = backend_.allocate(dtype_of<T>(), (L + 1) * N * D + (shared ? 0 : L * acts_size()) + head);
+  const int64_t head = stage_.head ? R * D + R + head_->activation_size(N) : 0;
+  slot.arena = backend_.allocate(dtype_of<T>(), (L + 1) * R * D + (shared ? 0 : L * acts_size()) + head);
   T* cursor = slot.arena.template data<T>();
-  for (int64_t l = 0; l <= L; ++l, cursor += N * D) slot.x.push_back(cursor);
+  for (int64_t l = 0; l <= L; ++l, cursor += R * D) slot.x.push_back(cursor);
   if (shared) {
     T* shared_cursor = shared_acts_.template data<T>();
     slot.acts.assign(size_t(L), carve_acts(shared_cursor));
@@ -114,39 +126,39 @@ void Model<T>::make_slot(Slot& slot) {
     for (int64_t l = 0; l < L; ++l) slot.acts.push_back(carve_acts(cursor));
   }
   if (stage_.head) {
-    slot.xo = cursor, cursor += N * D;
-    slot.rstd_o = cursor, cursor += N;
-    slot.logits = cursor, cursor += N * V;
+    slot.xo = cursor, cursor += R * D;
+    slot.rstd_o = cursor, cursor += R;
+    slot.head_acts = cursor, cursor += head_->activation_size(N);
     slot.losses = backend_.allocate(dtype_of<T>(), N);
     slot.targets = backend_.allocate(DType::I32, N);
   }
   if (stage_.embedding) slot.inputs = backend_.allocate(DType::I32, N);
-  if (!stage_.embedding) slot.input_grad = backend_.allocate(dtype_of<T>(), N * D);
+  if (!stage_.embedding) slot.input_grad = backend_.allocate(dtype_of<T>(), R * D);
   slot.host_tokens.assign(size_t(2 * N), 0);
   for (const auto& f : ffn_) slot.ffn.push_back(f->make_slot());
 }
 
 template <typename T>
 int64_t Model<T>::acts_size() const {
-  const int64_t N = max_batch_ * T_, D = shape_.d_model;
+  const int64_t R = rows(max_batch_ * T_), D = shape_.d_model;
   int64_t attn = 0, ffn = 0;
-  for (const auto& a : attn_) attn = std::max(attn, a->activation_size(N));
-  for (const auto& f : ffn_) ffn = std::max(ffn, f->activation_size(N));
-  return 3 * N * D + 2 * N + attn + ffn;
+  for (const auto& a : attn_) attn = std::max(attn, a->activation_size(R));
+  for (const auto& f : ffn_) ffn = std::max(ffn, f->activation_size(R));
+  return 3 * R * D + 2 * R + attn + ffn;
 }
 
 template <typename T>
 typename Model<T>::BlockActs Model<T>::carve_acts(T*& cursor) const {
-  const int64_t N = max_batch_ * T_, D = shape_.d_model;
+  const int64_t R = rows(max_batch_ * T_), D = shape_.d_model;
   int64_t attn = 0;
-  for (const auto& a : attn_) attn = std::max(attn, a->activation_size(N));
+  for (const auto& a : attn_) attn = std::max(attn, a->activation_size(R));
   BlockActs a;
-  for (T** p : {&a.xa, &a.h, &a.xf}) *p = cursor, cursor += N * D;
-  a.rstd_a = cursor, cursor += N;
-  a.rstd_f = cursor, cursor += N;
+  for (T** p : {&a.xa, &a.h, &a.xf}) *p = cursor, cursor += R * D;
+  a.rstd_a = cursor, cursor += R;
+  a.rstd_f = cursor, cursor += R;
   a.attn = cursor, cursor += attn;
   a.ffn = cursor;
-  cursor += acts_size() - 3 * N * D - 2 * N - attn;
+  cursor += acts_size() - 3 * R * D - 2 * R - attn;
   return a;
 }
 
@@ -172,7 +184,7 @@ int64_t Model<T>::local(int64_t layer) const {
 
 template <typename T>
 void Model<T>::block_forward(int64_t i, const FfnContext& context, Slot& s, int64_t B) {
-  const int64_t N = B * T_, D = shape_.d_model;
+  const int64_t N = rows(B * T_), D = shape_.d_model;  // this rank's rows
   const BlockWeights& w = blocks_[size_t(i)];
   const BlockActs& a = s.acts[size_t(i)];
   const T* x_in = s.x[size_t(i)];
@@ -190,7 +202,7 @@ void Model<T>::block_forward(int64_t i, const FfnContext& context, Slot& s, int6
 template <typename T>
 void Model<T>::block_backward(int64_t i, const FfnContext& context, Slot& s, T* dres, int64_t B) {
   // On entry dres = dL/dx_out; on exit dres = dL/dx_in (the residual stream accumulates).
-  const int64_t N = B * T_, D = shape_.d_model;
+  const int64_t N = rows(B * T_), D = shape_.d_model;  // this rank's rows
   const BlockWeights& w = blocks_[size_t(i)];
   const BlockActs& a = s.acts[size_t(i)];
   const T* x_in = s.x[size_t(i)];
@@ -246,19 +258,18 @@ double Model<T>::forward(int slot, const int32_t* tokens, int64_t B, const T* in
   s.context.recomputing = false;
 
   if (stage_.embedding)
-    ops_.embedding_forward(s.inputs.template data<int32_t>(), embed_, s.x[0], N, D);
+    embedding_->forward(s.inputs.template data<int32_t>(), s.x[0], N);
   else
-    ops_.copy(input_activation, s.x[0], N * D);
+    ops_.copy(input_activation, s.x[0], rows(N) * D);
   for (int64_t i = 0; i < stage_layers(); ++i) block_forward(i, s.context, s, B);
   return stage_.head ? head_forward(s, N) : 0.0;
 }
 
 template <typename T>
 double Model<T>::head_forward(Slot& s, int64_t N) {
-  const int64_t D = shape_.d_model, V = shape_.vocab;
-  ops_.rmsnorm_forward(s.x.back(), out_norm_, s.xo, s.rstd_o, N, D);
-  ops_.gemm(false, false, N, V, D, T(1), s.xo, D, head_, V, T(0), s.logits, V);
-  ops_.cross_entropy_forward(s.logits, s.targets.template data<int32_t>(), s.losses.template data<T>(), N, V);
+  const int64_t D = shape_.d_model;
+  ops_.rmsnorm_forward(s.x.back(), out_norm_, s.xo, s.rstd_o, rows(N), D);
+  head_->forward(s.xo, s.targets.template data<int32_t>(), s.losses.template data<T>(), s.head_acts, N);
   // The loss is what the host needs: the per-token losses copied out once, summed in token order.
   const std::vector<T> losses = backend_.download(s.losses.template data<T>(), N);
   double total = 0;
@@ -268,11 +279,9 @@ double Model<T>::head_forward(Slot& s, int64_t N) {
 
 template <typename T>
 void Model<T>::head_backward(Slot& s, double loss_scale, int64_t N) {
-  const int64_t D = shape_.d_model, V = shape_.vocab;
-  ops_.cross_entropy_backward(s.logits, s.targets.template data<int32_t>(), T(loss_scale), dlogits_, N, V);
-  ops_.gemm(true, false, D, V, N, T(1), s.xo, D, dlogits_, V, T(1), d_head_, V);  // dHead += xo^T dlogits
-  ops_.gemm(false, true, N, D, V, T(1), dlogits_, V, head_, V, T(0), dtmp_, D);   // dxo = dlogits Head^T
-  ops_.rmsnorm_backward(s.x.back(), out_norm_, s.rstd_o, dtmp_, dres_, d_out_norm_, N, D);
+  const int64_t D = shape_.d_model;
+  head_->backward(s.xo, s.targets.template data<int32_t>(), T(loss_scale), s.head_acts, layer_scratch_, dtmp_, N);
+  ops_.rmsnorm_backward(s.x.back(), out_norm_, s.rstd_o, dtmp_, dres_, d_out_norm_, rows(N), D);
   if (grad_ready_) grad_ready_(head_specs_.first, head_specs_.second);
 }
 
@@ -292,7 +301,7 @@ void Model<T>::backward(int slot, double loss_scale, const T* output_grad) {
   if (stage_.head)
     head_backward(s, loss_scale, N);
   else
-    ops_.copy(output_grad, dres_, N * D);
+    ops_.copy(output_grad, dres_, rows(N) * D);
   FfnContext context = s.context;
   context.recomputing = true;  // a recomputed forward must not count routing statistics again
   for (int64_t i = stage_layers() - 1; i >= 0; --i) {
@@ -302,18 +311,18 @@ void Model<T>::backward(int slot, double loss_scale, const T* output_grad) {
     if (grad_ready_) grad_ready_(layer_specs_[size_t(i)].first, layer_specs_[size_t(i)].second);
   }
   if (!stage_.embedding) {
-    ops_.copy(dres_, s.input_grad.template data<T>(), N * D);
+    ops_.copy(dres_, s.input_grad.template data<T>(), rows(N) * D);
     return;
   }
-  ops_.embedding_backward(s.inputs.template data<int32_t>(), dres_, d_embed_, N, D);
+  embedding_->backward(s.inputs.template data<int32_t>(), dres_, N);
   if (grad_ready_) grad_ready_(embed_specs_.first, embed_specs_.second);
 }
 
 template <typename T>
 double Model<T>::forward_flops(int64_t B) const {
-  const double N = double(B * T_), D = double(shape_.d_model), V = double(shape_.vocab);
-  double flops = stage_.head ? 2 * N * D * V : 0.0;
-  for (size_t i = 0; i < ffn_.size(); ++i) flops += attn_[i]->forward_flops(B * T_) + ffn_[i]->forward_flops(B * T_);
+  const int64_t R = rows(B * T_);
+  double flops = head_ ? head_->forward_flops(B * T_) : 0.0;
+  for (size_t i = 0; i < ffn_.size(); ++i) flops += attn_[i]->forward_flops(R) + ffn_[i]->forward_flops(R);
   return flops;
 }
 

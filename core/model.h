@@ -17,6 +17,7 @@
 
 #include "core/attention.h"
 #include "core/backend/backend.h"
+#include "core/embedding.h"
 #include "core/ffn.h"
 #include "core/params.h"
 
@@ -44,6 +45,18 @@ struct StageSpec {
   bool embedding = true, head = true;
 };
 
+// The model over a tensor-parallel group (docs/parallel.md): which shard this rank is, whether the residual
+// stream is split by rows (sequence parallelism: each rank holds N / tp of a micro-batch's N token rows, and
+// norms and residuals work on those), and the factories of the embedding and head (nullptr: the whole
+// vocabulary's). The attention and FFN factories make the tensor-parallel layers. The default: no split.
+template <typename T>
+struct TensorParallelLayout {
+  TpShard shard;
+  bool sequence_parallel = false;
+  std::function<std::unique_ptr<Embedding<T>>()> embedding;
+  std::function<std::unique_ptr<OutputHead<T>>()> head;
+};
+
 template <typename T>
 class Model {
  public:
@@ -56,7 +69,7 @@ class Model {
   // indices (the factories', ffn(), ffn_slot()) are the whole model's.
   Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int64_t max_batch, Recompute recompute,
         FfnFactory ffn_factory = nullptr, int num_slots = 1, const StageSpec& stage = {},
-        AttentionFactory attention_factory = nullptr);
+        AttentionFactory attention_factory = nullptr, TensorParallelLayout<T> tp = {});
 
   const ModelShape& shape() const { return shape_; }
   const ParamTable& table() const { return table_; }
@@ -67,6 +80,10 @@ class Model {
   const T* grads() const { return grads_.template data<T>(); }
   Backend& backend() const { return backend_; }
   int64_t num_params() const { return table_.numel(); }
+  // The residual-stream rows this rank holds of a micro-batch of N tokens: N / tp under sequence
+  // parallelism, else N.
+  int64_t rows(int64_t N) const { return tp_.sequence_parallel ? N / tp_.shard.size : N; }
+  const TensorParallelLayout<T>& tensor_parallel() const { return tp_; }
 
   // Initialised on the host (a pure function of the seed), then copied to the backend once.
   void init_params(uint64_t seed);
@@ -77,19 +94,19 @@ class Model {
   // Returns the sum over the B*T tokens of -log p(target) (0 for a stage without the head). Keeps what
   // backward needs in `slot`, with the context of the last set_context(). Needs the embedding.
   double forward(int slot, const int32_t* tokens, int64_t B);
-  // A stage without the embedding: `input_activation` is its first layer's input (B*T, D), in the
+  // A stage without the embedding: `input_activation` is its first layer's input (rows(B*T), D), in the
   // backend's memory, copied into the slot (nullptr when the stage has the embedding). tokens as above:
   // the head needs the targets.
   double forward(int slot, const int32_t* tokens, int64_t B, const T* input_activation);
   // After forward into `slot`: accumulates d(loss_scale * sum of its token losses)/d(params) into grads().
   // Slots are independent: backwards may run in any order after their forwards. Needs the head.
   void backward(int slot, double loss_scale);
-  // A stage without the head: `output_grad` is the gradient (B*T, D) of its output activation, in the
+  // A stage without the head: `output_grad` is the gradient (rows(B*T), D) of its output activation, in the
   // backend's memory (nullptr when the stage has the head; loss_scale then scales its loss).
   void backward(int slot, double loss_scale, const T* output_grad);
-  // The last layer's output (B*T, D) of the forward in `slot`: what the next stage takes as input.
+  // The last layer's output (rows(B*T), D) of the forward in `slot`: what the next stage takes as input.
   const T* output_activation(int slot) const { return slots_[size_t(slot)].x.back(); }
-  // A stage without the embedding, after backward of `slot`: the gradient (B*T, D) of its input activation,
+  // A stage without the embedding, after backward of `slot`: the gradient (rows(B*T), D) of its input activation,
   // what the previous stage's backward takes (nullptr when the stage has the embedding).
   const T* input_grad(int slot) const { return slots_[size_t(slot)].input_grad.template data<T>(); }
   // Per-token losses of the forward in `slot`: (B*T), in the backend's memory (a stage with the head).
@@ -141,12 +158,12 @@ class Model {
     Buffer arena;
     std::vector<T*> x;            // layers + 1 pointers, (N, D) each: each layer's input, then its output
     std::vector<BlockActs> acts;  // one per layer (all the model's shared set when recomputing)
-    T *xo = nullptr, *rstd_o = nullptr, *logits = nullptr;  // with the head
-    Buffer losses;                                          // (N), with the head
-    Buffer inputs, targets;                                 // (N) token ids
-    Buffer input_grad;                                      // (N, D), without the embedding
-    std::vector<int32_t> host_tokens;                       // (2 N) inputs then targets, staged on the host
-    std::vector<std::unique_ptr<FfnSlot>> ffn;              // one per layer
+    T *xo = nullptr, *rstd_o = nullptr, *head_acts = nullptr;  // with the head
+    Buffer losses;                                             // (N), with the head
+    Buffer inputs, targets;                                    // (N) token ids
+    Buffer input_grad;                                         // (N, D), without the embedding
+    std::vector<int32_t> host_tokens;                          // (2 N) inputs then targets, staged on the host
+    std::vector<std::unique_ptr<FfnSlot>> ffn;                 // one per layer
     FfnContext context;
     int64_t batch = 0;  // 0: no forward yet
   };
@@ -175,10 +192,13 @@ class Model {
   ParamTable table_;
   std::vector<std::unique_ptr<Attention<T>>> attn_;  // one per layer of the stage
   std::vector<std::unique_ptr<FeedForward<T>>> ffn_;
+  TensorParallelLayout<T> tp_;
+  std::unique_ptr<Embedding<T>> embedding_;  // with the embedding
+  std::unique_ptr<OutputHead<T>> head_;      // with the head
   Buffer params_, grads_;
   std::vector<BlockWeights> blocks_;
-  const T *embed_ = nullptr, *out_norm_ = nullptr, *head_ = nullptr;
-  T *d_embed_ = nullptr, *d_out_norm_ = nullptr, *d_head_ = nullptr;
+  const T* out_norm_ = nullptr;
+  T* d_out_norm_ = nullptr;
 
   std::vector<Slot> slots_;
   // Recompute::Full: one set of layer activations shared by every layer of every slot, since each
@@ -186,8 +206,8 @@ class Model {
   Buffer shared_acts_;
   // Scratch of one forward or backward call, shared by all layers and slots.
   Buffer scratch_;
-  T *ffn_out_ = nullptr, *dres_ = nullptr, *dtmp_ = nullptr, *dnorm_ = nullptr, *dlogits_ = nullptr;
-  T* layer_scratch_ = nullptr;  // the attention's or the FFN's backward scratch
+  T *ffn_out_ = nullptr, *dres_ = nullptr, *dtmp_ = nullptr, *dnorm_ = nullptr;
+  T* layer_scratch_ = nullptr;  // the attention's, the FFN's or the head's backward scratch
   FfnContext context_;          // of the next forwards
   GradReadyHook grad_ready_;
   // Spec index ranges of the table: the embedding, each layer of the stage, the output norm and head.

@@ -33,6 +33,8 @@ MoeLayer<T>::MoeLayer(Backend& backend, const MoeSettings& settings)
   MOE_CHECK(
       s_.ep_size >= 1 && s_.num_experts % s_.ep_size == 0 && s_.ep_rank >= 0 && s_.ep_rank < s_.ep_size,
       "expert parallelism " << s_.ep_size << " (rank " << s_.ep_rank << ") over " << s_.num_experts << " experts");
+  MOE_CHECK(s_.token_shards >= 1 && s_.token_shard >= 0 && s_.token_shard < s_.token_shards,
+            "routing group block " << s_.token_shard << " of " << s_.token_shards);
   if (s_.shared_experts > 0)
     shared_ = std::make_unique<DenseMlp<T>>(backend, s_.d_model, s_.shared_experts * s_.expert_hidden, s_.layers_total);
   if (s_.overflow == Overflow::Dense)
@@ -53,6 +55,9 @@ void MoeLayer<T>::register_params(ParamTable& table, const std::string& prefix) 
   table.add({prefix + ".experts.w2", {El, F, D}, ParamRole::Expert, true, ParamInit::Normal, out_std, E, first});
   if (shared_) shared_->register_params(table, prefix + ".shared");
   if (fallback_) fallback_->register_params(table, prefix + ".fallback");
+  // Split routing group: the router, shared experts and fallback see this rank's tokens only.
+  if (s_.token_shards > 1)
+    for (const char* part : {".router.", ".shared.", ".fallback."}) table.mark_partial_over_tp(prefix + part);
 }
 
 template <typename T>
@@ -68,7 +73,7 @@ void MoeLayer<T>::bind(const ParamTable& table, T* params, T* grads) {
 template <typename T>
 int64_t MoeLayer<T>::activation_size(int64_t N) const {
   const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k;
-  int64_t n = 2 * N * E + N * K * D;
+  int64_t n = 2 * group_tokens(N) * E + N * K * D;
   if (shared_) n += shared_->activation_size(N) + N * D;
   if (fallback_) n += 2 * N * D + fallback_->activation_size(N);
   return n;
@@ -79,8 +84,8 @@ typename MoeLayer<T>::ActsView MoeLayer<T>::carve(T* acts, int64_t N) const {
   const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k, M = N * K;
   ActsView v{};
   T* c = acts;
-  v.logits = c, c += N * E;
-  v.scores = c, c += N * E;
+  v.logits = c, c += group_tokens(N) * E;
+  v.scores = c, c += group_tokens(N) * E;
   v.yp = c, c += M * D;
   if (shared_) v.shared_acts = c, c += shared_->activation_size(N), v.shared_out = c, c += N * D;
   if (fallback_) v.xf = c, c += N * D, v.fallback_acts = c, c += fallback_->activation_size(N), v.yf = c, c += N * D;
@@ -115,9 +120,9 @@ void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, 
   MOE_CHECK(dispatcher_.ready(), "an MoE layer over " << s_.ep_size << " expert-parallel ranks needs an exchange");
   MoeSlot<T>& st = static_cast<MoeSlot<T>&>(*slot);
   const ActsView v = carve(acts, N);
-  // Router and plan (local): scores, selection, gate weights, losses; capacity, overflow, permutation.
-  router_.forward(context, x, v.logits, v.scores, st.routing, N);
-  plan(st, N);
+  // Router and plan: scores, selection, gate weights, losses; capacity, overflow, permutation.
+  route(context, x, v, st, N);
+  plan(context, st, N);
   upload_plan(st, N);
   dispatcher_.plan(st.plan.expert_offset, st.exchange);
 
@@ -140,27 +145,47 @@ void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, 
     ops_.add_inplace(y, v.shared_out, N * D);
   }
   if (fallback_ && !st.fallback_token.empty()) fallback_forward(context, st, x, v, y);
-  count_stats(context, st, N);
 }
 
-// Capacity and overflow over the router's preferences, then the tokens the dense fallback computes.
 template <typename T>
-void MoeLayer<T>::plan(MoeSlot<T>& st, int64_t N) const {
-  const int64_t K = s_.top_k;
+void MoeLayer<T>::route(const FfnContext& context, const T* x, const ActsView& v, MoeSlot<T>& st, int64_t N) {
+  if (s_.token_shards == 1) {
+    router_.forward(context, x, v.logits, v.scores, st.routing, N);
+    st.first_token = 0;
+    return;
+  }
+  MOE_CHECK(gather_ && gather_->size() == s_.token_shards,
+            "an MoE layer whose routing group is split over " << s_.token_shards << " ranks needs their all-gather");
+  const int64_t E = s_.num_experts;
+  backend_.reserve(local_logits_, dtype_of<T>(), N * E);
+  router_.logits(x, local_logits_.template data<T>(), N);
+  gather_->allgather(local_logits_.template data<T>(), v.logits, N * E);
+  router_.route(context, v.logits, v.scores, st.routing, group_tokens(N));
+  st.first_token = s_.token_shard * N;
+}
+
+// Capacity and overflow over the router's preferences for the whole group, its statistics, then this
+// rank's part of the plan and the tokens the dense fallback computes.
+template <typename T>
+void MoeLayer<T>::plan(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
+  const int64_t K = s_.top_k, G = group_tokens(N);
   DispatchRequest<T> request;
-  request.tokens = N, request.experts = s_.num_experts, request.top_k = K;
+  request.tokens = G, request.experts = s_.num_experts, request.top_k = K;
   request.choices = st.routing.choices, request.preference = st.routing.preference.data();
   request.score = st.routing.selected_score.data();
-  request.capacity = capacity(N), request.drop_policy = s_.drop_policy, request.overflow = s_.overflow;
+  request.capacity = capacity(G), request.drop_policy = s_.drop_policy, request.overflow = s_.overflow;
   plan_dispatch(request, st.plan);
+  count_stats(context, st, G);
+  if (s_.token_shards > 1) st.plan = restrict_plan(st.plan, K, st.first_token, N);
   st.fallback_token.clear();
   st.fallback_weight.clear();
   if (s_.overflow != Overflow::Dense) return;
+  const T* gate = st.routing.gate.data() + st.first_token * K;
   for (int64_t n = 0; n < N; ++n) {
     double w = 0;
     bool any = false;
     for (int64_t j = 0; j < K; ++j)
-      if (st.plan.fate[n * K + j] == SlotFate::Fallback) w += double(st.routing.gate[n * K + j]), any = true;
+      if (st.plan.fate[n * K + j] == SlotFate::Fallback) w += double(gate[n * K + j]), any = true;
     if (any) st.fallback_token.push_back(int32_t(n)), st.fallback_weight.push_back(T(w));
   }
 }
@@ -168,17 +193,18 @@ void MoeLayer<T>::plan(MoeSlot<T>& st, int64_t N) const {
 template <typename T>
 void MoeLayer<T>::upload_plan(MoeSlot<T>& st, int64_t N) const {
   const int64_t K = s_.top_k, M = st.plan.rows();
+  const auto gate = st.routing.gate.begin() + st.first_token * K;  // this rank's tokens' gate weights
   std::vector<int32_t> perm_token(static_cast<size_t>(M)), slot_row(static_cast<size_t>(N * K));
   std::vector<T> perm_gate(static_cast<size_t>(M));
   for (int64_t r = 0; r < M; ++r) {
     const int32_t slot = st.plan.perm_slot[size_t(r)];
-    perm_token[size_t(r)] = int32_t(slot / K), perm_gate[size_t(r)] = st.routing.gate[size_t(slot)];
+    perm_token[size_t(r)] = int32_t(slot / K), perm_gate[size_t(r)] = gate[slot];
   }
   for (int64_t slot = 0; slot < N * K; ++slot) slot_row[size_t(slot)] = int32_t(st.plan.row_of_slot[size_t(slot)]);
   st.perm_token = backend_.upload(perm_token);
   st.perm_gate = backend_.upload(perm_gate);
   st.slot_row = backend_.upload(slot_row);
-  st.gate = backend_.upload(st.routing.gate);
+  st.gate = backend_.upload(std::vector<T>(gate, gate + N * K));
   st.fallback_token_rows = backend_.upload(st.fallback_token);
   st.fallback_weights = backend_.upload(st.fallback_weight);
 }
@@ -244,8 +270,9 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
   const int64_t fb_rows = std::max<int64_t>(Mf, 1);
   const int64_t fb_scratch = fallback_ ? fallback_->scratch_size(fb_rows) + 2 * fb_rows * D : 0;
   const int64_t experts_scratch = GroupedExperts<T>::scratch_size(R, F);
+  const int64_t G = group_tokens(N);
   const int64_t need =
-      2 * M * D + 2 * R * D + experts_scratch + 2 * N * E + N * K + std::max(shared_scratch, fb_scratch);
+      2 * M * D + 2 * R * D + experts_scratch + 2 * G * E + G * K + std::max(shared_scratch, fb_scratch);
   backend_.reserve(scratch_, dtype_of<T>(), need);
   T* c = scratch_.template data<T>();
   T* dyp = c;                      // (M, D) token side
@@ -253,12 +280,12 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
   T* dye = (c += M * D);           // (R, D) expert side
   T* dxe = (c += R * D);           // (R, D) expert side
   T* es = (c += R * D);            // experts' scratch
-  T* dp = (c += experts_scratch);  // (N, E)
-  T* dz = (c += N * E);            // (N, E)
-  T* dw = (c += N * E);            // (N K)
-  T* sub = (c += N * K);           // shared experts' or fallback's scratch (used one after the other)
-  ops_.fill(dp, T(0), N * E);
-  ops_.fill(dz, T(0), N * E);
+  T* dp = (c += experts_scratch);  // (G, E), the whole routing group's
+  T* dz = (c += G * E);            // (G, E)
+  T* dw = (c += G * E);            // (G K)
+  T* sub = (c += G * K);           // shared experts' or fallback's scratch (used one after the other)
+  ops_.fill(dp, T(0), G * E);
+  ops_.fill(dz, T(0), G * E);
   host_dw_.assign(size_t(N * K), T(0));
 
   // Shared experts write dx; otherwise it starts at zero.
@@ -276,8 +303,20 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
   ops_.combine_rows(dxp, st.slot_row.template data<int32_t>(), nullptr, dx, N, K, D, true);
 
   if (fallback_ && Mf > 0) fallback_backward(context, st, v, dy, host_dw_, sub, dx, N);
-  backend_.copy_to_device(dw, host_dw_.data(), N * K);
-  router_.backward(context, st.routing, x, v.logits, v.scores, dw, dp, dz, dx, N);
+  router_backward(context, st, x, v, dw, dp, dz, dx, N);
+}
+
+// The whole group's logits gradient (router losses over every token; gate weights of this rank's tokens,
+// the other ranks' are theirs), then the router weight's and the input's from this rank's rows of it.
+template <typename T>
+void MoeLayer<T>::router_backward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v, T* dw,
+                                  T* dp, T* dz, T* dx, int64_t N) {
+  const int64_t K = s_.top_k, E = s_.num_experts, G = group_tokens(N);
+  group_dw_.assign(size_t(G * K), T(0));
+  std::copy(host_dw_.begin(), host_dw_.end(), group_dw_.begin() + st.first_token * K);
+  backend_.copy_to_device(dw, group_dw_.data(), G * K);
+  router_.logits_backward(context, st.routing, v.logits, v.scores, dw, dp, dz, G);
+  router_.input_backward(x, dz + st.first_token * E, dx, N);
 }
 
 template <typename T>

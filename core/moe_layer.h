@@ -31,6 +31,9 @@ struct MoeSlot final : FfnSlot {
   std::vector<T> fallback_weight;       // their summed overflowed gate weights
   ExchangePlan exchange;
   ExpertActs<T> experts;
+  // A routing group split over ranks: `routing` is the whole group's, `plan` this rank's block's, whose
+  // first token in the group is first_token (0 when not split).
+  int64_t first_token = 0;
   // The plan's indices and weights in the backend's memory, for the row-moving ops: token of each
   // permuted row and its gate weight (M); permuted row of each slot, -1 if none, and its gate (N K);
   // the fallback's tokens and weights (Mf).
@@ -56,6 +59,9 @@ class MoeLayer final : public FeedForward<T> {
 
   // The all-to-all over the expert-parallel group (required when ep_size > 1; float only).
   void set_exchange(ExpertExchange* exchange) { dispatcher_.set_exchange(exchange); }
+  // The all-gather over the ranks sharing a routing group (required when token_shards > 1). forward and
+  // backward then take this rank's N rows of a group of N * token_shards tokens.
+  void set_token_gather(TokenGather* gather) { gather_ = gather; }
   int64_t local_experts() const { return s_.num_experts / s_.ep_size; }
   RouterStepStats* router_stats() override { return &stats_; }
   double router_loss(const FfnSlot* slot) const override;
@@ -81,7 +87,10 @@ class MoeLayer final : public FeedForward<T> {
   struct ActsView;  // carving of the activation buffer
   ActsView carve(T* acts, int64_t N) const;
   const MoeSlot<T>& default_state() const;
-  void plan(MoeSlot<T>& st, int64_t N) const;
+  // Logits, scores and routing of the whole group (gathered when it is split), into the slot and acts.
+  void route(const FfnContext& context, const T* x, const ActsView& v, MoeSlot<T>& st, int64_t N);
+  // The whole group's plan and statistics, then this rank's part of the plan and its fallback tokens.
+  void plan(const FfnContext& context, MoeSlot<T>& st, int64_t N);
   // y[n] = sum_j w_j * yp[row(n, j)], choices in order for each token (deterministic).
   void combine(const MoeSlot<T>& st, const T* yp, T* y, int64_t N) const;
   void fallback_forward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v, T* y);
@@ -92,6 +101,11 @@ class MoeLayer final : public FeedForward<T> {
   void fallback_backward(const FfnContext& context, const MoeSlot<T>& st, const ActsView& v, const T* dy,
                          std::vector<T>& dw, T* scratch, T* dx, int64_t N);
   void count_stats(const FfnContext& context, const MoeSlot<T>& st, int64_t N);
+  // Router backward of this rank's tokens: its gate-weight gradients (host_dw_) into the whole group's
+  // logits gradient (dw: (G K), dp, dz: (G, E) zeroed workspace), then dWg and dx from this rank's rows.
+  void router_backward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v, T* dw, T* dp,
+                       T* dz, T* dx, int64_t N);
+  int64_t group_tokens(int64_t N) const { return N * s_.token_shards; }
 
   Backend& backend_;
   Ops<T>& ops_;
@@ -102,10 +116,11 @@ class MoeLayer final : public FeedForward<T> {
   ExpertDispatcher<T> dispatcher_;
   GroupedExperts<T> experts_;
   std::unique_ptr<DenseMlp<T>> shared_, fallback_;
+  TokenGather* gather_ = nullptr;
 
   // Workspace of one forward or backward call (no micro-batch state), kept to avoid reallocating.
-  Buffer scratch_, token_rows_, expert_out_, dots_;
-  std::vector<T> host_dw_;
+  Buffer scratch_, token_rows_, expert_out_, dots_, local_logits_;
+  std::vector<T> host_dw_, group_dw_;
 };
 
 }  // namespace moe

@@ -38,6 +38,8 @@ const char* param_group_name(ParamGroup group) {
       return "tp";
     case ParamGroup::ExpertTensorParallel:
       return "etp";
+    case ParamGroup::TensorDataParallel:
+      return "tp x dp";
   }
   return "?";
 }
@@ -64,7 +66,9 @@ void ParamTable::add(ParamSpec spec) {
                   spec.expert() ? ParamGroup::ExpertParallel : ParamGroup::None};
   if (spec.split.axis == 0) spec.global_rows = spec.split.global_size, spec.shard_offset = spec.split.offset;
   if (spec.replicas == ParamGroup::None)
-    spec.replicas = spec.expert() ? ParamGroup::ExpertDataParallel : ParamGroup::DataParallel;
+    spec.replicas = spec.expert()                                    ? ParamGroup::ExpertDataParallel
+                    : spec.split.group == ParamGroup::TensorParallel ? ParamGroup::DataParallel
+                                                                     : ParamGroup::TensorDataParallel;
   const size_t axis = size_t(spec.split.axis);
   MOE_CHECK(!spec.is_split() || (axis < spec.shape.size() && spec.split.offset >= 0 &&
                                  spec.split.offset + spec.shape[axis] <= spec.split.global_size),
@@ -82,6 +86,11 @@ void ParamTable::add(ParamSpec spec) {
       if (s.expert()) s.offset += n;
   }
   specs_.push_back(std::move(spec));
+}
+
+void ParamTable::mark_partial_over_tp(const std::string& prefix) {
+  for (ParamSpec& s : specs_)
+    if (s.name.compare(0, prefix.size(), prefix) == 0) s.partial_over_tp = true;
 }
 
 bool ParamTable::contains(const std::string& name) const {

@@ -19,7 +19,16 @@ const char* param_role_name(ParamRole role);
 enum class ParamInit { Normal, Ones, Zeros };
 
 // The groups of the rank grid a parameter is split across or replicated over (docs/parallel.md).
-enum class ParamGroup { None, DataParallel, ExpertParallel, ExpertDataParallel, TensorParallel, ExpertTensorParallel };
+// TensorDataParallel: the tp x dp ranks of one pipeline stage (a tensor every one of them holds whole).
+enum class ParamGroup {
+  None,
+  DataParallel,
+  ExpertParallel,
+  ExpertDataParallel,
+  TensorParallel,
+  ExpertTensorParallel,
+  TensorDataParallel
+};
 const char* param_group_name(ParamGroup group);
 
 // How a tensor is split: this rank holds [offset, offset + shape[axis]) of axis `axis` of the global
@@ -30,6 +39,18 @@ struct Split {
   int64_t global_size = 0;
   int64_t offset = 0;
   ParamGroup group = ParamGroup::None;
+};
+
+// Which block of a tensor-parallel split a layer holds: block `rank` of `size` (the default: all of it).
+struct TpShard {
+  int64_t size = 1, rank = 0;
+  // Block `rank` of `n` split into `size` equal blocks: its offset (n must be a multiple of size).
+  int64_t block(int64_t n) const { return n / size; }
+  int64_t offset(int64_t n) const { return rank * (n / size); }
+  // The split of axis `axis` of global size n over the tensor-parallel group (none when size is 1).
+  Split split(int axis, int64_t n) const {
+    return size == 1 ? Split{} : Split{axis, n, offset(n), ParamGroup::TensorParallel};
+  }
 };
 
 struct ParamSpec {
@@ -48,10 +69,16 @@ struct ParamSpec {
   int64_t offset = 0;  // into the flat buffers (set by ParamTable::add)
   int64_t numel = 0;
   Split split;  // how the tensor is split (set from global_rows when that is given)
-  // The group whose members hold identical copies (None: set by ParamTable::add from the role, expert
-  // tensors the expert-data-parallel group, every other the data-parallel group). A checkpoint writes
-  // each replicated tensor once, by one member of this group.
+  // The group whose members hold identical copies (None: set by ParamTable::add from the role and split:
+  // expert tensors the expert-data-parallel group, a tensor split over the tensor-parallel group the
+  // data-parallel group, every other the tp x dp ranks of the stage). A checkpoint writes each replicated
+  // tensor once, by one member of this group.
   ParamGroup replicas = ParamGroup::None;
+  // A tensor every tensor-parallel rank holds whole but uses on its own tokens only (norm gains under
+  // sequence parallelism, the router and shared experts of an MoE layer whose routing group is split over
+  // the tp ranks): each rank's gradient is a partial sum, summed over the tp group before the optimizer
+  // (Megatron-Core's sequence_parallel parameters).
+  bool partial_over_tp = false;
 
   bool expert() const { return role == ParamRole::Expert; }
   bool is_split() const { return split.axis >= 0; }
@@ -90,6 +117,9 @@ class ParamTable {
     const ParamSpec& s = find(name);
     return {buffer + s.offset, s.shape};
   }
+
+  // Marks every tensor whose name starts with `prefix` as partial_over_tp.
+  void mark_partial_over_tp(const std::string& prefix);
 
   // Fills params (numel() values) from the counter-based generator keyed by (seed, spec name).
   template <typename T>

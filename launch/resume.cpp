@@ -1,7 +1,7 @@
 // Choosing and loading the checkpoint a run continues from.
 #include "launch/resume.h"
 
-#include <regex>
+#include <algorithm>
 
 #include "core/error.h"
 #include "launch/agree.h"
@@ -18,7 +18,9 @@ std::string config_mismatch(const ckpt::Manifest& m, const Config& config, const
   std::string diffs;
   for (const char* key : {"model.vocab", "model.d_model", "model.layers", "model.heads", "model.ffn_hidden",
                           "moe.num_experts", "moe.every", "moe.expert_hidden", "moe.shared_experts"}) {
-    const nlohmann::json::json_pointer ptr("/" + std::regex_replace(std::string(key), std::regex("\\."), "/"));
+    std::string path = std::string("/") + key;
+    std::replace(path.begin(), path.end(), '.', '/');
+    const nlohmann::json::json_pointer ptr(path);
     const nlohmann::json a = then.contains(ptr) ? then.at(ptr) : nlohmann::json(), b = now.at(ptr);
     if (a != b)
       diffs += std::string(diffs.empty() ? "" : ", ") + key + " = " + a.dump() + " there, " + b.dump() + " here";

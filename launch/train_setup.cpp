@@ -8,6 +8,7 @@
 
 #include "core/backend/backend.h"
 #include "core/error.h"
+#include "parallel/tp_layers.h"
 
 namespace moe {
 namespace fs = std::filesystem;
@@ -63,16 +64,26 @@ MoeSettings moe_settings(const Config& config, int64_t layer) {
 }
 
 // Layer l is an MoE layer when l % moe.every == moe.every - 1 (docs/model.md), else a dense SwiGLU MLP.
-Model<float>::FfnFactory ffn_factory(Backend& backend, const Config& config, int64_t ep_size, int64_t ep_rank) {
-  return [&backend, config, ep_size, ep_rank](int64_t layer) -> std::unique_ptr<FeedForward<float>> {
+// Over tp > 1 ranks the dense MLP is split by hidden units, and an MoE layer's routing group by tokens
+// (each tp rank computes its own tokens' experts; without sequence parallelism TokenSplitFfn hands it
+// its block of the rows).
+Model<float>::FfnFactory ffn_factory(Backend& backend, const Config& config, const ProcessGroups& groups,
+                                     TpContext tp) {
+  const int64_t ep_size = config.parallel.ep, ep_rank = groups.coords.ep, tp_size = tp.comm->size();
+  return [&backend, config, ep_size, ep_rank, tp, tp_size](int64_t layer) -> std::unique_ptr<FeedForward<float>> {
     const MoeConfig& m = config.moe;
+    const int64_t D = config.model.d_model;
     if (m.num_experts > 0 && layer % m.every == m.every - 1) {
       MoeSettings s = moe_settings(config, layer);
       s.ep_size = ep_size, s.ep_rank = ep_rank;
-      return std::make_unique<MoeLayer<float>>(backend, s);
+      s.token_shards = tp_size, s.token_shard = tp.comm->rank();
+      auto moe = std::make_unique<MoeLayer<float>>(backend, s);
+      if (tp_size == 1 || tp.sequence_parallel) return moe;
+      return std::make_unique<TokenSplitFfn<float>>(backend, *tp.comm, D, std::move(moe));
     }
-    return std::make_unique<DenseMlp<float>>(backend, config.model.d_model, config.model.ffn_hidden,
-                                             config.model.layers);
+    if (tp_size > 1)
+      return std::make_unique<TpMlp<float>>(backend, tp, D, config.model.ffn_hidden, config.model.layers);
+    return std::make_unique<DenseMlp<float>>(backend, D, config.model.ffn_hidden, config.model.layers);
   };
 }
 
@@ -90,13 +101,19 @@ void build_model(Trainer& t) {
   const TrainConfig& tc = config.train;
   const ModelShape shape{config.model.vocab, config.model.d_model, config.model.layers, config.model.heads,
                          config.model.ffn_hidden};
-  t.model = std::make_unique<Model<float>>(t.backend, shape, tc.seq_len, tc.micro_batch,
-                                           tc.recompute == "full" ? Recompute::Full : Recompute::None,
-                                           ffn_factory(t.backend, config, config.parallel.ep, t.groups.coords.ep));
+  const TpContext tp{t.groups.tp.get(), config.parallel.sequence_parallel};
+  const bool split = tp.comm->size() > 1;
+  t.model = std::make_unique<Model<float>>(
+      t.backend, shape, tc.seq_len, tc.micro_batch, tc.recompute == "full" ? Recompute::Full : Recompute::None,
+      ffn_factory(t.backend, config, t.groups, tp), 1, StageSpec{},
+      split ? tp_attention_factory<float>(t.backend, tp, shape, tc.seq_len) : nullptr,
+      split ? tensor_parallel_layout<float>(t.backend, tp, shape) : TensorParallelLayout<float>{});
   t.exchange = std::make_unique<CommunicatorExchange>(*t.groups.ep);
+  t.token_gather = std::make_unique<CommunicatorTokenGather>(*t.groups.tp);
   for (int64_t l = 0; l < t.model->num_layers(); ++l)
-    if (auto* m = dynamic_cast<MoeLayer<float>*>(&t.model->ffn(l))) {
+    if (auto* m = moe_layer_of(t.model->ffn(l))) {
       m->set_exchange(t.exchange.get());
+      m->set_token_gather(t.token_gather.get());
       t.moe_layers.push_back(m);
     }
   t.model->init_params(tc.seed);

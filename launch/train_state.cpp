@@ -2,6 +2,7 @@
 #include "launch/train_state.h"
 
 #include "checkpoint/writers.h"
+#include "core/error.h"
 
 namespace moe {
 namespace {
@@ -18,21 +19,41 @@ struct Held {
   ParamGroup replicas = ParamGroup::None;
 };
 
+// A replica group's size and this rank's position in it, for assign_writers.
+struct Members {
+  int size = 1, rank = 0;
+};
+Members members(const ProcessGroups& g, ParamGroup group) {
+  switch (group) {
+    case ParamGroup::DataParallel:
+      return {g.dp->size(), g.dp->rank()};
+    case ParamGroup::ExpertDataParallel:
+      return {g.edp->size(), g.edp->rank()};
+    case ParamGroup::TensorParallel:
+      return {g.tp->size(), g.tp->rank()};
+    case ParamGroup::TensorDataParallel:  // the ranks of one stage, tp fastest (rank_grid.h)
+      return {g.tp->size() * g.dp->size(), g.tp->rank() + g.tp->size() * g.dp->rank()};
+    default:
+      MOE_FAIL("no replica group " << param_group_name(group) << " for checkpoint pieces");
+  }
+}
+
 // Of the pieces held, those this rank writes: its own, and the replicated ones assign_writers gives it
-// among the members of their replica group (the data-parallel group: dense tensors, the optimizer step
-// and the MoE state, which every rank holds; the expert-data-parallel group: expert tensors and their
-// clipping statistics).
+// among the members of their replica group (tp x dp: tensors every rank of the stage holds whole, the
+// optimizer step and the MoE state; dp: blocks of tensors split over tp; edp: expert tensors and their
+// clipping statistics; tp: ZeRO slices of tensors every tp rank holds whole).
 std::vector<Piece> written_here(const TrainState& s, std::vector<Held> held) {
   std::vector<bool> mine(held.size(), false);
   for (size_t i = 0; i < held.size(); ++i) mine[i] = held[i].replicas == ParamGroup::None;
-  for (const ParamGroup g : {ParamGroup::DataParallel, ParamGroup::ExpertDataParallel}) {
-    const Communicator& group = g == ParamGroup::DataParallel ? *s.groups->dp : *s.groups->edp;
+  for (const ParamGroup g : {ParamGroup::DataParallel, ParamGroup::ExpertDataParallel, ParamGroup::TensorParallel,
+                             ParamGroup::TensorDataParallel}) {
+    const Members group = members(*s.groups, g);
     std::vector<std::pair<std::string, int64_t>> items;
     std::vector<size_t> index;
     for (size_t i = 0; i < held.size(); ++i)
       if (held[i].replicas == g) items.emplace_back(held[i].piece.tensor, held[i].piece.bytes()), index.push_back(i);
-    const std::vector<int> writer = ckpt::assign_writers(items, group.size());
-    for (size_t k = 0; k < index.size(); ++k) mine[index[k]] = writer[k] == group.rank();
+    const std::vector<int> writer = ckpt::assign_writers(items, group.size);
+    for (size_t k = 0; k < index.size(); ++k) mine[index[k]] = writer[k] == group.rank;
   }
   std::vector<Piece> out;
   for (size_t i = 0; i < held.size(); ++i)
@@ -48,7 +69,7 @@ std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
   auto add = [&](std::string tensor, ckpt::DType dtype, Slab slab, void* data, ParamGroup replicas) {
     held.push_back({Piece{std::move(tensor), dtype, std::move(slab), data, data}, replicas});
   };
-  const ParamGroup all = ParamGroup::DataParallel, expert_group = ParamGroup::ExpertDataParallel;
+  const ParamGroup all = ParamGroup::TensorDataParallel, expert_group = ParamGroup::ExpertDataParallel;
 
   for (const ParamSpec& spec : table.specs())
     add("params/" + spec.name, ckpt::DType::F32, block_of(spec), s.model->params() + spec.offset, spec.replicas);
@@ -63,7 +84,11 @@ std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
     // A ZeRO slice is a range of the rank's block in its row-major order; otherwise all of it.
     Slab slab = block_of(*spec);
     slab.begin = op.offset - spec->offset, slab.count = op.length;
-    const ParamGroup replicas = s.zero ? ParamGroup::None : spec->replicas;
+    // Under ZeRO a slice is this rank's among its data-parallel group; the tp ranks hold the same slice
+    // of a tensor they all hold whole.
+    const ParamGroup whole_on_tp =
+        spec->replicas == ParamGroup::TensorDataParallel ? ParamGroup::TensorParallel : ParamGroup::None;
+    const ParamGroup replicas = s.zero ? whole_on_tp : spec->replicas;
     add("optim/exp_avg/" + spec->name, ckpt::DType::F32, slab, m + op.state, replicas);
     add("optim/exp_avg_sq/" + spec->name, ckpt::DType::F32, slab, v + op.state, replicas);
   }

@@ -1,7 +1,9 @@
 // One optimizer step of one rank.
 #include "launch/train_step.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/error.h"
 
@@ -41,6 +43,31 @@ void scatter_totals(const StepTotals& t, const std::vector<MoeLayer<float>*>& mo
   }
 }
 
+// Tensors every tp rank holds whole but uses on its own tokens (norms under sequence parallelism, the
+// router and shared experts of a split routing group) have partial gradients: summed over the tp group.
+// After the data-parallel reduction, so under ZeRO this rank's slices are complete sums too.
+void reduce_partial_over_tp(Trainer& t) {
+  if (t.groups.tp->size() == 1) return;
+  const auto span = t.tracer.span("tensor-parallel gradient reduction", "communication");
+  for (const ParamSpec& spec : t.model->table().specs())
+    if (spec.partial_over_tp) t.groups.tp->allreduce_sum(t.model->grads() + spec.offset, spec.numel);
+}
+
+// The owned segments' parts that lie in tensors split over the tensor-parallel group (disjoint blocks,
+// whose squares sum over the group) and in the others (the same on every tp rank, counted once).
+std::pair<std::vector<Segment>, std::vector<Segment>> split_by_tp(const ParamTable& table,
+                                                                  const std::vector<Segment>& owned) {
+  std::pair<std::vector<Segment>, std::vector<Segment>> out;
+  for (const Segment& seg : owned)
+    for (const ParamSpec& spec : table.specs()) {
+      const int64_t lo = std::max(seg.offset, spec.offset),
+                    hi = std::min(seg.offset + seg.length, spec.offset + spec.numel);
+      if (lo >= hi) continue;
+      (spec.split.group == ParamGroup::TensorParallel ? out.first : out.second).push_back({lo, hi - lo});
+    }
+  return out;
+}
+
 // Forward and backward of this rank's micro-batches; returns the sum of their token losses.
 double forward_backward(Trainer& t, int64_t step, double loss_scale) {
   const TrainConfig& tc = t.config.train;
@@ -70,8 +97,11 @@ double forward_backward(Trainer& t, int64_t step, double loss_scale) {
     }
     model.set_grad_ready_hook(nullptr);
   }
-  const auto span = t.tracer.span("gradient reduction wait", "communication");
-  t.buckets->finish();
+  {
+    const auto span = t.tracer.span("gradient reduction wait", "communication");
+    t.buckets->finish();
+  }
+  reduce_partial_over_tp(t);
   return loss_sum;
 }
 
@@ -105,14 +135,18 @@ void clip_gradients(Trainer& t, StepResult& r) {
   }
   // Dense gradients are replicated over dp (or sliced under ZeRO), expert gradients are spread over ep
   // (and sliced over edp under ZeRO).
-  double dense_ss = sum_squares(t.model->backend(), grads, t.buckets->owned_dense());
+  // Dense tensors split over tp hold disjoint blocks on the tp ranks: their squares sum over tp too.
+  const auto [tp_split, tp_whole] = split_by_tp(t.model->table(), t.buckets->owned_dense());
+  double dense_ss[2] = {sum_squares(t.model->backend(), grads, tp_split),
+                        sum_squares(t.model->backend(), grads, tp_whole)};
   double expert_ss = sum_squares(t.model->backend(), grads, t.buckets->owned_expert());
   if (config.optim.zero) {
-    t.groups.dp->allreduce_sum(&dense_ss, 1);
+    t.groups.dp->allreduce_sum(dense_ss, 2);
     t.groups.edp->allreduce_sum(&expert_ss, 1);
   }
+  t.groups.tp->allreduce_sum(dense_ss, 1);
   t.groups.ep->allreduce_sum(&expert_ss, 1);
-  r.grad_norm = std::sqrt(dense_ss + expert_ss);
+  r.grad_norm = std::sqrt(dense_ss[0] + dense_ss[1] + expert_ss);
   if (config.optim.clip > 0 && r.grad_norm > config.optim.clip)
     scale_segments(t.model->backend(), grads, t.owned, float(config.optim.clip / r.grad_norm));
 }

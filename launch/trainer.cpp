@@ -242,17 +242,26 @@ void finish_run(Loop& loop) {
                      (fs::path(loop.t.paths.run_dir) / "metrics.jsonl").string());
 }
 
-// Every parameter in global coordinates (expert shards gathered in ep-rank order), for tests.
+// Every parameter in global coordinates (blocks gathered over the group each is split across), for tests.
 TrainResult collect_parameters(Trainer& t) {
   TrainResult result;
   for (const ParamSpec& spec : t.model->table().specs()) {
     std::vector<float>& full = result.parameters[spec.name];
     const float* mine = t.model->params() + spec.offset;
-    if (spec.global_rows > 0 && t.groups.ep->size() > 1) {
-      full.resize(size_t(spec.numel * t.groups.ep->size()));
-      t.groups.ep->allgather(mine, full.data(), spec.numel);
-    } else {
+    Communicator* group = spec.split.group == ParamGroup::ExpertParallel   ? t.groups.ep.get()
+                          : spec.split.group == ParamGroup::TensorParallel ? t.groups.tp.get()
+                                                                           : nullptr;
+    if (!spec.is_split() || !group || group->size() == 1) {
       full.assign(mine, mine + spec.numel);
+      continue;
+    }
+    std::vector<float> blocks(size_t(spec.numel * group->size()));
+    group->allgather(mine, blocks.data(), spec.numel);
+    full.resize(blocks.size());
+    ParamSpec block = spec;  // block r starts at r * its size on the split axis
+    for (int r = 0; r < group->size(); ++r) {
+      block.split.offset = r * spec.shape[size_t(spec.split.axis)];
+      for (int64_t i = 0; i < spec.numel; ++i) full[size_t(block.global_index(i))] = blocks[size_t(r * spec.numel + i)];
     }
   }
   return result;

@@ -54,4 +54,17 @@ class CommunicatorExchange final : public ExpertExchange {
   Communicator& comm_;
 };
 
+// The MoE layer's all-gather of router rows over the ranks sharing a routing group (the tp group).
+class CommunicatorTokenGather final : public TokenGather {
+ public:
+  explicit CommunicatorTokenGather(Communicator& comm) : comm_(comm) {}
+  int size() const override { return comm_.size(); }
+  int rank() const override { return comm_.rank(); }
+  void allgather(const float* local, float* full, int64_t count) override { comm_.allgather(local, full, count); }
+  void allgather(const double* local, double* full, int64_t count) override { comm_.allgather(local, full, count); }
+
+ private:
+  Communicator& comm_;
+};
+
 }  // namespace moe

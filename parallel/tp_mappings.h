@@ -13,7 +13,7 @@
 // blocks of N / tp rows, rank r holding block r; token-wise work (norms, residuals) runs on the block, and
 // gather_rows / reduce_scatter_rows move between the block and the full rows around the tensor-parallel
 // linears. Column blocks: a (N, C) tensor split into tp blocks of C / tp columns, rank r holding block r.
-// Buffers are fp32 in the communicator's memory; a forward's output and a backward's input gradient may
+// Buffers are float or double in the communicator's memory; a forward's output and a backward's input gradient may
 // not alias unless said.
 //
 // What a gradient means on each rank follows from how the tensor is used: a *replicated* tensor (every rank
@@ -31,26 +31,36 @@
 namespace moe::tp {
 
 // x: (n) replicated; forward leaves it as it is. Backward: dx (n) = the sum of every rank's dx, in place.
-void copy_to_region_backward(Communicator& tp, float* dx, int64_t n);
+template <typename T>
+void copy_to_region_backward(Communicator& tp, T* dx, int64_t n);
 // y: (n) partial sums on every rank; forward: y = their sum, in place. Backward is the identity.
-void reduce_from_region_forward(Communicator& tp, float* y, int64_t n);
+template <typename T>
+void reduce_from_region_forward(Communicator& tp, T* y, int64_t n);
 
 // local: (rows, width) this rank's block; full: (tp * rows, width), the blocks in rank order.
-void gather_rows_forward(Communicator& tp, const float* local, float* full, int64_t rows, int64_t width);
+template <typename T>
+void gather_rows_forward(Communicator& tp, const T* local, T* full, int64_t rows, int64_t width);
 // dfull: (tp * rows, width) on every rank; dlocal: (rows, width) = sum over ranks of their dfull's block r.
-void gather_rows_backward(Communicator& tp, const float* dfull, float* dlocal, int64_t rows, int64_t width);
+template <typename T>
+void gather_rows_backward(Communicator& tp, const T* dfull, T* dlocal, int64_t rows, int64_t width);
 // full: (tp * rows, width) partial sums; local: (rows, width) = block r of their sum.
-void reduce_scatter_rows_forward(Communicator& tp, const float* full, float* local, int64_t rows, int64_t width);
+template <typename T>
+void reduce_scatter_rows_forward(Communicator& tp, const T* full, T* local, int64_t rows, int64_t width);
 // dlocal: (rows, width); dfull: (tp * rows, width) = every rank's dlocal in rank order.
-void reduce_scatter_rows_backward(Communicator& tp, const float* dlocal, float* dfull, int64_t rows, int64_t width);
+template <typename T>
+void reduce_scatter_rows_backward(Communicator& tp, const T* dlocal, T* dfull, int64_t rows, int64_t width);
 
 // full: (rows, tp * cols); local: (rows, cols) = this rank's column block.
-void split_columns_forward(Communicator& tp, const float* full, float* local, int64_t rows, int64_t cols);
+template <typename T>
+void split_columns_forward(Communicator& tp, const T* full, T* local, int64_t rows, int64_t cols);
 // dlocal: (rows, cols); dfull: (rows, tp * cols) with every rank's block in its columns.
-void split_columns_backward(Communicator& tp, const float* dlocal, float* dfull, int64_t rows, int64_t cols);
+template <typename T>
+void split_columns_backward(Communicator& tp, const T* dlocal, T* dfull, int64_t rows, int64_t cols);
 // local: (rows, cols); full: (rows, tp * cols) with every rank's block in its columns.
-void gather_columns_forward(Communicator& tp, const float* local, float* full, int64_t rows, int64_t cols);
+template <typename T>
+void gather_columns_forward(Communicator& tp, const T* local, T* full, int64_t rows, int64_t cols);
 // dfull: (rows, tp * cols); dlocal: (rows, cols) = this rank's column block of dfull.
-void gather_columns_backward(Communicator& tp, const float* dfull, float* dlocal, int64_t rows, int64_t cols);
+template <typename T>
+void gather_columns_backward(Communicator& tp, const T* dfull, T* dlocal, int64_t rows, int64_t cols);
 
 }  // namespace moe::tp

@@ -8,8 +8,9 @@
 
 namespace moe::tp {
 
-void vocab_parallel_cross_entropy_forward(Communicator& tp, const float* logits, const int32_t* targets, float* losses,
-                                          double* lse, int64_t N, int64_t Vl) {
+template <typename T>
+void vocab_parallel_cross_entropy_forward(Communicator& tp, const T* logits, const int32_t* targets, T* losses, T* lse,
+                                          int64_t N, int64_t Vl) {
   const int64_t P = tp.size(), first = int64_t(tp.rank()) * Vl;
   // The maximum of each row over the whole vocabulary: every rank's row maxima, then the largest.
   std::vector<double> local_max(size_t(N), -std::numeric_limits<double>::infinity());
@@ -32,20 +33,31 @@ void vocab_parallel_cross_entropy_forward(Communicator& tp, const float* logits,
   }
   tp.allreduce_sum(sums.data(), 2 * N);
   for (int64_t n = 0; n < N; ++n) {
-    lse[n] = row_max[size_t(n)] + std::log(sums[size_t(n)]);
-    losses[n] = float(lse[n] - sums[size_t(N + n)]);
+    const double l = row_max[size_t(n)] + std::log(sums[size_t(n)]);
+    lse[n] = T(l);
+    losses[n] = T(l - sums[size_t(N + n)]);
   }
 }
 
-void vocab_parallel_cross_entropy_backward(Communicator& tp, const float* logits, const int32_t* targets,
-                                           const double* lse, float scale, float* dlogits, int64_t N, int64_t Vl) {
+template <typename T>
+void vocab_parallel_cross_entropy_backward(Communicator& tp, const T* logits, const int32_t* targets, const T* lse,
+                                           T scale, T* dlogits, int64_t N, int64_t Vl) {
   const int64_t first = int64_t(tp.rank()) * Vl;
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t v = 0; v < Vl; ++v)
-      dlogits[n * Vl + v] = float(std::exp(double(logits[n * Vl + v]) - lse[n]) * double(scale));
+      dlogits[n * Vl + v] = T(std::exp(double(logits[n * Vl + v]) - double(lse[n])) * double(scale));
     const int64_t t = int64_t(targets[n]) - first;
     if (t >= 0 && t < Vl) dlogits[n * Vl + t] -= scale;
   }
 }
+
+template void vocab_parallel_cross_entropy_forward<float>(Communicator&, const float*, const int32_t*, float*, float*,
+                                                          int64_t, int64_t);
+template void vocab_parallel_cross_entropy_forward<double>(Communicator&, const double*, const int32_t*, double*,
+                                                           double*, int64_t, int64_t);
+template void vocab_parallel_cross_entropy_backward<float>(Communicator&, const float*, const int32_t*, const float*,
+                                                           float, float*, int64_t, int64_t);
+template void vocab_parallel_cross_entropy_backward<double>(Communicator&, const double*, const int32_t*, const double*,
+                                                            double, double*, int64_t, int64_t);
 
 }  // namespace moe::tp

@@ -10,12 +10,14 @@
 
 namespace moe::tp {
 
-// logits: (N, Vl) this rank's block; targets: (N) ids in [0, tp * Vl). losses: (N) -log p(target), the same
-// on every rank; lse: (N) log-sum-exp over the whole vocabulary, saved for backward. Collective.
-void vocab_parallel_cross_entropy_forward(Communicator& tp, const float* logits, const int32_t* targets, float* losses,
-                                          double* lse, int64_t N, int64_t Vl);
+// float or double. logits: (N, Vl) this rank's block; targets: (N) ids in [0, tp * Vl). losses: (N) -log p(target), the
+// same on every rank; lse: (N) log-sum-exp over the whole vocabulary, saved for backward. Collective.
+template <typename T>
+void vocab_parallel_cross_entropy_forward(Communicator& tp, const T* logits, const int32_t* targets, T* losses, T* lse,
+                                          int64_t N, int64_t Vl);
 // dlogits: (N, Vl) = (softmax(logits) - onehot(target)) * scale on this rank's block (written). Local.
-void vocab_parallel_cross_entropy_backward(Communicator& tp, const float* logits, const int32_t* targets,
-                                           const double* lse, float scale, float* dlogits, int64_t N, int64_t Vl);
+template <typename T>
+void vocab_parallel_cross_entropy_backward(Communicator& tp, const T* logits, const int32_t* targets, const T* lse,
+                                           T scale, T* dlogits, int64_t N, int64_t Vl);
 
 }  // namespace moe::tp

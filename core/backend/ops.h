@@ -21,10 +21,14 @@ class Ops {
   virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
                     const T* B, int64_t ldb, T beta, T* C, int64_t ldc) = 0;
 
-  // out: (N, D) = table[tokens]; tokens: (N) in [0, V).
-  virtual void embedding_forward(const int32_t* tokens, const T* table, T* out, int64_t N, int64_t D) = 0;
-  // dtable[tokens[i]] += dout[i]  (parameter gradient: accumulates).
-  virtual void embedding_backward(const int32_t* tokens, const T* dout, T* dtable, int64_t N, int64_t D) = 0;
+  // The table holds the rows of ids [first, first + rows) (all of them: first 0, rows V; a block of the
+  // vocabulary under tensor parallelism). out: (N, D) = table[tokens - first], and 0 for a token outside
+  // the block; tokens: (N).
+  virtual void embedding_forward(const int32_t* tokens, const T* table, int64_t first, int64_t rows, T* out, int64_t N,
+                                 int64_t D) = 0;
+  // dtable[tokens[i] - first] += dout[i] for the tokens inside the block (parameter gradient: accumulates).
+  virtual void embedding_backward(const int32_t* tokens, const T* dout, int64_t first, int64_t rows, T* dtable,
+                                  int64_t N, int64_t D) = 0;
 
   // y = x / sqrt(mean(x^2) + eps) * gain; x, y: (N, D); rstd: (N) saved for backward.
   virtual void rmsnorm_forward(const T* x, const T* gain, T* y, T* rstd, int64_t N, int64_t D) = 0;

@@ -86,4 +86,23 @@ void plan_dispatch(const DispatchRequest<T>& request, DispatchPlan& plan) {
 template void plan_dispatch<float>(const DispatchRequest<float>&, DispatchPlan&);
 template void plan_dispatch<double>(const DispatchRequest<double>&, DispatchPlan&);
 
+DispatchPlan restrict_plan(const DispatchPlan& plan, int64_t top_k, int64_t first, int64_t count) {
+  const int64_t lo = first * top_k, hi = (first + count) * top_k, experts = int64_t(plan.expert_offset.size()) - 1;
+  DispatchPlan part;
+  part.fate.assign(plan.fate.begin() + lo, plan.fate.begin() + hi);
+  part.assigned_expert.assign(plan.assigned_expert.begin() + lo, plan.assigned_expert.begin() + hi);
+  part.row_of_slot.assign(size_t(hi - lo), -1);
+  part.expert_offset.assign(size_t(experts + 1), 0);
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t r = plan.expert_offset[size_t(e)]; r < plan.expert_offset[size_t(e) + 1]; ++r) {
+      const int64_t slot = plan.perm_slot[size_t(r)];
+      if (slot < lo || slot >= hi) continue;
+      part.row_of_slot[size_t(slot - lo)] = int64_t(part.perm_slot.size());
+      part.perm_slot.push_back(int32_t(slot - lo));
+    }
+    part.expert_offset[size_t(e) + 1] = int64_t(part.perm_slot.size());
+  }
+  return part;
+}
+
 }  // namespace moe

@@ -78,8 +78,19 @@ Router<T>::Router(Backend& backend, const MoeSettings& settings)
 
 template <typename T>
 void Router<T>::forward(const FfnContext& context, const T* x, T* logits, T* scores, Routing<T>& r, int64_t N) const {
+  this->logits(x, logits, N);
+  route(context, logits, scores, r, N);
+}
+
+template <typename T>
+void Router<T>::logits(const T* x, T* logits, int64_t N) const {
   const int64_t D = s_.d_model, E = s_.num_experts;
   ops_.gemm(false, false, N, E, D, T(1), x, D, weight_, E, T(0), logits, E);  // z = x Wg
+}
+
+template <typename T>
+void Router<T>::route(const FfnContext& context, const T* logits, T* scores, Routing<T>& r, int64_t N) const {
+  const int64_t E = s_.num_experts;
   // Scores p = score((z + g) / tau), g noise in training only.
   // Token n, expert e draws counter (first_token + n) E + e of the step: contiguous over the group.
   const double* noise = nullptr;
@@ -175,13 +186,25 @@ void Router<T>::losses(const T* logits, const T* scores, Routing<T>& r, int64_t 
 template <typename T>
 void Router<T>::backward(const FfnContext& context, const Routing<T>& r, const T* x, const T* logits, const T* scores,
                          const T* dw, T* dp, T* dz, T* dx, int64_t N) const {
-  const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k;
+  logits_backward(context, r, logits, scores, dw, dp, dz, N);
+  input_backward(x, dz, dx, N);
+}
+
+template <typename T>
+void Router<T>::logits_backward(const FfnContext& context, const Routing<T>& r, const T* logits, const T* scores,
+                                const T* dw, T* dp, T* dz, int64_t N) const {
+  const int64_t E = s_.num_experts, K = s_.top_k;
   for (int64_t n = 0; n < N; ++n)  // gate weights -> scores
     gate_backward_(r.gate.data() + n * K, r.selected.data() + n * K, dw + n * K, r.denom[n], r.denom_clamped[n], K,
                    dp + n * E);
   loss_backward(context, r, logits, scores, dp, dz, N);
   for (int64_t n = 0; n < N; ++n)  // scores -> logits (noise is a constant; temperature divides)
     score_backward_(scores + n * E, dp + n * E, s_.tau, dz + n * E, E);
+}
+
+template <typename T>
+void Router<T>::input_backward(const T* x, const T* dz, T* dx, int64_t N) const {
+  const int64_t D = s_.d_model, E = s_.num_experts;
   ops_.gemm(true, false, D, E, N, T(1), x, D, dz, E, T(1), grad_, E);     // dWg += x^T dz
   ops_.gemm(false, true, N, D, E, T(1), dz, E, weight_, E, T(1), dx, D);  // dx += dz Wg^T
 }

@@ -39,11 +39,21 @@ class Router {
   void bind(const T* weight, T* grad) { weight_ = weight, grad_ = grad; }
 
   // x: (N, D); logits: (N, E) written with z = x Wg; scores: (N, E) written with p; routing written.
+  // The same as logits() then route().
   void forward(const FfnContext& context, const T* x, T* logits, T* scores, Routing<T>& routing, int64_t N) const;
+  // The two halves of forward, for a routing group whose tokens are split over ranks: each computes its
+  // tokens' logits, the logits are gathered, and each routes the whole group.
+  void logits(const T* x, T* logits, int64_t N) const;
+  void route(const FfnContext& context, const T* logits, T* scores, Routing<T>& routing, int64_t N) const;
   // dw: (N, K) gradients of the gate weights; dp, dz: (N, E) zeroed scratch. Accumulates dWg and adds
-  // the router's share to dx: (N, D).
+  // the router's share to dx: (N, D). The same as logits_backward() then input_backward().
   void backward(const FfnContext& context, const Routing<T>& routing, const T* x, const T* logits, const T* scores,
                 const T* dw, T* dp, T* dz, T* dx, int64_t N) const;
+  // dz (N, E) = the gradient of the logits from the gate weights' (dw) and the router losses'.
+  void logits_backward(const FfnContext& context, const Routing<T>& routing, const T* logits, const T* scores,
+                       const T* dw, T* dp, T* dz, int64_t N) const;
+  // From the logits' gradient dz (N, E) of the tokens x (N, D): dWg accumulates, dx (N, D) += dz Wg^T.
+  void input_backward(const T* x, const T* dz, T* dx, int64_t N) const;
 
   std::vector<float>& bias() { return bias_; }
   // After an optimizer step: b_e += rate * sign(mean_c - c_e) from the step's counts (docs/model.md).

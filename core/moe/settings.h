@@ -31,6 +31,9 @@ struct MoeSettings {
   double coef_aux = 0, coef_z = 0, coef_entropy = 0, coef_death = 0, death_floor = 0.01;
   // Expert parallelism: this rank holds experts [ep_rank * E / ep_size, (ep_rank + 1) * E / ep_size).
   int64_t ep_size = 1, ep_rank = 0;
+  // A routing group split over ranks (the tensor-parallel group): each holds a block of token_shards equal
+  // consecutive blocks of the group's tokens, this rank block token_shard. Routing is the whole group's.
+  int64_t token_shards = 1, token_shard = 0;
 };
 
 // Fate of one (token, slot) assignment after capacity.

@@ -110,11 +110,33 @@ TEST(GradCheck, Embedding) {
   const auto r = random_vector(N * D, 6, "r");
   std::vector<double> out(N * D), dtable(V * D, 0.0);
   auto objective = [&] {
-    ops().embedding_forward(tokens.data(), table.data(), out.data(), N, D);
+    ops().embedding_forward(tokens.data(), table.data(), 0, V, out.data(), N, D);
     return dot(r, out.data());
   };
-  ops().embedding_backward(tokens.data(), r.data(), dtable.data(), N, D);
+  ops().embedding_backward(tokens.data(), r.data(), 0, V, dtable.data(), N, D);
   expect_gradient_matches("embedding dtable", table, dtable, objective);
+}
+
+// A block of the vocabulary (ids [1, 3)): tokens outside it embed to zero and leave no gradient.
+TEST(GradCheck, EmbeddingBlock) {
+  const int64_t N = 7, D = 5, first = 1, rows = 2;
+  auto table = random_vector(rows * D, 6, "E");
+  const std::vector<int32_t> tokens = {0, 3, 2, 1, 0, 2, 3};
+  const auto r = random_vector(N * D, 6, "r");
+  std::vector<double> out(N * D), dtable(rows * D, 0.0);
+  auto objective = [&] {
+    ops().embedding_forward(tokens.data(), table.data(), first, rows, out.data(), N, D);
+    return dot(r, out.data());
+  };
+  objective();
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t c = 0; c < D; ++c) {
+      const int64_t id = tokens[size_t(i)] - first;
+      const double want = id >= 0 && id < rows ? table[size_t(id * D + c)] : 0.0;
+      EXPECT_EQ(out[size_t(i * D + c)], want) << "token " << i << " column " << c;
+    }
+  ops().embedding_backward(tokens.data(), r.data(), first, rows, dtable.data(), N, D);
+  expect_gradient_matches("embedding block dtable", table, dtable, objective);
 }
 
 TEST(GradCheck, DenseMlp) {

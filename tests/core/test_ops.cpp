@@ -123,8 +123,8 @@ void loss_cases(Backend& b) {
     o.cross_entropy_backward(z.data<U>(), tg.data<int32_t>(), U(0.1), dz.data<U>(), N, V);
     Buffer tok = put_index(be, tokens), tab = put<U>(be, table), g = put<U>(be, g6), e = be.allocate(t, 6 * 5),
            dtab = be.allocate(t, V * 5);
-    o.embedding_forward(tok.data<int32_t>(), tab.data<U>(), e.data<U>(), 6, 5);
-    o.embedding_backward(tok.data<int32_t>(), g.data<U>(), dtab.data<U>(), 6, 5);
+    o.embedding_forward(tok.data<int32_t>(), tab.data<U>(), 0, V, e.data<U>(), 6, 5);
+    o.embedding_backward(tok.data<int32_t>(), g.data<U>(), 0, V, dtab.data<U>(), 6, 5);
     return std::array<std::vector<double>, 4>{get<U>(be, losses), get<U>(be, dz), get<U>(be, e), get<U>(be, dtab)};
   };
   const auto got = run(b, T(0)), ref = run(r, 0.0);

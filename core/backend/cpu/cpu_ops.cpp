@@ -52,12 +52,20 @@ class CpuOps final : public Ops<T> {
     blas_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
 
-  void embedding_forward(const int32_t* tokens, const T* table, T* out, int64_t N, int64_t D) override {
+  void embedding_forward(const int32_t* tokens, const T* table, int64_t first, int64_t rows, T* out, int64_t N,
+                         int64_t D) override {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; ++i) std::copy_n(table + int64_t(tokens[i]) * D, D, out + i * D);
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t row = int64_t(tokens[i]) - first;
+      if (row >= 0 && row < rows)
+        std::copy_n(table + row * D, D, out + i * D);
+      else
+        std::fill_n(out + i * D, D, T(0));
+    }
   }
 
-  void embedding_backward(const int32_t* tokens, const T* dout, T* dtable, int64_t N, int64_t D) override {
+  void embedding_backward(const int32_t* tokens, const T* dout, int64_t first, int64_t rows, T* dtable, int64_t N,
+                          int64_t D) override {
     // Columns are split among threads; each column sums its rows in token order (deterministic).
     constexpr int64_t kCols = 16;
     const int64_t blocks = (D + kCols - 1) / kCols;
@@ -65,7 +73,9 @@ class CpuOps final : public Ops<T> {
     for (int64_t blk = 0; blk < blocks; ++blk) {
       const int64_t c0 = blk * kCols, c1 = std::min(D, c0 + kCols);
       for (int64_t i = 0; i < N; ++i) {
-        T* row = dtable + int64_t(tokens[i]) * D;
+        const int64_t id = int64_t(tokens[i]) - first;
+        if (id < 0 || id >= rows) continue;
+        T* row = dtable + id * D;
         const T* g = dout + i * D;
         for (int64_t c = c0; c < c1; ++c) row[c] += g[c];
       }

@@ -1,0 +1,73 @@
+// The token embedding and the output head with its cross-entropy.
+#include "core/embedding.h"
+
+#include "core/error.h"
+
+namespace moe {
+
+template <typename T>
+TokenEmbedding<T>::TokenEmbedding(Backend& backend, int64_t vocab, int64_t d_model, TpShard shard)
+    : ops_(backend.ops<T>()), V_(vocab), D_(d_model), shard_(shard) {
+  MOE_CHECK(shard.size >= 1 && vocab % shard.size == 0 && shard.rank >= 0 && shard.rank < shard.size,
+            "vocabulary " << vocab << " over " << shard.size << " tensor-parallel ranks");
+}
+
+template <typename T>
+void TokenEmbedding<T>::register_params(ParamTable& table) {
+  ParamSpec spec{"embed.weight", {shard_.block(V_), D_}, ParamRole::Embedding, false, ParamInit::Normal, 0.02};
+  spec.split = shard_.split(0, V_);
+  table.add(spec);
+}
+
+template <typename T>
+void TokenEmbedding<T>::bind(const ParamTable& table, T* params, T* grads) {
+  const int64_t at = table.find("embed.weight").offset;
+  table_ = params + at, grad_ = grads + at;
+}
+
+template <typename T>
+void TokenEmbedding<T>::forward(const int32_t* tokens, T* x, int64_t N) {
+  ops_.embedding_forward(tokens, table_, shard_.offset(V_), shard_.block(V_), x, N, D_);
+}
+
+template <typename T>
+void TokenEmbedding<T>::backward(const int32_t* tokens, const T* dx, int64_t N) {
+  ops_.embedding_backward(tokens, dx, shard_.offset(V_), shard_.block(V_), grad_, N, D_);
+}
+
+template <typename T>
+LmHead<T>::LmHead(Backend& backend, int64_t vocab, int64_t d_model) : ops_(backend.ops<T>()), V_(vocab), D_(d_model) {}
+
+template <typename T>
+void LmHead<T>::register_params(ParamTable& table) {
+  table.add({"head.weight", {D_, V_}, ParamRole::Output, true, ParamInit::Normal, 0.02});
+}
+
+template <typename T>
+void LmHead<T>::bind(const ParamTable& table, T* params, T* grads) {
+  const int64_t at = table.find("head.weight").offset;
+  weight_ = params + at, grad_ = grads + at;
+}
+
+template <typename T>
+void LmHead<T>::forward(const T* xo, const int32_t* targets, T* losses, T* acts, int64_t N) {
+  T* logits = acts;
+  ops_.gemm(false, false, N, V_, D_, T(1), xo, D_, weight_, V_, T(0), logits, V_);
+  ops_.cross_entropy_forward(logits, targets, losses, N, V_);
+}
+
+template <typename T>
+void LmHead<T>::backward(const T* xo, const int32_t* targets, T scale, const T* acts, T* scratch, T* dxo, int64_t N) {
+  const T* logits = acts;
+  T* dlogits = scratch;
+  ops_.cross_entropy_backward(logits, targets, scale, dlogits, N, V_);
+  ops_.gemm(true, false, D_, V_, N, T(1), xo, D_, dlogits, V_, T(1), grad_, V_);     // dW += xo^T dlogits
+  ops_.gemm(false, true, N, D_, V_, T(1), dlogits, V_, weight_, V_, T(0), dxo, D_);  // dxo = dlogits W^T
+}
+
+template class TokenEmbedding<float>;
+template class TokenEmbedding<double>;
+template class LmHead<float>;
+template class LmHead<double>;
+
+}  // namespace moe

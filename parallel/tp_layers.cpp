@@ -1,0 +1,294 @@
+// The tensor-parallel layers: the shards of core layers between the conjugate mappings.
+#include "parallel/tp_layers.h"
+
+#include "core/error.h"
+#include "parallel/tp_mappings.h"
+#include "parallel/vocab_parallel.h"
+
+namespace moe {
+
+// ---- Attention --------------------------------------------------------------------------------------
+
+template <typename T>
+TpAttention<T>::TpAttention(Backend& backend, TpContext tp, int64_t d_model, int64_t heads, int64_t seq_len,
+                            int64_t layers_total)
+    : backend_(backend),
+      ops_(backend.ops<T>()),
+      tp_(tp),
+      D_(d_model),
+      T_(seq_len),
+      inner_(backend, d_model, heads, seq_len, layers_total, tp.shard()) {}
+
+template <typename T>
+int64_t TpAttention<T>::activation_size(int64_t R) const {
+  const int64_t N = tp_.tokens(R);
+  return (tp_.sequence_parallel ? N * D_ : 0) + inner_.activation_size(N);
+}
+
+template <typename T>
+int64_t TpAttention<T>::scratch_size(int64_t R) const {
+  const int64_t N = tp_.tokens(R);
+  return 2 * N * D_ + inner_.scratch_size(N);
+}
+
+template <typename T>
+void TpAttention<T>::forward(const T* x, T* y, T* acts, int64_t B) {
+  Communicator& tp = *tp_.comm;
+  const int64_t N = B * T_, R = tp_.rows(N), D = D_;
+  const T* xg = x;  // the whole rows' input
+  T* inner_acts = acts;
+  if (tp_.sequence_parallel) {
+    tp::gather_rows_forward(tp, x, acts, R, D);
+    xg = acts, inner_acts = acts + N * D;
+  }
+  backend_.reserve(work_, dtype_of<T>(), N * D + R * D);
+  T* partial = work_.template data<T>();
+  ops_.fill(partial, T(0), N * D);
+  inner_.forward(xg, partial, inner_acts, B);  // this rank's heads' share of the output
+  if (tp_.sequence_parallel) {
+    T* mine = partial + N * D;
+    tp::reduce_scatter_rows_forward(tp, partial, mine, R, D);
+    ops_.add_inplace(y, mine, R * D);
+  } else {
+    tp::reduce_from_region_forward(tp, partial, N * D);
+    ops_.add_inplace(y, partial, N * D);
+  }
+}
+
+template <typename T>
+void TpAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) {
+  Communicator& tp = *tp_.comm;
+  const int64_t N = B * T_, R = tp_.rows(N), D = D_;
+  T* dyg = scratch;          // (N, D)
+  T* dxg = scratch + N * D;  // (N, D)
+  T* rest = scratch + 2 * N * D;
+  if (tp_.sequence_parallel) {
+    tp::reduce_scatter_rows_backward(tp, dy, dyg, R, D);
+    inner_.backward(acts, dyg, dxg, acts + N * D, rest, B);
+    tp::gather_rows_backward(tp, dxg, dx, R, D);
+  } else {
+    inner_.backward(x, dy, dxg, acts, rest, B);
+    tp::copy_to_region_backward(tp, dxg, N * D);
+    ops_.copy(dxg, dx, N * D);
+  }
+}
+
+// ---- Dense MLP --------------------------------------------------------------------------------------
+
+template <typename T>
+TpMlp<T>::TpMlp(Backend& backend, TpContext tp, int64_t d_model, int64_t hidden, int64_t layers_total)
+    : backend_(backend),
+      ops_(backend.ops<T>()),
+      tp_(tp),
+      D_(d_model),
+      inner_(backend, d_model, hidden, layers_total, tp.shard()) {}
+
+template <typename T>
+int64_t TpMlp<T>::activation_size(int64_t R) const {
+  const int64_t N = tp_.tokens(R);
+  return (tp_.sequence_parallel ? N * D_ : 0) + inner_.activation_size(N);
+}
+
+template <typename T>
+int64_t TpMlp<T>::scratch_size(int64_t R) const {
+  const int64_t N = tp_.tokens(R);
+  return 2 * N * D_ + inner_.scratch_size(N);
+}
+
+template <typename T>
+void TpMlp<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot*, int64_t R) {
+  Communicator& tp = *tp_.comm;
+  const int64_t N = tp_.tokens(R), D = D_;
+  if (!tp_.sequence_parallel) {  // y holds all N rows: the partial sums go there and are summed in place
+    inner_.forward(context, x, y, acts, nullptr, N);
+    tp::reduce_from_region_forward(tp, y, N * D);
+    return;
+  }
+  tp::gather_rows_forward(tp, x, acts, R, D);
+  backend_.reserve(work_, dtype_of<T>(), N * D);
+  T* partial = work_.template data<T>();
+  inner_.forward(context, acts, partial, acts + N * D, nullptr, N);  // this rank's hidden units' share
+  tp::reduce_scatter_rows_forward(tp, partial, y, R, D);
+}
+
+template <typename T>
+void TpMlp<T>::backward(const FfnContext& context, const T* x, const T* dy, T* dx, const T* acts, FfnSlot*, T* scratch,
+                        int64_t R) {
+  Communicator& tp = *tp_.comm;
+  const int64_t N = tp_.tokens(R), D = D_;
+  T* dyg = scratch;          // (N, D)
+  T* dxg = scratch + N * D;  // (N, D)
+  T* rest = scratch + 2 * N * D;
+  if (tp_.sequence_parallel) {
+    tp::reduce_scatter_rows_backward(tp, dy, dyg, R, D);
+    inner_.backward(context, acts, dyg, dxg, acts + N * D, nullptr, rest, N);
+    tp::gather_rows_backward(tp, dxg, dx, R, D);
+  } else {
+    inner_.backward(context, x, dy, dx, acts, nullptr, rest, N);
+    tp::copy_to_region_backward(tp, dx, N * D);
+  }
+}
+
+// ---- A block of the rows for a token-split FFN ------------------------------------------------------
+
+template <typename T>
+TokenSplitFfn<T>::TokenSplitFfn(Backend& backend, Communicator& tp, int64_t d_model,
+                                std::unique_ptr<FeedForward<T>> inner)
+    : backend_(backend), tp_(tp), width_(d_model), inner_(std::move(inner)) {}
+
+template <typename T>
+void TokenSplitFfn<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot* slot, int64_t N) {
+  const int64_t R = N / tp_.size(), D = width_;
+  MOE_CHECK(R * tp_.size() == N, N << " tokens in blocks over " << tp_.size() << " tensor-parallel ranks");
+  backend_.reserve(work_, dtype_of<T>(), R * D);
+  inner_->forward(context, x + tp_.rank() * R * D, work_.template data<T>(), acts, slot, R);
+  tp::gather_rows_forward(tp_, work_.template data<T>(), y, R, D);
+}
+
+template <typename T>
+void TokenSplitFfn<T>::backward(const FfnContext& context, const T* x, const T* dy, T* dx, const T* acts, FfnSlot* slot,
+                                T* scratch, int64_t N) {
+  const int64_t R = N / tp_.size(), D = width_, first = tp_.rank() * R * D;
+  backend_.reserve(work_, dtype_of<T>(), R * D);
+  inner_->backward(context, x + first, dy + first, work_.template data<T>(), acts, slot, scratch, R);
+  tp::gather_rows_forward(tp_, work_.template data<T>(), dx, R, D);  // the whole gradient: the blocks, gathered
+}
+
+// ---- Vocabulary-parallel embedding ------------------------------------------------------------------
+
+template <typename T>
+VocabParallelEmbedding<T>::VocabParallelEmbedding(Backend& backend, TpContext tp, int64_t vocab, int64_t d_model)
+    : backend_(backend), tp_(tp), D_(d_model), inner_(backend, vocab, d_model, tp.shard()) {}
+
+template <typename T>
+void VocabParallelEmbedding<T>::forward(const int32_t* tokens, T* x, int64_t N) {
+  Communicator& tp = *tp_.comm;
+  if (!tp_.sequence_parallel) {
+    inner_.forward(tokens, x, N);
+    tp::reduce_from_region_forward(tp, x, N * D_);
+    return;
+  }
+  backend_.reserve(work_, dtype_of<T>(), N * D_);
+  inner_.forward(tokens, work_.template data<T>(), N);
+  tp::reduce_scatter_rows_forward(tp, work_.template data<T>(), x, tp_.rows(N), D_);
+}
+
+template <typename T>
+void VocabParallelEmbedding<T>::backward(const int32_t* tokens, const T* dx, int64_t N) {
+  if (!tp_.sequence_parallel) {  // dx is whole on every rank; each rank takes its block's rows
+    inner_.backward(tokens, dx, N);
+    return;
+  }
+  backend_.reserve(work_, dtype_of<T>(), N * D_);
+  tp::reduce_scatter_rows_backward(*tp_.comm, dx, work_.template data<T>(), tp_.rows(N), D_);
+  inner_.backward(tokens, work_.template data<T>(), N);
+}
+
+// ---- Vocabulary-parallel head -----------------------------------------------------------------------
+
+template <typename T>
+VocabParallelHead<T>::VocabParallelHead(Backend& backend, TpContext tp, int64_t vocab, int64_t d_model)
+    : ops_(backend.ops<T>()), tp_(tp), V_(vocab), Vl_(vocab / tp.comm->size()), D_(d_model) {
+  MOE_CHECK(vocab % tp.comm->size() == 0, "vocabulary " << vocab << " over " << tp.comm->size() << " ranks");
+}
+
+template <typename T>
+void VocabParallelHead<T>::register_params(ParamTable& table) {
+  ParamSpec spec{"head.weight", {D_, Vl_}, ParamRole::Output, true, ParamInit::Normal, 0.02};
+  spec.split = tp_.shard().split(1, V_);
+  table.add(spec);
+}
+
+template <typename T>
+void VocabParallelHead<T>::bind(const ParamTable& table, T* params, T* grads) {
+  const int64_t at = table.find("head.weight").offset;
+  weight_ = params + at, grad_ = grads + at;
+}
+
+template <typename T>
+int64_t VocabParallelHead<T>::activation_size(int64_t N) const {
+  return (tp_.sequence_parallel ? N * D_ : 0) + N * Vl_ + N;
+}
+
+template <typename T>
+void VocabParallelHead<T>::forward(const T* xo, const int32_t* targets, T* losses, T* acts, int64_t N) {
+  Communicator& tp = *tp_.comm;
+  const T* xg = xo;
+  T* logits = acts;
+  if (tp_.sequence_parallel) {
+    tp::gather_rows_forward(tp, xo, acts, tp_.rows(N), D_);
+    xg = acts, logits = acts + N * D_;
+  }
+  T* lse = logits + N * Vl_;
+  ops_.gemm(false, false, N, Vl_, D_, T(1), xg, D_, weight_, Vl_, T(0), logits, Vl_);
+  tp::vocab_parallel_cross_entropy_forward(tp, logits, targets, losses, lse, N, Vl_);
+}
+
+template <typename T>
+void VocabParallelHead<T>::backward(const T* xo, const int32_t* targets, T scale, const T* acts, T* scratch, T* dxo,
+                                    int64_t N) {
+  Communicator& tp = *tp_.comm;
+  const T* xg = tp_.sequence_parallel ? acts : xo;
+  const T* logits = tp_.sequence_parallel ? acts + N * D_ : acts;
+  const T* lse = logits + N * Vl_;
+  T* dlogits = scratch;        // (N, Vl)
+  T* dxg = scratch + N * Vl_;  // (N, D)
+  tp::vocab_parallel_cross_entropy_backward(tp, logits, targets, lse, scale, dlogits, N, Vl_);
+  ops_.gemm(true, false, D_, Vl_, N, T(1), xg, D_, dlogits, Vl_, T(1), grad_, Vl_);     // dW += xg^T dlogits
+  ops_.gemm(false, true, N, D_, Vl_, T(1), dlogits, Vl_, weight_, Vl_, T(0), dxg, D_);  // partial dxg
+  if (tp_.sequence_parallel) {
+    tp::reduce_scatter_rows_forward(tp, dxg, dxo, tp_.rows(N), D_);
+  } else {
+    tp::reduce_from_region_forward(tp, dxg, N * D_);
+    ops_.copy(dxg, dxo, N * D_);
+  }
+}
+
+// ---- The model's layout ----------------------------------------------------------------------------
+
+template <typename T>
+TensorParallelLayout<T> tensor_parallel_layout(Backend& backend, TpContext tp, const ModelShape& shape) {
+  TensorParallelLayout<T> layout;
+  layout.shard = tp.shard();
+  layout.sequence_parallel = tp.sequence_parallel && tp.comm->size() > 1;
+  const int64_t V = shape.vocab, D = shape.d_model;
+  Backend* b = &backend;
+  layout.embedding = [b, tp, V, D] { return std::make_unique<VocabParallelEmbedding<T>>(*b, tp, V, D); };
+  layout.head = [b, tp, V, D] { return std::make_unique<VocabParallelHead<T>>(*b, tp, V, D); };
+  return layout;
+}
+
+template <typename T>
+typename Model<T>::AttentionFactory tp_attention_factory(Backend& backend, TpContext tp, const ModelShape& shape,
+                                                         int64_t seq_len) {
+  Backend* b = &backend;
+  return [b, tp, shape, seq_len](int64_t) -> std::unique_ptr<Attention<T>> {
+    return std::make_unique<TpAttention<T>>(*b, tp, shape.d_model, shape.heads, seq_len, shape.layers);
+  };
+}
+
+template <typename T>
+MoeLayer<T>* moe_layer_of(FeedForward<T>& ffn) {
+  if (auto* split = dynamic_cast<TokenSplitFfn<T>*>(&ffn)) return dynamic_cast<MoeLayer<T>*>(&split->inner());
+  return dynamic_cast<MoeLayer<T>*>(&ffn);
+}
+
+template TensorParallelLayout<float> tensor_parallel_layout<float>(Backend&, TpContext, const ModelShape&);
+template TensorParallelLayout<double> tensor_parallel_layout<double>(Backend&, TpContext, const ModelShape&);
+template Model<float>::AttentionFactory tp_attention_factory<float>(Backend&, TpContext, const ModelShape&, int64_t);
+template Model<double>::AttentionFactory tp_attention_factory<double>(Backend&, TpContext, const ModelShape&, int64_t);
+template MoeLayer<float>* moe_layer_of<float>(FeedForward<float>&);
+template MoeLayer<double>* moe_layer_of<double>(FeedForward<double>&);
+
+template class TpAttention<float>;
+template class TpAttention<double>;
+template class TpMlp<float>;
+template class TpMlp<double>;
+template class TokenSplitFfn<float>;
+template class TokenSplitFfn<double>;
+template class VocabParallelEmbedding<float>;
+template class VocabParallelEmbedding<double>;
+template class VocabParallelHead<float>;
+template class VocabParallelHead<double>;
+
+}  // namespace moe

@@ -1,0 +1,178 @@
+// The tensor-parallel layers (docs/parallel.md "Tensor parallelism"): each wraps the shard of a core layer
+// (heads, hidden units or a vocabulary block; core/attention.h, core/ffn.h, core/embedding.h) with the
+// conjugate mappings of tp_mappings.h around it, as Megatron-Core's ColumnParallelLinear and
+// RowParallelLinear do:
+//
+//   with sequence parallelism (the residual stream holds this rank's R = N / tp rows):
+//     forward:  x (R, D) -gather_rows-> (N, D) -shard-> partial (N, D) -reduce_scatter_rows-> (R, D)
+//     backward: dy (R, D) -gather-> (N, D) -shard backward-> partial dx (N, D) -reduce_scatter-> (R, D)
+//   without (every rank holds all N rows, the same values):
+//     forward:  x (N, D) -copy_to_region-> shard -> partial (N, D) -reduce_from_region (all-reduce)-> (N, D)
+//     backward: dy (N, D) -shard backward-> partial dx -all-reduce (copy_to_region's backward)-> (N, D)
+//
+// The MoE layer is not wrapped: under sequence parallelism its routing group is split over the tp ranks
+// (MoeSettings::token_shards) and each computes its own tokens' experts; without it, TokenSplitFfn gives
+// it a block of the rows. Layers' workspace (not per micro-batch state) is kept across calls. Float or double.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/attention.h"
+#include "core/embedding.h"
+#include "core/ffn.h"
+#include "core/model.h"
+#include "core/moe_layer.h"
+#include "parallel/communicator.h"
+
+namespace moe {
+
+// The tensor-parallel group as the layers see it.
+struct TpContext {
+  Communicator* comm = nullptr;
+  bool sequence_parallel = true;
+  TpShard shard() const { return {comm->size(), comm->rank()}; }
+  // The rows of a micro-batch of N tokens this rank's residual stream holds, and back.
+  int64_t rows(int64_t N) const { return sequence_parallel ? N / comm->size() : N; }
+  int64_t tokens(int64_t rows) const { return sequence_parallel ? rows * comm->size() : rows; }
+};
+
+// Attention with this rank's heads: column-parallel q, k, v, row-parallel output projection.
+template <typename T>
+class TpAttention final : public Attention<T> {
+ public:
+  TpAttention(Backend& backend, TpContext tp, int64_t d_model, int64_t heads, int64_t seq_len, int64_t layers_total);
+  void register_params(ParamTable& table, const std::string& prefix) override { inner_.register_params(table, prefix); }
+  void bind(const ParamTable& table, T* params, T* grads) override { inner_.bind(table, params, grads); }
+  // The gathered input (N, D) under sequence parallelism, then the shard's activations.
+  int64_t activation_size(int64_t R) const override;
+  // The gathered output gradient and the input's partial gradient (N, D) each, then the shard's scratch.
+  int64_t scratch_size(int64_t R) const override;
+  double forward_flops(int64_t R) const override { return inner_.forward_flops(tp_.tokens(R)); }
+  void forward(const T* x, T* y, T* acts, int64_t B) override;
+  void backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) override;
+
+ private:
+  Backend& backend_;
+  Ops<T>& ops_;
+  TpContext tp_;
+  int64_t D_, T_;
+  MhaAttention<T> inner_;
+  Buffer work_;  // the partial output (N, D) of one forward
+};
+
+// The dense SwiGLU MLP with this rank's hidden units: column-parallel W1, W3, row-parallel W2.
+template <typename T>
+class TpMlp final : public FeedForward<T> {
+ public:
+  TpMlp(Backend& backend, TpContext tp, int64_t d_model, int64_t hidden, int64_t layers_total);
+  void register_params(ParamTable& table, const std::string& prefix) override { inner_.register_params(table, prefix); }
+  void bind(const ParamTable& table, T* params, T* grads) override { inner_.bind(table, params, grads); }
+  int64_t activation_size(int64_t R) const override;
+  int64_t scratch_size(int64_t R) const override;
+  double forward_flops(int64_t R) const override { return inner_.forward_flops(tp_.tokens(R)); }
+  using FeedForward<T>::forward;
+  using FeedForward<T>::backward;
+  void forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot* slot, int64_t R) override;
+  void backward(const FfnContext& context, const T* x, const T* dy, T* dx, const T* acts, FfnSlot* slot, T* scratch,
+                int64_t R) override;
+
+ private:
+  Backend& backend_;
+  Ops<T>& ops_;
+  TpContext tp_;
+  int64_t D_;
+  DenseMlp<T> inner_;
+  Buffer work_;
+};
+
+// Without sequence parallelism every tp rank holds all N rows: gives the wrapped FFN (an MoE layer whose
+// routing group is split over the tp ranks) this rank's block of N / tp rows, and all-gathers its output.
+// The input and output are replicated, so their gradients are whole on every rank: the backward takes
+// this rank's block of dy and all-gathers the blocks of dx.
+template <typename T>
+class TokenSplitFfn final : public FeedForward<T> {
+ public:
+  TokenSplitFfn(Backend& backend, Communicator& tp, int64_t d_model, std::unique_ptr<FeedForward<T>> inner);
+  void register_params(ParamTable& table, const std::string& prefix) override {
+    inner_->register_params(table, prefix);
+  }
+  void bind(const ParamTable& table, T* params, T* grads) override { inner_->bind(table, params, grads); }
+  int64_t activation_size(int64_t N) const override { return inner_->activation_size(N / tp_.size()); }
+  int64_t scratch_size(int64_t N) const override { return inner_->scratch_size(N / tp_.size()); }
+  double forward_flops(int64_t N) const override { return inner_->forward_flops(N / tp_.size()); }
+  std::unique_ptr<FfnSlot> make_slot() const override { return inner_->make_slot(); }
+  RouterStepStats* router_stats() override { return inner_->router_stats(); }
+  double router_loss(const FfnSlot* slot) const override { return inner_->router_loss(slot); }
+  using FeedForward<T>::forward;
+  using FeedForward<T>::backward;
+  void forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot* slot, int64_t N) override;
+  void backward(const FfnContext& context, const T* x, const T* dy, T* dx, const T* acts, FfnSlot* slot, T* scratch,
+                int64_t N) override;
+  FeedForward<T>& inner() { return *inner_; }
+
+ private:
+  Backend& backend_;
+  Communicator& tp_;
+  int64_t width_;
+  std::unique_ptr<FeedForward<T>> inner_;
+  Buffer work_;  // the block's output or input gradient
+};
+
+// The embedding with this rank's block of the vocabulary: each rank embeds the tokens of its block (zero
+// rows for the others), and the partial sums are reduced (scattered by rows under sequence parallelism).
+template <typename T>
+class VocabParallelEmbedding final : public Embedding<T> {
+ public:
+  VocabParallelEmbedding(Backend& backend, TpContext tp, int64_t vocab, int64_t d_model);
+  void register_params(ParamTable& table) override { inner_.register_params(table); }
+  void bind(const ParamTable& table, T* params, T* grads) override { inner_.bind(table, params, grads); }
+  void forward(const int32_t* tokens, T* x, int64_t N) override;
+  void backward(const int32_t* tokens, const T* dx, int64_t N) override;
+
+ private:
+  Backend& backend_;
+  TpContext tp_;
+  int64_t D_;
+  TokenEmbedding<T> inner_;
+  Buffer work_;
+};
+
+// The output head with this rank's block of the vocabulary's columns and the vocabulary-parallel
+// cross-entropy (vocab_parallel.h): no rank holds the whole logits.
+template <typename T>
+class VocabParallelHead final : public OutputHead<T> {
+ public:
+  VocabParallelHead(Backend& backend, TpContext tp, int64_t vocab, int64_t d_model);
+  void register_params(ParamTable& table) override;
+  void bind(const ParamTable& table, T* params, T* grads) override;
+  // The gathered input (N, D) under sequence parallelism, the block's logits (N, Vl), the log-sum-exp (N).
+  int64_t activation_size(int64_t N) const override;
+  // The block's logit gradients (N, Vl) and the input's partial gradient (N, D).
+  int64_t scratch_size(int64_t N) const override { return N * Vl_ + N * D_; }
+  double forward_flops(int64_t N) const override { return 2.0 * double(N) * double(D_) * double(Vl_); }
+  void forward(const T* xo, const int32_t* targets, T* losses, T* acts, int64_t N) override;
+  void backward(const T* xo, const int32_t* targets, T scale, const T* acts, T* scratch, T* dxo, int64_t N) override;
+
+ private:
+  Ops<T>& ops_;
+  TpContext tp_;
+  int64_t V_, Vl_, D_;
+  const T* weight_ = nullptr;
+  T* grad_ = nullptr;
+};
+
+// The model's layout over the tensor-parallel group: its shard, sequence parallelism, and the
+// vocabulary-parallel embedding and head.
+template <typename T>
+TensorParallelLayout<T> tensor_parallel_layout(Backend& backend, TpContext tp, const ModelShape& shape);
+// Attention with each rank's heads, for every layer.
+template <typename T>
+typename Model<T>::AttentionFactory tp_attention_factory(Backend& backend, TpContext tp, const ModelShape& shape,
+                                                         int64_t seq_len);
+// The MoE layer inside an FFN (itself, or wrapped by TokenSplitFfn); nullptr for a dense FFN.
+template <typename T>
+MoeLayer<T>* moe_layer_of(FeedForward<T>& ffn);
+
+}  // namespace moe

@@ -1,0 +1,152 @@
+// Tensor-parallel layers (parallel/tp_layers.h) in a whole model, in double precision: a model split over
+// the tensor-parallel group (the world: 2 or 4 ranks), with and without sequence parallelism, gives the
+// serial model's loss, router losses and routing, and after the trainer's sum of partial gradients over
+// tp, the serial model's gradients block by block; its backward matches central differences of the
+// distributed forward. The MoE layer is the stressed one (capacity dropping with reroute or the dense
+// fallback, Gumbel noise, a shared expert, every router loss), its routing group split over the tp ranks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../core/moe_test_settings.h"
+#include "core/model.h"
+#include "core/moe_layer.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/process_groups.h"
+#include "parallel/tp_layers.h"
+
+namespace moe {
+namespace {
+
+const ModelShape kShape{256, 16, 2, 4, 24};  // vocab, d_model, layers, heads, ffn_hidden
+constexpr int64_t kSeq = 8, kBatch = 2;
+
+struct Built {
+  std::unique_ptr<Model<double>> model;
+  std::unique_ptr<CommunicatorTokenGather> gather;
+};
+
+// Layer 0 dense, layer 1 MoE. tp: nullptr for the serial model.
+Built build(Backend& backend, Communicator* tp, bool sequence_parallel, Overflow overflow) {
+  Built b;
+  const TpContext ctx{tp, sequence_parallel};
+  const int64_t shards = tp ? tp->size() : 1, shard = tp ? tp->rank() : 0;
+  auto ffn = [&backend, ctx, tp, shards, shard, overflow,
+              sequence_parallel](int64_t l) -> std::unique_ptr<FeedForward<double>> {
+    if (l == 0) {
+      if (!tp) return std::make_unique<DenseMlp<double>>(backend, kShape.d_model, kShape.ffn_hidden, kShape.layers);
+      return std::make_unique<TpMlp<double>>(backend, ctx, kShape.d_model, kShape.ffn_hidden, kShape.layers);
+    }
+    MoeSettings s = test::stressed_moe_settings(kShape, l);
+    s.overflow = overflow, s.fallback_hidden = 8;
+    s.token_shards = shards, s.token_shard = shard;
+    auto moe = std::make_unique<MoeLayer<double>>(backend, s);
+    if (!tp || sequence_parallel) return moe;
+    return std::make_unique<TokenSplitFfn<double>>(backend, *tp, kShape.d_model, std::move(moe));
+  };
+  b.model = std::make_unique<Model<double>>(
+      backend, kShape, kSeq, kBatch, Recompute::None, ffn, 1, StageSpec{},
+      tp ? tp_attention_factory<double>(backend, ctx, kShape, kSeq) : nullptr,
+      tp ? tensor_parallel_layout<double>(backend, ctx, kShape) : TensorParallelLayout<double>{});
+  if (tp) {
+    b.gather = std::make_unique<CommunicatorTokenGather>(*tp);
+    moe_layer_of(b.model->ffn(1))->set_token_gather(b.gather.get());
+  }
+  b.model->init_params(11);
+  b.model->set_context(true, 3, 0, 0.5, 5);
+  return b;
+}
+
+std::vector<int32_t> tokens() {
+  std::vector<int32_t> t(size_t(kBatch * (kSeq + 1)));
+  for (size_t i = 0; i < t.size(); ++i) t[i] = int32_t((i * 37 + 11) % 256);
+  return t;
+}
+
+// Gradients as the trainer has them before the optimizer: partial ones summed over tp; expert tensors
+// (whole on every rank, each rank's tokens) summed too, as the expert-data-parallel reduction does.
+void finish_gradients(Model<double>& m, Communicator& tp) {
+  for (const ParamSpec& spec : m.table().specs())
+    if (spec.partial_over_tp || spec.expert()) tp.allreduce_sum(m.grads() + spec.offset, spec.numel);
+}
+
+void check_against_serial(bool sequence_parallel, Overflow overflow) {
+  auto tp = MpiCommunicator::world();
+  const std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  Built serial = build(*backend, nullptr, false, overflow),
+        split = build(*backend, tp.get(), sequence_parallel, overflow);
+  const std::vector<int32_t> t = tokens();
+  const double want = serial.model->forward(t.data(), kBatch), got = split.model->forward(t.data(), kBatch);
+  EXPECT_NEAR(got, want, 1e-11 * std::abs(want));
+  EXPECT_NEAR(split.model->last_router_loss(), serial.model->last_router_loss(), 1e-12);
+  const auto& a = *moe_layer_of(serial.model->ffn(1))->router_stats();
+  const auto& b = *moe_layer_of(split.model->ffn(1))->router_stats();
+  EXPECT_EQ(a.tokens_per_expert, b.tokens_per_expert);
+  EXPECT_EQ(a.dropped, b.dropped);
+  EXPECT_EQ(a.rerouted, b.rerouted);
+  EXPECT_EQ(a.fallback, b.fallback);
+  EXPECT_GT(a.dropped + a.rerouted + a.fallback, 0) << "capacity must overflow for the test to mean something";
+  serial.model->zero_grads(), split.model->zero_grads();
+  serial.model->backward(0.01), split.model->backward(0.01);
+  finish_gradients(*split.model, *tp);
+  for (const ParamSpec& spec : split.model->table().specs()) {
+    const ParamSpec& whole = serial.model->table().find(spec.name);
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < spec.numel; ++i) {
+      const double g = split.model->grads()[spec.offset + i],
+                   w = serial.model->grads()[whole.offset + spec.global_index(i)];
+      diff += (g - w) * (g - w), norm += w * w;
+    }
+    EXPECT_LE(std::sqrt(diff), 1e-10 * (1 + std::sqrt(norm))) << spec.name << " on rank " << tp->rank();
+  }
+}
+
+TEST(TensorParallelModel, SequenceParallelEqualsSerial) { check_against_serial(true, Overflow::Reroute); }
+TEST(TensorParallelModel, WithoutSequenceParallelismEqualsSerial) { check_against_serial(false, Overflow::Reroute); }
+TEST(TensorParallelModel, DenseFallbackEqualsSerial) { check_against_serial(true, Overflow::Dense); }
+
+// d(loss)/d(w) of a few elements of the model's kinds of tensor (blocks of split ones, replicated ones)
+// against central differences of the distributed forward.
+TEST(TensorParallelModel, BackwardMatchesFiniteDifferences) {
+  auto tp = MpiCommunicator::world();
+  const std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  Built b = build(*backend, tp.get(), true, Overflow::Drop);
+  Model<double>& m = *b.model;
+  const std::vector<int32_t> t = tokens();
+  const double scale = 1.0 / double(kBatch * kSeq);
+  m.forward(t.data(), kBatch);
+  m.zero_grads();
+  m.backward(scale);
+  finish_gradients(m, *tp);
+  for (const char* name : {"embed.weight", "layers.0.attn.wq", "layers.0.attn.wo", "layers.0.ffn.w1", "layers.0.ffn.w2",
+                           "layers.1.attn_norm.gain", "layers.1.ffn.router.weight", "head.weight"}) {
+    const ParamSpec& spec = m.table().find(name);
+    for (int64_t i = 0; i < spec.numel; i += spec.numel / 3 + 1) {
+      // A block's element: its owner perturbs it (each rank's turn in order); a replicated tensor's:
+      // every rank its copy. Every rank then runs the distributed forward.
+      const bool split = spec.split.group == ParamGroup::TensorParallel;
+      double numeric = 0;
+      for (int owner = 0; owner < (split ? tp->size() : 1); ++owner) {
+        const bool mine = !split || owner == tp->rank();
+        double* w = m.params() + spec.offset + i;
+        const double keep = *w, h = 1e-5;
+        double loss[2];
+        for (int side = 0; side < 2; ++side) {
+          if (mine) *w = keep + (side ? -h : h);
+          loss[side] = m.forward(t.data(), kBatch) * scale + m.last_router_loss() * 0.5;
+        }
+        if (mine) *w = keep;
+        const double d = (loss[0] - loss[1]) / (2 * h);
+        if (mine) numeric = d;
+      }
+      const double analytic = m.grads()[spec.offset + i];
+      EXPECT_NEAR(analytic, numeric, 1e-6 * (1 + std::abs(numeric))) << name << "[" << i << "] rank " << tp->rank();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moe
