@@ -38,9 +38,11 @@ double MhaAttention<T>::forward_flops(int64_t N) const {
 }
 
 template <typename T>
-void MhaAttention<T>::forward(const T* x, T* y, T* acts, int64_t B) {
+void MhaAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) {
   const int64_t N = B * T_, D = D_, Dh = D_ / H_;
-  T *q = acts, *k = q + N * D, *v = k + N * D, *att = v + N * D, *probs = att + N * D;
+  T *q = acts, *k = q + N * D, *v = k + N * D, *att = v + N * D;
+  // Probabilities (B, H, T, T) not kept go where backward will recompute them: scratch, free until then.
+  T* probs = keep_probs_ ? att + N * D : recomputed_probabilities(scratch, N);
   ops_.gemm(false, false, N, D, D, T(1), x, D, wq_, D, T(0), q, D);
   ops_.gemm(false, false, N, D, D, T(1), x, D, wk_, D, T(0), k, D);
   ops_.gemm(false, false, N, D, D, T(1), x, D, wv_, D, T(0), v, D);
@@ -53,8 +55,16 @@ void MhaAttention<T>::forward(const T* x, T* y, T* acts, int64_t B) {
 template <typename T>
 void MhaAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) {
   const int64_t N = B * T_, D = D_, Dh = D_ / H_;
-  const T *q = acts, *k = q + N * D, *v = k + N * D, *att = v + N * D, *probs = att + N * D;
+  const T *q = acts, *k = q + N * D, *v = k + N * D, *att = v + N * D;
   T *dq = scratch, *dk = dq + N * D, *dv = dk + N * D, *datt = dv + N * D, *block = datt + N * D;
+  const T* probs = att + N * D;
+  if (!keep_probs_) {
+    // Selective recompute: the same op on the same q and k gives the forward's probabilities bit for bit;
+    // its output goes to dq, which attention_backward writes afterwards.
+    T* recomputed = recomputed_probabilities(scratch, N);
+    ops_.attention_forward(q, k, v, dq, recomputed, B, T_, H_, Dh);
+    probs = recomputed;
+  }
   ops_.gemm(true, false, D, D, N, T(1), att, D, dy, D, T(1), dwo_, D);  // dWo += att^T dy
   ops_.gemm(false, true, N, D, D, T(1), dy, D, wo_, D, T(0), datt, D);  // datt = dy Wo^T
   ops_.attention_backward(q, k, v, probs, datt, dq, dk, dv, block, B, T_, H_, Dh);
