@@ -90,8 +90,11 @@ void build_model(Trainer& t) {
   const TrainConfig& tc = config.train;
   const ModelShape shape{config.model.vocab, config.model.d_model, config.model.layers, config.model.heads,
                          config.model.ffn_hidden};
+  const Recompute mode = tc.recompute == "full"        ? Recompute::Full
+                         : tc.recompute == "selective" ? Recompute::Selective
+                                                       : Recompute::None;
   t.model = std::make_unique<Model<float>>(t.backend, shape, tc.seq_len, tc.micro_batch,
-                                           tc.recompute == "full" ? Recompute::Full : Recompute::None,
+                                           RecomputeSpec(mode, tc.recompute_layers),
                                            ffn_factory(t.backend, config, config.parallel.ep, t.groups.coords.ep));
   t.exchange = std::make_unique<CommunicatorExchange>(*t.groups.ep);
   for (int64_t l = 0; l < t.model->num_layers(); ++l)
