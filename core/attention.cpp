@@ -53,9 +53,11 @@ double MhaAttention<T>::forward_flops(int64_t N) const {
 }
 
 template <typename T>
-void MhaAttention<T>::forward(const T* x, T* y, T* acts, int64_t B) {
+void MhaAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) {
   const int64_t N = B * T_, D = D_, Q = Dq_, H = Hl_, Dh = D_ / H_;
-  T *q = acts, *k = q + N * Q, *v = k + N * Q, *att = v + N * Q, *probs = att + N * Q;
+  T *q = acts, *k = q + N * Q, *v = k + N * Q, *att = v + N * Q;
+  // Probabilities (B, Hl, T, T) not kept go where backward will recompute them: scratch, free until then.
+  T* probs = keep_probs_ ? att + N * Q : recomputed_probabilities(scratch, N);
   ops_.gemm(false, false, N, Q, D, T(1), x, D, wq_, Q, T(0), q, Q);
   ops_.gemm(false, false, N, Q, D, T(1), x, D, wk_, Q, T(0), k, Q);
   ops_.gemm(false, false, N, Q, D, T(1), x, D, wv_, Q, T(0), v, Q);
@@ -68,8 +70,16 @@ void MhaAttention<T>::forward(const T* x, T* y, T* acts, int64_t B) {
 template <typename T>
 void MhaAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) {
   const int64_t N = B * T_, D = D_, Q = Dq_, H = Hl_, Dh = D_ / H_;
-  const T *q = acts, *k = q + N * Q, *v = k + N * Q, *att = v + N * Q, *probs = att + N * Q;
+  const T *q = acts, *k = q + N * Q, *v = k + N * Q, *att = v + N * Q;
   T *dq = scratch, *dk = dq + N * Q, *dv = dk + N * Q, *datt = dv + N * Q, *block = datt + N * Q;
+  const T* probs = att + N * Q;
+  if (!keep_probs_) {
+    // Selective recompute: the same op on the same q and k gives the forward's probabilities bit for bit;
+    // its output goes to dq, which attention_backward writes afterwards.
+    T* recomputed = recomputed_probabilities(scratch, N);
+    ops_.attention_forward(q, k, v, dq, recomputed, B, T_, H, Dh);
+    probs = recomputed;
+  }
   ops_.gemm(true, false, Q, D, N, T(1), att, Q, dy, D, T(1), dwo_, D);  // dWo += att^T dy
   ops_.gemm(false, true, N, Q, D, T(1), dy, D, wo_, D, T(0), datt, Q);  // datt = dy Wo^T
   ops_.attention_backward(q, k, v, probs, datt, dq, dk, dv, block, B, T_, H, Dh);

@@ -2,7 +2,9 @@
 // (core/ffn.h): parameters registered by name in the model's table and bound to its flat buffers; what one
 // micro-batch leaves for its backward lives in activation memory the caller hands in (the model's arena,
 // so activation recompute can share one set across layers); backward scratch is the caller's too. Shapes
-// follow FeedForward's: x, y, dy, dx are (N, D) with N = B * seq_len.
+// follow FeedForward's: x, y, dy, dx are (N, D) with N = B * seq_len. Under selective recompute
+// (core/model.h Recompute::Selective) the attention keeps no probabilities: its backward recomputes them
+// into its scratch.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,10 @@ class Attention {
   virtual void register_params(ParamTable& table, const std::string& prefix) = 0;
   // Points at the flat buffers once they exist (offsets come from the table).
   virtual void bind(const ParamTable& table, T* params, T* grads) = 0;
+  // true (the default): forward saves the attention probabilities for backward. false: it does not, and
+  // backward recomputes them from the saved q and k into its scratch (selective recompute). Set once, at
+  // the model's construction, before the sizes below are asked for.
+  virtual void set_keep_probabilities(bool keep) = 0;
   // Elements of saved activations (acts) and of backward scratch for N tokens.
   virtual int64_t activation_size(int64_t N) const = 0;
   virtual int64_t scratch_size(int64_t N) const = 0;
@@ -28,8 +34,8 @@ class Attention {
   virtual double forward_flops(int64_t N) const = 0;
   // x: (N, D) normalised input of B sequences; the attention's output is added to y (N, D), the residual
   // stream, so the residual sum is the output projection's own accumulation; acts: activation_size(N)
-  // saved for backward.
-  virtual void forward(const T* x, T* y, T* acts, int64_t B) = 0;
+  // saved for backward; scratch: scratch_size(N), the caller's, free for the call (what is not kept).
+  virtual void forward(const T* x, T* y, T* acts, T* scratch, int64_t B) = 0;
   // After forward on the same x and acts. dy: (N, D) gradient of the output; dx: (N, D) written; parameter
   // gradients accumulate; scratch: scratch_size(N).
   virtual void backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) = 0;
@@ -47,20 +53,26 @@ class MhaAttention final : public Attention<T> {
                TpShard shard = {});
   void register_params(ParamTable& table, const std::string& prefix) override;
   void bind(const ParamTable& table, T* params, T* grads) override;
-  // q, k, v, the attention's output (N, Dq) each and the probabilities (B, Hl, T, T), with Hl the shard's
-  // heads and Dq their width.
-  int64_t activation_size(int64_t N) const override { return 4 * N * Dq_ + N * Hl_ * T_; }
-  // dq, dk, dv, d(att) (N, Dq) each and one (T, T) block.
-  int64_t scratch_size(int64_t N) const override { return 4 * N * Dq_ + T_ * T_; }
+  void set_keep_probabilities(bool keep) override { keep_probs_ = keep; }
+  // q, k, v, the attention's output (N, Dq) each and, when kept, the probabilities (B, Hl, T, T), with Hl
+  // the shard's heads and Dq their width.
+  int64_t activation_size(int64_t N) const override { return 4 * N * Dq_ + (keep_probs_ ? probs_size(N) : 0); }
+  // dq, dk, dv, d(att) (N, Dq) each, one (T, T) block and, when not kept, the recomputed probabilities.
+  int64_t scratch_size(int64_t N) const override { return 4 * N * Dq_ + T_ * T_ + (keep_probs_ ? 0 : probs_size(N)); }
   double forward_flops(int64_t N) const override;
-  void forward(const T* x, T* y, T* acts, int64_t B) override;
+  void forward(const T* x, T* y, T* acts, T* scratch, int64_t B) override;
   void backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) override;
 
  private:
+  int64_t probs_size(int64_t N) const { return N * Hl_ * T_; }  // B * Hl * T * T
+  // Probabilities not kept: in scratch after dq, dk, dv, d(att) and the (T, T) block.
+  T* recomputed_probabilities(T* scratch, int64_t N) const { return scratch + 4 * N * Dq_ + T_ * T_; }
+
   Ops<T>& ops_;
   int64_t D_, H_, T_, L_;
   TpShard shard_;
   int64_t Hl_, Dq_;  // the shard's heads and their width
+  bool keep_probs_ = true;
   std::string prefix_;
   const T *wq_ = nullptr, *wk_ = nullptr, *wv_ = nullptr, *wo_ = nullptr;
   T *dwq_ = nullptr, *dwk_ = nullptr, *dwv_ = nullptr, *dwo_ = nullptr;

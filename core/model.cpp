@@ -11,7 +11,7 @@
 namespace moe {
 
 template <typename T>
-Model<T>::Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int64_t max_batch, Recompute recompute,
+Model<T>::Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int64_t max_batch, RecomputeSpec recompute,
                 FfnFactory ffn_factory, int num_slots, const StageSpec& stage, AttentionFactory attention_factory,
                 TensorParallelLayout<T> tp)
     : backend_(backend),
@@ -19,7 +19,6 @@ Model<T>::Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int6
       shape_(shape),
       T_(seq_len),
       max_batch_(max_batch),
-      recompute_(recompute),
       stage_(stage),
       first_(stage.first_layer),
       end_(stage.last_layer < 0 ? shape.layers : stage.last_layer),
@@ -30,6 +29,10 @@ Model<T>::Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int6
             "stage layers [" << first_ << ", " << end_ << ") of a model with " << shape.layers);
   MOE_CHECK(!tp_.sequence_parallel || seq_len % tp_.shard.size == 0,
             "sequence length " << seq_len << " over " << tp_.shard.size << " sequence-parallel ranks");
+  MOE_CHECK(recompute.layers >= -1 && recompute.layers <= shape.layers,
+            "recompute of the first " << recompute.layers << " layers of a model with " << shape.layers
+                                      << "; expected -1 (every layer) up to " << shape.layers);
+  for (int64_t l = first_; l < end_; ++l) recompute_.push_back(recompute.of_layer(l));
   auto specs = [&] { return int64_t(table_.specs().size()); };
   if (stage.embedding) {
     embedding_ = tp_.embedding ? tp_.embedding() : std::make_unique<TokenEmbedding<T>>(backend, V, D);
@@ -68,13 +71,13 @@ Model<T>::Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int6
     head_->bind(table_, P, G);
   }
 
-  // Activations: one arena per slot; with Recompute::Full one set of layer activations for all.
+  // Activations: one arena per slot; the Full layers share one set of layer activations, as large as
+  // the largest of theirs.
   MOE_CHECK(num_slots >= 1, num_slots << " micro-batch slots; at least one is needed");
-  if (recompute == Recompute::Full) {
-    shared_acts_ = backend.allocate(kType, acts_size());
-    T* cursor = shared_acts_.template data<T>();
-    carve_acts(cursor);
-  }
+  int64_t shared = 0;
+  for (int64_t i = 0; i < stage_layers(); ++i)
+    if (recompute_[size_t(i)] == Recompute::Full) shared = std::max(shared, acts_size(i));
+  if (shared > 0) shared_acts_ = backend.allocate(kType, shared);
   slots_.resize(size_t(num_slots));
   for (Slot& slot : slots_) make_slot(slot);
   make_scratch();
@@ -90,6 +93,7 @@ void Model<T>::build_layers(const FfnFactory& ffn_factory, const AttentionFactor
     table_.add({p + ".attn_norm.gain", {D}, ParamRole::Norm, false, ParamInit::Ones});
     attn_.push_back(attention_factory ? attention_factory(l)
                                       : std::make_unique<MhaAttention<T>>(backend_, D, shape_.heads, T_, L));
+    attn_.back()->set_keep_probabilities(recompute_[size_t(l - first_)] != Recompute::Selective);
     attn_.back()->register_params(table_, p + ".attn");
     table_.add({p + ".ffn_norm.gain", {D}, ParamRole::Norm, false, ParamInit::Ones});
     ffn_.push_back(ffn_factory ? ffn_factory(l) : std::make_unique<DenseMlp<T>>(backend_, D, shape_.ffn_hidden, L));
@@ -114,16 +118,20 @@ void Model<T>::make_scratch() {
 template <typename T>
 void Model<T>::make_slot(Slot& slot) {
   const int64_t N = max_batch_ * T_, R = rows(N), D = shape_.d_model, L = stage_layers();
-  const bool shared = recompute_ == Recompute::Full;
+  int64_t own = 0;  // the saved activations of the layers not fully recomputed
+  for (int64_t i = 0; i < L; ++i)
+    if (recompute_[size_t(i)] != Recompute::Full) own += acts_size(i);
   const int64_t head = stage_.head ? R * D + R + head_->activation_size(N) : 0;
-  slot.arena = backend_.allocate(dtype_of<T>(), (L + 1) * R * D + (shared ? 0 : L * acts_size()) + head);
+  slot.arena = backend_.allocate(dtype_of<T>(), (L + 1) * R * D + own + head);
   T* cursor = slot.arena.template data<T>();
   for (int64_t l = 0; l <= L; ++l, cursor += R * D) slot.x.push_back(cursor);
-  if (shared) {
-    T* shared_cursor = shared_acts_.template data<T>();
-    slot.acts.assign(size_t(L), carve_acts(shared_cursor));
-  } else {
-    for (int64_t l = 0; l < L; ++l) slot.acts.push_back(carve_acts(cursor));
+  for (int64_t i = 0; i < L; ++i) {
+    if (recompute_[size_t(i)] == Recompute::Full) {
+      T* shared = shared_acts_.template data<T>();  // every Full layer from the start of the shared set
+      slot.acts.push_back(carve_acts(i, shared));
+    } else {
+      slot.acts.push_back(carve_acts(i, cursor));
+    }
   }
   if (stage_.head) {
     slot.xo = cursor, cursor += R * D;
@@ -138,28 +146,31 @@ void Model<T>::make_slot(Slot& slot) {
   for (const auto& f : ffn_) slot.ffn.push_back(f->make_slot());
 }
 
+// Elements of the activations layer i (of the stage) saves: xa, h, xf (N, D), rstd_a, rstd_f (N), then
+// its attention's and its FFN's.
 template <typename T>
-int64_t Model<T>::acts_size() const {
+int64_t Model<T>::acts_size(int64_t i) const {
   const int64_t R = rows(max_batch_ * T_), D = shape_.d_model;
-  int64_t attn = 0, ffn = 0;
-  for (const auto& a : attn_) attn = std::max(attn, a->activation_size(R));
-  for (const auto& f : ffn_) ffn = std::max(ffn, f->activation_size(R));
-  return 3 * R * D + 2 * R + attn + ffn;
+  return 3 * R * D + 2 * R + attn_[size_t(i)]->activation_size(R) + ffn_[size_t(i)]->activation_size(R);
 }
 
 template <typename T>
-typename Model<T>::BlockActs Model<T>::carve_acts(T*& cursor) const {
+typename Model<T>::BlockActs Model<T>::carve_acts(int64_t i, T*& cursor) const {
   const int64_t R = rows(max_batch_ * T_), D = shape_.d_model;
-  int64_t attn = 0;
-  for (const auto& a : attn_) attn = std::max(attn, a->activation_size(R));
   BlockActs a;
   for (T** p : {&a.xa, &a.h, &a.xf}) *p = cursor, cursor += R * D;
   a.rstd_a = cursor, cursor += R;
   a.rstd_f = cursor, cursor += R;
-  a.attn = cursor, cursor += attn;
-  a.ffn = cursor;
-  cursor += acts_size() - 3 * R * D - 2 * R - attn;
+  a.attn = cursor, cursor += attn_[size_t(i)]->activation_size(R);
+  a.ffn = cursor, cursor += ffn_[size_t(i)]->activation_size(R);
   return a;
+}
+
+template <typename T>
+int64_t Model<T>::activation_bytes() const {
+  int64_t bytes = int64_t(shared_acts_.bytes());
+  for (const Slot& slot : slots_) bytes += int64_t(slot.arena.bytes());
+  return bytes;
 }
 
 template <typename T>
@@ -192,7 +203,7 @@ void Model<T>::block_forward(int64_t i, const FfnContext& context, Slot& s, int6
   // h = x + Attn(RMSNorm_a(x))
   ops_.rmsnorm_forward(x_in, w.attn_norm, a.xa, a.rstd_a, N, D);
   ops_.copy(x_in, a.h, N * D);
-  attn_[size_t(i)]->forward(a.xa, a.h, a.attn, B);
+  attn_[size_t(i)]->forward(a.xa, a.h, a.attn, layer_scratch_, B);
   // x = h + FFN(RMSNorm_f(h))
   ops_.rmsnorm_forward(a.h, w.ffn_norm, a.xf, a.rstd_f, N, D);
   ffn_[size_t(i)]->forward(context, a.xf, ffn_out_, a.ffn, s.ffn[size_t(i)].get(), N);
@@ -306,7 +317,7 @@ void Model<T>::backward(int slot, double loss_scale, const T* output_grad) {
   context.recomputing = true;  // a recomputed forward must not count routing statistics again
   for (int64_t i = stage_layers() - 1; i >= 0; --i) {
     // Recompute rewrites x[i+1] with the same bits it already holds (same ops on the same input).
-    if (recompute_ == Recompute::Full) block_forward(i, context, s, B);
+    if (recompute_[size_t(i)] == Recompute::Full) block_forward(i, context, s, B);
     block_backward(i, context, s, dres_, B);
     if (grad_ready_) grad_ready_(layer_specs_[size_t(i)].first, layer_specs_[size_t(i)].second);
   }

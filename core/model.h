@@ -7,7 +7,7 @@
 // the whole model's names. The model owns its flat parameter and gradient buffers (carved by the
 // parameter table) and `num_slots` micro-batch slots: each an activation arena for up to `max_batch`
 // sequences plus every layer's per-micro-batch state, so several micro-batches can be forwarded before
-// their backwards (1F1B).
+// their backwards (1F1B). Activation recompute (RecomputeSpec) is chosen per layer at construction.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +34,20 @@ struct ModelShape {
 
 enum class Recompute {
   None,  // every layer keeps its activations from forward to backward
+  // Every layer keeps all but its attention probabilities (B, H, T, T): its attention backward recomputes
+  // them from the saved (rotated) q and k, into the backward scratch (Megatron-Core's selective recompute).
+  Selective,
   Full,  // each layer keeps only its input and recomputes its forward just before its backward
+};
+
+// The recompute policy: `mode` for the layers of global index < `layers` (-1: every layer), None for the
+// others, so a pipeline stage applies it to its own share. A Recompute converts to it (every layer).
+struct RecomputeSpec {
+  Recompute mode = Recompute::None;
+  int64_t layers = -1;
+  // Not explicit: `Model(..., Recompute::Full, ...)` reads as it did before per-layer recompute.
+  RecomputeSpec(Recompute mode = Recompute::None, int64_t layers = -1) : mode(mode), layers(layers) {}
+  Recompute of_layer(int64_t layer) const { return layers < 0 || layer < layers ? mode : Recompute::None; }
 };
 
 // Which part of the model this object holds: layers [first_layer, last_layer) (last_layer -1: through the
@@ -66,8 +79,8 @@ class Model {
   using AttentionFactory = std::function<std::unique_ptr<Attention<T>>(int64_t layer)>;
 
   // Every buffer (parameters, gradients, activations, scratch) is allocated through `backend`. Layer
-  // indices (the factories', ffn(), ffn_slot()) are the whole model's.
-  Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int64_t max_batch, Recompute recompute,
+  // indices (the factories', ffn(), ffn_slot(), recompute.layers) are the whole model's.
+  Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int64_t max_batch, RecomputeSpec recompute,
         FfnFactory ffn_factory = nullptr, int num_slots = 1, const StageSpec& stage = {},
         AttentionFactory attention_factory = nullptr, TensorParallelLayout<T> tp = {});
 
@@ -90,6 +103,15 @@ class Model {
   void zero_grads();
 
   int num_slots() const { return int(slots_.size()); }
+  // The recompute mode of layer `layer` (a global index within the stage).
+  Recompute recompute(int64_t layer) const { return recompute_[size_t(local(layer))]; }
+  // Bytes of activation memory: every slot's arena (each layer's input and output, the saved activations
+  // of the layers that are not fully recomputed, the head's) and the one set Full layers share: the memory
+  // recompute reduces. Neither the scratch nor the FFNs' routing state.
+  int64_t activation_bytes() const;
+  // Bytes of the scratch of one forward or backward call, shared by all layers and slots (it holds the
+  // probabilities selective recompute rebuilds).
+  int64_t scratch_bytes() const { return int64_t(scratch_.bytes()); }
   // tokens: (B, T+1) rows, B <= max_batch; inputs are columns [0, T), targets columns [1, T].
   // Returns the sum over the B*T tokens of -log p(target) (0 for a stage without the head). Keeps what
   // backward needs in `slot`, with the context of the last set_context(). Needs the embedding.
@@ -157,7 +179,7 @@ class Model {
   struct Slot {
     Buffer arena;
     std::vector<T*> x;            // layers + 1 pointers, (N, D) each: each layer's input, then its output
-    std::vector<BlockActs> acts;  // one per layer (all the model's shared set when recomputing)
+    std::vector<BlockActs> acts;  // one per layer (the model's shared set for Full layers)
     T *xo = nullptr, *rstd_o = nullptr, *head_acts = nullptr;  // with the head
     Buffer losses;                                             // (N), with the head
     Buffer inputs, targets;                                    // (N) token ids
@@ -179,16 +201,16 @@ class Model {
   void head_backward(Slot& s, double loss_scale, int64_t N);
   void block_forward(int64_t i, const FfnContext& context, Slot& s, int64_t B);
   void block_backward(int64_t i, const FfnContext& context, Slot& s, T* dres, int64_t B);
-  BlockActs carve_acts(T*& cursor) const;
-  int64_t acts_size() const;
+  BlockActs carve_acts(int64_t i, T*& cursor) const;
+  int64_t acts_size(int64_t i) const;
 
   Backend& backend_;
   Ops<T>& ops_;
   ModelShape shape_;
   int64_t T_, max_batch_;
-  Recompute recompute_;
   StageSpec stage_;
-  int64_t first_, end_;  // the stage's layers
+  int64_t first_, end_;               // the stage's layers
+  std::vector<Recompute> recompute_;  // one per layer of the stage
   ParamTable table_;
   std::vector<std::unique_ptr<Attention<T>>> attn_;  // one per layer of the stage
   std::vector<std::unique_ptr<FeedForward<T>>> ffn_;
@@ -201,8 +223,8 @@ class Model {
   T* d_out_norm_ = nullptr;
 
   std::vector<Slot> slots_;
-  // Recompute::Full: one set of layer activations shared by every layer of every slot, since each
-  // layer's forward is run again just before its backward.
+  // Recompute::Full: one set of layer activations shared by every Full layer of every slot, since each
+  // such layer's forward is run again just before its backward.
   Buffer shared_acts_;
   // Scratch of one forward or backward call, shared by all layers and slots.
   Buffer scratch_;

@@ -169,6 +169,7 @@ Config fill(const Entries& entries) {
   c.train.micro_batch = r.integer("train.micro_batch");
   c.train.seq_len = r.integer("train.seq_len");
   c.train.recompute = r.string("train.recompute");
+  c.train.recompute_layers = r.integer("train.recompute_layers");
   c.train.trace = r.boolean("train.trace");
   c.train.trace_from = r.integer("train.trace_from");
   c.train.trace_steps = r.integer("train.trace_steps");
@@ -309,6 +310,12 @@ void check_moe_every(const Checked& c) {
     MOE_BAD_INPUT(c.show("moe.every") << " exceeds " << c.show("model.layers")
                                       << ": expected moe.every <= model.layers, or no block would be MoE");
 }
+void check_recompute_layers(const Checked& c) {
+  if (c.config.train.recompute_layers > c.config.model.layers)
+    MOE_BAD_INPUT(c.show("train.recompute_layers")
+                  << " exceeds " << c.show("model.layers")
+                  << ": expected -1 (every block) or at most model.layers, the blocks recompute applies to");
+}
 
 void check_node_local_without_replicas(const Checked& c) {
   if (c.config.checkpoint.node_local && !c.config.checkpoint.replicas.empty())
@@ -348,6 +355,7 @@ const std::vector<Rule>& rules() {
       {"`model.vocab` >= 256: the tokenizer is bytes.", check_vocab_holds_bytes},
       {"`moe.top_k` <= `moe.num_experts` when `moe.num_experts` > 0.", check_top_k},
       {"`moe.every` <= `model.layers`.", check_moe_every},
+      {"`train.recompute_layers` <= `model.layers` (-1: every block).", check_recompute_layers},
       {"`checkpoint.replicas` is empty when `checkpoint.node_local` is true.", check_node_local_without_replicas},
       {"`fault.heartbeat_interval_s` < `fault.heartbeat_timeout_s`, or every rank would look dead between beats.",
        check_heartbeat_interval},

@@ -65,8 +65,13 @@ std::vector<KeySpec> train_keys() {
       integer("train.micro_batch", 4, at_least(1),
               "sequences per micro-batch (one routing group); a step accumulates global_batch / micro_batch of them"),
       integer("train.seq_len", 128, at_least(2), "tokens per training sequence"),
-      choice("train.recompute", "none", {"none", "full"},
-             "activation recomputation: `none` keeps activations for backward, `full` recomputes each block"),
+      choice("train.recompute", "none", {"none", "selective", "full"},
+             "activation recomputation: `none` keeps activations for backward, `selective` keeps all but the "
+             "attention probabilities (recomputed from q and k in backward), `full` keeps each block's input and "
+             "recomputes the block"),
+      integer("train.recompute_layers", -1, at_least(-1),
+              "train.recompute applies to the blocks of index below this, the others keep everything; -1 = every "
+              "block; at most model.layers"),
       boolean("train.trace", false,
               "write RUN_DIR/trace.json, a timeline of every rank's forward, backward, communication waits and "
               "optimizer for a few steps, in the Chrome Trace Event format (Perfetto, chrome://tracing)"),

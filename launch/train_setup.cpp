@@ -101,10 +101,13 @@ void build_model(Trainer& t) {
   const TrainConfig& tc = config.train;
   const ModelShape shape{config.model.vocab, config.model.d_model, config.model.layers, config.model.heads,
                          config.model.ffn_hidden};
+  const Recompute mode = tc.recompute == "full"        ? Recompute::Full
+                         : tc.recompute == "selective" ? Recompute::Selective
+                                                       : Recompute::None;
   const TpContext tp{t.groups.tp.get(), config.parallel.sequence_parallel};
   const bool split = tp.comm->size() > 1;
   t.model = std::make_unique<Model<float>>(
-      t.backend, shape, tc.seq_len, tc.micro_batch, tc.recompute == "full" ? Recompute::Full : Recompute::None,
+      t.backend, shape, tc.seq_len, tc.micro_batch, RecomputeSpec(mode, tc.recompute_layers),
       ffn_factory(t.backend, config, t.groups, tp), 1, StageSpec{},
       split ? tp_attention_factory<float>(t.backend, tp, shape, tc.seq_len) : nullptr,
       split ? tensor_parallel_layout<float>(t.backend, tp, shape) : TensorParallelLayout<float>{});

@@ -32,7 +32,7 @@ int64_t TpAttention<T>::scratch_size(int64_t R) const {
 }
 
 template <typename T>
-void TpAttention<T>::forward(const T* x, T* y, T* acts, int64_t B) {
+void TpAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) {
   Communicator& tp = *tp_.comm;
   const int64_t N = B * T_, R = tp_.rows(N), D = D_;
   const T* xg = x;  // the whole rows' input
@@ -44,7 +44,8 @@ void TpAttention<T>::forward(const T* x, T* y, T* acts, int64_t B) {
   backend_.reserve(work_, dtype_of<T>(), N * D + R * D);
   T* partial = work_.template data<T>();
   ops_.fill(partial, T(0), N * D);
-  inner_.forward(xg, partial, inner_acts, B);  // this rank's heads' share of the output
+  // this rank's heads' share of the output; the shard's scratch where backward has it
+  inner_.forward(xg, partial, inner_acts, scratch + 2 * N * D, B);
   if (tp_.sequence_parallel) {
     T* mine = partial + N * D;
     tp::reduce_scatter_rows_forward(tp, partial, mine, R, D);

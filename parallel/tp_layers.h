@@ -45,12 +45,13 @@ class TpAttention final : public Attention<T> {
   TpAttention(Backend& backend, TpContext tp, int64_t d_model, int64_t heads, int64_t seq_len, int64_t layers_total);
   void register_params(ParamTable& table, const std::string& prefix) override { inner_.register_params(table, prefix); }
   void bind(const ParamTable& table, T* params, T* grads) override { inner_.bind(table, params, grads); }
+  void set_keep_probabilities(bool keep) override { inner_.set_keep_probabilities(keep); }
   // The gathered input (N, D) under sequence parallelism, then the shard's activations.
   int64_t activation_size(int64_t R) const override;
   // The gathered output gradient and the input's partial gradient (N, D) each, then the shard's scratch.
   int64_t scratch_size(int64_t R) const override;
   double forward_flops(int64_t R) const override { return inner_.forward_flops(tp_.tokens(R)); }
-  void forward(const T* x, T* y, T* acts, int64_t B) override;
+  void forward(const T* x, T* y, T* acts, T* scratch, int64_t B) override;
   void backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) override;
 
  private:

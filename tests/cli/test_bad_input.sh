@@ -176,6 +176,10 @@ expect=("moe.top_k = 9" "moe.num_experts = 8")
 run_case "moe.top_k above moe.num_experts" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
   --set moe.num_experts=8 --set moe.top_k=9
 
+expect=("train.recompute_layers = 2" "model.layers = 1")
+run_case "train.recompute_layers above model.layers" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set train.recompute=selective --set train.recompute_layers=2
+
 expect=("train.steps = 100000000" "<= 99999999")
 run_case "train.steps past the checkpoint names' digits" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
   --set train.steps=100000000

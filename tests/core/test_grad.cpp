@@ -190,6 +190,7 @@ void check_model(Recompute recompute) {
 
 TEST(GradCheck, WholeModel) { check_model(Recompute::None); }
 TEST(GradCheck, WholeModelWithRecompute) { check_model(Recompute::Full); }
+TEST(GradCheck, WholeModelWithSelectiveRecompute) { check_model(Recompute::Selective); }
 
 // docs/design.md "Conventions": parameter gradients accumulate. Two backwards give twice the gradients, up to the
 // rounding of one addition per element (BLAS may fold the old value in before or after its K-blocks).

@@ -75,7 +75,9 @@ void reset_stats(Model<float>& model) {
 }
 
 void check_orders(bool with_moe, Recompute recompute) {
-  const std::string what = std::string(with_moe ? "moe" : "dense") + (recompute == Recompute::Full ? " recompute" : "");
+  const std::string what = std::string(with_moe ? "moe" : "dense") + (recompute == Recompute::Full        ? " recompute"
+                                                                      : recompute == Recompute::Selective ? " selective"
+                                                                                                          : "");
   // Sequential: forward 0, backward 0, forward 1, backward 1, ... in one slot.
   auto sequential = make_model(with_moe, recompute, 1);
   std::vector<Contribution> expected(kMicroBatches);
@@ -114,6 +116,9 @@ TEST(MicroBatchSlots, DenseBackwardsInAnyOrderWithRecompute) { check_orders(fals
 TEST(MicroBatchSlots, MoeWithCapacityAndRerouteBackwardsInAnyOrder) { check_orders(true, Recompute::None); }
 TEST(MicroBatchSlots, MoeWithCapacityAndRerouteBackwardsInAnyOrderWithRecompute) {
   check_orders(true, Recompute::Full);
+}
+TEST(MicroBatchSlots, MoeWithCapacityAndRerouteBackwardsInAnyOrderWithSelectiveRecompute) {
+  check_orders(true, Recompute::Selective);
 }
 
 // A slot keeps its micro-batch until the next forward into it: a backward of an empty slot is refused.

@@ -26,7 +26,8 @@ const double kLossScale = 1.0 / double(kMicroBatches * kBatch * kSeqLen);
 
 MoeSettings moe_settings(int64_t layer) { return test::stressed_moe_settings(kShape, layer); }
 
-std::unique_ptr<Model<float>> make_model(bool with_moe, Recompute recompute, int slots, const StageSpec& stage) {
+std::unique_ptr<Model<float>> make_model(bool with_moe, const RecomputeSpec& recompute, int slots,
+                                         const StageSpec& stage) {
   typename Model<float>::FfnFactory factory = nullptr;
   if (with_moe)
     factory = [](int64_t l) -> std::unique_ptr<FeedForward<float>> {
@@ -153,7 +154,8 @@ bool step(std::vector<Stage>& stages, size_t s, std::vector<double>& losses) {
   return true;
 }
 
-void check_pipeline(bool with_moe, Recompute recompute, int64_t num_stages, const std::vector<int64_t>& counts = {}) {
+void check_pipeline(bool with_moe, const RecomputeSpec& recompute, int64_t num_stages,
+                    const std::vector<int64_t>& counts = {}) {
   const Reference ref = whole_model(with_moe);
   const auto split = stage_layers(kShape.layers, num_stages, counts);
   std::vector<Stage> stages(static_cast<size_t>(num_stages));
@@ -196,6 +198,13 @@ TEST(PipelineStages, DenseThreeStagesWithRecompute) { check_pipeline(false, Reco
 TEST(PipelineStages, MoeTwoStages) { check_pipeline(true, Recompute::None, 2); }
 TEST(PipelineStages, MoeThreeStages) { check_pipeline(true, Recompute::None, 3); }
 TEST(PipelineStages, MoeThreeUnevenStagesWithRecompute) { check_pipeline(true, Recompute::Full, 3, {1, 3, 2}); }
+// Layers 0..2 of the 6 recomputed: all of the first stage's, one of the second's, none of the third's.
+TEST(PipelineStages, MoeThreeStagesWithSelectiveRecomputeOfTheFirstThreeLayers) {
+  check_pipeline(true, {Recompute::Selective, 3}, 3);
+}
+TEST(PipelineStages, MoeThreeStagesWithFullRecomputeOfTheFirstThreeLayers) {
+  check_pipeline(true, {Recompute::Full, 3}, 3);
+}
 
 // A stage holds its own parameters under the whole model's names and refuses the calls of the ends it lacks.
 TEST(PipelineStages, MiddleStageHoldsItsLayersOnly) {

@@ -130,6 +130,7 @@ TEST(CheckpointResume, StoppedAndResumedEqualsUninterruptedBitForBit) {
       {"dp4_ep2_zero_incremental_sync",
        4,
        {"parallel.ep=2", "optim.zero=true", "checkpoint.full_every=3", "checkpoint.async=false"}},
+      {"tp2_dp2_zero_incremental_async", 4, {"parallel.tp=2", "optim.zero=true", "checkpoint.full_every=3"}},
   };
   for (const Variant& v : variants) {
     const fs::path root = temp_root(v.name);
@@ -182,6 +183,27 @@ TEST(CheckpointResume, ReshardsBetweenLayoutsIncludingOptimizerState) {
   if (MpiCommunicator::world()->rank() == 0) {
     expect_close(whole, down, "dp4 ep2 zero -> dp2");
     expect_close(whole, up, "dp2 -> dp4 ep2 zero");
+    fs::remove_all(root.parent_path());
+  }
+}
+
+// A checkpoint written at tp 2 x dp 2 (sequence parallel, ZeRO) resumes at tp 1 and at tp 4 (and one
+// written at tp 4 at tp 2 x dp 2): tensors split by heads, hidden units and vocabulary blocks are read in
+// global coordinates, their AdamW moments too.
+TEST(CheckpointResume, ReshardsAcrossTensorParallelLayouts) {
+  const fs::path root = temp_root("reshard_tp");
+  const std::vector<std::string> tp2dp2 = {"parallel.tp=2", "optim.zero=true"};
+  const RunOutput whole = train(1, {}, (root / "whole").string());
+  train(4, tp2dp2, (root / "to_tp1").string(), 10);
+  const RunOutput to_tp1 = train(1, {}, (root / "to_tp1").string());
+  train(4, tp2dp2, (root / "to_tp4").string(), 10);
+  const RunOutput to_tp4 = train(4, {"parallel.tp=4"}, (root / "to_tp4").string());
+  train(4, {"parallel.tp=4"}, (root / "from_tp4").string(), 10);
+  const RunOutput from_tp4 = train(4, tp2dp2, (root / "from_tp4").string());
+  if (MpiCommunicator::world()->rank() == 0) {
+    expect_close(whole, to_tp1, "tp2 dp2 zero -> tp1");
+    expect_close(whole, to_tp4, "tp2 dp2 zero -> tp4");
+    expect_close(whole, from_tp4, "tp4 -> tp2 dp2 zero");
     fs::remove_all(root.parent_path());
   }
 }

@@ -65,6 +65,7 @@ TEST(ConfigDefaults, EmptyDocumentGivesTheSmallCpuModel) {
   EXPECT_EQ(c.train.micro_batch, 4);
   EXPECT_EQ(c.train.seq_len, 128);
   EXPECT_EQ(c.train.recompute, "none");
+  EXPECT_EQ(c.train.recompute_layers, -1);
   EXPECT_EQ(c.train.eval_every, 100);
   EXPECT_EQ(c.train.threads, 0);
   EXPECT_EQ(c.model.vocab, 256);
@@ -139,7 +140,8 @@ TEST(ConfigTypes, ChoicesListTheAllowedValues) {
                    {"moe.router.noise", "\"gauss\"", "\"gumbel\", \"none\""});
   expect_bad_input([] { from(document_with("moe.overflow", "spill")); },
                    {"moe.overflow", "\"drop\", \"reroute\", \"dense\""});
-  expect_bad_input([] { from(document_with("train.recompute", "some")); }, {"train.recompute", "\"none\", \"full\""});
+  expect_bad_input([] { from(document_with("train.recompute", "some")); },
+                   {"train.recompute", "\"none\", \"selective\", \"full\""});
   expect_bad_input([] { from(document_with("moe.router.score", 1)); }, {"moe.router.score", "\"softmax\""});
   expect_bad_input([] { from(document_with("moe.drop_policy", "random")); }, {"moe.drop_policy", "\"position\""});
 }
@@ -160,6 +162,7 @@ TEST(ConfigRanges, EachBoundIsEnforced) {
       {"train.eval_every", -1, ">= 0"},
       {"train.eval_sequences", 0, ">= 1"},
       {"train.threads", -2, ">= 0"},
+      {"train.recompute_layers", -2, ">= -1"},
       {"model.vocab", 1, ">= 2"},
       {"model.d_model", 0, ">= 1"},
       {"model.layers", 0, ">= 1"},
@@ -319,6 +322,20 @@ TEST(ConfigRules, TopKAtMostExperts) {
 
 TEST(ConfigRules, MoeEveryAtMostLayers) {
   expect_bad_input([] { from(document_with("moe.every", 5)); }, {"moe.every = 5", "model.layers = 4 (default)"});
+}
+
+TEST(ConfigRules, RecomputeModesAndLayers) {
+  const Config selective = from(json{{"train", {{"recompute", "selective"}, {"recompute_layers", 2}}}});
+  EXPECT_EQ(selective.train.recompute, "selective");
+  EXPECT_EQ(selective.train.recompute_layers, 2);
+  EXPECT_EQ(from(document_with("train.recompute_layers", 4)).train.recompute_layers, 4);  // every one of 4 layers
+  expect_bad_input([] { from(document_with("train.recompute_layers", 5)); },
+                   {"train.recompute_layers = 5 (in test.json)", "model.layers = 4 (default)"});
+  expect_bad_input(
+      [] {
+        from(json::object(), {"train.recompute_layers=9", "model.layers=8"});
+      },
+      {"train.recompute_layers = 9 (in --set train.recompute_layers=9)", "model.layers = 8"});
 }
 
 TEST(ConfigRules, DataSources) {

@@ -77,6 +77,8 @@ void expect_equivalent(const Run& serial, const Run& parallel, const std::string
     for (size_t l = 0; l < a["moe"].size(); ++l) {
       EXPECT_EQ(a["moe"][l]["tokens_per_expert"], b["moe"][l]["tokens_per_expert"]) << what << " step " << a["step"];
       EXPECT_EQ(a["moe"][l]["dropped"], b["moe"][l]["dropped"]) << what << " step " << a["step"];
+      EXPECT_EQ(a["moe"][l].value("rerouted", json()), b["moe"][l].value("rerouted", json())) << what;
+      EXPECT_EQ(a["moe"][l].value("fallback", json()), b["moe"][l].value("fallback", json())) << what;
     }
   }
   ASSERT_EQ(serial.result.parameters.size(), parallel.result.parameters.size()) << what;
@@ -118,6 +120,56 @@ void check_all_layouts(const std::vector<std::string>& variant, const std::strin
       world->barrier();
     }
   if (world->rank() == 0) fs::remove_all(tmp);
+}
+
+// Tensor parallelism (docs/parallel.md): tp 2 and 4 with sequence parallelism, tp 2 without, tp 2 beside
+// dp 2, and tp 2 with ep 2 (the tp ranks are the expert-parallel ranks), with capacity dropping and
+// rerouting, and with the dense fallback. The MoE routing group is split over the tp ranks, so the
+// per-step routing (tokens per expert, drops) must still be the serial run's.
+void check_tensor_parallel_layouts(const std::vector<std::string>& variant, const std::string& variant_name) {
+  auto world = MpiCommunicator::world();
+  ASSERT_EQ(world->size(), 4) << "run under mpirun -np 4";
+  const fs::path tmp = fs::temp_directory_path() / ("moe_tp_equivalence_" + std::to_string(::getpid() - world->rank()));
+  Run serial;
+  if (world->rank() == 0)
+    serial = train(std::make_unique<SelfCommunicator>("world"), variant, (tmp / "serial").string());
+  world->barrier();
+  struct TpLayout {
+    const char* name;
+    int ranks;
+    std::vector<std::string> keys;
+  };
+  const std::vector<TpLayout> layouts = {
+      {"tp2", 2, {"parallel.tp=2"}},
+      {"tp4", 4, {"parallel.tp=4"}},
+      {"tp2_no_sp", 2, {"parallel.tp=2", "parallel.sequence_parallel=false"}},
+      {"tp2_dp2", 4, {"parallel.tp=2"}},
+      {"tp2_ep2", 2, {"parallel.tp=2", "parallel.ep=2"}},
+      {"tp2_dp2_ep2_zero", 4, {"parallel.tp=2", "parallel.ep=2", "optim.zero=true"}},
+  };
+  for (const TpLayout& layout : layouts) {
+    const std::string name = variant_name + "_" + layout.name;
+    auto sub = world->split(world->rank() < layout.ranks ? 0 : -1, world->rank(), "world");
+    if (sub) {
+      std::vector<std::string> extra = variant;
+      extra.insert(extra.end(), layout.keys.begin(), layout.keys.end());
+      const Run run = train(std::move(sub), extra, (tmp / name).string());
+      if (world->rank() == 0) expect_equivalent(serial, run, name);
+    }
+    world->barrier();
+  }
+  if (world->rank() == 0) fs::remove_all(tmp);
+}
+
+TEST(ParallelEquivalence, TensorParallelLayoutsWithRerouting) {
+  check_tensor_parallel_layouts({"moe.capacity_factor=0.75", "moe.overflow=reroute", "moe.router.bias_balance.rate=0.01",
+                                 "moe.loss.z=0.001", "optim.per_expert_clip=1.5"},
+                                "reroute");
+}
+TEST(ParallelEquivalence, TensorParallelLayoutsWithDenseFallback) {
+  check_tensor_parallel_layouts({"moe.capacity_factor=0.75", "moe.overflow=dense", "moe.fallback_hidden=16",
+                                 "moe.shared_experts=1"},
+                                "fallback");
 }
 
 TEST(ParallelEquivalence, DroplessEveryLayout) { check_all_layouts({"moe.capacity_factor=0"}, "dropless"); }

@@ -125,13 +125,15 @@ TEST(TrainerReproducibility, DifferentSeedsGiveDifferentLosses) {
   EXPECT_EQ(steps_differing, 12) << "the seed should change every step's loss";
 }
 
-TEST(TrainerReproducibility, FullRecomputeGivesTheSameMetricsBitForBit) {
+TEST(TrainerReproducibility, RecomputeGivesTheSameMetricsBitForBit) {
   // Recomputation runs the same ops on the same inputs, so it must change memory, never a bit of the result.
   TempDir tmp("trainer");
   const std::vector<json> none = train(tmp / "none", tiny_overrides({"train.recompute=none"}));
   const std::vector<json> full = train(tmp / "full", tiny_overrides({"train.recompute=full"}));
+  const std::vector<json> selective = train(tmp / "selective", tiny_overrides({"train.recompute=selective"}));
   ASSERT_EQ(none.size(), 14u);
   expect_same_metrics(none, full);
+  expect_same_metrics(none, selective);
 }
 
 // ---- The run directory (docs/cli.md) ------------------------------------------------------------------
