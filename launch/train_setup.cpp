@@ -106,7 +106,8 @@ void build_model(Trainer& t) {
 
 CheckedConfig load_checked_config(const TrainOptions& options, int64_t world_size) {
   Config config = load_config(options.config_path, options.overrides);
-  RankGrid grid({world_size, config.parallel.tp, config.parallel.pp, config.parallel.dp, config.parallel.ep, 1},
+  RankGrid grid({world_size, config.parallel.tp, config.parallel.pp, config.parallel.dp, config.parallel.ep,
+                 config.parallel.expert_tp},
                 config.moe.num_experts);
   config.parallel.dp = grid.sizes().dp;
   const int64_t dp = grid.sizes().dp;
