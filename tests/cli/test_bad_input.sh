@@ -235,6 +235,11 @@ expect=("parallel.tp = 2" "not available in this build yet")
 run_case "parallel.tp=2 that passes every rule" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
   --set parallel.tp=2
 
+# The memory estimate: a model no machine holds is refused by name before anything is allocated or written.
+expect=("per rank" "model.d_model=65536" "model.layers=64" "more than this machine")
+run_case "a model no machine holds" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set model.d_model=65536 --set model.layers=64 --run-dir run
+
 expect=("checkpoint.every")
 run_case "checkpoint.every=-1" 2 no_setup "$moe" train --config "$config" "${small[@]}" --set checkpoint.every=-1 \
   --run-dir run
