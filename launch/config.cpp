@@ -221,6 +221,8 @@ Config fill(const Entries& entries) {
   c.parallel.ep = r.integer("parallel.ep");
   const json& dp = r.at("parallel.dp");
   c.parallel.dp = dp.is_string() ? 0 : dp.get<int64_t>();  // "auto" waits for the world size
+  c.parallel.sequence_parallel = r.boolean("parallel.sequence_parallel");
+  c.parallel.expert_tp = r.integer("parallel.expert_tp");
 
   c.checkpoint.dir = r.string("checkpoint.dir");
   c.checkpoint.every = r.integer("checkpoint.every");
@@ -345,6 +347,74 @@ void check_all_to_all_count(const Checked& c) {
                      "train.micro_batch or train.seq_len");
 }
 
+// ---- Tensor parallelism (docs/parallel.md "Tensor parallelism"): what is split over the tp ranks. ----
+
+// `key` (the width `value`) is split evenly over the parallel.tp ranks, for the reason `what`.
+void require_tp_split(const Checked& c, const std::string& key, int64_t value, const std::string& what) {
+  const int64_t tp = c.config.parallel.tp;
+  if (value % tp != 0)
+    MOE_BAD_INPUT(c.show(key) << " is not a multiple of " << c.show("parallel.tp") << ": " << what << "; choose a "
+                              << key << " divisible by " << tp << ", or another parallel.tp");
+}
+void check_expert_tp(const Checked& c) {
+  const ParallelConfig& p = c.config.parallel;
+  if (p.expert_tp == 1 || p.expert_tp == p.tp) return;
+  if (p.tp == 1)
+    MOE_BAD_INPUT(c.show("parallel.expert_tp") << " with " << c.show("parallel.tp")
+                                               << ": expected 1, since there is no tensor-parallel group to split "
+                                                  "the experts over");
+  MOE_BAD_INPUT(c.show("parallel.expert_tp")
+                << " with " << c.show("parallel.tp")
+                << ": expected 1 (every expert whole on each tensor-parallel rank) or " << p.tp
+                << " = parallel.tp (each expert's hidden width split over the tensor-parallel group)");
+}
+void check_tp_heads(const Checked& c) {
+  if (c.config.parallel.tp > 1)
+    require_tp_split(c, "model.heads", c.config.model.heads,
+                     "each tensor-parallel rank computes heads / tp whole attention heads (Wq, Wk, Wv split by "
+                     "columns, Wo by rows)");
+}
+void check_tp_vocab(const Checked& c) {
+  if (c.config.parallel.tp > 1)
+    require_tp_split(c, "model.vocab", c.config.model.vocab,
+                     "the embedding's rows and the output head's columns are split over the tensor-parallel ranks");
+}
+void check_tp_ffn_hidden(const Checked& c) {
+  const Config& k = c.config;
+  const bool dense_layers = k.moe.num_experts == 0 || k.moe.every > 1;  // else every FFN is an MoE layer
+  if (k.parallel.tp > 1 && dense_layers)
+    require_tp_split(c, "model.ffn_hidden", k.model.ffn_hidden,
+                     "the dense MLP's hidden width is split over the tensor-parallel ranks (W1, W3 by columns, W2 "
+                     "by rows)");
+}
+void check_tp_expert_hidden(const Checked& c) {
+  const Config& k = c.config;
+  if (k.parallel.tp > 1 && k.parallel.expert_tp == k.parallel.tp && k.moe.num_experts > 0)
+    require_tp_split(c, "moe.expert_hidden", k.moe.expert_hidden,
+                     "with " + c.show("parallel.expert_tp") +
+                         " each routed expert's hidden width is split over the tensor-parallel ranks");
+}
+void check_tp_seq_len(const Checked& c) {
+  const ParallelConfig& p = c.config.parallel;
+  if (p.tp > 1 && p.sequence_parallel)
+    require_tp_split(c, "train.seq_len", c.config.train.seq_len,
+                     "with " + c.show("parallel.sequence_parallel") +
+                         " each tensor-parallel rank holds seq_len / tp positions of every sequence (or set "
+                         "parallel.sequence_parallel = false)");
+}
+
+void check_tp_routing_group(const Checked& c) {
+  const Config& k = c.config;
+  const int64_t tp = k.parallel.tp, rows = k.train.micro_batch * k.train.seq_len;
+  if (tp > 1 && k.moe.num_experts > 0 && rows % tp != 0)
+    MOE_BAD_INPUT(c.show("train.micro_batch") << " times " << c.show("train.seq_len") << " = " << rows
+                                              << " tokens is not a multiple of " << c.show("parallel.tp")
+                                              << ": a micro-batch's tokens (its MoE routing group) are split evenly "
+                                                 "over the tensor-parallel ranks; choose sizes whose product "
+                                                 "divides by "
+                                              << tp);
+}
+
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> table = {
       {"`model.d_model` is a multiple of `model.heads`.", check_heads_divide_width},
@@ -362,6 +432,25 @@ const std::vector<Rule>& rules() {
       {"With `parallel.ep` > 1 and experts, `train.micro_batch * train.seq_len * moe.top_k * model.d_model` <= "
        "2147483647: the elements of one all-to-all, counted by MPI in an int.",
        check_all_to_all_count},
+      {"`parallel.expert_tp` is 1 (experts whole on every tensor-parallel rank) or `parallel.tp` (each expert's "
+       "hidden width split over the tensor-parallel group).",
+       check_expert_tp},
+      {"With `parallel.tp` > 1: `model.heads` is a multiple of `parallel.tp` (whole heads per rank).", check_tp_heads},
+      {"With `parallel.tp` > 1: `model.vocab` is a multiple of `parallel.tp` (embedding rows and head columns are "
+       "split).",
+       check_tp_vocab},
+      {"With `parallel.tp` > 1 and dense FFN layers (`moe.num_experts` = 0 or `moe.every` > 1): `model.ffn_hidden` is "
+       "a multiple of `parallel.tp`.",
+       check_tp_ffn_hidden},
+      {"With `parallel.tp` > 1, experts and `parallel.expert_tp` = `parallel.tp`: `moe.expert_hidden` is a multiple "
+       "of `parallel.tp`. Shared experts and the dense fallback are not split (each rank runs them on its own "
+       "tokens).",
+       check_tp_expert_hidden},
+      {"With `parallel.tp` > 1 and `parallel.sequence_parallel`: `train.seq_len` is a multiple of `parallel.tp`.",
+       check_tp_seq_len},
+      {"With `parallel.tp` > 1 and experts: `train.micro_batch * train.seq_len` is a multiple of `parallel.tp` (the "
+       "routing group's tokens are split over the tensor-parallel ranks).",
+       check_tp_routing_group},
       {"The weights of `data.sources` sum to a finite number.", nullptr},  // checked with the list itself
       {"Data source names are non-empty and unique.", nullptr},            // checked with the list itself
   };
@@ -369,10 +458,13 @@ const std::vector<Rule>& rules() {
 }
 
 // ---- Features this build does not have yet. Delete a gate when its feature lands. ---------------
+// Gates run after every rule, so a config that could never work is told why before it is told to wait.
 
-void gate_tensor_parallel(const Checked& c) {
-  if (c.config.parallel.tp != 1)
-    MOE_BAD_INPUT(c.show("parallel.tp") << ": tensor parallelism is not available in this build yet (expected 1)");
+void gate_expert_tensor_parallel(const Checked& c) {
+  if (c.config.parallel.expert_tp != 1)
+    MOE_BAD_INPUT(c.show("parallel.expert_tp")
+                  << ": experts split over the tensor-parallel group are not available in this build yet (expected 1: "
+                     "every expert whole on each tensor-parallel rank, the experts spread over parallel.ep)");
 }
 void gate_pipeline_parallel(const Checked& c) {
   if (c.config.parallel.pp != 1)
@@ -380,7 +472,7 @@ void gate_pipeline_parallel(const Checked& c) {
 }
 const std::vector<Rule>& gates() {
   static const std::vector<Rule> table = {
-      {"`parallel.tp` = 1: tensor parallelism.", gate_tensor_parallel},
+      {"`parallel.expert_tp` = 1: experts split over the tensor-parallel group.", gate_expert_tensor_parallel},
       {"`parallel.pp` = 1: pipeline parallelism.", gate_pipeline_parallel},
   };
   return table;
@@ -578,7 +670,8 @@ The values must also agree with each other:
 
 )";
   for (const Rule& rule : rules()) out << "- " << rule.doc << "\n";
-  out << "\nThese features are not available in this build yet, so their keys must keep these values:\n\n";
+  out << "\nThese features are not available in this build yet, so their keys must keep these values (checked after "
+         "the rules above, so a config learns first what could never work):\n\n";
   for (const Rule& gate : gates()) out << "- " << gate.doc << "\n";
   out << "\n" << config_schema::tables_markdown();
   std::string text = out.str();

@@ -150,11 +150,21 @@ std::vector<KeySpec> optim_keys() {
 
 std::vector<KeySpec> parallel_keys() {
   return {
-      integer("parallel.tp", 1, at_least(1), "tensor-parallel ranks"),
+      integer("parallel.tp", 1, at_least(1),
+              "tensor-parallel ranks: attention heads, the dense MLP's hidden width and the vocabulary are split over "
+              "them"),
       integer("parallel.pp", 1, at_least(1), "pipeline stages"),
       integer("parallel.ep", 1, at_least(1), "expert-parallel ranks: the experts are split over them"),
       integer_or_auto("parallel.dp", "auto", at_least(1),
                       "data-parallel replicas; `\"auto\"` = world size / (tp * pp)"),
+      boolean("parallel.sequence_parallel", true,
+              "with parallel.tp > 1: the residual stream and the norms hold train.seq_len / tp positions of each "
+              "sequence on every tensor-parallel rank (Megatron's sequence parallelism; train.seq_len must be a "
+              "multiple of tp); no effect when tp = 1"),
+      integer("parallel.expert_tp", 1, at_least(1),
+              "tensor-parallel ranks inside each routed expert: 1 = every expert whole on each tensor-parallel rank "
+              "(decoupled expert tensor parallelism), parallel.tp = each expert's hidden width split over the "
+              "tensor-parallel group; no other value"),
   };
 }
 

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/host.h"
+#include "launch/memory.h"
 #include "moe_version.h"
 
 namespace moe {
@@ -141,6 +142,7 @@ void write_run_files(const std::string& run_dir, const Config& config, const std
                  {"zero", config.optim.zero}};
   m["hosts"] = {host_name()};
   m["threads_per_rank"] = threads;
+  m["memory"] = memory_json(estimate_memory(config, grid.sizes().tp, grid.sizes().dp, grid.sizes().ep));
   m["command"] = command_line;
   m["start"] = start;
   m["history"] = "config_history.jsonl";

@@ -27,7 +27,8 @@ void check_dir_writable(const std::string& dir, const std::string& label);
 // and each of checkpoint.replicas; nothing when checkpoint.every is 0.
 void check_checkpoint_roots_writable(const std::string& checkpoint_root, const CheckpointConfig& checkpoint);
 
-// Creates the directory and writes config.json (the resolved config) and manifest.json.
+// Creates the directory and writes config.json (the resolved config) and manifest.json (with the memory
+// estimate of launch/memory.h for this layout).
 // `start`: this start of the run (step, checkpoint resumed from, changes), recorded as manifest.json's "start".
 void write_run_files(const std::string& run_dir, const Config& config, const std::vector<std::string>& command_line,
                      int threads, const RankGrid& grid, const nlohmann::json& start = nlohmann::json::object());

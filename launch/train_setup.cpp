@@ -8,6 +8,7 @@
 
 #include "core/backend/backend.h"
 #include "core/error.h"
+#include "launch/memory.h"
 #include "parallel/tp_layers.h"
 
 namespace moe {
@@ -15,32 +16,29 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A rough upper bound of the memory training needs (parameters with gradients and two moments,
-// activations of one micro-batch), so an impossible size is refused by name instead of failing to allocate.
-void check_memory(const Config& config) {
-  const double V = double(config.model.vocab), D = double(config.model.d_model), L = double(config.model.layers),
-               H = double(config.model.heads), F = double(config.model.ffn_hidden), T = double(config.train.seq_len),
-               B = double(config.train.micro_batch);
-  const MoeConfig& m = config.moe;
-  const double E = double(m.num_experts), K = double(m.top_k), Fe = double(m.expert_hidden);
-  // The dense fallback of moe.overflow = "dense"; routed rows keep their input, three hidden-width
-  // activations, the output and the dispatch and exchange staging (per routed row ~4 D + 5 Fe).
-  const double fallback = m.overflow == "dense" ? double(m.fallback_hidden) : 0.0;
-  const double ffn_params =
-      m.num_experts > 0 ? 3 * D * Fe * (E + double(m.shared_experts)) + D * E + 3 * D * (F + fallback) : 3 * D * F;
-  const double ffn_acts =
-      m.num_experts > 0 ? K * (4 * D + 5 * Fe) + 3 * E + 3 * (F + fallback + Fe * double(m.shared_experts)) : 3 * F;
-  const double params = 2 * V * D + L * (4 * D * D + ffn_params);
-  const double acts = B * T * (L * (10 * D + ffn_acts) + 3 * V + 8 * D) + L * B * H * T * T;
-  const double bytes = 4.0 * (4 * params + 2 * acts);
+// The memory this host's ranks need (launch/memory.h) against the machine's, so an impossible size is
+// refused by name before anything is allocated instead of failing to allocate halfway.
+void check_memory(const Config& config, const RankGrid& grid) {
+  const GridSizes& sizes = grid.sizes();
+  const MemoryEstimate need = estimate_memory(config, sizes.tp, sizes.dp, sizes.ep);
+  const int64_t ranks_here = std::min<int64_t>(std::max(1, launcher_local_size()), sizes.world);
   const double available = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-  if (bytes > available)
-    MOE_BAD_INPUT("the model and one micro-batch's activations need about "
-                  << bytes / (1 << 30) << " GiB (model.vocab=" << config.model.vocab
-                  << ", model.d_model=" << config.model.d_model << ", model.layers=" << config.model.layers
-                  << ", train.micro_batch=" << config.train.micro_batch << ", train.seq_len=" << config.train.seq_len
-                  << "), more than this machine's " << available / (1 << 30)
-                  << " GiB; make the model or train.micro_batch smaller");
+  if (double(need.total()) * double(ranks_here) <= available) return;
+  const ModelConfig& m = config.model;
+  const TrainConfig& tc = config.train;
+  const std::string host_ranks =
+      ranks_here > 1 ? " on each of this host's " + std::to_string(ranks_here) + " ranks" : "";
+  MOE_BAD_INPUT(
+      "training needs about " << format_bytes(double(need.total())) << " per rank (" << memory_text(need) << ")"
+                              << host_ranks << ", more than this machine's " << format_bytes(available)
+                              << " (model.vocab=" << m.vocab << ", model.d_model=" << m.d_model
+                              << ", model.layers=" << m.layers << ", model.ffn_hidden=" << m.ffn_hidden
+                              << ", moe.num_experts=" << config.moe.num_experts << ", moe.expert_hidden="
+                              << config.moe.expert_hidden << ", train.micro_batch=" << tc.micro_batch
+                              << ", train.seq_len=" << tc.seq_len << ", train.recompute=" << tc.recompute
+                              << "); make the model or train.micro_batch smaller"
+                              << (tc.recompute == "full" ? "" : ", set train.recompute=full")
+                              << ", or spread the model over more ranks (parallel.tp, parallel.ep, optim.zero)");
 }
 
 MoeSettings moe_settings(const Config& config, int64_t layer) {
@@ -126,7 +124,8 @@ void build_model(Trainer& t) {
 
 CheckedConfig load_checked_config(const TrainOptions& options, int64_t world_size) {
   Config config = load_config(options.config_path, options.overrides);
-  RankGrid grid({world_size, config.parallel.tp, config.parallel.pp, config.parallel.dp, config.parallel.ep, 1},
+  RankGrid grid({world_size, config.parallel.tp, config.parallel.pp, config.parallel.dp, config.parallel.ep,
+                 config.parallel.expert_tp},
                 config.moe.num_experts);
   config.parallel.dp = grid.sizes().dp;
   const int64_t dp = grid.sizes().dp;
@@ -136,7 +135,7 @@ CheckedConfig load_checked_config(const TrainOptions& options, int64_t world_siz
                                           << "train.micro_batch = " << dp << " * " << tc.micro_batch << " = "
                                           << dp * tc.micro_batch
                                           << "; every data-parallel rank takes the same number of whole micro-batches");
-  check_memory(config);
+  check_memory(config, grid);
   return {std::move(config), std::move(grid)};
 }
 

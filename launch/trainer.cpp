@@ -17,6 +17,7 @@
 #include "launch/config_change.h"
 #include "launch/faults.h"
 #include "launch/heartbeat.h"
+#include "launch/memory.h"
 #include "launch/progress.h"
 #include "launch/resume.h"
 #include "launch/run_dir.h"
@@ -322,6 +323,8 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
                 std::to_string(tc.steps) + " steps of " + std::to_string(t.tokens_per_step()) + " tokens on " +
                 layout_text(t) + ", " + std::to_string(t.threads) + " threads per rank; run directory " +
                 t.paths.run_dir);
+  const GridSizes& sizes = t.grid.sizes();
+  progress.note("memory per rank: " + memory_text(estimate_memory(t.config, sizes.tp, sizes.dp, sizes.ep)));
 
   Loop loop{
       options,    t,

@@ -13,7 +13,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 }
 
 void Buffer::release() noexcept {
-  if (owner_ && ptr_) owner_->free_bytes(ptr_);
+  if (owner_ && ptr_) owner_->free_bytes(ptr_, bytes_);
   owner_ = nullptr, ptr_ = nullptr, bytes_ = 0;
 }
 

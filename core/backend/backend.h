@@ -78,6 +78,10 @@ class Backend {
 
   // `numel` elements of `dtype`, zero-filled.
   Buffer allocate(DType dtype, int64_t numel);
+  // Bytes held by this backend's live buffers now, and the most held at once since the backend was made:
+  // what the memory estimate (launch/memory.h) is checked against. Safe to call from any thread.
+  virtual int64_t allocated_bytes() const = 0;
+  virtual int64_t peak_bytes() const = 0;
   // Grows `buffer` to at least `numel` elements of `dtype` (contents are not kept when it grows).
   void reserve(Buffer& buffer, DType dtype, int64_t numel);
 
@@ -124,7 +128,8 @@ class Backend {
 
  protected:
   virtual void* allocate_bytes(size_t bytes) = 0;  // zero-filled
-  virtual void free_bytes(void* p) noexcept = 0;
+  // `bytes`: what allocate_bytes was asked for when it returned `p`.
+  virtual void free_bytes(void* p, size_t bytes) noexcept = 0;
   virtual Ops<float>& ops_f32() = 0;
   virtual Ops<double>& ops_f64() = 0;
 

@@ -225,6 +225,25 @@ run_case "ep that does not divide the experts" 2 no_setup \
   "${mpirun[@]}" -np 3 "$moe" train --config "$config" "${small[@]}" --set moe.num_experts=4 --set parallel.ep=3 \
   --run-dir run
 
+# Tensor parallelism: an uneven split is named.
+expect=("model.heads = 2" "parallel.tp = 4" "attention heads")
+run_case "model.heads not a multiple of parallel.tp" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set parallel.tp=4
+expect=("train.seq_len = 15" "parallel.tp = 2" "parallel.sequence_parallel = true")
+run_case "train.seq_len not a multiple of parallel.tp" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set parallel.tp=2 --set train.seq_len=15
+expect=("parallel.expert_tp = 3" "parallel.tp = 2" "expected 1")
+run_case "parallel.expert_tp neither 1 nor parallel.tp" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set parallel.tp=2 --set parallel.expert_tp=3
+expect=("parallel.expert_tp = 2" "not available in this build yet")
+run_case "parallel.expert_tp=2 that passes every rule" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set parallel.tp=2 --set parallel.expert_tp=2
+
+# The memory estimate: a model no machine holds is refused by name before anything is allocated or written.
+expect=("per rank" "model.d_model=65536" "model.layers=64" "more than this machine")
+run_case "a model no machine holds" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set model.d_model=65536 --set model.layers=64 --run-dir run
+
 expect=("checkpoint.every")
 run_case "checkpoint.every=-1" 2 no_setup "$moe" train --config "$config" "${small[@]}" --set checkpoint.every=-1 \
   --run-dir run

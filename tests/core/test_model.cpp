@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/backend/ops.h"
@@ -90,6 +91,33 @@ TEST(Model, InitialLossIsNearUniform) {
 
 namespace moe {
 namespace {
+
+// The backend counts the bytes its live buffers hold and the most they held at once (what the memory
+// estimate of launch/memory.h is checked against): moves transfer, destruction and reserve's growth free.
+TEST(BackendMemory, CountsLiveBuffersAndThePeak) {
+  const std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  EXPECT_EQ(backend->allocated_bytes(), 0);
+  EXPECT_EQ(backend->peak_bytes(), 0);
+  {
+    Buffer a = backend->allocate(DType::F32, 100);
+    Buffer b = backend->allocate(DType::I32, 7);
+    EXPECT_EQ(backend->allocated_bytes(), 428);
+    Buffer moved = std::move(a);
+    EXPECT_EQ(backend->allocated_bytes(), 428);
+    Buffer empty = backend->allocate(DType::F64, 0);
+    EXPECT_EQ(backend->allocated_bytes(), 428);
+    backend->reserve(b, DType::I32, 5);  // large enough already: kept
+    EXPECT_EQ(backend->allocated_bytes(), 428);
+    backend->reserve(b, DType::I32, 50);  // grows: the new buffer exists before the old is freed
+    EXPECT_EQ(backend->allocated_bytes(), 600);
+    EXPECT_EQ(backend->peak_bytes(), 628);
+  }
+  EXPECT_EQ(backend->allocated_bytes(), 0);
+  EXPECT_EQ(backend->peak_bytes(), 628);
+  Buffer c = backend->allocate(DType::F32, 10);
+  EXPECT_EQ(backend->allocated_bytes(), 40);
+  EXPECT_EQ(backend->peak_bytes(), 628);
+}
 
 TEST(Tensor, ViewsByNameIndexRowMajorAndSliceTheLeadingAxis) {
   ParamTable table;

@@ -192,13 +192,14 @@ TEST(CheckpointResume, ReshardsBetweenLayoutsIncludingOptimizerState) {
 // global coordinates, their AdamW moments too.
 TEST(CheckpointResume, ReshardsAcrossTensorParallelLayouts) {
   const fs::path root = temp_root("reshard_tp");
-  const std::vector<std::string> tp2dp2 = {"parallel.tp=2", "optim.zero=true"};
-  const RunOutput whole = train(1, {}, (root / "whole").string());
+  const std::vector<std::string> tp1 = {"model.heads=4"}, tp4 = {"model.heads=4", "parallel.tp=4"};
+  const std::vector<std::string> tp2dp2 = {"model.heads=4", "parallel.tp=2", "optim.zero=true"};
+  const RunOutput whole = train(1, tp1, (root / "whole").string());
   train(4, tp2dp2, (root / "to_tp1").string(), 10);
-  const RunOutput to_tp1 = train(1, {}, (root / "to_tp1").string());
+  const RunOutput to_tp1 = train(1, tp1, (root / "to_tp1").string());
   train(4, tp2dp2, (root / "to_tp4").string(), 10);
-  const RunOutput to_tp4 = train(4, {"parallel.tp=4"}, (root / "to_tp4").string());
-  train(4, {"parallel.tp=4"}, (root / "from_tp4").string(), 10);
+  const RunOutput to_tp4 = train(4, tp4, (root / "to_tp4").string());
+  train(4, tp4, (root / "from_tp4").string(), 10);
   const RunOutput from_tp4 = train(4, tp2dp2, (root / "from_tp4").string());
   if (MpiCommunicator::world()->rank() == 0) {
     expect_close(whole, to_tp1, "tp2 dp2 zero -> tp1");

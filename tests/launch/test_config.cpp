@@ -86,6 +86,8 @@ TEST(ConfigDefaults, EmptyDocumentGivesTheSmallCpuModel) {
   EXPECT_FALSE(c.optim.zero);
   EXPECT_EQ(c.parallel.tp, 1);
   EXPECT_EQ(c.parallel.dp, 0);  // "auto"
+  EXPECT_TRUE(c.parallel.sequence_parallel);
+  EXPECT_EQ(c.parallel.expert_tp, 1);
   EXPECT_EQ(c.checkpoint.dir, "checkpoints");
   EXPECT_EQ(c.checkpoint.keep, 2);
   EXPECT_DOUBLE_EQ(c.fault.heartbeat_timeout_s, 30.0);
@@ -360,13 +362,94 @@ TEST(ConfigRules, DataSources) {
 }
 
 TEST(ConfigGates, UnavailableFeaturesAreRejected) {
-  expect_bad_input([] { from(document_with("parallel.tp", 2)); },
-                   {"parallel.tp = 2", "tensor parallelism is not available in this build yet (expected 1)"});
+  EXPECT_EQ(from(document_with("parallel.tp", 2)).parallel.tp, 2);  // tensor parallelism has landed
+  expect_bad_input(
+      [] {
+        from(json{{"parallel", {{"tp", 2}, {"expert_tp", 2}}}, {"moe", {{"num_experts", 4}}}});
+      },
+      {"parallel.expert_tp = 2", "not available in this build yet (expected 1"});
   expect_bad_input([] { from(document_with("parallel.pp", 4)); }, {"parallel.pp = 4", "pipeline parallelism"});
   EXPECT_EQ(from(document_with("parallel.ep", 2)).parallel.ep, 2);  // expert and data parallelism have landed
   EXPECT_EQ(from(document_with("parallel.dp", 2)).parallel.dp, 2);
   EXPECT_EQ(from(document_with("parallel.dp", 1)).parallel.dp, 1);
   EXPECT_EQ(from(json{{"moe", {{"num_experts", 4}}}}).moe.num_experts, 4);  // MoE layers have landed
+}
+
+// A tensor-parallel config that splits something unevenly is refused by name; one that passes every rule
+// is accepted (or, with parallel.expert_tp = tp, reaches the gate that still refuses split experts).
+const char* const kExpertTpGate = "experts split over the tensor-parallel group are not available in this build yet";
+
+TEST(ConfigRules, TensorParallelSplitsWholeHeads) {
+  expect_bad_input([] { from(document_with("parallel.tp", 8)); },
+                   {"model.heads = 4 (default) is not a multiple of parallel.tp = 8 (in test.json)", "attention heads",
+                    "divisible by 8"});
+  EXPECT_EQ(from(document_with("parallel.tp", 4)).parallel.tp, 4);
+}
+
+TEST(ConfigRules, TensorParallelSplitsTheVocabulary) {
+  expect_bad_input(
+      [] {
+        from(json{{"parallel", {{"tp", 2}}}, {"model", {{"vocab", 257}}}});
+      },
+      {"model.vocab = 257 (in test.json)", "parallel.tp = 2 (in test.json)", "embedding", "head"});
+  EXPECT_EQ(from(json{{"parallel", {{"tp", 2}}}, {"model", {{"vocab", 258}}}}).model.vocab, 258);
+}
+
+TEST(ConfigRules, TensorParallelSplitsTheDenseMlp) {
+  expect_bad_input(
+      [] {
+        from(json{{"parallel", {{"tp", 2}}}, {"model", {{"ffn_hidden", 383}}}});
+      },
+      {"model.ffn_hidden = 383 (in test.json)", "parallel.tp = 2", "dense MLP"});
+  // Every FFN an MoE layer: the dense MLP's width is unused, so it need not split.
+  const json all_moe = {{"parallel", {{"tp", 2}}}, {"model", {{"ffn_hidden", 383}}}, {"moe", {{"num_experts", 4}}}};
+  EXPECT_EQ(from(all_moe).model.ffn_hidden, 383);
+  expect_bad_input([&] { from(all_moe, {"moe.every=2"}); }, {"model.ffn_hidden = 383", "parallel.tp = 2"});
+}
+
+TEST(ConfigRules, TensorParallelExpertsSplitOnlyWithExpertTp) {
+  const json moe = {{"parallel", {{"tp", 2}}}, {"moe", {{"num_experts", 4}, {"expert_hidden", 127}}}};
+  EXPECT_EQ(from(moe).moe.expert_hidden, 127);  // parallel.expert_tp = 1: experts stay whole
+  expect_bad_input([&] { from(moe, {"parallel.expert_tp=2"}); },
+                   {"moe.expert_hidden = 127 (in test.json)", "parallel.tp = 2 (in test.json)",
+                    "parallel.expert_tp = 2 (in --set parallel.expert_tp=2)", "routed expert's hidden width"});
+  // Shared experts and the dense fallback run whole on each rank's tokens: their widths need not split.
+  expect_bad_input(
+      [&] {
+        from(moe, {"parallel.expert_tp=2", "moe.expert_hidden=128", "moe.shared_experts=1", "moe.overflow=dense",
+                   "moe.fallback_hidden=63"});
+      },
+      {kExpertTpGate});
+}
+
+TEST(ConfigRules, ExpertTpIsOneOrTp) {
+  expect_bad_input(
+      [] {
+        from(json{{"parallel", {{"tp", 4}, {"expert_tp", 2}}}});
+      },
+      {"parallel.expert_tp = 2 (in test.json)", "parallel.tp = 4 (in test.json)", "expected 1", "or 4 = parallel.tp"});
+  expect_bad_input([] { from(document_with("parallel.expert_tp", 2)); },
+                   {"parallel.expert_tp = 2", "parallel.tp = 1 (default)", "expected 1"});
+  expect_bad_input([] { from(json{{"parallel", {{"tp", 4}, {"expert_tp", 4}}}}); }, {kExpertTpGate});
+  expect_bad_input([] { from(document_with("parallel.expert_tp", 0)); }, {"parallel.expert_tp = 0", ">= 1"});
+  EXPECT_EQ(from(document_with("parallel.expert_tp", 1)).parallel.expert_tp, 1);
+}
+
+TEST(ConfigRules, SequenceParallelSplitsTheSequence) {
+  const json odd = {{"parallel", {{"tp", 2}}}, {"train", {{"seq_len", 127}}}};
+  expect_bad_input([&] { from(odd); }, {"train.seq_len = 127 (in test.json)", "parallel.tp = 2 (in test.json)",
+                                        "parallel.sequence_parallel = true (default)", "sequence_parallel = false"});
+  EXPECT_FALSE(from(odd, {"parallel.sequence_parallel=false"}).parallel.sequence_parallel);
+  // With experts the micro-batch's tokens (the routing group) are split over the tp ranks all the same.
+  expect_bad_input(
+      [&] {
+        from(odd, {"parallel.sequence_parallel=false", "moe.num_experts=4", "train.micro_batch=1"});
+      },
+      {"train.micro_batch = 1", "train.seq_len = 127", "= 127 tokens", "parallel.tp = 2", "routing group"});
+  // Without tensor parallelism nothing is split, whatever sequence_parallel says.
+  EXPECT_FALSE(
+      from(document_with("train.seq_len", 127), {"parallel.sequence_parallel=false"}).parallel.sequence_parallel);
+  EXPECT_EQ(from(document_with("train.seq_len", 127)).train.seq_len, 127);
 }
 
 TEST(ConfigSet, OverridesParseAsJsonOrText) {

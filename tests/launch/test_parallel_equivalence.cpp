@@ -162,13 +162,13 @@ void check_tensor_parallel_layouts(const std::vector<std::string>& variant, cons
 }
 
 TEST(ParallelEquivalence, TensorParallelLayoutsWithRerouting) {
-  check_tensor_parallel_layouts({"moe.capacity_factor=0.75", "moe.overflow=reroute", "moe.router.bias_balance.rate=0.01",
-                                 "moe.loss.z=0.001", "optim.per_expert_clip=1.5"},
+  check_tensor_parallel_layouts({"model.heads=4", "moe.capacity_factor=0.75", "moe.overflow=reroute",
+                                 "moe.router.bias_balance.rate=0.01", "moe.loss.z=0.001", "optim.per_expert_clip=1.5"},
                                 "reroute");
 }
 TEST(ParallelEquivalence, TensorParallelLayoutsWithDenseFallback) {
-  check_tensor_parallel_layouts({"moe.capacity_factor=0.75", "moe.overflow=dense", "moe.fallback_hidden=16",
-                                 "moe.shared_experts=1"},
+  check_tensor_parallel_layouts({"model.heads=4", "moe.capacity_factor=0.75", "moe.overflow=dense",
+                                 "moe.fallback_hidden=16", "moe.shared_experts=1"},
                                 "fallback");
 }
 

@@ -218,6 +218,19 @@ TEST(TrainerRunDirectory, ManifestNamesCommitConfigVersionsHostsAndLayout) {
   for (const char* axis : {"world", "tp", "pp", "dp", "ep"})
     ASSERT_TRUE(layout.contains(axis) && layout.at(axis).is_number_integer()) << axis << " in " << layout.dump();
   EXPECT_EQ(layout.at("world").get<int64_t>(), 1);
+
+  // The memory estimate (launch/memory.h): bytes per category, summing to the total.
+  ASSERT_TRUE(manifest.contains("memory") && manifest.at("memory").is_object()) << manifest.dump(2);
+  const json& memory = manifest.at("memory");
+  int64_t sum = 0;
+  for (const char* part :
+       {"parameters", "gradients", "optimizer", "activations", "scratch", "routed_rows", "communication"}) {
+    ASSERT_TRUE(memory.contains(part) && memory.at(part).is_number_integer()) << part << " in " << memory.dump();
+    sum += memory.at(part).get<int64_t>();
+  }
+  EXPECT_GT(memory.at("parameters").get<int64_t>(), 0);
+  EXPECT_EQ(memory.at("optimizer").get<int64_t>(), 2 * memory.at("parameters").get<int64_t>()) << "two moments";
+  EXPECT_EQ(memory.at("total").get<int64_t>(), sum) << memory.dump();
 }
 
 TEST(TrainerRunDirectory, ManifestLayoutMultipliesOutToTheWorld) {

@@ -495,6 +495,10 @@ TEST(RankGrid, RefusalMessagesSayWhatFits) {
   EXPECT_TRUE(has(auto_dp, "parallel.dp = \"auto\" needs parallel.tp * parallel.pp = 3 * 1 = 3"));
   EXPECT_TRUE(has(auto_dp, "world size 4"));
   EXPECT_TRUE(has(auto_dp, "mpirun -np 3"));
+  // A tensor-parallel size that does not divide the world, with dp "auto" or given: each names every key
+  // of the product and the world size.
+  for (const std::string& text : {message(3, 2, 1, 0, 1, 1), message(3, 2, 1, 1, 1, 1), message(3, 2, 1, 2, 1, 2)})
+    for (const char* part : {"parallel.tp", "parallel.pp", "parallel.dp", "world size"}) EXPECT_TRUE(has(text, part));
   const std::string ep3 = message(8, 1, 1, 8, 3, 1);
   EXPECT_TRUE(has(ep3,
                   "parallel.expert_tp * parallel.ep = 1 * 3 = 3 does not divide "

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -347,16 +348,26 @@ class CpuBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
   Stream& stream() override { return stream_; }
+  int64_t allocated_bytes() const override { return allocated_.load(std::memory_order_relaxed); }
+  int64_t peak_bytes() const override { return peak_.load(std::memory_order_relaxed); }
 
  protected:
+  // Counts the bytes asked for, not the alignment padding: what the memory estimate predicts.
   void* allocate_bytes(size_t bytes) override {
     constexpr size_t kAlign = 64;  // a cache line
     void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
     if (!p) throw std::bad_alloc();
     std::memset(p, 0, bytes);
+    const int64_t now = allocated_.fetch_add(int64_t(bytes), std::memory_order_relaxed) + int64_t(bytes);
+    for (int64_t peak = peak_.load(std::memory_order_relaxed);
+         now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed);) {
+    }
     return p;
   }
-  void free_bytes(void* p) noexcept override { std::free(p); }
+  void free_bytes(void* p, size_t bytes) noexcept override {
+    std::free(p);
+    allocated_.fetch_sub(int64_t(bytes), std::memory_order_relaxed);
+  }
   Ops<float>& ops_f32() override { return f32_; }
   Ops<double>& ops_f64() override { return f64_; }
 
@@ -365,6 +376,7 @@ class CpuBackend final : public Backend {
     if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
   }
   int threads_ = 1;
+  std::atomic<int64_t> allocated_{0}, peak_{0};
   CpuStream stream_;
   CpuOps<float> f32_;
   CpuOps<double> f64_;

@@ -1,0 +1,261 @@
+// The memory estimate (launch/memory.h): element counts that mirror what core/model.cpp (make_slot,
+// acts_size, make_scratch), core/attention.h, core/ffn.h, core/moe_layer.cpp, core/moe/ and optim/adamw.cpp
+// allocate, with the tensor-parallel split of docs/parallel.md "Memory per rank".
+#include "launch/memory.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+namespace moe {
+namespace {
+
+// Counts are doubles: exact below 2^53, and a config past that saturates instead of overflowing.
+constexpr double kFloat = 4, kInt32 = 4, kDouble = 8, kByte = 1;
+
+int64_t saturate(double bytes) {
+  constexpr double kLargest = 9.2e18;  // just below INT64_MAX
+  return bytes >= kLargest ? std::numeric_limits<int64_t>::max() : int64_t(bytes);
+}
+
+// The config's sizes (the letters of core/dims.h) and how one rank holds them.
+struct Sizes {
+  double V, D, L, H, F, T, N;  // N = B * T tokens of one micro-batch
+  double tp, etp, ep;
+  bool sequence_parallel;  // in effect: parallel.sequence_parallel with tp > 1
+  double rows;             // rows of the residual stream and the norms here: N / tp with sequence parallelism
+  double moe_layers, dense_layers;
+  double E, K, Fe, S, Ff;  // Ff: the dense fallback's width, 0 unless moe.overflow = "dense"
+  double capacity_factor;
+  bool gumbel, reroute;
+};
+
+Sizes sizes_of(const Config& c, int64_t tp, int64_t ep) {
+  const ModelConfig& m = c.model;
+  const MoeConfig& moe = c.moe;
+  Sizes s{};
+  s.V = double(m.vocab), s.D = double(m.d_model), s.L = double(m.layers), s.H = double(m.heads);
+  s.F = double(m.ffn_hidden), s.T = double(c.train.seq_len), s.N = double(c.train.micro_batch) * s.T;
+  s.tp = double(tp), s.etp = double(c.parallel.expert_tp), s.ep = double(ep);
+  s.sequence_parallel = c.parallel.sequence_parallel && tp > 1;
+  s.rows = s.sequence_parallel ? s.N / s.tp : s.N;
+  // Layer l is an MoE layer when l % every == every - 1: L / every of them.
+  s.moe_layers = moe.num_experts > 0 ? double(m.layers / moe.every) : 0.0;
+  s.dense_layers = s.L - s.moe_layers;
+  s.E = double(moe.num_experts), s.K = double(moe.top_k), s.Fe = double(moe.expert_hidden);
+  s.S = double(moe.shared_experts), s.Ff = moe.overflow == "dense" ? double(moe.fallback_hidden) : 0.0;
+  s.capacity_factor = moe.capacity_factor;
+  s.gumbel = moe.router.noise == "gumbel", s.reroute = moe.overflow == "reroute";
+  return s;
+}
+
+// Parameter elements of one rank, in the two regions of the parameter table (ZeRO shards them apart).
+struct ParamCounts {
+  double dense = 0, expert = 0;
+};
+
+ParamCounts param_counts(const Sizes& s) {
+  const double attention = 4 * s.D * s.D / s.tp;  // Wq, Wk, Wv split by columns, Wo by rows
+  const double mlp = 3 * s.D * s.F / s.tp;        // W1, W3 by columns, W2 by rows
+  // The router (D, E), the shared experts and the fallback: whole on every tensor-parallel rank.
+  const double moe_whole = s.D * s.E + 3 * s.D * s.S * s.Fe + 3 * s.D * s.Ff;
+  ParamCounts p;
+  // Embedding (V, D) split by rows and head (D, V) by columns; the output norm and two norms per layer whole.
+  p.dense = 2 * s.V * s.D / s.tp + s.D + s.L * (2 * s.D + attention) + s.dense_layers * mlp + s.moe_layers * moe_whole;
+  // E / ep experts here, each W1, W3 (D, Fe) and W2 (Fe, D), the hidden width split with expert_tp = tp.
+  p.expert = s.moe_layers * 3 * (s.E / s.ep) * s.D * (s.Fe / s.etp);
+  return p;
+}
+
+// AdamW keeps two fp32 moments of what this rank updates: everything, or with ZeRO one slice of every
+// gradient bucket, dense buckets over the dp group and expert buckets over the edp group.
+double optimizer_bytes(const ParamCounts& p, bool zero, double dp, double edp) {
+  if (!zero) return 2 * kFloat * (p.dense + p.expert);
+  return 2 * kFloat * (std::ceil(p.dense / dp) + std::ceil(p.expert / edp));
+}
+
+// MoeLayer::activation_size for the tokens this rank routes (its block of N / tp of the routing group's N):
+// the whole group's logits and scores (N, E), the expert outputs at the token side (n K, D), the shared
+// experts' activations and output, the fallback's input, activations and output.
+double moe_activation_elements(const Sizes& s) {
+  const double n = s.N / s.tp, D = s.D;
+  double elements = 2 * s.N * s.E + n * s.K * D;
+  if (s.S > 0) elements += 3 * n * s.S * s.Fe + n * D;
+  if (s.Ff > 0) elements += 2 * n * D + 3 * n * s.Ff;
+  return elements;
+}
+
+struct ModelBytes {
+  double activations = 0, scratch = 0;
+};
+
+// One layer's saved activations and backward scratch (core/attention.h, core/ffn.h, parallel/tp_layers.h);
+// the MoE layer keeps its scratch inside (routed_bytes_per_layer).
+struct LayerElements {
+  double acts = 0, scratch = 0;
+};
+LayerElements layer_elements(const Sizes& s, bool moe, bool keep_probs) {
+  const double N = s.N, D = s.D, rows = s.rows;
+  const double gathered = s.sequence_parallel ? N * D : 0.0;  // a tp layer's all-gathered input
+  const double wrapped = s.tp > 1 ? 2 * N * D : 0.0;          // a tp layer's gathered dy and partial dx
+  // MhaAttention keeps q, k, v, att (N, D/tp) and the probabilities (B, H/tp, T, T) unless selective
+  // recompute drops them to its backward scratch: dq, dk, dv, datt and one (T, T) block.
+  const double probs = N * (s.H / s.tp) * s.T;
+  const double attention = 4 * N * D / s.tp + (keep_probs ? probs : 0.0) + gathered;
+  const double attention_scratch = 4 * N * D / s.tp + s.T * s.T + (keep_probs ? 0.0 : probs) + wrapped;
+  // DenseMlp keeps a, b, h (N, F/tp) and its backward takes as many.
+  const double mlp = 3 * N * s.F / s.tp;
+  LayerElements e;
+  // xa, h, xf (rows, D), two rstd (rows), the attention's and the FFN's (Model::acts_size).
+  e.acts = 3 * rows * D + 2 * rows + attention + (moe ? moe_activation_elements(s) : mlp + gathered);
+  e.scratch = std::max(attention_scratch, moe ? 0.0 : mlp + wrapped);
+  return e;
+}
+
+// What the model allocates with its slots and scratch (core/model.cpp): layer l recomputes with `mode`
+// when l < recompute_layers (-1: every layer); layer l is an MoE layer when l % every == every - 1.
+ModelBytes model_bytes(const Sizes& s, const std::string& mode, int64_t recompute_layers, int64_t every, double slots) {
+  const double N = s.N, D = s.D, rows = s.rows;
+  double own = 0, shared = 0, layer_scratch = 0;
+  for (int64_t l = 0; l < int64_t(s.L); ++l) {
+    const bool recomputed = recompute_layers < 0 || l < recompute_layers;
+    const bool moe = s.moe_layers > 0 && l % every == every - 1;
+    const LayerElements e = layer_elements(s, moe, !(recomputed && mode == "selective"));
+    if (recomputed && mode == "full")
+      shared = std::max(shared, e.acts);
+    else
+      own += e.acts;
+    layer_scratch = std::max(layer_scratch, e.scratch);
+  }
+  // The head keeps xo, rstd_o (rows) and its activations: the logits (N, V), or split: the gathered input,
+  // the block's logits (N, V/tp) and their log-sum-exp; its backward the logits' gradient (and dx).
+  const bool split = s.tp > 1;
+  const double head_acts = split ? (s.sequence_parallel ? N * D : 0.0) + N * s.V / s.tp + N : N * s.V;
+  const double head_scratch = split ? N * s.V / s.tp + N * D : N * s.V;
+  const double arena = (s.L + 1) * rows * D + own + rows * D + rows + head_acts;
+  ModelBytes m;
+  // Per slot also the per-token losses (N) and the input and target ids (N int32 each); full recompute
+  // keeps one set of layer activations for the recomputed layers of every slot.
+  m.activations = slots * (kFloat * (arena + N) + kInt32 * 2 * N) + kFloat * shared;
+  // ffn_out, dres, dtmp, dnorm (rows, D) and the largest of the head's and the layers' backward scratch.
+  m.scratch = kFloat * (4 * rows * D + std::max(head_scratch, layer_scratch));
+  return m;
+}
+
+// Rows of one MoE layer's routing group on this rank. They depend on the routing; the estimate takes it
+// balanced: every expert receives its share up to capacity (all N K assignments when dropless), and the
+// rows an expert-parallel rank receives equal those it sends.
+struct RoutedRows {
+  double token_side;   // M: assignments kept, at the token's rank
+  double expert_side;  // R: rows the local experts compute; with expert_tp = tp the tp group's rows
+  double fallback;     // Mf: tokens with an overflowed assignment (moe.overflow = "dense")
+};
+
+RoutedRows routed_rows(const Sizes& s) {
+  // This rank's block of the routing group, and its share of the group's capacity.
+  const double n = s.N / s.tp, assignments = n * s.K;
+  const double capacity = s.capacity_factor > 0 ? std::ceil(s.K * s.N / s.E * s.capacity_factor) / s.tp
+                                                : std::numeric_limits<double>::infinity();
+  RoutedRows r;
+  r.token_side = std::min(assignments, s.E * capacity);
+  r.expert_side = r.token_side * s.etp;
+  r.fallback = s.Ff > 0 ? std::min(n, assignments - r.token_side) : 0.0;
+  return r;
+}
+
+// One MoE layer's buffers sized by routing (core/moe_layer.cpp, core/moe/experts.cpp, core/moe/router.cpp).
+double routed_bytes_per_layer(const Sizes& s, double slots) {
+  const RoutedRows r = routed_rows(s);
+  const double n = s.N / s.tp, D = s.D, K = s.K, E = s.E, F = s.Fe / s.etp;
+  const double M = r.token_side, R = r.expert_side, Mf = r.fallback;
+  // Per slot: expert-side xe (R, D) and a, b, h (R, F); the plan's perm_token, perm_gate (M), slot_row,
+  // gate (N K), and the fallback's tokens and weights (Mf).
+  const double per_slot = kFloat * (R * D + 3 * R * F + M + n * K + Mf) + kInt32 * (M + n * K + Mf);
+  // The layer's workspace: gathered token rows (M, D), expert outputs (R, D), row dots, and the backward
+  // scratch (dyp, dxp (M, D), dye, dxe (R, D), the experts' 3 R F, dp, dz (N, E), dw (N K), and the shared
+  // experts' or the fallback's scratch).
+  const double fallback_rows = std::max(Mf, 1.0);
+  const double shared_scratch = s.S > 0 ? 3 * n * s.S * s.Fe : 0.0;
+  const double fallback_scratch = s.Ff > 0 ? 3 * fallback_rows * s.Ff + 2 * fallback_rows * D : 0.0;
+  const double backward =
+      2 * M * D + 2 * R * D + 3 * R * F + 2 * s.N * E + s.N * K + std::max(shared_scratch, fallback_scratch);
+  const double workspace = kFloat * (M * D + R * D + std::max(M, Mf) + backward);
+  // The router's: Gumbel noise (N, E) in double, top-k ids (N K) and preference rows (N W), bias and mask (E).
+  const double choices = s.reroute ? E : K;
+  const double router =
+      (s.gumbel ? kDouble * s.N * E : 0.0) + kInt32 * (s.N * K + s.N * choices) + kFloat * E + kByte * E;
+  return slots * per_slot + workspace + router;
+}
+
+// Host vectors beside the backend's memory: ZeRO's reduce-scatter staging (the padded bucket and the
+// received slice, kept per bucket) and each MoE layer's all-to-all staging of the received rows.
+double communication_bytes(const Sizes& s, const ParamCounts& p, bool zero, double dp, double edp) {
+  double bytes = 0;
+  if (zero && dp > 1) bytes += kFloat * (p.dense + p.dense / dp);
+  if (zero && edp > 1) bytes += kFloat * (p.expert + p.expert / edp);
+  if (s.moe_layers > 0) bytes += s.moe_layers * kFloat * routed_rows(s).expert_side * s.D;
+  return bytes;
+}
+
+}  // namespace
+
+int64_t MemoryEstimate::total() const {
+  double sum = 0;
+  for (int64_t bytes : {parameters, gradients, optimizer, activations, scratch, routed_rows, communication})
+    sum += double(bytes);
+  return saturate(sum);
+}
+
+MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int64_t ep, int64_t slots) {
+  const Sizes s = sizes_of(config, tp, ep);
+  const ParamCounts p = param_counts(s);
+  // The expert layers fold one pipeline stage's tp * dp ranks as expert_tp * ep * edp.
+  const double edp = std::max(1.0, s.tp * double(dp) / (s.etp * s.ep));
+  const ModelBytes model = model_bytes(s, config.train.recompute, config.train.recompute_layers,
+                                       config.moe.num_experts > 0 ? config.moe.every : 1, double(slots));
+  MemoryEstimate m;
+  m.parameters = saturate(kFloat * (p.dense + p.expert));
+  m.gradients = m.parameters;
+  m.optimizer = saturate(optimizer_bytes(p, config.optim.zero, double(dp), edp));
+  m.activations = saturate(model.activations);
+  m.scratch = saturate(model.scratch);
+  m.routed_rows = saturate(s.moe_layers * routed_bytes_per_layer(s, double(slots)));
+  m.communication = saturate(communication_bytes(s, p, config.optim.zero, double(dp), edp));
+  return m;
+}
+
+nlohmann::json memory_json(const MemoryEstimate& m) {
+  return {{"parameters", m.parameters},       {"gradients", m.gradients}, {"optimizer", m.optimizer},
+          {"activations", m.activations},     {"scratch", m.scratch},     {"routed_rows", m.routed_rows},
+          {"communication", m.communication}, {"total", m.total()}};
+}
+
+std::string format_bytes(double bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 6) bytes /= 1024, ++unit;
+  char text[32];
+  if (unit == 0)
+    std::snprintf(text, sizeof text, "%.0f B", bytes);
+  else
+    std::snprintf(text, sizeof text, "%.1f %s", bytes, kUnits[unit]);
+  return text;
+}
+
+std::string memory_text(const MemoryEstimate& m) {
+  const std::pair<int64_t, const char*> parts[] = {{m.parameters, "parameters"},
+                                                   {m.gradients, "gradients"},
+                                                   {m.optimizer, "optimizer state"},
+                                                   {m.activations, "activations"},
+                                                   {m.scratch, "scratch"},
+                                                   {m.routed_rows, "routed rows (estimated)"},
+                                                   {m.communication, "communication staging"}};
+  std::string text;
+  for (const auto& [bytes, name] : parts)
+    if (bytes > 0) text += (text.empty() ? "" : ", ") + format_bytes(double(bytes)) + " " + name;
+  return text + "; " + format_bytes(double(m.total())) + " in all";
+}
+
+}  // namespace moe

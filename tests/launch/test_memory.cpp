@@ -1,0 +1,223 @@
+// Tests of the memory estimate (launch/memory.h): at tp = 1 its parameters, gradients, optimizer state,
+// activations and scratch are exactly the bytes the trainer allocates through the backend (dense and MoE
+// models, recompute on and off, ZeRO on and off), and the MoE layers' routed rows are within 10% of what one
+// forward and backward allocate; the tensor-parallel layout of docs/parallel.md "Memory per rank"; and the
+// refusal of an impossible size by name. Not here: the manifest's copy (test_trainer.cpp), the program's
+// exit code (tests/cli/test_bad_input.sh), the backend's counting itself (tests/core/test_model.cpp).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend/backend.h"
+#include "core/error.h"
+#include "launch/memory.h"
+#include "launch/train_setup.h"
+#include "parallel/self_communicator.h"
+
+namespace moe {
+namespace {
+
+using json = nlohmann::json;
+
+// A model that trains on one core in a moment: d_model 64, 2 layers, micro-batches of 4 sequences of 32.
+Config small_config(const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> overrides = {"model.d_model=64",     "model.layers=2",   "model.heads=4",
+                                        "model.ffn_hidden=96",  "train.seq_len=32", "train.micro_batch=4",
+                                        "train.global_batch=8", "train.threads=1",  "moe.expert_hidden=48"};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  Config config = config_from_json(json::object(), overrides, "test");
+  config.parallel.dp = 1;
+  return config;
+}
+
+// What the estimate says the trainer allocates with its model and optimizer, before any forward.
+int64_t allocated_at_construction(const MemoryEstimate& e) {
+  return e.parameters + e.gradients + e.optimizer + e.activations + e.scratch;
+}
+
+struct Measured {
+  int64_t parameters = 0;   // elements in the model's table
+  int64_t constructed = 0;  // backend bytes once the trainer is built
+  int64_t peak = 0;         // the backend's peak after one micro-batch's forward and backward
+};
+
+// Builds the trainer as `moe train` does on one rank, then runs one micro-batch forward and backward
+// through its model (MoE layers size their routed-row buffers there).
+Measured measure(const Config& config) {
+  const std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  const RankGrid grid({1, 1, 1, 1, 1, 1}, config.moe.num_experts);
+  const data::Corpus corpus = load_training_corpus(config);
+  TrainPaths paths;
+  paths.run_dir = "unused";  // the trainer's construction writes nothing
+  Trainer t(CheckedConfig{config, grid}, paths, corpus, std::make_unique<SelfCommunicator>("world"), *backend);
+  Measured m;
+  m.parameters = t.model->num_params();
+  m.constructed = backend->allocated_bytes();
+  const int64_t B = config.train.micro_batch, T = config.train.seq_len;
+  std::vector<int32_t> tokens(size_t(B * (T + 1)));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 131 + 17) % size_t(config.model.vocab));
+  t.model->zero_grads();
+  t.model->set_context(true, 0, 0, 1.0, config.train.seed);
+  t.model->forward(0, tokens.data(), B);
+  t.model->backward(0, 1.0 / double(B * T));
+  m.peak = backend->peak_bytes();
+  return m;
+}
+
+TEST(MemoryEstimate, DenseModelIsExactlyWhatTheTrainerAllocates) {
+  for (const char* recompute : {"none", "full"})
+    for (const char* zero : {"false", "true"}) {
+      const Config config =
+          small_config({std::string("train.recompute=") + recompute, std::string("optim.zero=") + zero});
+      SCOPED_TRACE(std::string("recompute ") + recompute + ", zero " + zero);
+      const MemoryEstimate e = estimate_memory(config, 1, 1, 1);
+      const Measured m = measure(config);
+      EXPECT_EQ(e.parameters, 4 * m.parameters);
+      EXPECT_EQ(e.gradients, 4 * m.parameters);
+      EXPECT_EQ(e.optimizer, 8 * m.parameters);  // two fp32 moments; ZeRO over one rank keeps them all
+      EXPECT_EQ(allocated_at_construction(e), m.constructed);
+      EXPECT_EQ(m.peak, m.constructed) << "a dense model allocates nothing in forward or backward";
+      EXPECT_EQ(e.routed_rows, 0);
+      EXPECT_EQ(e.communication, 0);
+    }
+}
+
+TEST(MemoryEstimate, MoeModelExactAtConstructionRoutedRowsWithinTenPercent) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"moe.num_experts=4"},                                                   // every layer MoE, capacity 1.25, drops
+      {"moe.num_experts=4", "moe.capacity_factor=0.5", "moe.overflow=dense"},  // half overflows to the fallback
+      {"moe.num_experts=8", "moe.every=2", "moe.shared_experts=1", "moe.overflow=dense", "moe.router.noise=gumbel"},
+      {"moe.num_experts=4", "moe.capacity_factor=0", "train.recompute=full"},  // dropless
+      {"moe.num_experts=8", "moe.top_k=3", "moe.overflow=reroute", "moe.capacity_factor=1.0"},
+  };
+  for (const std::vector<std::string>& extra : cases) {
+    const Config config = small_config(extra);
+    SCOPED_TRACE(config.resolved.at("moe").dump());
+    const MemoryEstimate e = estimate_memory(config, 1, 1, 1);
+    const Measured m = measure(config);
+    EXPECT_EQ(e.parameters, 4 * m.parameters);
+    EXPECT_EQ(e.gradients, 4 * m.parameters);
+    EXPECT_EQ(allocated_at_construction(e), m.constructed);
+    // The routed rows depend on the routing, which the estimate takes as balanced.
+    const int64_t routed = m.peak - m.constructed;
+    ASSERT_GT(routed, 0);
+    EXPECT_LE(std::abs(double(e.routed_rows - routed)), 0.1 * double(routed))
+        << "estimated " << e.routed_rows << " bytes of routed rows, allocated " << routed;
+    EXPECT_GT(e.communication, 0) << "the all-to-all's host staging of received rows";
+  }
+}
+
+// Per-rank elements of docs/parallel.md's layout, tensor by tensor: D 64, V 256, F 96, H 4, 2 layers (the
+// second MoE: moe.every = 2), 8 experts of width 48, one shared expert, a fallback of width 16.
+TEST(MemoryEstimate, TensorParallelSplitsTheTensorsOfTheLayout) {
+  Config config = small_config(
+      {"moe.num_experts=8", "moe.every=2", "moe.shared_experts=1", "moe.overflow=dense", "moe.fallback_hidden=16"});
+  const int64_t D = 64, V = 256, F = 96, E = 8, Fe = 48, Ff = 16;
+  for (int64_t tp : {1, 2, 4})
+    for (int64_t ep : {1, 2})
+      for (bool expert_tp : {false, true}) {
+        config.parallel.expert_tp = expert_tp ? tp : 1;
+        SCOPED_TRACE("tp " + std::to_string(tp) + ", ep " + std::to_string(ep) + ", expert_tp " +
+                     std::to_string(config.parallel.expert_tp));
+        const int64_t norms = 2 * 2 * D + D;                                     // two per layer, the output norm
+        const int64_t embedding_and_head = V / tp * D + D * (V / tp);            // rows and columns split
+        const int64_t attention = 2 * 4 * D * (D / tp);                          // Wq, Wk, Wv, Wo in both layers
+        const int64_t dense_mlp = 3 * D * (F / tp);                              // layer 0
+        const int64_t router_shared_fallback = D * E + 3 * D * Fe + 3 * D * Ff;  // layer 1, whole
+        const int64_t experts = 3 * (E / ep) * D * (Fe / config.parallel.expert_tp);
+        const int64_t elements = norms + embedding_and_head + attention + dense_mlp + router_shared_fallback + experts;
+        const MemoryEstimate e = estimate_memory(config, tp, 2, ep);
+        EXPECT_EQ(e.parameters, 4 * elements);
+        EXPECT_EQ(e.gradients, 4 * elements);
+      }
+}
+
+TEST(MemoryEstimate, ZeroShardsTheMomentsOverTheirGroups) {
+  Config config = small_config({"moe.num_experts=8"});
+  const MemoryEstimate plain = estimate_memory(config, 1, 4, 2);
+  EXPECT_EQ(plain.optimizer, 2 * plain.parameters);
+  EXPECT_EQ(plain.communication, estimate_memory(config, 1, 1, 2).communication) << "all-reduce is in place";
+  config.optim.zero = true;
+  const MemoryEstimate zero = estimate_memory(config, 1, 4, 2);
+  // Experts of both layers (4 of 8 here, each 3 D Fe) over edp = 4 / 2 ranks, the rest over dp = 4.
+  const int64_t expert = 2 * 3 * 4 * 64 * 48, dense = plain.parameters / 4 - expert;
+  EXPECT_EQ(zero.optimizer, 2 * 4 * (dense / 4 + expert / 2));
+  // The reduce-scatter stages every gradient bucket on the host and receives this rank's slice.
+  EXPECT_EQ(zero.communication - plain.communication, 4 * (dense + dense / 4 + expert + expert / 2));
+  EXPECT_EQ(estimate_memory(config, 1, 1, 1).optimizer, 2 * estimate_memory(config, 1, 1, 1).parameters)
+      << "ZeRO over one rank keeps everything";
+}
+
+// docs/parallel.md: with sequence parallelism the residual stream and the norms hold N / tp rows; attention
+// keeps q, k, v, att at (N, D/tp) and the probabilities at (B, H/tp, T, T); the dense MLP 3 N F/tp; the tp
+// attention, MLP and head keep their all-gathered input (N, D); the head its block of logits (N, V/tp) and
+// their log-sum-exp (N).
+TEST(MemoryEstimate, SequenceParallelSplitsTheResidualStream) {
+  Config config = small_config();
+  const double N = 4 * 32, D = 64, T = 32, H = 4, F = 96, V = 256, L = 2, tp = 2;
+  auto expected_activations = [&](double rows, bool sp) {
+    const double gathered = sp ? N * D : 0.0;
+    const double layer = 3 * rows * D + 2 * rows + 4 * N * D / tp + N * (H / tp) * T + 3 * N * F / tp + 2 * gathered;
+    const double arena = (L + 1) * rows * D + L * layer + rows * D + rows + gathered + N * V / tp + N;
+    return int64_t(4 * (arena + N) + 4 * 2 * N);  // with the per-token losses and the token ids
+  };
+  EXPECT_EQ(estimate_memory(config, 2, 1, 1).activations, expected_activations(N / tp, true));
+  config.parallel.sequence_parallel = false;
+  EXPECT_EQ(estimate_memory(config, 2, 1, 1).activations, expected_activations(N, false));
+}
+
+TEST(MemoryEstimate, AbsurdSizesSaturateInsteadOfOverflowing) {
+  Config config = small_config();
+  config.model.d_model = int64_t(1) << 40;
+  config.model.vocab = 2147483647;
+  const MemoryEstimate e = estimate_memory(config, 1, 1, 1);
+  EXPECT_EQ(e.parameters, INT64_MAX);
+  EXPECT_EQ(e.total(), INT64_MAX);
+}
+
+TEST(MemoryEstimate, TextAndJson) {
+  EXPECT_EQ(format_bytes(0), "0 B");
+  EXPECT_EQ(format_bytes(1023), "1023 B");
+  EXPECT_EQ(format_bytes(1536), "1.5 KiB");
+  EXPECT_EQ(format_bytes(3.25 * 1024 * 1024 * 1024), "3.2 GiB");
+  MemoryEstimate e;
+  e.parameters = e.gradients = 2048, e.optimizer = 4096, e.activations = 1024 * 1024;
+  EXPECT_EQ(memory_text(e),
+            "2.0 KiB parameters, 2.0 KiB gradients, 4.0 KiB optimizer state, 1.0 MiB activations; 1.0 MiB in all");
+  const json j = memory_json(e);
+  EXPECT_EQ(j.at("total").get<int64_t>(), 2048 + 2048 + 4096 + 1024 * 1024);
+  EXPECT_EQ(j.at("routed_rows").get<int64_t>(), 0);
+  EXPECT_EQ(j.size(), 8u);
+}
+
+// The trainer's check: a model no machine holds is refused by name, before anything is allocated.
+TEST(MemoryCheck, RefusesAnImpossibleSizeByName) {
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("moe_test_memory_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path) << "{}";
+  TrainOptions options;
+  options.config_path = path.string();
+  options.overrides = {"model.d_model=65536", "model.layers=64"};
+  try {
+    load_checked_config(options, 1);
+    ADD_FAILURE() << "a model of 64 layers of width 65536 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::BadInput) << e.message();
+    for (const char* part :
+         {"per rank", "parameters", "model.d_model=65536", "model.layers=64", "more than this machine"})
+      EXPECT_NE(e.message().find(part), std::string::npos) << part << " not in: " << e.message();
+  }
+  options.overrides = {"model.d_model=64", "model.layers=2"};
+  EXPECT_NO_THROW(load_checked_config(options, 1));
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace moe
