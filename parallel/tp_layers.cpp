@@ -7,6 +7,34 @@
 
 namespace moe {
 
+namespace {
+
+// Into a tensor-parallel region: the whole rows (N, D) of a tensor of which this rank holds its rows.
+// Under sequence parallelism they are all-gathered into `full`; without, every rank holds them already.
+// The forward of a region's input (gather_rows / copy_to_region) and the backward of its output
+// (reduce_scatter_rows / reduce_from_region) are this same move.
+template <typename T>
+const T* whole_rows(const TpContext& tp, const T* mine, T* full, int64_t N, int64_t D) {
+  if (!tp.sequence_parallel) return mine;
+  tp::gather_rows_forward(*tp.comm, mine, full, tp.rows(N), D);
+  return full;
+}
+
+// Out of it: partial sums (N, D) on every rank to this rank's rows of their sum in `out` (reduce-scatter
+// under sequence parallelism; all-reduce in place without, `out` may be `partial`). The forward of a
+// region's output and the backward of its input.
+template <typename T>
+void summed_rows(const TpContext& tp, Ops<T>& ops, T* partial, T* out, int64_t N, int64_t D) {
+  if (tp.sequence_parallel) {
+    tp::reduce_scatter_rows_forward(*tp.comm, partial, out, tp.rows(N), D);
+    return;
+  }
+  tp::reduce_from_region_forward(*tp.comm, partial, N * D);
+  if (out != partial) ops.copy(partial, out, N * D);
+}
+
+}  // namespace
+
 // ---- Attention --------------------------------------------------------------------------------------
 
 template <typename T>
@@ -33,45 +61,27 @@ int64_t TpAttention<T>::scratch_size(int64_t R) const {
 
 template <typename T>
 void TpAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) {
-  Communicator& tp = *tp_.comm;
   const int64_t N = B * T_, R = tp_.rows(N), D = D_;
-  const T* xg = x;  // the whole rows' input
-  T* inner_acts = acts;
-  if (tp_.sequence_parallel) {
-    tp::gather_rows_forward(tp, x, acts, R, D);
-    xg = acts, inner_acts = acts + N * D;
-  }
+  const T* xg = whole_rows(tp_, x, acts, N, D);  // kept for backward under sequence parallelism
+  T* inner_acts = acts + (tp_.sequence_parallel ? N * D : 0);
   backend_.reserve(work_, dtype_of<T>(), N * D + R * D);
   T* partial = work_.template data<T>();
   ops_.fill(partial, T(0), N * D);
   // this rank's heads' share of the output; the shard's scratch where backward has it
   inner_.forward(xg, partial, inner_acts, scratch + 2 * N * D, B);
-  if (tp_.sequence_parallel) {
-    T* mine = partial + N * D;
-    tp::reduce_scatter_rows_forward(tp, partial, mine, R, D);
-    ops_.add_inplace(y, mine, R * D);
-  } else {
-    tp::reduce_from_region_forward(tp, partial, N * D);
-    ops_.add_inplace(y, partial, N * D);
-  }
+  T* sum = tp_.sequence_parallel ? partial + N * D : partial;
+  summed_rows(tp_, ops_, partial, sum, N, D);
+  ops_.add_inplace(y, sum, R * D);
 }
 
 template <typename T>
 void TpAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) {
-  Communicator& tp = *tp_.comm;
-  const int64_t N = B * T_, R = tp_.rows(N), D = D_;
-  T* dyg = scratch;          // (N, D)
-  T* dxg = scratch + N * D;  // (N, D)
-  T* rest = scratch + 2 * N * D;
-  if (tp_.sequence_parallel) {
-    tp::reduce_scatter_rows_backward(tp, dy, dyg, R, D);
-    inner_.backward(acts, dyg, dxg, acts + N * D, rest, B);
-    tp::gather_rows_backward(tp, dxg, dx, R, D);
-  } else {
-    inner_.backward(x, dy, dxg, acts, rest, B);
-    tp::copy_to_region_backward(tp, dxg, N * D);
-    ops_.copy(dxg, dx, N * D);
-  }
+  const int64_t N = B * T_, D = D_;
+  const bool sp = tp_.sequence_parallel;
+  T* dyg = scratch;                    // (N, D)
+  T* dxg = sp ? scratch + N * D : dx;  // (N, D)
+  inner_.backward(sp ? acts : x, whole_rows(tp_, dy, dyg, N, D), dxg, acts + (sp ? N * D : 0), scratch + 2 * N * D, B);
+  summed_rows(tp_, ops_, dxg, dx, N, D);
 }
 
 // ---- Dense MLP --------------------------------------------------------------------------------------
@@ -98,36 +108,26 @@ int64_t TpMlp<T>::scratch_size(int64_t R) const {
 
 template <typename T>
 void TpMlp<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot*, int64_t R) {
-  Communicator& tp = *tp_.comm;
   const int64_t N = tp_.tokens(R), D = D_;
-  if (!tp_.sequence_parallel) {  // y holds all N rows: the partial sums go there and are summed in place
-    inner_.forward(context, x, y, acts, nullptr, N);
-    tp::reduce_from_region_forward(tp, y, N * D);
-    return;
-  }
-  tp::gather_rows_forward(tp, x, acts, R, D);
-  backend_.reserve(work_, dtype_of<T>(), N * D);
-  T* partial = work_.template data<T>();
-  inner_.forward(context, acts, partial, acts + N * D, nullptr, N);  // this rank's hidden units' share
-  tp::reduce_scatter_rows_forward(tp, partial, y, R, D);
+  const bool sp = tp_.sequence_parallel;
+  const T* xg = whole_rows(tp_, x, acts, N, D);  // kept for backward under sequence parallelism
+  // Without sequence parallelism y holds all N rows: the partial sums go there and are summed in place.
+  if (sp) backend_.reserve(work_, dtype_of<T>(), N * D);
+  T* partial = sp ? work_.template data<T>() : y;
+  inner_.forward(context, xg, partial, acts + (sp ? N * D : 0), nullptr, N);  // this rank's hidden units' share
+  summed_rows(tp_, ops_, partial, y, N, D);
 }
 
 template <typename T>
 void TpMlp<T>::backward(const FfnContext& context, const T* x, const T* dy, T* dx, const T* acts, FfnSlot*, T* scratch,
                         int64_t R) {
-  Communicator& tp = *tp_.comm;
   const int64_t N = tp_.tokens(R), D = D_;
-  T* dyg = scratch;          // (N, D)
-  T* dxg = scratch + N * D;  // (N, D)
-  T* rest = scratch + 2 * N * D;
-  if (tp_.sequence_parallel) {
-    tp::reduce_scatter_rows_backward(tp, dy, dyg, R, D);
-    inner_.backward(context, acts, dyg, dxg, acts + N * D, nullptr, rest, N);
-    tp::gather_rows_backward(tp, dxg, dx, R, D);
-  } else {
-    inner_.backward(context, x, dy, dx, acts, nullptr, rest, N);
-    tp::copy_to_region_backward(tp, dx, N * D);
-  }
+  const bool sp = tp_.sequence_parallel;
+  T* dyg = scratch;                    // (N, D)
+  T* dxg = sp ? scratch + N * D : dx;  // (N, D)
+  inner_.backward(context, sp ? acts : x, whole_rows(tp_, dy, dyg, N, D), dxg, acts + (sp ? N * D : 0), nullptr,
+                  scratch + 2 * N * D, N);
+  summed_rows(tp_, ops_, dxg, dx, N, D);
 }
 
 // ---- A block of the rows for a token-split FFN ------------------------------------------------------
@@ -159,30 +159,21 @@ void TokenSplitFfn<T>::backward(const FfnContext& context, const T* x, const T* 
 
 template <typename T>
 VocabParallelEmbedding<T>::VocabParallelEmbedding(Backend& backend, TpContext tp, int64_t vocab, int64_t d_model)
-    : backend_(backend), tp_(tp), D_(d_model), inner_(backend, vocab, d_model, tp.shard()) {}
+    : backend_(backend), ops_(backend.ops<T>()), tp_(tp), D_(d_model), inner_(backend, vocab, d_model, tp.shard()) {}
 
 template <typename T>
 void VocabParallelEmbedding<T>::forward(const int32_t* tokens, T* x, int64_t N) {
-  Communicator& tp = *tp_.comm;
-  if (!tp_.sequence_parallel) {
-    inner_.forward(tokens, x, N);
-    tp::reduce_from_region_forward(tp, x, N * D_);
-    return;
-  }
-  backend_.reserve(work_, dtype_of<T>(), N * D_);
-  inner_.forward(tokens, work_.template data<T>(), N);
-  tp::reduce_scatter_rows_forward(tp, work_.template data<T>(), x, tp_.rows(N), D_);
+  if (tp_.sequence_parallel) backend_.reserve(work_, dtype_of<T>(), N * D_);
+  T* partial = tp_.sequence_parallel ? work_.template data<T>() : x;  // without, x holds all N rows
+  inner_.forward(tokens, partial, N);
+  summed_rows(tp_, ops_, partial, x, N, D_);
 }
 
 template <typename T>
 void VocabParallelEmbedding<T>::backward(const int32_t* tokens, const T* dx, int64_t N) {
-  if (!tp_.sequence_parallel) {  // dx is whole on every rank; each rank takes its block's rows
-    inner_.backward(tokens, dx, N);
-    return;
-  }
-  backend_.reserve(work_, dtype_of<T>(), N * D_);
-  tp::reduce_scatter_rows_backward(*tp_.comm, dx, work_.template data<T>(), tp_.rows(N), D_);
-  inner_.backward(tokens, work_.template data<T>(), N);
+  // The whole rows' gradient (without sequence parallelism every rank has it); each rank takes its block's.
+  if (tp_.sequence_parallel) backend_.reserve(work_, dtype_of<T>(), N * D_);
+  inner_.backward(tokens, whole_rows(tp_, dx, work_.template data<T>(), N, D_), N);
 }
 
 // ---- Vocabulary-parallel head -----------------------------------------------------------------------
@@ -213,36 +204,25 @@ int64_t VocabParallelHead<T>::activation_size(int64_t N) const {
 
 template <typename T>
 void VocabParallelHead<T>::forward(const T* xo, const int32_t* targets, T* losses, T* acts, int64_t N) {
-  Communicator& tp = *tp_.comm;
-  const T* xg = xo;
-  T* logits = acts;
-  if (tp_.sequence_parallel) {
-    tp::gather_rows_forward(tp, xo, acts, tp_.rows(N), D_);
-    xg = acts, logits = acts + N * D_;
-  }
+  const T* xg = whole_rows(tp_, xo, acts, N, D_);  // kept for backward under sequence parallelism
+  T* logits = acts + (tp_.sequence_parallel ? N * D_ : 0);
   T* lse = logits + N * Vl_;
   ops_.gemm(false, false, N, Vl_, D_, T(1), xg, D_, weight_, Vl_, T(0), logits, Vl_);
-  tp::vocab_parallel_cross_entropy_forward(tp, logits, targets, losses, lse, N, Vl_);
+  tp::vocab_parallel_cross_entropy_forward(*tp_.comm, logits, targets, losses, lse, N, Vl_);
 }
 
 template <typename T>
 void VocabParallelHead<T>::backward(const T* xo, const int32_t* targets, T scale, const T* acts, T* scratch, T* dxo,
                                     int64_t N) {
-  Communicator& tp = *tp_.comm;
   const T* xg = tp_.sequence_parallel ? acts : xo;
   const T* logits = tp_.sequence_parallel ? acts + N * D_ : acts;
   const T* lse = logits + N * Vl_;
   T* dlogits = scratch;        // (N, Vl)
   T* dxg = scratch + N * Vl_;  // (N, D)
-  tp::vocab_parallel_cross_entropy_backward(tp, logits, targets, lse, scale, dlogits, N, Vl_);
+  tp::vocab_parallel_cross_entropy_backward(*tp_.comm, logits, targets, lse, scale, dlogits, N, Vl_);
   ops_.gemm(true, false, D_, Vl_, N, T(1), xg, D_, dlogits, Vl_, T(1), grad_, Vl_);     // dW += xg^T dlogits
   ops_.gemm(false, true, N, D_, Vl_, T(1), dlogits, Vl_, weight_, Vl_, T(0), dxg, D_);  // partial dxg
-  if (tp_.sequence_parallel) {
-    tp::reduce_scatter_rows_forward(tp, dxg, dxo, tp_.rows(N), D_);
-  } else {
-    tp::reduce_from_region_forward(tp, dxg, N * D_);
-    ops_.copy(dxg, dxo, N * D_);
-  }
+  summed_rows(tp_, ops_, dxg, dxo, N, D_);
 }
 
 // ---- The model's layout ----------------------------------------------------------------------------

@@ -134,6 +134,7 @@ class VocabParallelEmbedding final : public Embedding<T> {
 
  private:
   Backend& backend_;
+  Ops<T>& ops_;
   TpContext tp_;
   int64_t D_;
   TokenEmbedding<T> inner_;
