@@ -1,6 +1,8 @@
 // Mapping the training state to checkpoint pieces.
 #include "launch/train_state.h"
 
+#include <algorithm>
+
 #include "checkpoint/writers.h"
 #include "core/error.h"
 
@@ -31,8 +33,10 @@ Members members(const ProcessGroups& g, ParamGroup group) {
       return {g.edp->size(), g.edp->rank()};
     case ParamGroup::TensorParallel:
       return {g.tp->size(), g.tp->rank()};
-    case ParamGroup::TensorDataParallel:  // the ranks of one stage, tp fastest (rank_grid.h)
-      return {g.tp->size() * g.dp->size(), g.tp->rank() + g.tp->size() * g.dp->rank()};
+    case ParamGroup::TensorDataParallel: {  // the ranks of one pipeline stage
+      const std::vector<int64_t> stage = g.grid.group(g.rank, GroupKind::TpDp);
+      return {int(stage.size()), int(std::find(stage.begin(), stage.end(), g.rank) - stage.begin())};
+    }
     default:
       MOE_FAIL("no replica group " << param_group_name(group) << " for checkpoint pieces");
   }
