@@ -29,21 +29,10 @@ std::string name_of(const RecomputeSpec& spec) {
 }
 
 std::unique_ptr<Model<float>> make_model(const RecomputeSpec& recompute) {
-  typename Model<float>::FfnFactory factory = [](int64_t l) -> std::unique_ptr<FeedForward<float>> {
-    if (l % 2 == 1) return std::make_unique<MoeLayer<float>>(test_backend(), test::stressed_moe_settings(kShape, l));
-    return std::make_unique<DenseMlp<float>>(test_backend(), kShape.d_model, kShape.ffn_hidden, kShape.layers);
-  };
-  auto model = std::make_unique<Model<float>>(test_backend(), kShape, kSeqLen, kBatch, recompute, factory, kSlots);
-  model->init_params(21);
-  for (int64_t i = 0; i < model->num_params(); ++i) model->params()[i] *= 8;  // routing far from uniform
-  return model;
+  return test::stressed_model(test_backend(), kShape, kSeqLen, kBatch, true, recompute, kSlots);
 }
 
-std::vector<int32_t> micro_batch_tokens(int mb) {
-  std::vector<int32_t> tokens(size_t(kBatch * (kSeqLen + 1)));
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 13 + size_t(mb) * 7 + 3) % kShape.vocab);
-  return tokens;
-}
+std::vector<int32_t> micro_batch_tokens(int mb) { return test::micro_batch_tokens(mb, kBatch, kSeqLen, kShape.vocab); }
 
 // What two micro-batches in flight give: forward slot 0, forward slot 1, backward 1, backward 0.
 struct InFlight {

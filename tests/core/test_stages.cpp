@@ -24,29 +24,12 @@ constexpr int64_t kSeqLen = 6, kBatch = 2;
 const ModelShape kShape{31, 16, 6, 2, 24};
 const double kLossScale = 1.0 / double(kMicroBatches * kBatch * kSeqLen);
 
-MoeSettings moe_settings(int64_t layer) { return test::stressed_moe_settings(kShape, layer); }
-
 std::unique_ptr<Model<float>> make_model(bool with_moe, const RecomputeSpec& recompute, int slots,
                                          const StageSpec& stage) {
-  typename Model<float>::FfnFactory factory = nullptr;
-  if (with_moe)
-    factory = [](int64_t l) -> std::unique_ptr<FeedForward<float>> {
-      if (l % 2 == 1) return std::make_unique<MoeLayer<float>>(test_backend(), moe_settings(l));
-      return std::make_unique<DenseMlp<float>>(test_backend(), kShape.d_model, kShape.ffn_hidden, kShape.layers);
-    };
-  auto model =
-      std::make_unique<Model<float>>(test_backend(), kShape, kSeqLen, kBatch, recompute, factory, slots, stage);
-  model->init_params(21);
-  for (int64_t i = 0; i < model->num_params(); ++i) model->params()[i] *= 8;  // routing far from uniform
-  model->zero_grads();
-  return model;
+  return test::stressed_model(test_backend(), kShape, kSeqLen, kBatch, with_moe, recompute, slots, stage);
 }
 
-std::vector<int32_t> micro_batch_tokens(int mb) {
-  std::vector<int32_t> tokens(size_t(kBatch * (kSeqLen + 1)));
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 13 + size_t(mb) * 7 + 3) % kShape.vocab);
-  return tokens;
-}
+std::vector<int32_t> micro_batch_tokens(int mb) { return test::micro_batch_tokens(mb, kBatch, kSeqLen, kShape.vocab); }
 
 void set_micro_batch_context(Model<float>& model, int mb) {
   model.set_context(true, 2, mb * kBatch, 1.0 / kMicroBatches, 99);
