@@ -28,14 +28,9 @@ void MhaAttention<T>::register_params(ParamTable& table, const std::string& pref
   prefix_ = prefix;
   const double out_std = 0.02 / std::sqrt(2.0 * double(L_));  // Wo scaled by 1/sqrt(2L) (docs/model.md)
   // Column-parallel q, k, v (this shard's heads' columns), row-parallel output projection (their rows).
-  for (const char* w : {".wq", ".wk", ".wv"}) {
-    ParamSpec spec{prefix + w, {D_, Dq_}, ParamRole::Dense, true, ParamInit::Normal, 0.02};
-    spec.split = shard_.split(1, D_);
-    table.add(spec);
-  }
-  ParamSpec wo{prefix + ".wo", {Dq_, D_}, ParamRole::Dense, true, ParamInit::Normal, out_std};
-  wo.split = shard_.split(0, D_);
-  table.add(wo);
+  for (const char* w : {".wq", ".wk", ".wv"})
+    table.add(shard_.block_of({prefix + w, {D_, D_}, ParamRole::Dense, true, ParamInit::Normal, 0.02}, 1));
+  table.add(shard_.block_of({prefix + ".wo", {D_, D_}, ParamRole::Dense, true, ParamInit::Normal, out_std}, 0));
 }
 
 template <typename T>

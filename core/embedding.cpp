@@ -14,9 +14,7 @@ TokenEmbedding<T>::TokenEmbedding(Backend& backend, int64_t vocab, int64_t d_mod
 
 template <typename T>
 void TokenEmbedding<T>::register_params(ParamTable& table) {
-  ParamSpec spec{"embed.weight", {shard_.block(V_), D_}, ParamRole::Embedding, false, ParamInit::Normal, 0.02};
-  spec.split = shard_.split(0, V_);
-  table.add(spec);
+  table.add(shard_.block_of({"embed.weight", {V_, D_}, ParamRole::Embedding, false, ParamInit::Normal, 0.02}, 0));
 }
 
 template <typename T>

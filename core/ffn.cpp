@@ -19,14 +19,9 @@ void DenseMlp<T>::register_params(ParamTable& table, const std::string& prefix) 
   prefix_ = prefix;
   const double out_std = 0.02 / std::sqrt(2.0 * double(L_));  // W2 scaled by 1/sqrt(2L) (docs/model.md)
   const int64_t F = F_ * shard_.size;                         // the whole hidden width
-  for (const char* w : {".w1", ".w3"}) {
-    ParamSpec spec{prefix + w, {D_, F_}, ParamRole::Dense, true, ParamInit::Normal, 0.02};
-    spec.split = shard_.split(1, F);
-    table.add(spec);
-  }
-  ParamSpec w2{prefix + ".w2", {F_, D_}, ParamRole::Dense, true, ParamInit::Normal, out_std};
-  w2.split = shard_.split(0, F);
-  table.add(w2);
+  for (const char* w : {".w1", ".w3"})
+    table.add(shard_.block_of({prefix + w, {D_, F}, ParamRole::Dense, true, ParamInit::Normal, 0.02}, 1));
+  table.add(shard_.block_of({prefix + ".w2", {F, D_}, ParamRole::Dense, true, ParamInit::Normal, out_std}, 0));
 }
 
 template <typename T>

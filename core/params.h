@@ -41,18 +41,6 @@ struct Split {
   ParamGroup group = ParamGroup::None;
 };
 
-// Which block of a tensor-parallel split a layer holds: block `rank` of `size` (the default: all of it).
-struct TpShard {
-  int64_t size = 1, rank = 0;
-  // Block `rank` of `n` split into `size` equal blocks: its offset (n must be a multiple of size).
-  int64_t block(int64_t n) const { return n / size; }
-  int64_t offset(int64_t n) const { return rank * (n / size); }
-  // The split of axis `axis` of global size n over the tensor-parallel group (none when size is 1).
-  Split split(int axis, int64_t n) const {
-    return size == 1 ? Split{} : Split{axis, n, offset(n), ParamGroup::TensorParallel};
-  }
-};
-
 struct ParamSpec {
   std::string name;            // global name, e.g. "layers.3.attn.wq"
   std::vector<int64_t> shape;  // global shape
@@ -95,6 +83,26 @@ struct ParamSpec {
   }
   // The row-major index in the global tensor of element `local` of this rank's block.
   int64_t global_index(int64_t local) const;
+};
+
+// Which block of a tensor-parallel split a layer holds: block `rank` of `size` (the default: all of it).
+struct TpShard {
+  int64_t size = 1, rank = 0;
+  // Block `rank` of `n` split into `size` equal blocks: its offset (n must be a multiple of size).
+  int64_t block(int64_t n) const { return n / size; }
+  int64_t offset(int64_t n) const { return rank * (n / size); }
+  // The split of axis `axis` of global size n over the tensor-parallel group (none when size is 1).
+  Split split(int axis, int64_t n) const {
+    return size == 1 ? Split{} : Split{axis, n, offset(n), ParamGroup::TensorParallel};
+  }
+  // The shard's block of the whole tensor `whole`: its columns (axis 1, column-parallel) or rows (axis 0,
+  // row-parallel), with the split that says so.
+  ParamSpec block_of(ParamSpec whole, int axis) const {
+    const int64_t n = whole.shape[size_t(axis)];
+    whole.shape[size_t(axis)] = block(n);
+    whole.split = split(axis, n);
+    return whole;
+  }
 };
 
 // The flat buffers have two regions, each contiguous and in registration order: every non-expert

@@ -186,9 +186,7 @@ VocabParallelHead<T>::VocabParallelHead(Backend& backend, TpContext tp, int64_t 
 
 template <typename T>
 void VocabParallelHead<T>::register_params(ParamTable& table) {
-  ParamSpec spec{"head.weight", {D_, Vl_}, ParamRole::Output, true, ParamInit::Normal, 0.02};
-  spec.split = tp_.shard().split(1, V_);
-  table.add(spec);
+  table.add(tp_.shard().block_of({"head.weight", {D_, V_}, ParamRole::Output, true, ParamInit::Normal, 0.02}, 1));
 }
 
 template <typename T>
