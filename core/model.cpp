@@ -49,8 +49,7 @@ Model<T>::Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int6
   head_specs_ = {head_first, specs()};
   // Norms see only this rank's rows under sequence parallelism: their gradients are partial sums.
   if (tp_.sequence_parallel && tp_.shard.size > 1)
-    for (const ParamSpec& spec : std::vector<ParamSpec>(table_.specs()))
-      if (spec.role == ParamRole::Norm) table_.mark_partial_over_tp(spec.name);
+    table_.mark_partial_over_tp([](const ParamSpec& s) { return s.role == ParamRole::Norm; });
 
   constexpr DType kType = dtype_of<T>();
   params_ = backend.allocate(kType, table_.numel());

@@ -57,7 +57,11 @@ void MoeLayer<T>::register_params(ParamTable& table, const std::string& prefix) 
   if (fallback_) fallback_->register_params(table, prefix + ".fallback");
   // Split routing group: the router, shared experts and fallback see this rank's tokens only.
   if (s_.token_shards > 1)
-    for (const char* part : {".router.", ".shared.", ".fallback."}) table.mark_partial_over_tp(prefix + part);
+    table.mark_partial_over_tp([&prefix](const ParamSpec& s) {
+      for (const char* part : {".router.", ".shared.", ".fallback."})
+        if (s.name.rfind(prefix + part, 0) == 0) return true;
+      return false;
+    });
 }
 
 template <typename T>

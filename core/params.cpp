@@ -88,9 +88,9 @@ void ParamTable::add(ParamSpec spec) {
   specs_.push_back(std::move(spec));
 }
 
-void ParamTable::mark_partial_over_tp(const std::string& prefix) {
+void ParamTable::mark_partial_over_tp(const std::function<bool(const ParamSpec&)>& which) {
   for (ParamSpec& s : specs_)
-    if (s.name.compare(0, prefix.size(), prefix) == 0) s.partial_over_tp = true;
+    if (which(s)) s.partial_over_tp = true;
 }
 
 bool ParamTable::contains(const std::string& name) const {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -126,8 +127,8 @@ class ParamTable {
     return {buffer + s.offset, s.shape};
   }
 
-  // Marks every tensor whose name starts with `prefix` as partial_over_tp.
-  void mark_partial_over_tp(const std::string& prefix);
+  // Marks the tensors `which` selects as partial_over_tp.
+  void mark_partial_over_tp(const std::function<bool(const ParamSpec&)>& which);
 
   // Fills params (numel() values) from the counter-based generator keyed by (seed, spec name).
   template <typename T>
