@@ -171,12 +171,12 @@ bool contains_all(const Ranks& outer, const Ranks& inner) {
   return std::includes(outer.begin(), outer.end(), inner.begin(), inner.end());
 }
 
-// Every property of an accepted grid; `where` names the configuration in failures.
-void check_grid(const RankGrid& grid, const std::string& where) {
+// Every rank's coordinates: in range, folding back to the rank, distinct (into `coords`).
+void check_coords(const RankGrid& grid, const std::string& where, std::vector<RankCoords>& coords) {
   const GridSizes& s = grid.sizes();
   const int64_t world = s.world, edp = grid.edp();
   std::set<std::tuple<int64_t, int64_t, int64_t>> dense_seen;
-  std::vector<RankCoords> coords(static_cast<size_t>(world));
+  coords.assign(static_cast<size_t>(world), RankCoords{});
   for (int64_t r = 0; r < world; ++r) {
     const RankCoords c = grid.coords(r);
     coords[static_cast<size_t>(r)] = c;
@@ -191,7 +191,12 @@ void check_grid(const RankGrid& grid, const std::string& where) {
   std::set<std::tuple<int64_t, int64_t, int64_t, int64_t>> expert_full;
   for (const RankCoords& c : coords) expert_full.insert({c.etp, c.ep, c.edp, c.pp});
   ASSERT_EQ(static_cast<int64_t>(expert_full.size()), world) << where;
+}
 
+// Every kind of group: sorted members sharing the kind's key, one id per group, the groups partitioning
+// the ranks.
+void check_groups(const RankGrid& grid, const std::string& where, const std::vector<RankCoords>& coords) {
+  const int64_t world = grid.sizes().world;
   for (GroupKind kind : kAllKinds) {
     const std::string at = where + " kind " + group_kind_name(kind);
     const int64_t size = size_of(grid, kind);
@@ -224,7 +229,13 @@ void check_grid(const RankGrid& grid, const std::string& where) {
       for (int64_t m : g) ++hits[static_cast<size_t>(m)];
     for (int64_t r = 0; r < world; ++r) ASSERT_EQ(hits[static_cast<size_t>(r)], 1) << at << " rank " << r;
   }
+}
 
+// How the dense and expert groups nest inside a pipeline stage, and Megatron's layout when nothing is
+// tensor-parallel.
+void check_nesting(const RankGrid& grid, const std::string& where, const std::vector<RankCoords>& coords) {
+  const GridSizes& s = grid.sizes();
+  const int64_t world = s.world, edp = grid.edp();
   for (int64_t r = 0; r < world; ++r) {
     const RankCoords& c = coords[static_cast<size_t>(r)];
     const Ranks stage = grid.group(r, GroupKind::TpDp);
@@ -255,10 +266,13 @@ void check_grid(const RankGrid& grid, const std::string& where) {
       ASSERT_EQ(grid.group(r, GroupKind::Edp), edp_strided) << where << " rank " << r;
     }
   }
+}
 
-  // Pipeline neighbours: the same tp and dp (and so the same expert coordinates) one stage away, none
-  // beyond the first and last stage; each is a member of the rank's pp group.
-  for (int64_t r = 0; r < world; ++r) {
+// Pipeline neighbours: the same tp and dp (and so the same expert coordinates) one stage away, none
+// beyond the first and last stage; each is a member of the rank's pp group.
+void check_pipeline_neighbors(const RankGrid& grid, const std::string& where, const std::vector<RankCoords>& coords) {
+  const GridSizes& s = grid.sizes();
+  for (int64_t r = 0; r < s.world; ++r) {
     const RankCoords& c = coords[static_cast<size_t>(r)];
     const Ranks pp_group = grid.group(r, GroupKind::Pp);
     for (int64_t offset : {int64_t{-1}, int64_t{1}}) {
@@ -276,7 +290,20 @@ void check_grid(const RankGrid& grid, const std::string& where) {
       ASSERT_EQ(grid.pipeline_neighbor(neighbor, -offset), r) << where << " rank " << r << " offset " << offset;
     }
   }
+}
 
+// Every property of an accepted grid; `where` names the configuration in failures. A failed assertion in
+// one part ends the check.
+void check_grid(const RankGrid& grid, const std::string& where) {
+  const GridSizes& s = grid.sizes();
+  const int64_t world = s.world;
+  std::vector<RankCoords> coords;
+  check_coords(grid, where, coords);
+  for (const auto& part : {check_groups, check_nesting, check_pipeline_neighbors}) {
+    if (::testing::Test::HasFatalFailure()) return;
+    part(grid, where, coords);
+  }
+  if (::testing::Test::HasFatalFailure()) return;
   expect_internal_error([&] { grid.coords(-1); }, where + " coords(-1)");
   expect_internal_error([&] { grid.coords(world); }, where + " coords(world)");
   expect_internal_error([&] { grid.group(world, GroupKind::Tp); }, where + " group(world)");
