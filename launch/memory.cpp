@@ -98,18 +98,19 @@ struct LayerElements {
 };
 LayerElements layer_elements(const Sizes& s, bool moe, bool keep_probs) {
   const double N = s.N, D = s.D, rows = s.rows;
-  const double gathered = s.sequence_parallel ? N * D : 0.0;  // a tp layer's all-gathered input
-  const double wrapped = s.tp > 1 ? 2 * N * D : 0.0;          // a tp layer's gathered dy and partial dx
+  // A tp layer under sequence parallelism gathers its input and output gradient and holds its partial
+  // input gradient in backward scratch (N, D) each; it keeps nothing gathered between forward and backward.
+  const double wrapped = s.sequence_parallel ? 3 * N * D : 0.0;
   // MhaAttention keeps q, k, v, att (N, D/tp) and the probabilities (B, H/tp, T, T) unless selective
   // recompute drops them to its backward scratch: dq, dk, dv, datt and one (T, T) block.
   const double probs = N * (s.H / s.tp) * s.T;
-  const double attention = 4 * N * D / s.tp + (keep_probs ? probs : 0.0) + gathered;
+  const double attention = 4 * N * D / s.tp + (keep_probs ? probs : 0.0);
   const double attention_scratch = 4 * N * D / s.tp + s.T * s.T + (keep_probs ? 0.0 : probs) + wrapped;
   // DenseMlp keeps a, b, h (N, F/tp) and its backward takes as many.
   const double mlp = 3 * N * s.F / s.tp;
   LayerElements e;
   // xa, h, xf (rows, D), two rstd (rows), the attention's and the FFN's (Model::acts_size).
-  e.acts = 3 * rows * D + 2 * rows + attention + (moe ? moe_activation_elements(s) : mlp + gathered);
+  e.acts = 3 * rows * D + 2 * rows + attention + (moe ? moe_activation_elements(s) : mlp);
   e.scratch = std::max(attention_scratch, moe ? 0.0 : mlp + wrapped);
   return e;
 }
@@ -129,11 +130,12 @@ ModelBytes model_bytes(const Sizes& s, const std::string& mode, int64_t recomput
       own += e.acts;
     layer_scratch = std::max(layer_scratch, e.scratch);
   }
-  // The head keeps xo, rstd_o (rows) and its activations: the logits (N, V), or split: the gathered input,
-  // the block's logits (N, V/tp) and their log-sum-exp; its backward the logits' gradient (and dx).
+  // The head keeps xo, rstd_o (rows) and its activations: the logits (N, V), or split: the block's logits
+  // (N, V/tp) and their log-sum-exp; its backward the logits' gradient, split: also the partial dx and,
+  // under sequence parallelism, the input gathered again (N, D).
   const bool split = s.tp > 1;
-  const double head_acts = split ? (s.sequence_parallel ? N * D : 0.0) + N * s.V / s.tp + N : N * s.V;
-  const double head_scratch = split ? N * s.V / s.tp + N * D : N * s.V;
+  const double head_acts = split ? N * s.V / s.tp + N : N * s.V;
+  const double head_scratch = split ? N * s.V / s.tp + N * D + (s.sequence_parallel ? N * D : 0.0) : N * s.V;
   const double arena = (s.L + 1) * rows * D + own + rows * D + rows + head_acts;
   ModelBytes m;
   // Per slot also the per-token losses (N) and the input and target ids (N int32 each); full recompute

@@ -33,6 +33,10 @@ void summed_rows(const TpContext& tp, Ops<T>& ops, T* partial, T* out, int64_t N
   if (out != partial) ops.copy(partial, out, N * D);
 }
 
+// The wrappers' backward scratch before the shard's: under sequence parallelism the gathered input, the
+// gathered output gradient and the input's partial gradient (N, D) each; without, none (the rows are there).
+int64_t wrapper_scratch(const TpContext& tp, int64_t N, int64_t D) { return tp.sequence_parallel ? 3 * N * D : 0; }
+
 }  // namespace
 
 // ---- Attention --------------------------------------------------------------------------------------
@@ -48,28 +52,21 @@ TpAttention<T>::TpAttention(Backend& backend, TpContext tp, int64_t d_model, int
       inner_(backend, d_model, heads, seq_len, layers_total, tp.shard()) {}
 
 template <typename T>
-int64_t TpAttention<T>::activation_size(int64_t R) const {
-  const int64_t N = tp_.tokens(R);
-  return (tp_.sequence_parallel ? N * D_ : 0) + inner_.activation_size(N);
-}
-
-template <typename T>
 int64_t TpAttention<T>::scratch_size(int64_t R) const {
   const int64_t N = tp_.tokens(R);
-  return 2 * N * D_ + inner_.scratch_size(N);
+  return wrapper_scratch(tp_, N, D_) + inner_.scratch_size(N);
 }
 
 template <typename T>
 void TpAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) {
   const int64_t N = B * T_, R = tp_.rows(N), D = D_;
-  const T* xg = whole_rows(tp_, x, acts, N, D);  // kept for backward under sequence parallelism
-  T* inner_acts = acts + (tp_.sequence_parallel ? N * D : 0);
-  backend_.reserve(work_, dtype_of<T>(), N * D + R * D);
+  backend_.reserve(work_, dtype_of<T>(), 2 * N * D + R * D);
   T* partial = work_.template data<T>();
+  const T* xg = whole_rows(tp_, x, partial + N * D, N, D);  // gathered again in backward, not kept
   ops_.fill(partial, T(0), N * D);
   // this rank's heads' share of the output; the shard's scratch where backward has it
-  inner_.forward(xg, partial, inner_acts, scratch + 2 * N * D, B);
-  T* sum = tp_.sequence_parallel ? partial + N * D : partial;
+  inner_.forward(xg, partial, acts, scratch + wrapper_scratch(tp_, N, D), B);
+  T* sum = tp_.sequence_parallel ? partial + 2 * N * D : partial;
   summed_rows(tp_, ops_, partial, sum, N, D);
   ops_.add_inplace(y, sum, R * D);
 }
@@ -77,10 +74,9 @@ void TpAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) {
 template <typename T>
 void TpAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) {
   const int64_t N = B * T_, D = D_;
-  const bool sp = tp_.sequence_parallel;
-  T* dyg = scratch;                    // (N, D)
-  T* dxg = sp ? scratch + N * D : dx;  // (N, D)
-  inner_.backward(sp ? acts : x, whole_rows(tp_, dy, dyg, N, D), dxg, acts + (sp ? N * D : 0), scratch + 2 * N * D, B);
+  T* dxg = tp_.sequence_parallel ? scratch + 2 * N * D : dx;
+  inner_.backward(whole_rows(tp_, x, scratch, N, D), whole_rows(tp_, dy, scratch + N * D, N, D), dxg, acts,
+                  scratch + wrapper_scratch(tp_, N, D), B);
   summed_rows(tp_, ops_, dxg, dx, N, D);
 }
 
@@ -95,26 +91,20 @@ TpMlp<T>::TpMlp(Backend& backend, TpContext tp, int64_t d_model, int64_t hidden,
       inner_(backend, d_model, hidden, layers_total, tp.shard()) {}
 
 template <typename T>
-int64_t TpMlp<T>::activation_size(int64_t R) const {
-  const int64_t N = tp_.tokens(R);
-  return (tp_.sequence_parallel ? N * D_ : 0) + inner_.activation_size(N);
-}
-
-template <typename T>
 int64_t TpMlp<T>::scratch_size(int64_t R) const {
   const int64_t N = tp_.tokens(R);
-  return 2 * N * D_ + inner_.scratch_size(N);
+  return wrapper_scratch(tp_, N, D_) + inner_.scratch_size(N);
 }
 
 template <typename T>
 void TpMlp<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot*, int64_t R) {
   const int64_t N = tp_.tokens(R), D = D_;
   const bool sp = tp_.sequence_parallel;
-  const T* xg = whole_rows(tp_, x, acts, N, D);  // kept for backward under sequence parallelism
   // Without sequence parallelism y holds all N rows: the partial sums go there and are summed in place.
-  if (sp) backend_.reserve(work_, dtype_of<T>(), N * D);
+  if (sp) backend_.reserve(work_, dtype_of<T>(), 2 * N * D);
   T* partial = sp ? work_.template data<T>() : y;
-  inner_.forward(context, xg, partial, acts + (sp ? N * D : 0), nullptr, N);  // this rank's hidden units' share
+  const T* xg = whole_rows(tp_, x, partial + N * D, N, D);  // gathered again in backward, not kept
+  inner_.forward(context, xg, partial, acts, nullptr, N);   // this rank's hidden units' share
   summed_rows(tp_, ops_, partial, y, N, D);
 }
 
@@ -122,11 +112,9 @@ template <typename T>
 void TpMlp<T>::backward(const FfnContext& context, const T* x, const T* dy, T* dx, const T* acts, FfnSlot*, T* scratch,
                         int64_t R) {
   const int64_t N = tp_.tokens(R), D = D_;
-  const bool sp = tp_.sequence_parallel;
-  T* dyg = scratch;                    // (N, D)
-  T* dxg = sp ? scratch + N * D : dx;  // (N, D)
-  inner_.backward(context, sp ? acts : x, whole_rows(tp_, dy, dyg, N, D), dxg, acts + (sp ? N * D : 0), nullptr,
-                  scratch + 2 * N * D, N);
+  T* dxg = tp_.sequence_parallel ? scratch + 2 * N * D : dx;
+  inner_.backward(context, whole_rows(tp_, x, scratch, N, D), whole_rows(tp_, dy, scratch + N * D, N, D), dxg, acts,
+                  nullptr, scratch + wrapper_scratch(tp_, N, D), N);
   summed_rows(tp_, ops_, dxg, dx, N, D);
 }
 
@@ -180,7 +168,7 @@ void VocabParallelEmbedding<T>::backward(const int32_t* tokens, const T* dx, int
 
 template <typename T>
 VocabParallelHead<T>::VocabParallelHead(Backend& backend, TpContext tp, int64_t vocab, int64_t d_model)
-    : ops_(backend.ops<T>()), tp_(tp), V_(vocab), Vl_(vocab / tp.comm->size()), D_(d_model) {
+    : backend_(backend), ops_(backend.ops<T>()), tp_(tp), V_(vocab), Vl_(vocab / tp.comm->size()), D_(d_model) {
   MOE_CHECK(vocab % tp.comm->size() == 0, "vocabulary " << vocab << " over " << tp.comm->size() << " ranks");
 }
 
@@ -196,14 +184,10 @@ void VocabParallelHead<T>::bind(const ParamTable& table, T* params, T* grads) {
 }
 
 template <typename T>
-int64_t VocabParallelHead<T>::activation_size(int64_t N) const {
-  return (tp_.sequence_parallel ? N * D_ : 0) + N * Vl_ + N;
-}
-
-template <typename T>
 void VocabParallelHead<T>::forward(const T* xo, const int32_t* targets, T* losses, T* acts, int64_t N) {
-  const T* xg = whole_rows(tp_, xo, acts, N, D_);  // kept for backward under sequence parallelism
-  T* logits = acts + (tp_.sequence_parallel ? N * D_ : 0);
+  if (tp_.sequence_parallel) backend_.reserve(work_, dtype_of<T>(), N * D_);
+  const T* xg = whole_rows(tp_, xo, work_.template data<T>(), N, D_);  // gathered again in backward
+  T* logits = acts;
   T* lse = logits + N * Vl_;
   ops_.gemm(false, false, N, Vl_, D_, T(1), xg, D_, weight_, Vl_, T(0), logits, Vl_);
   tp::vocab_parallel_cross_entropy_forward(*tp_.comm, logits, targets, losses, lse, N, Vl_);
@@ -212,11 +196,11 @@ void VocabParallelHead<T>::forward(const T* xo, const int32_t* targets, T* losse
 template <typename T>
 void VocabParallelHead<T>::backward(const T* xo, const int32_t* targets, T scale, const T* acts, T* scratch, T* dxo,
                                     int64_t N) {
-  const T* xg = tp_.sequence_parallel ? acts : xo;
-  const T* logits = tp_.sequence_parallel ? acts + N * D_ : acts;
+  const T* logits = acts;
   const T* lse = logits + N * Vl_;
-  T* dlogits = scratch;        // (N, Vl)
-  T* dxg = scratch + N * Vl_;  // (N, D)
+  T* dlogits = scratch;                                                  // (N, Vl)
+  T* dxg = scratch + N * Vl_;                                            // (N, D)
+  const T* xg = whole_rows(tp_, xo, scratch + N * Vl_ + N * D_, N, D_);  // (N, D) under sequence parallelism
   tp::vocab_parallel_cross_entropy_backward(*tp_.comm, logits, targets, lse, scale, dlogits, N, Vl_);
   ops_.gemm(true, false, D_, Vl_, N, T(1), xg, D_, dlogits, Vl_, T(1), grad_, Vl_);     // dW += xg^T dlogits
   ops_.gemm(false, true, N, D_, Vl_, T(1), dlogits, Vl_, weight_, Vl_, T(0), dxg, D_);  // partial dxg

@@ -46,9 +46,11 @@ class TpAttention final : public Attention<T> {
   void register_params(ParamTable& table, const std::string& prefix) override { inner_.register_params(table, prefix); }
   void bind(const ParamTable& table, T* params, T* grads) override { inner_.bind(table, params, grads); }
   void set_keep_probabilities(bool keep) override { inner_.set_keep_probabilities(keep); }
-  // The gathered input (N, D) under sequence parallelism, then the shard's activations.
-  int64_t activation_size(int64_t R) const override;
-  // The gathered output gradient and the input's partial gradient (N, D) each, then the shard's scratch.
+  // The shard's activations: the input's rows are all-gathered again in backward, not kept (as
+  // Megatron-Core does), so sequence parallelism saves their memory.
+  int64_t activation_size(int64_t R) const override { return inner_.activation_size(tp_.tokens(R)); }
+  // Under sequence parallelism the gathered input, output gradient and partial input gradient (N, D) each,
+  // then the shard's scratch.
   int64_t scratch_size(int64_t R) const override;
   double forward_flops(int64_t R) const override { return inner_.forward_flops(tp_.tokens(R)); }
   void forward(const T* x, T* y, T* acts, T* scratch, int64_t B) override;
@@ -60,7 +62,7 @@ class TpAttention final : public Attention<T> {
   TpContext tp_;
   int64_t D_, T_;
   MhaAttention<T> inner_;
-  Buffer work_;  // the partial output (N, D) of one forward
+  Buffer work_;  // the partial output, the gathered input (N, D) and the summed rows of one forward
 };
 
 // The dense SwiGLU MLP with this rank's hidden units: column-parallel W1, W3, row-parallel W2.
@@ -70,8 +72,8 @@ class TpMlp final : public FeedForward<T> {
   TpMlp(Backend& backend, TpContext tp, int64_t d_model, int64_t hidden, int64_t layers_total);
   void register_params(ParamTable& table, const std::string& prefix) override { inner_.register_params(table, prefix); }
   void bind(const ParamTable& table, T* params, T* grads) override { inner_.bind(table, params, grads); }
-  int64_t activation_size(int64_t R) const override;
-  int64_t scratch_size(int64_t R) const override;
+  int64_t activation_size(int64_t R) const override { return inner_.activation_size(tp_.tokens(R)); }
+  int64_t scratch_size(int64_t R) const override;  // as TpAttention's
   double forward_flops(int64_t R) const override { return inner_.forward_flops(tp_.tokens(R)); }
   using FeedForward<T>::forward;
   using FeedForward<T>::backward;
@@ -149,18 +151,21 @@ class VocabParallelHead final : public OutputHead<T> {
   VocabParallelHead(Backend& backend, TpContext tp, int64_t vocab, int64_t d_model);
   void register_params(ParamTable& table) override;
   void bind(const ParamTable& table, T* params, T* grads) override;
-  // The gathered input (N, D) under sequence parallelism, the block's logits (N, Vl), the log-sum-exp (N).
-  int64_t activation_size(int64_t N) const override;
-  // The block's logit gradients (N, Vl) and the input's partial gradient (N, D).
-  int64_t scratch_size(int64_t N) const override { return N * Vl_ + N * D_; }
+  // The block's logits (N, Vl) and their log-sum-exp (N).
+  int64_t activation_size(int64_t N) const override { return N * Vl_ + N; }
+  // The block's logit gradients (N, Vl), the input's partial gradient (N, D) and, under sequence
+  // parallelism, the input gathered again (N, D).
+  int64_t scratch_size(int64_t N) const override { return N * Vl_ + N * D_ + (tp_.sequence_parallel ? N * D_ : 0); }
   double forward_flops(int64_t N) const override { return 2.0 * double(N) * double(D_) * double(Vl_); }
   void forward(const T* xo, const int32_t* targets, T* losses, T* acts, int64_t N) override;
   void backward(const T* xo, const int32_t* targets, T scale, const T* acts, T* scratch, T* dxo, int64_t N) override;
 
  private:
+  Backend& backend_;
   Ops<T>& ops_;
   TpContext tp_;
   int64_t V_, Vl_, D_;
+  Buffer work_;  // the gathered input of one forward
   const T* weight_ = nullptr;
   T* grad_ = nullptr;
 };

@@ -18,58 +18,14 @@
 #include "core/backend/backend.h"
 #include "core/error.h"
 #include "launch/memory.h"
-#include "launch/train_setup.h"
+#include "memory_harness.h"
 #include "parallel/self_communicator.h"
 
 namespace moe {
 namespace {
 
 using json = nlohmann::json;
-
-// A model that trains on one core in a moment: d_model 64, 2 layers, micro-batches of 4 sequences of 32.
-Config small_config(const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> overrides = {"model.d_model=64",     "model.layers=2",   "model.heads=4",
-                                        "model.ffn_hidden=96",  "train.seq_len=32", "train.micro_batch=4",
-                                        "train.global_batch=8", "train.threads=1",  "moe.expert_hidden=48"};
-  overrides.insert(overrides.end(), extra.begin(), extra.end());
-  Config config = config_from_json(json::object(), overrides, "test");
-  config.parallel.dp = 1;
-  return config;
-}
-
-// What the estimate says the trainer allocates with its model and optimizer, before any forward.
-int64_t allocated_at_construction(const MemoryEstimate& e) {
-  return e.parameters + e.gradients + e.optimizer + e.activations + e.scratch;
-}
-
-struct Measured {
-  int64_t parameters = 0;   // elements in the model's table
-  int64_t constructed = 0;  // backend bytes once the trainer is built
-  int64_t peak = 0;         // the backend's peak after one micro-batch's forward and backward
-};
-
-// Builds the trainer as `moe train` does on one rank, then runs one micro-batch forward and backward
-// through its model (MoE layers size their routed-row buffers there).
-Measured measure(const Config& config) {
-  const std::unique_ptr<Backend> backend = make_cpu_backend(1);
-  const RankGrid grid({1, 1, 1, 1, 1, 1}, config.moe.num_experts);
-  const data::Corpus corpus = load_training_corpus(config);
-  TrainPaths paths;
-  paths.run_dir = "unused";  // the trainer's construction writes nothing
-  Trainer t(CheckedConfig{config, grid}, paths, corpus, std::make_unique<SelfCommunicator>("world"), *backend);
-  Measured m;
-  m.parameters = t.model->num_params();
-  m.constructed = backend->allocated_bytes();
-  const int64_t B = config.train.micro_batch, T = config.train.seq_len;
-  std::vector<int32_t> tokens(size_t(B * (T + 1)));
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 131 + 17) % size_t(config.model.vocab));
-  t.model->zero_grads();
-  t.model->set_context(true, 0, 0, 1.0, config.train.seed);
-  t.model->forward(0, tokens.data(), B);
-  t.model->backward(0, 1.0 / double(B * T));
-  m.peak = backend->peak_bytes();
-  return m;
-}
+using namespace test_support;
 
 TEST(MemoryEstimate, DenseModelIsExactlyWhatTheTrainerAllocates) {
   for (const char* recompute : {"none", "full"})
@@ -78,7 +34,7 @@ TEST(MemoryEstimate, DenseModelIsExactlyWhatTheTrainerAllocates) {
           small_config({std::string("train.recompute=") + recompute, std::string("optim.zero=") + zero});
       SCOPED_TRACE(std::string("recompute ") + recompute + ", zero " + zero);
       const MemoryEstimate e = estimate_memory(config, 1, 1, 1);
-      const Measured m = measure(config);
+      const Measured m = measure(config, std::make_unique<SelfCommunicator>("world"));
       EXPECT_EQ(e.parameters, 4 * m.parameters);
       EXPECT_EQ(e.gradients, 4 * m.parameters);
       EXPECT_EQ(e.optimizer, 8 * m.parameters);  // two fp32 moments; ZeRO over one rank keeps them all
@@ -101,7 +57,7 @@ TEST(MemoryEstimate, MoeModelExactAtConstructionRoutedRowsWithinTenPercent) {
     const Config config = small_config(extra);
     SCOPED_TRACE(config.resolved.at("moe").dump());
     const MemoryEstimate e = estimate_memory(config, 1, 1, 1);
-    const Measured m = measure(config);
+    const Measured m = measure(config, std::make_unique<SelfCommunicator>("world"));
     EXPECT_EQ(e.parameters, 4 * m.parameters);
     EXPECT_EQ(e.gradients, 4 * m.parameters);
     EXPECT_EQ(allocated_at_construction(e), m.constructed);
@@ -156,21 +112,21 @@ TEST(MemoryEstimate, ZeroShardsTheMomentsOverTheirGroups) {
 }
 
 // docs/parallel.md: with sequence parallelism the residual stream and the norms hold N / tp rows; attention
-// keeps q, k, v, att at (N, D/tp) and the probabilities at (B, H/tp, T, T); the dense MLP 3 N F/tp; the tp
-// attention, MLP and head keep their all-gathered input (N, D); the head its block of logits (N, V/tp) and
-// their log-sum-exp (N).
+// keeps q, k, v, att at (N, D/tp) and the probabilities at (B, H/tp, T, T); the dense MLP 3 N F/tp; the head
+// its block of logits (N, V/tp) and their log-sum-exp (N). The tp layers gather their input again in
+// backward rather than keep it, so sequence parallelism saves the residual stream's memory.
 TEST(MemoryEstimate, SequenceParallelSplitsTheResidualStream) {
   Config config = small_config();
   const double N = 4 * 32, D = 64, T = 32, H = 4, F = 96, V = 256, L = 2, tp = 2;
-  auto expected_activations = [&](double rows, bool sp) {
-    const double gathered = sp ? N * D : 0.0;
-    const double layer = 3 * rows * D + 2 * rows + 4 * N * D / tp + N * (H / tp) * T + 3 * N * F / tp + 2 * gathered;
-    const double arena = (L + 1) * rows * D + L * layer + rows * D + rows + gathered + N * V / tp + N;
+  auto expected_activations = [&](double rows) {
+    const double layer = 3 * rows * D + 2 * rows + 4 * N * D / tp + N * (H / tp) * T + 3 * N * F / tp;
+    const double arena = (L + 1) * rows * D + L * layer + rows * D + rows + N * V / tp + N;
     return int64_t(4 * (arena + N) + 4 * 2 * N);  // with the per-token losses and the token ids
   };
-  EXPECT_EQ(estimate_memory(config, 2, 1, 1).activations, expected_activations(N / tp, true));
+  EXPECT_EQ(estimate_memory(config, 2, 1, 1).activations, expected_activations(N / tp));
   config.parallel.sequence_parallel = false;
-  EXPECT_EQ(estimate_memory(config, 2, 1, 1).activations, expected_activations(N, false));
+  EXPECT_EQ(estimate_memory(config, 2, 1, 1).activations, expected_activations(N));
+  EXPECT_LT(expected_activations(N / tp), expected_activations(N));
 }
 
 TEST(MemoryEstimate, AbsurdSizesSaturateInsteadOfOverflowing) {
