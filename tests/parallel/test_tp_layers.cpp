@@ -6,7 +6,9 @@
 // fallback, Gumbel noise, a shared expert, every router loss), its routing group split over the tp ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,7 +24,7 @@ namespace moe {
 namespace {
 
 const ModelShape kShape{256, 16, 2, 4, 24};  // vocab, d_model, layers, heads, ffn_hidden
-constexpr int64_t kSeq = 8, kBatch = 2;
+constexpr int64_t kSeq = 8, kBatch = 2;      // two micro-batch slots: full recompute shares one activation set
 
 struct Built {
   std::unique_ptr<Model<double>> model;
@@ -30,7 +32,8 @@ struct Built {
 };
 
 // Layer 0 dense, layer 1 MoE. tp: nullptr for the serial model.
-Built build(Backend& backend, Communicator* tp, bool sequence_parallel, Overflow overflow) {
+Built build(Backend& backend, Communicator* tp, bool sequence_parallel, Overflow overflow,
+            RecomputeSpec recompute = Recompute::None) {
   Built b;
   const TpContext ctx{tp, sequence_parallel};
   const int64_t shards = tp ? tp->size() : 1, shard = tp ? tp->rank() : 0;
@@ -48,7 +51,7 @@ Built build(Backend& backend, Communicator* tp, bool sequence_parallel, Overflow
     return std::make_unique<TokenSplitFfn<double>>(backend, *tp, kShape.d_model, std::move(moe));
   };
   b.model = std::make_unique<Model<double>>(
-      backend, kShape, kSeq, kBatch, Recompute::None, ffn, 1, StageSpec{},
+      backend, kShape, kSeq, kBatch, recompute, ffn, 2, StageSpec{},
       tp ? tp_attention_factory<double>(backend, ctx, kShape, kSeq) : nullptr,
       tp ? tensor_parallel_layout<double>(backend, ctx, kShape) : TensorParallelLayout<double>{});
   if (tp) {
@@ -107,6 +110,39 @@ void check_against_serial(bool sequence_parallel, Overflow overflow) {
 TEST(TensorParallelModel, SequenceParallelEqualsSerial) { check_against_serial(true, Overflow::Reroute); }
 TEST(TensorParallelModel, WithoutSequenceParallelismEqualsSerial) { check_against_serial(false, Overflow::Reroute); }
 TEST(TensorParallelModel, DenseFallbackEqualsSerial) { check_against_serial(true, Overflow::Dense); }
+
+// Recompute at tp 2 and 4 (docs/design.md): selective, full, and full of the first layer only give the
+// gradients of keeping everything bit for bit, and keep less activation memory than it (full of every layer
+// the least).
+TEST(TensorParallelModel, RecomputeModesGiveBitwiseEqualGradients) {
+  auto tp = MpiCommunicator::world();
+  const std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  const std::vector<int32_t> t = tokens();
+  auto gradients = [&](Model<double>& m) {
+    m.forward(t.data(), kBatch);
+    m.zero_grads();
+    m.backward(0.01);
+    return std::vector<double>(m.grads(), m.grads() + m.num_params());
+  };
+  for (bool sequence_parallel : {true, false}) {
+    Built none = build(*backend, tp.get(), sequence_parallel, Overflow::Reroute);
+    const std::vector<double> want = gradients(*none.model);
+    const int64_t kept = none.model->activation_bytes();
+    int64_t least = kept;
+    for (const RecomputeSpec& spec :
+         {RecomputeSpec(Recompute::Selective), RecomputeSpec(Recompute::Full, 1), RecomputeSpec(Recompute::Full)}) {
+      Built b = build(*backend, tp.get(), sequence_parallel, Overflow::Reroute, spec);
+      const std::vector<double> got = gradients(*b.model);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(double)))
+          << "recompute mode " << int(spec.mode) << " of " << spec.layers << " layers, sequence parallel "
+          << sequence_parallel << ", rank " << tp->rank();
+      EXPECT_LT(b.model->activation_bytes(), kept) << "recompute mode " << int(spec.mode) << " of " << spec.layers;
+      least = std::min(least, b.model->activation_bytes());
+      if (spec.mode == Recompute::Full && spec.layers < 0) EXPECT_EQ(b.model->activation_bytes(), least);
+    }
+  }
+}
 
 // d(loss)/d(w) of a few elements of the model's kinds of tensor (blocks of split ones, replicated ones)
 // against central differences of the distributed forward.
