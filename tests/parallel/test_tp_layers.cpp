@@ -24,7 +24,7 @@ namespace moe {
 namespace {
 
 const ModelShape kShape{256, 16, 2, 4, 24};  // vocab, d_model, layers, heads, ffn_hidden
-constexpr int64_t kSeq = 8, kBatch = 2;      // two micro-batch slots: full recompute shares one activation set
+constexpr int64_t kSeq = 8, kBatch = 2;
 
 struct Built {
   std::unique_ptr<Model<double>> model;
@@ -50,6 +50,7 @@ Built build(Backend& backend, Communicator* tp, bool sequence_parallel, Overflow
     if (!tp || sequence_parallel) return moe;
     return std::make_unique<TokenSplitFfn<double>>(backend, *tp, kShape.d_model, std::move(moe));
   };
+  // Two micro-batch slots (the tests use the first), so that full recompute's one shared set saves memory.
   b.model = std::make_unique<Model<double>>(
       backend, kShape, kSeq, kBatch, recompute, ffn, 2, StageSpec{},
       tp ? tp_attention_factory<double>(backend, ctx, kShape, kSeq) : nullptr,
