@@ -173,6 +173,7 @@ Phases analytic_traffic(const BenchShape& s, int64_t P, bool sequence_parallel) 
     add(t.forward, CommKind::Allgather, moe, R * E * f);                // router logits of this rank's rows
     add(t.backward, CommKind::ReduceScatter, 1, N * D * f);             // head: partial input gradient
     add(t.backward, CommKind::Allgather, row_parallel, R * D * f);      // attention, MLP: dy gathered
+    add(t.backward, CommKind::Allgather, row_parallel + 1, R * D * f);  // attention, MLP, head: x gathered again
     add(t.backward, CommKind::ReduceScatter, row_parallel, N * D * f);  // attention, MLP: partial dx
     add(t.backward, CommKind::Allgather, 1, R * D * f);                 // embedding: dx gathered
     add(t.gradient, CommKind::Allreduce, 2 * L + 1, D * f);             // norm gains (their rows' share)
