@@ -62,13 +62,12 @@ struct Options {
 
 // ---- the model, as the trainer builds it (launch/train_setup.cpp build_model and ffn_factory)
 
-MoeSettings moe_settings(const BenchShape& s, int64_t layer, const Communicator& tp) {
+MoeSettings moe_settings(const BenchShape& s, int64_t layer) {
   MoeSettings m;  // the router of configs/tiny_moe.json
   m.d_model = s.d_model, m.num_experts = s.experts, m.top_k = s.top_k, m.expert_hidden = s.expert_hidden();
   m.layers_total = s.layers, m.layer = layer;
   m.capacity_factor = 1.25, m.drop_policy = DropPolicy::Probs, m.overflow = Overflow::Drop;
   m.coef_aux = 0.01, m.coef_z = 0.001;
-  m.token_shards = tp.size(), m.token_shard = tp.rank();
   return m;
 }
 
@@ -82,26 +81,18 @@ Built build_model(Backend& backend, const BenchShape& s, Communicator& tp, bool 
                   Recompute recompute) {
   const TpContext ctx{&tp, sequence_parallel};
   const ModelShape shape = s.model();
-  const bool split = tp.size() > 1;
-  auto ffn = [&backend, &s, &tp, ctx, shape, split](int64_t l) -> std::unique_ptr<FeedForward<float>> {
-    if (s.is_moe(l)) {
-      auto moe = std::make_unique<MoeLayer<float>>(backend, moe_settings(s, l, tp));
-      if (!split || ctx.sequence_parallel) return moe;
-      return std::make_unique<TokenSplitFfn<float>>(backend, tp, s.d_model, std::move(moe));
-    }
-    if (split) return std::make_unique<TpMlp<float>>(backend, ctx, s.d_model, shape.ffn_hidden, s.layers);
-    return std::make_unique<DenseMlp<float>>(backend, s.d_model, shape.ffn_hidden, s.layers);
+  const MoeSettingsOf moe = [&s](int64_t l) -> std::optional<MoeSettings> {
+    if (!s.is_moe(l)) return std::nullopt;
+    return moe_settings(s, l);
   };
   Built b;
-  b.model = std::make_unique<Model<float>>(
-      backend, shape, s.seq_len, s.batch, RecomputeSpec(recompute), ffn, 1, StageSpec{},
-      split ? tp_attention_factory<float>(backend, ctx, shape, s.seq_len) : nullptr,
-      split ? tensor_parallel_layout<float>(backend, ctx, shape) : TensorParallelLayout<float>{});
-  if (split) {
-    b.gather = std::make_unique<CommunicatorTokenGather>(tp);
-    for (int64_t l = 0; l < s.layers; ++l)
-      if (MoeLayer<float>* m = moe_layer_of(b.model->ffn(l))) m->set_token_gather(b.gather.get());
-  }
+  b.model = std::make_unique<Model<float>>(backend, shape, s.seq_len, s.batch, RecomputeSpec(recompute),
+                                           tp_ffn_factory<float>(backend, ctx, shape, moe), 1, StageSpec{},
+                                           tp_attention_factory<float>(backend, ctx, shape, s.seq_len),
+                                           tensor_parallel_layout<float>(backend, ctx, shape));
+  b.gather = std::make_unique<CommunicatorTokenGather>(tp);
+  for (int64_t l = 0; l < s.layers; ++l)
+    if (MoeLayer<float>* m = moe_layer_of(b.model->ffn(l))) m->set_token_gather(b.gather.get());
   b.model->init_params(1234);
   return b;
 }
@@ -111,15 +102,6 @@ std::vector<int32_t> synthetic_tokens(const BenchShape& s) {
   uint64_t seed = 100;
   for (int32_t& t : tokens) t = int32_t(next_random(seed) % uint64_t(s.vocab));
   return tokens;
-}
-
-// launch/train_step.cpp's reduce_partial_over_tp: tensors every tp rank holds whole but uses on its own
-// tokens (norm gains under sequence parallelism, the routers of split routing groups) have partial
-// gradients, all-reduced over tp one tensor at a time.
-void reduce_partial_over_tp(Model<float>& model, Communicator& tp) {
-  if (tp.size() == 1) return;
-  for (const ParamSpec& spec : model.table().specs())
-    if (spec.partial_over_tp) tp.allreduce_sum(model.grads() + spec.offset, spec.numel);
 }
 
 // One forward and backward of the micro-batch (loss scaled by 1 / tokens, as the trainer's mean); returns
@@ -203,7 +185,7 @@ Phases measure_traffic(Backend& backend, const BenchShape& s, MpiCommunicator& w
   const std::vector<int32_t> tokens = synthetic_tokens(s);
   b.model->zero_grads();
   forward_backward(*b.model, s, tokens, 0);
-  reduce_partial_over_tp(*b.model, tp);
+  reduce_partial_over_tp(b.model->table(), b.model->grads(), tp);
   tp.reset();
   Phases p;
   b.model->set_context(true, 1, 0, 1.0, 1234);
@@ -211,7 +193,7 @@ Phases measure_traffic(Backend& backend, const BenchShape& s, MpiCommunicator& w
   p.forward = snapshot(tp);
   b.model->backward(1.0 / double(s.tokens()));
   p.backward = snapshot(tp);
-  reduce_partial_over_tp(*b.model, tp);
+  reduce_partial_over_tp(b.model->table(), b.model->grads(), tp);
   p.gradient = snapshot(tp);
   return p;
 }
@@ -341,7 +323,7 @@ StepResult measure_steps(const Options& o, MpiCommunicator& world, Communicator&
     world.barrier();
     const Stopwatch clock;
     r.loss = forward_backward(*b.model, o.shape, tokens, i);
-    reduce_partial_over_tp(*b.model, tp);
+    reduce_partial_over_tp(b.model->table(), b.model->grads(), tp);
     const double t = max_over_world(world, clock.seconds());
     if (i >= o.warmup) seconds.push_back(t);
   }

@@ -61,27 +61,15 @@ MoeSettings moe_settings(const Config& config, int64_t layer) {
   return s;
 }
 
-// Layer l is an MoE layer when l % moe.every == moe.every - 1 (docs/model.md), else a dense SwiGLU MLP.
-// Over tp > 1 ranks the dense MLP is split by hidden units, and an MoE layer's routing group by tokens
-// (each tp rank computes its own tokens' experts; without sequence parallelism TokenSplitFfn hands it
-// its block of the rows).
-Model<float>::FfnFactory ffn_factory(Backend& backend, const Config& config, const ProcessGroups& groups,
-                                     TpContext tp) {
-  const int64_t ep_size = config.parallel.ep, ep_rank = groups.coords.ep, tp_size = tp.comm->size();
-  return [&backend, config, ep_size, ep_rank, tp, tp_size](int64_t layer) -> std::unique_ptr<FeedForward<float>> {
+// Layer l is an MoE layer when l % moe.every == moe.every - 1 (docs/model.md), else a dense SwiGLU MLP;
+// over tp > 1 ranks both are split as parallel/tp_layers.h says.
+MoeSettingsOf moe_layers(const Config& config, const ProcessGroups& groups) {
+  return [config, ep_rank = groups.coords.ep](int64_t layer) -> std::optional<MoeSettings> {
     const MoeConfig& m = config.moe;
-    const int64_t D = config.model.d_model;
-    if (m.num_experts > 0 && layer % m.every == m.every - 1) {
-      MoeSettings s = moe_settings(config, layer);
-      s.ep_size = ep_size, s.ep_rank = ep_rank;
-      s.token_shards = tp_size, s.token_shard = tp.comm->rank();
-      auto moe = std::make_unique<MoeLayer<float>>(backend, s);
-      if (tp_size == 1 || tp.sequence_parallel) return moe;
-      return std::make_unique<TokenSplitFfn<float>>(backend, *tp.comm, D, std::move(moe));
-    }
-    if (tp_size > 1)
-      return std::make_unique<TpMlp<float>>(backend, tp, D, config.model.ffn_hidden, config.model.layers);
-    return std::make_unique<DenseMlp<float>>(backend, D, config.model.ffn_hidden, config.model.layers);
+    if (m.num_experts == 0 || layer % m.every != m.every - 1) return std::nullopt;
+    MoeSettings s = moe_settings(config, layer);
+    s.ep_size = config.parallel.ep, s.ep_rank = ep_rank;
+    return s;
   };
 }
 
@@ -103,12 +91,11 @@ void build_model(Trainer& t) {
                          : tc.recompute == "selective" ? Recompute::Selective
                                                        : Recompute::None;
   const TpContext tp{t.groups.tp.get(), config.parallel.sequence_parallel};
-  const bool split = tp.comm->size() > 1;
-  t.model = std::make_unique<Model<float>>(
-      t.backend, shape, tc.seq_len, tc.micro_batch, RecomputeSpec(mode, tc.recompute_layers),
-      ffn_factory(t.backend, config, t.groups, tp), 1, StageSpec{},
-      split ? tp_attention_factory<float>(t.backend, tp, shape, tc.seq_len) : nullptr,
-      split ? tensor_parallel_layout<float>(t.backend, tp, shape) : TensorParallelLayout<float>{});
+  t.model = std::make_unique<Model<float>>(t.backend, shape, tc.seq_len, tc.micro_batch,
+                                           RecomputeSpec(mode, tc.recompute_layers),
+                                           tp_ffn_factory<float>(t.backend, tp, shape, moe_layers(config, t.groups)), 1,
+                                           StageSpec{}, tp_attention_factory<float>(t.backend, tp, shape, tc.seq_len),
+                                           tensor_parallel_layout<float>(t.backend, tp, shape));
   t.exchange = std::make_unique<CommunicatorExchange>(*t.groups.ep);
   t.token_gather = std::make_unique<CommunicatorTokenGather>(*t.groups.tp);
   for (int64_t l = 0; l < t.model->num_layers(); ++l)

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "parallel/tp_layers.h"
 
 namespace moe {
 namespace {
@@ -46,11 +47,10 @@ void scatter_totals(const StepTotals& t, const std::vector<MoeLayer<float>*>& mo
 // Tensors every tp rank holds whole but uses on its own tokens (norms under sequence parallelism, the
 // router and shared experts of a split routing group) have partial gradients: summed over the tp group.
 // After the data-parallel reduction, so under ZeRO this rank's slices are complete sums too.
-void reduce_partial_over_tp(Trainer& t) {
+void sum_partial_gradients_over_tp(Trainer& t) {
   if (t.groups.tp->size() == 1) return;
   const auto span = t.tracer.span("tensor-parallel gradient reduction", "communication");
-  for (const ParamSpec& spec : t.model->table().specs())
-    if (spec.partial_over_tp) t.groups.tp->allreduce_sum(t.model->grads() + spec.offset, spec.numel);
+  reduce_partial_over_tp(t.model->table(), t.model->grads(), *t.groups.tp);
 }
 
 // The owned segments' parts that lie in tensors split over the tensor-parallel group (disjoint blocks,
@@ -101,7 +101,7 @@ double forward_backward(Trainer& t, int64_t step, double loss_scale) {
     const auto span = t.tracer.span("gradient reduction wait", "communication");
     t.buckets->finish();
   }
-  reduce_partial_over_tp(t);
+  sum_partial_gradients_over_tp(t);
   return loss_sum;
 }
 

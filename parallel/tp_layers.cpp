@@ -212,8 +212,9 @@ void VocabParallelHead<T>::backward(const T* xo, const int32_t* targets, T scale
 template <typename T>
 TensorParallelLayout<T> tensor_parallel_layout(Backend& backend, TpContext tp, const ModelShape& shape) {
   TensorParallelLayout<T> layout;
+  if (tp.comm->size() == 1) return layout;
   layout.shard = tp.shard();
-  layout.sequence_parallel = tp.sequence_parallel && tp.comm->size() > 1;
+  layout.sequence_parallel = tp.sequence_parallel;
   const int64_t V = shape.vocab, D = shape.d_model;
   Backend* b = &backend;
   layout.embedding = [b, tp, V, D] { return std::make_unique<VocabParallelEmbedding<T>>(*b, tp, V, D); };
@@ -224,10 +225,35 @@ TensorParallelLayout<T> tensor_parallel_layout(Backend& backend, TpContext tp, c
 template <typename T>
 typename Model<T>::AttentionFactory tp_attention_factory(Backend& backend, TpContext tp, const ModelShape& shape,
                                                          int64_t seq_len) {
+  if (tp.comm->size() == 1) return nullptr;
   Backend* b = &backend;
   return [b, tp, shape, seq_len](int64_t) -> std::unique_ptr<Attention<T>> {
     return std::make_unique<TpAttention<T>>(*b, tp, shape.d_model, shape.heads, seq_len, shape.layers);
   };
+}
+
+template <typename T>
+typename Model<T>::FfnFactory tp_ffn_factory(Backend& backend, TpContext tp, const ModelShape& shape,
+                                             MoeSettingsOf moe_settings) {
+  Backend* b = &backend;
+  return [b, tp, shape, moe_settings](int64_t layer) -> std::unique_ptr<FeedForward<T>> {
+    const bool split = tp.comm->size() > 1;
+    if (std::optional<MoeSettings> s = moe_settings ? moe_settings(layer) : std::nullopt) {
+      s->token_shards = tp.comm->size(), s->token_shard = tp.comm->rank();
+      auto moe = std::make_unique<MoeLayer<T>>(*b, *s);
+      if (!split || tp.sequence_parallel) return moe;
+      return std::make_unique<TokenSplitFfn<T>>(*b, *tp.comm, shape.d_model, std::move(moe));
+    }
+    if (split) return std::make_unique<TpMlp<T>>(*b, tp, shape.d_model, shape.ffn_hidden, shape.layers);
+    return std::make_unique<DenseMlp<T>>(*b, shape.d_model, shape.ffn_hidden, shape.layers);
+  };
+}
+
+template <typename T>
+void reduce_partial_over_tp(const ParamTable& table, T* grads, Communicator& tp) {
+  if (tp.size() == 1) return;
+  for (const ParamSpec& spec : table.specs())
+    if (spec.partial_over_tp) tp.allreduce_sum(grads + spec.offset, spec.numel);
 }
 
 template <typename T>
@@ -240,6 +266,10 @@ template TensorParallelLayout<float> tensor_parallel_layout<float>(Backend&, TpC
 template TensorParallelLayout<double> tensor_parallel_layout<double>(Backend&, TpContext, const ModelShape&);
 template Model<float>::AttentionFactory tp_attention_factory<float>(Backend&, TpContext, const ModelShape&, int64_t);
 template Model<double>::AttentionFactory tp_attention_factory<double>(Backend&, TpContext, const ModelShape&, int64_t);
+template Model<float>::FfnFactory tp_ffn_factory<float>(Backend&, TpContext, const ModelShape&, MoeSettingsOf);
+template Model<double>::FfnFactory tp_ffn_factory<double>(Backend&, TpContext, const ModelShape&, MoeSettingsOf);
+template void reduce_partial_over_tp<float>(const ParamTable&, float*, Communicator&);
+template void reduce_partial_over_tp<double>(const ParamTable&, double*, Communicator&);
 template MoeLayer<float>* moe_layer_of<float>(FeedForward<float>&);
 template MoeLayer<double>* moe_layer_of<double>(FeedForward<double>&);
 

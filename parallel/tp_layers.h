@@ -17,6 +17,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "core/attention.h"
@@ -170,14 +172,27 @@ class VocabParallelHead final : public OutputHead<T> {
   T* grad_ = nullptr;
 };
 
-// The model's layout over the tensor-parallel group: its shard, sequence parallelism, and the
-// vocabulary-parallel embedding and head.
+// The model over the tensor-parallel group, as the trainer, the tests and the benchmark build it. With a
+// group of one rank each gives the serial model's parts (the default layout, a null attention factory, the
+// core layers).
+//
+// The model's layout: its shard, sequence parallelism, and the vocabulary-parallel embedding and head.
 template <typename T>
 TensorParallelLayout<T> tensor_parallel_layout(Backend& backend, TpContext tp, const ModelShape& shape);
 // Attention with each rank's heads, for every layer.
 template <typename T>
 typename Model<T>::AttentionFactory tp_attention_factory(Backend& backend, TpContext tp, const ModelShape& shape,
                                                          int64_t seq_len);
+// The FFNs: layer l is an MoE layer with moe_settings(l) when it gives settings (the routing group split
+// over the tp ranks: token_shards set here; without sequence parallelism in a TokenSplitFfn), else the dense
+// SwiGLU MLP of shape.ffn_hidden split by hidden units.
+using MoeSettingsOf = std::function<std::optional<MoeSettings>(int64_t layer)>;
+template <typename T>
+typename Model<T>::FfnFactory tp_ffn_factory(Backend& backend, TpContext tp, const ModelShape& shape,
+                                             MoeSettingsOf moe_settings);
+// Sums over tp the gradients of the tensors marked partial_over_tp (before the optimizer).
+template <typename T>
+void reduce_partial_over_tp(const ParamTable& table, T* grads, Communicator& tp);
 // The MoE layer inside an FFN (itself, or wrapped by TokenSplitFfn); nullptr for a dense FFN.
 template <typename T>
 MoeLayer<T>* moe_layer_of(FeedForward<T>& ffn);

@@ -18,6 +18,7 @@
 #include "core/moe_layer.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/process_groups.h"
+#include "parallel/self_communicator.h"
 #include "parallel/tp_layers.h"
 
 namespace moe {
@@ -31,34 +32,23 @@ struct Built {
   std::unique_ptr<CommunicatorTokenGather> gather;
 };
 
-// Layer 0 dense, layer 1 MoE. tp: nullptr for the serial model.
-Built build(Backend& backend, Communicator* tp, bool sequence_parallel, Overflow overflow,
+// Layer 0 dense, layer 1 MoE; over `tp` (one rank: the serial model).
+Built build(Backend& backend, Communicator& tp, bool sequence_parallel, Overflow overflow,
             RecomputeSpec recompute = Recompute::None) {
-  Built b;
-  const TpContext ctx{tp, sequence_parallel};
-  const int64_t shards = tp ? tp->size() : 1, shard = tp ? tp->rank() : 0;
-  auto ffn = [&backend, ctx, tp, shards, shard, overflow,
-              sequence_parallel](int64_t l) -> std::unique_ptr<FeedForward<double>> {
-    if (l == 0) {
-      if (!tp) return std::make_unique<DenseMlp<double>>(backend, kShape.d_model, kShape.ffn_hidden, kShape.layers);
-      return std::make_unique<TpMlp<double>>(backend, ctx, kShape.d_model, kShape.ffn_hidden, kShape.layers);
-    }
+  const TpContext ctx{&tp, sequence_parallel};
+  const MoeSettingsOf moe = [overflow](int64_t l) -> std::optional<MoeSettings> {
+    if (l == 0) return std::nullopt;
     MoeSettings s = test::stressed_moe_settings(kShape, l);
     s.overflow = overflow, s.fallback_hidden = 8;
-    s.token_shards = shards, s.token_shard = shard;
-    auto moe = std::make_unique<MoeLayer<double>>(backend, s);
-    if (!tp || sequence_parallel) return moe;
-    return std::make_unique<TokenSplitFfn<double>>(backend, *tp, kShape.d_model, std::move(moe));
+    return s;
   };
+  Built b;
   // Two micro-batch slots (the tests use the first), so that full recompute's one shared set saves memory.
   b.model = std::make_unique<Model<double>>(
-      backend, kShape, kSeq, kBatch, recompute, ffn, 2, StageSpec{},
-      tp ? tp_attention_factory<double>(backend, ctx, kShape, kSeq) : nullptr,
-      tp ? tensor_parallel_layout<double>(backend, ctx, kShape) : TensorParallelLayout<double>{});
-  if (tp) {
-    b.gather = std::make_unique<CommunicatorTokenGather>(*tp);
-    moe_layer_of(b.model->ffn(1))->set_token_gather(b.gather.get());
-  }
+      backend, kShape, kSeq, kBatch, recompute, tp_ffn_factory<double>(backend, ctx, kShape, moe), 2, StageSpec{},
+      tp_attention_factory<double>(backend, ctx, kShape, kSeq), tensor_parallel_layout<double>(backend, ctx, kShape));
+  b.gather = std::make_unique<CommunicatorTokenGather>(tp);
+  moe_layer_of(b.model->ffn(1))->set_token_gather(b.gather.get());
   b.model->init_params(11);
   b.model->set_context(true, 3, 0, 0.5, 5);
   return b;
@@ -73,15 +63,16 @@ std::vector<int32_t> tokens() {
 // Gradients as the trainer has them before the optimizer: partial ones summed over tp; expert tensors
 // (whole on every rank, each rank's tokens) summed too, as the expert-data-parallel reduction does.
 void finish_gradients(Model<double>& m, Communicator& tp) {
+  reduce_partial_over_tp(m.table(), m.grads(), tp);
   for (const ParamSpec& spec : m.table().specs())
-    if (spec.partial_over_tp || spec.expert()) tp.allreduce_sum(m.grads() + spec.offset, spec.numel);
+    if (spec.expert()) tp.allreduce_sum(m.grads() + spec.offset, spec.numel);
 }
 
 void check_against_serial(bool sequence_parallel, Overflow overflow) {
   auto tp = MpiCommunicator::world();
   const std::unique_ptr<Backend> backend = make_cpu_backend(1);
-  Built serial = build(*backend, nullptr, false, overflow),
-        split = build(*backend, tp.get(), sequence_parallel, overflow);
+  SelfCommunicator one("tp");
+  Built serial = build(*backend, one, false, overflow), split = build(*backend, *tp, sequence_parallel, overflow);
   const std::vector<int32_t> t = tokens();
   const double want = serial.model->forward(t.data(), kBatch), got = split.model->forward(t.data(), kBatch);
   EXPECT_NEAR(got, want, 1e-11 * std::abs(want));
@@ -126,13 +117,13 @@ TEST(TensorParallelModel, RecomputeModesGiveBitwiseEqualGradients) {
     return std::vector<double>(m.grads(), m.grads() + m.num_params());
   };
   for (bool sequence_parallel : {true, false}) {
-    Built none = build(*backend, tp.get(), sequence_parallel, Overflow::Reroute);
+    Built none = build(*backend, *tp, sequence_parallel, Overflow::Reroute);
     const std::vector<double> want = gradients(*none.model);
     const int64_t kept = none.model->activation_bytes();
     int64_t least = kept;
     for (const RecomputeSpec& spec :
          {RecomputeSpec(Recompute::Selective), RecomputeSpec(Recompute::Full, 1), RecomputeSpec(Recompute::Full)}) {
-      Built b = build(*backend, tp.get(), sequence_parallel, Overflow::Reroute, spec);
+      Built b = build(*backend, *tp, sequence_parallel, Overflow::Reroute, spec);
       const std::vector<double> got = gradients(*b.model);
       ASSERT_EQ(got.size(), want.size());
       EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(double)))
@@ -140,7 +131,9 @@ TEST(TensorParallelModel, RecomputeModesGiveBitwiseEqualGradients) {
           << sequence_parallel << ", rank " << tp->rank();
       EXPECT_LT(b.model->activation_bytes(), kept) << "recompute mode " << int(spec.mode) << " of " << spec.layers;
       least = std::min(least, b.model->activation_bytes());
-      if (spec.mode == Recompute::Full && spec.layers < 0) EXPECT_EQ(b.model->activation_bytes(), least);
+      if (spec.mode == Recompute::Full && spec.layers < 0) {
+        EXPECT_EQ(b.model->activation_bytes(), least);
+      }
     }
   }
 }
@@ -150,7 +143,7 @@ TEST(TensorParallelModel, RecomputeModesGiveBitwiseEqualGradients) {
 TEST(TensorParallelModel, BackwardMatchesFiniteDifferences) {
   auto tp = MpiCommunicator::world();
   const std::unique_ptr<Backend> backend = make_cpu_backend(1);
-  Built b = build(*backend, tp.get(), true, Overflow::Drop);
+  Built b = build(*backend, *tp, true, Overflow::Drop);
   Model<double>& m = *b.model;
   const std::vector<int32_t> t = tokens();
   const double scale = 1.0 / double(kBatch * kSeq);
