@@ -46,33 +46,44 @@ const char* param_group_name(ParamGroup group) {
 
 int64_t ParamSpec::global_index(int64_t local) const {
   if (!is_split()) return local;
-  // Unravel in the block, shift the split axis, ravel in the global tensor.
-  int64_t index = 0, rest = local, block = numel, global = 1;
-  for (int64_t d : global_shape()) global *= d;
+  // Unravel in the block, shift the split axes, ravel in the global tensor.
+  const std::vector<int64_t> global = global_shape(), start = global_start();
+  int64_t index = 0, rest = local, block = numel;
   for (size_t k = 0; k < shape.size(); ++k) {
     block /= shape[k];
-    global /= k == size_t(split.axis) ? split.global_size : shape[k];
-    const int64_t i = rest / block + (k == size_t(split.axis) ? split.offset : 0);
+    index = index * global[k] + rest / block + start[k];
     rest %= block;
-    index += i * global;
   }
   return index;
 }
 
+void ParamSpec::sync_axis0_short_form() {
+  if (global_rows > 0 && split.axis < 0)
+    split = {0, global_rows, shard_offset, expert() ? ParamGroup::ExpertParallel : ParamGroup::None};
+  if (split.axis == 0) global_rows = split.global_size, shard_offset = split.offset;
+}
+
+namespace {
+
+// Whether `s` (of a tensor whose block has `shape`) is no split or a block inside the tensor on its axis.
+bool inside(const Split& s, const std::vector<int64_t>& shape) {
+  const size_t axis = size_t(s.axis);
+  return s.axis < 0 || (axis < shape.size() && s.offset >= 0 && s.offset + shape[axis] <= s.global_size);
+}
+
+}  // namespace
+
 void ParamTable::add(ParamSpec spec) {
   MOE_CHECK(!contains(spec.name), "parameter '" << spec.name << "' added twice");
-  if (spec.global_rows > 0 && !spec.is_split())
-    spec.split = {0, spec.global_rows, spec.shard_offset,
-                  spec.expert() ? ParamGroup::ExpertParallel : ParamGroup::None};
-  if (spec.split.axis == 0) spec.global_rows = spec.split.global_size, spec.shard_offset = spec.split.offset;
+  spec.sync_axis0_short_form();
   if (spec.replicas == ParamGroup::None)
-    spec.replicas = spec.expert()                                    ? ParamGroup::ExpertDataParallel
-                    : spec.split.group == ParamGroup::TensorParallel ? ParamGroup::DataParallel
-                                                                     : ParamGroup::TensorDataParallel;
-  const size_t axis = size_t(spec.split.axis);
-  MOE_CHECK(!spec.is_split() || (axis < spec.shape.size() && spec.split.offset >= 0 &&
-                                 spec.split.offset + spec.shape[axis] <= spec.split.global_size),
-            "parameter '" << spec.name << "': its block is outside the tensor on the split axis");
+    spec.replicas = spec.expert()                                 ? ParamGroup::ExpertDataParallel
+                    : spec.split_over(ParamGroup::TensorParallel) ? ParamGroup::DataParallel
+                                                                  : ParamGroup::TensorDataParallel;
+  MOE_CHECK(inside(spec.split, spec.shape) && inside(spec.split2, spec.shape),
+            "parameter '" << spec.name << "': its block is outside the tensor on a split axis");
+  MOE_CHECK(spec.split2.axis < 0 || (spec.split.axis >= 0 && spec.split2.axis != spec.split.axis),
+            "parameter '" << spec.name << "': a second split needs a first one, on another axis");
   int64_t n = 1;
   for (int64_t d : spec.shape) n *= d;
   spec.numel = n;
@@ -118,13 +129,13 @@ void ParamTable::initialize(T* params, uint64_t seed) const {
         break;
       case ParamInit::Normal: {
         const RngStream rng(seed, "init." + s.name);
-        // Element i of the global tensor draws counter (i, 0): a shard draws exactly its own elements.
-        if (s.split.axis > 0) {
-          for (int64_t i = 0; i < s.numel; ++i) p[i] = T(s.init_std * rng.normal(uint64_t(s.global_index(i))));
-          break;
+        // Element i of the global tensor draws counter (i, 0): a shard draws exactly its own elements. A
+        // block's rows along its last axis are contiguous in the global tensor too.
+        const int64_t row = s.shape.empty() ? 1 : s.shape.back();
+        for (int64_t r = 0; r < s.numel; r += row) {
+          const int64_t g = s.global_index(r);
+          for (int64_t i = 0; i < row; ++i) p[r + i] = T(s.init_std * rng.normal(uint64_t(g + i)));
         }
-        const int64_t base = s.is_split() ? s.split.offset * (s.numel / s.shape[0]) : 0;
-        for (int64_t i = 0; i < s.numel; ++i) p[i] = T(s.init_std * rng.normal(uint64_t(base + i)));
         break;
       }
     }

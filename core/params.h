@@ -57,7 +57,8 @@ struct ParamSpec {
   int64_t shard_offset = 0;
   int64_t offset = 0;  // into the flat buffers (set by ParamTable::add)
   int64_t numel = 0;
-  Split split;  // how the tensor is split (set from global_rows when that is given)
+  Split split;   // how the tensor is split (set from global_rows when that is given)
+  Split split2;  // a second axis split, on an axis other than split's (axis -1: none; needs split)
   // The group whose members hold identical copies (None: set by ParamTable::add from the role and split:
   // expert tensors the expert-data-parallel group, a tensor split over the tensor-parallel group the
   // data-parallel group, every other the tp x dp ranks of the stage). A checkpoint writes each replicated
@@ -70,20 +71,29 @@ struct ParamSpec {
   bool partial_over_tp = false;
 
   bool expert() const { return role == ParamRole::Expert; }
-  bool is_split() const { return split.axis >= 0; }
+  bool is_split() const { return split.axis >= 0 || split2.axis >= 0; }
   std::vector<int64_t> global_shape() const {
     std::vector<int64_t> g = shape;
-    if (is_split()) g[size_t(split.axis)] = split.global_size;
+    for (const Split* s : {&split, &split2})
+      if (s->axis >= 0) g[size_t(s->axis)] = s->global_size;
     return g;
   }
   // Where this rank's block starts in the global tensor, per axis (the hyperslab's start).
   std::vector<int64_t> global_start() const {
-    std::vector<int64_t> s(shape.size(), 0);
-    if (is_split()) s[size_t(split.axis)] = split.offset;
-    return s;
+    std::vector<int64_t> start(shape.size(), 0);
+    for (const Split* s : {&split, &split2})
+      if (s->axis >= 0) start[size_t(s->axis)] = s->offset;
+    return start;
   }
   // The row-major index in the global tensor of element `local` of this rank's block.
   int64_t global_index(int64_t local) const;
+  // Whether either split is over `group`.
+  bool split_over(ParamGroup group) const {
+    return (split.axis >= 0 && split.group == group) || (split2.axis >= 0 && split2.group == group);
+  }
+  // Sets split from the axis-0 short form when only that is given, and the short form from an axis-0 split
+  // (ParamTable::add does this; a spec about to get a second split needs its first one set).
+  void sync_axis0_short_form();
 };
 
 // Which block of a tensor-parallel split a layer holds: block `rank` of `size` (the default: all of it).
@@ -97,11 +107,16 @@ struct TpShard {
     return size == 1 ? Split{} : Split{axis, n, offset(n), ParamGroup::TensorParallel};
   }
   // The shard's block of the whole tensor `whole`: its columns (axis 1, column-parallel) or rows (axis 0,
-  // row-parallel), with the split that says so.
-  ParamSpec block_of(ParamSpec whole, int axis) const {
+  // row-parallel), with the split that says so, over `group` (ExpertTensorParallel for expert tensors).
+  // When `whole` is already split (an expert tensor's axis 0 over the expert-parallel group) this is its
+  // second split: `whole` is then a block of the global tensor already, and the new split is split2.
+  ParamSpec block_of(ParamSpec whole, int axis, ParamGroup group = ParamGroup::TensorParallel) const {
     const int64_t n = whole.shape[size_t(axis)];
     whole.shape[size_t(axis)] = block(n);
-    whole.split = split(axis, n);
+    Split s = split(axis, n);
+    if (s.axis >= 0) s.group = group;
+    whole.sync_axis0_short_form();
+    (whole.split.axis >= 0 ? whole.split2 : whole.split) = s;
     return whole;
   }
 };
