@@ -53,8 +53,8 @@ void sum_partial_gradients_over_tp(Trainer& t) {
   reduce_partial_over_tp(t.model->table(), t.model->grads(), *t.groups.tp);
 }
 
-// The owned segments' parts that lie in tensors split over the tensor-parallel group (disjoint blocks,
-// whose squares sum over the group) and in the others (the same on every tp rank, counted once).
+// The owned segments' parts that lie in tensors split over the tensor-parallel group by either split
+// (disjoint blocks, whose squares sum over the group) and in the others (the same on every tp rank, counted once).
 std::pair<std::vector<Segment>, std::vector<Segment>> split_by_tp(const ParamTable& table,
                                                                   const std::vector<Segment>& owned) {
   std::pair<std::vector<Segment>, std::vector<Segment>> out;
@@ -63,7 +63,7 @@ std::pair<std::vector<Segment>, std::vector<Segment>> split_by_tp(const ParamTab
       const int64_t lo = std::max(seg.offset, spec.offset),
                     hi = std::min(seg.offset + seg.length, spec.offset + spec.numel);
       if (lo >= hi) continue;
-      (spec.split.group == ParamGroup::TensorParallel ? out.first : out.second).push_back({lo, hi - lo});
+      (spec.split_over(ParamGroup::TensorParallel) ? out.first : out.second).push_back({lo, hi - lo});
     }
   return out;
 }

@@ -244,26 +244,50 @@ void finish_run(Loop& loop) {
 }
 
 // Every parameter in global coordinates (blocks gathered over the group each is split across), for tests.
+// The communicator of the group a tensor is split over (nullptr: none the trainer builds).
+Communicator* communicator_of(const ProcessGroups& groups, ParamGroup group) {
+  switch (group) {
+    case ParamGroup::ExpertParallel:
+      return groups.ep.get();
+    case ParamGroup::TensorParallel:
+      return groups.tp.get();
+    case ParamGroup::ExpertTensorParallel:
+      return groups.etp.get();
+    default:
+      return nullptr;
+  }
+}
+
+// Gathers `data`, the block `block` describes, over the group of `split` (one of block's splits): after it
+// they are the block whole on that axis, and `split` is none. Block r of the group starts at r * its size.
+void gather_split(const ProcessGroups& groups, ParamSpec& block, Split& split, std::vector<float>& data) {
+  Communicator* group = communicator_of(groups, split.group);
+  if (split.axis < 0 || !group || group->size() == 1) return;
+  const size_t axis = size_t(split.axis);
+  std::vector<float> blocks(data.size() * size_t(group->size()));
+  group->allgather(data.data(), blocks.data(), block.numel);
+  ParamSpec part{block.name, block.shape};  // block r inside the gathered one, split on this axis only
+  part.numel = block.numel;
+  part.split = {split.axis, split.global_size, 0, split.group};
+  data.resize(blocks.size());
+  for (int r = 0; r < group->size(); ++r) {
+    part.split.offset = r * block.shape[axis];
+    for (int64_t i = 0; i < block.numel; ++i) data[size_t(part.global_index(i))] = blocks[size_t(r * block.numel + i)];
+  }
+  block.shape[axis] = split.global_size;
+  block.numel = int64_t(data.size());
+  split = Split{};
+}
+
 TrainResult collect_parameters(Trainer& t) {
   TrainResult result;
   for (const ParamSpec& spec : t.model->table().specs()) {
     std::vector<float>& full = result.parameters[spec.name];
     const float* mine = t.model->params() + spec.offset;
-    Communicator* group = spec.split.group == ParamGroup::ExpertParallel   ? t.groups.ep.get()
-                          : spec.split.group == ParamGroup::TensorParallel ? t.groups.tp.get()
-                                                                           : nullptr;
-    if (!spec.is_split() || !group || group->size() == 1) {
-      full.assign(mine, mine + spec.numel);
-      continue;
-    }
-    std::vector<float> blocks(size_t(spec.numel * group->size()));
-    group->allgather(mine, blocks.data(), spec.numel);
-    full.resize(blocks.size());
-    ParamSpec block = spec;  // block r starts at r * its size on the split axis
-    for (int r = 0; r < group->size(); ++r) {
-      block.split.offset = r * spec.shape[size_t(spec.split.axis)];
-      for (int64_t i = 0; i < spec.numel; ++i) full[size_t(block.global_index(i))] = blocks[size_t(r * spec.numel + i)];
-    }
+    full.assign(mine, mine + spec.numel);
+    ParamSpec block = spec;  // the second split's group first, then the first's
+    gather_split(t.groups, block, block.split2, full);
+    gather_split(t.groups, block, block.split, full);
   }
   return result;
 }
