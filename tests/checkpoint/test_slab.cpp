@@ -1,7 +1,8 @@
 // Hyperslab pieces (checkpoint/slab.h): the N-dimensional intersection against an element-by-element
 // reference on random shapes, boxes and ranges; a tensor split along axis 1 into column blocks with
 // ZeRO-like ranges inside them, written as a checkpoint (full and delta) and read back exactly under other
-// splits (two column blocks, the whole tensor, row blocks, ranges of those); coverage refusals.
+// splits (two column blocks, the whole tensor, row blocks, ranges of those); an expert tensor in the boxes
+// of its (ep, etp) blocks, split on axes 0 and 2, read back whole and under other splits; coverage refusals.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/slab.h"
 #include "core/error.h"
+#include "core/params.h"
 #include "parallel/self_communicator.h"
 
 namespace moe::ckpt {
@@ -222,6 +224,73 @@ TEST(SlabCheckpoint, ColumnBlocksWithRangesReadBackUnderOtherSplits) {
   const Manifest m = read_manifest((tmp.path / "step-00000002").string());
   EXPECT_EQ(m.kind, "delta");
   for (const DatasetEntry& d : m.files.at(0).datasets) EXPECT_TRUE(d.xor_delta) << d.dataset;
+}
+
+// ---- A (4, 3, 10) expert tensor in the boxes of its (ep, etp) blocks, through a real checkpoint ---------
+
+// The elements of `slab` of a tensor whose element g holds g + 0.5, in its stored order.
+std::vector<float> index_values(const Slab& slab) {
+  std::vector<float> out;
+  const int64_t n = numel(slab.shape);
+  for (int64_t i = slab.begin; i < slab.begin + slab.count; ++i) {
+    int64_t rest = i, g = 0, stride = n;
+    for (size_t k = 0; k < slab.shape.size(); ++k) {
+      stride /= slab.shape[k];
+      g = g * slab.global_shape[k] + slab.start[k] + rest / stride;
+      rest %= stride;
+    }
+    out.push_back(float(g) + 0.5f);
+  }
+  return out;
+}
+
+TEST(SlabCheckpoint, TwoAxisBoxesOfAnExpertTensorReadBackUnderOtherSplits) {
+  TempRoot tmp;
+  const std::vector<int64_t> global = {4, 3, 10};
+  std::vector<Slab> saved;  // as launch/train_state.cpp makes a block's piece from its spec
+  for (int64_t ep = 0; ep < 2; ++ep)
+    for (int64_t etp = 0; etp < 2; ++etp) {
+      ParamTable t;
+      const ParamSpec local{"experts.w1", {2, 3, 10}, ParamRole::Expert, true, ParamInit::Normal, 0.02, 4, 2 * ep};
+      t.add(TpShard{2, etp}.block_of(local, 2, ParamGroup::ExpertTensorParallel));
+      const ParamSpec& s = t.find("experts.w1");
+      saved.push_back(Slab::box(s.global_shape(), s.global_start(), s.shape));
+    }
+  EXPECT_EQ(saved[3].start, (std::vector<int64_t>{2, 0, 5}));
+  EXPECT_EQ(saved[3].shape, (std::vector<int64_t>{2, 3, 5}));
+  {
+    SelfCommunicator world("world");
+    SaveSettings settings;
+    settings.root = tmp.path.string();
+    settings.async = false;
+    Checkpointer ck(settings, world, nlohmann::json::object(), nullptr);
+    std::vector<std::vector<float>> values;
+    std::vector<Piece> pieces;
+    for (const Slab& s : saved) values.push_back(index_values(s));
+    for (size_t i = 0; i < saved.size(); ++i)
+      pieces.push_back({"params/w1", DType::F32, saved[i], values[i].data(), nullptr});
+    ck.save(1, pieces);
+    ck.finish();
+  }
+  std::string why;
+  const auto resolved = verify_checkpoint((tmp.path / "step-00000001").string(), {}, &why);
+  ASSERT_TRUE(resolved.has_value()) << why;
+  const std::vector<std::vector<Slab>> layouts = {
+      {Slab::whole(global)},
+      saved,
+      {Slab::box(global, {0, 0, 0}, {4, 3, 4}), Slab::box(global, {0, 0, 4}, {4, 3, 6})},
+      {Slab{global, {1, 0, 3}, {2, 3, 4}, 5, 17}},
+  };
+  for (const std::vector<Slab>& layout : layouts) {
+    std::vector<std::vector<float>> got(layout.size());
+    std::vector<Piece> pieces;
+    for (size_t i = 0; i < layout.size(); ++i) {
+      got[i].assign(size_t(layout[i].count), -1.0f);
+      pieces.push_back({"params/w1", DType::F32, layout[i], nullptr, got[i].data()});
+    }
+    load_pieces(*resolved, pieces);
+    for (size_t i = 0; i < layout.size(); ++i) EXPECT_EQ(got[i], index_values(layout[i])) << layout[i].text();
+  }
 }
 
 Manifest manifest_of(const std::vector<Slab>& pieces) {
