@@ -73,7 +73,7 @@ MoeSettings moe_settings(const BenchShape& s, int64_t layer) {
 
 struct Built {
   std::unique_ptr<Model<float>> model;
-  std::unique_ptr<CommunicatorTokenGather> gather;  // the MoE layers' router-logit all-gather over tp
+  std::unique_ptr<CommunicatorTokenGroup> gather;  // the MoE layers' router-logit all-gather over tp
 };
 
 // Over `tp` (size 1: the serial model, as the trainer builds it at parallel.tp = 1).
@@ -90,9 +90,9 @@ Built build_model(Backend& backend, const BenchShape& s, Communicator& tp, bool 
                                            tp_ffn_factory<float>(backend, ctx, shape, moe), 1, StageSpec{},
                                            tp_attention_factory<float>(backend, ctx, shape, s.seq_len),
                                            tensor_parallel_layout<float>(backend, ctx, shape));
-  b.gather = std::make_unique<CommunicatorTokenGather>(tp);
+  b.gather = std::make_unique<CommunicatorTokenGroup>(tp);
   for (int64_t l = 0; l < s.layers; ++l)
-    if (MoeLayer<float>* m = moe_layer_of(b.model->ffn(l))) m->set_token_gather(b.gather.get());
+    if (MoeLayer<float>* m = moe_layer_of(b.model->ffn(l))) m->set_token_group(b.gather.get());
   b.model->init_params(1234);
   return b;
 }

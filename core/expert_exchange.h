@@ -38,18 +38,22 @@ class ExpertExchange {
   }
 };
 
-// The ranks that share one routing group, each holding a block of its tokens (the tensor-parallel group
-// under tensor parallelism): the all-gather of per-token router rows, so that every one of them routes the
-// whole group and capacity, drops and losses are those of the unsplit group. core declares it; parallel/
+// The ranks that share one routing group (the tensor-parallel group): each holds a block of its tokens
+// and all-gathers the per-token router rows, so every one of them routes the whole group and capacity, drops
+// and losses are those of the unsplit group; or, when the experts' hidden width is split over them, each
+// holds every token and sums its partial gate-weight gradients with the others'. core declares it; parallel/
 // implements it over a Communicator.
-class TokenGather {
+class TokenGroup {
  public:
-  virtual ~TokenGather() = default;
+  virtual ~TokenGroup() = default;
   virtual int size() const = 0;
   virtual int rank() const = 0;
   // full (size * count) = every rank's local (count), in rank order.
   virtual void allgather(const float* local, float* full, int64_t count) = 0;
   virtual void allgather(const double* local, double* full, int64_t count) = 0;
+  // data (count) = the sum over the ranks of their data, in place.
+  virtual void allreduce_sum(float* data, int64_t count) = 0;
+  virtual void allreduce_sum(double* data, int64_t count) = 0;
 };
 
 }  // namespace moe

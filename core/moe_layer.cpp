@@ -27,7 +27,7 @@ MoeLayer<T>::MoeLayer(Backend& backend, const MoeSettings& settings)
       s_(settings),
       router_(backend, settings),
       dispatcher_(backend, settings.num_experts, settings.ep_size),
-      experts_(backend, settings.d_model, settings.expert_hidden) {
+      experts_(backend, settings.d_model, settings.expert_hidden / settings.expert_tp) {
   MOE_CHECK(s_.num_experts >= 1 && s_.top_k >= 1 && s_.top_k <= s_.num_experts,
             "experts " << s_.num_experts << ", top_k " << s_.top_k);
   MOE_CHECK(
@@ -35,10 +35,16 @@ MoeLayer<T>::MoeLayer(Backend& backend, const MoeSettings& settings)
       "expert parallelism " << s_.ep_size << " (rank " << s_.ep_rank << ") over " << s_.num_experts << " experts");
   MOE_CHECK(s_.token_shards >= 1 && s_.token_shard >= 0 && s_.token_shard < s_.token_shards,
             "routing group block " << s_.token_shard << " of " << s_.token_shards);
+  MOE_CHECK(s_.expert_tp >= 1 && s_.expert_tp_rank >= 0 && s_.expert_tp_rank < s_.expert_tp &&
+                s_.expert_hidden % s_.expert_tp == 0 && (s_.expert_tp == 1 || s_.token_shards == 1),
+            "expert tensor parallelism " << s_.expert_tp << " (rank " << s_.expert_tp_rank << ") of experts of width "
+                                         << s_.expert_hidden << " over " << s_.token_shards << " routing-group blocks");
+  const TpShard hidden{s_.expert_tp, s_.expert_tp_rank};  // the shared experts and fallback split like the experts
   if (s_.shared_experts > 0)
-    shared_ = std::make_unique<DenseMlp<T>>(backend, s_.d_model, s_.shared_experts * s_.expert_hidden, s_.layers_total);
+    shared_ = std::make_unique<DenseMlp<T>>(backend, s_.d_model, s_.shared_experts * s_.expert_hidden, s_.layers_total,
+                                            hidden);
   if (s_.overflow == Overflow::Dense)
-    fallback_ = std::make_unique<DenseMlp<T>>(backend, s_.d_model, s_.fallback_hidden, s_.layers_total);
+    fallback_ = std::make_unique<DenseMlp<T>>(backend, s_.d_model, s_.fallback_hidden, s_.layers_total, hidden);
   reset_stats();
 }
 
@@ -48,11 +54,18 @@ void MoeLayer<T>::register_params(ParamTable& table, const std::string& prefix) 
   const int64_t D = s_.d_model, E = s_.num_experts, F = s_.expert_hidden;
   const double out_std = 0.02 / std::sqrt(2.0 * double(s_.layers_total));
   table.add({prefix + ".router.weight", {D, E}, ParamRole::Router, true, ParamInit::Normal, 0.02});
-  // This rank's experts: rows [ep_rank * El, (ep_rank + 1) * El) of the global (E, ...) tensors.
+  // This rank's experts: rows [ep_rank * El, (ep_rank + 1) * El) of the global (E, ...) tensors, and with
+  // expert tensor parallelism its block of their hidden width (columns of W1, W3, rows of W2).
   const int64_t El = local_experts(), first = s_.ep_rank * El;
-  table.add({prefix + ".experts.w1", {El, D, F}, ParamRole::Expert, true, ParamInit::Normal, 0.02, E, first});
-  table.add({prefix + ".experts.w3", {El, D, F}, ParamRole::Expert, true, ParamInit::Normal, 0.02, E, first});
-  table.add({prefix + ".experts.w2", {El, F, D}, ParamRole::Expert, true, ParamInit::Normal, out_std, E, first});
+  const TpShard hidden{s_.expert_tp, s_.expert_tp_rank};
+  auto add_expert = [&](const char* name, std::vector<int64_t> shape, int hidden_axis, double std) {
+    ParamSpec spec{prefix + name, std::move(shape), ParamRole::Expert, true, ParamInit::Normal, std};
+    spec.split = {0, E, first, ParamGroup::ExpertParallel};
+    table.add(hidden.block_of(spec, hidden_axis, ParamGroup::ExpertTensorParallel));
+  };
+  add_expert(".experts.w1", {El, D, F}, 2, 0.02);
+  add_expert(".experts.w3", {El, D, F}, 2, 0.02);
+  add_expert(".experts.w2", {El, F, D}, 1, out_std);
   if (shared_) shared_->register_params(table, prefix + ".shared");
   if (fallback_) fallback_->register_params(table, prefix + ".fallback");
   // Split routing group: the router, shared experts and fallback see this rank's tokens only.
@@ -104,7 +117,7 @@ int64_t MoeLayer<T>::capacity(int64_t N) const {
 
 template <typename T>
 double MoeLayer<T>::forward_flops(int64_t N) const {
-  const double n = double(N), D = double(s_.d_model), F = double(s_.expert_hidden);
+  const double n = double(N), D = double(s_.d_model), F = double(s_.expert_hidden / s_.expert_tp);
   double flops = 2 * n * D * double(s_.num_experts) + 6 * n * double(s_.top_k) * D * F;
   if (shared_) flops += shared_->forward_flops(N);
   return flops;
@@ -122,6 +135,8 @@ template <typename T>
 void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot* slot, int64_t N) {
   const int64_t D = s_.d_model;
   MOE_CHECK(dispatcher_.ready(), "an MoE layer over " << s_.ep_size << " expert-parallel ranks needs an exchange");
+  MOE_CHECK(s_.expert_tp == 1 || (group_ && group_->size() == s_.expert_tp),
+            "an MoE layer whose experts are split over " << s_.expert_tp << " ranks needs their group");
   MoeSlot<T>& st = static_cast<MoeSlot<T>&>(*slot);
   const ActsView v = carve(acts, N);
   // Router and plan: scores, selection, gate weights, losses; capacity, overflow, permutation.
@@ -158,12 +173,12 @@ void MoeLayer<T>::route(const FfnContext& context, const T* x, const ActsView& v
     st.first_token = 0;
     return;
   }
-  MOE_CHECK(gather_ && gather_->size() == s_.token_shards,
+  MOE_CHECK(group_ && group_->size() == s_.token_shards,
             "an MoE layer whose routing group is split over " << s_.token_shards << " ranks needs their all-gather");
   const int64_t E = s_.num_experts;
   backend_.reserve(local_logits_, dtype_of<T>(), N * E);
   router_.logits(x, local_logits_.template data<T>(), N);
-  gather_->allgather(local_logits_.template data<T>(), v.logits, N * E);
+  group_->allgather(local_logits_.template data<T>(), v.logits, N * E);
   router_.route(context, v.logits, v.scores, st.routing, group_tokens(N));
   st.first_token = s_.token_shard * N;
 }
@@ -265,7 +280,7 @@ const MoeSlot<T>& MoeLayer<T>::default_state() const {
 template <typename T>
 void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T* dx, const T* acts, FfnSlot* slot,
                            T* /*scratch*/, int64_t N) {
-  const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k, F = s_.expert_hidden;
+  const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k, F = s_.expert_hidden / s_.expert_tp;
   const MoeSlot<T>& st = static_cast<const MoeSlot<T>&>(*slot);
   const ActsView v = carve(const_cast<T*>(acts), N);
   const int64_t M = st.plan.rows(), R = st.exchange.received;
@@ -307,6 +322,8 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
   ops_.combine_rows(dxp, st.slot_row.template data<int32_t>(), nullptr, dx, N, K, D, true);
 
   if (fallback_ && Mf > 0) fallback_backward(context, st, v, dy, host_dw_, sub, dx, N);
+  // Split hidden width: each rank's expert outputs, so its gate-weight gradients, are partial sums.
+  if (s_.expert_tp > 1) group_->allreduce_sum(host_dw_.data(), N * K);
   router_backward(context, st, x, v, dw, dp, dz, dx, N);
 }
 
@@ -320,7 +337,9 @@ void MoeLayer<T>::router_backward(const FfnContext& context, const MoeSlot<T>& s
   std::copy(host_dw_.begin(), host_dw_.end(), group_dw_.begin() + st.first_token * K);
   backend_.copy_to_device(dw, group_dw_.data(), G * K);
   router_.logits_backward(context, st.routing, v.logits, v.scores, dw, dp, dz, G);
-  router_.input_backward(x, dz + st.first_token * E, dx, N);
+  // With expert tensor parallelism every rank computes the same whole router gradient; its share of the
+  // input gradient is added by one rank to the partial sums.
+  router_.input_backward(x, dz + st.first_token * E, s_.expert_tp_rank == 0 ? dx : nullptr, N);
 }
 
 template <typename T>

@@ -59,9 +59,9 @@ class MoeLayer final : public FeedForward<T> {
 
   // The all-to-all over the expert-parallel group (required when ep_size > 1; float only).
   void set_exchange(ExpertExchange* exchange) { dispatcher_.set_exchange(exchange); }
-  // The all-gather over the ranks sharing a routing group (required when token_shards > 1). forward and
-  // backward then take this rank's N rows of a group of N * token_shards tokens.
-  void set_token_gather(TokenGather* gather) { gather_ = gather; }
+  // The ranks sharing a routing group (required when token_shards > 1 or expert_tp > 1). With token_shards,
+  // forward and backward take this rank's N rows of a group of N * token_shards tokens.
+  void set_token_group(TokenGroup* group) { group_ = group; }
   int64_t local_experts() const { return s_.num_experts / s_.ep_size; }
   RouterStepStats* router_stats() override { return &stats_; }
   double router_loss(const FfnSlot* slot) const override;
@@ -116,7 +116,7 @@ class MoeLayer final : public FeedForward<T> {
   ExpertDispatcher<T> dispatcher_;
   GroupedExperts<T> experts_;
   std::unique_ptr<DenseMlp<T>> shared_, fallback_;
-  TokenGather* gather_ = nullptr;
+  TokenGroup* group_ = nullptr;
 
   // Workspace of one forward or backward call (no micro-batch state), kept to avoid reallocating.
   Buffer scratch_, token_rows_, expert_out_, dots_, local_logits_;

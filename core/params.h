@@ -21,6 +21,8 @@ enum class ParamInit { Normal, Ones, Zeros };
 
 // The groups of the rank grid a parameter is split across or replicated over (docs/parallel.md).
 // TensorDataParallel: the tp x dp ranks of one pipeline stage (a tensor every one of them holds whole).
+// ExpertTensorDataParallel: the etp x edp ranks of a stage holding the same experts (whole, or every block of
+// their hidden width).
 enum class ParamGroup {
   None,
   DataParallel,
@@ -28,7 +30,8 @@ enum class ParamGroup {
   ExpertDataParallel,
   TensorParallel,
   ExpertTensorParallel,
-  TensorDataParallel
+  TensorDataParallel,
+  ExpertTensorDataParallel
 };
 const char* param_group_name(ParamGroup group);
 

@@ -389,10 +389,15 @@ void check_tp_ffn_hidden(const Checked& c) {
 }
 void check_tp_expert_hidden(const Checked& c) {
   const Config& k = c.config;
-  if (k.parallel.tp > 1 && k.parallel.expert_tp == k.parallel.tp && k.moe.num_experts > 0)
-    require_tp_split(c, "moe.expert_hidden", k.moe.expert_hidden,
+  if (k.parallel.tp == 1 || k.parallel.expert_tp != k.parallel.tp || k.moe.num_experts == 0) return;
+  require_tp_split(c, "moe.expert_hidden", k.moe.expert_hidden,
+                   "with " + c.show("parallel.expert_tp") +
+                       " each routed expert's hidden width (and the shared experts') is split over the tensor-parallel "
+                       "ranks");
+  if (k.moe.overflow == "dense")
+    require_tp_split(c, "moe.fallback_hidden", k.moe.fallback_hidden,
                      "with " + c.show("parallel.expert_tp") +
-                         " each routed expert's hidden width is split over the tensor-parallel ranks");
+                         " the dense fallback's hidden width is split over the tensor-parallel ranks too");
 }
 void check_tp_seq_len(const Checked& c) {
   const ParallelConfig& p = c.config.parallel;
@@ -406,7 +411,7 @@ void check_tp_seq_len(const Checked& c) {
 void check_tp_routing_group(const Checked& c) {
   const Config& k = c.config;
   const int64_t tp = k.parallel.tp, rows = k.train.micro_batch * k.train.seq_len;
-  if (tp > 1 && k.moe.num_experts > 0 && rows % tp != 0)
+  if (tp > 1 && k.moe.num_experts > 0 && k.parallel.expert_tp == 1 && rows % tp != 0)
     MOE_BAD_INPUT(c.show("train.micro_batch") << " times " << c.show("train.seq_len") << " = " << rows
                                               << " tokens is not a multiple of " << c.show("parallel.tp")
                                               << ": a micro-batch's tokens (its MoE routing group) are split evenly "
@@ -442,14 +447,15 @@ const std::vector<Rule>& rules() {
       {"With `parallel.tp` > 1 and dense FFN layers (`moe.num_experts` = 0 or `moe.every` > 1): `model.ffn_hidden` is "
        "a multiple of `parallel.tp`.",
        check_tp_ffn_hidden},
-      {"With `parallel.tp` > 1, experts and `parallel.expert_tp` = `parallel.tp`: `moe.expert_hidden` is a multiple "
-       "of `parallel.tp`. Shared experts and the dense fallback are not split (each rank runs them on its own "
-       "tokens).",
+      {"With `parallel.tp` > 1, experts and `parallel.expert_tp` = `parallel.tp`: `moe.expert_hidden` (and "
+       "`moe.fallback_hidden` with `moe.overflow` = dense) is a multiple of `parallel.tp`: the routed and shared "
+       "experts and the fallback split their hidden width. With `parallel.expert_tp` = 1 none of them is split.",
        check_tp_expert_hidden},
       {"With `parallel.tp` > 1 and `parallel.sequence_parallel`: `train.seq_len` is a multiple of `parallel.tp`.",
        check_tp_seq_len},
-      {"With `parallel.tp` > 1 and experts: `train.micro_batch * train.seq_len` is a multiple of `parallel.tp` (the "
-       "routing group's tokens are split over the tensor-parallel ranks).",
+      {"With `parallel.tp` > 1, experts and `parallel.expert_tp` = 1: `train.micro_batch * train.seq_len` is a "
+       "multiple "
+       "of `parallel.tp` (the routing group's tokens are split over the tensor-parallel ranks).",
        check_tp_routing_group},
       {"The weights of `data.sources` sum to a finite number.", nullptr},  // checked with the list itself
       {"Data source names are non-empty and unique.", nullptr},            // checked with the list itself
@@ -460,19 +466,12 @@ const std::vector<Rule>& rules() {
 // ---- Features this build does not have yet. Delete a gate when its feature lands. ---------------
 // Gates run after every rule, so a config that could never work is told why before it is told to wait.
 
-void gate_expert_tensor_parallel(const Checked& c) {
-  if (c.config.parallel.expert_tp != 1)
-    MOE_BAD_INPUT(c.show("parallel.expert_tp")
-                  << ": experts split over the tensor-parallel group are not available in this build yet (expected 1: "
-                     "every expert whole on each tensor-parallel rank, the experts spread over parallel.ep)");
-}
 void gate_pipeline_parallel(const Checked& c) {
   if (c.config.parallel.pp != 1)
     MOE_BAD_INPUT(c.show("parallel.pp") << ": pipeline parallelism is not available in this build yet (expected 1)");
 }
 const std::vector<Rule>& gates() {
   static const std::vector<Rule> table = {
-      {"`parallel.expert_tp` = 1: experts split over the tensor-parallel group.", gate_expert_tensor_parallel},
       {"`parallel.pp` = 1: pipeline parallelism.", gate_pipeline_parallel},
   };
   return table;

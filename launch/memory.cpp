@@ -59,8 +59,9 @@ struct ParamCounts {
 ParamCounts param_counts(const Sizes& s) {
   const double attention = 4 * s.D * s.D / s.tp;  // Wq, Wk, Wv split by columns, Wo by rows
   const double mlp = 3 * s.D * s.F / s.tp;        // W1, W3 by columns, W2 by rows
-  // The router (D, E), the shared experts and the fallback: whole on every tensor-parallel rank.
-  const double moe_whole = s.D * s.E + 3 * s.D * s.S * s.Fe + 3 * s.D * s.Ff;
+  // The router (D, E) whole on every tensor-parallel rank; the shared experts and the fallback too, or split
+  // by hidden width with the experts when expert_tp = tp.
+  const double moe_whole = s.D * s.E + (3 * s.D * s.S * s.Fe + 3 * s.D * s.Ff) / s.etp;
   ParamCounts p;
   // Embedding (V, D) split by rows and head (D, V) by columns; the output norm and two norms per layer whole.
   p.dense = 2 * s.V * s.D / s.tp + s.D + s.L * (2 * s.D + attention) + s.dense_layers * mlp + s.moe_layers * moe_whole;
@@ -76,14 +77,18 @@ double optimizer_bytes(const ParamCounts& p, bool zero, double dp, double edp) {
   return 2 * kFloat * (std::ceil(p.dense / dp) + std::ceil(p.expert / edp));
 }
 
-// MoeLayer::activation_size for the tokens this rank routes (its block of N / tp of the routing group's N):
-// the whole group's logits and scores (N, E), the expert outputs at the token side (n K, D), the shared
-// experts' activations and output, the fallback's input, activations and output.
+// The rows an MoE layer computes on this rank: its block of N / tp of the routing group's N, or all N when
+// its experts' hidden width is split over the tp ranks instead (expert_tp = tp).
+double moe_rows(const Sizes& s) { return s.etp > 1 ? s.N : s.N / s.tp; }
+
+// MoeLayer::activation_size for the n rows this rank routes: the whole group's logits and scores (N, E), the
+// expert outputs at the token side (n K, D), the shared experts' activations (their hidden block) and
+// output, the fallback's input, activations and output.
 double moe_activation_elements(const Sizes& s) {
-  const double n = s.N / s.tp, D = s.D;
+  const double n = moe_rows(s), D = s.D;
   double elements = 2 * s.N * s.E + n * s.K * D;
-  if (s.S > 0) elements += 3 * n * s.S * s.Fe + n * D;
-  if (s.Ff > 0) elements += 2 * n * D + 3 * n * s.Ff;
+  if (s.S > 0) elements += 3 * n * s.S * s.Fe / s.etp + n * D;
+  if (s.Ff > 0) elements += 2 * n * D + 3 * n * s.Ff / s.etp;
   return elements;
 }
 
@@ -111,7 +116,8 @@ LayerElements layer_elements(const Sizes& s, bool moe, bool keep_probs) {
   LayerElements e;
   // xa, h, xf (rows, D), two rstd (rows), the attention's and the FFN's (Model::acts_size).
   e.acts = 3 * rows * D + 2 * rows + attention + (moe ? moe_activation_elements(s) : mlp);
-  e.scratch = std::max(attention_scratch, moe ? 0.0 : mlp + wrapped);
+  // The MoE layer keeps its own scratch; split by hidden width it is a tp region like the MLP.
+  e.scratch = std::max(attention_scratch, moe ? (s.etp > 1 ? wrapped : 0.0) : mlp + wrapped);
   return e;
 }
 
@@ -151,18 +157,18 @@ ModelBytes model_bytes(const Sizes& s, const std::string& mode, int64_t recomput
 // rows an expert-parallel rank receives equal those it sends.
 struct RoutedRows {
   double token_side;   // M: assignments kept, at the token's rank
-  double expert_side;  // R: rows the local experts compute; with expert_tp = tp the tp group's rows
+  double expert_side;  // R: rows the local experts compute (balanced: as many as the rank sends)
   double fallback;     // Mf: tokens with an overflowed assignment (moe.overflow = "dense")
 };
 
 RoutedRows routed_rows(const Sizes& s) {
-  // This rank's block of the routing group, and its share of the group's capacity.
-  const double n = s.N / s.tp, assignments = n * s.K;
-  const double capacity = s.capacity_factor > 0 ? std::ceil(s.K * s.N / s.E * s.capacity_factor) / s.tp
+  // This rank's rows of the routing group, and their share of the group's capacity.
+  const double n = moe_rows(s), assignments = n * s.K;
+  const double capacity = s.capacity_factor > 0 ? std::ceil(s.K * s.N / s.E * s.capacity_factor) * n / s.N
                                                 : std::numeric_limits<double>::infinity();
   RoutedRows r;
   r.token_side = std::min(assignments, s.E * capacity);
-  r.expert_side = r.token_side * s.etp;
+  r.expert_side = r.token_side;
   r.fallback = s.Ff > 0 ? std::min(n, assignments - r.token_side) : 0.0;
   return r;
 }
@@ -170,7 +176,7 @@ RoutedRows routed_rows(const Sizes& s) {
 // One MoE layer's buffers sized by routing (core/moe_layer.cpp, core/moe/experts.cpp, core/moe/router.cpp).
 double routed_bytes_per_layer(const Sizes& s, double slots) {
   const RoutedRows r = routed_rows(s);
-  const double n = s.N / s.tp, D = s.D, K = s.K, E = s.E, F = s.Fe / s.etp;
+  const double n = moe_rows(s), D = s.D, K = s.K, E = s.E, F = s.Fe / s.etp;
   const double M = r.token_side, R = r.expert_side, Mf = r.fallback;
   // Per slot: expert-side xe (R, D) and a, b, h (R, F); the plan's perm_token, perm_gate (M), slot_row,
   // gate (N K), and the fallback's tokens and weights (Mf).
@@ -179,8 +185,8 @@ double routed_bytes_per_layer(const Sizes& s, double slots) {
   // scratch (dyp, dxp (M, D), dye, dxe (R, D), the experts' 3 R F, dp, dz (N, E), dw (N K), and the shared
   // experts' or the fallback's scratch).
   const double fallback_rows = std::max(Mf, 1.0);
-  const double shared_scratch = s.S > 0 ? 3 * n * s.S * s.Fe : 0.0;
-  const double fallback_scratch = s.Ff > 0 ? 3 * fallback_rows * s.Ff + 2 * fallback_rows * D : 0.0;
+  const double shared_scratch = s.S > 0 ? 3 * n * s.S * s.Fe / s.etp : 0.0;
+  const double fallback_scratch = s.Ff > 0 ? 3 * fallback_rows * s.Ff / s.etp + 2 * fallback_rows * D : 0.0;
   const double backward =
       2 * M * D + 2 * R * D + 3 * R * F + 2 * s.N * E + s.N * K + std::max(shared_scratch, fallback_scratch);
   const double workspace = kFloat * (M * D + R * D + std::max(M, Mf) + backward);

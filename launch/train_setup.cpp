@@ -69,6 +69,7 @@ MoeSettingsOf moe_layers(const Config& config, const ProcessGroups& groups) {
     if (m.num_experts == 0 || layer % m.every != m.every - 1) return std::nullopt;
     MoeSettings s = moe_settings(config, layer);
     s.ep_size = config.parallel.ep, s.ep_rank = ep_rank;
+    s.expert_tp = config.parallel.expert_tp;
     return s;
   };
 }
@@ -97,11 +98,11 @@ void build_model(Trainer& t) {
                                            StageSpec{}, tp_attention_factory<float>(t.backend, tp, shape, tc.seq_len),
                                            tensor_parallel_layout<float>(t.backend, tp, shape));
   t.exchange = std::make_unique<CommunicatorExchange>(*t.groups.ep);
-  t.token_gather = std::make_unique<CommunicatorTokenGather>(*t.groups.tp);
+  t.token_group = std::make_unique<CommunicatorTokenGroup>(*t.groups.tp);
   for (int64_t l = 0; l < t.model->num_layers(); ++l)
     if (auto* m = moe_layer_of(t.model->ffn(l))) {
       m->set_exchange(t.exchange.get());
-      m->set_token_gather(t.token_gather.get());
+      m->set_token_group(t.token_group.get());
       t.moe_layers.push_back(m);
     }
   t.model->init_params(tc.seed);

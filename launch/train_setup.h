@@ -61,7 +61,7 @@ struct Trainer {
   ProcessGroups groups;
   std::unique_ptr<Model<float>> model;
   std::unique_ptr<CommunicatorExchange> exchange;
-  std::unique_ptr<CommunicatorTokenGather> token_gather;  // MoE routing groups split over the tp ranks
+  std::unique_ptr<CommunicatorTokenGroup> token_group;  // MoE routing groups split over the tp ranks
   std::vector<MoeLayer<float>*> moe_layers;
   std::unique_ptr<GradBuckets> buckets;
   std::vector<Segment> owned;  // the gradient slices this rank clips and updates

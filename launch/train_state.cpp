@@ -33,9 +33,14 @@ Members members(const ProcessGroups& g, ParamGroup group) {
       return {g.edp->size(), g.edp->rank()};
     case ParamGroup::TensorParallel:
       return {g.tp->size(), g.tp->rank()};
-    case ParamGroup::TensorDataParallel: {  // the ranks of one pipeline stage
-      const std::vector<int64_t> stage = g.grid.group(g.rank, GroupKind::TpDp);
-      return {int(stage.size()), int(std::find(stage.begin(), stage.end(), g.rank) - stage.begin())};
+    case ParamGroup::TensorDataParallel:          // the ranks of one pipeline stage
+    case ParamGroup::ExpertTensorDataParallel: {  // those of them with this rank's experts
+      std::vector<int64_t> ranks = g.grid.group(g.rank, GroupKind::TpDp);
+      if (group == ParamGroup::ExpertTensorDataParallel)
+        ranks.erase(
+            std::remove_if(ranks.begin(), ranks.end(), [&](int64_t m) { return g.grid.coords(m).ep != g.coords.ep; }),
+            ranks.end());
+      return {int(ranks.size()), int(std::find(ranks.begin(), ranks.end(), g.rank) - ranks.begin())};
     }
     default:
       MOE_FAIL("no replica group " << param_group_name(group) << " for checkpoint pieces");
@@ -44,13 +49,13 @@ Members members(const ProcessGroups& g, ParamGroup group) {
 
 // Of the pieces held, those this rank writes: its own, and the replicated ones assign_writers gives it
 // among the members of their replica group (tp x dp: tensors every rank of the stage holds whole, the
-// optimizer step and the MoE state; dp: blocks of tensors split over tp; edp: expert tensors and their
-// clipping statistics; tp: ZeRO slices of tensors every tp rank holds whole).
+// optimizer step and the MoE state; dp: blocks of tensors split over tp; edp: expert tensors (or their
+// blocks); etp x edp: the experts' clipping statistics; tp: ZeRO slices of tensors every tp rank holds whole).
 std::vector<Piece> written_here(const TrainState& s, std::vector<Held> held) {
   std::vector<bool> mine(held.size(), false);
   for (size_t i = 0; i < held.size(); ++i) mine[i] = held[i].replicas == ParamGroup::None;
   for (const ParamGroup g : {ParamGroup::DataParallel, ParamGroup::ExpertDataParallel, ParamGroup::TensorParallel,
-                             ParamGroup::TensorDataParallel}) {
+                             ParamGroup::TensorDataParallel, ParamGroup::ExpertTensorDataParallel}) {
     const Members group = members(*s.groups, g);
     std::vector<std::pair<std::string, int64_t>> items;
     std::vector<size_t> index;
@@ -73,7 +78,8 @@ std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
   auto add = [&](std::string tensor, ckpt::DType dtype, Slab slab, void* data, ParamGroup replicas) {
     held.push_back({Piece{std::move(tensor), dtype, std::move(slab), data, data}, replicas});
   };
-  const ParamGroup all = ParamGroup::TensorDataParallel, expert_group = ParamGroup::ExpertDataParallel;
+  // Per-expert clipping statistics: the same on every rank holding the expert (summed over its blocks).
+  const ParamGroup all = ParamGroup::TensorDataParallel, expert_group = ParamGroup::ExpertTensorDataParallel;
 
   for (const ParamSpec& spec : table.specs())
     add("params/" + spec.name, ckpt::DType::F32, block_of(spec), s.model->params() + spec.offset, spec.replicas);

@@ -130,11 +130,12 @@ void clip_gradients(Trainer& t, StepResult& r) {
     const std::vector<Segment>* mine = config.optim.zero ? &t.buckets->owned_expert() : nullptr;
     std::vector<double> ss = t.clip->sum_squares(grads, mine);
     if (config.optim.zero) t.groups.edp->allreduce_sum(ss.data(), int64_t(ss.size()));
+    t.groups.etp->allreduce_sum(ss.data(), int64_t(ss.size()));  // blocks of each expert's hidden width
     r.experts_clipped = t.clip->clip(grads, ss, mine);
     t.groups.ep->allreduce_sum(&r.experts_clipped, 1);
   }
-  // Dense gradients are replicated over dp (or sliced under ZeRO), expert gradients are spread over ep
-  // (and sliced over edp under ZeRO).
+  // Dense gradients are replicated over dp (or sliced under ZeRO), expert gradients are spread over ep and
+  // their hidden width over etp (and sliced over edp under ZeRO).
   // Dense tensors split over tp hold disjoint blocks on the tp ranks: their squares sum over tp too.
   const auto [tp_split, tp_whole] = split_by_tp(t.model->table(), t.buckets->owned_dense());
   double dense_ss[2] = {sum_squares(t.model->backend(), grads, tp_split),
@@ -146,6 +147,7 @@ void clip_gradients(Trainer& t, StepResult& r) {
   }
   t.groups.tp->allreduce_sum(dense_ss, 1);
   t.groups.ep->allreduce_sum(&expert_ss, 1);
+  t.groups.etp->allreduce_sum(&expert_ss, 1);
   r.grad_norm = std::sqrt(dense_ss[0] + dense_ss[1] + expert_ss);
   if (config.optim.clip > 0 && r.grad_norm > config.optim.clip)
     scale_segments(t.model->backend(), grads, t.owned, float(config.optim.clip / r.grad_norm));

@@ -54,14 +54,16 @@ class CommunicatorExchange final : public ExpertExchange {
   Communicator& comm_;
 };
 
-// The MoE layer's all-gather of router rows over the ranks sharing a routing group (the tp group).
-class CommunicatorTokenGather final : public TokenGather {
+// The MoE layer's collectives over the ranks sharing a routing group (the tp group).
+class CommunicatorTokenGroup final : public TokenGroup {
  public:
-  explicit CommunicatorTokenGather(Communicator& comm) : comm_(comm) {}
+  explicit CommunicatorTokenGroup(Communicator& comm) : comm_(comm) {}
   int size() const override { return comm_.size(); }
   int rank() const override { return comm_.rank(); }
   void allgather(const float* local, float* full, int64_t count) override { comm_.allgather(local, full, count); }
   void allgather(const double* local, double* full, int64_t count) override { comm_.allgather(local, full, count); }
+  void allreduce_sum(float* data, int64_t count) override { comm_.allreduce_sum(data, count); }
+  void allreduce_sum(double* data, int64_t count) override { comm_.allreduce_sum(data, count); }
 
  private:
   Communicator& comm_;

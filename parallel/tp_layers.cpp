@@ -143,6 +143,39 @@ void TokenSplitFfn<T>::backward(const FfnContext& context, const T* x, const T* 
   tp::gather_rows_forward(tp_, work_.template data<T>(), dx, R, D);  // the whole gradient: the blocks, gathered
 }
 
+// ---- An MoE layer with its experts' hidden width split ---------------------------------------------
+
+template <typename T>
+ExpertTpFfn<T>::ExpertTpFfn(Backend& backend, TpContext tp, int64_t d_model, std::unique_ptr<FeedForward<T>> inner)
+    : backend_(backend), ops_(backend.ops<T>()), tp_(tp), D_(d_model), inner_(std::move(inner)) {}
+
+template <typename T>
+int64_t ExpertTpFfn<T>::scratch_size(int64_t R) const {
+  const int64_t N = tp_.tokens(R);
+  return wrapper_scratch(tp_, N, D_) + inner_->scratch_size(N);
+}
+
+template <typename T>
+void ExpertTpFfn<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot* slot, int64_t R) {
+  const int64_t N = tp_.tokens(R), D = D_;
+  const bool sp = tp_.sequence_parallel;
+  if (sp) backend_.reserve(work_, dtype_of<T>(), 2 * N * D);
+  T* partial = sp ? work_.template data<T>() : y;  // without sequence parallelism y holds all N rows
+  const T* xg = whole_rows(tp_, x, partial + N * D, N, D);
+  inner_->forward(context, xg, partial, acts, slot, N);
+  summed_rows(tp_, ops_, partial, y, N, D);
+}
+
+template <typename T>
+void ExpertTpFfn<T>::backward(const FfnContext& context, const T* x, const T* dy, T* dx, const T* acts, FfnSlot* slot,
+                              T* scratch, int64_t R) {
+  const int64_t N = tp_.tokens(R), D = D_;
+  T* dxg = tp_.sequence_parallel ? scratch + 2 * N * D : dx;
+  inner_->backward(context, whole_rows(tp_, x, scratch, N, D), whole_rows(tp_, dy, scratch + N * D, N, D), dxg, acts,
+                   slot, scratch + wrapper_scratch(tp_, N, D), N);
+  summed_rows(tp_, ops_, dxg, dx, N, D);
+}
+
 // ---- Vocabulary-parallel embedding ------------------------------------------------------------------
 
 template <typename T>
@@ -239,6 +272,12 @@ typename Model<T>::FfnFactory tp_ffn_factory(Backend& backend, TpContext tp, con
   return [b, tp, shape, moe_settings](int64_t layer) -> std::unique_ptr<FeedForward<T>> {
     const bool split = tp.comm->size() > 1;
     if (std::optional<MoeSettings> s = moe_settings ? moe_settings(layer) : std::nullopt) {
+      if (s->expert_tp > 1) {
+        MOE_CHECK(s->expert_tp == tp.comm->size(),
+                  "experts split over " << s->expert_tp << " of " << tp.comm->size() << " tensor-parallel ranks");
+        s->expert_tp_rank = tp.comm->rank();
+        return std::make_unique<ExpertTpFfn<T>>(*b, tp, shape.d_model, std::make_unique<MoeLayer<T>>(*b, *s));
+      }
       s->token_shards = tp.comm->size(), s->token_shard = tp.comm->rank();
       auto moe = std::make_unique<MoeLayer<T>>(*b, *s);
       if (!split || tp.sequence_parallel) return moe;
@@ -259,6 +298,7 @@ void reduce_partial_over_tp(const ParamTable& table, T* grads, Communicator& tp)
 template <typename T>
 MoeLayer<T>* moe_layer_of(FeedForward<T>& ffn) {
   if (auto* split = dynamic_cast<TokenSplitFfn<T>*>(&ffn)) return dynamic_cast<MoeLayer<T>*>(&split->inner());
+  if (auto* split = dynamic_cast<ExpertTpFfn<T>*>(&ffn)) return dynamic_cast<MoeLayer<T>*>(&split->inner());
   return dynamic_cast<MoeLayer<T>*>(&ffn);
 }
 
@@ -277,6 +317,8 @@ template class TpAttention<float>;
 template class TpAttention<double>;
 template class TpMlp<float>;
 template class TpMlp<double>;
+template class ExpertTpFfn<float>;
+template class ExpertTpFfn<double>;
 template class TokenSplitFfn<float>;
 template class TokenSplitFfn<double>;
 template class VocabParallelEmbedding<float>;

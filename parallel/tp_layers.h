@@ -125,6 +125,42 @@ class TokenSplitFfn final : public FeedForward<T> {
   Buffer work_;  // the block's output or input gradient
 };
 
+// An MoE layer whose experts' hidden width is split over the tp ranks (MoeSettings::expert_tp,
+// parallel.expert_tp = tp) as a tensor-parallel region: every rank takes the whole routing group's rows
+// (all-gathered under sequence parallelism), routes them all alike, computes its hidden block of every
+// expert for them, and the partial outputs are summed (reduce-scattered to its rows under sequence
+// parallelism). The input is gathered again in backward, not kept.
+template <typename T>
+class ExpertTpFfn final : public FeedForward<T> {
+ public:
+  ExpertTpFfn(Backend& backend, TpContext tp, int64_t d_model, std::unique_ptr<FeedForward<T>> inner);
+  void register_params(ParamTable& table, const std::string& prefix) override {
+    inner_->register_params(table, prefix);
+  }
+  void bind(const ParamTable& table, T* params, T* grads) override { inner_->bind(table, params, grads); }
+  int64_t activation_size(int64_t R) const override { return inner_->activation_size(tp_.tokens(R)); }
+  // The gathered input and output gradient and the partial input gradient (N, D) each, then the inner's.
+  int64_t scratch_size(int64_t R) const override;
+  double forward_flops(int64_t R) const override { return inner_->forward_flops(tp_.tokens(R)); }
+  std::unique_ptr<FfnSlot> make_slot() const override { return inner_->make_slot(); }
+  RouterStepStats* router_stats() override { return inner_->router_stats(); }
+  double router_loss(const FfnSlot* slot) const override { return inner_->router_loss(slot); }
+  using FeedForward<T>::forward;
+  using FeedForward<T>::backward;
+  void forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot* slot, int64_t R) override;
+  void backward(const FfnContext& context, const T* x, const T* dy, T* dx, const T* acts, FfnSlot* slot, T* scratch,
+                int64_t R) override;
+  FeedForward<T>& inner() { return *inner_; }
+
+ private:
+  Backend& backend_;
+  Ops<T>& ops_;
+  TpContext tp_;
+  int64_t D_;
+  std::unique_ptr<FeedForward<T>> inner_;
+  Buffer work_;  // the gathered input and the partial output of one forward
+};
+
 // The embedding with this rank's block of the vocabulary: each rank embeds the tokens of its block (zero
 // rows for the others), and the partial sums are reduced (scattered by rows under sequence parallelism).
 template <typename T>
@@ -183,9 +219,10 @@ TensorParallelLayout<T> tensor_parallel_layout(Backend& backend, TpContext tp, c
 template <typename T>
 typename Model<T>::AttentionFactory tp_attention_factory(Backend& backend, TpContext tp, const ModelShape& shape,
                                                          int64_t seq_len);
-// The FFNs: layer l is an MoE layer with moe_settings(l) when it gives settings (the routing group split
-// over the tp ranks: token_shards set here; without sequence parallelism in a TokenSplitFfn), else the dense
-// SwiGLU MLP of shape.ffn_hidden split by hidden units.
+// The FFNs: layer l is an MoE layer with moe_settings(l) when it gives settings, else the dense SwiGLU MLP of
+// shape.ffn_hidden split by hidden units. The MoE layer's routing group is split over the tp ranks
+// (token_shards set here; without sequence parallelism in a TokenSplitFfn), or, when the settings ask for
+// expert_tp > 1 (= tp), its experts' hidden width (expert_tp_rank set here; in an ExpertTpFfn).
 using MoeSettingsOf = std::function<std::optional<MoeSettings>(int64_t layer)>;
 template <typename T>
 typename Model<T>::FfnFactory tp_ffn_factory(Backend& backend, TpContext tp, const ModelShape& shape,

@@ -205,8 +205,8 @@ void Router<T>::logits_backward(const FfnContext& context, const Routing<T>& r, 
 template <typename T>
 void Router<T>::input_backward(const T* x, const T* dz, T* dx, int64_t N) const {
   const int64_t D = s_.d_model, E = s_.num_experts;
-  ops_.gemm(true, false, D, E, N, T(1), x, D, dz, E, T(1), grad_, E);     // dWg += x^T dz
-  ops_.gemm(false, true, N, D, E, T(1), dz, E, weight_, E, T(1), dx, D);  // dx += dz Wg^T
+  ops_.gemm(true, false, D, E, N, T(1), x, D, dz, E, T(1), grad_, E);             // dWg += x^T dz
+  if (dx) ops_.gemm(false, true, N, D, E, T(1), dz, E, weight_, E, T(1), dx, D);  // dx += dz Wg^T
 }
 
 // The router losses' gradients into dp (through the scores) and dz (z-loss), weighted by this group's

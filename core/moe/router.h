@@ -52,7 +52,8 @@ class Router {
   // dz (N, E) = the gradient of the logits from the gate weights' (dw) and the router losses'.
   void logits_backward(const FfnContext& context, const Routing<T>& routing, const T* logits, const T* scores,
                        const T* dw, T* dp, T* dz, int64_t N) const;
-  // From the logits' gradient dz (N, E) of the tokens x (N, D): dWg accumulates, dx (N, D) += dz Wg^T.
+  // From the logits' gradient dz (N, E) of the tokens x (N, D): dWg accumulates, dx (N, D) += dz Wg^T
+  // (dx nullptr: the weight's gradient only).
   void input_backward(const T* x, const T* dz, T* dx, int64_t N) const;
 
   std::vector<float>& bias() { return bias_; }

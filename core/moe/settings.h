@@ -34,6 +34,11 @@ struct MoeSettings {
   // A routing group split over ranks (the tensor-parallel group): each holds a block of token_shards equal
   // consecutive blocks of the group's tokens, this rank block token_shard. Routing is the whole group's.
   int64_t token_shards = 1, token_shard = 0;
+  // Expert tensor parallelism: the routed experts', the shared experts' and the fallback's hidden width split
+  // over expert_tp ranks (the tensor-parallel group), this rank holding block expert_tp_rank. The layer then
+  // takes every token of the routing group, and its output and input gradient are this rank's partial sums
+  // (parallel/tp_layers.h sums them over the group).
+  int64_t expert_tp = 1, expert_tp_rank = 0;
 };
 
 // Fate of one (token, slot) assignment after capacity.

@@ -235,9 +235,10 @@ run_case "train.seq_len not a multiple of parallel.tp" 2 no_setup "$moe" train -
 expect=("parallel.expert_tp = 3" "parallel.tp = 2" "expected 1")
 run_case "parallel.expert_tp neither 1 nor parallel.tp" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
   --set parallel.tp=2 --set parallel.expert_tp=3
-expect=("parallel.expert_tp = 2" "not available in this build yet")
-run_case "parallel.expert_tp=2 that passes every rule" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
-  --set parallel.tp=2 --set parallel.expert_tp=2
+expect=("moe.fallback_hidden = 63" "parallel.tp = 2" "dense fallback")
+run_case "moe.fallback_hidden not a multiple of parallel.tp with parallel.expert_tp" 2 no_setup "$moe" train \
+  --config "$config" "${small[@]}" --set moe.num_experts=4 --set parallel.tp=2 --set parallel.expert_tp=2 \
+  --set moe.overflow=dense --set moe.fallback_hidden=63
 
 # The memory estimate: a model no machine holds is refused by name before anything is allocated or written.
 expect=("per rank" "model.d_model=65536" "model.layers=64" "more than this machine")

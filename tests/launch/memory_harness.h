@@ -43,7 +43,7 @@ struct Measured {
 inline Measured measure(const Config& config, std::unique_ptr<Communicator> world) {
   const std::unique_ptr<Backend> backend = make_cpu_backend(1);
   const int64_t ranks = world->size();
-  const RankGrid grid({ranks, config.parallel.tp, 1, 1, 1, 1}, config.moe.num_experts);
+  const RankGrid grid({ranks, config.parallel.tp, 1, 1, 1, config.parallel.expert_tp}, config.moe.num_experts);
   const data::Corpus corpus = load_training_corpus(config);
   TrainPaths paths;
   paths.run_dir = "unused";  // the trainer's construction writes nothing

@@ -188,8 +188,9 @@ TEST(CheckpointResume, ReshardsBetweenLayoutsIncludingOptimizerState) {
 }
 
 // A checkpoint written at tp 2 x dp 2 (sequence parallel, ZeRO) resumes at tp 1 and at tp 4 (and one
-// written at tp 4 at tp 2 x dp 2): tensors split by heads, hidden units and vocabulary blocks are read in
-// global coordinates, their AdamW moments too.
+// written at tp 4 at tp 2 x dp 2), and one with the experts split by hidden width (expert_tp 2, ep 2, ZeRO)
+// at tp 1 and back: tensors split by heads, hidden units, vocabulary and expert blocks are read in global
+// coordinates, their AdamW moments too.
 TEST(CheckpointResume, ReshardsAcrossTensorParallelLayouts) {
   const fs::path root = temp_root("reshard_tp");
   const std::vector<std::string> tp1 = {"model.heads=4"}, tp4 = {"model.heads=4", "parallel.tp=4"};
@@ -201,10 +202,19 @@ TEST(CheckpointResume, ReshardsAcrossTensorParallelLayouts) {
   const RunOutput to_tp4 = train(4, tp4, (root / "to_tp4").string());
   train(4, tp4, (root / "from_tp4").string(), 10);
   const RunOutput from_tp4 = train(4, tp2dp2, (root / "from_tp4").string());
+  // Experts split over ep on axis 0 and over etp on their hidden width: 2-D blocks and ZeRO slices of them.
+  const std::vector<std::string> etp = {"model.heads=4", "parallel.tp=2", "parallel.expert_tp=2", "parallel.ep=2",
+                                        "optim.zero=true"};
+  train(4, etp, (root / "from_etp").string(), 10);
+  const RunOutput from_etp = train(1, tp1, (root / "from_etp").string());
+  train(1, tp1, (root / "to_etp").string(), 10);
+  const RunOutput to_etp = train(4, etp, (root / "to_etp").string());
   if (MpiCommunicator::world()->rank() == 0) {
     expect_close(whole, to_tp1, "tp2 dp2 zero -> tp1");
     expect_close(whole, to_tp4, "tp2 dp2 zero -> tp4");
     expect_close(whole, from_tp4, "tp4 -> tp2 dp2 zero");
+    expect_close(whole, from_etp, "tp2 etp2 ep2 dp2 zero -> tp1");
+    expect_close(whole, to_etp, "tp1 -> tp2 etp2 ep2 dp2 zero");
     fs::remove_all(root.parent_path());
   }
 }

@@ -363,11 +363,9 @@ TEST(ConfigRules, DataSources) {
 
 TEST(ConfigGates, UnavailableFeaturesAreRejected) {
   EXPECT_EQ(from(document_with("parallel.tp", 2)).parallel.tp, 2);  // tensor parallelism has landed
-  expect_bad_input(
-      [] {
-        from(json{{"parallel", {{"tp", 2}, {"expert_tp", 2}}}, {"moe", {{"num_experts", 4}}}});
-      },
-      {"parallel.expert_tp = 2", "not available in this build yet (expected 1"});
+  // and splitting the experts over it too
+  EXPECT_EQ(from(json{{"parallel", {{"tp", 2}, {"expert_tp", 2}}}, {"moe", {{"num_experts", 4}}}}).parallel.expert_tp,
+            2);
   expect_bad_input([] { from(document_with("parallel.pp", 4)); }, {"parallel.pp = 4", "pipeline parallelism"});
   EXPECT_EQ(from(document_with("parallel.ep", 2)).parallel.ep, 2);  // expert and data parallelism have landed
   EXPECT_EQ(from(document_with("parallel.dp", 2)).parallel.dp, 2);
@@ -377,7 +375,6 @@ TEST(ConfigGates, UnavailableFeaturesAreRejected) {
 
 // A tensor-parallel config that splits something unevenly is refused by name; one that passes every rule
 // is accepted (or, with parallel.expert_tp = tp, reaches the gate that still refuses split experts).
-const char* const kExpertTpGate = "experts split over the tensor-parallel group are not available in this build yet";
 
 TEST(ConfigRules, TensorParallelSplitsWholeHeads) {
   expect_bad_input([] { from(document_with("parallel.tp", 8)); },
@@ -413,13 +410,22 @@ TEST(ConfigRules, TensorParallelExpertsSplitOnlyWithExpertTp) {
   expect_bad_input([&] { from(moe, {"parallel.expert_tp=2"}); },
                    {"moe.expert_hidden = 127 (in test.json)", "parallel.tp = 2 (in test.json)",
                     "parallel.expert_tp = 2 (in --set parallel.expert_tp=2)", "routed expert's hidden width"});
-  // Shared experts and the dense fallback run whole on each rank's tokens: their widths need not split.
+  // The shared experts and the dense fallback split their hidden width with the experts.
   expect_bad_input(
       [&] {
         from(moe, {"parallel.expert_tp=2", "moe.expert_hidden=128", "moe.shared_experts=1", "moe.overflow=dense",
                    "moe.fallback_hidden=63"});
       },
-      {kExpertTpGate});
+      {"moe.fallback_hidden = 63", "parallel.tp = 2", "dense fallback"});
+  EXPECT_EQ(from(moe, {"parallel.expert_tp=2", "moe.expert_hidden=128", "moe.shared_experts=1", "moe.overflow=dense",
+                       "moe.fallback_hidden=64"})
+                .parallel.expert_tp,
+            2);
+  // Split experts see the whole routing group on every rank: its tokens need not divide by tp.
+  EXPECT_EQ(from(moe, {"parallel.expert_tp=2", "moe.expert_hidden=128", "parallel.sequence_parallel=false",
+                       "train.seq_len=127", "train.micro_batch=1"})
+                .train.seq_len,
+            127);
 }
 
 TEST(ConfigRules, ExpertTpIsOneOrTp) {
@@ -430,7 +436,7 @@ TEST(ConfigRules, ExpertTpIsOneOrTp) {
       {"parallel.expert_tp = 2 (in test.json)", "parallel.tp = 4 (in test.json)", "expected 1", "or 4 = parallel.tp"});
   expect_bad_input([] { from(document_with("parallel.expert_tp", 2)); },
                    {"parallel.expert_tp = 2", "parallel.tp = 1 (default)", "expected 1"});
-  expect_bad_input([] { from(json{{"parallel", {{"tp", 4}, {"expert_tp", 4}}}}); }, {kExpertTpGate});
+  EXPECT_EQ(from(json{{"parallel", {{"tp", 4}, {"expert_tp", 4}}}}).parallel.expert_tp, 4);
   expect_bad_input([] { from(document_with("parallel.expert_tp", 0)); }, {"parallel.expert_tp = 0", ">= 1"});
   EXPECT_EQ(from(document_with("parallel.expert_tp", 1)).parallel.expert_tp, 1);
 }

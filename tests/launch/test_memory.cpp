@@ -82,11 +82,12 @@ TEST(MemoryEstimate, TensorParallelSplitsTheTensorsOfTheLayout) {
         config.parallel.expert_tp = expert_tp ? tp : 1;
         SCOPED_TRACE("tp " + std::to_string(tp) + ", ep " + std::to_string(ep) + ", expert_tp " +
                      std::to_string(config.parallel.expert_tp));
-        const int64_t norms = 2 * 2 * D + D;                                     // two per layer, the output norm
-        const int64_t embedding_and_head = V / tp * D + D * (V / tp);            // rows and columns split
-        const int64_t attention = 2 * 4 * D * (D / tp);                          // Wq, Wk, Wv, Wo in both layers
-        const int64_t dense_mlp = 3 * D * (F / tp);                              // layer 0
-        const int64_t router_shared_fallback = D * E + 3 * D * Fe + 3 * D * Ff;  // layer 1, whole
+        const int64_t norms = 2 * 2 * D + D;                           // two per layer, the output norm
+        const int64_t embedding_and_head = V / tp * D + D * (V / tp);  // rows and columns split
+        const int64_t attention = 2 * 4 * D * (D / tp);                // Wq, Wk, Wv, Wo in both layers
+        const int64_t dense_mlp = 3 * D * (F / tp);                    // layer 0
+        // Layer 1: the router whole; the shared expert and the fallback whole, or split with the experts.
+        const int64_t router_shared_fallback = D * E + (3 * D * Fe + 3 * D * Ff) / config.parallel.expert_tp;
         const int64_t experts = 3 * (E / ep) * D * (Fe / config.parallel.expert_tp);
         const int64_t elements = norms + embedding_and_head + attention + dense_mlp + router_shared_fallback + experts;
         const MemoryEstimate e = estimate_memory(config, tp, 2, ep);

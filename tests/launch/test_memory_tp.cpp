@@ -21,6 +21,9 @@ TEST(MemoryEstimate, TensorParallelTrainerAllocatesExactlyTheEstimate) {
       {"train.recompute=selective"},
       {"moe.num_experts=4", "moe.every=2", "moe.shared_experts=1", "train.recompute=full"},
       {"moe.num_experts=4", "parallel.sequence_parallel=false", "optim.zero=true"},
+      {"moe.num_experts=4", "moe.every=2", "moe.shared_experts=1", "parallel.expert_tp=2"},
+      {"moe.num_experts=4", "parallel.expert_tp=2", "parallel.sequence_parallel=false", "moe.overflow=dense",
+       "moe.fallback_hidden=16"},
   };
   for (const std::vector<std::string>& extra : cases) {
     std::vector<std::string> keys = {"parallel.tp=2"};

@@ -125,7 +125,9 @@ void check_all_layouts(const std::vector<std::string>& variant, const std::strin
 // Tensor parallelism (docs/parallel.md): tp 2 and 4 with sequence parallelism, tp 2 without, tp 2 beside
 // dp 2, and tp 2 with ep 2 (the tp ranks are the expert-parallel ranks), with capacity dropping and
 // rerouting, and with the dense fallback. The MoE routing group is split over the tp ranks, so the
-// per-step routing (tokens per expert, drops) must still be the serial run's.
+// per-step routing (tokens per expert, drops) must still be the serial run's. And the experts split by
+// hidden width over the tp ranks (parallel.expert_tp = 2), with and without sequence parallelism, and
+// beside ep 2 and dp 2 with ZeRO.
 void check_tensor_parallel_layouts(const std::vector<std::string>& variant, const std::string& variant_name) {
   auto world = MpiCommunicator::world();
   ASSERT_EQ(world->size(), 4) << "run under mpirun -np 4";
@@ -146,6 +148,9 @@ void check_tensor_parallel_layouts(const std::vector<std::string>& variant, cons
       {"tp2_dp2", 4, {"parallel.tp=2"}},
       {"tp2_ep2", 2, {"parallel.tp=2", "parallel.ep=2"}},
       {"tp2_dp2_ep2_zero", 4, {"parallel.tp=2", "parallel.ep=2", "optim.zero=true"}},
+      {"tp2_etp2", 2, {"parallel.tp=2", "parallel.expert_tp=2"}},
+      {"tp2_etp2_no_sp", 2, {"parallel.tp=2", "parallel.expert_tp=2", "parallel.sequence_parallel=false"}},
+      {"tp2_etp2_dp2_ep2_zero", 4, {"parallel.tp=2", "parallel.expert_tp=2", "parallel.ep=2", "optim.zero=true"}},
   };
   for (const TpLayout& layout : layouts) {
     const std::string name = variant_name + "_" + layout.name;

@@ -29,17 +29,20 @@ constexpr int64_t kSeq = 8, kBatch = 2;
 
 struct Built {
   std::unique_ptr<Model<double>> model;
-  std::unique_ptr<CommunicatorTokenGather> gather;
+  std::unique_ptr<CommunicatorTokenGroup> gather;
 };
 
-// Layer 0 dense, layer 1 MoE; over `tp` (one rank: the serial model).
+// Layer 0 dense, layer 1 MoE; over `tp` (one rank: the serial model). expert_tp: the MoE layer's experts,
+// shared expert and fallback split by hidden width over tp, instead of its routing group by tokens.
 Built build(Backend& backend, Communicator& tp, bool sequence_parallel, Overflow overflow,
-            RecomputeSpec recompute = Recompute::None) {
+            RecomputeSpec recompute = Recompute::None, bool expert_tp = false) {
   const TpContext ctx{&tp, sequence_parallel};
-  const MoeSettingsOf moe = [overflow](int64_t l) -> std::optional<MoeSettings> {
+  const int64_t expert_ranks = expert_tp ? tp.size() : 1;
+  const MoeSettingsOf moe = [overflow, expert_ranks](int64_t l) -> std::optional<MoeSettings> {
     if (l == 0) return std::nullopt;
     MoeSettings s = test::stressed_moe_settings(kShape, l);
     s.overflow = overflow, s.fallback_hidden = 8;
+    s.expert_tp = expert_ranks;
     return s;
   };
   Built b;
@@ -47,8 +50,8 @@ Built build(Backend& backend, Communicator& tp, bool sequence_parallel, Overflow
   b.model = std::make_unique<Model<double>>(
       backend, kShape, kSeq, kBatch, recompute, tp_ffn_factory<double>(backend, ctx, kShape, moe), 2, StageSpec{},
       tp_attention_factory<double>(backend, ctx, kShape, kSeq), tensor_parallel_layout<double>(backend, ctx, kShape));
-  b.gather = std::make_unique<CommunicatorTokenGather>(tp);
-  moe_layer_of(b.model->ffn(1))->set_token_gather(b.gather.get());
+  b.gather = std::make_unique<CommunicatorTokenGroup>(tp);
+  moe_layer_of(b.model->ffn(1))->set_token_group(b.gather.get());
   b.model->init_params(11);
   b.model->set_context(true, 3, 0, 0.5, 5);
   return b;
@@ -60,19 +63,21 @@ std::vector<int32_t> tokens() {
   return t;
 }
 
-// Gradients as the trainer has them before the optimizer: partial ones summed over tp; expert tensors
-// (whole on every rank, each rank's tokens) summed too, as the expert-data-parallel reduction does.
+// Gradients as the trainer has them before the optimizer: partial ones summed over tp; expert tensors whole
+// on every rank (each rank's tokens) summed too, as the expert-data-parallel reduction does (blocks of their
+// hidden width are not: each rank holds its own).
 void finish_gradients(Model<double>& m, Communicator& tp) {
   reduce_partial_over_tp(m.table(), m.grads(), tp);
   for (const ParamSpec& spec : m.table().specs())
-    if (spec.expert()) tp.allreduce_sum(m.grads() + spec.offset, spec.numel);
+    if (spec.expert() && spec.split2.axis < 0) tp.allreduce_sum(m.grads() + spec.offset, spec.numel);
 }
 
-void check_against_serial(bool sequence_parallel, Overflow overflow) {
+void check_against_serial(bool sequence_parallel, Overflow overflow, bool expert_tp = false) {
   auto tp = MpiCommunicator::world();
   const std::unique_ptr<Backend> backend = make_cpu_backend(1);
   SelfCommunicator one("tp");
-  Built serial = build(*backend, one, false, overflow), split = build(*backend, *tp, sequence_parallel, overflow);
+  Built serial = build(*backend, one, false, overflow),
+        split = build(*backend, *tp, sequence_parallel, overflow, Recompute::None, expert_tp);
   const std::vector<int32_t> t = tokens();
   const double want = serial.model->forward(t.data(), kBatch), got = split.model->forward(t.data(), kBatch);
   EXPECT_NEAR(got, want, 1e-11 * std::abs(want));
@@ -102,6 +107,10 @@ void check_against_serial(bool sequence_parallel, Overflow overflow) {
 TEST(TensorParallelModel, SequenceParallelEqualsSerial) { check_against_serial(true, Overflow::Reroute); }
 TEST(TensorParallelModel, WithoutSequenceParallelismEqualsSerial) { check_against_serial(false, Overflow::Reroute); }
 TEST(TensorParallelModel, DenseFallbackEqualsSerial) { check_against_serial(true, Overflow::Dense); }
+TEST(TensorParallelModel, ExpertsSplitByHiddenWidthEqualSerial) {
+  check_against_serial(true, Overflow::Reroute, true);
+  check_against_serial(false, Overflow::Dense, true);
+}
 
 // Recompute at tp 2 and 4 (docs/design.md): selective, full, and full of the first layer only give the
 // gradients of keeping everything bit for bit, and keep less activation memory than it (full of every layer
