@@ -1,7 +1,7 @@
 // Pipeline schedules as data: for each stage, the ordered list of what it does in one optimizer step —
 // receive an activation, run a micro-batch's forward, send its output on; receive a gradient, run a
 // backward, send the input's gradient back — generated from (stages, micro-batches, schedule name) and
-// executed by one loop (to come with pipeline parallelism), so a schedule can be printed and tested
+// executed by one loop (parallel/pipeline.h), so a schedule can be printed and tested
 // without a model. Sends are nonblocking (their buffers kept until the step ends) and receives block:
 // with that rule every schedule here runs to the end on every stage (tested by simulation).
 //
