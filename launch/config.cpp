@@ -223,6 +223,7 @@ Config fill(const Entries& entries) {
   c.parallel.dp = dp.is_string() ? 0 : dp.get<int64_t>();  // "auto" waits for the world size
   c.parallel.sequence_parallel = r.boolean("parallel.sequence_parallel");
   c.parallel.expert_tp = r.integer("parallel.expert_tp");
+  c.parallel.pp_layers = r.at("parallel.pp_layers").get<std::vector<int64_t>>();
 
   c.checkpoint.dir = r.string("checkpoint.dir");
   c.checkpoint.every = r.integer("checkpoint.every");
@@ -347,6 +348,27 @@ void check_all_to_all_count(const Checked& c) {
                      "train.micro_batch or train.seq_len");
 }
 
+// ---- Pipeline parallelism (docs/parallel.md "Pipeline stages"): each stage holds a run of layers. ----
+
+void check_pp_layers(const Checked& c) {
+  const ParallelConfig& p = c.config.parallel;
+  const int64_t layers = c.config.model.layers;
+  if (p.pp_layers.empty()) {
+    if (layers % p.pp != 0)
+      MOE_BAD_INPUT(c.show("model.layers") << " is not a multiple of " << c.show("parallel.pp")
+                                           << ": the stages take equal runs of layers unless parallel.pp_layers "
+                                              "gives each stage's count; choose another parallel.pp or set "
+                                              "parallel.pp_layers");
+    return;
+  }
+  int64_t sum = 0;
+  for (int64_t n : p.pp_layers) sum += n;
+  if (int64_t(p.pp_layers.size()) != p.pp || sum != layers)
+    MOE_BAD_INPUT(c.show("parallel.pp_layers") << " with " << c.show("parallel.pp") << " and " << c.show("model.layers")
+                                               << ": expected " << p.pp << " entries (one per stage) summing to "
+                                               << layers << ", got " << p.pp_layers.size() << " summing to " << sum);
+}
+
 // ---- Tensor parallelism (docs/parallel.md "Tensor parallelism"): what is split over the tp ranks. ----
 
 // `key` (the width `value`) is split evenly over the parallel.tp ranks, for the reason `what`.
@@ -437,6 +459,9 @@ const std::vector<Rule>& rules() {
       {"With `parallel.ep` > 1 and experts, `train.micro_batch * train.seq_len * moe.top_k * model.d_model` <= "
        "2147483647: the elements of one all-to-all, counted by MPI in an int.",
        check_all_to_all_count},
+      {"With `parallel.pp_layers` empty, `model.layers` is a multiple of `parallel.pp` (equal stages); otherwise "
+       "`parallel.pp_layers` has `parallel.pp` entries summing to `model.layers`.",
+       check_pp_layers},
       {"`parallel.expert_tp` is 1 (experts whole on every tensor-parallel rank) or `parallel.tp` (each expert's "
        "hidden width split over the tensor-parallel group).",
        check_expert_tp},
@@ -466,14 +491,8 @@ const std::vector<Rule>& rules() {
 // ---- Features this build does not have yet. Delete a gate when its feature lands. ---------------
 // Gates run after every rule, so a config that could never work is told why before it is told to wait.
 
-void gate_pipeline_parallel(const Checked& c) {
-  if (c.config.parallel.pp != 1)
-    MOE_BAD_INPUT(c.show("parallel.pp") << ": pipeline parallelism is not available in this build yet (expected 1)");
-}
 const std::vector<Rule>& gates() {
-  static const std::vector<Rule> table = {
-      {"`parallel.pp` = 1: pipeline parallelism.", gate_pipeline_parallel},
-  };
+  static const std::vector<Rule> table = {};
   return table;
 }
 
@@ -669,8 +688,9 @@ The values must also agree with each other:
 
 )";
   for (const Rule& rule : rules()) out << "- " << rule.doc << "\n";
-  out << "\nThese features are not available in this build yet, so their keys must keep these values (checked after "
-         "the rules above, so a config learns first what could never work):\n\n";
+  if (!gates().empty())
+    out << "\nThese features are not available in this build yet, so their keys must keep these values (checked "
+           "after the rules above, so a config learns first what could never work):\n\n";
   for (const Rule& gate : gates()) out << "- " << gate.doc << "\n";
   out << "\n" << config_schema::tables_markdown();
   std::string text = out.str();

@@ -74,9 +74,10 @@ struct OptimConfig {
 
 struct ParallelConfig {
   int64_t tp = 1, pp = 1, ep = 1;
-  int64_t dp = 0;                 // 0 when "auto": world / (tp * pp), resolved once the world size is known
-  bool sequence_parallel = true;  // with tp > 1: norms and the residual stream hold seq_len / tp positions
-  int64_t expert_tp = 1;          // 1: experts whole on every tp rank; tp: each expert's hidden width split
+  int64_t dp = 0;                  // 0 when "auto": world / (tp * pp), resolved once the world size is known
+  bool sequence_parallel = true;   // with tp > 1: norms and the residual stream hold seq_len / tp positions
+  int64_t expert_tp = 1;           // 1: experts whole on every tp rank; tp: each expert's hidden width split
+  std::vector<int64_t> pp_layers;  // layers per pipeline stage; empty: model.layers split evenly over pp
 };
 
 struct CheckpointConfig {

@@ -46,6 +46,9 @@ KeySpec integer_or_auto(std::string key, std::string def, Range range, std::stri
 KeySpec string_list(std::string key, std::string doc) {
   return {std::move(key), KeyType::StringList, json::array(), {}, {}, std::move(doc)};
 }
+KeySpec integer_list(std::string key, Range range, std::string doc) {
+  return {std::move(key), KeyType::IntegerList, json::array(), range, {}, std::move(doc)};
+}
 KeySpec faults(std::string key, std::string doc) {
   return {
       std::move(key), KeyType::Faults, json::array(), {}, {"kill", "hang", "stop", "exception", "corrupt_checkpoint"},
@@ -153,7 +156,10 @@ std::vector<KeySpec> parallel_keys() {
       integer("parallel.tp", 1, at_least(1),
               "tensor-parallel ranks: attention heads, the dense MLP's hidden width and the vocabulary are split over "
               "them"),
-      integer("parallel.pp", 1, at_least(1), "pipeline stages"),
+      integer("parallel.pp", 1, at_least(1), "pipeline stages: each rank holds a contiguous run of layers"),
+      integer_list("parallel.pp_layers", at_least(1),
+                   "layers of each pipeline stage, first to last: parallel.pp entries summing to model.layers; "
+                   "empty = model.layers split evenly over the stages"),
       integer("parallel.ep", 1, at_least(1), "expert-parallel ranks: the experts are split over them"),
       integer_or_auto("parallel.dp", "auto", at_least(1),
                       "data-parallel replicas; `\"auto\"` = world size / (tp * pp)"),
@@ -355,6 +361,8 @@ std::string type_name(const KeySpec& spec) {
       return "list of sources";
     case KeyType::StringList:
       return "list of strings";
+    case KeyType::IntegerList:
+      return "list of integers";
     case KeyType::Faults:
       return "list of faults";
   }
@@ -371,6 +379,7 @@ std::string allowed_cell(const KeySpec& spec) {
   if (spec.type == KeyType::Boolean) return "`true`, `false`";
   if (spec.type == KeyType::Sources) return "see above";
   if (spec.type == KeyType::StringList) return "non-empty strings";
+  if (spec.type == KeyType::IntegerList) return "integers " + describe_range(spec.range, true);
   if (spec.type == KeyType::Faults) return "see Meaning";
   if (spec.type == KeyType::IntegerOrAuto) return describe_range(spec.range, true) + " or `\"auto\"`";
   const std::string range = describe_range(spec.range, spec.type == KeyType::Integer);
@@ -481,6 +490,8 @@ std::string describe_expected(const KeySpec& spec) {
       return "a list of sources, each {\"name\": string, \"path\": string, \"weight\": number > 0}";
     case KeyType::StringList:
       return "a list of non-empty strings";
+    case KeyType::IntegerList:
+      return "a list of integers " + range;
     case KeyType::Faults:
       return "a list of faults, each {\"kind\": " + quoted_list(spec.choices) +
              ", \"rank\": integer >= 0, \"step\": integer >= 1}";
@@ -539,6 +550,14 @@ json check_value(const KeySpec& spec, const json& value, const std::string& orig
       if (!value.is_array()) bad_value(spec, spec.key, value, origin);
       for (const json& item : value)
         if (!item.is_string() || item.get<std::string>().empty()) bad_value(spec, spec.key, value, origin);
+      return value;
+    case KeyType::IntegerList:
+      if (!value.is_array()) bad_value(spec, spec.key, value, origin);
+      for (const json& item : value)
+        if (!item.is_number_integer() ||
+            (item.is_number_unsigned() && item.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) ||
+            !in_range(spec.range, double(item.get<int64_t>())))
+          bad_value(spec, spec.key, value, origin);
       return value;
     case KeyType::Faults: {
       if (!value.is_array()) bad_value(spec, spec.key, value, origin);

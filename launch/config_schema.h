@@ -20,6 +20,7 @@ enum class KeyType : uint8_t {
   IntegerOrAuto,  // an integer in `range`, or the string "auto"
   Sources,        // data.sources: a list of {"name", "path", "weight"} objects
   StringList,     // a list of non-empty strings
+  IntegerList,    // a list of integers in `range`
   Faults,         // fault.inject: a list of {"kind", "rank", "step"} objects
 };
 

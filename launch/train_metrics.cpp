@@ -22,6 +22,28 @@ nlohmann::json moe_metrics(const RouterStepStats& st) {
           {"cv", mean > 0 ? std::sqrt(var) / mean : 0.0}};
 }
 
+// One held-out micro-batch forward through the pipeline stages: stage s takes its input activation from
+// stage s - 1 and passes its output to stage s + 1. Returns the sum of its token losses on the last stage, 0 on
+// the others.
+double pipeline_forward(Trainer& t, const int32_t* tokens, int64_t B) {
+  constexpr int kTag = 1 << 20;  // apart from the training schedule's tags (2 * micro-batch, + 1)
+  Communicator& pp = *t.groups.pp;
+  Model<float>& model = *t.model;
+  const int stage = pp.rank();
+  const int64_t n = model.rows(B * t.config.train.seq_len) * t.config.model.d_model;
+  Buffer input;
+  if (stage > 0) {
+    input = model.backend().allocate(dtype_of<float>(), n);
+    pp.recv(input.data<float>(), n, stage - 1, kTag);
+  }
+  const double loss = model.forward(0, tokens, B, stage > 0 ? input.data<float>() : nullptr);
+  if (stage < pp.size() - 1) {
+    model.backend().synchronize();
+    pp.send(model.output_activation(0), n, stage + 1, kTag);
+  }
+  return loss;
+}
+
 }  // namespace
 
 std::unique_ptr<MetricsWriter> open_metrics(const std::string& run_dir, bool fresh, int64_t start_step) {
@@ -44,9 +66,9 @@ std::unique_ptr<MetricsWriter> open_metrics(const std::string& run_dir, bool fre
 }
 
 nlohmann::json step_line(int64_t done, const StepResult& r, const StepTiming& timing, int64_t tokens_so_far,
-                         const std::vector<MoeLayer<float>*>& moe_layers) {
+                         const std::vector<RouterStepStats>& moe_stats) {
   nlohmann::json moe = nlohmann::json::array();
-  for (MoeLayer<float>* m : moe_layers) moe.push_back(moe_metrics(*m->router_stats()));
+  for (const RouterStepStats& st : moe_stats) moe.push_back(moe_metrics(st));
   return {{"step", done},
           {"loss", r.loss},
           {"lm_loss", r.lm_loss},
@@ -80,9 +102,20 @@ EvalResult evaluate(Trainer& t) {
       const int64_t B = std::min(micro, n - start);
       for (int64_t b = 0; b < B; ++b) loader.heldout_sequence(s, start + b, tokens.data() + b * (T + 1));
       t.model->set_context(false, 0, 0, 0.0, 0);
-      source_loss += t.model->forward(tokens.data(), B);
+      source_loss += t.pipeline ? pipeline_forward(t, tokens.data(), B) : t.model->forward(tokens.data(), B);
     }
-    r.by_source.emplace_back(loader.source_name(s), source_loss / double(n * T));
+    r.by_source.emplace_back(loader.source_name(s), source_loss);
+  }
+  if (t.pipeline) {  // the losses are the last stage's
+    std::vector<double> sums;
+    for (const auto& [name, sum] : r.by_source) sums.push_back(sum);
+    t.groups.pp->allreduce_sum(sums.data(), int64_t(sums.size()));
+    for (size_t s = 0; s < sums.size(); ++s) r.by_source[s].second = sums[s];
+  }
+  for (int32_t s = 0; s < loader.num_sources(); ++s) {
+    const int64_t n = std::min(tc.eval_sequences, loader.heldout_count(s));
+    const double source_loss = r.by_source[size_t(s)].second;
+    r.by_source[size_t(s)].second = source_loss / double(n * T);
     total += source_loss;
     total_tokens += double(n * T);
   }

@@ -23,15 +23,17 @@ std::unique_ptr<MetricsWriter> open_metrics(const std::string& run_dir, bool fre
 struct StepTiming {
   double tokens_per_s = 0, elapsed_s = 0, comm_wait_s = 0, ckpt_stall_s = 0;
 };
+// moe_stats: every MoE layer's statistics of the step, the whole model's (Trainer::model_stats).
 nlohmann::json step_line(int64_t done, const StepResult& r, const StepTiming& timing, int64_t tokens_so_far,
-                         const std::vector<MoeLayer<float>*>& moe_layers);
+                         const std::vector<RouterStepStats>& moe_stats);
 
 struct EvalResult {
   double loss = 0;
   std::vector<std::pair<std::string, double>> by_source;
 };
 // Mean token loss over the first train.eval_sequences held-out windows of every source. Every rank
-// evaluates the same windows: expert-parallel forwards run in lockstep.
+// evaluates the same windows: expert-parallel forwards run in lockstep. With pipeline stages each window
+// goes through them forward only, the last stage scoring it.
 EvalResult evaluate(Trainer& trainer);
 nlohmann::json eval_line(int64_t done, const EvalResult& ev);
 std::string eval_text(int64_t done, const EvalResult& ev);

@@ -82,7 +82,9 @@ int set_threads(Backend& backend, const TrainConfig& tc) {
   return threads;
 }
 
-// The model with its MoE layers wired to the expert all-to-all, initialised from the seed.
+// This rank's pipeline stage of the model (layers stage_layers(...)[coords.pp], the embedding on the first
+// stage, the head on the last; the whole model when parallel.pp = 1), with its MoE layers wired to the expert
+// all-to-all, initialised from the seed.
 void build_model(Trainer& t) {
   const Config& config = t.config;
   const TrainConfig& tc = config.train;
@@ -91,21 +93,35 @@ void build_model(Trainer& t) {
   const Recompute mode = tc.recompute == "full"        ? Recompute::Full
                          : tc.recompute == "selective" ? Recompute::Selective
                                                        : Recompute::None;
+  const int64_t pp = config.parallel.pp, stage = t.groups.coords.pp;
+  const auto [first, last] = stage_layers(shape.layers, pp, config.parallel.pp_layers)[size_t(stage)];
+  const StageSpec spec = pp > 1 ? StageSpec{first, last, stage == 0, stage == pp - 1} : StageSpec{};
+  const int slots = pp > 1 ? int(pipeline_slots(PipeSchedule::OneFOneB, pp, stage, t.micro_batches())) : 1;
   const TpContext tp{t.groups.tp.get(), config.parallel.sequence_parallel};
+  const MoeSettingsOf moe_of = moe_layers(config, t.groups);
   t.model = std::make_unique<Model<float>>(t.backend, shape, tc.seq_len, tc.micro_batch,
                                            RecomputeSpec(mode, tc.recompute_layers),
-                                           tp_ffn_factory<float>(t.backend, tp, shape, moe_layers(config, t.groups)), 1,
-                                           StageSpec{}, tp_attention_factory<float>(t.backend, tp, shape, tc.seq_len),
+                                           tp_ffn_factory<float>(t.backend, tp, shape, moe_of), slots, spec,
+                                           tp_attention_factory<float>(t.backend, tp, shape, tc.seq_len),
                                            tensor_parallel_layout<float>(t.backend, tp, shape));
   t.exchange = std::make_unique<CommunicatorExchange>(*t.groups.ep);
   t.token_group = std::make_unique<CommunicatorTokenGroup>(*t.groups.tp);
-  for (int64_t l = 0; l < t.model->num_layers(); ++l)
-    if (auto* m = moe_layer_of(t.model->ffn(l))) {
+  for (int64_t l = 0; l < shape.layers; ++l) {
+    if (!moe_of(l)) continue;
+    if (l >= t.model->first_layer() && l < t.model->end_layer()) {
+      MoeLayer<float>* m = moe_layer_of(t.model->ffn(l));
+      MOE_CHECK(m, "layer " << l << " was built as an MoE layer");
       m->set_exchange(t.exchange.get());
       m->set_token_group(t.token_group.get());
       t.moe_layers.push_back(m);
+      t.moe_index.push_back(t.model_moe_layers);
     }
+    ++t.model_moe_layers;
+  }
   t.model->init_params(tc.seed);
+  if (pp > 1)
+    t.pipeline = std::make_unique<PipelineExecutor<float>>(*t.model, *t.groups.pp, PipeSchedule::OneFOneB,
+                                                           t.micro_batches(), tc.micro_batch, tc.seq_len);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "optim/adamw.h"
 #include "optim/per_expert_clip.h"
 #include "parallel/grad_buckets.h"
+#include "parallel/pipeline.h"
 #include "parallel/process_groups.h"
 #include "parallel/rank_grid.h"
 
@@ -59,10 +60,16 @@ struct Trainer {
   Backend& backend;
   int threads = 1;
   ProcessGroups groups;
-  std::unique_ptr<Model<float>> model;
+  std::unique_ptr<Model<float>> model;  // this rank's pipeline stage (the whole model when parallel.pp = 1)
+  std::unique_ptr<PipelineExecutor<float>> pipeline;  // parallel.pp > 1: the stage's 1F1B schedule
   std::unique_ptr<CommunicatorExchange> exchange;
   std::unique_ptr<CommunicatorTokenGroup> token_group;  // MoE routing groups split over the tp ranks
-  std::vector<MoeLayer<float>*> moe_layers;
+  std::vector<MoeLayer<float>*> moe_layers;             // the stage's
+  // Per entry of moe_layers: its index among the whole model's MoE layers (model_moe_layers of them).
+  std::vector<int64_t> moe_index;
+  int64_t model_moe_layers = 0;
+  // Every MoE layer's statistics of the last step, the whole model's (gathered over the pipeline stages).
+  std::vector<RouterStepStats> model_stats;
   std::unique_ptr<GradBuckets> buckets;
   std::vector<Segment> owned;  // the gradient slices this rank clips and updates
   std::unique_ptr<AdamW> optimizer;

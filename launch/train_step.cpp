@@ -13,35 +13,50 @@ namespace {
 
 constexpr int64_t kDeadAfterSteps = 100;
 
-// Step statistics every rank contributes to: the LM loss sum, then per MoE layer the router losses and
-// entropy (doubles) and the counts (integers). Summed over the data-parallel group.
+// Step statistics every rank contributes to: the LM loss sum, then per MoE layer of the whole model the router
+// losses and entropy (doubles) and the counts (integers), each stage filling its own layers' entries (zeros
+// elsewhere). Summed over the data-parallel group, then over the pipeline stages.
 struct StepTotals {
   std::vector<double> real;
   std::vector<int64_t> counts;
 };
+constexpr size_t kReal = 5, kCounts = 5;  // per MoE layer, besides its tokens per expert
 
-StepTotals gather_totals(double loss_sum, const std::vector<MoeLayer<float>*>& moe_layers) {
-  StepTotals t;
-  t.real.push_back(loss_sum);
-  for (MoeLayer<float>* m : moe_layers) {
-    const RouterStepStats& st = *m->router_stats();
-    t.real.insert(t.real.end(), {st.aux, st.z, st.entropy_loss, st.death, st.entropy_sum});
-    t.counts.insert(t.counts.end(), {st.dropped, st.rerouted, st.fallback, st.tokens, st.groups});
-    t.counts.insert(t.counts.end(), st.tokens_per_expert.begin(), st.tokens_per_expert.end());
+StepTotals gather_totals(double loss_sum, const Trainer& t) {
+  const size_t layers = size_t(t.model_moe_layers), E = size_t(t.config.moe.num_experts);
+  StepTotals totals;
+  totals.real.assign(1 + kReal * layers, 0.0);
+  totals.counts.assign((kCounts + E) * layers, 0);
+  totals.real[0] = loss_sum;
+  for (size_t i = 0; i < t.moe_layers.size(); ++i) {
+    const RouterStepStats& st = *t.moe_layers[i]->router_stats();
+    MOE_CHECK(st.tokens_per_expert.size() == E, "tokens_per_expert has " << st.tokens_per_expert.size() << " entries");
+    const size_t g = size_t(t.moe_index[i]);
+    std::copy_n(std::begin({st.aux, st.z, st.entropy_loss, st.death, st.entropy_sum}), kReal,
+                totals.real.begin() + std::ptrdiff_t(1 + kReal * g));
+    auto c = totals.counts.begin() + std::ptrdiff_t((kCounts + E) * g);
+    c = std::copy_n(std::begin({st.dropped, st.rerouted, st.fallback, st.tokens, st.groups}), kCounts, c);
+    std::copy(st.tokens_per_expert.begin(), st.tokens_per_expert.end(), c);
   }
-  return t;
+  return totals;
 }
 
-void scatter_totals(const StepTotals& t, const std::vector<MoeLayer<float>*>& moe_layers) {
+// The summed totals into every MoE layer's statistics of the whole model, and this stage's layers'.
+void scatter_totals(const StepTotals& totals, Trainer& t) {
+  const size_t E = size_t(t.config.moe.num_experts);
+  t.model_stats.assign(size_t(t.model_moe_layers), RouterStepStats{});
   size_t r = 1, c = 0;
-  for (MoeLayer<float>* m : moe_layers) {
-    RouterStepStats& st = *m->router_stats();
-    st.aux = t.real[r++], st.z = t.real[r++], st.entropy_loss = t.real[r++], st.death = t.real[r++];
-    st.entropy_sum = t.real[r++];
-    st.dropped = t.counts[c++], st.rerouted = t.counts[c++], st.fallback = t.counts[c++];
-    st.tokens = t.counts[c++], st.groups = t.counts[c++];
-    for (int64_t& n : st.tokens_per_expert) n = t.counts[c++];
+  for (RouterStepStats& st : t.model_stats) {
+    st.aux = totals.real[r++], st.z = totals.real[r++], st.entropy_loss = totals.real[r++];
+    st.death = totals.real[r++], st.entropy_sum = totals.real[r++];
+    st.dropped = totals.counts[c++], st.rerouted = totals.counts[c++], st.fallback = totals.counts[c++];
+    st.tokens = totals.counts[c++], st.groups = totals.counts[c++];
+    st.tokens_per_expert.assign(totals.counts.begin() + std::ptrdiff_t(c),
+                                totals.counts.begin() + std::ptrdiff_t(c + E));
+    c += E;
   }
+  for (size_t i = 0; i < t.moe_layers.size(); ++i)
+    *t.moe_layers[i]->router_stats() = t.model_stats[size_t(t.moe_index[i])];
 }
 
 // Tensors every tp rank holds whole but uses on its own tokens (norms under sequence parallelism, the
@@ -68,6 +83,36 @@ std::pair<std::vector<Segment>, std::vector<Segment>> split_by_tp(const ParamTab
   return out;
 }
 
+// The step's micro-batches through this rank's pipeline stage by the 1F1B schedule (parallel.pp > 1); returns
+// the sum of their token losses on the last stage, 0 on the others. The gradient buckets reduce after the
+// whole schedule (no overlap with backward).
+double pipeline_forward_backward(Trainer& t, int64_t step, double loss_scale) {
+  const TrainConfig& tc = t.config.train;
+  const int64_t T = tc.seq_len, micro = tc.micro_batch;
+  const int64_t groups_per_step = tc.global_batch / micro;
+  Model<float>& model = *t.model;
+  PipelineExecutor<float>::MicroBatches mbs;
+  mbs.tokens = [&](int64_t mb, int32_t* tokens) {
+    const int64_t seq0 = t.first_sequence() + mb * micro;
+    for (int64_t b = 0; b < micro; ++b) t.loader->train_sequence(step, seq0 + b, tokens + b * (T + 1));
+  };
+  mbs.before_forward = [&](int64_t mb) {
+    model.set_context(true, step, t.first_sequence() + mb * micro, 1.0 / double(groups_per_step), tc.seed);
+  };
+  t.buckets->start(model.grads());
+  double loss_sum = 0;
+  {
+    const auto span = t.tracer.span("pipeline forward and backward", "compute");
+    loss_sum = t.pipeline->run(mbs, loss_scale);
+  }
+  {
+    const auto span = t.tracer.span("gradient reduction wait", "communication");
+    t.buckets->finish();
+  }
+  sum_partial_gradients_over_tp(t);
+  return loss_sum;
+}
+
 // Forward and backward of this rank's micro-batches; returns the sum of their token losses.
 double forward_backward(Trainer& t, int64_t step, double loss_scale) {
   const TrainConfig& tc = t.config.train;
@@ -77,6 +122,7 @@ double forward_backward(Trainer& t, int64_t step, double loss_scale) {
   Model<float>& model = *t.model;
   model.zero_grads();
   for (MoeLayer<float>* m : t.moe_layers) m->reset_stats();
+  if (t.pipeline) return pipeline_forward_backward(t, step, loss_scale);
   t.buckets->start(model.grads());
   double loss_sum = 0;
   for (int64_t mb = 0; mb < micro_batches; ++mb) {
@@ -107,13 +153,16 @@ double forward_backward(Trainer& t, int64_t step, double loss_scale) {
 
 // The step's losses, summed over the data-parallel group (routing statistics too, in the layers).
 void reduce_losses(Trainer& t, double loss_sum, double loss_scale, StepResult& r) {
-  StepTotals totals = gather_totals(loss_sum, t.moe_layers);
+  StepTotals totals = gather_totals(loss_sum, t);
   t.groups.dp->allreduce_sum(totals.real.data(), int64_t(totals.real.size()));
   t.groups.dp->allreduce_sum(totals.counts.data(), int64_t(totals.counts.size()));
-  scatter_totals(totals, t.moe_layers);
+  if (t.pipeline) {  // the LM loss from the last stage, each layer's statistics from its stage
+    t.groups.pp->allreduce_sum(totals.real.data(), int64_t(totals.real.size()));
+    t.groups.pp->allreduce_sum(totals.counts.data(), int64_t(totals.counts.size()));
+  }
+  scatter_totals(totals, t);
   r.lm_loss = totals.real[0] * loss_scale;
-  for (MoeLayer<float>* m : t.moe_layers) {
-    const RouterStepStats& st = *m->router_stats();
+  for (const RouterStepStats& st : t.model_stats) {
     r.aux += st.aux / double(st.groups), r.z += st.z / double(st.groups);
     r.entropy += st.entropy_loss / double(st.groups), r.death += st.death / double(st.groups);
   }
@@ -133,6 +182,7 @@ void clip_gradients(Trainer& t, StepResult& r) {
     t.groups.etp->allreduce_sum(ss.data(), int64_t(ss.size()));  // blocks of each expert's hidden width
     r.experts_clipped = t.clip->clip(grads, ss, mine);
     t.groups.ep->allreduce_sum(&r.experts_clipped, 1);
+    if (t.pipeline) t.groups.pp->allreduce_sum(&r.experts_clipped, 1);
   }
   // Dense gradients are replicated over dp (or sliced under ZeRO), expert gradients are spread over ep and
   // their hidden width over etp (and sliced over edp under ZeRO).
@@ -148,6 +198,11 @@ void clip_gradients(Trainer& t, StepResult& r) {
   t.groups.tp->allreduce_sum(dense_ss, 1);
   t.groups.ep->allreduce_sum(&expert_ss, 1);
   t.groups.etp->allreduce_sum(&expert_ss, 1);
+  if (t.pipeline) {  // the stages hold disjoint parameters
+    double ss[3] = {dense_ss[0], dense_ss[1], expert_ss};
+    t.groups.pp->allreduce_sum(ss, 3);
+    dense_ss[0] = ss[0], dense_ss[1] = ss[1], expert_ss = ss[2];
+  }
   r.grad_norm = std::sqrt(dense_ss[0] + dense_ss[1] + expert_ss);
   if (config.optim.clip > 0 && r.grad_norm > config.optim.clip)
     scale_segments(t.model->backend(), grads, t.owned, float(config.optim.clip / r.grad_norm));
@@ -164,6 +219,7 @@ int64_t update_routing(Trainer& t, int64_t step) {
       dead += step - t.last_used[i][e] >= kDeadAfterSteps;
     }
   }
+  if (t.pipeline) t.groups.pp->allreduce_sum(&dead, 1);
   return dead;
 }
 

@@ -134,10 +134,10 @@ void log_step(Loop& loop, int64_t done, const StepResult& r, double ckpt_stall) 
   timing.elapsed_s = elapsed_s;
   timing.comm_wait_s = t.buckets->last_wait_seconds();
   timing.ckpt_stall_s = ckpt_stall;
-  loop.out.metrics->write(step_line(done, r, timing, done * t.tokens_per_step(), t.moe_layers));
+  loop.out.metrics->write(step_line(done, r, timing, done * t.tokens_per_step(), t.model_stats));
   const double eta = elapsed_s / double(done - loop.resumed_step) * double(tc.steps - done);
   loop.progress.step(done, tc.steps, r.loss, r.lr, timing.tokens_per_s, eta,
-                     t.moe_layers.empty() ? -1 : r.dead_experts);
+                     t.model_stats.empty() ? -1 : r.dead_experts);
   loop.clock.interval_start = Clock::Steady::now();
   loop.clock.interval_tokens = 0;
 }
@@ -279,6 +279,29 @@ void gather_split(const ProcessGroups& groups, ParamSpec& block, Split& split, s
   split = Split{};
 }
 
+// Every stage's tensors to every stage: each stage in turn broadcasts its count, then per tensor its name's
+// length and characters, its size and its values.
+void share_over_stages(Communicator& pp, std::map<std::string, std::vector<float>>& parameters) {
+  const std::map<std::string, std::vector<float>> mine = parameters;
+  for (int root = 0; root < pp.size(); ++root) {
+    auto it = mine.begin();
+    int64_t count = int64_t(mine.size());
+    pp.broadcast(&count, 1, root);
+    for (int64_t i = 0; i < count; ++i) {
+      std::string name = pp.rank() == root ? it->first : std::string();
+      int64_t sizes[2] = {int64_t(name.size()), pp.rank() == root ? int64_t(it->second.size()) : 0};
+      pp.broadcast(sizes, 2, root);
+      std::vector<int32_t> chars(name.begin(), name.end());
+      chars.resize(size_t(sizes[0]));
+      pp.broadcast(chars.data(), sizes[0], root);
+      std::vector<float> values = pp.rank() == root ? it->second : std::vector<float>(size_t(sizes[1]));
+      pp.broadcast(values.data(), sizes[1], root);
+      parameters[std::string(chars.begin(), chars.end())] = std::move(values);
+      if (pp.rank() == root) ++it;
+    }
+  }
+}
+
 TrainResult collect_parameters(Trainer& t) {
   TrainResult result;
   for (const ParamSpec& spec : t.model->table().specs()) {
@@ -289,6 +312,7 @@ TrainResult collect_parameters(Trainer& t) {
     gather_split(t.groups, block, block.split2, full);
     gather_split(t.groups, block, block.split, full);
   }
+  if (t.pipeline) share_over_stages(*t.groups.pp, result.parameters);
   return result;
 }
 

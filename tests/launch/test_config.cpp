@@ -366,11 +366,36 @@ TEST(ConfigGates, UnavailableFeaturesAreRejected) {
   // and splitting the experts over it too
   EXPECT_EQ(from(json{{"parallel", {{"tp", 2}, {"expert_tp", 2}}}, {"moe", {{"num_experts", 4}}}}).parallel.expert_tp,
             2);
-  expect_bad_input([] { from(document_with("parallel.pp", 4)); }, {"parallel.pp = 4", "pipeline parallelism"});
+  EXPECT_EQ(from(document_with("parallel.pp", 4)).parallel.pp, 4);  // and pipeline parallelism
   EXPECT_EQ(from(document_with("parallel.ep", 2)).parallel.ep, 2);  // expert and data parallelism have landed
   EXPECT_EQ(from(document_with("parallel.dp", 2)).parallel.dp, 2);
   EXPECT_EQ(from(document_with("parallel.dp", 1)).parallel.dp, 1);
   EXPECT_EQ(from(json{{"moe", {{"num_experts", 4}}}}).moe.num_experts, 4);  // MoE layers have landed
+}
+
+// Pipeline stages: an even split needs pp to divide model.layers; parallel.pp_layers gives each stage's count.
+TEST(ConfigRules, PipelineStagesCoverTheLayers) {
+  expect_bad_input([] { from(document_with("parallel.pp", 3)); },
+                   {"model.layers = 4", "parallel.pp = 3", "parallel.pp_layers"});
+  EXPECT_EQ(from(json{{"parallel", {{"pp", 3}, {"pp_layers", {1, 2, 1}}}}}).parallel.pp_layers,
+            (std::vector<int64_t>{1, 2, 1}));
+  expect_bad_input(
+      [] {
+        from(json{{"parallel", {{"pp", 2}, {"pp_layers", {1, 2}}}}});
+      },
+      {"parallel.pp_layers = [1,2]", "parallel.pp = 2", "model.layers = 4", "summing to 4"});
+  expect_bad_input(
+      [] {
+        from(json{{"parallel", {{"pp", 3}, {"pp_layers", {2, 2}}}}});
+      },
+      {"parallel.pp_layers", "expected 3 entries"});
+  expect_bad_input(
+      [] {
+        from(json{{"parallel", {{"pp", 2}, {"pp_layers", {4, 0}}}}});
+      },
+      {"parallel.pp_layers", ">= 1"});
+  expect_bad_input([] { from(document_with("parallel.pp_layers", "2,2")); },
+                   {"parallel.pp_layers", "list of integers"});
 }
 
 // A tensor-parallel config that splits something unevenly is refused by name; one that passes every rule
