@@ -40,6 +40,8 @@ const char* param_group_name(ParamGroup group) {
       return "etp";
     case ParamGroup::TensorDataParallel:
       return "tp x dp";
+    case ParamGroup::World:
+      return "world";
     case ParamGroup::ExpertTensorDataParallel:
       return "etp x edp";
   }

@@ -21,6 +21,7 @@ enum class ParamInit { Normal, Ones, Zeros };
 
 // The groups of the rank grid a parameter is split across or replicated over (docs/parallel.md).
 // TensorDataParallel: the tp x dp ranks of one pipeline stage (a tensor every one of them holds whole).
+// World: every rank of the job (the optimizer step, which every stage holds alike).
 // ExpertTensorDataParallel: the etp x edp ranks of a stage holding the same experts (whole, or every block of
 // their hidden width).
 enum class ParamGroup {
@@ -31,7 +32,8 @@ enum class ParamGroup {
   TensorParallel,
   ExpertTensorParallel,
   TensorDataParallel,
-  ExpertTensorDataParallel
+  ExpertTensorDataParallel,
+  World
 };
 const char* param_group_name(ParamGroup group);
 

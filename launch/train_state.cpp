@@ -33,6 +33,8 @@ Members members(const ProcessGroups& g, ParamGroup group) {
       return {g.edp->size(), g.edp->rank()};
     case ParamGroup::TensorParallel:
       return {g.tp->size(), g.tp->rank()};
+    case ParamGroup::World:
+      return {g.world->size(), g.world->rank()};
     case ParamGroup::TensorDataParallel:          // the ranks of one pipeline stage
     case ParamGroup::ExpertTensorDataParallel: {  // those of them with this rank's experts
       std::vector<int64_t> ranks = g.grid.group(g.rank, GroupKind::TpDp);
@@ -48,14 +50,14 @@ Members members(const ProcessGroups& g, ParamGroup group) {
 }
 
 // Of the pieces held, those this rank writes: its own, and the replicated ones assign_writers gives it
-// among the members of their replica group (tp x dp: tensors every rank of the stage holds whole, the
-// optimizer step and the MoE state; dp: blocks of tensors split over tp; edp: expert tensors (or their
+// among the members of their replica group (world: the optimizer step; tp x dp: tensors every rank of the
+// stage holds whole and the MoE state of its layers; dp: blocks of tensors split over tp; edp: expert tensors (or their
 // blocks); etp x edp: the experts' clipping statistics; tp: ZeRO slices of tensors every tp rank holds whole).
 std::vector<Piece> written_here(const TrainState& s, std::vector<Held> held) {
   std::vector<bool> mine(held.size(), false);
   for (size_t i = 0; i < held.size(); ++i) mine[i] = held[i].replicas == ParamGroup::None;
   for (const ParamGroup g : {ParamGroup::DataParallel, ParamGroup::ExpertDataParallel, ParamGroup::TensorParallel,
-                             ParamGroup::TensorDataParallel, ParamGroup::ExpertTensorDataParallel}) {
+                             ParamGroup::TensorDataParallel, ParamGroup::ExpertTensorDataParallel, ParamGroup::World}) {
     const Members group = members(*s.groups, g);
     std::vector<std::pair<std::string, int64_t>> items;
     std::vector<size_t> index;
@@ -103,7 +105,8 @@ std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
     add("optim/exp_avg_sq/" + spec->name, ckpt::DType::F32, slab, v + op.state, replicas);
   }
   s.optimizer_steps = s.optimizer->steps_taken();
-  add("optim/step", ckpt::DType::I64, Slab::whole({1}), &s.optimizer_steps, all);
+  // The step is the same on every stage: written once for the whole job.
+  add("optim/step", ckpt::DType::I64, Slab::whole({1}), &s.optimizer_steps, ParamGroup::World);
 
   for (size_t i = 0; i < s.moe_layers.size(); ++i) {
     MoeLayer<float>* layer = s.moe_layers[i];

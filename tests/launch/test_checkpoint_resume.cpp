@@ -131,6 +131,7 @@ TEST(CheckpointResume, StoppedAndResumedEqualsUninterruptedBitForBit) {
        4,
        {"parallel.ep=2", "optim.zero=true", "checkpoint.full_every=3", "checkpoint.async=false"}},
       {"tp2_dp2_zero_incremental_async", 4, {"parallel.tp=2", "optim.zero=true", "checkpoint.full_every=3"}},
+      {"pp2_ep2_incremental_async", 4, {"parallel.pp=2", "parallel.ep=2", "checkpoint.full_every=3"}},
   };
   for (const Variant& v : variants) {
     const fs::path root = temp_root(v.name);
@@ -209,12 +210,17 @@ TEST(CheckpointResume, ReshardsAcrossTensorParallelLayouts) {
   const RunOutput from_etp = train(1, tp1, (root / "from_etp").string());
   train(1, tp1, (root / "to_etp").string(), 10);
   const RunOutput to_etp = train(4, etp, (root / "to_etp").string());
+  // Pipeline stages: each writes its layers; the optimizer step once for the job.
+  const std::vector<std::string> pp2tp2 = {"model.heads=4", "parallel.pp=2", "parallel.tp=2", "optim.zero=true"};
+  train(4, pp2tp2, (root / "from_pp").string(), 10);
+  const RunOutput from_pp = train(1, tp1, (root / "from_pp").string());
   if (MpiCommunicator::world()->rank() == 0) {
     expect_close(whole, to_tp1, "tp2 dp2 zero -> tp1");
     expect_close(whole, to_tp4, "tp2 dp2 zero -> tp4");
     expect_close(whole, from_tp4, "tp4 -> tp2 dp2 zero");
     expect_close(whole, from_etp, "tp2 etp2 ep2 dp2 zero -> tp1");
     expect_close(whole, to_etp, "tp1 -> tp2 etp2 ep2 dp2 zero");
+    expect_close(whole, from_pp, "pp2 tp2 zero -> tp1");
     fs::remove_all(root.parent_path());
   }
 }
