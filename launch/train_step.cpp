@@ -83,23 +83,28 @@ std::pair<std::vector<Segment>, std::vector<Segment>> split_by_tp(const ParamTab
   return out;
 }
 
+// Micro-batch mb of this rank's share of the step: its (micro_batch, seq_len + 1) tokens from the loader, and
+// the model's context for its forward (router losses are averaged over the step's routing groups, the
+// micro-batches, on all ranks).
+void load_micro_batch(Trainer& t, int64_t step, int64_t mb, int32_t* tokens) {
+  const int64_t T = t.config.train.seq_len, micro = t.config.train.micro_batch;
+  const int64_t seq0 = t.first_sequence() + mb * micro;
+  for (int64_t b = 0; b < micro; ++b) t.loader->train_sequence(step, seq0 + b, tokens + b * (T + 1));
+}
+void set_micro_batch_context(Trainer& t, int64_t step, int64_t mb) {
+  const TrainConfig& tc = t.config.train;
+  const int64_t groups_per_step = tc.global_batch / tc.micro_batch;
+  t.model->set_context(true, step, t.first_sequence() + mb * tc.micro_batch, 1.0 / double(groups_per_step), tc.seed);
+}
+
 // The step's micro-batches through this rank's pipeline stage by the 1F1B schedule (parallel.pp > 1); returns
 // the sum of their token losses on the last stage, 0 on the others. The gradient buckets reduce after the
 // whole schedule (no overlap with backward).
 double pipeline_forward_backward(Trainer& t, int64_t step, double loss_scale) {
-  const TrainConfig& tc = t.config.train;
-  const int64_t T = tc.seq_len, micro = tc.micro_batch;
-  const int64_t groups_per_step = tc.global_batch / micro;
-  Model<float>& model = *t.model;
   PipelineExecutor<float>::MicroBatches mbs;
-  mbs.tokens = [&](int64_t mb, int32_t* tokens) {
-    const int64_t seq0 = t.first_sequence() + mb * micro;
-    for (int64_t b = 0; b < micro; ++b) t.loader->train_sequence(step, seq0 + b, tokens + b * (T + 1));
-  };
-  mbs.before_forward = [&](int64_t mb) {
-    model.set_context(true, step, t.first_sequence() + mb * micro, 1.0 / double(groups_per_step), tc.seed);
-  };
-  t.buckets->start(model.grads());
+  mbs.tokens = [&](int64_t mb, int32_t* tokens) { load_micro_batch(t, step, mb, tokens); };
+  mbs.before_forward = [&](int64_t mb) { set_micro_batch_context(t, step, mb); };
+  t.buckets->start(t.model->grads());
   double loss_sum = 0;
   {
     const auto span = t.tracer.span("pipeline forward and backward", "compute");
@@ -116,9 +121,8 @@ double pipeline_forward_backward(Trainer& t, int64_t step, double loss_scale) {
 // Forward and backward of this rank's micro-batches; returns the sum of their token losses.
 double forward_backward(Trainer& t, int64_t step, double loss_scale) {
   const TrainConfig& tc = t.config.train;
-  const int64_t T = tc.seq_len, micro = tc.micro_batch, micro_batches = t.micro_batches();
-  const int64_t groups_per_step = tc.global_batch / micro;  // routing groups in the whole step
-  std::vector<int32_t> tokens(size_t(micro * (T + 1)));
+  const int64_t micro_batches = t.micro_batches();
+  std::vector<int32_t> tokens(size_t(tc.micro_batch * (tc.seq_len + 1)));
   Model<float>& model = *t.model;
   model.zero_grads();
   for (MoeLayer<float>* m : t.moe_layers) m->reset_stats();
@@ -126,16 +130,14 @@ double forward_backward(Trainer& t, int64_t step, double loss_scale) {
   t.buckets->start(model.grads());
   double loss_sum = 0;
   for (int64_t mb = 0; mb < micro_batches; ++mb) {
-    const int64_t seq0 = t.first_sequence() + mb * micro;
-    for (int64_t b = 0; b < micro; ++b) t.loader->train_sequence(step, seq0 + b, tokens.data() + b * (T + 1));
-    // Router losses are averaged over the step's routing groups (micro-batches) on all ranks.
-    model.set_context(true, step, seq0, 1.0 / double(groups_per_step), tc.seed);
+    load_micro_batch(t, step, mb, tokens.data());
+    set_micro_batch_context(t, step, mb);
     // Gradients are final during the last micro-batch's backward: reduce buckets as they complete.
     if (mb == micro_batches - 1)
       model.set_grad_ready_hook([&](int64_t first, int64_t end) { t.buckets->mark_ready(first, end); });
     {
       const auto span = t.tracer.span("forward", "compute", mb);
-      loss_sum += model.forward(tokens.data(), micro);
+      loss_sum += model.forward(tokens.data(), tc.micro_batch);
     }
     {
       const auto span = t.tracer.span("backward", "compute", mb);
