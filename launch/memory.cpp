@@ -9,6 +9,8 @@
 #include <limits>
 #include <string>
 
+#include "parallel/pipeline.h"
+
 namespace moe {
 namespace {
 
@@ -24,15 +26,17 @@ int64_t saturate(double bytes) {
 struct Sizes {
   double V, D, L, H, F, T, N;  // N = B * T tokens of one micro-batch
   double tp, etp, ep;
-  bool sequence_parallel;  // in effect: parallel.sequence_parallel with tp > 1
-  double rows;             // rows of the residual stream and the norms here: N / tp with sequence parallelism
-  double moe_layers, dense_layers;
-  double E, K, Fe, S, Ff;  // Ff: the dense fallback's width, 0 unless moe.overflow = "dense"
+  bool sequence_parallel;           // in effect: parallel.sequence_parallel with tp > 1
+  double rows;                      // rows of the residual stream and the norms here: N / tp with sequence parallelism
+  double moe_layers, dense_layers;  // of this rank's pipeline stage
+  int64_t first, last;              // the stage's layers [first, last) of the whole model's L
+  bool embedding, head, pipelined;  // what the stage holds; pipelined: parallel.pp > 1
+  double E, K, Fe, S, Ff;           // Ff: the dense fallback's width, 0 unless moe.overflow = "dense"
   double capacity_factor;
   bool gumbel, reroute;
 };
 
-Sizes sizes_of(const Config& c, int64_t tp, int64_t ep) {
+Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) {
   const ModelConfig& m = c.model;
   const MoeConfig& moe = c.moe;
   Sizes s{};
@@ -41,9 +45,12 @@ Sizes sizes_of(const Config& c, int64_t tp, int64_t ep) {
   s.tp = double(tp), s.etp = double(c.parallel.expert_tp), s.ep = double(ep);
   s.sequence_parallel = c.parallel.sequence_parallel && tp > 1;
   s.rows = s.sequence_parallel ? s.N / s.tp : s.N;
-  // Layer l is an MoE layer when l % every == every - 1: L / every of them.
-  s.moe_layers = moe.num_experts > 0 ? double(m.layers / moe.every) : 0.0;
-  s.dense_layers = s.L - s.moe_layers;
+  s.first = stage.first, s.last = stage.last < 0 ? m.layers : stage.last;
+  s.embedding = stage.embedding, s.head = stage.head, s.pipelined = stage.pipelined;
+  // Layer l is an MoE layer when l % every == every - 1.
+  s.moe_layers = 0;
+  for (int64_t l = s.first; l < s.last; ++l) s.moe_layers += moe.num_experts > 0 && l % moe.every == moe.every - 1;
+  s.dense_layers = double(s.last - s.first) - s.moe_layers;
   s.E = double(moe.num_experts), s.K = double(moe.top_k), s.Fe = double(moe.expert_hidden);
   s.S = double(moe.shared_experts), s.Ff = moe.overflow == "dense" ? double(moe.fallback_hidden) : 0.0;
   s.capacity_factor = moe.capacity_factor;
@@ -64,7 +71,9 @@ ParamCounts param_counts(const Sizes& s) {
   const double moe_whole = s.D * s.E + (3 * s.D * s.S * s.Fe + 3 * s.D * s.Ff) / s.etp;
   ParamCounts p;
   // Embedding (V, D) split by rows and head (D, V) by columns; the output norm and two norms per layer whole.
-  p.dense = 2 * s.V * s.D / s.tp + s.D + s.L * (2 * s.D + attention) + s.dense_layers * mlp + s.moe_layers * moe_whole;
+  const double layers = double(s.last - s.first);
+  p.dense = (s.embedding ? s.V * s.D / s.tp : 0.0) + (s.head ? s.V * s.D / s.tp + s.D : 0.0) +
+            layers * (2 * s.D + attention) + s.dense_layers * mlp + s.moe_layers * moe_whole;
   // E / ep experts here, each W1, W3 (D, Fe) and W2 (Fe, D), the hidden width split with expert_tp = tp.
   p.expert = s.moe_layers * 3 * (s.E / s.ep) * s.D * (s.Fe / s.etp);
   return p;
@@ -126,7 +135,7 @@ LayerElements layer_elements(const Sizes& s, bool moe, bool keep_probs) {
 ModelBytes model_bytes(const Sizes& s, const std::string& mode, int64_t recompute_layers, int64_t every, double slots) {
   const double N = s.N, D = s.D, rows = s.rows;
   double own = 0, shared = 0, layer_scratch = 0;
-  for (int64_t l = 0; l < int64_t(s.L); ++l) {
+  for (int64_t l = s.first; l < s.last; ++l) {
     const bool recomputed = recompute_layers < 0 || l < recompute_layers;
     const bool moe = s.moe_layers > 0 && l % every == every - 1;
     const LayerElements e = layer_elements(s, moe, !(recomputed && mode == "selective"));
@@ -141,12 +150,19 @@ ModelBytes model_bytes(const Sizes& s, const std::string& mode, int64_t recomput
   // under sequence parallelism, the input gathered again (N, D).
   const bool split = s.tp > 1;
   const double head_acts = split ? N * s.V / s.tp + N : N * s.V;
-  const double head_scratch = split ? N * s.V / s.tp + N * D + (s.sequence_parallel ? N * D : 0.0) : N * s.V;
-  const double arena = (s.L + 1) * rows * D + own + rows * D + rows + head_acts;
+  const double head_scratch = !s.head ? 0.0
+                              : split ? N * s.V / s.tp + N * D + (s.sequence_parallel ? N * D : 0.0)
+                                      : N * s.V;
+  const double arena = (double(s.last - s.first) + 1) * rows * D + own + (s.head ? rows * D + rows + head_acts : 0.0);
+  // Per slot also, on the last stage, the per-token losses (N) and target ids (N int32); on the first the
+  // input ids (N int32), on the others the input's gradient (rows, D); under pipelining the executor's
+  // received activation or gradient and the copies it sends on (rows, D) each.
+  const double floats =
+      arena + (s.head ? N : 0.0) + (s.embedding ? 0.0 : rows * D) + (s.pipelined ? 3 * rows * D : 0.0);
+  const double ints = (s.head ? N : 0.0) + (s.embedding ? N : 0.0);
   ModelBytes m;
-  // Per slot also the per-token losses (N) and the input and target ids (N int32 each); full recompute
-  // keeps one set of layer activations for the recomputed layers of every slot.
-  m.activations = slots * (kFloat * (arena + N) + kInt32 * 2 * N) + kFloat * shared;
+  // Full recompute keeps one set of layer activations for the recomputed layers of every slot.
+  m.activations = slots * (kFloat * floats + kInt32 * ints) + kFloat * shared;
   // ffn_out, dres, dtmp, dnorm (rows, D) and the largest of the head's and the layers' backward scratch.
   m.scratch = kFloat * (4 * rows * D + std::max(head_scratch, layer_scratch));
   return m;
@@ -216,8 +232,9 @@ int64_t MemoryEstimate::total() const {
   return saturate(sum);
 }
 
-MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int64_t ep, int64_t slots) {
-  const Sizes s = sizes_of(config, tp, ep);
+MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int64_t ep, const StagePart& stage) {
+  const Sizes s = sizes_of(config, tp, ep, stage);
+  const int64_t slots = stage.slots;
   const ParamCounts p = param_counts(s);
   // The expert layers fold one pipeline stage's tp * dp ranks as expert_tp * ep * edp.
   const double edp = std::max(1.0, s.tp * double(dp) / (s.etp * s.ep));
@@ -232,6 +249,24 @@ MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int
   m.routed_rows = saturate(s.moe_layers * routed_bytes_per_layer(s, double(slots)));
   m.communication = saturate(communication_bytes(s, p, config.optim.zero, double(dp), edp));
   return m;
+}
+
+StagePart pipeline_stage_part(const Config& config, int64_t stage, int64_t micro_batches) {
+  const int64_t pp = config.parallel.pp;
+  if (pp == 1) return {};
+  const auto [first, last] = stage_layers(config.model.layers, pp, config.parallel.pp_layers)[size_t(stage)];
+  return {first, last, stage == 0, stage == pp - 1, pipeline_slots(PipeSchedule::OneFOneB, pp, stage, micro_batches),
+          true};
+}
+
+StageEstimate largest_stage_estimate(const Config& config, int64_t tp, int64_t dp, int64_t ep) {
+  const int64_t micro_batches = std::max<int64_t>(1, config.train.global_batch / (dp * config.train.micro_batch));
+  StageEstimate largest;
+  for (int64_t stage = 0; stage < config.parallel.pp; ++stage) {
+    const MemoryEstimate e = estimate_memory(config, tp, dp, ep, pipeline_stage_part(config, stage, micro_batches));
+    if (stage == 0 || e.total() > largest.memory.total()) largest = {stage, e};
+  }
+  return largest;
 }
 
 nlohmann::json memory_json(const MemoryEstimate& m) {

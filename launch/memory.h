@@ -30,10 +30,31 @@ struct MemoryEstimate {
   int64_t total() const;
 };
 
-// One rank of `config` with the resolved sizes of the rank grid (dp not "auto"); parallel.expert_tp,
-// parallel.sequence_parallel and optim.zero come from the config. `slots`: micro-batches in flight (the
-// trainer keeps one).
-MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int64_t ep, int64_t slots = 1);
+// The part of the model one rank holds along the pipeline: its stage's layers [first, last) (last < 0: to
+// the end), whether it holds the embedding and the head, and the micro-batches it keeps in flight. The
+// default is the whole model with one micro-batch (parallel.pp = 1).
+struct StagePart {
+  int64_t first = 0, last = -1;
+  bool embedding = true, head = true;
+  int64_t slots = 1;
+  bool pipelined = false;  // parallel.pp > 1: the executor's send and receive buffers per slot
+};
+// Stage `stage` of parallel.pp (parallel.pp_layers) under the 1F1B schedule with `micro_batches` per step
+// and data-parallel rank: stage s keeps min(pp - s, micro_batches) in flight.
+StagePart pipeline_stage_part(const Config& config, int64_t stage, int64_t micro_batches);
+
+// One rank of `config` with the resolved sizes of the rank grid (dp not "auto") holding `stage`;
+// parallel.expert_tp, parallel.sequence_parallel and optim.zero come from the config.
+MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int64_t ep, const StagePart& stage = {});
+
+// The estimate of the pipeline stage that needs the most (the one model when parallel.pp = 1), and which
+// stage that is, with train.global_batch / (dp * train.micro_batch) micro-batches per step: what every rank
+// must be able to hold, quoted at startup, in the manifest and by check_memory.
+struct StageEstimate {
+  int64_t stage = 0;
+  MemoryEstimate memory;
+};
+StageEstimate largest_stage_estimate(const Config& config, int64_t tp, int64_t dp, int64_t ep);
 
 // {"parameters": bytes, ..., "total": bytes}: manifest.json's "memory".
 nlohmann::json memory_json(const MemoryEstimate& estimate);

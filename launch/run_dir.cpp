@@ -142,7 +142,9 @@ void write_run_files(const std::string& run_dir, const Config& config, const std
                  {"zero", config.optim.zero}};
   m["hosts"] = {host_name()};
   m["threads_per_rank"] = threads;
-  m["memory"] = memory_json(estimate_memory(config, grid.sizes().tp, grid.sizes().dp, grid.sizes().ep));
+  const StageEstimate memory = largest_stage_estimate(config, grid.sizes().tp, grid.sizes().dp, grid.sizes().ep);
+  m["memory"] = memory_json(memory.memory);
+  if (grid.sizes().pp > 1) m["memory"]["pipeline_stage"] = memory.stage;
   m["command"] = command_line;
   m["start"] = start;
   m["history"] = "config_history.jsonl";

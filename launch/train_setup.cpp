@@ -20,7 +20,7 @@ namespace {
 // refused by name before anything is allocated instead of failing to allocate halfway.
 void check_memory(const Config& config, const RankGrid& grid) {
   const GridSizes& sizes = grid.sizes();
-  const MemoryEstimate need = estimate_memory(config, sizes.tp, sizes.dp, sizes.ep);
+  const MemoryEstimate need = largest_stage_estimate(config, sizes.tp, sizes.dp, sizes.ep).memory;
   const int64_t ranks_here = std::min<int64_t>(std::max(1, launcher_local_size()), sizes.world);
   const double available = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   if (double(need.total()) * double(ranks_here) <= available) return;
@@ -139,6 +139,15 @@ CheckedConfig load_checked_config(const TrainOptions& options, int64_t world_siz
                                           << "train.micro_batch = " << dp << " * " << tc.micro_batch << " = "
                                           << dp * tc.micro_batch
                                           << "; every data-parallel rank takes the same number of whole micro-batches");
+  const int64_t micro_batches = tc.global_batch / (dp * tc.micro_batch), pp = config.parallel.pp;
+  if (pp > 1 && micro_batches < pp)
+    MOE_BAD_INPUT("train.global_batch = " << tc.global_batch << " gives each data-parallel rank " << micro_batches
+                                          << " micro-batch" << (micro_batches == 1 ? "" : "es")
+                                          << " of train.micro_batch = " << tc.micro_batch
+                                          << " per step (data-parallel size " << dp
+                                          << "), fewer than the parallel.pp = " << pp << " pipeline stages; at least "
+                                          << pp << " are needed to fill the pipeline: raise train.global_batch to "
+                                          << pp * dp * tc.micro_batch << " or more, or lower train.micro_batch");
   check_memory(config, grid);
   return {std::move(config), std::move(grid)};
 }

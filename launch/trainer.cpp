@@ -96,10 +96,12 @@ RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoi
 std::string layout_text(const Trainer& t) {
   const int64_t world = t.grid.sizes().world;
   std::string layout = std::to_string(world) + (world == 1 ? " rank" : " ranks");
-  if (world > 1)
-    layout += " (dp " + std::to_string(t.grid.sizes().dp) + ", ep " + std::to_string(t.config.parallel.ep) +
-              (t.config.optim.zero ? ", ZeRO-1" : "") + ")";
-  return layout;
+  if (world == 1) return layout;
+  const GridSizes& g = t.grid.sizes();
+  const auto dim = [](const char* name, int64_t size) { return std::string(name) + " " + std::to_string(size) + ", "; };
+  layout += " (" + (g.tp > 1 ? dim("tp", g.tp) : "") + (g.pp > 1 ? dim("pp", g.pp) : "") + dim("dp", g.dp);
+  layout += "ep " + std::to_string(g.ep) + (g.etp > 1 ? ", expert_tp " + std::to_string(g.etp) : "");
+  return layout + (t.config.optim.zero ? ", ZeRO-1" : "") + ")";
 }
 
 // The loop's clock: throughput over the interval since the last logged step, evaluation excluded.
@@ -367,12 +369,15 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
   if (!point.dir.empty()) progress.note("resuming from " + point.dir + " at step " + std::to_string(start_step));
   if (!changes.empty()) progress.note("settings changed since the checkpoint: " + describe_changes(changes));
   const TrainConfig& tc = t.config.train;
-  progress.note("moe train: " + std::to_string(t.model->num_params()) + " parameters per rank, " +
-                std::to_string(tc.steps) + " steps of " + std::to_string(t.tokens_per_step()) + " tokens on " +
-                layout_text(t) + ", " + std::to_string(t.threads) + " threads per rank; run directory " +
-                t.paths.run_dir);
+  const std::string held = t.grid.sizes().pp > 1 ? " parameters on pipeline stage 0, " : " parameters per rank, ";
+  progress.note("moe train: " + std::to_string(t.model->num_params()) + held + std::to_string(tc.steps) + " steps of " +
+                std::to_string(t.tokens_per_step()) + " tokens on " + layout_text(t) + ", " +
+                std::to_string(t.threads) + " threads per rank; run directory " + t.paths.run_dir);
   const GridSizes& sizes = t.grid.sizes();
-  progress.note("memory per rank: " + memory_text(estimate_memory(t.config, sizes.tp, sizes.dp, sizes.ep)));
+  const StageEstimate memory = largest_stage_estimate(t.config, sizes.tp, sizes.dp, sizes.ep);
+  progress.note("memory per rank" +
+                (sizes.pp > 1 ? " (pipeline stage " + std::to_string(memory.stage) + ", the largest)" : std::string()) +
+                ": " + memory_text(memory.memory));
 
   Loop loop{
       options,    t,

@@ -225,6 +225,12 @@ run_case "ep that does not divide the experts" 2 no_setup \
   "${mpirun[@]}" -np 3 "$moe" train --config "$config" "${small[@]}" --set moe.num_experts=4 --set parallel.ep=3 \
   --run-dir run
 
+# Pipeline parallelism: a step needs at least one micro-batch per stage on every data-parallel rank.
+expect=("train.global_batch = 2" "1 micro-batch" "parallel.pp = 4" "raise train.global_batch to 8")
+run_case "fewer micro-batches than pipeline stages" 2 no_setup \
+  "${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set model.layers=4 --set parallel.pp=4 \
+  --set train.global_batch=2 --set train.micro_batch=2 --run-dir run
+
 # Tensor parallelism: an uneven split is named.
 expect=("model.heads = 2" "parallel.tp = 4" "attention heads")
 run_case "model.heads not a multiple of parallel.tp" 2 no_setup "$moe" train --config "$config" "${small[@]}" \

@@ -39,11 +39,13 @@ struct Measured {
 
 // Builds the trainer as `moe train` does on one rank, then runs one micro-batch forward and backward
 // through its model (MoE layers size their routed-row buffers there).
-// world: one rank (a SelfCommunicator) or the tensor-parallel ranks (config.parallel.tp of them, dp 1).
+// world: one rank (a SelfCommunicator), or the tensor-parallel or pipeline ranks (config.parallel.tp or
+// config.parallel.pp of them, dp 1). On a pipeline stage only `constructed` is measured.
 inline Measured measure(const Config& config, std::unique_ptr<Communicator> world) {
   const std::unique_ptr<Backend> backend = make_cpu_backend(1);
   const int64_t ranks = world->size();
-  const RankGrid grid({ranks, config.parallel.tp, 1, 1, 1, config.parallel.expert_tp}, config.moe.num_experts);
+  const RankGrid grid({ranks, config.parallel.tp, config.parallel.pp, 1, 1, config.parallel.expert_tp},
+                      config.moe.num_experts);
   const data::Corpus corpus = load_training_corpus(config);
   TrainPaths paths;
   paths.run_dir = "unused";  // the trainer's construction writes nothing
@@ -51,6 +53,7 @@ inline Measured measure(const Config& config, std::unique_ptr<Communicator> worl
   Measured m;
   m.parameters = t.model->num_params();
   m.constructed = backend->allocated_bytes();
+  if (config.parallel.pp > 1) return m;
   const int64_t B = config.train.micro_batch, T = config.train.seq_len;
   std::vector<int32_t> tokens(size_t(B * (T + 1)));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 131 + 17) % size_t(config.model.vocab));

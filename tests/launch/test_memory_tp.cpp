@@ -4,6 +4,7 @@
 // mpirun -np 2 (the world is the tp group).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,35 @@ TEST(MemoryEstimate, TensorParallelTrainerAllocatesExactlyTheEstimate) {
   const MemoryEstimate whole =
       estimate_memory(small_config({"parallel.tp=2", "parallel.sequence_parallel=false"}), 2, 1, 1);
   EXPECT_LT(sp.activations, whole.activations);
+}
+
+// Pipeline stages (parallel.pp = 2, the world the pp group): each stage allocates exactly the estimate of its
+// part (its layers, the embedding or the head, the 1F1B slots it keeps and the executor's buffers), and the
+// largest stage's estimate is what every rank is checked against.
+TEST(MemoryEstimate, PipelineStageAllocatesExactlyItsEstimate) {
+  const std::vector<std::vector<std::string>> cases = {
+      {},
+      {"moe.num_experts=4", "moe.every=2", "train.recompute=selective"},
+      {"model.layers=3", "parallel.pp_layers=[1, 2]", "train.global_batch=16", "train.recompute=full",
+       "train.recompute_layers=2"},
+  };
+  auto world = MpiCommunicator::world();
+  const int64_t stage = world->rank();
+  for (const std::vector<std::string>& extra : cases) {
+    std::vector<std::string> keys = {"parallel.pp=2"};
+    keys.insert(keys.end(), extra.begin(), extra.end());
+    const Config config = small_config(keys);
+    SCOPED_TRACE(testing::PrintToString(extra) + " stage " + std::to_string(stage));
+    const int64_t micro_batches = config.train.global_batch / config.train.micro_batch;
+    const StagePart part = pipeline_stage_part(config, stage, micro_batches);
+    EXPECT_EQ(part.slots, std::min<int64_t>(2 - stage, micro_batches));
+    const MemoryEstimate e = estimate_memory(config, 1, 1, 1, part);
+    const Measured m = measure(config, MpiCommunicator::world());
+    EXPECT_EQ(e.parameters, 4 * m.parameters);
+    EXPECT_EQ(allocated_at_construction(e), m.constructed);
+    const StageEstimate largest = largest_stage_estimate(config, 1, 1, 1);
+    EXPECT_GE(largest.memory.total(), e.total());
+  }
 }
 
 }  // namespace
