@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/error.h"
 #include "parallel/strings.h"
@@ -35,6 +36,15 @@ Tracer::Span::Span(Tracer* tracer, const char* name, const char* category, int64
       category_(category),
       micro_batch_(micro_batch),
       start_us_(tracer ? tracer->now_us() : 0.0) {}
+
+Tracer::Span::Span(Span&& other) noexcept
+    : tracer_(other.tracer_),
+      name_(other.name_),
+      category_(other.category_),
+      micro_batch_(other.micro_batch_),
+      start_us_(other.start_us_) {
+  other.tracer_ = nullptr;
+}
 
 Tracer::Span::~Span() {
   if (tracer_) tracer_->add(name_, category_, micro_batch_, start_us_, tracer_->now_us());
@@ -69,6 +79,31 @@ void Tracer::write(Communicator& world, const std::string& path) const {
   const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
   std::fclose(f);
   if (!ok) MOE_RUN_FAILED("cannot write the trace " << path);
+}
+
+void TracedExchange::exchange_counts(const int64_t* send, int64_t* recv, int64_t n) {
+  const auto span = tracer_.span("all-to-all (counts)", "communication");
+  inner_.exchange_counts(send, recv, n);
+}
+
+namespace {
+// An exchange of rows in flight and its span, which ends when the exchange is waited for.
+struct TracedHandle final : ExchangeHandle {
+  TracedHandle(std::unique_ptr<ExchangeHandle> inner, Tracer::Span span)
+      : inner(std::move(inner)), span(std::move(span)) {}
+  void wait() override {
+    if (inner) inner->wait();
+    span.reset();
+  }
+  std::unique_ptr<ExchangeHandle> inner;
+  std::optional<Tracer::Span> span;
+};
+}  // namespace
+
+std::unique_ptr<ExchangeHandle> TracedExchange::start(const float* send, const int64_t* send_counts, float* recv,
+                                                      const int64_t* recv_counts) {
+  Tracer::Span span = tracer_.span("all-to-all (rows)", "communication");
+  return std::make_unique<TracedHandle>(inner_.start(send, send_counts, recv, recv_counts), std::move(span));
 }
 
 }  // namespace moe

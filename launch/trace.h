@@ -9,9 +9,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/expert_exchange.h"
 #include "parallel/communicator.h"
 
 namespace moe {
@@ -30,8 +32,10 @@ class Tracer {
    public:
     Span(Tracer* tracer, const char* name, const char* category, int64_t micro_batch);
     ~Span();
+    Span(Span&& other) noexcept;  // the moved-from span records nothing
     Span(const Span&) = delete;
     Span& operator=(const Span&) = delete;
+    Span& operator=(Span&&) = delete;
 
    private:
     Tracer* tracer_;  // null when not recording
@@ -61,6 +65,22 @@ class Tracer {
   int rank_ = 0;
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   std::string events_;
+};
+
+// The expert all-to-all, timed: each exchange of counts, and each exchange of rows from its start to its
+// wait (computation may run in between: the rows are in flight), is an "all-to-all" span.
+class TracedExchange final : public ExpertExchange {
+ public:
+  TracedExchange(ExpertExchange& inner, Tracer& tracer) : inner_(inner), tracer_(tracer) {}
+  int size() const override { return inner_.size(); }
+  int rank() const override { return inner_.rank(); }
+  void exchange_counts(const int64_t* send, int64_t* recv, int64_t n) override;
+  std::unique_ptr<ExchangeHandle> start(const float* send, const int64_t* send_counts, float* recv,
+                                        const int64_t* recv_counts) override;
+
+ private:
+  ExpertExchange& inner_;
+  Tracer& tracer_;
 };
 
 }  // namespace moe

@@ -105,13 +105,16 @@ void build_model(Trainer& t) {
                                            tp_attention_factory<float>(t.backend, tp, shape, tc.seq_len),
                                            tensor_parallel_layout<float>(t.backend, tp, shape));
   t.exchange = std::make_unique<CommunicatorExchange>(*t.groups.ep);
+  if (tc.trace) t.traced_exchange = std::make_unique<TracedExchange>(*t.exchange, t.tracer);
+  ExpertExchange* exchange =
+      t.traced_exchange ? static_cast<ExpertExchange*>(t.traced_exchange.get()) : t.exchange.get();
   t.token_group = std::make_unique<CommunicatorTokenGroup>(*t.groups.tp);
   for (int64_t l = 0; l < shape.layers; ++l) {
     if (!moe_of(l)) continue;
     if (l >= t.model->first_layer() && l < t.model->end_layer()) {
       MoeLayer<float>* m = moe_layer_of(t.model->ffn(l));
       MOE_CHECK(m, "layer " << l << " was built as an MoE layer");
-      m->set_exchange(t.exchange.get());
+      m->set_exchange(exchange);
       m->set_token_group(t.token_group.get());
       t.moe_layers.push_back(m);
       t.moe_index.push_back(t.model_moe_layers);

@@ -60,9 +60,11 @@ struct Trainer {
   Backend& backend;
   int threads = 1;
   ProcessGroups groups;
+  Tracer tracer;
   std::unique_ptr<Model<float>> model;  // this rank's pipeline stage (the whole model when parallel.pp = 1)
   std::unique_ptr<PipelineExecutor<float>> pipeline;  // parallel.pp > 1: the stage's 1F1B schedule
   std::unique_ptr<CommunicatorExchange> exchange;
+  std::unique_ptr<TracedExchange> traced_exchange;      // train.trace: the MoE layers' exchange, timed
   std::unique_ptr<CommunicatorTokenGroup> token_group;  // MoE routing groups split over the tp ranks
   std::vector<MoeLayer<float>*> moe_layers;             // the stage's
   // Per entry of moe_layers: its index among the whole model's MoE layers (model_moe_layers of them).
@@ -79,7 +81,6 @@ struct Trainer {
   // Last step at which each expert of each MoE layer received a token, for the dead-expert count.
   std::vector<std::vector<int64_t>> last_used;
   TrainState state;
-  Tracer tracer;
 
   int64_t micro_batches() const;    // per data-parallel rank and step
   int64_t tokens_per_step() const;  // the global batch

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "core/error.h"
@@ -97,19 +98,48 @@ void set_micro_batch_context(Trainer& t, int64_t step, int64_t mb) {
   t.model->set_context(true, step, t.first_sequence() + mb * tc.micro_batch, 1.0 / double(groups_per_step), tc.seed);
 }
 
+// How a pipeline action shows in the trace: its name and category.
+std::pair<const char*, const char*> trace_label(PipeOp op) {
+  switch (op) {
+    case PipeOp::RecvActivation:
+      return {"receive activation (wait)", "communication"};
+    case PipeOp::Forward:
+      return {"forward", "compute"};
+    case PipeOp::SendActivation:
+      return {"send activation", "communication"};
+    case PipeOp::RecvGradient:
+      return {"receive gradient (wait)", "communication"};
+    case PipeOp::Backward:
+      return {"backward", "compute"};
+    case PipeOp::SendGradient:
+      return {"send gradient", "communication"};
+  }
+  return {"?", "?"};
+}
+
 // The step's micro-batches through this rank's pipeline stage by the 1F1B schedule (parallel.pp > 1); returns
-// the sum of their token losses on the last stage, 0 on the others. The gradient buckets reduce after the
-// whole schedule (no overlap with backward).
+// the sum of their token losses on the last stage, 0 on the others. Every action is a span of the trace; the
+// stage's gradients are final during its last backward (the schedules run backwards in micro-batch order),
+// so the gradient buckets reduce as they complete there, overlapped with it.
 double pipeline_forward_backward(Trainer& t, int64_t step, double loss_scale) {
   PipelineExecutor<float>::MicroBatches mbs;
   mbs.tokens = [&](int64_t mb, int32_t* tokens) { load_micro_batch(t, step, mb, tokens); };
   mbs.before_forward = [&](int64_t mb) { set_micro_batch_context(t, step, mb); };
+  std::optional<Tracer::Span> span;
+  const int64_t last = t.micro_batches() - 1;
+  mbs.around = [&](const PipeAction& a, bool begin) {
+    if (a.op == PipeOp::Backward && a.micro_batch == last)
+      t.model->set_grad_ready_hook(
+          begin ? Model<float>::GradReadyHook([&](int64_t first, int64_t end) { t.buckets->mark_ready(first, end); })
+                : nullptr);
+    const auto [name, category] = trace_label(a.op);
+    if (begin)
+      span.emplace(t.tracer.span(name, category, a.micro_batch));
+    else
+      span.reset();
+  };
   t.buckets->start(t.model->grads());
-  double loss_sum = 0;
-  {
-    const auto span = t.tracer.span("pipeline forward and backward", "compute");
-    loss_sum = t.pipeline->run(mbs, loss_scale);
-  }
+  const double loss_sum = t.pipeline->run(mbs, loss_scale);
   {
     const auto span = t.tracer.span("gradient reduction wait", "communication");
     t.buckets->finish();

@@ -73,6 +73,7 @@ double PipelineExecutor<T>::run(const MicroBatches& micro_batches, double loss_s
     Slot& s = slots_[size_t(a.micro_batch % int64_t(slots_.size()))];
     const int slot = int(a.micro_batch % int64_t(slots_.size()));
     const int activation_tag = int(2 * a.micro_batch), gradient_tag = int(2 * a.micro_batch + 1);
+    if (micro_batches.around) micro_batches.around(a, true);
     switch (a.op) {
       case PipeOp::RecvActivation:
         pp_.recv(s.received.template data<T>(), rows_, prev, activation_tag);
@@ -95,6 +96,7 @@ double PipelineExecutor<T>::run(const MicroBatches& micro_batches, double loss_s
         send(s, s.gradient_sent, s.gradient_out, model_.input_grad(slot), prev, gradient_tag);
         break;
     }
+    if (micro_batches.around) micro_batches.around(a, false);
   }
   for (Slot& s : slots_)
     for (std::unique_ptr<Request>* r : {&s.activation_sent, &s.gradient_sent})

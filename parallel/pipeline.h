@@ -26,10 +26,12 @@ class PipelineExecutor {
  public:
   // What the step needs from its caller, per micro-batch: its (batch, seq_len + 1) tokens (every stage reads
   // them: the first embeds the inputs, the last scores the targets), and the model's context set before its
-  // forward (Model::set_context).
+  // forward (Model::set_context). Optionally `around`, called just before (begin = true) and just after
+  // (false) every action: to time it, or to let gradient buckets reduce during the last backward.
   struct MicroBatches {
     std::function<void(int64_t mb, int32_t* tokens)> tokens;
     std::function<void(int64_t mb)> before_forward;
+    std::function<void(const PipeAction& action, bool begin)> around;
   };
 
   // pp: the pipeline-parallel group, this rank's stage its rank in it. The model must have at least

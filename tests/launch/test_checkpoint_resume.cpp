@@ -16,9 +16,9 @@
 
 #include "checkpoint/checkpointer.h"
 #include "launch/trainer.h"
+#include "layout_runs.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/self_communicator.h"
-#include "run_compare.h"
 
 namespace moe {
 namespace {
@@ -52,69 +52,14 @@ std::vector<std::string> base_overrides() {
           "checkpoint.every=5"};
 }
 
-struct RunOutput {
-  std::vector<json> lines;  // metrics.jsonl without the timing fields
-  TrainResult result;
-};
-
-// Runs on the first `ranks` ranks; the others return an empty RunOutput. All ranks must call it.
+// Trains base_overrides() + extra on the first `ranks` ranks (tests/launch/layout_runs.h).
 RunOutput train(int ranks, const std::vector<std::string>& extra, const std::string& dir, int64_t stop_after = 0) {
-  auto world = MpiCommunicator::world();
-  std::unique_ptr<Communicator> comm;
-  if (ranks == 1) {
-    world->barrier();
-    if (world->rank() != 0) {
-      world->barrier();
-      return {};
-    }
-    comm = std::make_unique<SelfCommunicator>("world");
-  } else {
-    comm = world->split(world->rank() < ranks ? 0 : -1, world->rank(), "world");
-    if (!comm) {
-      world->barrier();
-      return {};
-    }
-  }
-  TrainOptions o;
-  o.config_path = std::string(MOE_SOURCE_DIR) + "/configs/tiny_moe.json";
-  o.overrides = base_overrides();
-  o.overrides.insert(o.overrides.end(), extra.begin(), extra.end());
-  o.run_dir = dir;
-  o.quiet = true;
-  o.collect_parameters = true;
-  o.stop_after_step = stop_after;
-  const bool leader = comm->rank() == 0;
-  RunOutput run;
-  run.result = run_train(o, std::move(comm));
-  if (leader) {
-    std::ifstream in(fs::path(dir) / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      json j = json::parse(line);
-      for (const std::string& f : kTimingFields) j.erase(f);
-      run.lines.push_back(j);
-    }
-  }
-  world->barrier();
-  return run;
+  std::vector<std::string> overrides = base_overrides();
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  return train_on(ranks, overrides, dir, stop_after);
 }
 
-void expect_bitwise_equal(const RunOutput& a, const RunOutput& b, const std::string& what) {
-  ASSERT_EQ(a.lines.size(), b.lines.size()) << what;
-  for (size_t i = 0; i < a.lines.size(); ++i) EXPECT_EQ(a.lines[i], b.lines[i]) << what << " metrics line " << i + 1;
-  ASSERT_EQ(a.result.parameters.size(), b.result.parameters.size()) << what;
-  for (const auto& [name, p] : a.result.parameters) {
-    const auto& q = b.result.parameters.at(name);
-    ASSERT_EQ(p.size(), q.size()) << what << " " << name;
-    EXPECT_EQ(0, std::memcmp(p.data(), q.data(), sizeof(float) * p.size())) << what << " " << name;
-  }
-}
-
-fs::path temp_root(const std::string& name) {
-  auto world = MpiCommunicator::world();
-  int64_t id = ::getpid();
-  world->broadcast(&id, 1, 0);
-  return fs::temp_directory_path() / ("moe_ckpt_" + std::to_string(id)) / name;
-}
+fs::path temp_root(const std::string& name) { return shared_temp_root("moe_ckpt_", name); }
 
 struct Variant {
   const char* name;
@@ -147,26 +92,6 @@ TEST(CheckpointResume, StoppedAndResumedEqualsUninterruptedBitForBit) {
       EXPECT_TRUE(fs::exists(root / "resumed" / "checkpoints" / "step-00000020" / "manifest.json")) << v.name;
       fs::remove_all(root);
     }
-  }
-}
-
-// Parameters and losses within fp32 reduction-order tolerance: each step's gradient sums up to 8
-// micro-batch terms in another order, sqrt(8) * 6e-8 relative, and Adam carries that into the parameters
-// about linearly over the 20 steps (measured here: 1.9e-6 for the parameters).
-constexpr double kStepPerturbation = 2.8284 * 6e-8;
-constexpr double kParamTolerance = 20 * kStepPerturbation;
-void expect_close(const RunOutput& a, const RunOutput& b, const std::string& what) {
-  ASSERT_EQ(a.lines.size(), b.lines.size()) << what;
-  for (size_t i = 0; i < a.lines.size(); ++i) {
-    if (!a.lines[i].contains("lm_loss")) continue;
-    const double x = a.lines[i]["lm_loss"], y = b.lines[i]["lm_loss"];
-    EXPECT_NEAR(y, x, kParamTolerance * std::abs(x)) << what << " step " << a.lines[i]["step"];
-  }
-  for (const auto& [name, p] : a.result.parameters) {
-    const auto& q = b.result.parameters.at(name);
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < p.size(); ++i) diff += double(p[i] - q[i]) * (p[i] - q[i]), norm += double(p[i]) * p[i];
-    EXPECT_LE(std::sqrt(diff / norm), kParamTolerance) << what << " " << name;
   }
 }
 
