@@ -1,6 +1,7 @@
 // Fault recovery of `moe launch` end to end (docs/design.md, invariants 3-5): the real program runs as a
 // subprocess, starting mpirun with 2 ranks of a tiny MoE model, while faults are injected (fault.inject):
-// a killed rank, a stopped (silent) rank, a hung main thread, an exception, a corrupted newest checkpoint,
+// a killed rank (also one of 8 ranks in tp x pp x ep x dp, killed from outside), a stopped (silent) rank, a
+// hung main thread, an exception, a corrupted newest checkpoint,
 // more faults than fault.max_restarts allows, forged and malformed heartbeats, and bad input. Each
 // recovered run must end exactly like an uninterrupted run of the same config: the same metrics.jsonl
 // (all machine-independent fields, bit for bit) and the same final parameters, read from both runs'
@@ -281,6 +282,58 @@ TEST(Supervisor, KilledRankRestartsFromNewestCheckpointAndEqualsUninterrupted) {
   const Recovery m = measure(r, "kill rank 1 after step 7");
   EXPECT_GE(m.steps_lost, 2);  // steps 6 and 7 at least
   expect_same_as_reference(run);
+}
+
+// The process of MPI rank `rank` of the job whose processes mention `run_dir`, or 0: mpirun tells each rank
+// its number in OMPI_COMM_WORLD_RANK.
+pid_t rank_process(const fs::path& run_dir, int rank) {
+  for (pid_t pid : processes_mentioning(run_dir.string())) {
+    std::istringstream env(read_text_if_any(fs::path("/proc") / std::to_string(pid) / "environ"));
+    for (std::string var; std::getline(env, var, '\0');)
+      if (var == "OMPI_COMM_WORLD_RANK=" + std::to_string(rank)) return pid;
+  }
+  return 0;
+}
+
+// A pipeline run in four dimensions, tp 2 x pp 2 x ep 2 x dp 2 on 8 ranks with ZeRO: once its first checkpoint
+// is committed, rank 5 (pipeline stage 1, which holds the MoE layer: tensor-parallel rank 1 of data-parallel
+// rank 0, between stage 0's sends and the head) is killed from outside the job with SIGKILL. Its neighbours
+// block on point-to-point receives from it; the job restarts from the newest checkpoint and ends equal to an
+// uninterrupted launch of the same layout, metrics and parameters bit for bit.
+TEST(Supervisor, KilledRankOfAFourDimensionalPipelineRunRecovers) {
+  TempDir dir("kill-4d");
+  const fs::path whole = dir.path() / "whole", run = dir.path() / "run";
+  const std::vector<std::string> four_d = {"model.heads=4",
+                                           "parallel.tp=2",
+                                           "parallel.pp=2",
+                                           "parallel.ep=2",
+                                           "optim.zero=true",
+                                           "train.steps=30",
+                                           "fault.heartbeat_timeout_s=5"};
+  const LaunchResult w = run_launch(dir.path(), whole, with_np(launch_args(whole, four_d), 8));
+  ASSERT_EQ(w.exit_code, 0) << describe(w);
+  bool killed = false;
+  const LaunchResult r =
+      run_launch(dir.path(), run, with_np(launch_args(run, four_d), 8), [&](const LaunchResult& now) {
+        if (killed || !events_named(now, "restart").empty()) return;
+        if (!fs::exists(run / "checkpoints" / "step-00000005" / "manifest.json")) return;
+        if (const pid_t pid = rank_process(run, 5); pid > 0) killed = ::kill(pid, SIGKILL) == 0;
+      });
+  ASSERT_TRUE(killed) << describe(r);
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  const auto restarts = events_named(r, "restart");
+  ASSERT_EQ(restarts.size(), 1u) << describe(r);
+  const int64_t resume_step = restarts[0].value("resume_step", int64_t(-1));
+  EXPECT_TRUE(resume_step >= 5 && resume_step % 5 == 0) << describe(r);
+  EXPECT_EQ(last_event(r), "finished") << describe(r);
+  expect_names_dead_rank(r, 5);
+  EXPECT_TRUE(r.left_behind.empty());
+  measure(r, "kill rank 5 of tp2 x pp2 x ep2 x dp2 from outside");
+  EXPECT_EQ(comparable_metrics(run), comparable_metrics(whole));
+  const fs::path last = fs::path("checkpoints") / "step-00000030";
+  const auto params = final_params(run / last), expected = final_params(whole / last);
+  EXPECT_FALSE(expected.empty());
+  EXPECT_TRUE(params == expected) << "the final parameters differ from the uninterrupted run";
 }
 
 // A fault before the first checkpoint: nothing to resume from, so the restart starts again from step 0
