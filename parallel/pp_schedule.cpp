@@ -100,6 +100,15 @@ std::string describe_schedule(PipeSchedule schedule, int64_t stages, int64_t mic
 
 double simulate_schedule(PipeSchedule schedule, int64_t stages, int64_t micro_batches, double forward_s,
                          double backward_s, std::vector<int64_t>* peak_in_flight) {
+  return simulate_schedule(schedule, micro_batches, std::vector<double>(size_t(stages), forward_s),
+                           std::vector<double>(size_t(stages), backward_s), peak_in_flight);
+}
+
+double simulate_schedule(PipeSchedule schedule, int64_t micro_batches, const std::vector<double>& forward_s,
+                         const std::vector<double>& backward_s, std::vector<int64_t>* peak_in_flight) {
+  MOE_CHECK(forward_s.size() == backward_s.size(),
+            forward_s.size() << " forward times and " << backward_s.size() << " backward times, one per stage");
+  const int64_t stages = int64_t(forward_s.size());
   std::vector<std::vector<PipeAction>> actions;
   for (int64_t s = 0; s < stages; ++s) actions.push_back(pipeline_actions(schedule, stages, s, micro_batches));
   std::vector<size_t> next(size_t(stages), 0);
@@ -122,10 +131,10 @@ double simulate_schedule(PipeSchedule schedule, int64_t stages, int64_t micro_ba
         } else if (a.op == PipeOp::SendGradient) {
           sent[{int(PipeOp::RecvGradient), s - 1, a.micro_batch}] = t;
         } else if (a.op == PipeOp::Forward) {
-          t += forward_s;
+          t += forward_s[size_t(s)];
           peak[size_t(s)] = std::max(peak[size_t(s)], ++in_flight[size_t(s)]);
         } else {
-          t += backward_s;
+          t += backward_s[size_t(s)];
           --in_flight[size_t(s)];
         }
         ++next[size_t(s)];

@@ -57,5 +57,8 @@ std::string describe_schedule(PipeSchedule schedule, int64_t stages, int64_t mic
 // forwarded and not yet backwarded at any moment.
 double simulate_schedule(PipeSchedule schedule, int64_t stages, int64_t micro_batches, double forward_s,
                          double backward_s, std::vector<int64_t>* peak_in_flight = nullptr);
+// The same with each stage's own forward and backward times (one entry per stage).
+double simulate_schedule(PipeSchedule schedule, int64_t micro_batches, const std::vector<double>& forward_s,
+                         const std::vector<double>& backward_s, std::vector<int64_t>* peak_in_flight = nullptr);
 
 }  // namespace moe

@@ -81,6 +81,17 @@ TEST(PipeSchedule, OneFOneBRunsToTheEndWithBoundedActivationsAndTheKnownBubble) 
     }
 }
 
+// With each stage's own times (bench_pp simulates its measured ones): the slowest stage sets the pace, so in
+// the steady state the step takes m times the slowest stage's forward and backward, plus the fill and drain.
+TEST(PipeSchedule, UnequalStagesArePacedByTheSlowest) {
+  EXPECT_EQ(simulate_schedule(PipeSchedule::OneFOneB, 8, {1.0, 1.0, 1.0}, {2.0, 2.0, 2.0}),
+            simulate_schedule(PipeSchedule::OneFOneB, 3, 8, 1.0, 2.0));
+  // Two stages, the last one half again as slow: it is never idle after its first forward.
+  const double makespan = simulate_schedule(PipeSchedule::OneFOneB, 8, {1.0, 1.5}, {2.0, 3.0});
+  EXPECT_DOUBLE_EQ(makespan, 1.0 + 8 * (1.5 + 3.0) + 2.0);
+  EXPECT_GT(makespan, simulate_schedule(PipeSchedule::OneFOneB, 2, 8, 1.0, 2.0));
+}
+
 TEST(PipeSchedule, GPipeKeepsEveryMicroBatchInFlightOnTheFirstStage) {
   std::vector<int64_t> peak;
   ASSERT_GT(simulate_schedule(PipeSchedule::GPipe, 4, 8, 1.0, 2.0, &peak), 0);

@@ -488,6 +488,19 @@ TEST(RankGrid, TwoPipelineStages) {
   // The group id is usable as an MPI_Comm_split colour: one value per group.
   EXPECT_EQ(grid.group_id(9, GroupKind::Edp), grid.group_id(13, GroupKind::Edp));
   EXPECT_NE(grid.group_id(9, GroupKind::Edp), grid.group_id(12, GroupKind::Edp));
+  // Every rank's coordinates: the table of docs/parallel.md "The rank grid".
+  const std::vector<int64_t> tp = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1};
+  const std::vector<int64_t> dp = {0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 1, 1, 2, 2, 3, 3};
+  const std::vector<int64_t> pp = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+  const std::vector<int64_t> ep = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
+  const std::vector<int64_t> edp = {0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1};
+  for (int64_t r = 0; r < 16; ++r) {
+    const RankCoords c = grid.coords(r);
+    const size_t i = size_t(r);
+    EXPECT_EQ(std::vector<int64_t>({c.tp, c.dp, c.pp, c.ep, c.edp, c.etp}),
+              std::vector<int64_t>({tp[i], dp[i], pp[i], ep[i], edp[i], 0}))
+        << "rank " << r;
+  }
 }
 
 TEST(RankGrid, SingleRank) {
