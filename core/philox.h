@@ -14,17 +14,42 @@ namespace moe {
 using Philox4x32Counter = std::array<uint32_t, 4>;
 using Philox4x32Key = std::array<uint32_t, 2>;
 
-// The bare Philox-4x32 with 10 rounds.
-inline Philox4x32Counter philox4x32_10(Philox4x32Counter ctr, Philox4x32Key key) {
+// The arithmetic below also compiles as CUDA device code (the CUDA backend's Gumbel noise draws the same
+// numbers as the CPU's, core/backend/cuda/).
+#if defined(__CUDACC__)
+#define MOE_HOST_DEVICE __host__ __device__
+#else
+#define MOE_HOST_DEVICE
+#endif
+
+// The bare Philox-4x32 with 10 rounds, in place on c[4] with the key (k0, k1).
+MOE_HOST_DEVICE inline void philox4x32_10_inplace(uint32_t* c, uint32_t k0, uint32_t k1) {
   constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;
   constexpr uint32_t W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = uint64_t(M0) * ctr[0];
-    const uint64_t p1 = uint64_t(M1) * ctr[2];
-    ctr = {uint32_t(p1 >> 32) ^ ctr[1] ^ key[0], uint32_t(p1), uint32_t(p0 >> 32) ^ ctr[3] ^ key[1], uint32_t(p0)};
-    key[0] += W0;
-    key[1] += W1;
+    const uint64_t p0 = uint64_t(M0) * c[0];
+    const uint64_t p1 = uint64_t(M1) * c[2];
+    const uint32_t n0 = uint32_t(p1 >> 32) ^ c[1] ^ k0, n2 = uint32_t(p0 >> 32) ^ c[3] ^ k1;
+    c[0] = n0, c[1] = uint32_t(p1), c[2] = n2, c[3] = uint32_t(p0);
+    k0 += W0;
+    k1 += W1;
   }
+}
+
+// Uniform in the open interval (0, 1) from the first two words of a Philox block, 53 bits.
+MOE_HOST_DEVICE inline double philox_uniform53(const uint32_t* r) {
+  const uint64_t x = ((uint64_t(r[0]) << 32) | r[1]) >> 11;
+  return (double(x) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+// The Philox block of stream `key` at counters (a, b) (RngStream::bits), into r[4].
+MOE_HOST_DEVICE inline void philox_block(uint64_t key, uint64_t a, uint64_t b, uint32_t* r) {
+  r[0] = uint32_t(a), r[1] = uint32_t(a >> 32), r[2] = uint32_t(b), r[3] = uint32_t(b >> 32);
+  philox4x32_10_inplace(r, uint32_t(key), uint32_t(key >> 32));
+}
+
+inline Philox4x32Counter philox4x32_10(Philox4x32Counter ctr, Philox4x32Key key) {
+  philox4x32_10_inplace(ctr.data(), key[0], key[1]);
   return ctr;
 }
 
@@ -55,8 +80,7 @@ struct RngStream {
   // Uniform in the open interval (0, 1), 53 bits.
   double uniform(uint64_t a, uint64_t b = 0) const {
     const Philox4x32Counter r = bits(a, b);
-    const uint64_t x = ((uint64_t(r[0]) << 32) | r[1]) >> 11;  // 53 bits
-    return (double(x) + 0.5) * (1.0 / 9007199254740992.0);
+    return philox_uniform53(r.data());
   }
   // Standard normal by Box-Muller from one Philox block.
   double normal(uint64_t a, uint64_t b = 0) const {

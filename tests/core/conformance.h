@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/backend/backend.h"
+#include "core/backend/cuda_backend.h"
 #include "core/philox.h"
 
 namespace moe::conformance {
@@ -23,8 +24,11 @@ struct BackendRow {
   std::string name;
   std::function<std::unique_ptr<Backend>()> make;
 };
+// The CUDA backend joins when this machine has a device (tests/core/test_cuda_host.cpp says when it does not).
 inline std::vector<BackendRow> backends() {
-  return {{"cpu", [] { return make_cpu_backend(0); }}};
+  std::vector<BackendRow> rows = {{"cpu", [] { return make_cpu_backend(0); }}};
+  if (cuda_device_count() > 0) rows.push_back({"cuda", [] { return make_cuda_backend(0); }});
+  return rows;
 }
 
 // The reference: the CPU backend in double.

@@ -208,3 +208,18 @@ INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(backends()),
 
 }  // namespace
 }  // namespace moe::conformance
+
+namespace moe {
+namespace {
+// Philox-4x32-10 against the known-answer vectors of its authors (Random123's kat_vectors): every backend's
+// random numbers (Gumbel noise, dropout masks, data order) rest on it.
+TEST(Philox, KnownAnswerVectors) {
+  EXPECT_EQ(philox4x32_10({0, 0, 0, 0}, {0, 0}),
+            (Philox4x32Counter{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
+  EXPECT_EQ(philox4x32_10({~0u, ~0u, ~0u, ~0u}, {~0u, ~0u}),
+            (Philox4x32Counter{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
+  EXPECT_EQ(philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, {0xa4093822u, 0x299f31d0u}),
+            (Philox4x32Counter{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
+}
+}  // namespace
+}  // namespace moe

@@ -1,0 +1,376 @@
+// The CUDA backend: device memory from a caching allocator, every copy and op ordered on one stream, GEMMs on
+// cuBLAS (the experts' as one grouped call), the other ops as the kernels of cuda_kernels.cuh. Row-major
+// operands go to column-major cuBLAS as their transposes (grouped_gemm_plan.h says how).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <vector>
+
+#include "core/backend/backend.h"
+#include "core/backend/cuda/caching_allocator.h"
+#include "core/backend/cuda/cuda_kernels.cuh"
+#include "core/backend/cuda/grouped_gemm_plan.h"
+#include "core/backend/cuda/launch_config.h"
+#include "core/backend/cuda_backend.h"
+#include "core/error.h"
+
+namespace moe {
+namespace {
+
+#define MOE_CUDA_CHECK(call)                                                                                 \
+  do {                                                                                                       \
+    const cudaError_t moe_status_ = (call);                                                                  \
+    if (moe_status_ != cudaSuccess) MOE_RUN_FAILED(#call << ": " << cudaGetErrorString(moe_status_));        \
+  } while (0)
+#define MOE_CUBLAS_CHECK(call)                                                                               \
+  do {                                                                                                       \
+    const cublasStatus_t moe_status_ = (call);                                                               \
+    if (moe_status_ != CUBLAS_STATUS_SUCCESS) MOE_RUN_FAILED(#call << ": " << cublasGetStatusString(moe_status_)); \
+  } while (0)
+// After a kernel launch: a bad configuration shows here, an error while running at the next synchronisation.
+#define MOE_CUDA_LAUNCHED() MOE_CUDA_CHECK(cudaGetLastError())
+
+using cuda::elementwise_launch;
+using cuda::LaunchConfig;
+using cuda::row_launch;
+
+cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+// What the ops share with their backend: the stream, the cuBLAS handle, and device workspace.
+struct CudaContext {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  CachingAllocator* allocator = nullptr;
+};
+
+// Device workspace for one call, back to the allocator's cache when it goes (reuse is ordered on the stream).
+struct Workspace {
+  Workspace(CachingAllocator& a, size_t bytes) : allocator(a), ptr(a.allocate(bytes)) {}
+  ~Workspace() { allocator.free(ptr); }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  CachingAllocator& allocator;
+  void* ptr;
+};
+
+template <typename T>
+cublasStatus_t blas_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                         const T* alpha, const T* A, int lda, const T* B, int ldb, const T* beta, T* C, int ldc) {
+  if constexpr (sizeof(T) == 4)
+    return cublasSgemm(h, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    return cublasDgemm(h, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+template <typename T>
+class CudaOps final : public Ops<T> {
+ public:
+  explicit CudaOps(const CudaContext& ctx) : ctx_(ctx) {}
+  const char* name() const override { return "cuda"; }
+
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+            int64_t ldb, T beta, T* C, int64_t ldc) override {
+    if (M == 0 || N == 0) return;
+    MOE_CUBLAS_CHECK(blas_gemm<T>(ctx_.blas, op(trans_b), op(trans_a), int(N), int(M), int(K), &alpha, B, int(ldb), A,
+                                  int(lda), &beta, C, int(ldc)));
+  }
+
+  void embedding_forward(const int32_t* tokens, const T* table, int64_t first, int64_t rows, T* out, int64_t N,
+                         int64_t D) override {
+    launch(elementwise_launch(N * D), cuda::embedding_forward_kernel<T>, tokens, table, first, rows, out, N, D);
+  }
+  void embedding_backward(const int32_t* tokens, const T* dout, int64_t first, int64_t rows, T* dtable, int64_t N,
+                          int64_t D) override {
+    launch(elementwise_launch(D), cuda::embedding_backward_kernel<T>, tokens, dout, first, rows, dtable, N, D);
+  }
+
+  void rmsnorm_forward(const T* x, const T* gain, T* y, T* rstd, int64_t N, int64_t D) override {
+    launch_rows(row_launch(N, D), cuda::rmsnorm_forward_kernel<T>, x, gain, y, rstd, N, D);
+  }
+  void rmsnorm_backward(const T* x, const T* gain, const T* rstd, const T* dy, T* dx, T* dgain, int64_t N,
+                        int64_t D) override {
+    launch_rows(row_launch(N, D), cuda::rmsnorm_backward_dx_kernel<T>, x, gain, rstd, dy, dx, N, D);
+    launch(elementwise_launch(D), cuda::rmsnorm_backward_dgain_kernel<T>, x, rstd, dy, dgain, N, D);
+  }
+
+  void rope(T* x, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) override {
+    MOE_CHECK(Dh % 2 == 0, "rotary embedding needs an even head width, got " << Dh);
+    launch(elementwise_launch(B * T_ * H * Dh / 2), cuda::rope_kernel<T>, x, B, T_, H, Dh, inverse);
+  }
+
+  void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,
+                         int64_t Dh) override;
+  void attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq, T* dk, T* dv,
+                          T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) override;
+
+  void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override {
+    launch(elementwise_launch(n), cuda::swiglu_forward_kernel<T>, a, b, h, n);
+  }
+  void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) override {
+    launch(elementwise_launch(n), cuda::swiglu_backward_kernel<T>, a, b, dh, da, db, n);
+  }
+
+  void cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, int64_t N, int64_t V) override {
+    launch_rows(row_launch(N, V), cuda::cross_entropy_forward_kernel<T>, logits, targets, losses, N, V);
+  }
+  void cross_entropy_backward(const T* logits, const int32_t* targets, T scale, T* dlogits, int64_t N,
+                              int64_t V) override {
+    launch_rows(row_launch(N, V), cuda::cross_entropy_backward_kernel<T>, logits, targets, scale, dlogits, N, V);
+  }
+
+  void add_inplace(T* y, const T* x, int64_t n) override {
+    launch(elementwise_launch(n), cuda::add_inplace_kernel<T>, y, x, n);
+  }
+  void add(const T* a, const T* b, T* y, int64_t n) override {
+    launch(elementwise_launch(n), cuda::add_kernel<T>, a, b, y, n);
+  }
+  void copy(const T* x, T* y, int64_t n) override {
+    if (n > 0 && x != y)
+      MOE_CUDA_CHECK(cudaMemcpyAsync(y, x, size_t(n) * sizeof(T), cudaMemcpyDeviceToDevice, ctx_.stream));
+  }
+  void fill(T* y, T value, int64_t n) override { launch(elementwise_launch(n), cuda::fill_kernel<T>, y, value, n); }
+  void scale(T* y, T factor, int64_t n) override {
+    launch(elementwise_launch(n), cuda::scale_kernel<T>, y, factor, n);
+  }
+  double sum_squares(const T* x, int64_t n) override;
+
+  void grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K,
+                    T alpha, const T* A, const T* B, T beta, T* C) override;
+
+  void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) override {
+    launch(elementwise_launch(n), cuda::gumbel_noise_kernel, key, step, first_counter, out, n);
+  }
+  void softmax_rows(const T* z, const double* noise, double tau, T* p, int64_t N, int64_t E) override {
+    launch(elementwise_launch(N), cuda::softmax_rows_kernel<T>, z, noise, tau, p, N, E);
+  }
+  void sigmoid_rows(const T* z, const double* noise, double tau, T* p, int64_t N, int64_t E) override {
+    launch(elementwise_launch(N * E), cuda::sigmoid_rows_kernel<T>, z, noise, tau, p, N, E);
+  }
+  void topk_rows(const T* p, const float* bias, const uint8_t* mask, int32_t* index, int64_t N, int64_t E,
+                 int64_t K) override {
+    launch(elementwise_launch(N), cuda::topk_rows_kernel<T>, p, bias, mask, index, N, E, K);
+  }
+
+  void gather_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) override {
+    launch(elementwise_launch(rows * D), cuda::gather_rows_kernel<T>, src, index, scale, dst, rows, D);
+  }
+  void scatter_add_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) override {
+    launch(elementwise_launch(D), cuda::scatter_add_rows_kernel<T>, src, index, scale, dst, rows, D);
+  }
+  void combine_rows(const T* src, const int32_t* index, const T* weight, T* dst, int64_t N, int64_t K, int64_t D,
+                    bool accumulate) override {
+    launch(elementwise_launch(N * D), cuda::combine_rows_kernel<T>, src, index, weight, dst, N, K, D, accumulate);
+  }
+  void row_dots(const T* a, const int32_t* index, const T* b, T* out, int64_t rows, int64_t D) override {
+    launch_rows(row_launch(rows, D), cuda::row_dots_kernel<T>, a, index, b, out, rows, D);
+  }
+
+  void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const typename Ops<T>::AdamWStep& s) override {
+    launch(elementwise_launch(n), cuda::adamw_kernel<T>, p, g, m, v, n, s.beta1, s.beta2, s.step_size, s.inv_bc2,
+           s.eps, s.decay);
+  }
+
+ private:
+  template <typename Kernel, typename... Args>
+  void launch(LaunchConfig c, Kernel kernel, Args... args) {
+    kernel<<<c.blocks, c.threads, 0, ctx_.stream>>>(args...);
+    MOE_CUDA_LAUNCHED();
+  }
+  // Row kernels reduce through shared memory: one double per thread.
+  template <typename Kernel, typename... Args>
+  void launch_rows(LaunchConfig c, Kernel kernel, Args... args) {
+    kernel<<<c.blocks, c.threads, c.threads * sizeof(double), ctx_.stream>>>(args...);
+    MOE_CUDA_LAUNCHED();
+  }
+
+  CudaContext ctx_;
+};
+
+// Per (batch, head): S = scale Q K^T into the probabilities, the causal softmax over its rows, O = P V.
+template <typename T>
+void CudaOps<T>::attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_,
+                                   int64_t H, int64_t Dh) {
+  const int64_t D = H * Dh;
+  const T scale = T(1.0 / std::sqrt(double(Dh)));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t off = b * T_ * D + h * Dh;
+      T* P = probs + (b * H + h) * T_ * T_;
+      gemm(false, true, T_, T_, Dh, scale, q + off, D, k + off, D, T(0), P, T_);
+    }
+  launch_rows(row_launch(B * H * T_, T_), cuda::causal_softmax_kernel<T>, probs, B * H * T_, T_);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t off = b * T_ * D + h * Dh;
+      gemm(false, false, T_, Dh, T_, T(1), probs + (b * H + h) * T_ * T_, T_, v + off, D, T(0), out + off, D);
+    }
+}
+
+template <typename T>
+void CudaOps<T>::attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq, T* dk,
+                                    T* dv, T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) {
+  const int64_t D = H * Dh;
+  const double scale = 1.0 / std::sqrt(double(Dh));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t off = b * T_ * D + h * Dh;
+      const T* P = probs + (b * H + h) * T_ * T_;
+      gemm(false, true, T_, T_, Dh, T(1), dout + off, D, v + off, D, T(0), scratch, T_);  // dP = dO V^T
+      gemm(true, false, T_, Dh, T_, T(1), P, T_, dout + off, D, T(0), dv + off, D);       // dV = P^T dO
+      launch_rows(row_launch(T_, T_), cuda::softmax_backward_kernel<T>, P, scratch, T_, scale);
+      gemm(false, false, T_, Dh, T_, T(1), scratch, T_, k + off, D, T(0), dq + off, D);  // dQ = dS K
+      gemm(true, false, T_, Dh, T_, T(1), scratch, T_, q + off, D, T(0), dk + off, D);   // dK = dS^T Q
+    }
+}
+
+// Chunks of a fixed size whatever the device, each summed by one block, then the chunks in order.
+template <typename T>
+double CudaOps<T>::sum_squares(const T* x, int64_t n) {
+  constexpr int64_t kChunk = 4096;
+  const int64_t chunks = std::max<int64_t>(1, (n + kChunk - 1) / kChunk);
+  Workspace partial(*ctx_.allocator, size_t(chunks + 1) * sizeof(double));
+  double* d = static_cast<double*>(partial.ptr);
+  launch_rows(row_launch(chunks, kChunk), cuda::sum_squares_chunks_kernel<T>, x, n, kChunk, d, chunks);
+  launch(LaunchConfig{1, 1}, cuda::sum_in_order_kernel, d, chunks, d + chunks);
+  double total = 0;
+  MOE_CUDA_CHECK(cudaMemcpyAsync(&total, d + chunks, sizeof(double), cudaMemcpyDeviceToHost, ctx_.stream));
+  MOE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  return total;
+}
+
+template <typename T>
+cublasStatus_t grouped_call(cublasHandle_t h, const cublasOperation_t* ta, const cublasOperation_t* tb, const int* m,
+                            const int* n, const int* k, const T* alpha, const T* const* A, const int* lda,
+                            const T* const* B, const int* ldb, const T* beta, T* const* C, const int* ldc, int groups,
+                            const int* group_size) {
+  if constexpr (sizeof(T) == 4)
+    return cublasSgemmGroupedBatched(h, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, groups, group_size);
+  else
+    return cublasDgemmGroupedBatched(h, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, groups, group_size);
+}
+
+// One cuBLAS call for every non-empty expert: the plan's per-group arguments on the host, its operand
+// pointers in a device array.
+template <typename T>
+void CudaOps<T>::grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N,
+                              int64_t K, T alpha, const T* A, const T* B, T beta, T* C) {
+  const GroupedGemmPlan plan = plan_grouped_gemm(trans_a, trans_b, groups, row_offset, N, K);
+  const size_t P = plan.problems();
+  if (P == 0) return;
+  std::vector<cublasOperation_t> ta(P), tb(P);
+  std::vector<T> alphas(P, alpha), betas(P, beta);
+  std::vector<int> sizes(P, 1);
+  std::vector<const T*> host_pointers(3 * P);  // first operands, second operands, C
+  for (size_t i = 0; i < P; ++i) {
+    ta[i] = op(plan.trans_first[i]), tb[i] = op(plan.trans_second[i]);
+    host_pointers[i] = B + plan.first_offset[i];
+    host_pointers[P + i] = A + plan.second_offset[i];
+    host_pointers[2 * P + i] = C + plan.c_offset[i];
+  }
+  Workspace pointers(*ctx_.allocator, host_pointers.size() * sizeof(T*));
+  // From pageable memory: returns once the host array is staged, so it may go out of scope.
+  MOE_CUDA_CHECK(cudaMemcpyAsync(pointers.ptr, host_pointers.data(), host_pointers.size() * sizeof(T*),
+                                 cudaMemcpyHostToDevice, ctx_.stream));
+  const T* const* device = static_cast<const T* const*>(pointers.ptr);
+  MOE_CUBLAS_CHECK(grouped_call<T>(ctx_.blas, ta.data(), tb.data(), plan.m.data(), plan.n.data(), plan.k.data(),
+                                   alphas.data(), device, plan.ld_first.data(), device + P, plan.ld_second.data(),
+                                   betas.data(), const_cast<T* const*>(device + 2 * P), plan.ld_c.data(), int(P),
+                                   sizes.data()));
+}
+
+class CudaStream final : public Stream {
+ public:
+  explicit CudaStream(cudaStream_t s) : stream_(s) {}
+  void synchronize() override { MOE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+ private:
+  cudaStream_t stream_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  const char* name() const override { return "cuda"; }
+  bool memory_is_host() const override { return false; }
+  int threads() const override { return threads_; }
+  void set_threads(int threads) override { threads_ = threads > 0 ? threads : 1; }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override { copy_on_stream(dst, src, bytes, cudaMemcpyHostToDevice); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override { copy_on_stream(dst, src, bytes, cudaMemcpyDeviceToHost); }
+  void copy(void* dst, const void* src, size_t bytes) override { copy_on_stream(dst, src, bytes, cudaMemcpyDeviceToDevice); }
+  Stream& stream() override { return *stream_object_; }
+  int64_t allocated_bytes() const override { return allocator_->stats().in_use; }
+  int64_t peak_bytes() const override { return allocator_->stats().peak_in_use; }
+
+ protected:
+  void* allocate_bytes(size_t bytes) override {
+    void* p = allocator_->allocate(bytes);
+    MOE_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, ctx_.stream));
+    return p;
+  }
+  void free_bytes(void* p, size_t) noexcept override { allocator_->free(p); }
+  Ops<float>& ops_f32() override { return *f32_; }
+  Ops<double>& ops_f64() override { return *f64_; }
+
+ private:
+  void copy_on_stream(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    if (bytes > 0 && dst != src) MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, ctx_.stream));
+  }
+  int device_ = 0, threads_ = 1;
+  CudaContext ctx_;
+  std::unique_ptr<CachingAllocator> allocator_;
+  std::unique_ptr<CudaStream> stream_object_;
+  std::unique_ptr<CudaOps<float>> f32_;
+  std::unique_ptr<CudaOps<double>> f64_;
+};
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  MOE_CUDA_CHECK(cudaSetDevice(device));
+  MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
+  MOE_CUBLAS_CHECK(cublasCreate(&ctx_.blas));
+  MOE_CUBLAS_CHECK(cublasSetStream(ctx_.blas, ctx_.stream));
+  // fp32 GEMMs in fp32 (no TF32): the conformance bounds are fp32's.
+  MOE_CUBLAS_CHECK(cublasSetMathMode(ctx_.blas, CUBLAS_DEFAULT_MATH));
+  allocator_ = std::make_unique<CachingAllocator>(CachingAllocator::Source{
+      [](size_t bytes) -> void* {
+        void* p = nullptr;
+        return cudaMalloc(&p, bytes) == cudaSuccess ? p : (cudaGetLastError(), nullptr);
+      },
+      [](void* p, size_t) { cudaFree(p); }});
+  ctx_.allocator = allocator_.get();
+  stream_object_ = std::make_unique<CudaStream>(ctx_.stream);
+  f32_ = std::make_unique<CudaOps<float>>(ctx_);
+  f64_ = std::make_unique<CudaOps<double>>(ctx_);
+}
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(ctx_.stream);
+  allocator_.reset();  // cached blocks back to the driver
+  cublasDestroy(ctx_.blas);
+  cudaStreamDestroy(ctx_.stream);
+}
+
+}  // namespace
+
+bool cuda_backend_built() { return true; }
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error to keep
+    return 0;
+  }
+  return count;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  const int count = cuda_device_count();
+  if (count == 0) MOE_BAD_INPUT("train.device = \"cuda\", but this machine has no CUDA device (or no driver for one)");
+  if (device < 0 || device >= count)
+    MOE_BAD_INPUT("CUDA device " << device << " does not exist: this process sees " << count);
+  return std::make_unique<CudaBackend>(device);
+}
+
+}  // namespace moe

@@ -1,0 +1,373 @@
+// The CUDA backend's kernels: one per op of core/backend/ops.h that cuBLAS does not do, in fp32 or fp64 storage,
+// accumulating in double where the CPU reference does (norms, softmax, cross-entropy, dot products). Reductions
+// run in a fixed order (fixed block sizes and tree shapes; columns summed over rows by one thread in row order)
+// so a run is reproducible on one GPU; they differ from the CPU's order, within the conformance bounds.
+// Elementwise kernels use grid-stride loops (launch_config.h).
+#pragma once
+
+#include <cstdint>
+
+#include "core/philox.h"
+
+namespace moe::cuda {
+
+constexpr double kRmsEps = 1e-5;      // as the CPU backend
+constexpr double kRopeBase = 10000.0;  // as the CPU backend
+
+#define MOE_GRID_STRIDE(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+#define MOE_ROW_STRIDE(row, rows) for (int64_t row = blockIdx.x; row < (rows); row += gridDim.x)
+
+// The sum of every thread's `value` in the block, in a fixed tree order, returned to every thread.
+// blockDim.x a power of two <= 256; `shared` holds blockDim.x doubles.
+__device__ inline double block_sum(double value, double* shared) {
+  shared[threadIdx.x] = value;
+  __syncthreads();
+  for (unsigned width = blockDim.x / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) shared[threadIdx.x] += shared[threadIdx.x + width];
+    __syncthreads();
+  }
+  const double total = shared[0];
+  __syncthreads();
+  return total;
+}
+__device__ inline double block_max(double value, double* shared) {
+  shared[threadIdx.x] = value;
+  __syncthreads();
+  for (unsigned width = blockDim.x / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) shared[threadIdx.x] = fmax(shared[threadIdx.x], shared[threadIdx.x + width]);
+    __syncthreads();
+  }
+  const double top = shared[0];
+  __syncthreads();
+  return top;
+}
+
+// ---- embedding ---------------------------------------------------------------------------------------
+
+template <typename T>
+__global__ void embedding_forward_kernel(const int32_t* tokens, const T* table, int64_t first, int64_t rows, T* out,
+                                         int64_t N, int64_t D) {
+  MOE_GRID_STRIDE(i, N * D) {
+    const int64_t row = int64_t(tokens[i / D]) - first;
+    out[i] = row >= 0 && row < rows ? table[row * D + i % D] : T(0);
+  }
+}
+
+// One thread per column, the tokens in order: the CPU's order of additions into each row of the table.
+template <typename T>
+__global__ void embedding_backward_kernel(const int32_t* tokens, const T* dout, int64_t first, int64_t rows, T* dtable,
+                                          int64_t N, int64_t D) {
+  MOE_GRID_STRIDE(c, D) {
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t row = int64_t(tokens[i]) - first;
+      if (row >= 0 && row < rows) dtable[row * D + c] += dout[i * D + c];
+    }
+  }
+}
+
+// ---- RMSNorm -----------------------------------------------------------------------------------------
+
+template <typename T>
+__global__ void rmsnorm_forward_kernel(const T* x, const T* gain, T* y, T* rstd, int64_t N, int64_t D) {
+  extern __shared__ double shared[];
+  MOE_ROW_STRIDE(i, N) {
+    const T* xi = x + i * D;
+    double ss = 0;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) ss += double(xi[j]) * double(xi[j]);
+    ss = block_sum(ss, shared);
+    const T r = T(1.0 / sqrt(ss / double(D) + kRmsEps));
+    if (threadIdx.x == 0) rstd[i] = r;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) y[i * D + j] = xi[j] * r * gain[j];
+  }
+}
+
+template <typename T>
+__global__ void rmsnorm_backward_dx_kernel(const T* x, const T* gain, const T* rstd, const T* dy, T* dx, int64_t N,
+                                           int64_t D) {
+  extern __shared__ double shared[];
+  MOE_ROW_STRIDE(i, N) {
+    const T* xi = x + i * D;
+    const T* gi = dy + i * D;
+    const double r = rstd[i];
+    double dot = 0;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) dot += double(gain[j]) * double(gi[j]) * double(xi[j]);
+    dot = block_sum(dot, shared);
+    const double c = r * r * r * dot / double(D);
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) dx[i * D + j] = T(r * gain[j] * gi[j] - c * xi[j]);
+  }
+}
+
+template <typename T>
+__global__ void rmsnorm_backward_dgain_kernel(const T* x, const T* rstd, const T* dy, T* dgain, int64_t N, int64_t D) {
+  MOE_GRID_STRIDE(c, D) {
+    double acc = 0;
+    for (int64_t i = 0; i < N; ++i) acc += double(dy[i * D + c]) * double(x[i * D + c]) * double(rstd[i]);
+    dgain[c] += T(acc);
+  }
+}
+
+// ---- rotary embedding, SwiGLU, elementwise -----------------------------------------------------------
+
+template <typename T>
+__global__ void rope_kernel(T* x, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) {
+  const int64_t pairs = Dh / 2;
+  MOE_GRID_STRIDE(e, B * T_ * H * pairs) {
+    const int64_t i = e % pairs, bth = e / pairs, t = (bth / H) % T_;
+    const double angle = double(t) * pow(kRopeBase, -2.0 * double(i) / double(Dh));
+    const T c = T(cos(angle)), s = T(inverse ? -sin(angle) : sin(angle));
+    T* v = x + bth * Dh;
+    const T x0 = v[2 * i], x1 = v[2 * i + 1];
+    v[2 * i] = x0 * c - x1 * s;
+    v[2 * i + 1] = x0 * s + x1 * c;
+  }
+}
+
+template <typename T>
+__global__ void swiglu_forward_kernel(const T* a, const T* b, T* h, int64_t n) {
+  MOE_GRID_STRIDE(i, n) {
+    const T sig = T(1) / (T(1) + exp(-a[i]));
+    h[i] = a[i] * sig * b[i];
+  }
+}
+
+template <typename T>
+__global__ void swiglu_backward_kernel(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) {
+  MOE_GRID_STRIDE(i, n) {
+    const T sig = T(1) / (T(1) + exp(-a[i]));
+    db[i] = dh[i] * a[i] * sig;
+    da[i] = dh[i] * b[i] * sig * (T(1) + a[i] * (T(1) - sig));
+  }
+}
+
+template <typename T>
+__global__ void add_inplace_kernel(T* y, const T* x, int64_t n) {
+  MOE_GRID_STRIDE(i, n) y[i] += x[i];
+}
+template <typename T>
+__global__ void add_kernel(const T* a, const T* b, T* y, int64_t n) {
+  MOE_GRID_STRIDE(i, n) y[i] = a[i] + b[i];
+}
+template <typename T>
+__global__ void fill_kernel(T* y, T value, int64_t n) {
+  MOE_GRID_STRIDE(i, n) y[i] = value;
+}
+template <typename T>
+__global__ void scale_kernel(T* y, T factor, int64_t n) {
+  MOE_GRID_STRIDE(i, n) y[i] *= factor;
+}
+
+// Sum of squares: chunk c of `chunk` elements into partial[c] (one block each), then the partials in order.
+template <typename T>
+__global__ void sum_squares_chunks_kernel(const T* x, int64_t n, int64_t chunk, double* partial, int64_t chunks) {
+  extern __shared__ double shared[];
+  MOE_ROW_STRIDE(c, chunks) {
+    const int64_t end = min(n, (c + 1) * chunk);
+    double s = 0;
+    for (int64_t i = c * chunk + threadIdx.x; i < end; i += blockDim.x) s += double(x[i]) * double(x[i]);
+    s = block_sum(s, shared);
+    if (threadIdx.x == 0) partial[c] = s;
+  }
+}
+__global__ inline void sum_in_order_kernel(const double* partial, int64_t n, double* total) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += partial[i];
+  *total = s;
+}
+
+// ---- attention (the plain reference; cuDNN's fused attention is to be tested against it) ---------------
+
+// Row r of the (rows, T) score blocks: query position i = r % T; columns past i are masked to zero.
+template <typename T>
+__global__ void causal_softmax_kernel(T* P, int64_t rows, int64_t T_) {
+  extern __shared__ double shared[];
+  MOE_ROW_STRIDE(r, rows) {
+    T* row = P + r * T_;
+    const int64_t i = r % T_;
+    double m = -INFINITY;
+    for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) m = fmax(m, double(row[j]));
+    m = block_max(m, shared);
+    double s = 0;
+    for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) s += exp(double(row[j]) - m);
+    s = block_sum(s, shared);
+    for (int64_t j = threadIdx.x; j < T_; j += blockDim.x) row[j] = j <= i ? T(exp(double(row[j]) - m) / s) : T(0);
+  }
+}
+
+// dS = P * (dP - rowsum(P * dP)) * scale, in place on dP (one (T, T) block).
+template <typename T>
+__global__ void softmax_backward_kernel(const T* P, T* dS, int64_t T_, double scale) {
+  extern __shared__ double shared[];
+  MOE_ROW_STRIDE(i, T_) {
+    const T* p = P + i * T_;
+    T* d = dS + i * T_;
+    double dot = 0;
+    for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) dot += double(p[j]) * double(d[j]);
+    dot = block_sum(dot, shared);
+    for (int64_t j = threadIdx.x; j < T_; j += blockDim.x)
+      d[j] = j <= i ? T(double(p[j]) * (double(d[j]) - dot) * scale) : T(0);
+  }
+}
+
+// ---- cross-entropy -----------------------------------------------------------------------------------
+
+template <typename T>
+__device__ inline double row_log_sum_exp(const T* z, int64_t V, double* shared) {
+  double m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmax(m, double(z[j]));
+  m = block_max(m, shared);
+  double s = 0;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += exp(double(z[j]) - m);
+  return m + log(block_sum(s, shared));
+}
+
+// A target outside [0, V) gives a NaN loss (the host checks tokens against the vocabulary when it loads them).
+template <typename T>
+__global__ void cross_entropy_forward_kernel(const T* logits, const int32_t* targets, T* losses, int64_t N, int64_t V) {
+  extern __shared__ double shared[];
+  MOE_ROW_STRIDE(i, N) {
+    const double lse = row_log_sum_exp(logits + i * V, V, shared);
+    const int32_t t = targets[i];
+    if (threadIdx.x == 0) losses[i] = t >= 0 && t < V ? T(lse - double(logits[i * V + t])) : T(NAN);
+  }
+}
+
+template <typename T>
+__global__ void cross_entropy_backward_kernel(const T* logits, const int32_t* targets, T scale, T* dlogits, int64_t N,
+                                              int64_t V) {
+  extern __shared__ double shared[];
+  MOE_ROW_STRIDE(i, N) {
+    const T* z = logits + i * V;
+    const double lse = row_log_sum_exp(z, V, shared);
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+      const T d = T(exp(double(z[j]) - lse) * double(scale));
+      dlogits[i * V + j] = j == targets[i] ? d - scale : d;
+    }
+  }
+}
+
+// ---- the router --------------------------------------------------------------------------------------
+
+// The CPU's RngStream::gumbel at (step, first_counter + i): the same Philox bits, -log(-log(u)) in double.
+__global__ inline void gumbel_noise_kernel(uint64_t key, uint64_t step, uint64_t first_counter, double* out,
+                                           int64_t n) {
+  MOE_GRID_STRIDE(i, n) {
+    uint32_t r[4];
+    philox_block(key, step, first_counter + uint64_t(i), r);
+    out[i] = -log(-log(philox_uniform53(r)));
+  }
+}
+
+// One thread per row (E is the number of experts: small): (z + noise) / tau in double, then the scores.
+template <typename T>
+__global__ void softmax_rows_kernel(const T* z, const double* noise, double tau, T* p, int64_t N, int64_t E) {
+  MOE_GRID_STRIDE(n, N) {
+    auto scaled = [&](int64_t e) { return (double(z[n * E + e]) + (noise ? noise[n * E + e] : 0.0)) / tau; };
+    double m = -INFINITY, sum = 0;
+    for (int64_t e = 0; e < E; ++e) m = fmax(m, scaled(e));
+    for (int64_t e = 0; e < E; ++e) sum += exp(scaled(e) - m);
+    for (int64_t e = 0; e < E; ++e) p[n * E + e] = T(exp(scaled(e) - m) / sum);
+  }
+}
+
+template <typename T>
+__global__ void sigmoid_rows_kernel(const T* z, const double* noise, double tau, T* p, int64_t N, int64_t E) {
+  MOE_GRID_STRIDE(i, N * E) {
+    const double v = (double(z[i]) + (noise ? noise[i] : 0.0)) / tau;
+    p[i] = T(1.0 / (1.0 + exp(-v)));
+  }
+}
+
+// The K best columns of a row under the CPU's strict order (key descending, then column ascending), by K
+// passes of selection: exactly what its partial sort selects.
+template <typename T>
+__global__ void topk_rows_kernel(const T* p, const float* bias, const uint8_t* mask, int32_t* index, int64_t N,
+                                 int64_t E, int64_t K) {
+  MOE_GRID_STRIDE(n, N) {
+    const T* row = p + n * E;
+    int32_t* out = index + n * K;
+    double last_key = INFINITY;
+    int32_t last = -1;
+    for (int64_t j = 0; j < K; ++j) {
+      int32_t best = -1;
+      double best_key = -INFINITY;
+      for (int32_t e = 0; e < int32_t(E); ++e) {
+        if (mask && mask[e]) continue;
+        const double key = double(row[e]) + (bias ? double(bias[e]) : 0.0);
+        // Strictly after the last chosen in the order, and before the best so far.
+        const bool after_last = key < last_key || (key == last_key && e > last);
+        if (after_last && (best < 0 || key > best_key)) best = e, best_key = key;
+      }
+      out[j] = best;
+      if (best >= 0) last = best, last_key = best_key;
+    }
+  }
+}
+
+// ---- row moves ---------------------------------------------------------------------------------------
+
+template <typename T>
+__global__ void gather_rows_kernel(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows,
+                                   int64_t D) {
+  MOE_GRID_STRIDE(e, rows * D) {
+    const int64_t r = e / D, d = e % D;
+    const int32_t from = index[r];
+    dst[e] = from < 0 ? T(0) : (scale ? scale[r] * src[int64_t(from) * D + d] : src[int64_t(from) * D + d]);
+  }
+}
+
+// One thread per column, rows in order (the CPU's order of additions into a shared destination).
+template <typename T>
+__global__ void scatter_add_rows_kernel(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows,
+                                        int64_t D) {
+  MOE_GRID_STRIDE(c, D) {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (index[r] < 0) continue;
+      T& out = dst[int64_t(index[r]) * D + c];
+      out += scale ? scale[r] * src[r * D + c] : src[r * D + c];
+    }
+  }
+}
+
+template <typename T>
+__global__ void combine_rows_kernel(const T* src, const int32_t* index, const T* weight, T* dst, int64_t N, int64_t K,
+                                    int64_t D, bool accumulate) {
+  MOE_GRID_STRIDE(e, N * D) {
+    const int64_t n = e / D, d = e % D;
+    T acc = accumulate ? dst[e] : T(0);
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t from = index[n * K + j];
+      if (from < 0) continue;
+      acc += weight ? weight[n * K + j] * src[int64_t(from) * D + d] : src[int64_t(from) * D + d];
+    }
+    dst[e] = acc;
+  }
+}
+
+template <typename T>
+__global__ void row_dots_kernel(const T* a, const int32_t* index, const T* b, T* out, int64_t rows, int64_t D) {
+  extern __shared__ double shared[];
+  MOE_ROW_STRIDE(r, rows) {
+    const T* x = a + int64_t(index[r]) * D;
+    const T* y = b + r * D;
+    double dot = 0;
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) dot += double(x[d]) * double(y[d]);
+    dot = block_sum(dot, shared);
+    if (threadIdx.x == 0) out[r] = T(dot);
+  }
+}
+
+// ---- the optimizer -----------------------------------------------------------------------------------
+
+template <typename T>
+__global__ void adamw_kernel(T* p, const T* g, T* m, T* v, int64_t n, T b1, T b2, T step_size, T inv_bc2, T eps,
+                             T decay) {
+  MOE_GRID_STRIDE(i, n) {
+    m[i] = b1 * m[i] + (T(1) - b1) * g[i];
+    v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
+    p[i] -= decay * p[i];
+    p[i] -= step_size * m[i] / (sqrt(v[i] * inv_bc2) + eps);
+  }
+}
+
+}  // namespace moe::cuda

@@ -1,0 +1,19 @@
+// The CUDA backend (core/backend/cuda/): whether this build has it, how many devices this process sees, and
+// the backend on one of them. A build without nvcc has the same three functions (core/backend/cuda_absent.cpp):
+// none built, no device, and make_cuda_backend refusing with a message that says so.
+#pragma once
+
+#include <memory>
+
+#include "core/backend/backend.h"
+
+namespace moe {
+
+bool cuda_backend_built();
+// Devices this process can use: 0 without the backend, a driver or a device.
+int cuda_device_count();
+// The backend on `device` (0-based). Throws moe::Error (BadInput) when this build has no CUDA backend or the
+// device does not exist.
+std::unique_ptr<Backend> make_cuda_backend(int device);
+
+}  // namespace moe

@@ -1,0 +1,193 @@
+// The CUDA backend's host-side logic, tested without a GPU: the caching allocator's bookkeeping over a fake
+// source of memory, the grouped GEMM's argument plan against the row-major problems it must compute, and the
+// kernels' launch configurations. And what a build or machine without CUDA says when asked for the backend.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <vector>
+
+#include "core/backend/cuda/caching_allocator.h"
+#include "core/backend/cuda/grouped_gemm_plan.h"
+#include "core/backend/cuda/launch_config.h"
+#include "core/backend/cuda_backend.h"
+#include "core/error.h"
+
+namespace moe {
+namespace {
+
+// Host memory standing in for the device's, with a limit, counting what the allocator asks for.
+struct FakeSource {
+  size_t limit = size_t(64) << 20, held = 0;
+  int64_t allocations = 0, releases = 0;
+  std::map<void*, size_t> live;
+  CachingAllocator::Source source() {
+    return {[this](size_t bytes) -> void* {
+              if (held + bytes > limit) return nullptr;
+              void* p = std::malloc(bytes);
+              live[p] = bytes, held += bytes, ++allocations;
+              return p;
+            },
+            [this](void* p, size_t bytes) {
+              EXPECT_EQ(live.at(p), bytes);
+              live.erase(p), held -= bytes, ++releases;
+              std::free(p);
+            }};
+  }
+};
+
+TEST(CachingAllocator, SizeClassesBoundTheWaste) {
+  EXPECT_EQ(CachingAllocator::round_size(1), 512u);
+  EXPECT_EQ(CachingAllocator::round_size(512), 512u);
+  EXPECT_EQ(CachingAllocator::round_size(513), 1024u);
+  EXPECT_EQ(CachingAllocator::round_size((1 << 20) - 1), size_t(1) << 20);
+  EXPECT_EQ(CachingAllocator::round_size((1 << 20) + 1), size_t(2) << 20);
+  EXPECT_EQ(CachingAllocator::round_size((5 << 20) + 7), size_t(6) << 20);
+}
+
+TEST(CachingAllocator, ReusesFreedBlocksOfTheSameClassAndCountsWhatIsAskedFor) {
+  FakeSource fake;
+  {
+    CachingAllocator a(fake.source());
+    void* x = a.allocate(1000);
+    void* y = a.allocate(3 << 20);
+    EXPECT_EQ(a.stats().in_use, 1000 + (3 << 20));
+    EXPECT_EQ(a.stats().reserved, 1024 + (4 << 20));
+    a.free(x);
+    EXPECT_EQ(a.stats().in_use, 3 << 20);
+    EXPECT_EQ(a.stats().cached, 1024);
+    void* z = a.allocate(900);  // the same class: the cached block, no new source allocation
+    EXPECT_EQ(z, x);
+    EXPECT_EQ(a.stats().cache_hits, 1);
+    EXPECT_EQ(fake.allocations, 2);
+    EXPECT_EQ(a.stats().peak_in_use, 1000 + (3 << 20));
+    a.free(y), a.free(z);
+    EXPECT_EQ(a.stats().in_use, 0);
+    EXPECT_EQ(fake.releases, 0);  // kept in the cache
+    EXPECT_EQ(a.allocate(0), nullptr);
+    a.free(nullptr);
+  }
+  EXPECT_EQ(fake.releases, 2);  // the cache back to the source on destruction
+  EXPECT_TRUE(fake.live.empty());
+}
+
+TEST(CachingAllocator, EmptiesItsCacheAndRetriesBeforeFailing) {
+  FakeSource fake;
+  fake.limit = size_t(8) << 20;
+  CachingAllocator a(fake.source());
+  void* x = a.allocate(6 << 20);
+  a.free(x);                      // 6 MiB cached
+  void* y = a.allocate(4 << 20);  // another class: does not fit beside the cache, fits once it is released
+  EXPECT_NE(y, nullptr);
+  EXPECT_EQ(fake.releases, 1);
+  EXPECT_EQ(a.stats().cached, 0);
+  try {
+    a.allocate(6 << 20);
+    FAIL() << "an allocation past the source's memory must throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::RunFailed);
+    EXPECT_NE(e.message().find("out of device memory"), std::string::npos) << e.message();
+  }
+  EXPECT_THROW(a.free(reinterpret_cast<void*>(0x1234)), Error);  // not one of its blocks
+  a.free(y);
+}
+
+// Runs a plan on the host as column-major GEMMs (what cuBLAS computes) and compares with the row-major
+// definition of grouped_gemm (core/backend/ops.h).
+std::vector<double> run_plan_column_major(const GroupedGemmPlan& p, const std::vector<double>& A,
+                                          const std::vector<double>& B, std::vector<double> C) {
+  for (size_t i = 0; i < p.problems(); ++i) {
+    const double* X = B.data() + p.first_offset[i];
+    const double* Y = A.data() + p.second_offset[i];
+    double* Z = C.data() + p.c_offset[i];
+    auto x = [&](int r, int c) { return p.trans_first[i] ? X[c + r * p.ld_first[i]] : X[r + c * p.ld_first[i]]; };
+    auto y = [&](int r, int c) { return p.trans_second[i] ? Y[c + r * p.ld_second[i]] : Y[r + c * p.ld_second[i]]; };
+    for (int r = 0; r < p.m[i]; ++r)
+      for (int c = 0; c < p.n[i]; ++c) {
+        double s = 0;
+        for (int k = 0; k < p.k[i]; ++k) s += x(r, k) * y(k, c);
+        Z[r + c * p.ld_c[i]] = s;  // alpha 1, beta 0
+      }
+  }
+  return C;
+}
+
+TEST(GroupedGemmPlan, ComputesTheRowMajorGroupsAsColumnMajorProblems) {
+  const int64_t groups = 4, N = 3, K = 5;
+  const std::vector<int64_t> offsets = {0, 2, 2, 7, 8};  // group 1 empty
+  const int64_t rows = offsets.back();
+  std::vector<double> A(size_t(rows * K));
+  for (size_t i = 0; i < A.size(); ++i) A[i] = double(i % 7) - 3;
+  for (bool trans_b : {false, true}) {  // C_g = A_g op(B_g)
+    std::vector<double> B(size_t(groups * K * N));
+    for (size_t i = 0; i < B.size(); ++i) B[i] = double(i % 5) * 0.5 - 1;
+    const GroupedGemmPlan p = plan_grouped_gemm(false, trans_b, groups, offsets.data(), N, K);
+    EXPECT_EQ(p.expert, (std::vector<int64_t>{0, 2, 3}));
+    const std::vector<double> C = run_plan_column_major(p, A, B, std::vector<double>(size_t(rows * N), 0));
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r)
+        for (int64_t c = 0; c < N; ++c) {
+          double s = 0;
+          for (int64_t k = 0; k < K; ++k)
+            s += A[r * K + k] * (trans_b ? B[g * K * N + c * K + k] : B[g * K * N + k * N + c]);
+          EXPECT_EQ(C[r * N + c], s) << "trans_b " << trans_b << " group " << g << " row " << r;
+        }
+  }
+  // The weight gradients: C_g (K, N) = A_g^T B_g with B row-blocked (rows, N).
+  std::vector<double> B(size_t(rows * N));
+  for (size_t i = 0; i < B.size(); ++i) B[i] = double(i % 3) - 1;
+  const GroupedGemmPlan p = plan_grouped_gemm(true, false, groups, offsets.data(), N, K);
+  const std::vector<double> C = run_plan_column_major(p, A, B, std::vector<double>(size_t(groups * K * N), -9));
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t c = 0; c < N; ++c) {
+        double s = 0;
+        for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r) s += A[r * K + k] * B[r * N + c];
+        EXPECT_EQ(C[g * K * N + k * N + c], g == 1 ? -9 : s) << "group " << g;  // empty groups untouched
+      }
+  EXPECT_THROW(plan_grouped_gemm(true, true, groups, offsets.data(), N, K), Error);
+}
+
+TEST(LaunchConfig, ElementwiseGridsCoverAnySizeByStriding) {
+  using cuda::elementwise_launch;
+  EXPECT_EQ(elementwise_launch(0).blocks, 1u);
+  EXPECT_EQ(elementwise_launch(1).blocks, 1u);
+  EXPECT_EQ(elementwise_launch(256).blocks, 1u);
+  EXPECT_EQ(elementwise_launch(257).blocks, 2u);
+  EXPECT_EQ(elementwise_launch(int64_t(1) << 40).blocks, cuda::kMaxBlocks);
+  EXPECT_EQ(elementwise_launch(1000).threads, cuda::kThreads);
+}
+
+TEST(LaunchConfig, RowBlocksArePowersOfTwoNoWiderThanNeeded) {
+  using cuda::row_launch;
+  EXPECT_EQ(row_launch(10, 8).threads, 32u);
+  EXPECT_EQ(row_launch(10, 33).threads, 64u);
+  EXPECT_EQ(row_launch(10, 100000).threads, 256u);
+  EXPECT_EQ(row_launch(0, 8).blocks, 1u);
+  EXPECT_EQ(row_launch(int64_t(1) << 20, 8).blocks, cuda::kMaxBlocks);  // the kernels loop over the rest
+}
+
+TEST(CudaBackend, WithoutADeviceItIsRefusedByName) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "this machine has a CUDA device";
+  try {
+    make_cuda_backend(0);
+    FAIL() << "no device, yet a CUDA backend was made";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::BadInput);
+    EXPECT_NE(e.message().find("cuda"), std::string::npos) << e.message();
+  }
+}
+
+// The op conformance suites (test_core_ops, test_core_moe_ops) run every op on every backend of
+// conformance.h's backends(): the CUDA backend joins when there is a device. Said here when it does not.
+TEST(CudaBackend, ConformanceRunsOnTheDeviceWhenThereIsOne) {
+  if (!cuda_backend_built())
+    GTEST_SKIP() << "this build has no CUDA backend (no nvcc): the conformance suites run on the CPU only";
+  if (cuda_device_count() == 0)
+    GTEST_SKIP() << "the CUDA backend is built but this machine has no device: the conformance suites run on the CPU "
+                    "only (bench/device_check.sh runs them on a GPU)";
+  SUCCEED() << cuda_device_count() << " CUDA devices: the conformance suites include the cuda backend";
+}
+
+}  // namespace
+}  // namespace moe
