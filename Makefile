@@ -21,7 +21,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 # Debian packages the build needs (docs/design.md); libopenblas-openmp-dev gives OpenBLAS on
 # the same OpenMP runtime as the rest of the code.
 DEBIAN_PACKAGES := build-essential cmake libcli11-dev nlohmann-json3-dev libgtest-dev libopenblas-dev \
-                   libopenblas-openmp-dev libxxhash-dev libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools \
+                   libopenblas-openmp-dev libxxhash-dev zlib1g-dev libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools \
                    clang-format
 
 .PHONY: all deps configure build train test test-sanitize bench clean

@@ -245,6 +245,7 @@ void Checkpointer::commit(Job& job, bool wait) {
     m.config = run_info_.value("config", json::object());
     m.layout = run_info_.value("layout", json::object());
     m.versions = run_info_.value("versions", json::object());
+    m.data = run_info_.value("data", json());
     int64_t bytes = 0;
     for (const std::string& e : entries)
       for (const json& f : json::parse(e)) {

@@ -62,7 +62,7 @@ struct SaveSettings {
 
 class Checkpointer {
  public:
-  // run_info: "config", "layout", "versions" for the manifest. log: where events go (rank 0).
+  // run_info: "config", "layout", "versions" and "data" (provenance) for the manifest. log: where events go (rank 0).
   Checkpointer(SaveSettings settings, Communicator& world, nlohmann::json run_info,
                std::function<void(const std::string&)> log);
   ~Checkpointer();

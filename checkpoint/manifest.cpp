@@ -46,16 +46,18 @@ json to_json(const FileEntry& f) {
 json to_json(const Manifest& m) {
   json files = json::array();
   for (const FileEntry& f : m.files) files.push_back(to_json(f));
-  return {{"format", kFormat},
-          {"step", m.step},
-          {"kind", m.kind},
-          {"chain", m.chain},
-          {"chain_manifests", m.chain_manifests},
-          {"created", m.created},
-          {"config", m.config},
-          {"layout", m.layout},
-          {"versions", m.versions},
-          {"files", files}};
+  json j = {{"format", kFormat},
+            {"step", m.step},
+            {"kind", m.kind},
+            {"chain", m.chain},
+            {"chain_manifests", m.chain_manifests},
+            {"created", m.created},
+            {"config", m.config},
+            {"layout", m.layout},
+            {"versions", m.versions},
+            {"files", files}};
+  if (!m.data.is_null()) j["data"] = m.data;
+  return j;
 }
 
 FileEntry file_entry_from_json(const json& f, const std::string& origin, int format) {
@@ -105,6 +107,7 @@ Manifest manifest_from_json(const json& j, const std::string& origin) {
     m.config = j.at("config");
     m.layout = j.value("layout", json::object());
     m.versions = j.value("versions", json::object());
+    m.data = j.value("data", json());
     for (const json& f : j.at("files")) m.files.push_back(file_entry_from_json(f, origin, m.format));
     if (m.chain.empty()) MOE_BAD_INPUT(origin << ": empty chain");
     return m;

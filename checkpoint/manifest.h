@@ -52,6 +52,8 @@ struct Manifest {
   nlohmann::json config;  // the resolved config of the run that wrote it
   nlohmann::json layout;  // world, dp, ep, zero
   nlohmann::json versions;
+  // Where the training data came from (launch: data_provenance); null in checkpoints written before it.
+  nlohmann::json data;
   std::vector<FileEntry> files;
 };
 

@@ -252,6 +252,11 @@ Config fill(const Entries& entries) {
     c.data.sources.push_back({source.at("name").get<std::string>(), source.at("path").get<std::string>(),
                               source.at("weight").get<double>()});
   c.data.heldout_fraction = r.number("data.heldout_fraction");
+  for (const json& point : r.at("data.schedule")) {
+    SchedulePointConfig p{point.at("step").get<int64_t>(), {}};
+    for (const auto& [name, weight] : point.at("weights").items()) p.weights.emplace_back(name, weight.get<double>());
+    c.data.schedule.push_back(std::move(p));
+  }
 
   MOE_CHECK(r.keys_read() == config_schema::schema().size(),
             "config fill() reads " << r.keys_read() << " keys, the schema has " << config_schema::schema().size());
@@ -421,6 +426,20 @@ void check_tp_expert_hidden(const Checked& c) {
                      "with " + c.show("parallel.expert_tp") +
                          " the dense fallback's hidden width is split over the tensor-parallel ranks too");
 }
+void check_schedule_names(const Checked& c) {
+  std::vector<std::string> names;
+  for (const DataSourceConfig& s : c.config.data.sources) names.push_back(s.name);
+  if (names.empty()) names = {"prose", "code", "arithmetic"};  // data/corpus/, docs/data.md
+  for (size_t i = 0; i < c.config.data.schedule.size(); ++i)
+    for (const auto& [name, weight] : c.config.data.schedule[i].weights)
+      if (std::find(names.begin(), names.end(), name) == names.end()) {
+        std::string have;
+        for (const std::string& n : names) have += (have.empty() ? "\"" : "\", \"") + n;
+        MOE_BAD_INPUT("data.schedule[" << i << "].weights names source \"" << name
+                                       << "\", which is not a data source; the sources are " << have << "\"");
+      }
+}
+
 void check_tp_seq_len(const Checked& c) {
   const ParallelConfig& p = c.config.parallel;
   if (p.tp > 1 && p.sequence_parallel)
@@ -484,6 +503,9 @@ const std::vector<Rule>& rules() {
        check_tp_routing_group},
       {"The weights of `data.sources` sum to a finite number.", nullptr},  // checked with the list itself
       {"Data source names are non-empty and unique.", nullptr},            // checked with the list itself
+      {"Every source named in `data.schedule` is a source of `data.sources` (or of the embedded corpus: `prose`, "
+       "`code`, `arithmetic`, when `data.sources` is empty).",
+       check_schedule_names},
   };
   return table;
 }

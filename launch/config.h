@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moe {
@@ -111,13 +112,20 @@ struct FaultConfig {
 
 struct DataSourceConfig {
   std::string name;
-  std::string path;  // a UTF-8/byte text file, tokenized by bytes
+  std::string path;  // a UTF-8/byte text file, tokenized by bytes, or a directory written by moe prep
   double weight = 1.0;
+};
+
+// A point of data.schedule: the source weights at `step` (counted as metrics.jsonl counts steps).
+struct SchedulePointConfig {
+  int64_t step = 1;
+  std::vector<std::pair<std::string, double>> weights;  // by source name; unnamed sources weigh 0
 };
 
 struct DataConfig {
   std::vector<DataSourceConfig> sources;  // empty: the embedded default corpus
   double heldout_fraction = 0.0;
+  std::vector<SchedulePointConfig> schedule;  // empty: the sources' weights throughout
 };
 
 struct Config {

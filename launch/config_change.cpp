@@ -3,8 +3,10 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 
 #include "core/error.h"
+#include "launch/config_schema.h"
 
 namespace moe {
 namespace {
@@ -33,6 +35,9 @@ std::vector<ConfigChange> config_changes(const json& then, const json& now) {
   std::vector<ConfigChange> changes;
   for (const auto& [key, value] : b) {
     const auto it = a.find(key);
+    // A key added since the checkpoint was written, at its default, means what the old config meant.
+    const config_schema::KeySpec* spec = config_schema::find_key(key);
+    if (it == a.end() && spec && spec->default_value == value) continue;
     const json old = it == a.end() ? json() : it->second;
     if (old != value) changes.push_back({key, old, value});
   }
@@ -40,6 +45,42 @@ std::vector<ConfigChange> config_changes(const json& then, const json& now) {
     if (!b.count(key)) changes.push_back({key, value, json()});
   std::sort(changes.begin(), changes.end(), [](const ConfigChange& x, const ConfigChange& y) { return x.key < y.key; });
   return changes;
+}
+
+std::vector<std::string> check_data_change(const json& then, const json& now, bool allowed,
+                                           const std::string& checkpoint_dir) {
+  if (then.is_null() || !then.contains("xxh64") || then.at("xxh64") == now.at("xxh64")) return {};
+  auto by_name = [](const json& provenance) {
+    std::map<std::string, json> out;
+    for (const json& s : provenance.value("sources", json::array())) out[s.value("name", "")] = s;
+    return out;
+  };
+  const std::map<std::string, json> a = by_name(then), b = by_name(now);
+  std::vector<std::string> lines;
+  auto describe = [](const json& s) {
+    return s.value("kind", "?") + " " + s.value("path", "?") + " (xxh64 " + s.value("xxh64", "?") + ", tokenizer " +
+           s.value("tokenizer", "?") + " " + s.value("tokenizer_xxh64", "?") + ")";
+  };
+  for (const auto& [name, s] : b) {
+    const auto it = a.find(name);
+    if (it == a.end())
+      lines.push_back("source '" + name + "' is new: " + describe(s));
+    else if (it->second.value("xxh64", "") != s.value("xxh64", "") ||
+             it->second.value("tokenizer_xxh64", "") != s.value("tokenizer_xxh64", ""))
+      lines.push_back("source '" + name + "' was " + describe(it->second) + ", now " + describe(s));
+  }
+  for (const auto& [name, s] : a)
+    if (!b.count(name)) lines.push_back("source '" + name + "' is gone: it was " + describe(s));
+  if (lines.empty()) lines.push_back("the sources' order or kinds changed");
+  if (!allowed) {
+    std::string text;
+    for (const std::string& line : lines) text += "\n  " + line;
+    MOE_BAD_INPUT("checkpoint " << checkpoint_dir << " was trained on other data (data xxh64 "
+                                << then.at("xxh64").get<std::string>() << ", now " << now.at("xxh64").get<std::string>()
+                                << "):" << text
+                                << "\nresume with --allow-data-change if this is meant, or start a new run");
+  }
+  return lines;
 }
 
 bool change_needs_permission(const std::string& key) {

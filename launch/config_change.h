@@ -22,6 +22,13 @@ struct ConfigChange {
 
 // Every leaf that differs (lists compared whole), in key order.
 std::vector<ConfigChange> config_changes(const nlohmann::json& then, const nlohmann::json& now);
+// Refuses (BadInput) to resume from `checkpoint_dir` when the data it was trained on (its manifest's
+// "data", data_provenance) differs from `now`'s, naming each source that changed, unless `allowed`
+// (--allow-data-change). A checkpoint without "data" (written before provenance) is not checked.
+// Returns one line per change, for the record.
+std::vector<std::string> check_data_change(const nlohmann::json& then, const nlohmann::json& now, bool allowed,
+                                           const std::string& checkpoint_dir);
+
 // Whether changing `key` on resume needs --allow-config-change.
 bool change_needs_permission(const std::string& key);
 // BadInput naming every change that needs permission and is not allowed (keys or their prefixes, e.g.

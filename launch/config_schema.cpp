@@ -57,6 +57,9 @@ KeySpec faults(std::string key, std::string doc) {
 KeySpec sources(std::string key, std::string doc) {
   return {std::move(key), KeyType::Sources, json::array(), {}, {}, std::move(doc)};
 }
+KeySpec schedule(std::string key, std::string doc) {
+  return {std::move(key), KeyType::Schedule, json::array(), {}, {}, std::move(doc)};
+}
 
 std::vector<KeySpec> train_keys() {
   return {
@@ -227,6 +230,12 @@ std::vector<KeySpec> data_keys() {
       sources("data.sources", "training text sources (see above); `[]` = the embedded default corpus"),
       number("data.heldout_fraction", 0.05, between(0, 0.5, true, false),
              "fraction of each source held out for evaluation"),
+      schedule("data.schedule",
+               "mixing schedule: a list of {\"step\": integer >= 1, \"weights\": {source name: number >= 0}} with "
+               "increasing steps; the source weights at a step are interpolated linearly between the points around "
+               "it (the first point's before it, the last's after it) and replace data.sources[].weight; a source a "
+               "point does not name has weight 0 there; `[]` = the sources' own weights throughout (docs/data.md "
+               "\"Mixing schedule\")"),
   };
 }
 
@@ -312,6 +321,48 @@ json check_source(const KeySpec& spec, const json& item, size_t index, const std
   return out;
 }
 
+// One point of data.schedule: {"step": integer >= 1, "weights": {name: number >= 0, at least one > 0}}.
+json check_schedule_point(const KeySpec& spec, const json& item, size_t index, const std::string& origin) {
+  const std::string where = spec.key + "[" + std::to_string(index) + "]";
+  if (!item.is_object() || item.size() != 2 || !item.contains("step") || !item.contains("weights"))
+    MOE_BAD_INPUT(where << " = " << show_value(item) << " (in " << origin
+                        << "): expected {\"step\": integer >= 1, \"weights\": {\"source name\": number >= 0, ...}}");
+  const json& step = item.at("step");
+  if (!step.is_number_integer() || step.get<int64_t>() < 1 || step.get<int64_t>() > int64_t(kMaxSteps))
+    MOE_BAD_INPUT(where << ".step = " << show_value(step) << " (in " << origin
+                        << "): expected an integer >= 1 and <= " << format_bound(kMaxSteps));
+  const json& weights = item.at("weights");
+  if (!weights.is_object() || weights.empty())
+    MOE_BAD_INPUT(where << ".weights = " << show_value(weights) << " (in " << origin
+                        << "): expected an object of source names to weights, e.g. {\"prose\": 1, \"code\": 0.5}");
+  double total = 0;
+  json out_weights = json::object();
+  for (const auto& [name, w] : weights.items()) {
+    if (!w.is_number() || !std::isfinite(w.get<double>()) || w.get<double>() < 0 || w.get<double>() > 1e12)
+      MOE_BAD_INPUT(where << ".weights." << name << " = " << show_value(w) << " (in " << origin
+                          << "): expected a number >= 0 (and <= 1e12)");
+    total += w.get<double>();
+    out_weights[name] = w.get<double>();
+  }
+  if (!(total > 0))
+    MOE_BAD_INPUT(where << ".weights (in " << origin << "): every weight is 0; expected at least one > 0");
+  return {{"step", step.get<int64_t>()}, {"weights", out_weights}};
+}
+
+json check_schedule(const KeySpec& spec, const json& value, const std::string& origin) {
+  if (!value.is_array()) bad_value(spec, spec.key, value, origin);
+  json out = json::array();
+  for (size_t i = 0; i < value.size(); ++i) {
+    json point = check_schedule_point(spec, value[i], i, origin);
+    if (i > 0 && point["step"].get<int64_t>() <= out[i - 1]["step"].get<int64_t>())
+      MOE_BAD_INPUT(spec.key << "[" << i << "].step = " << point["step"].dump() << " (in " << origin
+                             << "): expected steps in increasing order; " << spec.key << "[" << i - 1 << "].step is "
+                             << out[i - 1]["step"].dump());
+    out.push_back(std::move(point));
+  }
+  return out;
+}
+
 json check_sources(const KeySpec& spec, const json& value, const std::string& origin) {
   if (!value.is_array()) bad_value(spec, spec.key, value, origin);
   json out = json::array();
@@ -365,6 +416,8 @@ std::string type_name(const KeySpec& spec) {
       return "list of integers";
     case KeyType::Faults:
       return "list of faults";
+    case KeyType::Schedule:
+      return "list of schedule points";
   }
   return "";
 }
@@ -381,6 +434,7 @@ std::string allowed_cell(const KeySpec& spec) {
   if (spec.type == KeyType::StringList) return "non-empty strings";
   if (spec.type == KeyType::IntegerList) return "integers " + describe_range(spec.range, true);
   if (spec.type == KeyType::Faults) return "see Meaning";
+  if (spec.type == KeyType::Schedule) return "see Meaning";
   if (spec.type == KeyType::IntegerOrAuto) return describe_range(spec.range, true) + " or `\"auto\"`";
   const std::string range = describe_range(spec.range, spec.type == KeyType::Integer);
   return range.empty() ? "any" : range;
@@ -404,8 +458,9 @@ const std::vector<SectionSpec>& sections() {
       {"fault", "The supervisor (`moe launch`): failure detection and restarts."},
       {"data",
        "Training text. Each source is an object `{\"name\": ..., \"path\": ..., \"weight\": ...}`: `name` a non-empty "
-       "string unique among the sources (it labels `eval_loss_by_source`), `path` a text file tokenized by bytes, "
-       "`weight` its sampling weight, a number > 0 (default 1)."},
+       "string unique among the sources (it labels `eval_loss_by_source`), `path` a text file tokenized by bytes or a "
+       "directory written by `moe prep` (its source of that name, memory-mapped), `weight` its sampling weight, a "
+       "number > 0 (default 1)."},
   };
   return table;
 }
@@ -495,6 +550,8 @@ std::string describe_expected(const KeySpec& spec) {
     case KeyType::Faults:
       return "a list of faults, each {\"kind\": " + quoted_list(spec.choices) +
              ", \"rank\": integer >= 0, \"step\": integer >= 1}";
+    case KeyType::Schedule:
+      return "a list of points, each {\"step\": integer >= 1, \"weights\": {\"source name\": number >= 0, ...}}";
   }
   return "";
 }
@@ -546,6 +603,8 @@ json check_value(const KeySpec& spec, const json& value, const std::string& orig
       return value;
     case KeyType::Sources:
       return check_sources(spec, value, origin);
+    case KeyType::Schedule:
+      return check_schedule(spec, value, origin);
     case KeyType::StringList:
       if (!value.is_array()) bad_value(spec, spec.key, value, origin);
       for (const json& item : value)

@@ -22,6 +22,7 @@ enum class KeyType : uint8_t {
   StringList,     // a list of non-empty strings
   IntegerList,    // a list of integers in `range`
   Faults,         // fault.inject: a list of {"kind", "rank", "step"} objects
+  Schedule,       // data.schedule: a list of {"step", "weights": {source: weight}} objects
 };
 
 // Bounds of a numeric key; an infinite bound is no bound.

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/host.h"
 #include "launch/ckpt_command.h"
+#include "launch/prep_command.h"
 #include "launch/supervisor.h"
 #include "launch/trainer.h"
 #include "parallel/mpi_communicator.h"
@@ -47,6 +48,9 @@ CLI::App* add_train_command(CLI::App& app, moe::TrainOptions& train) {
                    "Resume even though these keys (or prefixes, e.g. data) differ from the checkpoint's config: "
                    "KEY,KEY,... (see docs/cli.md)")
       ->delimiter(',');
+  train_cmd->add_flag("--allow-data-change", train.allow_data_change,
+                      "Resume even though the training data (its provenance hash: text, prepared manifest, tokenizer) "
+                      "differs from the checkpoint's");
   train_cmd->add_flag("--quiet", train.quiet, "No progress line on the terminal");
   train_cmd
       ->add_option("--stop-after-step", train.stop_after_step,
@@ -92,6 +96,8 @@ CLI::App* add_launch_command(CLI::App& app, moe::LaunchOptions& launch) {
       ->add_option("--allow-config-change", launch.allow_config_change,
                    "As for moe train: keys whose change since the checkpoint is meant (KEY,KEY,...)")
       ->delimiter(',');
+  launch_cmd->add_flag("--allow-data-change", launch.allow_data_change,
+                       "As for moe train: resume although the training data changed");
   launch_cmd->add_flag("--quiet", launch.quiet, "No progress lines from the ranks and no event echo");
   launch_cmd
       ->add_option(
@@ -133,6 +139,7 @@ int main(int argc, char** argv) {
       "Train:  moe train --config FILE [--set KEY=VALUE]... [--run-dir DIR] [--resume auto|none|PATH]\n"
       "Launch: moe launch --np N [--hostfile F] --config FILE [--set KEY=VALUE]... (restarts after faults)\n"
       "Ckpt:   moe ckpt ls|verify|info PATH, moe ckpt export PATH --out FILE.h5 [--all] [--force]\n"
+      "Prep:   moe prep --input [NAME=]PATH... --out DIR [--tokenizer train|byte|FILE] [--vocab N]\n"
       "Docs:   docs/cli.md (commands), docs/config.md (config keys), docs/metrics.md (metrics.jsonl),\n"
       "        docs/checkpoint.md (checkpoint layout)");
 
@@ -143,13 +150,16 @@ int main(int argc, char** argv) {
 
   moe::LaunchOptions launch;
   CLI::App* launch_cmd = add_launch_command(app, launch);
+  moe::PrepOptions prep;
+  CLI::App* prep_cmd = moe::add_prep_command(app, prep);
 
   // CLI11 reports a missing subcommand before an unknown one; name the unknown word instead.
   if (argc > 1 && argv[1][0] != '-' &&
       app.get_subcommands([&](CLI::App* sub) { return sub->get_name() == argv[1]; }).empty()) {
-    std::fprintf(stderr,
-                 "moe: error: unknown subcommand '%s'; the subcommands are: train, launch, ckpt (see moe --help)\n",
-                 argv[1]);
+    std::fprintf(
+        stderr,
+        "moe: error: unknown subcommand '%s'; the subcommands are: train, launch, ckpt, prep (see moe --help)\n",
+        argv[1]);
     return kExitBadInput;
   }
   try {
@@ -183,6 +193,8 @@ int main(int argc, char** argv) {
       if (result.stop_signal != 0) return 128 + result.stop_signal;
     } else if (ckpt_cmd->parsed()) {
       moe::run_ckpt(ckpt, std::cout);
+    } else if (prep_cmd->parsed()) {
+      moe::run_prep_command(prep);
     } else if (launch_cmd->parsed()) {
       launch.command_line.assign(argv, argv + argc);
       return moe::run_launch(launch);

@@ -126,7 +126,7 @@ void write_file(const fs::path& path, const std::string& text) {
 }  // namespace
 
 void write_run_files(const std::string& run_dir, const Config& config, const std::vector<std::string>& command_line,
-                     int threads, const RankGrid& grid, const nlohmann::json& start) {
+                     int threads, const RankGrid& grid, const nlohmann::json& start, const nlohmann::json& data) {
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   if (ec) MOE_FAIL("cannot create run directory " << run_dir << ": " << ec.message());
@@ -147,6 +147,7 @@ void write_run_files(const std::string& run_dir, const Config& config, const std
   if (grid.sizes().pp > 1) m["memory"]["pipeline_stage"] = memory.stage;
   m["command"] = command_line;
   m["start"] = start;
+  if (!data.is_null()) m["data"] = data;
   m["history"] = "config_history.jsonl";
   write_file(fs::path(run_dir) / "manifest.json", m.dump(2) + "\n");
 }

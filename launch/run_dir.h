@@ -30,8 +30,10 @@ void check_checkpoint_roots_writable(const std::string& checkpoint_root, const C
 // Creates the directory and writes config.json (the resolved config) and manifest.json (with the memory
 // estimate of launch/memory.h for this layout).
 // `start`: this start of the run (step, checkpoint resumed from, changes), recorded as manifest.json's "start".
+// `data`: where the training data came from (data::data_provenance), recorded as manifest.json's "data".
 void write_run_files(const std::string& run_dir, const Config& config, const std::vector<std::string>& command_line,
-                     int threads, const RankGrid& grid, const nlohmann::json& start = nlohmann::json::object());
+                     int threads, const RankGrid& grid, const nlohmann::json& start = nlohmann::json::object(),
+                     const nlohmann::json& data = nlohmann::json());
 
 // The config's identity: xxh64 of its canonical JSON, as 16 hex digits.
 std::string config_hash(const Config& config);

@@ -221,6 +221,7 @@ pid_t spawn_job(Launch& l, int64_t attempt, int64_t np, const std::string& hostf
   args.insert(args.end(), {"--resume", attempt == 0 ? o.resume : "auto"});
   if (attempt > 0 || o.overwrite) args.push_back("--overwrite");
   for (const std::string& key : o.allow_config_change) args.insert(args.end(), {"--allow-config-change", key});
+  if (o.allow_data_change) args.push_back("--allow-data-change");
   if (o.quiet) args.push_back("--quiet");
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());

@@ -31,6 +31,7 @@ struct LaunchOptions {
   std::string resume = "auto";                   // for the first start; restarts always resume auto
   bool overwrite = false;                        // for the first start
   std::vector<std::string> allow_config_change;  // passed to the ranks (moe train --allow-config-change)
+  bool allow_data_change = false;                // passed to the ranks (moe train --allow-data-change)
   bool quiet = false;
   // SIGTERM/SIGINT to the supervisor: how long the ranks have, after SIGTERM, to stop by themselves.
   double term_grace_s = 30;

@@ -88,6 +88,21 @@ nlohmann::json step_line(int64_t done, const StepResult& r, const StepTiming& ti
           {"moe", moe}};
 }
 
+nlohmann::json data_metrics(const data::Loader& loader, int64_t step, int64_t global_batch) {
+  const std::vector<double> weights = loader.weights_at(step);
+  double total = 0;
+  for (const double w : weights) total += w;
+  // The sequences are a pure function of (seed, step, index): rank 0 recounts the whole job's batch.
+  std::vector<int64_t> counts(weights.size(), 0);
+  for (int64_t i = 0; i < global_batch; ++i) ++counts[size_t(loader.train_source(step, i))];
+  nlohmann::json weight_share = nlohmann::json::object(), share = nlohmann::json::object();
+  for (int32_t s = 0; s < loader.num_sources(); ++s) {
+    weight_share[loader.source_name(s)] = weights[size_t(s)] / total;
+    share[loader.source_name(s)] = double(counts[size_t(s)]) / double(global_batch);
+  }
+  return {{"weights", weight_share}, {"share", share}};
+}
+
 EvalResult evaluate(Trainer& t) {
   const TrainConfig& tc = t.config.train;
   const int64_t micro = tc.micro_batch, T = tc.seq_len;

@@ -27,6 +27,10 @@ struct StepTiming {
 nlohmann::json step_line(int64_t done, const StepResult& r, const StepTiming& timing, int64_t tokens_so_far,
                          const std::vector<RouterStepStats>& moe_stats);
 
+// The data of a logged step (metrics.jsonl "data"): the source weights in force at loader step `step`
+// (0-based), normalised to sum to 1, and the share of the step's global_batch sequences each source gave.
+nlohmann::json data_metrics(const data::Loader& loader, int64_t step, int64_t global_batch);
+
 struct EvalResult {
   double loss = 0;
   std::vector<std::pair<std::string, double>> by_source;

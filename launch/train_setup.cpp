@@ -181,6 +181,18 @@ data::Corpus load_training_corpus(const Config& config) {
   return corpus;
 }
 
+data::MixSchedule training_schedule(const Config& config, const data::Corpus& corpus) {
+  data::MixSchedule schedule;
+  for (const SchedulePointConfig& p : config.data.schedule) {
+    data::SchedulePoint point{p.step, std::vector<double>(corpus.sources.size(), 0.0)};
+    for (const auto& [name, weight] : p.weights)
+      for (size_t s = 0; s < corpus.sources.size(); ++s)
+        if (corpus.sources[s].name == name) point.weights[s] = weight;
+    schedule.push_back(std::move(point));
+  }
+  return schedule;
+}
+
 int64_t Trainer::micro_batches() const {
   return config.train.global_batch / (grid.sizes().dp * config.train.micro_batch);
 }
@@ -209,7 +221,8 @@ Trainer::Trainer(CheckedConfig checked, TrainPaths paths_in, const data::Corpus&
                                       owned);
   clip = std::make_unique<PerExpertClip>(model->table(), config.optim.per_expert_clip);
   schedule = LrSchedule{config.optim.lr, config.optim.min_lr, config.optim.warmup, tc.steps};
-  loader = std::make_unique<data::Loader>(corpus, tc.seed, tc.seq_len);
+  loader = std::make_unique<data::Loader>(corpus, tc.seed, tc.seq_len, training_schedule(config, corpus));
+  data_provenance = data::data_provenance(corpus);
   last_used.assign(moe_layers.size(), std::vector<int64_t>(size_t(config.moe.num_experts), -1));
   state.model = model.get(), state.optimizer = optimizer.get(), state.clip = clip.get();
   state.moe_layers = moe_layers, state.last_used = &last_used, state.groups = &groups;

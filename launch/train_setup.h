@@ -45,6 +45,8 @@ struct CheckedConfig {
 CheckedConfig load_checked_config(const TrainOptions& options, int64_t world_size);
 TrainPaths train_paths(const TrainOptions& options, const Config& config, int64_t world_rank);
 data::Corpus load_training_corpus(const Config& config);
+// data.schedule with one weight per source of the corpus, in its order (names checked with the config).
+data::MixSchedule training_schedule(const Config& config, const data::Corpus& corpus);
 
 // Everything one rank trains with, built once, in the order the members are listed. Construction takes
 // the world communicator, allocates and initialises the parameters through `backend`, and writes nothing.
@@ -78,6 +80,7 @@ struct Trainer {
   std::unique_ptr<PerExpertClip> clip;
   LrSchedule schedule;
   std::unique_ptr<data::Loader> loader;
+  nlohmann::json data_provenance;  // data::data_provenance of the corpus: run manifest and checkpoints
   // Last step at which each expert of each MoE layer received a token, for the dead-expert count.
   std::vector<std::vector<int64_t>> last_used;
   TrainState state;

@@ -66,7 +66,7 @@ RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoi
                                   {"changes", changes_json(changes)},
                                   {"allowed_changes", options.allow_config_change},
                                   {"command", options.command_line}};
-    write_run_files(paths.run_dir, t.config, options.command_line, t.threads, t.grid, start);
+    write_run_files(paths.run_dir, t.config, options.command_line, t.threads, t.grid, start, t.data_provenance);
     nlohmann::json entry = start;
     entry["config"] = t.config.resolved;
     append_config_history(paths.run_dir, entry);
@@ -80,7 +80,8 @@ RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoi
                                  {"dp", t.grid.sizes().dp},
                                  {"ep", config.parallel.ep},
                                  {"zero", config.optim.zero}}},
-                               {"versions", build_versions()}};
+                               {"versions", build_versions()},
+                               {"data", t.data_provenance}};
   const bool leader = t.leader();
   out.checkpointer = std::make_unique<ckpt::Checkpointer>(
       ckpt::SaveSettings{paths.ckpt_root.string(), config.checkpoint.keep, config.checkpoint.full_every,
@@ -136,7 +137,9 @@ void log_step(Loop& loop, int64_t done, const StepResult& r, double ckpt_stall) 
   timing.elapsed_s = elapsed_s;
   timing.comm_wait_s = t.buckets->last_wait_seconds();
   timing.ckpt_stall_s = ckpt_stall;
-  loop.out.metrics->write(step_line(done, r, timing, done * t.tokens_per_step(), t.model_stats));
+  nlohmann::json line = step_line(done, r, timing, done * t.tokens_per_step(), t.model_stats);
+  line["data"] = data_metrics(*t.loader, done - 1, tc.global_batch);
+  loop.out.metrics->write(line);
   const double eta = elapsed_s / double(done - loop.resumed_step) * double(tc.steps - done);
   loop.progress.step(done, tc.steps, r.loss, r.lr, timing.tokens_per_s, eta,
                      t.model_stats.empty() ? -1 : r.dead_experts);
@@ -345,12 +348,14 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
   const ResumePoint point = choose_resume(options, t);
   // The last refusals, then the run directory is this process's (and its supervisor's) until the end.
   std::optional<RunLock> lock;
-  std::vector<ConfigChange> changes;  // since the checkpoint (rank 0)
+  std::vector<ConfigChange> changes;      // since the checkpoint (rank 0)
+  std::vector<std::string> data_changes;  // allowed by --allow-data-change (rank 0)
   on_rank0_agree(*t.groups.world, [&] {
     if (!point.dir.empty()) {
       const ckpt::Manifest m = point.distributed ? point.distributed->chain.back() : ckpt::read_manifest(point.dir);
       changes = config_changes(m.config, t.config.resolved);
       check_config_changes(changes, options.allow_config_change, point.dir);
+      data_changes = check_data_change(m.data, t.data_provenance, options.allow_data_change, point.dir);
     }
     // A fresh start checked the run directory in choose_resume; a resume rewrites metrics.jsonl there.
     if (!point.dir.empty()) check_dir_writable(t.paths.run_dir, "--run-dir " + t.paths.run_dir);
@@ -368,6 +373,7 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
   for (const std::string& note : point.notes) progress.note("checkpoint: " + note);
   if (!point.dir.empty()) progress.note("resuming from " + point.dir + " at step " + std::to_string(start_step));
   if (!changes.empty()) progress.note("settings changed since the checkpoint: " + describe_changes(changes));
+  for (const std::string& line : data_changes) progress.note("data changed since the checkpoint: " + line);
   const TrainConfig& tc = t.config.train;
   const std::string held = t.grid.sizes().pp > 1 ? " parameters on pipeline stage 0, " : " parameters per rank, ";
   progress.note("moe train: " + std::to_string(t.model->num_params()) + held + std::to_string(tc.steps) + " steps of " +

@@ -21,6 +21,7 @@ struct TrainOptions {
   bool overwrite = false;
   // Keys (or prefixes such as "data") whose change since the checkpoint is meant (launch/config_change.h).
   std::vector<std::string> allow_config_change;
+  bool allow_data_change = false;         // resume although the data's provenance hash changed
   bool quiet = false;                     // no progress line (tests)
   bool collect_parameters = false;        // return the final parameters in global coordinates (tests)
   int64_t stop_after_step = 0;            // > 0: end after this step and its checkpoint, as if interrupted

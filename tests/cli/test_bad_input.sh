@@ -299,14 +299,50 @@ else
   echo "SKIP [--run-dir on a read-only file system]: cannot mount here"
 fi
 
+# ---- moe prep, and prepared data. ----------------------------------------------------------------------------
+write_text() { printf 'some text to prepare\n' > a.txt; }
+write_text_and_out() { write_text && mkdir out && printf 'keep me\n' > out/file; }
+write_bad_jsonl() { printf '{"text": "fine"}\n{"body": "no text"}\n' > docs.jsonl; }
+write_cut_gzip() { printf '{"text": "some words here"}\n' | gzip -c | head -c 20 > docs.jsonl.gz; }
+# A prepared directory with one byte of a shard flipped.
+damaged_prepared() {
+  for i in $(seq 1 200); do echo "line $i of a text that is long enough to train a tiny model on"; done > a.txt
+  "$moe" prep --input a=a.txt --out prepared --tokenizer byte --quiet > /dev/null || return 1
+  printf 'Z' | dd of=prepared/a.t1.00000.bin bs=1 seek=7 conv=notrunc 2> /dev/null
+}
+
+expect=("missing.txt" "no such file")
+run_case "prep: missing input" 2 no_setup "$moe" prep --input missing.txt --out out --quiet
+
+expect=("--out out exists" "overwrites nothing")
+run_case "prep: --out exists" 2 write_text_and_out "$moe" prep --input a.txt --out out --quiet
+
+expect=("--vocab 100" ">= 257")
+run_case "prep: vocabulary too small" 2 write_text "$moe" prep --input a.txt --out out --vocab 100 --quiet
+
+expect=("--tier-weights" "one per tier")
+run_case "prep: tier weights do not fit" 2 write_text "$moe" prep --input a.txt --out out --tier-weights 1,2 --quiet
+
+expect=("docs.jsonl:2" '"text"')
+run_case "prep: JSON Lines without text" 2 write_bad_jsonl "$moe" prep --input docs.jsonl --out out --quiet
+
+expect=("docs.jsonl.gz" "truncated")
+run_case "prep: truncated gzip" 2 write_cut_gzip "$moe" prep --input docs.jsonl.gz --out out --quiet
+
+expect=("prepared" "a.t1.00000.bin" "xxh64" "damaged")
+run_case "train on a damaged prepared shard" 2 damaged_prepared "$moe" train --config "$config" "${small[@]}" \
+  --set model.vocab=257 --set 'data.sources=[{"name": "a", "path": "prepared"}]' --run-dir run
+
 # ---- Help. ------------------------------------------------------------------------------------------------------
-for help in "--help" "train --help"; do
+for help in "--help" "train --help" "prep --help"; do
   case_name="moe $help"
   # shellcheck disable=SC2086  # $help is two words on purpose
   out=$("$moe" $help 2>&1)
   rc=$?
   if [ "$rc" = 0 ]; then pass; else fail "exit code $rc, expected 0"; fi
-  for needle in "--config" "--set"; do
+  needles=("--config" "--set")
+  [ "$help" = "prep --help" ] && needles=("--input" "--out" "--tokenizer" "--vocab")
+  for needle in "${needles[@]}"; do
     if [[ "$out" == *"$needle"* ]]; then pass; else fail "help lacks '$needle'; it says: $out"; fi
   done
 done

@@ -361,6 +361,30 @@ TEST(ConfigRules, DataSources) {
   expect_bad_input([&] { from(with_sources(R"({"name": "a"})")); }, {"data.sources", "list of sources"});
 }
 
+TEST(ConfigRules, DataSchedule) {
+  const Config c = from(json::object(), {R"(data.schedule=[{"step": 1, "weights": {"prose": 1}},)"
+                                         R"( {"step": 500, "weights": {"prose": 1, "code": 0.5}}])"});
+  ASSERT_EQ(c.data.schedule.size(), 2u);
+  EXPECT_EQ(c.data.schedule[1].step, 500);
+  ASSERT_EQ(c.data.schedule[1].weights.size(), 2u);
+  EXPECT_DOUBLE_EQ(c.data.schedule[1].weights[0].second + c.data.schedule[1].weights[1].second, 1.5);
+  auto with = [](const char* text) { return document_with("data.schedule", json::parse(text)); };
+  expect_bad_input(
+      [&] { from(with(R"([{"step": 5, "weights": {"prose": 1}}, {"step": 5, "weights": {"code": 1}}])")); },
+      {"data.schedule[1].step = 5", "increasing order"});
+  expect_bad_input([&] { from(with(R"([{"step": 0, "weights": {"prose": 1}}])")); },
+                   {"data.schedule[0].step = 0", "integer >= 1"});
+  expect_bad_input([&] { from(with(R"([{"step": 1, "weights": {"prose": -1}}])")); },
+                   {"data.schedule[0].weights.prose = -1", ">= 0"});
+  expect_bad_input([&] { from(with(R"([{"step": 1, "weights": {"prose": 0}}])")); }, {"every weight is 0"});
+  expect_bad_input([&] { from(with(R"([{"step": 1}])")); }, {"data.schedule[0]", "\"weights\""});
+  expect_bad_input([&] { from(with(R"([{"step": 1, "weights": {"wiki": 1}}])")); },
+                   {"data.schedule[0].weights names source \"wiki\"", "\"prose\", \"code\", \"arithmetic\""});
+  json document = with(R"([{"step": 1, "weights": {"wiki": 1}}])");
+  document["data"]["sources"] = json::parse(R"([{"name": "wiki", "path": "w.txt"}])");
+  EXPECT_EQ(from(document).data.schedule[0].weights[0].first, "wiki");
+}
+
 TEST(ConfigGates, UnavailableFeaturesAreRejected) {
   EXPECT_EQ(from(document_with("parallel.tp", 2)).parallel.tp, 2);  // tensor parallelism has landed
   // and splitting the experts over it too
