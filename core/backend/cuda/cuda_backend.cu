@@ -18,14 +18,14 @@
 namespace moe {
 namespace {
 
-#define MOE_CUDA_CHECK(call)                                                                                 \
-  do {                                                                                                       \
-    const cudaError_t moe_status_ = (call);                                                                  \
-    if (moe_status_ != cudaSuccess) MOE_RUN_FAILED(#call << ": " << cudaGetErrorString(moe_status_));        \
+#define MOE_CUDA_CHECK(call)                                                                          \
+  do {                                                                                                \
+    const cudaError_t moe_status_ = (call);                                                           \
+    if (moe_status_ != cudaSuccess) MOE_RUN_FAILED(#call << ": " << cudaGetErrorString(moe_status_)); \
   } while (0)
-#define MOE_CUBLAS_CHECK(call)                                                                               \
-  do {                                                                                                       \
-    const cublasStatus_t moe_status_ = (call);                                                               \
+#define MOE_CUBLAS_CHECK(call)                                                                                     \
+  do {                                                                                                             \
+    const cublasStatus_t moe_status_ = (call);                                                                     \
     if (moe_status_ != CUBLAS_STATUS_SUCCESS) MOE_RUN_FAILED(#call << ": " << cublasGetStatusString(moe_status_)); \
   } while (0)
 // After a kernel launch: a bad configuration shows here, an error while running at the next synchronisation.
@@ -131,9 +131,7 @@ class CudaOps final : public Ops<T> {
       MOE_CUDA_CHECK(cudaMemcpyAsync(y, x, size_t(n) * sizeof(T), cudaMemcpyDeviceToDevice, ctx_.stream));
   }
   void fill(T* y, T value, int64_t n) override { launch(elementwise_launch(n), cuda::fill_kernel<T>, y, value, n); }
-  void scale(T* y, T factor, int64_t n) override {
-    launch(elementwise_launch(n), cuda::scale_kernel<T>, y, factor, n);
-  }
+  void scale(T* y, T factor, int64_t n) override { launch(elementwise_launch(n), cuda::scale_kernel<T>, y, factor, n); }
   double sum_squares(const T* x, int64_t n) override;
 
   void grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K,
@@ -168,8 +166,8 @@ class CudaOps final : public Ops<T> {
   }
 
   void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const typename Ops<T>::AdamWStep& s) override {
-    launch(elementwise_launch(n), cuda::adamw_kernel<T>, p, g, m, v, n, s.beta1, s.beta2, s.step_size, s.inv_bc2,
-           s.eps, s.decay);
+    launch(elementwise_launch(n), cuda::adamw_kernel<T>, p, g, m, v, n, s.beta1, s.beta2, s.step_size, s.inv_bc2, s.eps,
+           s.decay);
   }
 
  private:
@@ -297,9 +295,15 @@ class CudaBackend final : public Backend {
   bool memory_is_host() const override { return false; }
   int threads() const override { return threads_; }
   void set_threads(int threads) override { threads_ = threads > 0 ? threads : 1; }
-  void copy_to_device(void* dst, const void* src, size_t bytes) override { copy_on_stream(dst, src, bytes, cudaMemcpyHostToDevice); }
-  void copy_to_host(void* dst, const void* src, size_t bytes) override { copy_on_stream(dst, src, bytes, cudaMemcpyDeviceToHost); }
-  void copy(void* dst, const void* src, size_t bytes) override { copy_on_stream(dst, src, bytes, cudaMemcpyDeviceToDevice); }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override {
+    copy_on_stream(dst, src, bytes, cudaMemcpyHostToDevice);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    copy_on_stream(dst, src, bytes, cudaMemcpyDeviceToHost);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    copy_on_stream(dst, src, bytes, cudaMemcpyDeviceToDevice);
+  }
   Stream& stream() override { return *stream_object_; }
   int64_t allocated_bytes() const override { return allocator_->stats().in_use; }
   int64_t peak_bytes() const override { return allocator_->stats().peak_in_use; }
@@ -333,12 +337,13 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   MOE_CUBLAS_CHECK(cublasSetStream(ctx_.blas, ctx_.stream));
   // fp32 GEMMs in fp32 (no TF32): the conformance bounds are fp32's.
   MOE_CUBLAS_CHECK(cublasSetMathMode(ctx_.blas, CUBLAS_DEFAULT_MATH));
-  allocator_ = std::make_unique<CachingAllocator>(CachingAllocator::Source{
-      [](size_t bytes) -> void* {
-        void* p = nullptr;
-        return cudaMalloc(&p, bytes) == cudaSuccess ? p : (cudaGetLastError(), nullptr);
-      },
-      [](void* p, size_t) { cudaFree(p); }});
+  allocator_ = std::make_unique<CachingAllocator>(CachingAllocator::Source{[](size_t bytes) -> void* {
+                                                                             void* p = nullptr;
+                                                                             return cudaMalloc(&p, bytes) == cudaSuccess
+                                                                                        ? p
+                                                                                        : (cudaGetLastError(), nullptr);
+                                                                           },
+                                                                           [](void* p, size_t) { cudaFree(p); }});
   ctx_.allocator = allocator_.get();
   stream_object_ = std::make_unique<CudaStream>(ctx_.stream);
   f32_ = std::make_unique<CudaOps<float>>(ctx_);

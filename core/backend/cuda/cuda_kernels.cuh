@@ -11,7 +11,7 @@
 
 namespace moe::cuda {
 
-constexpr double kRmsEps = 1e-5;      // as the CPU backend
+constexpr double kRmsEps = 1e-5;       // as the CPU backend
 constexpr double kRopeBase = 10000.0;  // as the CPU backend
 
 #define MOE_GRID_STRIDE(i, n) \
