@@ -12,4 +12,8 @@ std::unique_ptr<Backend> make_cuda_backend(int) {
       "(cmake -DMOE_CUDA=ON), or set train.device = \"cpu\"");
 }
 
+void* cuda_stream_of(Backend& backend) {
+  MOE_BAD_INPUT("the " << backend.name() << " backend has no CUDA stream: this build has no CUDA backend");
+}
+
 }  // namespace moe

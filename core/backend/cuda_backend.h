@@ -15,5 +15,8 @@ int cuda_device_count();
 // The backend on `device` (0-based). Throws moe::Error (BadInput) when this build has no CUDA backend or the
 // device does not exist.
 std::unique_ptr<Backend> make_cuda_backend(int device);
+// The cudaStream_t a CUDA backend orders its work on (for communicators that must order theirs with it).
+// Throws moe::Error (BadInput) for any other backend.
+void* cuda_stream_of(Backend& backend);
 
 }  // namespace moe

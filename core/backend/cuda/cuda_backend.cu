@@ -305,6 +305,7 @@ class CudaBackend final : public Backend {
     copy_on_stream(dst, src, bytes, cudaMemcpyDeviceToDevice);
   }
   Stream& stream() override { return *stream_object_; }
+  cudaStream_t native_stream() const { return ctx_.stream; }
   int64_t allocated_bytes() const override { return allocator_->stats().in_use; }
   int64_t peak_bytes() const override { return allocator_->stats().peak_in_use; }
 
@@ -376,6 +377,12 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
   if (device < 0 || device >= count)
     MOE_BAD_INPUT("CUDA device " << device << " does not exist: this process sees " << count);
   return std::make_unique<CudaBackend>(device);
+}
+
+void* cuda_stream_of(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (!cuda) MOE_BAD_INPUT("the " << backend.name() << " backend has no CUDA stream");
+  return static_cast<void*>(cuda->native_stream());
 }
 
 }  // namespace moe

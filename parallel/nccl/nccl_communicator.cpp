@@ -1,0 +1,234 @@
+// The NCCL communicator (see parallel/nccl_communicator.h).
+#include "parallel/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "core/backend/cuda_backend.h"
+#include "core/error.h"
+#include "parallel/nccl_plan.h"
+
+namespace moe {
+namespace {
+
+#define MOE_NCCL_CHECK(call, what)                                                                        \
+  do {                                                                                                    \
+    const ncclResult_t moe_nccl_status_ = (call);                                                         \
+    if (moe_nccl_status_ != ncclSuccess)                                                                  \
+      MOE_FAIL("NCCL " << what << " failed: " << ncclGetErrorString(moe_nccl_status_) << " [" #call "]"); \
+  } while (0)
+#define MOE_CUDART_CHECK(call)                                                                            \
+  do {                                                                                                    \
+    const cudaError_t moe_cuda_status_ = (call);                                                          \
+    if (moe_cuda_status_ != cudaSuccess) MOE_FAIL(#call << ": " << cudaGetErrorString(moe_cuda_status_)); \
+  } while (0)
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::F32:
+      return ncclFloat32;
+    case DType::BF16:
+      return ncclBfloat16;
+    case DType::F64:
+      return ncclFloat64;
+    case DType::I32:
+      return ncclInt32;
+    case DType::I64:
+      return ncclInt64;
+    case DType::U8:
+      return ncclUint8;
+  }
+  MOE_FAIL("no NCCL type for dtype " << int(dtype));
+}
+
+// Work on the communicator's stream, done when its event is: wait() orders the compute stream after it.
+class NcclRequest final : public Request {
+ public:
+  NcclRequest(cudaStream_t compute, cudaEvent_t done) : compute_(compute), done_(done) {}
+  ~NcclRequest() override {
+    if (!waited_) cudaStreamWaitEvent(compute_, done_, 0);
+    cudaEventDestroy(done_);
+  }
+  bool test() override {
+    const cudaError_t status = cudaEventQuery(done_);
+    if (status == cudaErrorNotReady) return false;
+    MOE_CUDART_CHECK(status);
+    wait();
+    return true;
+  }
+  void wait() override {
+    if (!waited_) MOE_CUDART_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+    waited_ = true;
+  }
+
+ private:
+  cudaStream_t compute_;
+  cudaEvent_t done_;
+  bool waited_ = false;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& control, cudaStream_t compute);
+  ~NcclCommunicator() override;
+  MOE_COMMUNICATOR_CONVENIENCE_FORMS;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return name_; }
+
+  void allreduce_sum(void* data, int64_t count, DType dtype) override { iallreduce_sum(data, count, dtype)->wait(); }
+  std::unique_ptr<Request> iallreduce_sum(void* data, int64_t count, DType dtype) override {
+    return enqueue("all-reduce", [&](cudaStream_t s) {
+      return ncclAllReduce(data, data, size_t(count), nccl_type(dtype), ncclSum, comm_, s);
+    });
+  }
+  void reduce_scatter_sum(const void* send, void* recv, int64_t count, DType dtype) override {
+    ireduce_scatter_sum(send, recv, count, dtype)->wait();
+  }
+  std::unique_ptr<Request> ireduce_scatter_sum(const void* send, void* recv, int64_t count, DType dtype) override {
+    return enqueue("reduce-scatter", [&](cudaStream_t s) {
+      return ncclReduceScatter(send, recv, size_t(count), nccl_type(dtype), ncclSum, comm_, s);
+    });
+  }
+  void allgather(const void* send, void* recv, int64_t count, DType dtype) override {
+    enqueue("all-gather", [&](cudaStream_t s) {
+      return ncclAllGather(send, recv, size_t(count), nccl_type(dtype), comm_, s);
+    })->wait();
+  }
+  void alltoall(const void* send, void* recv, int64_t count, DType dtype) override {
+    const std::vector<int64_t> counts(size_t(size_), count);
+    alltoallv(send, counts.data(), recv, counts.data(), dtype);
+  }
+  void alltoallv(const void* send, const int64_t* send_counts, void* recv, const int64_t* recv_counts,
+                 DType dtype) override {
+    ialltoallv(send, send_counts, recv, recv_counts, dtype)->wait();
+  }
+  std::unique_ptr<Request> ialltoallv(const void* send, const int64_t* send_counts, void* recv,
+                                      const int64_t* recv_counts, DType dtype) override;
+  void send(const void* data, int64_t count, DType dtype, int peer, int tag) override {
+    isend(data, count, dtype, peer, tag)->wait();
+  }
+  void recv(void* data, int64_t count, DType dtype, int peer, int tag) override {
+    irecv(data, count, dtype, peer, tag)->wait();
+  }
+  std::unique_ptr<Request> isend(const void* data, int64_t count, DType dtype, int peer, int) override {
+    return enqueue("send",
+                   [&](cudaStream_t s) { return ncclSend(data, size_t(count), nccl_type(dtype), peer, comm_, s); });
+  }
+  std::unique_ptr<Request> irecv(void* data, int64_t count, DType dtype, int peer, int) override {
+    return enqueue("receive",
+                   [&](cudaStream_t s) { return ncclRecv(data, size_t(count), nccl_type(dtype), peer, comm_, s); });
+  }
+  void sendrecv_bytes(const void* send, int64_t send_bytes, int dest, void* recv, int64_t recv_bytes, int source,
+                      int) override;
+  void broadcast(void* data, int64_t count, DType dtype, int root) override {
+    enqueue("broadcast", [&](cudaStream_t s) {
+      return ncclBroadcast(data, data, size_t(count), nccl_type(dtype), root, comm_, s);
+    })->wait();
+  }
+  // Every rank's queued work, communication and compute, done; then the ranks meet on the control plane.
+  void barrier() override {
+    MOE_CUDART_CHECK(cudaStreamSynchronize(compute_));
+    MOE_CUDART_CHECK(cudaStreamSynchronize(stream_));
+    control_.barrier();
+  }
+
+ private:
+  // Runs `issue` on the communicator's stream after the compute stream's queued work; the request completes
+  // with it.
+  template <typename Issue>
+  std::unique_ptr<Request> enqueue(const char* what, Issue issue) {
+    MOE_CUDART_CHECK(cudaEventRecord(ready_, compute_));
+    MOE_CUDART_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    MOE_NCCL_CHECK(issue(stream_), what << " on communicator '" << name_ << "'");
+    cudaEvent_t done = nullptr;
+    MOE_CUDART_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    MOE_CUDART_CHECK(cudaEventRecord(done, stream_));
+    return std::make_unique<NcclRequest>(compute_, done);
+  }
+
+  Communicator& control_;
+  cudaStream_t compute_ = nullptr, stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  int rank_ = 0, size_ = 1;
+  std::string name_;
+};
+
+NcclCommunicator::NcclCommunicator(Communicator& control, cudaStream_t compute)
+    : control_(control), compute_(compute), rank_(control.rank()), size_(control.size()), name_(control.name()) {
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof id);
+  if (rank_ == 0) MOE_NCCL_CHECK(ncclGetUniqueId(&id), "unique id for '" << name_ << "'");
+  control.broadcast(reinterpret_cast<uint8_t*>(&id), int64_t(sizeof id), 0);
+  MOE_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_), "init of '" << name_ << "' (rank " << rank_ << ")");
+  MOE_CUDART_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  MOE_CUDART_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  cudaStreamSynchronize(stream_);
+  ncclCommDestroy(comm_);
+  cudaEventDestroy(ready_);
+  cudaStreamDestroy(stream_);
+}
+
+// One NCCL group of sends and receives, one pair per peer (nccl_plan.h); this rank's own block is a copy.
+std::unique_ptr<Request> NcclCommunicator::ialltoallv(const void* send, const int64_t* send_counts, void* recv,
+                                                      const int64_t* recv_counts, DType dtype) {
+  const std::vector<PeerTransfer> plan = alltoallv_plan(rank_, size_, send_counts, recv_counts);
+  MOE_CHECK(send_counts[rank_] == recv_counts[rank_], "all-to-all-v on '" << name_ << "': " << send_counts[rank_]
+                                                                          << " elements sent to itself, "
+                                                                          << recv_counts[rank_] << " expected");
+  const size_t bytes = dtype_size(dtype);
+  const auto* from = static_cast<const char*>(send);
+  auto* to = static_cast<char*>(recv);
+  return enqueue("all-to-all-v", [&](cudaStream_t s) {
+    ncclResult_t status = ncclGroupStart();
+    for (const PeerTransfer& t : plan) {
+      if (status != ncclSuccess) break;
+      if (t.peer == rank_) {
+        if (t.send_count > 0 &&
+            cudaMemcpyAsync(to + t.recv_offset * int64_t(bytes), from + t.send_offset * int64_t(bytes),
+                            size_t(t.send_count) * bytes, cudaMemcpyDeviceToDevice, s) != cudaSuccess)
+          status = ncclUnhandledCudaError;
+        continue;
+      }
+      if (t.send_count > 0)
+        status =
+            ncclSend(from + t.send_offset * int64_t(bytes), size_t(t.send_count), nccl_type(dtype), t.peer, comm_, s);
+      if (status == ncclSuccess && t.recv_count > 0)
+        status =
+            ncclRecv(to + t.recv_offset * int64_t(bytes), size_t(t.recv_count), nccl_type(dtype), t.peer, comm_, s);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return status != ncclSuccess ? status : end;
+  });
+}
+
+void NcclCommunicator::sendrecv_bytes(const void* send, int64_t send_bytes, int dest, void* recv, int64_t recv_bytes,
+                                      int source, int) {
+  enqueue("send-receive", [&](cudaStream_t s) {
+    ncclResult_t status = ncclGroupStart();
+    if (status == ncclSuccess && send_bytes > 0) status = ncclSend(send, size_t(send_bytes), ncclUint8, dest, comm_, s);
+    if (status == ncclSuccess && recv_bytes > 0)
+      status = ncclRecv(recv, size_t(recv_bytes), ncclUint8, source, comm_, s);
+    const ncclResult_t end = ncclGroupEnd();
+    return status != ncclSuccess ? status : end;
+  })->wait();
+}
+
+}  // namespace
+
+bool nccl_built() { return true; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& control, Backend& backend) {
+  return std::make_unique<NcclCommunicator>(control, static_cast<cudaStream_t>(cuda_stream_of(backend)));
+}
+
+}  // namespace moe
