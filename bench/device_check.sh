@@ -11,13 +11,15 @@
 #                                            checks and writes OUT_DIR/device_check.json (OUT_DIR: $OUT or .)
 #
 # What it checks today: the device is seen; the CUDA backend's host-side tests; the op conformance suites with
-# the cuda backend beside the cpu one (every op in fp32 and fp64 against the CPU reference). Not yet: a training
+# the cuda backend beside the cpu one (every op in fp32 and fp64 against the CPU reference); the MoE layer on
+# cuda routing exactly as on the cpu (drop, reroute, dense fallback; Gumbel noise) with outputs and gradients
+# within fp32 tolerance. Not yet: a training
 # run cuda against cpu, and the bf16 MFU benchmark (the trainer does not run on the CUDA backend yet); the JSON
 # lists them under "not_built".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-programs=(test_core_cuda_host test_core_ops test_core_moe_ops)
+programs=(test_core_cuda_host test_core_ops test_core_moe_ops test_core_moe_backends)
 
 pack() {
   local build=${1:-build}
@@ -78,7 +80,8 @@ for s in statuses:
         entry["cuda_cases"] = sum(1 for t in cases if "cuda" in t.get("value_param", "") + t["name"])
     report["programs"][name] = entry
 # Passed: every program green, and the conformance suites really ran on the cuda backend (not only the cpu's).
-ran_on_gpu = all(report["programs"][p].get("cuda_cases", 0) > 0 for p in ("test_core_ops", "test_core_moe_ops"))
+ran_on_gpu = all(report["programs"][p].get("cuda_cases", 0) > 0 for p in ("test_core_ops", "test_core_moe_ops")) and \
+    not report["programs"]["test_core_moe_backends"].get("skipped")
 report["passed"] = ran_on_gpu and all(e["exit_code"] == 0 and not e.get("failures") for e in report["programs"].values())
 json.dump(report, open(os.path.join(out, "device_check.json"), "w"), indent=2)
 print(json.dumps(report, indent=2))
