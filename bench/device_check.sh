@@ -13,7 +13,8 @@
 # What it checks today: the device is seen; the CUDA backend's host-side tests; the op conformance suites with
 # the cuda backend beside the cpu one (every op in fp32 and fp64 against the CPU reference); the MoE layer on
 # cuda routing exactly as on the cpu (drop, reroute, dense fallback; Gumbel noise) with outputs and gradients
-# within fp32 tolerance. Not yet: a training
+# within fp32 tolerance; bench_cuda's cuBLAS bf16 and fp32 GEMM peaks and the backend's gemm and grouped expert
+# GEMM against them. Not yet: a training
 # run cuda against cpu, and the bf16 MFU benchmark (the trainer does not run on the CUDA backend yet); the JSON
 # lists them under "not_built".
 set -euo pipefail
@@ -25,7 +26,7 @@ pack() {
   local build=${1:-build}
   local stage=.device/stage
   rm -rf "$stage" && mkdir -p "$stage/bin" "$stage/lib"
-  for p in "${programs[@]}"; do
+  for p in "${programs[@]}" bench_cuda; do
     [ -x "$build/bin/$p" ] || { echo "device_check: $build/bin/$p is missing: build with the CUDA backend first" >&2; exit 2; }
     cp "$build/bin/$p" "$stage/bin/"
     # Every shared library it needs except the C library's and CUDA's own (the GPU machine has those).
@@ -62,6 +63,7 @@ run() {
     timeout 300 "$root/bin/$p" --gtest_output="json:$out/$p.json" > "$out/$p.log" 2>&1 || rc=$?
     status+=("$p=$rc")
   done
+  timeout 300 "$root/bin/bench_cuda" --reps 10 > "$out/bench_cuda.log" 2>&1 || true
   python3 - "$out" "$(cat "$root/commit")" "${status[@]}" <<'EOF'
 import json, os, sys
 out, commit, statuses = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -82,6 +84,8 @@ for s in statuses:
 # Passed: every program green, and the conformance suites really ran on the cuda backend (not only the cpu's).
 ran_on_gpu = all(report["programs"][p].get("cuda_cases", 0) > 0 for p in ("test_core_ops", "test_core_moe_ops")) and \
     not report["programs"]["test_core_moe_backends"].get("skipped")
+bench = [l for l in open(os.path.join(out, "bench_cuda.log")) if l.startswith("{")]
+report["bench_cuda"] = json.loads(bench[-1]) if bench else open(os.path.join(out, "bench_cuda.log")).read()[-2000:]
 report["passed"] = ran_on_gpu and all(e["exit_code"] == 0 and not e.get("failures") for e in report["programs"].values())
 json.dump(report, open(os.path.join(out, "device_check.json"), "w"), indent=2)
 print(json.dumps(report, indent=2))

@@ -1,0 +1,147 @@
+// bench_cuda: the CUDA backend's GEMMs against the GPU's measured peak, in the same run:
+//   1. the peak: cuBLAS bf16 (fp32 accumulation) and fp32 GEMMs of 8192^3 (the ceilings MFU is quoted against);
+//   2. the backend's fp32 gemm op on a Mixtral-sized projection (tokens x 4096 x 14336);
+//   3. the backend's grouped expert GEMM (8 experts, top-2, Mixtral's expert width) against one dense GEMM of
+//      the same FLOPs through the same op: what grouping the experts costs.
+// Medians of --reps timed calls after one untimed call, timed with CUDA events. Prints a table and one line
+// of JSON. Without a device it says so and exits 0 (the ctest smoke check runs it everywhere).
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "bench/bench_main.h"
+#include "core/backend/cuda_backend.h"
+#include "core/error.h"
+
+namespace moe::bench {
+namespace {
+
+struct Options {
+  int64_t peak_size = 8192, tokens = 8192, d_model = 4096, expert_hidden = 14336, experts = 8, top_k = 2;
+  int reps = 10;
+  bool quick = false;
+};
+
+// Median seconds of `reps` calls of f, after one untimed call, by CUDA events on the default stream and a
+// full device synchronisation around each (the backend's work is on its own stream).
+double median_seconds(int reps, const std::function<void()>& f) {
+  f();
+  cudaDeviceSynchronize();
+  std::vector<double> t;
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start), cudaEventCreate(&stop);
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(start);
+    f();
+    cudaDeviceSynchronize();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    t.push_back(double(ms) * 1e-3);
+  }
+  cudaEventDestroy(start), cudaEventDestroy(stop);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// cuBLAS GEMM of n^3 in `type` (bf16 or fp32 storage, fp32 accumulation): FLOP/s.
+double cublas_peak(int64_t n, cudaDataType_t type, int reps) {
+  const size_t bytes = size_t(n * n) * (type == CUDA_R_16BF ? 2 : 4);
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess ||
+      cudaMalloc(&c, bytes) != cudaSuccess)
+    MOE_RUN_FAILED("cannot allocate three " << n << "^2 matrices");
+  cudaMemset(a, 0x3c, bytes), cudaMemset(b, 0x3c, bytes);  // small nonzero values, not zeros
+  cublasHandle_t h;
+  cublasCreate(&h);
+  const float alpha = 1, beta = 0;
+  const int m = int(n);
+  const double s = median_seconds(reps, [&] {
+    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &alpha, a, type, m, b, type, m, &beta, c, type, m,
+                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  });
+  cublasDestroy(h);
+  cudaFree(a), cudaFree(b), cudaFree(c);
+  return 2.0 * double(n) * double(n) * double(n) / s;
+}
+
+struct OpFigures {
+  double dense_flops_s = 0, grouped_flops_s = 0, projection_flops_s = 0;
+};
+
+// Through the backend's ops (fp32): one projection, the experts' first GEMM grouped, and a dense GEMM of
+// the grouped one's FLOPs.
+OpFigures backend_gemms(const Options& o) {
+  const std::unique_ptr<Backend> b = make_cuda_backend(0);
+  Ops<float>& ops = b->ops<float>();
+  const int64_t N = o.tokens, D = o.d_model, F = o.expert_hidden, E = o.experts, rows = N * o.top_k;
+  Buffer x = b->allocate(DType::F32, rows * D), w = b->allocate(DType::F32, E * D * F),
+         y = b->allocate(DType::F32, rows * F);
+  OpFigures f;
+  const double proj = median_seconds(o.reps, [&] {
+    ops.gemm(false, false, N, F, D, 1.f, x.data<float>(), D, w.data<float>(), F, 0.f, y.data<float>(), F);
+  });
+  f.projection_flops_s = 2.0 * double(N) * double(F) * double(D) / proj;
+  std::vector<int64_t> offsets(size_t(E) + 1);
+  for (int64_t e = 0; e <= E; ++e) offsets[size_t(e)] = rows * e / E;  // balanced routing
+  const double grouped = median_seconds(o.reps, [&] {
+    ops.grouped_gemm(false, false, E, offsets.data(), F, D, 1.f, x.data<float>(), w.data<float>(), 0.f,
+                     y.data<float>());
+  });
+  const double flops = 2.0 * double(rows) * double(F) * double(D);
+  f.grouped_flops_s = flops / grouped;
+  const double dense = median_seconds(o.reps, [&] {
+    ops.gemm(false, false, rows, F, D, 1.f, x.data<float>(), D, w.data<float>(), F, 0.f, y.data<float>(), F);
+  });
+  f.dense_flops_s = flops / dense;
+  return f;
+}
+
+void run(const Options& o) {
+  if (!cuda_backend_built() || cuda_device_count() == 0) {
+    std::printf("bench_cuda: no CUDA device here (%s); nothing measured\n",
+                cuda_backend_built() ? "the backend is built" : "no CUDA backend in this build");
+    return;
+  }
+  const double bf16 = cublas_peak(o.peak_size, CUDA_R_16BF, o.reps),
+               fp32 = cublas_peak(o.peak_size, CUDA_R_32F, o.reps);
+  const OpFigures f = backend_gemms(o);
+  std::printf("cuBLAS peak, %lld^3: bf16 %.1f TFLOP/s, fp32 %.1f TFLOP/s\n", (long long)o.peak_size, bf16 / 1e12,
+              fp32 / 1e12);
+  std::printf("backend fp32 gemm %lldx%lldx%lld: %.1f TFLOP/s (%.2f of the fp32 peak)\n", (long long)o.tokens,
+              (long long)o.expert_hidden, (long long)o.d_model, f.projection_flops_s / 1e12,
+              f.projection_flops_s / fp32);
+  std::printf("grouped experts (E %lld, top-%lld): %.1f TFLOP/s, %.2f of one dense GEMM of the same FLOPs (%.1f)\n",
+              (long long)o.experts, (long long)o.top_k, f.grouped_flops_s / 1e12, f.grouped_flops_s / f.dense_flops_s,
+              f.dense_flops_s / 1e12);
+  const nlohmann::json j = {{"benchmark", "bench_cuda"},
+                            {"bf16_peak_flops", bf16},
+                            {"fp32_peak_flops", fp32},
+                            {"projection_flops", f.projection_flops_s},
+                            {"grouped_flops", f.grouped_flops_s},
+                            {"dense_same_flops", f.dense_flops_s},
+                            {"grouped_over_dense", f.grouped_flops_s / f.dense_flops_s}};
+  std::printf("%s\n", j.dump().c_str());
+}
+
+}  // namespace
+}  // namespace moe::bench
+
+int main(int argc, char** argv) {
+  moe::bench::Options o;
+  CLI::App app{"bench_cuda: the CUDA backend's GEMMs against the GPU's measured cuBLAS peak"};
+  app.add_option("--reps", o.reps, "timed calls per figure (the median is reported)")->check(CLI::Range(1, 1000));
+  app.add_flag("--quick", o.quick, "small sizes: a smoke check");
+  return moe::bench::parse_and_run(app, argc, argv, "bench_cuda", [&] {
+    if (o.quick) o.peak_size = 1024, o.tokens = 512, o.d_model = 256, o.expert_hidden = 512, o.reps = 2;
+    moe::bench::run(o);
+  });
+}
