@@ -168,6 +168,7 @@ Config fill(const Entries& entries) {
   c.train.global_batch = r.integer("train.global_batch");
   c.train.micro_batch = r.integer("train.micro_batch");
   c.train.seq_len = r.integer("train.seq_len");
+  c.train.device = r.string("train.device");
   c.train.recompute = r.string("train.recompute");
   c.train.recompute_layers = r.integer("train.recompute_layers");
   c.train.trace = r.boolean("train.trace");

@@ -71,6 +71,9 @@ std::vector<KeySpec> train_keys() {
       integer("train.micro_batch", 4, at_least(1),
               "sequences per micro-batch (one routing group); a step accumulates global_batch / micro_batch of them"),
       integer("train.seq_len", 128, at_least(2), "tokens per training sequence"),
+      choice("train.device", "cpu", {"cpu", "cuda"},
+             "where the model computes: `cpu` (OpenBLAS + OpenMP) or `cuda` (the CUDA backend, docs/gpu.md; one GPU "
+             "per rank, each rank on its node's device local_rank mod the devices it sees; one rank for now)"),
       choice("train.recompute", "none", {"none", "selective", "full"},
              "activation recomputation: `none` keeps activations for backward, `selective` keeps all but the "
              "attention probabilities (recomputed from q and k in backward), `full` keeps each block's input and "

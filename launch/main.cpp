@@ -187,9 +187,8 @@ int main(int argc, char** argv) {
   try {
     if (train_cmd->parsed()) {
       train.command_line.assign(argv, argv + argc);
-      // The one backend of this process: everything that allocates or computes is handed it.
-      const std::unique_ptr<moe::Backend> backend = moe::make_cpu_backend(0);
-      const moe::TrainResult result = moe::run_train(train, *backend, std::move(world));
+      // The one backend of this process (train.device): everything that allocates or computes is handed it.
+      const moe::TrainResult result = moe::run_train(train, std::move(world));
       if (result.stop_signal != 0) return 128 + result.stop_signal;
     } else if (ckpt_cmd->parsed()) {
       moe::run_ckpt(ckpt, std::cout);

@@ -151,7 +151,14 @@ CheckedConfig load_checked_config(const TrainOptions& options, int64_t world_siz
                                           << "), fewer than the parallel.pp = " << pp << " pipeline stages; at least "
                                           << pp << " are needed to fill the pipeline: raise train.global_batch to "
                                           << pp * dp * tc.micro_batch << " or more, or lower train.micro_batch");
-  check_memory(config, grid);
+  // The CUDA backend trains on one rank until the process groups run on NCCL (docs/gpu.md).
+  if (tc.device == "cuda" && world_size > 1)
+    MOE_BAD_INPUT("train.device = \"cuda\" on " << world_size
+                                                << " ranks: training on the CUDA backend runs on one "
+                                                   "rank in this build (its process groups are not on NCCL yet); "
+                                                   "run one rank, or set train.device = \"cpu\"");
+  // Host memory holds the model on the CPU backend; on a GPU the device's memory does (not checked yet).
+  if (tc.device == "cpu") check_memory(config, grid);
   return {std::move(config), std::move(grid)};
 }
 
@@ -219,7 +226,7 @@ Trainer::Trainer(CheckedConfig checked, TrainPaths paths_in, const data::Corpus&
                                       AdamWSettings{config.optim.lr, config.optim.beta1, config.optim.beta2,
                                                     config.optim.eps, config.optim.weight_decay},
                                       owned);
-  clip = std::make_unique<PerExpertClip>(model->table(), config.optim.per_expert_clip);
+  clip = std::make_unique<PerExpertClip>(model->table(), config.optim.per_expert_clip, &backend);
   schedule = LrSchedule{config.optim.lr, config.optim.min_lr, config.optim.warmup, tc.steps};
   loader = std::make_unique<data::Loader>(corpus, tc.seed, tc.seq_len, training_schedule(config, corpus));
   data_provenance = data::data_provenance(corpus);

@@ -72,6 +72,25 @@ std::vector<Piece> written_here(const TrainState& s, std::vector<Held> held) {
   return out;
 }
 
+// Where the pieces of the parameters and AdamW moments point: the backend's memory when the host can address
+// it, else host copies (filled from the device for a save; filled by the load, then uploaded by finish_load).
+struct Staged {
+  float *params, *m, *v;
+};
+Staged stage(TrainState& s, bool for_save) {
+  Backend& backend = s.model->backend();
+  if (backend.memory_is_host()) return {s.model->params(), s.optimizer->first_moment(), s.optimizer->second_moment()};
+  const int64_t P = s.model->num_params(), M = s.optimizer->moment_size();
+  if (for_save) {
+    s.host_params = backend.download(s.model->params(), P);
+    s.host_m = backend.download(s.optimizer->first_moment(), M);
+    s.host_v = backend.download(s.optimizer->second_moment(), M);
+  } else {
+    s.host_params.assign(size_t(P), 0.0f), s.host_m.assign(size_t(M), 0.0f), s.host_v.assign(size_t(M), 0.0f);
+  }
+  return {s.host_params.data(), s.host_m.data(), s.host_v.data()};
+}
+
 }  // namespace
 
 std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
@@ -83,12 +102,13 @@ std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
   // Per-expert clipping statistics: the same on every rank holding the expert (summed over its blocks).
   const ParamGroup all = ParamGroup::TensorDataParallel, expert_group = ParamGroup::ExpertTensorDataParallel;
 
+  const Staged staged = stage(s, for_save);
   for (const ParamSpec& spec : table.specs())
-    add("params/" + spec.name, ckpt::DType::F32, block_of(spec), s.model->params() + spec.offset, spec.replicas);
+    add("params/" + spec.name, ckpt::DType::F32, block_of(spec), staged.params + spec.offset, spec.replicas);
 
   // AdamW moments, piece by piece (whole tensors, or ZeRO slices), in the same coordinates.
-  float* m = s.optimizer->first_moment();
-  float* v = s.optimizer->second_moment();
+  float* m = staged.m;
+  float* v = staged.v;
   for (const AdamW::Piece& op : s.optimizer->pieces()) {
     const ParamSpec* spec = nullptr;
     for (const ParamSpec& sp : table.specs())
@@ -137,6 +157,13 @@ std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
 }
 
 void finish_load(TrainState& s) {
+  Backend& backend = s.model->backend();
+  if (!backend.memory_is_host()) {
+    backend.copy_to_device(s.model->params(), s.host_params.data(), int64_t(s.host_params.size()));
+    backend.copy_to_device(s.optimizer->first_moment(), s.host_m.data(), int64_t(s.host_m.size()));
+    backend.copy_to_device(s.optimizer->second_moment(), s.host_v.data(), int64_t(s.host_v.size()));
+    backend.synchronize();
+  }
   s.optimizer->set_steps_taken(s.optimizer_steps);
   auto& experts = s.clip->experts();
   for (size_t k = 0; k < experts.size(); ++k) experts[k].ema = s.clip_ema[k], experts[k].samples = s.clip_samples[k];

@@ -27,6 +27,9 @@ struct TrainState {
   bool zero = false;
   // Scalars kept here so pieces can point at them.
   int64_t optimizer_steps = 0;
+  // A backend whose memory the host cannot address (the CUDA one): the parameters and AdamW moments as host
+  // copies, downloaded before a save and uploaded by finish_load.
+  std::vector<float> host_params, host_m, host_v;
   std::vector<double> clip_ema;
   std::vector<int64_t> clip_samples;
 };

@@ -3,6 +3,7 @@
 // own files; this one orders them and owns the loop.
 #include "launch/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <optional>
 
 #include "checkpoint/checkpointer.h"
+#include "core/backend/cuda_backend.h"
 #include "core/error.h"
 #include "core/host.h"
 #include "launch/agree.h"
@@ -311,8 +313,7 @@ TrainResult collect_parameters(Trainer& t) {
   TrainResult result;
   for (const ParamSpec& spec : t.model->table().specs()) {
     std::vector<float>& full = result.parameters[spec.name];
-    const float* mine = t.model->params() + spec.offset;
-    full.assign(mine, mine + spec.numel);
+    full = t.model->backend().download(t.model->params() + spec.offset, spec.numel);
     ParamSpec block = spec;  // the second split's group first, then the first's
     gather_split(t.groups, block, block.split2, full);
     gather_split(t.groups, block, block.split, full);
@@ -329,8 +330,21 @@ int launcher_local_size() {
   return env_int("MOE_RANKS_PER_NODE", env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("MPI_LOCALNRANKS", 1)));
 }
 
+int launcher_local_rank() { return env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("MPI_LOCALRANKID", 0)); }
+
+namespace {
+// The backend train.device names: the CPU's, or the CUDA backend on the device local_rank mod the devices
+// this process sees (one rank per GPU of the node). The config is read here and again by run_train: any
+// refusal is the same.
+std::unique_ptr<Backend> make_backend(const TrainOptions& options) {
+  const Config config = load_config(options.config_path, options.overrides);
+  if (config.train.device != "cuda") return make_cpu_backend(0);
+  return make_cuda_backend(launcher_local_rank() % std::max(1, cuda_device_count()));
+}
+}  // namespace
+
 TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator> world) {
-  const std::unique_ptr<Backend> backend = make_cpu_backend(0);
+  const std::unique_ptr<Backend> backend = make_backend(options);
   return run_train(options, *backend, std::move(world));
 }
 

@@ -39,12 +39,15 @@ struct TrainResult {
 
 // Returns normally on success; throws moe::Error (BadInput for anything the user can fix). world: every
 // rank of the job (an MPI communicator under mpirun); null for a single process.
-// backend: made once by the program's entry point; without one, a CPU backend of this process.
+// backend: given by a test or benchmark; without one, the backend train.device names (a CPU backend of this
+// process, or the CUDA backend on this rank's device).
 TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique_ptr<Communicator> world = nullptr);
 TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator> world = nullptr);
 
-// Ranks in this job and ranks on this node, from the launcher's environment (1 when not under mpirun).
+// Ranks in this job and ranks on this node, and this rank's place on its node, from the launcher's
+// environment (1, 1 and 0 when not under mpirun).
 int launcher_world_size();
 int launcher_local_size();
+int launcher_local_rank();
 
 }  // namespace moe

@@ -41,6 +41,7 @@ class AdamW {
   // The moments, in the backend's memory: (sum of the owned pieces' lengths) each.
   float* first_moment() { return m_.data<float>(); }
   float* second_moment() { return v_.data<float>(); }
+  int64_t moment_size() const { return m_.numel(); }
   // Owned pieces, each within one parameter tensor: (offset in the flat buffers, length, decayed).
   struct Piece {
     int64_t offset, length;

@@ -9,7 +9,8 @@
 
 namespace moe {
 
-PerExpertClip::PerExpertClip(const ParamTable& table, double factor) : factor_(factor) {
+PerExpertClip::PerExpertClip(const ParamTable& table, double factor, Backend* backend)
+    : factor_(factor), device_(backend && !backend->memory_is_host() ? backend : nullptr) {
   std::map<std::string, size_t> first_of_group;
   for (const ParamSpec& spec : table.specs()) {
     if (spec.role != ParamRole::Expert) continue;
@@ -46,6 +47,10 @@ std::vector<double> PerExpertClip::sum_squares(const float* grads, const std::ve
   std::vector<double> ss(experts_.size(), 0.0);
   for (size_t k = 0; k < experts_.size(); ++k)
     for_owned(experts_[k].slices, owned, [&](int64_t offset, int64_t length) {
+      if (device_) {
+        ss[k] += device_->ops<float>().sum_squares(grads + offset, length);
+        return;
+      }
       for (int64_t i = 0; i < length; ++i) ss[k] += double(grads[offset + i]) * grads[offset + i];
     });
   return ss;
@@ -66,6 +71,7 @@ int64_t PerExpertClip::clip(float* grads, const std::vector<double>& total_sum_s
       if (norm > limit && norm > 0) {
         const float scale = float(limit / norm);
         for_owned(x.slices, owned, [&](int64_t offset, int64_t length) {
+          if (device_) return device_->ops<float>().scale(grads + offset, scale, length);
           for (int64_t i = 0; i < length; ++i) grads[offset + i] *= scale;
         });
         ++clipped;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backend/backend.h"
 #include "core/params.h"
 #include "parallel/grad_buckets.h"
 
@@ -19,7 +20,9 @@ class PerExpertClip {
   static constexpr double kDecay = 0.99;
   static constexpr int64_t kMinSamples = 10;
 
-  PerExpertClip(const ParamTable& table, double factor);
+  // backend: where the gradients live; null or a host backend: the host loops below, else the backend's
+  // sum_squares and scale ops on each slice.
+  PerExpertClip(const ParamTable& table, double factor, Backend* backend = nullptr);
   // Clips in place; updates the averages with the unclipped norms. Returns how many experts were clipped.
   int64_t apply(float* grads) { return clip(grads, sum_squares(grads, nullptr), nullptr); }
   // The same in two halves, for when an expert's gradient is spread over ranks (ZeRO slices): each rank
@@ -43,6 +46,7 @@ class PerExpertClip {
 
  private:
   double factor_;
+  Backend* device_ = nullptr;  // set only for a backend whose memory the host cannot address
   std::vector<Expert> experts_;
 };
 

@@ -225,6 +225,14 @@ run_case "ep that does not divide the experts" 2 no_setup \
   "${mpirun[@]}" -np 3 "$moe" train --config "$config" "${small[@]}" --set moe.num_experts=4 --set parallel.ep=3 \
   --run-dir run
 
+# The CUDA backend where there is no device (or no CUDA backend in the build): named, before anything is written.
+expect=('train.device = "cuda"')
+run_case "train.device cuda without a device" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set train.device=cuda --run-dir run
+expect=("train.device" "cpu" "cuda")
+run_case "train.device that is no backend" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set train.device=tpu --run-dir run
+
 # Pipeline parallelism: a step needs at least one micro-batch per stage on every data-parallel rank.
 expect=("train.global_batch = 2" "1 micro-batch" "parallel.pp = 4" "raise train.global_batch to 8")
 run_case "fewer micro-batches than pipeline stages" 2 no_setup \
