@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "launch/config_schema.h"
 
 namespace moe {
 namespace {
@@ -33,6 +34,9 @@ std::vector<ConfigChange> config_changes(const json& then, const json& now) {
   std::vector<ConfigChange> changes;
   for (const auto& [key, value] : b) {
     const auto it = a.find(key);
+    // A key added by a later version, at its default, changes nothing the checkpoint was written with.
+    const config_schema::KeySpec* spec = config_schema::find_key(key);
+    if (it == a.end() && spec && spec->default_value == value) continue;
     const json old = it == a.end() ? json() : it->second;
     if (old != value) changes.push_back({key, old, value});
   }

@@ -136,7 +136,7 @@ void log_step(Loop& loop, int64_t done, const StepResult& r, double ckpt_stall) 
   timing.elapsed_s = elapsed_s;
   timing.comm_wait_s = t.buckets->last_wait_seconds();
   timing.ckpt_stall_s = ckpt_stall;
-  loop.out.metrics->write(step_line(done, r, timing, done * t.tokens_per_step(), t.model_stats));
+  loop.out.metrics->write(step_line(done, r, timing, done * t.tokens_per_step(), t.model_stats, t.config.moe.top_k));
   const double eta = elapsed_s / double(done - loop.resumed_step) * double(tc.steps - done);
   loop.progress.step(done, tc.steps, r.loss, r.lr, timing.tokens_per_s, eta,
                      t.model_stats.empty() ? -1 : r.dead_experts);
