@@ -39,7 +39,9 @@ struct RouterStepStats {
   int64_t groups = 0;
   double entropy_sum = 0;  // sum over tokens of the routing entropy -sum_e p_e log p_e
   // Router losses (coefficients applied), summed over groups; the step's value is the sum / groups.
-  double aux = 0, z = 0, entropy_loss = 0, death = 0;
+  double aux = 0, z = 0, entropy_loss = 0, death = 0, warmup = 0;
+  // The router temperature and capacity factor in force, summed over groups (the step's: sum / groups).
+  double tau_sum = 0, capacity_factor_sum = 0;
 };
 
 // One micro-batch's state inside one FFN layer beyond its activations (MoeLayer: routing, dispatch

@@ -43,8 +43,9 @@ MoeLayer<T>::MoeLayer(Backend& backend, const MoeSettings& settings)
   if (s_.shared_experts > 0)
     shared_ = std::make_unique<DenseMlp<T>>(backend, s_.d_model, s_.shared_experts * s_.expert_hidden, s_.layers_total,
                                             hidden);
-  if (s_.overflow == Overflow::Dense)
+  if (uses_fallback(s_.overflow))
     fallback_ = std::make_unique<DenseMlp<T>>(backend, s_.d_model, s_.fallback_hidden, s_.layers_total, hidden);
+  capacity_.factor = s_.capacity_factor;
   reset_stats();
 }
 
@@ -54,6 +55,8 @@ void MoeLayer<T>::register_params(ParamTable& table, const std::string& prefix) 
   const int64_t D = s_.d_model, E = s_.num_experts, F = s_.expert_hidden;
   const double out_std = 0.02 / std::sqrt(2.0 * double(s_.layers_total));
   table.add({prefix + ".router.weight", {D, E}, ParamRole::Router, true, ParamInit::Normal, 0.02});
+  // Outside ".router.": every rank sharing a split routing group computes its whole gradient (not partial).
+  if (s_.tau_learned) table.add({prefix + ".tau.log_ratio", {1}, ParamRole::Router, false, ParamInit::Zeros, 0.0});
   // This rank's experts: rows [ep_rank * El, (ep_rank + 1) * El) of the global (E, ...) tensors, and with
   // expert tensor parallelism its block of their hidden width (columns of W1, W3, rows of W2).
   const int64_t El = local_experts(), first = s_.ep_rank * El;
@@ -81,6 +84,7 @@ template <typename T>
 void MoeLayer<T>::bind(const ParamTable& table, T* params, T* grads) {
   auto at = [&](const char* name) { return table.find(prefix_ + name).offset; };
   router_.bind(params + at(".router.weight"), grads + at(".router.weight"));
+  if (s_.tau_learned) router_.bind_log_tau(params + at(".tau.log_ratio"), grads + at(".tau.log_ratio"));
   experts_.bind(params + at(".experts.w1"), params + at(".experts.w3"), params + at(".experts.w2"),
                 grads + at(".experts.w1"), grads + at(".experts.w3"), grads + at(".experts.w2"));
   if (shared_) shared_->bind(table, params, grads);
@@ -198,7 +202,7 @@ void MoeLayer<T>::plan(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
   if (s_.token_shards > 1) st.plan = restrict_plan(st.plan, K, st.first_token, N);
   st.fallback_token.clear();
   st.fallback_weight.clear();
-  if (s_.overflow != Overflow::Dense) return;
+  if (!uses_fallback(s_.overflow)) return;
   const T* gate = st.routing.gate.data() + st.first_token * K;
   for (int64_t n = 0; n < N; ++n) {
     double w = 0;
@@ -259,7 +263,8 @@ void MoeLayer<T>::count_stats(const FfnContext& context, const MoeSlot<T>& st, i
   }
   const Routing<T>& r = st.routing;
   stats_.aux += r.aux, stats_.z += r.z, stats_.entropy_loss += r.entropy, stats_.death += r.death;
-  stats_.entropy_sum += r.entropy_sum;
+  stats_.warmup += r.warmup, stats_.entropy_sum += r.entropy_sum;
+  stats_.tau_sum += r.tau, stats_.capacity_factor_sum += s_.capacity_factor;
 }
 
 template <typename T>

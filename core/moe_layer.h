@@ -13,6 +13,7 @@
 
 #include "core/expert_exchange.h"
 #include "core/ffn.h"
+#include "core/moe/adaptive_capacity.h"
 #include "core/moe/dispatch_plan.h"
 #include "core/moe/dispatcher.h"
 #include "core/moe/experts.h"
@@ -68,10 +69,28 @@ class MoeLayer final : public FeedForward<T> {
 
   // Starts a new step's statistics.
   void reset_stats();
-  // After an optimizer step: b_e += rate * sign(mean_c - c_e) from the step's counts (docs/model.md).
+  // After an optimizer step: the balancing-bias rule of `balance` from the step's counts (docs/moe.md).
   // counts: tokens_per_expert summed over the step (and, with data parallelism, over all replicas).
-  void update_balancing_bias(const std::vector<int64_t>& counts, double rate) { router_.update_bias(counts, rate); }
+  void update_balancing_bias(const std::vector<int64_t>& counts, const BiasBalance& balance) {
+    router_.update_bias(counts, balance);
+  }
+  // The sign rule at `rate`: b_e += rate * sign(mean_c - c_e) (docs/model.md).
+  void update_balancing_bias(const std::vector<int64_t>& counts, double rate) {
+    update_balancing_bias(counts, BiasBalance{rate});
+  }
   std::vector<float>& balancing_bias() { return router_.bias(); }
+  // The temperature in force (learned, scheduled or configured), and a scheduled one set before a step.
+  double tau() const { return router_.tau(); }
+  void set_tau(double tau) { router_.set_tau(tau); }
+  // Adaptive capacity (moe.capacity_auto): the factor in force and the runs of steps above and below the
+  // thresholds, updated by the trainer after each step from the step's overflow ratio (and restored from a
+  // checkpoint, then applied).
+  CapacityControl& capacity_control() { return capacity_; }
+  void update_capacity(double overflow_ratio, const CapacityAuto& a) {
+    capacity_ = next_capacity(capacity_, overflow_ratio, a);
+    apply_capacity_control();
+  }
+  void apply_capacity_control() { s_.capacity_factor = capacity_.factor; }
 
   // The routing of the last one-at-a-time forward (the default slot), for tests: expert of slot (n, j)
   // before capacity, its gate weight, its fate, and the expert that finally computed it (-1 if none).
@@ -112,6 +131,7 @@ class MoeLayer final : public FeedForward<T> {
   MoeSettings s_;
   std::string prefix_;
   RouterStepStats stats_;
+  CapacityControl capacity_;
   Router<T> router_;
   ExpertDispatcher<T> dispatcher_;
   GroupedExperts<T> experts_;

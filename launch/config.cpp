@@ -184,6 +184,10 @@ Config fill(const Entries& entries) {
   c.model.layers = r.integer("model.layers");
   c.model.heads = r.integer("model.heads");
   c.model.ffn_hidden = r.integer("model.ffn_hidden");
+  c.model.attention = r.string("model.attention");
+  c.model.mla_kv_rank = r.integer("model.mla.kv_rank");
+  c.model.mla_q_rank = r.integer("model.mla.q_rank");
+  c.model.mla_rope_dim = r.integer("model.mla.rope_dim");
 
   c.moe.num_experts = r.integer("moe.num_experts");
   c.moe.top_k = r.integer("moe.top_k");
@@ -192,13 +196,33 @@ Config fill(const Entries& entries) {
   c.moe.shared_experts = r.integer("moe.shared_experts");
   c.moe.fallback_hidden = r.integer("moe.fallback_hidden");
   c.moe.router.tau = r.number("moe.router.tau");
+  for (const json& point : r.at("moe.router.tau_schedule"))
+    c.moe.router.tau_schedule.push_back({point.at("step").get<int64_t>(), point.at("tau").get<double>()});
+  c.moe.router.tau_learned = r.boolean("moe.router.tau_learned");
+  c.moe.router.tau_min = r.number("moe.router.tau_min");
+  c.moe.router.tau_max = r.number("moe.router.tau_max");
+  c.moe.router.warmup_steps = r.integer("moe.router.warmup.steps");
+  c.moe.router.warmup_coef = r.number("moe.router.warmup.coef");
+  c.moe.router.warmup_freeze_backbone = r.boolean("moe.router.warmup.freeze_backbone");
   c.moe.router.noise = r.string("moe.router.noise");
   c.moe.router.score = r.string("moe.router.score");
   c.moe.router.normalize = r.boolean("moe.router.normalize");
   c.moe.router.bias_balance_rate = r.number("moe.router.bias_balance.rate");
+  c.moe.router.bias_balance_rule = r.string("moe.router.bias_balance.rule");
+  c.moe.router.bias_balance_decay = r.number("moe.router.bias_balance.decay");
+  c.moe.router.bias_balance_dead_band = r.number("moe.router.bias_balance.dead_band");
   c.moe.capacity_factor = r.number("moe.capacity_factor");
   c.moe.drop_policy = r.string("moe.drop_policy");
-  c.moe.overflow = r.string("moe.overflow");
+  const json& overflow = r.at("moe.overflow");
+  c.moe.overflow = overflow.is_string() ? std::vector<std::string>{overflow.get<std::string>()}
+                                        : overflow.get<std::vector<std::string>>();
+  c.moe.capacity_auto.enabled = r.boolean("moe.capacity_auto.enabled");
+  c.moe.capacity_auto.min = r.number("moe.capacity_auto.min");
+  c.moe.capacity_auto.max = r.number("moe.capacity_auto.max");
+  c.moe.capacity_auto.raise_above = r.number("moe.capacity_auto.raise_above");
+  c.moe.capacity_auto.lower_below = r.number("moe.capacity_auto.lower_below");
+  c.moe.capacity_auto.window = r.integer("moe.capacity_auto.window");
+  c.moe.capacity_auto.step = r.number("moe.capacity_auto.step");
   c.moe.expert_dropout = r.number("moe.expert_dropout");
   c.moe.loss.aux = r.number("moe.loss.aux");
   c.moe.loss.z = r.number("moe.loss.z");
@@ -215,6 +239,9 @@ Config fill(const Entries& entries) {
   c.optim.eps = r.number("optim.eps");
   c.optim.clip = r.number("optim.clip");
   c.optim.per_expert_clip = r.number("optim.per_expert_clip");
+  c.optim.per_expert_clip_hot = r.number("optim.per_expert_clip_hot");
+  c.optim.per_expert_clip_cold = r.number("optim.per_expert_clip_cold");
+  c.optim.per_expert_clip_hot_load = r.number("optim.per_expert_clip_hot_load");
   c.optim.zero = r.boolean("optim.zero");
 
   c.parallel.tp = r.integer("parallel.tp");
@@ -354,6 +381,59 @@ void check_all_to_all_count(const Checked& c) {
                      "train.micro_batch or train.seq_len");
 }
 
+// ---- Routing techniques and attention (docs/moe.md, docs/model.md) ---------------------------------
+
+void check_overflow_cascade(const Checked& c) {
+  const std::vector<std::string>& levels = c.config.moe.overflow;
+  if (levels.size() == 1 || (levels.size() == 2 && levels[0] == "reroute")) return;
+  MOE_BAD_INPUT(c.show("moe.overflow") << ": expected one policy, or a cascade that reroutes first: "
+                                          "[\"reroute\", \"dense\"] or [\"reroute\", \"drop\"]; \"drop\" and "
+                                          "\"dense\" take every assignment that reaches them, so nothing can follow");
+}
+void check_capacity_auto(const Checked& c) {
+  const MoeConfig& m = c.config.moe;
+  const CapacityAutoConfig& a = m.capacity_auto;
+  if (!a.enabled) return;
+  if (a.min > a.max)
+    MOE_BAD_INPUT(c.show("moe.capacity_auto.min")
+                  << " is above " << c.show("moe.capacity_auto.max") << ": expected min <= max, the factor's range");
+  if (m.capacity_factor < a.min || m.capacity_factor > a.max)
+    MOE_BAD_INPUT(c.show("moe.capacity_factor") << " with " << c.show("moe.capacity_auto.enabled")
+                                                << ": expected a starting factor in [moe.capacity_auto.min, "
+                                                   "moe.capacity_auto.max] = ["
+                                                << a.min << ", " << a.max << "] (adaptive capacity needs a limit)");
+  if (a.lower_below >= a.raise_above)
+    MOE_BAD_INPUT(c.show("moe.capacity_auto.lower_below")
+                  << " is not below " << c.show("moe.capacity_auto.raise_above")
+                  << ": expected lower_below < raise_above, or one step's ratio would both raise and lower the factor");
+}
+void check_router_tau(const Checked& c) {
+  const RouterConfig& r = c.config.moe.router;
+  if (r.tau_min >= r.tau_max)
+    MOE_BAD_INPUT(c.show("moe.router.tau_min") << " is not below " << c.show("moe.router.tau_max")
+                                               << ": expected tau_min < tau_max, the learned temperature's range");
+  if (!r.tau_learned) return;
+  if (!r.tau_schedule.empty())
+    MOE_BAD_INPUT(c.show("moe.router.tau_schedule") << " with " << c.show("moe.router.tau_learned")
+                                                    << ": a temperature is either scheduled or learned; expected "
+                                                       "an empty schedule or tau_learned = false");
+  if (r.tau < r.tau_min || r.tau > r.tau_max)
+    MOE_BAD_INPUT(c.show("moe.router.tau") << " with " << c.show("moe.router.tau_learned")
+                                           << ": expected the starting temperature in [tau_min, tau_max] = ["
+                                           << r.tau_min << ", " << r.tau_max << "]");
+}
+void check_mla(const Checked& c) {
+  const ModelConfig& m = c.config.model;
+  if (m.attention != "mla") return;
+  if (m.mla_rope_dim % 2 != 0)
+    MOE_BAD_INPUT(c.show("model.mla.rope_dim") << " is odd; expected an even width: rotary embeddings rotate pairs");
+  if (c.config.parallel.tp > 1)
+    MOE_BAD_INPUT(c.show("model.attention") << " with " << c.show("parallel.tp")
+                                            << ": multi-head latent attention is not split over tensor-parallel ranks "
+                                               "in this build; expected parallel.tp = 1 (use dp, ep or pp) or "
+                                               "model.attention = mha");
+}
+
 // ---- Pipeline parallelism (docs/parallel.md "Pipeline stages"): each stage holds a run of layers. ----
 
 void check_pp_layers(const Checked& c) {
@@ -422,7 +502,7 @@ void check_tp_expert_hidden(const Checked& c) {
                    "with " + c.show("parallel.expert_tp") +
                        " each routed expert's hidden width (and the shared experts') is split over the tensor-parallel "
                        "ranks");
-  if (k.moe.overflow == "dense")
+  if (k.moe.overflow_has("dense"))
     require_tp_split(c, "moe.fallback_hidden", k.moe.fallback_hidden,
                      "with " + c.show("parallel.expert_tp") +
                          " the dense fallback's hidden width is split over the tensor-parallel ranks too");
@@ -502,6 +582,16 @@ const std::vector<Rule>& rules() {
        "multiple "
        "of `parallel.tp` (the routing group's tokens are split over the tensor-parallel ranks).",
        check_tp_routing_group},
+      {"`moe.overflow` is one policy or a cascade that reroutes first: `[\"reroute\", \"dense\"]` or "
+       "`[\"reroute\", \"drop\"]`.",
+       check_overflow_cascade},
+      {"With `moe.capacity_auto.enabled`: `min` <= `moe.capacity_factor` <= `max`, and `lower_below` < "
+       "`raise_above`.",
+       check_capacity_auto},
+      {"`moe.router.tau_min` < `moe.router.tau_max`; with `moe.router.tau_learned`, `moe.router.tau` lies between "
+       "them and `moe.router.tau_schedule` is empty.",
+       check_router_tau},
+      {"With `model.attention` = mla: `model.mla.rope_dim` is even and `parallel.tp` = 1.", check_mla},
       {"The weights of `data.sources` sum to a finite number.", nullptr},  // checked with the list itself
       {"Data source names are non-empty and unique.", nullptr},            // checked with the list itself
       {"Every source named in `data.schedule` is a source of `data.sources` (or of the embedded corpus: `prose`, "
@@ -636,6 +726,20 @@ json parse_rejecting_duplicates(const std::string& path, const std::string& text
 }
 
 }  // namespace
+
+double RouterConfig::tau_at(int64_t step) const {
+  if (tau_schedule.empty()) return tau;
+  if (step <= tau_schedule.front().step) return tau_schedule.front().tau;
+  for (size_t i = 1; i < tau_schedule.size(); ++i) {
+    const TauPoint &a = tau_schedule[i - 1], &b = tau_schedule[i];
+    if (step <= b.step) return a.tau + (b.tau - a.tau) * double(step - a.step) / double(b.step - a.step);
+  }
+  return tau_schedule.back().tau;
+}
+
+bool MoeConfig::overflow_has(const std::string& level) const {
+  return std::find(overflow.begin(), overflow.end(), level) != overflow.end();
+}
 
 Config config_from_json(const json& document, const std::vector<std::string>& overrides, const std::string& origin) {
   if (!document.is_object())

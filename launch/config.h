@@ -35,15 +35,39 @@ struct ModelConfig {
   int64_t d_model = 0;
   int64_t layers = 0;
   int64_t heads = 0;
-  int64_t ffn_hidden = 0;  // width of the dense SwiGLU MLP
+  int64_t ffn_hidden = 0;                                     // width of the dense SwiGLU MLP
+  std::string attention;                                      // "mha" | "mla"
+  int64_t mla_kv_rank = 0, mla_q_rank = 0, mla_rope_dim = 0;  // model.mla.*
+};
+
+struct TauPoint {
+  int64_t step = 0;
+  double tau = 1.0;
 };
 
 struct RouterConfig {
   double tau = 1.0;
+  std::vector<TauPoint> tau_schedule;  // empty: tau throughout
+  bool tau_learned = false;
+  double tau_min = 0.1, tau_max = 10.0;
   std::string noise;  // "gumbel" | "none"
   std::string score;  // "softmax" | "sigmoid"
   bool normalize = true;
   double bias_balance_rate = 0.0;  // moe.router.bias_balance.rate; 0 = off
+  std::string bias_balance_rule;   // "sign" | "proportional"
+  double bias_balance_decay = 0.99, bias_balance_dead_band = 0.1;
+  int64_t warmup_steps = 0;  // moe.router.warmup.*
+  double warmup_coef = 0.0;
+  bool warmup_freeze_backbone = false;
+  // The temperature at `step` optimizer steps done: the schedule's, linear between its points, or tau.
+  double tau_at(int64_t step) const;
+};
+
+// moe.capacity_auto: the capacity factor follows the overflow ratio (docs/moe.md "Adaptive capacity").
+struct CapacityAutoConfig {
+  bool enabled = false;
+  double min = 1.0, max = 1.8, raise_above = 0.01, lower_below = 0.001, step = 0.1;
+  int64_t window = 10;
 };
 
 struct MoeLossConfig {
@@ -60,9 +84,12 @@ struct MoeConfig {
   RouterConfig router;
   double capacity_factor = 0.0;  // <= 0: no limit
   std::string drop_policy;       // "probs" | "position"
-  std::string overflow;          // "drop" | "reroute" | "dense"
+  // Overflow levels in cascade order: one of "drop", "reroute", "dense", or "reroute" then "dense" or "drop".
+  std::vector<std::string> overflow;
+  CapacityAutoConfig capacity_auto;
   double expert_dropout = 0.0;
   MoeLossConfig loss;
+  bool overflow_has(const std::string& level) const;
 };
 
 struct OptimConfig {
@@ -71,6 +98,9 @@ struct OptimConfig {
   double weight_decay = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double clip = 0;             // global grad-norm clip; 0 = off
   double per_expert_clip = 0;  // 0 = off
+  // Frequency-aware clipping: the threshold of a hot expert (load above hot_load times its layer's mean) is
+  // multiplied by clip_hot, every other's by clip_cold.
+  double per_expert_clip_hot = 1.0, per_expert_clip_cold = 1.0, per_expert_clip_hot_load = 1.5;
   bool zero = false;
 };
 

@@ -54,6 +54,12 @@ KeySpec faults(std::string key, std::string doc) {
       std::move(key), KeyType::Faults, json::array(), {}, {"kill", "hang", "stop", "exception", "corrupt_checkpoint"},
       std::move(doc)};
 }
+KeySpec choice_list(std::string key, std::string def, std::vector<std::string> choices, std::string doc) {
+  return {std::move(key), KeyType::ChoiceList, std::move(def), {}, std::move(choices), std::move(doc)};
+}
+KeySpec tau_schedule(std::string key, Range range, std::string doc) {
+  return {std::move(key), KeyType::TauSchedule, json::array(), range, {}, std::move(doc)};
+}
 KeySpec sources(std::string key, std::string doc) {
   return {std::move(key), KeyType::Sources, json::array(), {}, {}, std::move(doc)};
 }
@@ -103,6 +109,15 @@ std::vector<KeySpec> model_keys() {
       integer("model.layers", 4, at_least(1), "transformer blocks"),
       integer("model.heads", 4, at_least(1), "attention heads; d_model / heads must be an even integer"),
       integer("model.ffn_hidden", 384, at_least(1), "hidden width of the dense SwiGLU MLP"),
+      choice("model.attention", "mha", {"mha", "mla"},
+             "attention of every block: `mha` multi-head attention, `mla` multi-head latent attention (DeepSeek-V2: "
+             "keys and values from a shared low-rank latent, queries from another, and a decoupled rotary part; "
+             "docs/model.md); `mla` needs parallel.tp = 1"),
+      integer("model.mla.kv_rank", 32, at_least(1), "with model.attention = mla: width of the key/value latent c_kv"),
+      integer("model.mla.q_rank", 64, at_least(1), "with model.attention = mla: width of the query latent c_q"),
+      integer("model.mla.rope_dim", 16, at_least(2),
+              "with model.attention = mla: width of each head's rotary part of queries and keys (the key's is shared "
+              "by the heads); even"),
   };
 }
 
@@ -117,28 +132,70 @@ std::vector<KeySpec> moe_keys() {
       integer("moe.expert_hidden", 128, at_least(1), "hidden width of each expert's SwiGLU MLP"),
       integer("moe.shared_experts", 0, at_least(0), "experts every token passes through besides its routed ones"),
       integer("moe.fallback_hidden", 64, at_least(1), "hidden width of the dense MLP that `moe.overflow = dense` uses"),
-      number("moe.router.tau", 1.0, above(0), "router temperature: logits are divided by it before scoring"),
+      number("moe.router.tau", 1.0, above(0),
+             "router temperature: logits are divided by it before scoring (the starting value when learned)"),
+      tau_schedule(
+          "moe.router.tau_schedule", above(0),
+          "temperature schedule: a list of {\"step\": integer >= 0, \"tau\": number > 0} with increasing "
+          "steps, "
+          "linear between them and constant outside (step: optimizer steps done); `[]` = moe.router.tau throughout"),
+      boolean("moe.router.tau_learned", false,
+              "learn each MoE layer's temperature with the router: tau = moe.router.tau * exp(r), r a parameter "
+              "(layers.<l>.ffn.tau.log_ratio) clamped so that tau stays in [tau_min, tau_max]"),
+      number("moe.router.tau_min", 0.1, above(0), "lowest learned temperature"),
+      number("moe.router.tau_max", 10.0, above(0), "highest learned temperature"),
+      integer("moe.router.warmup.steps", 0, at_least(0),
+              "router warm-up: for the first this-many steps the loss gains coef * KL(uniform || P), P the routing "
+              "group's mean router probabilities (normalised), so experts start balanced; 0 = off"),
+      number("moe.router.warmup.coef", 0.1, at_least(0), "weight of the router warm-up term"),
+      boolean("moe.router.warmup.freeze_backbone", false,
+              "during the router warm-up only the routers learn: every other parameter keeps its value"),
       choice("moe.router.noise", "none", {"gumbel", "none"}, "noise added to the router logits in training"),
       choice("moe.router.score", "softmax", {"softmax", "sigmoid"}, "how router logits become scores"),
       boolean("moe.router.normalize", true, "rescale each token's top-k scores to sum to 1"),
       number("moe.router.bias_balance.rate", 0.0, at_least(0),
              "step size of the loss-free balancing bias on router scores; 0 = off"),
+      choice("moe.router.bias_balance.rule", "sign", {"sign", "proportional"},
+             "bias update after each step from the loads c_e (mean m): `sign` b += rate * sign(m - c_e); "
+             "`proportional` b = decay * b + rate * (m / c_e - 1), 0 inside the dead band (docs/moe.md)"),
+      number("moe.router.bias_balance.decay", 0.99, between(0, 1, true, false),
+             "with rule = proportional: the bias decays by this factor each step"),
+      number("moe.router.bias_balance.dead_band", 0.1, at_least(0),
+             "with rule = proportional: no push while |m / c_e - 1| is at most this"),
       number("moe.capacity_factor", 1.25, unbounded(),
              "expert capacity = factor * tokens * top_k / experts per routing group; <= 0 = no limit"),
       choice("moe.drop_policy", "probs", {"probs", "position"},
              "which assignments a full expert keeps: highest score (`probs`) or earliest token (`position`)"),
-      choice("moe.overflow", "drop", {"drop", "reroute", "dense"},
-             "an assignment over capacity is dropped, rerouted to the next expert with room, or sent to the dense "
-             "fallback MLP"),
-      number("moe.expert_dropout", 0.0, between(0, 1, false, true), "dropout probability inside experts in training"),
+      choice_list("moe.overflow", "drop", {"drop", "reroute", "dense"},
+                  "an assignment over capacity is dropped, rerouted to the next expert with room, or sent to the "
+                  "dense fallback MLP; a list is a cascade: `[\"reroute\", \"dense\"]` reroutes, and what finds no "
+                  "room goes to the fallback"),
+      boolean("moe.capacity_auto.enabled", false,
+              "adaptive capacity: after each step, each MoE layer's capacity factor (starting at "
+              "moe.capacity_factor, which must be > 0) rises by `step` when its overflow ratio stayed above "
+              "`raise_above` for `window` steps, and falls by `step` when it stayed below `lower_below` as long, "
+              "within [min, max]"),
+      number("moe.capacity_auto.min", 1.0, above(0), "lowest adaptive capacity factor"),
+      number("moe.capacity_auto.max", 1.8, above(0), "highest adaptive capacity factor"),
+      number("moe.capacity_auto.raise_above", 0.01, from_to(0, 1),
+             "overflow ratio (overflowed / routed assignments of a step) above which the factor is raised"),
+      number("moe.capacity_auto.lower_below", 0.001, from_to(0, 1),
+             "overflow ratio below which the factor is lowered; below raise_above"),
+      integer("moe.capacity_auto.window", 10, from_to(1, kMaxSteps), "consecutive steps before a change"),
+      number("moe.capacity_auto.step", 0.1, above(0), "change of the factor at each adjustment"),
+      number("moe.expert_dropout", 0.0, between(0, 1, false, true),
+             "probability that a routed expert is masked for a whole training step (whole-expert dropout, drawn per "
+             "step and expert); its tokens go to their best unmasked experts"),
       number("moe.loss.aux", 0.01, at_least(0), "weight of the load-balancing loss"),
       number("moe.loss.z", 0.001, at_least(0), "weight of the router z-loss"),
       number("moe.loss.entropy", 0.0, unbounded(),
-             "weight of the mean routing entropy in the loss; > 0 sharpens routing, < 0 spreads it"),
+             "weight c of the term -c * H, H the mean per-token routing entropy: > 0 spreads routing (raises H), "
+             "< 0 sharpens it"),
       number("moe.loss.death", 0.0, at_least(0),
-             "weight of the penalty on experts whose token share falls below "
-             "death_floor"),
-      number("moe.loss.death_floor", 0.01, between(0, 1, false, false), "token share under which an expert is dying"),
+             "weight of the penalty sum_e max(0, death_floor - P_e) on experts whose mean router probability P_e "
+             "falls below moe.loss.death_floor"),
+      number("moe.loss.death_floor", 0.01, between(0, 1, false, false),
+             "mean router probability (over a routing group's tokens) under which an expert is dying"),
   };
 }
 
@@ -152,7 +209,14 @@ std::vector<KeySpec> optim_keys() {
       number("optim.beta2", 0.95, between(0, 1, false, true), "AdamW second-moment decay"),
       number("optim.eps", 1e-8, above(0), "AdamW denominator epsilon"),
       number("optim.clip", 1.0, at_least(0), "clip the global gradient norm to this; 0 = off"),
-      number("optim.per_expert_clip", 0.0, at_least(0), "clip each expert's gradient norm to this; 0 = off"),
+      number("optim.per_expert_clip", 0.0, at_least(0),
+             "clip each expert's gradient norm to this times the moving average of its past norms; 0 = off"),
+      number("optim.per_expert_clip_hot", 1.0, above(0),
+             "frequency-aware clipping: a hot expert's per-expert threshold is multiplied by this (e.g. 0.5)"),
+      number("optim.per_expert_clip_cold", 1.0, above(0),
+             "frequency-aware clipping: every other expert's threshold is multiplied by this"),
+      number("optim.per_expert_clip_hot_load", 1.5, above(0),
+             "an expert is hot in a step when it processed more than this times its layer's mean load"),
       boolean("optim.zero", false, "shard the optimizer state over data-parallel ranks (ZeRO-1)"),
   };
 }
@@ -389,6 +453,47 @@ json check_sources(const KeySpec& spec, const json& value, const std::string& or
   return out;
 }
 
+bool is_choice(const KeySpec& spec, const json& item) {
+  return item.is_string() &&
+         std::find(spec.choices.begin(), spec.choices.end(), item.get<std::string>()) != spec.choices.end();
+}
+
+// A choice, or a non-empty list of distinct choices (their order is checked with the other keys).
+json check_choice_list(const KeySpec& spec, const json& value, const std::string& origin) {
+  if (is_choice(spec, value)) return value;
+  if (!value.is_array() || value.empty()) bad_value(spec, spec.key, value, origin);
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (!is_choice(spec, value[i])) bad_value(spec, spec.key, value, origin);
+    for (size_t j = 0; j < i; ++j)
+      if (value[j] == value[i]) bad_value(spec, spec.key, value, origin, " (" + value[i].dump() + " appears twice)");
+  }
+  return value;
+}
+
+// {"step": integer >= 0, "tau": number in range} points, steps increasing.
+json check_tau_schedule(const KeySpec& spec, const json& value, const std::string& origin) {
+  if (!value.is_array()) bad_value(spec, spec.key, value, origin);
+  json out = json::array();
+  for (size_t i = 0; i < value.size(); ++i) {
+    const json& point = value[i];
+    const std::string where = spec.key + "[" + std::to_string(i) + "]";
+    if (!point.is_object() || point.size() != 2 || !point.contains("step") || !point.contains("tau"))
+      MOE_BAD_INPUT(where << " = " << show_value(point) << " (in " << origin
+                          << "): expected {\"step\": integer >= 0, \"tau\": number > 0}");
+    const json &step = point["step"], &tau = point["tau"];
+    if (!step.is_number_integer() || step.get<int64_t>() < 0)
+      MOE_BAD_INPUT(where << ".step = " << show_value(step) << " (in " << origin << "): expected an integer >= 0");
+    if (!tau.is_number() || !std::isfinite(tau.get<double>()) || !in_range(spec.range, tau.get<double>()))
+      MOE_BAD_INPUT(where << ".tau = " << show_value(tau) << " (in " << origin << "): expected a number "
+                          << describe_range(spec.range));
+    if (i > 0 && step.get<int64_t>() <= out.back()["step"].get<int64_t>())
+      MOE_BAD_INPUT(where << ".step = " << show_value(step) << " (in " << origin << "): expected a step above "
+                          << out.back()["step"].get<int64_t>() << ", the previous point's: steps increase");
+    out.push_back({{"step", step.get<int64_t>()}, {"tau", tau.get<double>()}});
+  }
+  return out;
+}
+
 std::string last_component(const std::string& key) { return key.substr(key.rfind('.') + 1); }
 
 std::string escape_cell(const std::string& text) {
@@ -421,6 +526,10 @@ std::string type_name(const KeySpec& spec) {
       return "list of faults";
     case KeyType::Schedule:
       return "list of schedule points";
+    case KeyType::ChoiceList:
+      return "string or list of strings";
+    case KeyType::TauSchedule:
+      return "list of points";
   }
   return "";
 }
@@ -436,8 +545,13 @@ std::string allowed_cell(const KeySpec& spec) {
   if (spec.type == KeyType::Sources) return "see above";
   if (spec.type == KeyType::StringList) return "non-empty strings";
   if (spec.type == KeyType::IntegerList) return "integers " + describe_range(spec.range, true);
-  if (spec.type == KeyType::Faults) return "see Meaning";
-  if (spec.type == KeyType::Schedule) return "see Meaning";
+  if (spec.type == KeyType::Faults || spec.type == KeyType::Schedule || spec.type == KeyType::TauSchedule)
+    return "see Meaning";
+  if (spec.type == KeyType::ChoiceList) {
+    std::string out;
+    for (const std::string& c : spec.choices) out += (out.empty() ? "`\"" : ", `\"") + c + "\"`";
+    return out + ", or a list of them";
+  }
   if (spec.type == KeyType::IntegerOrAuto) return describe_range(spec.range, true) + " or `\"auto\"`";
   const std::string range = describe_range(spec.range, spec.type == KeyType::Integer);
   return range.empty() ? "any" : range;
@@ -555,6 +669,10 @@ std::string describe_expected(const KeySpec& spec) {
              ", \"rank\": integer >= 0, \"step\": integer >= 1}";
     case KeyType::Schedule:
       return "a list of points, each {\"step\": integer >= 1, \"weights\": {\"source name\": number >= 0, ...}}";
+    case KeyType::ChoiceList:
+      return "one of " + quoted_list(spec.choices) + ", or a non-empty list of them";
+    case KeyType::TauSchedule:
+      return "a list of {\"step\": integer >= 0, \"tau\": number " + range + "} with increasing steps";
   }
   return "";
 }
@@ -621,6 +739,10 @@ json check_value(const KeySpec& spec, const json& value, const std::string& orig
             !in_range(spec.range, double(item.get<int64_t>())))
           bad_value(spec, spec.key, value, origin);
       return value;
+    case KeyType::ChoiceList:
+      return check_choice_list(spec, value, origin);
+    case KeyType::TauSchedule:
+      return check_tau_schedule(spec, value, origin);
     case KeyType::Faults: {
       if (!value.is_array()) bad_value(spec, spec.key, value, origin);
       for (size_t i = 0; i < value.size(); ++i) {

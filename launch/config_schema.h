@@ -23,6 +23,8 @@ enum class KeyType : uint8_t {
   IntegerList,    // a list of integers in `range`
   Faults,         // fault.inject: a list of {"kind", "rank", "step"} objects
   Schedule,       // data.schedule: a list of {"step", "weights": {source: weight}} objects
+  ChoiceList,     // a string from `choices`, or a non-empty list of them (moe.overflow's cascade)
+  TauSchedule,    // a list of {"step": integer >= 0, "tau": number in `range`} with increasing steps
 };
 
 // Bounds of a numeric key; an infinite bound is no bound.

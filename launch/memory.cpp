@@ -34,6 +34,8 @@ struct Sizes {
   double E, K, Fe, S, Ff;           // Ff: the dense fallback's width, 0 unless moe.overflow = "dense"
   double capacity_factor;
   bool gumbel, reroute;
+  bool mla;         // model.attention = mla (tp = 1)
+  double C, Cq, R;  // its latent widths and rotary width
 };
 
 Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) {
@@ -52,9 +54,11 @@ Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) 
   for (int64_t l = s.first; l < s.last; ++l) s.moe_layers += moe.num_experts > 0 && l % moe.every == moe.every - 1;
   s.dense_layers = double(s.last - s.first) - s.moe_layers;
   s.E = double(moe.num_experts), s.K = double(moe.top_k), s.Fe = double(moe.expert_hidden);
-  s.S = double(moe.shared_experts), s.Ff = moe.overflow == "dense" ? double(moe.fallback_hidden) : 0.0;
+  s.S = double(moe.shared_experts), s.Ff = moe.overflow_has("dense") ? double(moe.fallback_hidden) : 0.0;
   s.capacity_factor = moe.capacity_factor;
-  s.gumbel = moe.router.noise == "gumbel", s.reroute = moe.overflow == "reroute";
+  s.gumbel = moe.router.noise == "gumbel", s.reroute = moe.overflow_has("reroute");
+  s.mla = m.attention == "mla";
+  s.C = double(m.mla_kv_rank), s.Cq = double(m.mla_q_rank), s.R = double(m.mla_rope_dim);
   return s;
 }
 
@@ -63,9 +67,16 @@ struct ParamCounts {
   double dense = 0, expert = 0;
 };
 
+// Latent attention's parameters (core/mla_attention.h): Wdq (D, Cq), Wuq (Cq, D), Wqr (Cq, H R), Wdkv (D, C),
+// Wuk, Wuv (C, D), Wkr (D, R), Wo (D, D).
+double mla_parameters(const Sizes& s) {
+  return s.D * s.Cq + s.Cq * (s.D + s.H * s.R) + s.D * s.C + 2 * s.C * s.D + s.D * s.R + s.D * s.D;
+}
+
 ParamCounts param_counts(const Sizes& s) {
-  const double attention = 4 * s.D * s.D / s.tp;  // Wq, Wk, Wv split by columns, Wo by rows
-  const double mlp = 3 * s.D * s.F / s.tp;        // W1, W3 by columns, W2 by rows
+  // Wq, Wk, Wv split by columns, Wo by rows; or latent attention's (tp = 1).
+  const double attention = s.mla ? mla_parameters(s) : 4 * s.D * s.D / s.tp;
+  const double mlp = 3 * s.D * s.F / s.tp;  // W1, W3 by columns, W2 by rows
   // The router (D, E) whole on every tensor-parallel rank; the shared experts and the fallback too, or split
   // by hidden width with the experts when expert_tp = tp.
   const double moe_whole = s.D * s.E + (3 * s.D * s.S * s.Fe + 3 * s.D * s.Ff) / s.etp;
@@ -118,8 +129,13 @@ LayerElements layer_elements(const Sizes& s, bool moe, bool keep_probs) {
   // MhaAttention keeps q, k, v, att (N, D/tp) and the probabilities (B, H/tp, T, T) unless selective
   // recompute drops them to its backward scratch: dq, dk, dv, datt and one (T, T) block.
   const double probs = N * (s.H / s.tp) * s.T;
-  const double attention = 4 * N * D / s.tp + (keep_probs ? probs : 0.0);
-  const double attention_scratch = 4 * N * D / s.tp + s.T * s.T + (keep_probs ? 0.0 : probs) + wrapped;
+  double attention = 4 * N * D / s.tp + (keep_probs ? probs : 0.0);
+  double attention_scratch = 4 * N * D / s.tp + s.T * s.T + (keep_probs ? 0.0 : probs) + wrapped;
+  if (s.mla) {  // MlaAttention: c_q, c_kv and q, k, v, att of width W = D + H R; its backward's latents too
+    const double W = D + s.H * s.R;
+    attention = N * (s.Cq + s.C + 4 * W) + (keep_probs ? probs : 0.0);
+    attention_scratch = 4 * N * W + s.T * s.T + N * (s.Cq + s.C + s.H * s.R + s.R) + (keep_probs ? 0.0 : probs);
+  }
   // DenseMlp keeps a, b, h (N, F/tp) and its backward takes as many.
   const double mlp = 3 * N * s.F / s.tp;
   LayerElements e;
@@ -163,8 +179,10 @@ ModelBytes model_bytes(const Sizes& s, const std::string& mode, int64_t recomput
   ModelBytes m;
   // Full recompute keeps one set of layer activations for the recomputed layers of every slot.
   m.activations = slots * (kFloat * floats + kInt32 * ints) + kFloat * shared;
-  // ffn_out, dres, dtmp, dnorm (rows, D) and the largest of the head's and the layers' backward scratch.
-  m.scratch = kFloat * (4 * rows * D + std::max(head_scratch, layer_scratch));
+  // ffn_out, dres, dtmp, dnorm (rows, D) and the largest of the head's and the layers' backward scratch; latent
+  // attention's (R, R) identity per layer.
+  const double identities = s.mla ? double(s.last - s.first) * s.R * s.R : 0.0;
+  m.scratch = kFloat * (4 * rows * D + std::max(head_scratch, layer_scratch) + identities);
   return m;
 }
 
@@ -248,6 +266,9 @@ MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int
   m.scratch = saturate(model.scratch);
   m.routed_rows = saturate(s.moe_layers * routed_bytes_per_layer(s, double(slots)));
   m.communication = saturate(communication_bytes(s, p, config.optim.zero, double(dp), edp));
+  // A key/value cache would keep k and v (2 D) per token and layer, or latent attention's c_kv and shared
+  // rotary key (C + R); fp32.
+  m.kv_cache_per_token = saturate(kFloat * s.L * (s.mla ? s.C + s.R : 2 * s.D));
   return m;
 }
 
@@ -272,7 +293,7 @@ StageEstimate largest_stage_estimate(const Config& config, int64_t tp, int64_t d
 nlohmann::json memory_json(const MemoryEstimate& m) {
   return {{"parameters", m.parameters},       {"gradients", m.gradients}, {"optimizer", m.optimizer},
           {"activations", m.activations},     {"scratch", m.scratch},     {"routed_rows", m.routed_rows},
-          {"communication", m.communication}, {"total", m.total()}};
+          {"communication", m.communication}, {"total", m.total()},       {"kv_cache_per_token", m.kv_cache_per_token}};
 }
 
 std::string format_bytes(double bytes) {
@@ -298,7 +319,10 @@ std::string memory_text(const MemoryEstimate& m) {
   std::string text;
   for (const auto& [bytes, name] : parts)
     if (bytes > 0) text += (text.empty() ? "" : ", ") + format_bytes(double(bytes)) + " " + name;
-  return text + "; " + format_bytes(double(m.total())) + " in all";
+  text += "; " + format_bytes(double(m.total())) + " in all";
+  if (m.kv_cache_per_token > 0)
+    text += " (a key/value cache would hold " + format_bytes(double(m.kv_cache_per_token)) + " per token)";
+  return text;
 }
 
 }  // namespace moe

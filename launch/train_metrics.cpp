@@ -8,7 +8,7 @@ namespace moe {
 namespace {
 
 // One MoE layer's entry of the metrics line (docs/cli.md).
-nlohmann::json moe_metrics(const RouterStepStats& st) {
+nlohmann::json moe_metrics(const RouterStepStats& st, int64_t top_k) {
   double mean = 0, var = 0;
   for (int64_t c : st.tokens_per_expert) mean += double(c);
   mean /= double(st.tokens_per_expert.size());
@@ -19,7 +19,11 @@ nlohmann::json moe_metrics(const RouterStepStats& st) {
           {"rerouted", st.rerouted},
           {"fallback", st.fallback},
           {"entropy", st.tokens > 0 ? st.entropy_sum / double(st.tokens) : 0.0},
-          {"cv", mean > 0 ? std::sqrt(var) / mean : 0.0}};
+          {"cv", mean > 0 ? std::sqrt(var) / mean : 0.0},
+          {"overflow_ratio",
+           st.tokens > 0 ? double(st.dropped + st.rerouted + st.fallback) / (double(st.tokens) * double(top_k)) : 0.0},
+          {"tau", st.groups > 0 ? st.tau_sum / double(st.groups) : 0.0},
+          {"capacity_factor", st.groups > 0 ? st.capacity_factor_sum / double(st.groups) : 0.0}};
 }
 
 // One held-out micro-batch forward through the pipeline stages: stage s takes its input activation from
@@ -66,9 +70,9 @@ std::unique_ptr<MetricsWriter> open_metrics(const std::string& run_dir, bool fre
 }
 
 nlohmann::json step_line(int64_t done, const StepResult& r, const StepTiming& timing, int64_t tokens_so_far,
-                         const std::vector<RouterStepStats>& moe_stats) {
+                         const std::vector<RouterStepStats>& moe_stats, int64_t top_k) {
   nlohmann::json moe = nlohmann::json::array();
-  for (const RouterStepStats& st : moe_stats) moe.push_back(moe_metrics(st));
+  for (const RouterStepStats& st : moe_stats) moe.push_back(moe_metrics(st, top_k));
   return {{"step", done},
           {"loss", r.loss},
           {"lm_loss", r.lm_loss},
@@ -76,6 +80,7 @@ nlohmann::json step_line(int64_t done, const StepResult& r, const StepTiming& ti
           {"z_loss", r.z},
           {"entropy_loss", r.entropy},
           {"death_loss", r.death},
+          {"warmup_loss", r.warmup},
           {"lr", r.lr},
           {"grad_norm", r.grad_norm},
           {"experts_clipped", r.experts_clipped},

@@ -23,9 +23,10 @@ std::unique_ptr<MetricsWriter> open_metrics(const std::string& run_dir, bool fre
 struct StepTiming {
   double tokens_per_s = 0, elapsed_s = 0, comm_wait_s = 0, ckpt_stall_s = 0;
 };
-// moe_stats: every MoE layer's statistics of the step, the whole model's (Trainer::model_stats).
+// moe_stats: every MoE layer's statistics of the step, the whole model's (Trainer::model_stats); top_k: the
+// assignments per token (for the overflow ratio).
 nlohmann::json step_line(int64_t done, const StepResult& r, const StepTiming& timing, int64_t tokens_so_far,
-                         const std::vector<RouterStepStats>& moe_stats);
+                         const std::vector<RouterStepStats>& moe_stats, int64_t top_k);
 
 // The data of a logged step (metrics.jsonl "data"): the source weights in force at loader step `step`
 // (0-based), normalised to sum to 1, and the share of the step's global_batch sequences each source gave.

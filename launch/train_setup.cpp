@@ -8,6 +8,7 @@
 
 #include "core/backend/backend.h"
 #include "core/error.h"
+#include "core/mla_attention.h"
 #include "launch/memory.h"
 #include "parallel/tp_layers.h"
 
@@ -48,13 +49,17 @@ MoeSettings moe_settings(const Config& config, int64_t layer) {
   s.num_experts = m.num_experts, s.top_k = m.top_k, s.expert_hidden = m.expert_hidden;
   s.shared_experts = m.shared_experts, s.fallback_hidden = m.fallback_hidden;
   s.layers_total = config.model.layers, s.layer = layer;
-  s.tau = m.router.tau;
+  s.tau = m.router.tau_at(0);
+  s.tau_learned = m.router.tau_learned, s.tau_min = m.router.tau_min, s.tau_max = m.router.tau_max;
+  s.coef_warmup = m.router.warmup_coef, s.warmup_steps = m.router.warmup_steps;
   s.noise = m.router.noise == "gumbel" ? RouterNoise::Gumbel : RouterNoise::None;
   s.score = m.router.score == "sigmoid" ? RouterScore::Sigmoid : RouterScore::Softmax;
   s.normalize = m.router.normalize;
   s.capacity_factor = m.capacity_factor;
   s.drop_policy = m.drop_policy == "position" ? DropPolicy::Position : DropPolicy::Probs;
-  s.overflow = m.overflow == "reroute" ? Overflow::Reroute : m.overflow == "dense" ? Overflow::Dense : Overflow::Drop;
+  s.overflow = m.overflow_has("reroute") ? (m.overflow_has("dense") ? Overflow::RerouteDense : Overflow::Reroute)
+               : m.overflow_has("dense") ? Overflow::Dense
+                                         : Overflow::Drop;
   s.expert_dropout = m.expert_dropout;
   s.coef_aux = m.loss.aux, s.coef_z = m.loss.z, s.coef_entropy = m.loss.entropy, s.coef_death = m.loss.death;
   s.death_floor = m.loss.death_floor;
@@ -82,6 +87,19 @@ int set_threads(Backend& backend, const TrainConfig& tc) {
   return threads;
 }
 
+// Multi-head latent attention (model.attention = mla; tp = 1, checked with the config), else the multi-head
+// attention of the layout (split over the tp ranks, or the model's default).
+Model<float>::AttentionFactory attention_factory(Trainer& t, const ModelShape& shape, const TpContext& tp) {
+  const ModelConfig& m = t.config.model;
+  const int64_t seq_len = t.config.train.seq_len;
+  if (m.attention != "mla") return tp_attention_factory<float>(t.backend, tp, shape, seq_len);
+  Backend* backend = &t.backend;
+  const MlaShape mla{m.mla_kv_rank, m.mla_q_rank, m.mla_rope_dim};
+  return [backend, shape, seq_len, mla](int64_t) -> std::unique_ptr<Attention<float>> {
+    return std::make_unique<MlaAttention<float>>(*backend, shape.d_model, shape.heads, seq_len, shape.layers, mla);
+  };
+}
+
 // This rank's pipeline stage of the model (layers stage_layers(...)[coords.pp], the embedding on the first
 // stage, the head on the last; the whole model when parallel.pp = 1), with its MoE layers wired to the expert
 // all-to-all, initialised from the seed.
@@ -99,11 +117,10 @@ void build_model(Trainer& t) {
   const int slots = pp > 1 ? int(pipeline_slots(PipeSchedule::OneFOneB, pp, stage, t.micro_batches())) : 1;
   const TpContext tp{t.groups.tp.get(), config.parallel.sequence_parallel};
   const MoeSettingsOf moe_of = moe_layers(config, t.groups);
-  t.model = std::make_unique<Model<float>>(t.backend, shape, tc.seq_len, tc.micro_batch,
-                                           RecomputeSpec(mode, tc.recompute_layers),
-                                           tp_ffn_factory<float>(t.backend, tp, shape, moe_of), slots, spec,
-                                           tp_attention_factory<float>(t.backend, tp, shape, tc.seq_len),
-                                           tensor_parallel_layout<float>(t.backend, tp, shape));
+  t.model = std::make_unique<Model<float>>(
+      t.backend, shape, tc.seq_len, tc.micro_batch, RecomputeSpec(mode, tc.recompute_layers),
+      tp_ffn_factory<float>(t.backend, tp, shape, moe_of), slots, spec, attention_factory(t, shape, tp),
+      tensor_parallel_layout<float>(t.backend, tp, shape));
   t.exchange = std::make_unique<CommunicatorExchange>(*t.groups.ep);
   if (tc.trace) t.traced_exchange = std::make_unique<TracedExchange>(*t.exchange, t.tracer);
   ExpertExchange* exchange =
@@ -234,6 +251,7 @@ Trainer::Trainer(CheckedConfig checked, TrainPaths paths_in, const data::Corpus&
   state.model = model.get(), state.optimizer = optimizer.get(), state.clip = clip.get();
   state.moe_layers = moe_layers, state.last_used = &last_used, state.groups = &groups;
   state.zero = config.optim.zero;
+  state.capacity_auto = config.moe.capacity_auto.enabled;
 }
 
 }  // namespace moe

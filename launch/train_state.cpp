@@ -134,6 +134,11 @@ std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
     const std::string prefix = "moe/" + layer->param_prefix();
     add(prefix + ".balancing_bias", ckpt::DType::F32, Slab::whole({E}), layer->balancing_bias().data(), all);
     add(prefix + ".last_used_step", ckpt::DType::I64, Slab::whole({E}), (*s.last_used)[i].data(), all);
+    if (!s.capacity_auto) continue;
+    CapacityControl& control = layer->capacity_control();
+    add(prefix + ".capacity_factor", ckpt::DType::F64, Slab::whole({1}), &control.factor, all);
+    add(prefix + ".capacity_steps_above", ckpt::DType::I64, Slab::whole({1}), &control.above, all);
+    add(prefix + ".capacity_steps_below", ckpt::DType::I64, Slab::whole({1}), &control.below, all);
   }
 
   // Per-expert clipping statistics of this rank's experts, by global expert index.
@@ -165,6 +170,8 @@ void finish_load(TrainState& s) {
     backend.synchronize();
   }
   s.optimizer->set_steps_taken(s.optimizer_steps);
+  if (s.capacity_auto)
+    for (MoeLayer<float>* layer : s.moe_layers) layer->apply_capacity_control();
   auto& experts = s.clip->experts();
   for (size_t k = 0; k < experts.size(); ++k) experts[k].ema = s.clip_ema[k], experts[k].samples = s.clip_samples[k];
 }

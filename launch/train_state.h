@@ -1,7 +1,8 @@
 // The training state of one rank as checkpoint pieces in global coordinates: what this rank writes
 // (each replicated tensor by one member of its replica group, the bytes balanced over the group's members,
 // checkpoint/writers.h) and what it needs to continue bit for bit. Parameters,
-// AdamW moments and step, balancing biases, per-expert clipping statistics, and the dead-expert tracker.
+// AdamW moments and step, balancing biases, adaptive capacity, per-expert clipping statistics, and the
+// dead-expert tracker.
 // The data loader and every random stream are pure functions of the step, so the step is their state.
 #pragma once
 
@@ -25,6 +26,7 @@ struct TrainState {
   std::vector<std::vector<int64_t>>* last_used = nullptr;  // per MoE layer, per expert
   const ProcessGroups* groups = nullptr;
   bool zero = false;
+  bool capacity_auto = false;  // moe.capacity_auto.enabled: the MoE layers' capacity controls are state too
   // Scalars kept here so pieces can point at them.
   int64_t optimizer_steps = 0;
   // A backend whose memory the host cannot address (the CUDA one): the parameters and AdamW moments as host

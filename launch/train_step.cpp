@@ -21,7 +21,7 @@ struct StepTotals {
   std::vector<double> real;
   std::vector<int64_t> counts;
 };
-constexpr size_t kReal = 5, kCounts = 5;  // per MoE layer, besides its tokens per expert
+constexpr size_t kReal = 8, kCounts = 5;  // per MoE layer, besides its tokens per expert
 
 StepTotals gather_totals(double loss_sum, const Trainer& t) {
   const size_t layers = size_t(t.model_moe_layers), E = size_t(t.config.moe.num_experts);
@@ -33,8 +33,9 @@ StepTotals gather_totals(double loss_sum, const Trainer& t) {
     const RouterStepStats& st = *t.moe_layers[i]->router_stats();
     MOE_CHECK(st.tokens_per_expert.size() == E, "tokens_per_expert has " << st.tokens_per_expert.size() << " entries");
     const size_t g = size_t(t.moe_index[i]);
-    std::copy_n(std::begin({st.aux, st.z, st.entropy_loss, st.death, st.entropy_sum}), kReal,
-                totals.real.begin() + std::ptrdiff_t(1 + kReal * g));
+    std::copy_n(std::begin({st.aux, st.z, st.entropy_loss, st.death, st.entropy_sum, st.warmup, st.tau_sum,
+                            st.capacity_factor_sum}),
+                kReal, totals.real.begin() + std::ptrdiff_t(1 + kReal * g));
     auto c = totals.counts.begin() + std::ptrdiff_t((kCounts + E) * g);
     c = std::copy_n(std::begin({st.dropped, st.rerouted, st.fallback, st.tokens, st.groups}), kCounts, c);
     std::copy(st.tokens_per_expert.begin(), st.tokens_per_expert.end(), c);
@@ -49,7 +50,8 @@ void scatter_totals(const StepTotals& totals, Trainer& t) {
   size_t r = 1, c = 0;
   for (RouterStepStats& st : t.model_stats) {
     st.aux = totals.real[r++], st.z = totals.real[r++], st.entropy_loss = totals.real[r++];
-    st.death = totals.real[r++], st.entropy_sum = totals.real[r++];
+    st.death = totals.real[r++], st.entropy_sum = totals.real[r++], st.warmup = totals.real[r++];
+    st.tau_sum = totals.real[r++], st.capacity_factor_sum = totals.real[r++];
     st.dropped = totals.counts[c++], st.rerouted = totals.counts[c++], st.fallback = totals.counts[c++];
     st.tokens = totals.counts[c++], st.groups = totals.counts[c++];
     st.tokens_per_expert.assign(totals.counts.begin() + std::ptrdiff_t(c),
@@ -197,8 +199,30 @@ void reduce_losses(Trainer& t, double loss_sum, double loss_scale, StepResult& r
   for (const RouterStepStats& st : t.model_stats) {
     r.aux += st.aux / double(st.groups), r.z += st.z / double(st.groups);
     r.entropy += st.entropy_loss / double(st.groups), r.death += st.death / double(st.groups);
+    r.warmup += st.warmup / double(st.groups);
   }
-  r.loss = r.lm_loss + r.aux + r.z + r.entropy + r.death;
+  r.loss = r.lm_loss + r.aux + r.z + r.entropy + r.death + r.warmup;
+}
+
+// Frequency-aware clipping (docs/moe.md): each of this rank's experts' threshold multiplier from the step's
+// loads, the whole layer's (summed over the data-parallel group), so every rank holding the expert agrees.
+// Empty when both multipliers are 1.
+std::vector<double> clip_threshold_scales(const Trainer& t) {
+  const OptimConfig& o = t.config.optim;
+  if (o.per_expert_clip_hot == 1.0 && o.per_expert_clip_cold == 1.0) return {};
+  std::vector<double> scales;
+  for (const PerExpertClip::Expert& x : t.clip->experts()) {
+    const RouterStepStats* st = nullptr;
+    for (MoeLayer<float>* m : t.moe_layers)
+      if (m->param_prefix() + ".experts" == x.group) st = m->router_stats();
+    MOE_CHECK(st, "no MoE layer holds the experts " << x.group);
+    double mean = 0;
+    for (int64_t c : st->tokens_per_expert) mean += double(c);
+    mean /= double(st->tokens_per_expert.size());
+    const bool hot = double(st->tokens_per_expert[size_t(x.global_index)]) > o.per_expert_clip_hot_load * mean;
+    scales.push_back(hot ? o.per_expert_clip_hot : o.per_expert_clip_cold);
+  }
+  return scales;
 }
 
 // Per-expert clipping, then the global norm (returned, before clipping) and its clip.
@@ -212,7 +236,8 @@ void clip_gradients(Trainer& t, StepResult& r) {
     std::vector<double> ss = t.clip->sum_squares(grads, mine);
     if (config.optim.zero) t.groups.edp->allreduce_sum(ss.data(), int64_t(ss.size()));
     t.groups.etp->allreduce_sum(ss.data(), int64_t(ss.size()));  // blocks of each expert's hidden width
-    r.experts_clipped = t.clip->clip(grads, ss, mine);
+    const std::vector<double> scales = clip_threshold_scales(t);
+    r.experts_clipped = t.clip->clip(grads, ss, mine, scales.empty() ? nullptr : &scales);
     t.groups.ep->allreduce_sum(&r.experts_clipped, 1);
     if (t.pipeline) t.groups.pp->allreduce_sum(&r.experts_clipped, 1);
   }
@@ -240,12 +265,25 @@ void clip_gradients(Trainer& t, StepResult& r) {
     scale_segments(t.model->backend(), grads, t.owned, float(config.optim.clip / r.grad_norm));
 }
 
-// Balancing biases from the step's counts, and the dead-expert tracker.
+// The step's overflowed assignments (rerouted, sent to the fallback or dropped) over its routed ones.
+double overflow_ratio(const RouterStepStats& st, int64_t top_k) {
+  const double routed = double(st.tokens) * double(top_k);
+  return routed > 0 ? double(st.dropped + st.rerouted + st.fallback) / routed : 0.0;
+}
+
+// Balancing biases from the step's counts, adaptive capacity from its overflow, and the dead-expert tracker.
 int64_t update_routing(Trainer& t, int64_t step) {
+  const MoeConfig& m = t.config.moe;
+  const BiasBalance balance{m.router.bias_balance_rate,
+                            m.router.bias_balance_rule == "proportional" ? BiasRule::Proportional : BiasRule::Sign,
+                            m.router.bias_balance_decay, m.router.bias_balance_dead_band};
+  const CapacityAuto capacity{m.capacity_auto.min,         m.capacity_auto.max,    m.capacity_auto.raise_above,
+                              m.capacity_auto.lower_below, m.capacity_auto.window, m.capacity_auto.step};
   int64_t dead = 0;
   for (size_t i = 0; i < t.moe_layers.size(); ++i) {
     const RouterStepStats& st = *t.moe_layers[i]->router_stats();
-    t.moe_layers[i]->update_balancing_bias(st.tokens_per_expert, t.config.moe.router.bias_balance_rate);
+    t.moe_layers[i]->update_balancing_bias(st.tokens_per_expert, balance);
+    if (m.capacity_auto.enabled) t.moe_layers[i]->update_capacity(overflow_ratio(st, m.top_k), capacity);
     for (size_t e = 0; e < st.tokens_per_expert.size(); ++e) {
       if (st.tokens_per_expert[e] > 0) t.last_used[i][e] = step;
       dead += step - t.last_used[i][e] >= kDeadAfterSteps;
@@ -288,8 +326,41 @@ void check_state_finite(Trainer& t, int64_t done) {
                                     "(--resume auto)");
 }
 
+// The router warm-up with a frozen backbone (moe.router.warmup.freeze_backbone): only router parameters
+// learn. Before the update: every other gradient is zeroed (so clipping sees the routers' alone) and the
+// parameters are kept; after it, restored (AdamW's weight decay would move them otherwise).
+class BackboneFreeze {
+ public:
+  BackboneFreeze(Trainer& t, int64_t step) : t_(t) {
+    const RouterConfig& r = t.config.moe.router;
+    if (!r.warmup_freeze_backbone || step >= r.warmup_steps) return;
+    Model<float>& model = *t.model;
+    Ops<float>& ops = model.backend().ops<float>();
+    kept_ = model.backend().allocate(dtype_of<float>(), model.num_params());
+    ops.copy(model.params(), kept_.data<float>(), model.num_params());
+    for (const ParamSpec& spec : model.table().specs())
+      if (spec.role != ParamRole::Router) ops.fill(model.grads() + spec.offset, 0.0f, spec.numel);
+    active_ = true;
+  }
+  void restore() {
+    if (!active_) return;
+    Model<float>& model = *t_.model;
+    for (const ParamSpec& spec : model.table().specs())
+      if (spec.role != ParamRole::Router)
+        model.backend().ops<float>().copy(kept_.data<float>() + spec.offset, model.params() + spec.offset, spec.numel);
+  }
+
+ private:
+  Trainer& t_;
+  Buffer kept_;
+  bool active_ = false;
+};
+
 StepResult train_step(Trainer& t, int64_t step) {
   StepResult r;
+  // A scheduled temperature is a function of the step (so a resumed run sets the same).
+  if (!t.config.moe.router.tau_schedule.empty())
+    for (MoeLayer<float>* m : t.moe_layers) m->set_tau(t.config.moe.router.tau_at(step));
   const double loss_scale = 1.0 / double(t.tokens_per_step());  // mean over all tokens of the global batch
   const double loss_sum = forward_backward(t, step, loss_scale);
   {
@@ -299,9 +370,11 @@ StepResult train_step(Trainer& t, int64_t step) {
   if (!std::isfinite(r.loss))
     MOE_RUN_FAILED("the loss became " << r.loss << " at step " << step + 1 << " (lm " << r.lm_loss << ", aux " << r.aux
                                       << ", z " << r.z << ", entropy " << r.entropy << ", death " << r.death
+                                      << ", warmup " << r.warmup
                                       << "); nothing of this step is saved. Lower optim.lr, raise optim.warmup or "
                                          "lower the moe.loss.* coefficient of a non-finite term, and resume from the "
                                          "newest checkpoint (--resume auto)");
+  BackboneFreeze freeze(t, step);
   {
     const auto span = t.tracer.span("clipping", "optimizer");
     clip_gradients(t, r);
@@ -311,6 +384,7 @@ StepResult train_step(Trainer& t, int64_t step) {
     const auto span = t.tracer.span("optimizer", "optimizer");
     t.optimizer->step(t.model->params(), t.model->grads(), r.lr);
     t.buckets->allgather_params(t.model->params());
+    freeze.restore();
   }
   const auto span = t.tracer.span("routing update", "optimizer");
   r.dead_experts = update_routing(t, step);

@@ -11,7 +11,7 @@ namespace moe {
 
 struct StepResult {
   double loss = 0;  // lm_loss + the router losses
-  double lm_loss = 0, aux = 0, z = 0, entropy = 0, death = 0;
+  double lm_loss = 0, aux = 0, z = 0, entropy = 0, death = 0, warmup = 0;
   double lr = 0;
   double grad_norm = 0;  // before clipping
   int64_t experts_clipped = 0;

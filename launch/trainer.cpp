@@ -139,7 +139,7 @@ void log_step(Loop& loop, int64_t done, const StepResult& r, double ckpt_stall) 
   timing.elapsed_s = elapsed_s;
   timing.comm_wait_s = t.buckets->last_wait_seconds();
   timing.ckpt_stall_s = ckpt_stall;
-  nlohmann::json line = step_line(done, r, timing, done * t.tokens_per_step(), t.model_stats);
+  nlohmann::json line = step_line(done, r, timing, done * t.tokens_per_step(), t.model_stats, t.config.moe.top_k);
   line["data"] = data_metrics(*t.loader, done - 1, tc.global_batch);
   loop.out.metrics->write(line);
   const double eta = elapsed_s / double(done - loop.resumed_step) * double(tc.steps - done);

@@ -57,9 +57,11 @@ std::vector<double> PerExpertClip::sum_squares(const float* grads, const std::ve
 }
 
 int64_t PerExpertClip::clip(float* grads, const std::vector<double>& total_sum_squares,
-                            const std::vector<Segment>* owned) {
+                            const std::vector<Segment>* owned, const std::vector<double>* threshold_scale) {
   MOE_CHECK(total_sum_squares.size() == experts_.size(),
             "sums of squares for " << total_sum_squares.size() << " experts, expected " << experts_.size());
+  MOE_CHECK(!threshold_scale || threshold_scale->size() == experts_.size(),
+            "threshold scales for " << threshold_scale->size() << " experts, expected " << experts_.size());
   int64_t clipped = 0;
   for (size_t k = 0; k < experts_.size(); ++k) {
     Expert& x = experts_[k];
@@ -67,7 +69,7 @@ int64_t PerExpertClip::clip(float* grads, const std::vector<double>& total_sum_s
     x.last_norm = norm;
     if (factor_ > 0 && x.samples >= kMinSamples) {
       const double average = x.ema / (1.0 - std::pow(kDecay, double(x.samples)));
-      const double limit = factor_ * average;
+      const double limit = factor_ * average * (threshold_scale ? (*threshold_scale)[k] : 1.0);
       if (norm > limit && norm > 0) {
         const float scale = float(limit / norm);
         for_owned(x.slices, owned, [&](int64_t offset, int64_t length) {

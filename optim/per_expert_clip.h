@@ -28,8 +28,11 @@ class PerExpertClip {
   // The same in two halves, for when an expert's gradient is spread over ranks (ZeRO slices): each rank
   // sums the squares of the parts it owns (owned == nullptr: everything), the sums are reduced over the
   // ranks sharing the experts, then every rank clips its parts with the same totals.
+  // threshold_scale (one per entry of experts(), or nullptr: all 1): frequency-aware clipping multiplies
+  // each expert's threshold factor * m_e by its entry (docs/moe.md "Per-expert clipping").
   std::vector<double> sum_squares(const float* grads, const std::vector<Segment>* owned) const;
-  int64_t clip(float* grads, const std::vector<double>& total_sum_squares, const std::vector<Segment>* owned);
+  int64_t clip(float* grads, const std::vector<double>& total_sum_squares, const std::vector<Segment>* owned,
+               const std::vector<double>* threshold_scale = nullptr);
 
   struct Expert {
     std::string group;          // e.g. "layers.3.ffn.experts"

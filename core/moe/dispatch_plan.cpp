@@ -40,7 +40,8 @@ void apply_capacity(const DispatchRequest<T>& r, DispatchPlan& plan, std::vector
     } else {  // reroute: next expert down the row with room, never one the token already uses
       const int64_t n = slot / K;
       const int32_t* row = r.preference + n * r.choices;
-      plan.fate[slot] = SlotFate::Dropped;
+      // What finds no room is dropped, or in the cascade computed by the dense fallback.
+      plan.fate[slot] = r.overflow == Overflow::RerouteDense ? SlotFate::Fallback : SlotFate::Dropped;
       for (int64_t c = 0; c < r.choices && row[c] >= 0; ++c) {
         const int32_t e = row[c];
         if (load[e] >= C) continue;

@@ -39,7 +39,7 @@ struct DispatchPlan {
 // first, ties to the lower slot; Position: lower slot first). The others overflow and are handled in
 // the same priority order: Drop removes them, Dense marks them Fallback, Reroute moves each to the
 // first expert further down its token's row that has room and that the token neither selected nor was
-// assigned (else Dropped). `plan` is overwritten (its buffers reused).
+// assigned (else Dropped; RerouteDense: else Fallback). `plan` is overwritten (its buffers reused).
 template <typename T>
 void plan_dispatch(const DispatchRequest<T>& request, DispatchPlan& plan);
 

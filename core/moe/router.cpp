@@ -72,8 +72,32 @@ Router<T>::Router(Backend& backend, const MoeSettings& settings)
   const bool renormalise = s_.normalize && s_.top_k > 1;
   gate_ = renormalise ? renormalised_gates<T> : raw_gates<T>;
   gate_backward_ = renormalise ? renormalised_gates_backward<T> : raw_gates_backward<T>;
-  choices_ = s_.overflow == Overflow::Reroute ? s_.num_experts : s_.top_k;
+  choices_ = reroutes(s_.overflow) ? s_.num_experts : s_.top_k;
+  tau_ = s_.tau;
   bias_.assign(size_t(s_.num_experts), 0.0f);
+}
+
+template <typename T>
+double Router<T>::tau(bool* clamped) const {
+  if (clamped) *clamped = false;
+  if (!s_.tau_learned) return tau_;
+  MOE_CHECK(log_tau_, "a learned router temperature read before its parameter is bound");
+  // The parameter is log(tau / tau_0), initialised to 0: the configured tau is where learning starts.
+  const double tau = s_.tau * std::exp(double(backend_.download(log_tau_, 1)[0]));
+  const double in_range = std::clamp(tau, s_.tau_min, s_.tau_max);
+  if (clamped) *clamped = in_range != tau;
+  return in_range;
+}
+
+template <typename T>
+const double* Router<T>::draw_noise(const FfnContext& context, int64_t N) const {
+  if (!context.training || !gumbel_) return nullptr;
+  // Token n, expert e draws counter (first_token + n) E + e of the step: contiguous over the group.
+  const int64_t E = s_.num_experts;
+  backend_.reserve(noise_, DType::F64, N * E);
+  const RngStream rng(context.seed, "moe.router.gumbel.layer" + std::to_string(s_.layer));
+  ops_.gumbel_noise(rng.key, uint64_t(context.step), uint64_t(context.first_token * E), noise_.data<double>(), N * E);
+  return noise_.data<double>();
 }
 
 template <typename T>
@@ -92,21 +116,15 @@ template <typename T>
 void Router<T>::route(const FfnContext& context, const T* logits, T* scores, Routing<T>& r, int64_t N) const {
   const int64_t E = s_.num_experts;
   // Scores p = score((z + g) / tau), g noise in training only.
-  // Token n, expert e draws counter (first_token + n) E + e of the step: contiguous over the group.
-  const double* noise = nullptr;
-  if (context.training && gumbel_) {
-    backend_.reserve(noise_, DType::F64, N * E);
-    const RngStream rng(context.seed, "moe.router.gumbel.layer" + std::to_string(s_.layer));
-    ops_.gumbel_noise(rng.key, uint64_t(context.step), uint64_t(context.first_token * E), noise_.data<double>(), N * E);
-    noise = noise_.data<double>();
-  }
-  (ops_.*score_)(logits, noise, s_.tau, scores, N, E);
+  const double* noise = draw_noise(context, N);
+  r.tau = tau();
+  (ops_.*score_)(logits, noise, r.tau, scores, N, E);
   // The gate weights, the dispatch plan and the losses are worked out on the host from one copy of
   // the logits and scores (docs/design.md "The backend seam": what still runs on the host).
   const std::vector<T> host_logits = backend_.download(logits, N * E);
   const std::vector<T> host_scores = backend_.download(scores, N * E);
   select(context, scores, host_scores.data(), r, N);
-  losses(host_logits.data(), host_scores.data(), r, N);
+  losses(context, host_logits.data(), host_scores.data(), r, N);
 }
 
 // Expert dropout, then per token: top-k of p alone (for f), the preference row by p + b among the
@@ -152,7 +170,7 @@ void Router<T>::select(const FfnContext& context, const T* scores, const T* host
 }
 
 template <typename T>
-void Router<T>::losses(const T* logits, const T* scores, Routing<T>& r, int64_t N) const {
+void Router<T>::losses(const FfnContext& context, const T* logits, const T* scores, Routing<T>& r, int64_t N) const {
   const int64_t E = s_.num_experts;
   std::vector<double> P(static_cast<size_t>(E), 0.0);
   double zsum = 0, hsum = 0;
@@ -170,12 +188,16 @@ void Router<T>::losses(const T* logits, const T* scores, Routing<T>& r, int64_t 
     }
     hsum += h;
   }
-  double aux = 0, death = 0;
+  double aux = 0, death = 0, P_sum = 0, log_P = 0;
   for (int64_t e = 0; e < E; ++e) {
     P[e] /= double(N);
     aux += double(r.f[e]) * P[e];
     death += std::max(0.0, s_.death_floor - P[e]);
+    P_sum += P[e], log_P += std::log(std::max(P[e], kMinLogArg));
   }
+  // KL(u || P / sum P) = sum_e (1/E) log((1/E) / (P_e / S)) = log S - log E - mean_e log P_e.
+  r.warmup = 0;
+  if (warming_up(context)) r.warmup = s_.coef_warmup * (std::log(P_sum) - std::log(double(E)) - log_P / double(E));
   r.aux = s_.coef_aux * double(E) * aux;
   r.z = s_.coef_z * zsum / double(N);
   r.entropy = -s_.coef_entropy * hsum / double(N);
@@ -198,8 +220,36 @@ void Router<T>::logits_backward(const FfnContext& context, const Routing<T>& r, 
     gate_backward_(r.gate.data() + n * K, r.selected.data() + n * K, dw + n * K, r.denom[n], r.denom_clamped[n], K,
                    dp + n * E);
   loss_backward(context, r, logits, scores, dp, dz, N);
-  for (int64_t n = 0; n < N; ++n)  // scores -> logits (noise is a constant; temperature divides)
-    score_backward_(scores + n * E, dp + n * E, s_.tau, dz + n * E, E);
+  scores_backward(context, logits, scores, dp, dz, N);
+}
+
+// Scores -> logits (the noise is a constant; the temperature divides). With a learned temperature,
+// z' = (z + g) / tau gives d(loss)/d(log tau) = -sum over (n, e) of d(loss)/dz * (z + g).
+template <typename T>
+void Router<T>::scores_backward(const FfnContext& context, const T* logits, const T* scores, const T* dp, T* dz,
+                                int64_t N) const {
+  const int64_t E = s_.num_experts;
+  bool clamped = false;
+  const double tau = this->tau(&clamped);
+  if (!s_.tau_learned) {
+    for (int64_t n = 0; n < N; ++n) score_backward_(scores + n * E, dp + n * E, tau, dz + n * E, E);
+    return;
+  }
+  const double* noise = draw_noise(context, N);
+  std::vector<T> row(static_cast<size_t>(E));
+  double d_log_tau = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    std::fill(row.begin(), row.end(), T(0));
+    score_backward_(scores + n * E, dp + n * E, tau, row.data(), E);
+    for (int64_t e = 0; e < E; ++e) {
+      dz[n * E + e] += row[size_t(e)];
+      d_log_tau -= double(row[size_t(e)]) * (double(logits[n * E + e]) + (noise ? noise[n * E + e] : 0.0));
+    }
+  }
+  if (clamped) return;
+  std::vector<T> grad = backend_.download(log_tau_grad_, 1);  // a parameter's gradient accumulates
+  grad[0] += T(d_log_tau);
+  backend_.copy_to_device(log_tau_grad_, grad.data(), 1);
 }
 
 template <typename T>
@@ -219,6 +269,15 @@ void Router<T>::loss_backward(const FfnContext& context, const Routing<T>& r, co
   std::vector<double> P(static_cast<size_t>(E), 0.0);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t e = 0; e < E; ++e) P[e] += double(scores[n * E + e]) * inv_n;
+  // The warm-up term's d/dP_e = coef (1 / S - 1 / (E P_e)), each token's p_e entering P_e with 1/N.
+  std::vector<double> warmup(static_cast<size_t>(E), 0.0);
+  const bool warming = warming_up(context);
+  if (warming) {
+    double S = 0;
+    for (int64_t e = 0; e < E; ++e) S += P[e];
+    for (int64_t e = 0; e < E; ++e)
+      warmup[e] = s_.coef_warmup * inv_n * (1.0 / S - 1.0 / (double(E) * std::max(P[e], kMinLogArg)));
+  }
   for (int64_t n = 0; n < N; ++n) {
     const T* z = logits + n * E;
     const T* p = scores + n * E;
@@ -230,6 +289,7 @@ void Router<T>::loss_backward(const FfnContext& context, const Routing<T>& r, co
       double g = s_.coef_aux * double(E) * double(r.f[e]) * inv_n;
       g += s_.coef_entropy * inv_n * (std::log(std::max(double(p[e]), kMinLogArg)) + 1.0);
       if (P[e] < s_.death_floor) g -= s_.coef_death * inv_n;
+      if (warming) g += warmup[e];
       dp[n * E + e] += T(rs * g);
       dz[n * E + e] += T(rs * s_.coef_z * 2.0 * lse * std::exp(double(z[e]) - lse) * inv_n);
     }
@@ -237,15 +297,23 @@ void Router<T>::loss_backward(const FfnContext& context, const Routing<T>& r, co
 }
 
 template <typename T>
-void Router<T>::update_bias(const std::vector<int64_t>& counts, double rate) {
+void Router<T>::update_bias(const std::vector<int64_t>& counts, const BiasBalance& balance) {
+  const double rate = balance.rate;
   if (rate <= 0) return;
   MOE_CHECK(int64_t(counts.size()) == s_.num_experts, "counts of " << counts.size() << " experts");
   double mean = 0;
   for (int64_t c : counts) mean += double(c);
   mean /= double(counts.size());
   for (size_t e = 0; e < counts.size(); ++e) {
-    const double diff = mean - double(counts[e]);
-    bias_[e] += float(rate * double((diff > 0) - (diff < 0)));
+    if (balance.rule == BiasRule::Sign) {
+      const double diff = mean - double(counts[e]);
+      bias_[e] += float(rate * double((diff > 0) - (diff < 0)));
+      continue;
+    }
+    // Proportional: an expert without tokens counts one, and the ratio is capped, so the step stays bounded.
+    double u = std::min(mean / std::max(double(counts[e]), 1.0), BiasBalance::kMaxLoadRatio) - 1.0;
+    if (std::abs(u) <= balance.dead_band) u = 0;
+    bias_[e] = float(balance.decay * double(bias_[e]) + rate * u);
   }
 }
 

@@ -27,9 +27,10 @@ struct Routing {
   std::vector<uint8_t> denom_clamped;
   std::vector<uint8_t> expert_masked;  // (E): expert dropout of this step
   std::vector<T> f;                    // (E): top-k selection fractions of p alone (no gradient)
-  // Router losses, coefficients applied; the entropy sum over tokens for the metrics.
-  double aux = 0, z = 0, entropy = 0, death = 0, entropy_sum = 0;
-  double loss() const { return aux + z + entropy + death; }
+  // Router losses, coefficients applied (warmup: the warm-up term, 0 after the warm-up steps); the entropy sum
+  // over tokens and the temperature in force, for the metrics.
+  double aux = 0, z = 0, entropy = 0, death = 0, warmup = 0, entropy_sum = 0, tau = 1;
+  double loss() const { return aux + z + entropy + death + warmup; }
 };
 
 template <typename T>
@@ -37,6 +38,13 @@ class Router {
  public:
   Router(Backend& backend, const MoeSettings& settings);
   void bind(const T* weight, T* grad) { weight_ = weight, grad_ = grad; }
+  // The learned temperature's parameter log(tau / settings.tau) (one value) and its gradient (tau_learned).
+  void bind_log_tau(const T* log_tau, T* grad) { log_tau_ = log_tau, log_tau_grad_ = grad; }
+  // The temperature of a scheduled run (docs/moe.md "Temperature"), set by the trainer before each step.
+  void set_tau(double tau) { tau_ = tau; }
+  // The temperature in force: the learned one clamped to [tau_min, tau_max], or the set one; whether the
+  // clamp holds (then log_tau has no gradient).
+  double tau(bool* clamped = nullptr) const;
 
   // x: (N, D); logits: (N, E) written with z = x Wg; scores: (N, E) written with p; routing written.
   // The same as logits() then route().
@@ -57,8 +65,8 @@ class Router {
   void input_backward(const T* x, const T* dz, T* dx, int64_t N) const;
 
   std::vector<float>& bias() { return bias_; }
-  // After an optimizer step: b_e += rate * sign(mean_c - c_e) from the step's counts (docs/model.md).
-  void update_bias(const std::vector<int64_t>& counts, double rate);
+  // After an optimizer step, from the step's counts: the rule of `balance` (core/moe/settings.h, docs/moe.md).
+  void update_bias(const std::vector<int64_t>& counts, const BiasBalance& balance);
 
   // Strategies: the scores op (softmax or sigmoid rows); the scores' backward; gate weights and backward.
   using ScoreOp = void (Ops<T>::*)(const T* z, const double* noise, double tau, T* p, int64_t N, int64_t E);
@@ -70,7 +78,16 @@ class Router {
  private:
   // scores: in the backend's memory; host_scores: their copy on the host.
   void select(const FfnContext& context, const T* scores, const T* host_scores, Routing<T>& r, int64_t N) const;
-  void losses(const T* logits, const T* scores, Routing<T>& r, int64_t N) const;
+  void losses(const FfnContext& context, const T* logits, const T* scores, Routing<T>& r, int64_t N) const;
+  bool warming_up(const FfnContext& context) const {
+    return context.training && s_.coef_warmup > 0 && context.step < s_.warmup_steps;
+  }
+  // The Gumbel noise of this step and group in noise_ (training with noise), else nullptr: drawn again by
+  // the backward of a learned temperature, which needs z + g.
+  const double* draw_noise(const FfnContext& context, int64_t N) const;
+  // Scores -> logits for every row, and with a learned temperature d(loss)/d(log tau) into its gradient.
+  void scores_backward(const FfnContext& context, const T* logits, const T* scores, const T* dp, T* dz,
+                       int64_t N) const;
   void loss_backward(const FfnContext& context, const Routing<T>& r, const T* logits, const T* scores, T* dp, T* dz,
                      int64_t N) const;
 
@@ -82,7 +99,10 @@ class Router {
   ScoreBackwardFn score_backward_;
   GateFn gate_;
   GateBackwardFn gate_backward_;
-  int64_t choices_;          // K, or E when overflow reroutes down the preference row
+  int64_t choices_;  // K, or E when overflow reroutes down the preference row
+  double tau_;       // the configured or scheduled temperature (not learned)
+  const T* log_tau_ = nullptr;
+  T* log_tau_grad_ = nullptr;
   std::vector<float> bias_;  // on the host: updated from the step's counts, saved in checkpoints
   const T* weight_ = nullptr;
   // Backend workspace of one forward: noise (N, E), the balancing bias and the dropout mask (E), the

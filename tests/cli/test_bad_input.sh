@@ -163,6 +163,19 @@ expect=("--set train.steps=[[[" "more than 64 levels")
 run_case "--set of 60,000 nested brackets" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
   --set "train.steps=$deep_value"
 
+# ---- Routing techniques and latent attention (docs/moe.md): their values and rules, by key. ----
+expect=("moe.overflow" '["dense","reroute"]' "reroutes first")
+run_case "an overflow cascade that does not reroute first" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set 'moe.overflow=["dense", "reroute"]'
+
+expect=("moe.capacity_factor = 0" "moe.capacity_auto.enabled = true")
+run_case "adaptive capacity without a capacity limit" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set moe.capacity_auto.enabled=true --set moe.capacity_factor=0
+
+expect=("model.attention" "parallel.tp = 2")
+run_case "latent attention over tensor-parallel ranks" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set model.attention=mla --set parallel.tp=2
+
 # ---- Limits of the code: each a range or rule of the schema, refused by key before anything is written. ----
 expect=("moe.num_experts = 2048" "<= 1024")
 run_case "moe.num_experts past the router's limit" 2 no_setup "$moe" train --config "$config" "${small[@]}" \

@@ -1,6 +1,7 @@
 // The dispatch plan against a brute-force reference on thousands of random routings: small token,
 // expert and top-k counts, every drop policy and overflow policy, with and without a capacity, scores
-// drawn from a few values so that ties happen, tokens with fewer usable experts than top_k.
+// drawn from a few values so that ties happen, tokens with fewer usable experts than top_k; the overflow cascade
+// (reroute, then the dense fallback) among the policies.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -65,8 +66,8 @@ DispatchPlan reference(const Case& c) {
       p.fate[s] = SlotFate::Dropped;
     } else if (c.overflow == Overflow::Dense) {
       p.fate[s] = SlotFate::Fallback;
-    } else {
-      p.fate[s] = SlotFate::Dropped;
+    } else {  // reroute; what finds no room is dropped, or computed by the fallback in the cascade
+      p.fate[s] = c.overflow == Overflow::RerouteDense ? SlotFate::Fallback : SlotFate::Dropped;
       const int64_t n = s / K;
       for (int64_t i = 0; i < W; ++i) {
         const int32_t e = c.preference[n * W + i];
@@ -94,7 +95,7 @@ Case random_case(std::mt19937_64& rng, DropPolicy drop_policy, Overflow overflow
   Case c;
   c.tokens = uniform(1, 12), c.experts = uniform(1, 6), c.top_k = uniform(1, c.experts);
   // Reroute walks down rows of every usable expert; the other policies read only the selected ones.
-  c.choices = overflow == Overflow::Reroute ? c.experts : uniform(c.top_k, c.experts);
+  c.choices = reroutes(overflow) ? c.experts : uniform(c.top_k, c.experts);
   c.capacity = limited ? uniform(0, c.tokens * c.top_k / c.experts + 2) : std::numeric_limits<int64_t>::max();
   c.drop_policy = drop_policy, c.overflow = overflow;
   c.preference.assign(size_t(c.tokens * c.choices), -1);
@@ -116,7 +117,7 @@ TEST(DispatchPlan, MatchesBruteForceOnRandomRoutings) {
   std::mt19937_64 rng(2024);
   int64_t cases = 0, overflowed = 0;
   for (DropPolicy drop_policy : {DropPolicy::Probs, DropPolicy::Position})
-    for (Overflow overflow : {Overflow::Drop, Overflow::Reroute, Overflow::Dense})
+    for (Overflow overflow : {Overflow::Drop, Overflow::Reroute, Overflow::Dense, Overflow::RerouteDense})
       for (bool limited : {true, false})
         for (int i = 0; i < 600; ++i, ++cases) {
           const Case c = random_case(rng, drop_policy, overflow, limited);

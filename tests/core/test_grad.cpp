@@ -4,6 +4,7 @@
 
 #include "core/backend/ops.h"
 #include "core/ffn.h"
+#include "core/mla_attention.h"
 #include "core/model.h"
 #include "grad_check.h"
 #include "tests/core/test_backend.h"
@@ -161,13 +162,62 @@ TEST(GradCheck, DenseMlp) {
   expect_gradient_matches("mlp dparams", params, grads, objective, 80);
 }
 
+// Multi-head latent attention (core/mla_attention.h): dx and every parameter, keeping its probabilities and
+// recomputing them (selective recompute); rotary parts of 2 and 4 columns, latents narrower than the width.
+void check_mla(bool keep_probabilities, MlaShape mla_shape) {
+  const int64_t B = 2, T = 5, D = 8, H = 2, N = B * T;
+  MlaAttention<double> mla(test_backend(), D, H, T, 2, mla_shape);
+  mla.set_keep_probabilities(keep_probabilities);
+  ParamTable table;
+  mla.register_params(table, "attn");
+  std::vector<double> params(table.numel()), grads(table.numel(), 0.0);
+  table.initialize(params.data(), 5);
+  for (double& p : params) p *= 25;  // O(1) projections so that the softmax is far from uniform
+  mla.bind(table, params.data(), grads.data());
+  auto x = random_vector(N * D, 5, "x");
+  const auto r = random_vector(N * D, 5, "r");
+  std::vector<double> y(N * D), dx(N * D), acts(mla.activation_size(N)), scratch(mla.scratch_size(N));
+  auto objective = [&] {
+    std::fill(y.begin(), y.end(), 0.0);  // the attention adds to the residual stream
+    mla.forward(x.data(), y.data(), acts.data(), scratch.data(), B);
+    return dot(r, y.data());
+  };
+  objective();
+  mla.backward(x.data(), r.data(), dx.data(), acts.data(), scratch.data(), B);
+  expect_gradient_matches("mla dx", x, dx, objective);
+  for (const ParamSpec& spec : table.specs()) {
+    std::vector<double> p(params.begin() + spec.offset, params.begin() + spec.offset + spec.numel);
+    std::vector<double> g(grads.begin() + spec.offset, grads.begin() + spec.offset + spec.numel);
+    auto obj = [&] {
+      std::copy(p.begin(), p.end(), params.begin() + spec.offset);
+      return objective();
+    };
+    expect_gradient_matches("mla " + spec.name, p, g, obj, 20);
+    std::copy(p.begin(), p.end(), params.begin() + spec.offset);
+  }
+}
+
+TEST(GradCheck, MultiHeadLatentAttention) {
+  check_mla(true, MlaShape{3, 5, 2});
+  check_mla(false, MlaShape{4, 3, 4});
+}
+
 // The whole model: d(mean token loss)/d(every parameter tensor).
-void check_model(Recompute recompute) {
+void check_model(Recompute recompute, bool mla = false) {
   ModelShape shape{13, 8, 2, 2, 12};
   const int64_t T = 5, B = 3;
-  Model<double> model(test_backend(), shape, T, B, recompute);
+  typename Model<double>::AttentionFactory attention = nullptr;
+  if (mla)
+    attention = [&](int64_t) -> std::unique_ptr<Attention<double>> {
+      return std::make_unique<MlaAttention<double>>(test_backend(), shape.d_model, shape.heads, T, shape.layers,
+                                                    MlaShape{3, 4, 2});
+    };
+  Model<double> model(test_backend(), shape, T, B, recompute, nullptr, 1, {}, attention);
   model.init_params(11);
-  for (int64_t i = 0; i < model.num_params(); ++i) model.params()[i] *= 5;  // leave the near-linear regime
+  // Leave the near-linear regime; latent attention chains two projections per side, so less is enough (and
+  // keeps the central differences' truncation error below the tolerance).
+  const double scale_up = mla ? 3 : 5;
+  for (int64_t i = 0; i < model.num_params(); ++i) model.params()[i] *= scale_up;
   std::vector<int32_t> tokens(B * (T + 1));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 7 + 3) % shape.vocab);
   const double scale = 1.0 / double(B * T);
@@ -191,6 +241,10 @@ void check_model(Recompute recompute) {
 TEST(GradCheck, WholeModel) { check_model(Recompute::None); }
 TEST(GradCheck, WholeModelWithRecompute) { check_model(Recompute::Full); }
 TEST(GradCheck, WholeModelWithSelectiveRecompute) { check_model(Recompute::Selective); }
+TEST(GradCheck, WholeModelWithLatentAttention) {
+  check_model(Recompute::None, true);
+  check_model(Recompute::Selective, true);
+}
 
 // docs/design.md "Conventions": parameter gradients accumulate. Two backwards give twice the gradients, up to the
 // rounding of one addition per element (BLAS may fold the old value in before or after its K-blocks).

@@ -115,6 +115,27 @@ TEST(MoeGradCheck, CapacityDenseFallback) {
   s.capacity_factor = 0.6, s.overflow = Overflow::Dense;
   check_gradients(s, "capacity dense");
 }
+TEST(MoeGradCheck, CapacityRerouteThenDense) {
+  MoeSettings s = with_losses(base_settings());
+  s.capacity_factor = 0.5, s.overflow = Overflow::RerouteDense;
+  check_gradients(s, "capacity reroute then dense");
+}
+// d/d(log tau) through the scores (and the noise, drawn again in backward) for both score functions.
+TEST(MoeGradCheck, LearnedTemperature) {
+  MoeSettings s = with_losses(base_settings());
+  s.noise = RouterNoise::Gumbel, s.tau = 0.7, s.tau_learned = true, s.shared_experts = 1;
+  check_gradients(s, "learned tau softmax");
+  s.score = RouterScore::Sigmoid, s.capacity_factor = 0.6, s.overflow = Overflow::RerouteDense;
+  check_gradients(s, "learned tau sigmoid cascade");
+}
+// The warm-up term (step 3 of 10 warm-up steps) beside the other losses, softmax and sigmoid.
+TEST(MoeGradCheck, RouterWarmup) {
+  MoeSettings s = with_losses(base_settings());
+  s.coef_warmup = 0.5, s.warmup_steps = 10;
+  check_gradients(s, "warm-up softmax");
+  s.score = RouterScore::Sigmoid, s.noise = RouterNoise::Gumbel;
+  check_gradients(s, "warm-up sigmoid gumbel");
+}
 TEST(MoeGradCheck, NoRenormalisation) {
   MoeSettings s = base_settings();
   s.normalize = false;
@@ -235,6 +256,52 @@ TEST(MoeRouting, ProbsPolicyKeepsTheHighestScoresPositionTheEarliestTokens) {
   }
 }
 
+// The cascade ["reroute", "dense"] decides exactly what reroute alone does, except that what reroute alone
+// drops goes to the dense fallback instead; nothing is dropped.
+TEST(MoeRouting, CascadeReroutesThenSendsTheRestToTheFallback) {
+  int64_t fallback = 0, rerouted = 0;
+  for (DropPolicy p : {DropPolicy::Probs, DropPolicy::Position})
+    for (uint64_t seed = 1; seed <= 10; ++seed) {
+      const Routed alone = run(routing_settings(Overflow::Reroute, p, 0.4), 40, seed);
+      const Routed cascade = run(routing_settings(Overflow::RerouteDense, p, 0.4), 40, seed);
+      ASSERT_EQ(alone.selected, cascade.selected);
+      ASSERT_EQ(alone.assigned, cascade.assigned);
+      for (size_t i = 0; i < alone.fate.size(); ++i) {
+        const SlotFate want = alone.fate[i] == SlotFate::Dropped ? SlotFate::Fallback : alone.fate[i];
+        ASSERT_EQ(cascade.fate[i], want) << "slot " << i;
+        fallback += cascade.fate[i] == SlotFate::Fallback, rerouted += cascade.fate[i] == SlotFate::Rerouted;
+      }
+    }
+  EXPECT_GT(fallback, 0);
+  EXPECT_GT(rerouted, 0);
+}
+
+// A learned temperature starts at settings.tau, moves with its parameter, and is clamped to [tau_min,
+// tau_max] with no gradient there.
+TEST(MoeRouting, LearnedTemperatureFollowsItsParameterWithinTheClamp) {
+  MoeSettings s = with_losses(base_settings());
+  s.tau = 0.5, s.tau_learned = true, s.tau_min = 0.2, s.tau_max = 2.0;
+  const int64_t N = 6;
+  Harness h(s, N, 3);
+  const int64_t at = h.table.find("moe.tau.log_ratio").offset;
+  EXPECT_EQ(h.layer->tau(), 0.5);
+  h.params[at] = std::log(3.0);  // 1.5
+  EXPECT_NEAR(h.layer->tau(), 1.5, 1e-15);
+  h.params[at] = std::log(10.0);  // 5, clamped to 2
+  EXPECT_EQ(h.layer->tau(), 2.0);
+  FfnContext ctx;
+  h.layer->set_context(ctx);
+  const auto x = random_vector(N * s.d_model, 3, "x"), dy = random_vector(N * s.d_model, 4, "dy");
+  std::vector<double> y(N * s.d_model), dx(N * s.d_model);
+  h.layer->forward(x.data(), y.data(), h.acts.data(), N);
+  h.layer->backward(x.data(), dy.data(), dx.data(), h.acts.data(), nullptr, N);
+  EXPECT_EQ(h.grads[at], 0.0);
+  h.params[at] = 0;
+  h.layer->forward(x.data(), y.data(), h.acts.data(), N);
+  h.layer->backward(x.data(), dy.data(), dx.data(), h.acts.data(), nullptr, N);
+  EXPECT_NE(h.grads[at], 0.0);
+}
+
 TEST(MoeRouting, DroplessDropsNothing) {
   for (uint64_t seed = 1; seed <= 10; ++seed) {
     const Routed r = run(routing_settings(Overflow::Drop, DropPolicy::Probs, 0.0), 50, seed);
@@ -328,6 +395,114 @@ TEST(MoeLosses, MatchIndependentComputation) {
   EXPECT_GT(s.coef_aux * E * aux, 0.0);
 }
 
+// The warm-up term against its definition, KL(uniform || P / sum P) with P the mean scores; absent once the
+// warm-up steps are done and at evaluation.
+TEST(MoeLosses, WarmupIsKlFromUniformOnlyDuringTheWarmupSteps) {
+  MoeSettings s = base_settings();
+  s.coef_warmup = 0.3, s.warmup_steps = 5, s.score = RouterScore::Sigmoid;
+  const int64_t N = 7, E = s.num_experts, D = s.d_model;
+  Harness h(s, N, 2);
+  const auto x = random_vector(N * D, 2, "x");
+  std::vector<double> y(N * D);
+  const double* Wg = h.params.data() + h.table.find("moe.router.weight").offset;
+  std::vector<double> P(E, 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t e = 0; e < E; ++e) {
+      double z = 0;
+      for (int64_t d = 0; d < D; ++d) z += x[n * D + d] * Wg[d * E + e];
+      P[e] += 1.0 / (1.0 + std::exp(-z)) / double(N);
+    }
+  double S = 0, kl = 0;
+  for (double p : P) S += p;
+  for (double p : P) kl += (1.0 / double(E)) * std::log((1.0 / double(E)) / (p / S));
+  for (int64_t step : {0, 4, 5, 9}) {
+    FfnContext ctx;
+    ctx.step = step;
+    h.layer->set_context(ctx);
+    h.layer->forward(x.data(), y.data(), h.acts.data(), N);
+    EXPECT_NEAR(h.layer->last_router_loss(), step < 5 ? 0.3 * kl : 0.0, 1e-12) << "step " << step;
+  }
+  FfnContext eval;
+  eval.training = false;
+  h.layer->set_context(eval);
+  h.layer->forward(x.data(), y.data(), h.acts.data(), N);
+  EXPECT_EQ(h.layer->last_router_loss(), 0.0);
+}
+
+// The directions docs/config.md states, by gradient descent on the router alone: a positive entropy
+// coefficient raises the mean routing entropy and a negative one lowers it; the death penalty raises the
+// mean probability of the experts under the floor (and so lowers itself); the warm-up term evens the mean
+// probabilities out.
+struct RouterDescent {
+  Harness h;
+  std::vector<double> x, y, dy, dx;
+  int64_t N;
+  RouterDescent(const MoeSettings& s, int64_t n) : h(s, n, 8), x(random_vector(n * s.d_model, 8, "x")), N(n) {
+    y.assign(size_t(N * s.d_model), 0.0), dy = y, dx = y;
+    FfnContext ctx;
+    ctx.step = 0;
+    h.layer->set_context(ctx);
+  }
+  // The router losses now, then after `steps` steps of plain gradient descent on the router weight.
+  std::pair<double, double> descend(int steps, double lr) {
+    const int64_t at = h.table.find("moe.router.weight").offset, n = h.table.find("moe.router.weight").numel;
+    h.layer->forward(x.data(), y.data(), h.acts.data(), N);
+    const double before = h.layer->last_router_loss();
+    for (int i = 0; i < steps; ++i) {
+      std::fill(h.grads.begin(), h.grads.end(), 0.0);
+      h.layer->forward(x.data(), y.data(), h.acts.data(), N);
+      h.layer->backward(x.data(), dy.data(), dx.data(), h.acts.data(), nullptr, N);
+      for (int64_t j = 0; j < n; ++j) h.params[at + j] -= lr * h.grads[at + j];
+    }
+    h.layer->forward(x.data(), y.data(), h.acts.data(), N);
+    return {before, h.layer->last_router_loss()};
+  }
+  // Mean routing entropy of the last forward, from the scores it saved (after logits).
+  double entropy() const {
+    const int64_t E = h.layer->settings().num_experts;
+    double H = 0;
+    for (int64_t i = 0; i < N * E; ++i) {
+      const double p = h.acts[N * E + i];
+      H -= p * std::log(p) / double(N);
+    }
+    return H;
+  }
+};
+
+TEST(MoeLossDirection, EntropyCoefficientSignSpreadsOrSharpensRouting) {
+  for (double coef : {1.0, -1.0}) {
+    MoeSettings s = base_settings();
+    s.coef_entropy = coef;
+    RouterDescent d(s, 12);
+    d.descend(0, 0.0);
+    const double before = d.entropy();
+    d.descend(20, 0.5);
+    const double after = d.entropy();
+    if (coef > 0)
+      EXPECT_GT(after, before + 1e-3) << "a positive moe.loss.entropy spreads routing";
+    else
+      EXPECT_LT(after, before - 1e-3) << "a negative moe.loss.entropy sharpens routing";
+  }
+}
+
+TEST(MoeLossDirection, DeathPenaltyRaisesTheMeanProbabilityOfDyingExperts) {
+  MoeSettings s = base_settings();
+  s.coef_death = 1.0, s.death_floor = 0.24;  // some of the 4 mean probabilities start under 0.24
+  RouterDescent d(s, 12);
+  const auto [before, after] = d.descend(20, 0.2);
+  EXPECT_GT(before, 0.0);
+  EXPECT_LT(after, 0.5 * before);
+}
+
+TEST(MoeLossDirection, WarmupEvensOutTheMeanProbabilities) {
+  MoeSettings s = base_settings();
+  s.coef_warmup = 1.0, s.warmup_steps = 1;
+  RouterDescent d(s, 12);
+  const auto [before, after] = d.descend(20, 0.5);
+  EXPECT_GT(before, 0.0);
+  EXPECT_LT(after, 0.5 * before);
+}
+
 TEST(MoeLosses, AuxIsCoefWhenRoutingIsUniform) {
   MoeSettings s = base_settings();
   s.coef_aux = 0.01, s.top_k = 1;
@@ -395,6 +570,58 @@ TEST(MoeBias, UpdateFollowsSignOfDeficit) {
   EXPECT_EQ(layer.balancing_bias(), (std::vector<float>{-0.5f, 0.5f, 0.5f, 0.5f}));
   layer.update_balancing_bias({5, 5, 5, 5}, 0.5);
   EXPECT_EQ(layer.balancing_bias(), (std::vector<float>{-0.5f, 0.5f, 0.5f, 0.5f}));
+}
+
+// The proportional rule against its definition: b = decay * b + rate * u, u = min(mean / max(c, 1), 10) - 1,
+// 0 inside the dead band.
+TEST(MoeBias, ProportionalRuleWithDecayAndDeadBand) {
+  MoeLayer<float> layer(test_backend(), [] {
+    MoeSettings s;
+    s.d_model = 4, s.num_experts = 5, s.top_k = 1, s.expert_hidden = 4;
+    return s;
+  }());
+  const BiasBalance balance{0.1, BiasRule::Proportional, 0.9, 0.1};
+  const std::vector<int64_t> counts = {10, 0, 19, 20, 1};  // mean 10
+  layer.balancing_bias() = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+  layer.update_balancing_bias(counts, balance);
+  const double u[5] = {0.0, 9.0, 10.0 / 19.0 - 1.0, -0.5, 9.0};  // 10/0 counts as 10/1; 10/1 - 1 = 9
+  for (size_t e = 0; e < 5; ++e) EXPECT_EQ(layer.balancing_bias()[e], float(0.9 * 1.0 + 0.1 * u[e])) << "expert " << e;
+  // A ratio in the dead band moves nothing but the decay.
+  layer.balancing_bias() = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+  layer.update_balancing_bias({20, 21, 19, 20, 20}, balance);
+  for (float b : layer.balancing_bias()) EXPECT_EQ(b, float(0.9 * 0.5));
+}
+
+// Adaptive capacity's decision against its rule, step by step.
+TEST(AdaptiveCapacity, RaisesAfterAWindowAboveLowersAfterAWindowBelowWithinTheRange) {
+  const CapacityAuto a{1.0, 1.3, 0.01, 0.001, 3, 0.2};
+  CapacityControl c{1.0, 0, 0};
+  c = next_capacity(c, 0.05, a), c = next_capacity(c, 0.05, a);
+  EXPECT_EQ(c.factor, 1.0);
+  EXPECT_EQ(c.above, 2);
+  c = next_capacity(c, 0.005, a);  // between the thresholds: the run ends
+  EXPECT_EQ(c.above, 0);
+  for (int i = 0; i < 3; ++i) c = next_capacity(c, 0.05, a);
+  EXPECT_DOUBLE_EQ(c.factor, 1.2);
+  for (int i = 0; i < 3; ++i) c = next_capacity(c, 0.05, a);
+  EXPECT_DOUBLE_EQ(c.factor, 1.3);  // clamped at max
+  for (int i = 0; i < 2; ++i) c = next_capacity(c, 0.0, a);
+  EXPECT_DOUBLE_EQ(c.factor, 1.3);
+  c = next_capacity(c, 0.0, a);
+  EXPECT_DOUBLE_EQ(c.factor, 1.3 - 0.2);
+  for (int i = 0; i < 6; ++i) c = next_capacity(c, 0.0, a);
+  EXPECT_DOUBLE_EQ(c.factor, 1.0);  // clamped at min
+}
+
+// The layer applies the factor it is given: its capacity follows.
+TEST(AdaptiveCapacity, TheLayersCapacityFollowsItsControl) {
+  MoeSettings s = base_settings();
+  s.capacity_factor = 1.0;
+  MoeLayer<double> layer(test_backend(), s);
+  EXPECT_EQ(layer.capacity(16), 8);  // ceil(2 * 16 / 4 * 1.0)
+  layer.capacity_control().factor = 1.5;
+  layer.apply_capacity_control();
+  EXPECT_EQ(layer.capacity(16), 12);
 }
 
 }  // namespace

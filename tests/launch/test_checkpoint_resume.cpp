@@ -95,6 +95,43 @@ TEST(CheckpointResume, StoppedAndResumedEqualsUninterruptedBitForBit) {
   }
 }
 
+// The routing techniques' state survives a resume: adaptive capacity (the factor and the runs of steps
+// above and below its thresholds, window 3 so that the stop at step 10 falls inside a run), the proportional
+// bias, the learned temperature (a parameter with AdamW moments), and a scheduled one (a function of the
+// step); with the cascade, the warm-up over the first 3 steps and latent attention.
+TEST(CheckpointResume, RoutingTechniquesStoppedAndResumedEqualUninterruptedBitForBit) {
+  const std::vector<std::string> techniques = {R"(moe.overflow=["reroute", "dense"])",
+                                               "moe.fallback_hidden=16",
+                                               "moe.capacity_auto.enabled=true",
+                                               "moe.capacity_auto.window=3",
+                                               "moe.capacity_auto.min=0.5",
+                                               "moe.capacity_auto.step=0.125",
+                                               "moe.router.bias_balance.rule=proportional",
+                                               "moe.router.warmup.steps=3",
+                                               "optim.per_expert_clip_hot=0.5"};
+  std::vector<std::string> learned = techniques, scheduled = techniques;
+  for (const char* key : {"moe.router.tau_learned=true", "model.attention=mla", "model.mla.kv_rank=8",
+                          "model.mla.q_rank=16", "model.mla.rope_dim=4"})
+    learned.push_back(key);
+  scheduled.push_back(R"(moe.router.tau_schedule=[{"step": 4, "tau": 2.0}, {"step": 16, "tau": 0.5}])");
+  scheduled.push_back("parallel.ep=2");
+  const std::vector<Variant> variants = {{"techniques_learned_tau_mla_serial", 1, learned},
+                                         {"techniques_scheduled_tau_dp4_ep2", 4, scheduled}};
+  for (const Variant& v : variants) {
+    const fs::path root = temp_root(v.name);
+    const RunOutput whole = train(v.ranks, v.extra, (root / "whole").string());
+    train(v.ranks, v.extra, (root / "resumed").string(), 10);
+    const RunOutput resumed = train(v.ranks, v.extra, (root / "resumed").string());
+    if (MpiCommunicator::world()->rank() == 0) {
+      expect_bitwise_equal(whole, resumed, v.name);
+      std::set<double> factors;
+      for (const json& line : whole.training) factors.insert(line["moe"][0]["capacity_factor"].get<double>());
+      EXPECT_GT(factors.size(), 1u) << v.name << ": the capacity factor never moved";
+      fs::remove_all(root);
+    }
+  }
+}
+
 TEST(CheckpointResume, ReshardsBetweenLayoutsIncludingOptimizerState) {
   const fs::path root = temp_root("reshard");
   const std::vector<std::string> big = {"parallel.ep=2", "optim.zero=true"};

@@ -77,7 +77,7 @@ TEST(ConfigDefaults, EmptyDocumentGivesTheSmallCpuModel) {
   EXPECT_EQ(c.moe.router.score, "softmax");
   EXPECT_TRUE(c.moe.router.normalize);
   EXPECT_DOUBLE_EQ(c.moe.capacity_factor, 1.25);
-  EXPECT_EQ(c.moe.overflow, "drop");
+  EXPECT_EQ(c.moe.overflow, std::vector<std::string>{"drop"});
   EXPECT_DOUBLE_EQ(c.moe.loss.aux, 0.01);
   EXPECT_DOUBLE_EQ(c.moe.loss.death_floor, 0.01);
   EXPECT_DOUBLE_EQ(c.optim.lr, 3e-3);
@@ -505,6 +505,121 @@ TEST(ConfigRules, SequenceParallelSplitsTheSequence) {
   EXPECT_FALSE(
       from(document_with("train.seq_len", 127), {"parallel.sequence_parallel=false"}).parallel.sequence_parallel);
   EXPECT_EQ(from(document_with("train.seq_len", 127)).train.seq_len, 127);
+}
+
+// ---- Routing techniques and latent attention (docs/moe.md, docs/model.md) ----------------------------------
+
+TEST(ConfigRouting, OverflowIsAPolicyOrACascadeThatReroutesFirst) {
+  EXPECT_EQ(from(json::object(), {"moe.overflow=reroute"}).moe.overflow, std::vector<std::string>{"reroute"});
+  const Config cascade = from(json::object(), {R"(moe.overflow=["reroute", "dense"])"});
+  EXPECT_EQ(cascade.moe.overflow, (std::vector<std::string>{"reroute", "dense"}));
+  EXPECT_TRUE(cascade.moe.overflow_has("dense") && cascade.moe.overflow_has("reroute"));
+  EXPECT_EQ(cascade.resolved["moe"]["overflow"], json({"reroute", "dense"}));
+  expect_bad_input(
+      [] {
+        from(document_with("moe.overflow", json({"reroute", "spill"})));
+      },
+      {"moe.overflow", "[\"reroute\",\"spill\"]", "\"drop\", \"reroute\", \"dense\"", "list"});
+  expect_bad_input([] { from(document_with("moe.overflow", json::array())); }, {"moe.overflow", "non-empty list"});
+  expect_bad_input([] { from(document_with("moe.overflow", json({"reroute", "reroute"}))); }, {"appears twice"});
+  expect_bad_input(
+      [] {
+        from(document_with("moe.overflow", json({"dense", "reroute"})));
+      },
+      {"moe.overflow = [\"dense\",\"reroute\"]", "reroutes first", "nothing can follow"});
+}
+
+TEST(ConfigRouting, TemperatureScheduleIsIncreasingPointsInterpolatedLinearly) {
+  const Config c = from(document_with("moe.router.tau_schedule", json::parse(R"([{"step": 10, "tau": 2.0},
+                                                                                {"step": 30, "tau": 1.0}])")));
+  ASSERT_EQ(c.moe.router.tau_schedule.size(), 2u);
+  EXPECT_EQ(c.moe.router.tau_at(0), 2.0);
+  EXPECT_EQ(c.moe.router.tau_at(10), 2.0);
+  EXPECT_EQ(c.moe.router.tau_at(20), 1.5);
+  EXPECT_EQ(c.moe.router.tau_at(30), 1.0);
+  EXPECT_EQ(c.moe.router.tau_at(1000), 1.0);
+  EXPECT_EQ(from(json::object()).moe.router.tau_at(7), 1.0);  // no schedule: moe.router.tau
+  expect_bad_input([] { from(document_with("moe.router.tau_schedule", json::parse(R"([{"step": 5, "tau": 0}])"))); },
+                   {"moe.router.tau_schedule[0].tau = 0", "> 0"});
+  expect_bad_input(
+      [] {
+        from(
+            document_with("moe.router.tau_schedule", json::parse(R"([{"step": 5, "tau": 1}, {"step": 5, "tau": 2}])")));
+      },
+      {"moe.router.tau_schedule[1].step = 5", "steps increase"});
+  expect_bad_input([] { from(document_with("moe.router.tau_schedule", json::parse(R"([{"step": 5}])"))); },
+                   {"moe.router.tau_schedule[0]", "\"tau\""});
+}
+
+TEST(ConfigRouting, LearnedTemperatureRange) {
+  expect_bad_input(
+      [] {
+        from(json::object(), {"moe.router.tau_learned=true", "moe.router.tau=20"});
+      },
+      {"moe.router.tau = 20", "moe.router.tau_learned = true", "[0.1, 10]"});
+  expect_bad_input(
+      [] {
+        from(json::object(), {"moe.router.tau_min=2", "moe.router.tau_max=1"});
+      },
+      {"moe.router.tau_min = 2", "tau_min < tau_max"});
+  expect_bad_input(
+      [] {
+        from(json::object(), {"moe.router.tau_learned=true", R"(moe.router.tau_schedule=[{"step": 0, "tau": 1}])"});
+      },
+      {"moe.router.tau_schedule", "either scheduled or learned"});
+}
+
+TEST(ConfigRouting, AdaptiveCapacityBounds) {
+  EXPECT_TRUE(from(json::object(), {"moe.capacity_auto.enabled=true"}).moe.capacity_auto.enabled);
+  expect_bad_input(
+      [] {
+        from(json::object(), {"moe.capacity_auto.enabled=true", "moe.capacity_factor=0"});
+      },
+      {"moe.capacity_factor = 0", "moe.capacity_auto.enabled = true", "[1, 1.8]"});
+  expect_bad_input(
+      [] {
+        from(json::object(), {"moe.capacity_auto.enabled=true", "moe.capacity_auto.min=2"});
+      },
+      {"moe.capacity_auto.min = 2", "min <= max"});
+  expect_bad_input(
+      [] {
+        from(json::object(), {"moe.capacity_auto.enabled=true", "moe.capacity_auto.lower_below=0.5"});
+      },
+      {"moe.capacity_auto.lower_below = 0.5", "lower_below < raise_above"});
+  expect_bad_input([] { from(json::object(), {"moe.capacity_auto.window=0"}); },
+                   {"moe.capacity_auto.window = 0", ">= 1"});
+}
+
+TEST(ConfigRouting, BiasRuleWarmupAndFrequencyAwareClipping) {
+  const Config c = from(json::object(), {"moe.router.bias_balance.rule=proportional", "moe.router.warmup.steps=50",
+                                         "optim.per_expert_clip_hot=0.5"});
+  EXPECT_EQ(c.moe.router.bias_balance_rule, "proportional");
+  EXPECT_EQ(c.moe.router.bias_balance_decay, 0.99);
+  EXPECT_EQ(c.moe.router.warmup_steps, 50);
+  EXPECT_EQ(c.optim.per_expert_clip_hot, 0.5);
+  expect_bad_input([] { from(json::object(), {"moe.router.bias_balance.rule=linear"}); },
+                   {"moe.router.bias_balance.rule", "\"sign\", \"proportional\""});
+  expect_bad_input([] { from(json::object(), {"moe.router.bias_balance.decay=0"}); },
+                   {"moe.router.bias_balance.decay = 0", "in (0, 1]"});
+  expect_bad_input([] { from(json::object(), {"optim.per_expert_clip_hot=0"}); },
+                   {"optim.per_expert_clip_hot = 0", "> 0"});
+}
+
+TEST(ConfigRouting, LatentAttention) {
+  const Config c = from(json::object(), {"model.attention=mla"});
+  EXPECT_EQ(c.model.attention, "mla");
+  EXPECT_EQ(c.model.mla_rope_dim, 16);
+  expect_bad_input([] { from(json::object(), {"model.attention=gqa"}); }, {"model.attention", "\"mha\", \"mla\""});
+  expect_bad_input(
+      [] {
+        from(json::object(), {"model.attention=mla", "model.mla.rope_dim=7"});
+      },
+      {"model.mla.rope_dim = 7", "even"});
+  expect_bad_input(
+      [] {
+        from(json::object(), {"model.attention=mla", "parallel.tp=2"});
+      },
+      {"model.attention = \"mla\"", "parallel.tp = 2", "parallel.tp = 1"});
 }
 
 TEST(ConfigSet, OverridesParseAsJsonOrText) {

@@ -151,7 +151,29 @@ TEST(MemoryEstimate, TextAndJson) {
   const json j = memory_json(e);
   EXPECT_EQ(j.at("total").get<int64_t>(), 2048 + 2048 + 4096 + 1024 * 1024);
   EXPECT_EQ(j.at("routed_rows").get<int64_t>(), 0);
-  EXPECT_EQ(j.size(), 8u);
+  EXPECT_EQ(j.size(), 9u);
+  e.kv_cache_per_token = 2048;
+  EXPECT_EQ(memory_text(e),
+            "2.0 KiB parameters, 2.0 KiB gradients, 4.0 KiB optimizer state, 1.0 MiB activations; "
+            "1.0 MiB in all (a key/value cache would hold 2.0 KiB per token)");
+}
+
+// Latent attention (model.attention = mla) in a dense and an MoE model, keeping and recomputing its
+// probabilities: exactly what the trainer allocates; and the key/value bytes per token, C + R against 2 D.
+TEST(MemoryEstimate, LatentAttentionIsExactlyWhatTheTrainerAllocates) {
+  for (const char* recompute : {"none", "selective"})
+    for (const char* experts : {"0", "4"}) {
+      const Config config =
+          small_config({"model.attention=mla", "model.mla.kv_rank=16", "model.mla.q_rank=24", "model.mla.rope_dim=8",
+                        std::string("train.recompute=") + recompute, std::string("moe.num_experts=") + experts});
+      SCOPED_TRACE(std::string("recompute ") + recompute + ", experts " + experts);
+      const MemoryEstimate e = estimate_memory(config, 1, 1, 1);
+      const Measured m = measure(config, std::make_unique<SelfCommunicator>("world"));
+      EXPECT_EQ(e.parameters, 4 * m.parameters);
+      EXPECT_EQ(allocated_at_construction(e), m.constructed);
+      EXPECT_EQ(e.kv_cache_per_token, 4 * 2 * (16 + 8));  // 2 layers, fp32
+    }
+  EXPECT_EQ(estimate_memory(small_config(), 1, 1, 1).kv_cache_per_token, 4 * 2 * 2 * 64);
 }
 
 // The trainer's check: a model no machine holds is refused by name, before anything is allocated.

@@ -1,13 +1,16 @@
 // Every data- and expert-parallel layout reproduces the serial run (docs/design.md, invariants 2): the same
 // config trained for 10 steps on one rank and on dp = 2, dp = 4, ep = 2, ep = 4 and dp = 4 with ep = 2,
-// each with ZeRO off and on, with capacity dropping on and off. Runs under mpirun -np 4; layouts with
+// each with ZeRO off and on, with capacity dropping on and off, and with the routing techniques of
+// docs/moe.md and latent attention on. Runs under mpirun -np 4; layouts with
 // fewer ranks run on a sub-communicator while the other ranks wait.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,9 +48,11 @@ struct Layout {
   int ep;
 };
 
-void check_all_layouts(const std::vector<std::string>& variant, const std::string& variant_name) {
+// Returns the serial run (rank 0's; empty elsewhere).
+RunOutput check_all_layouts(const std::vector<std::string>& variant, const std::string& variant_name) {
   auto world = MpiCommunicator::world();
-  ASSERT_EQ(world->size(), 4) << "run under mpirun -np 4";
+  EXPECT_EQ(world->size(), 4) << "run under mpirun -np 4";
+  if (world->size() != 4) return {};
   const fs::path tmp = shared_temp_root("moe_equivalence_", "layouts");
   const RunOutput serial = train(1, variant, tmp / (variant_name + "_serial"));
   for (const Layout& layout :
@@ -61,6 +66,7 @@ void check_all_layouts(const std::vector<std::string>& variant, const std::strin
       if (world->rank() == 0) expect_equivalent(serial, run, name);
     }
   if (world->rank() == 0) fs::remove_all(tmp.parent_path());
+  return serial;
 }
 
 // Tensor parallelism (docs/parallel.md): tp 2 and 4 with sequence parallelism, tp 2 without, tp 2 beside
@@ -69,9 +75,10 @@ void check_all_layouts(const std::vector<std::string>& variant, const std::strin
 // per-step routing (tokens per expert, drops) must still be the serial run's. And the experts split by
 // hidden width over the tp ranks (parallel.expert_tp = 2), with and without sequence parallelism, and
 // beside ep 2 and dp 2 with ZeRO.
-void check_tensor_parallel_layouts(const std::vector<std::string>& variant, const std::string& variant_name) {
+RunOutput check_tensor_parallel_layouts(const std::vector<std::string>& variant, const std::string& variant_name) {
   auto world = MpiCommunicator::world();
-  ASSERT_EQ(world->size(), 4) << "run under mpirun -np 4";
+  EXPECT_EQ(world->size(), 4) << "run under mpirun -np 4";
+  if (world->size() != 4) return {};
   const fs::path tmp = shared_temp_root("moe_tp_equivalence_", "layouts");
   const RunOutput serial = train(1, variant, tmp / (variant_name + "_serial"));
   struct TpLayout {
@@ -98,6 +105,7 @@ void check_tensor_parallel_layouts(const std::vector<std::string>& variant, cons
     if (world->rank() == 0) expect_equivalent(serial, run, name);
   }
   if (world->rank() == 0) fs::remove_all(tmp.parent_path());
+  return serial;
 }
 
 // Pipeline parallelism (docs/parallel.md "Pipeline stages"): two stages of one layer each (the dense layer,
@@ -146,6 +154,68 @@ TEST(ParallelEquivalence, TensorParallelLayoutsWithDenseFallback) {
   check_tensor_parallel_layouts({"model.heads=4", "moe.capacity_factor=0.75", "moe.overflow=dense",
                                  "moe.fallback_hidden=16", "moe.shared_experts=1"},
                                 "fallback");
+}
+
+// The routing techniques of docs/moe.md, all on: the overflow cascade (reroute, then the dense fallback),
+// adaptive capacity moving every step (window 1, from 0.75 within [0.5, 1.5]), the proportional balancing
+// bias, the router warm-up with a frozen backbone for the first 3 steps, frequency-aware per-expert clipping;
+// with a learned temperature and latent attention on the data- and expert-parallel layouts, with a scheduled
+// temperature on the tensor-parallel ones (latent attention is not split over tp ranks).
+std::vector<std::string> routing_techniques() {
+  return {R"(moe.overflow=["reroute", "dense"])",
+          "moe.fallback_hidden=16",
+          "moe.capacity_factor=0.75",
+          "moe.capacity_auto.enabled=true",
+          "moe.capacity_auto.window=1",
+          "moe.capacity_auto.min=0.5",
+          "moe.capacity_auto.max=1.5",
+          "moe.capacity_auto.step=0.125",
+          "moe.router.bias_balance.rate=0.01",
+          "moe.router.bias_balance.rule=proportional",
+          "moe.router.warmup.steps=3",
+          "moe.router.warmup.freeze_backbone=true",
+          "optim.per_expert_clip=1.5",
+          "optim.per_expert_clip_hot=0.5"};
+}
+// The serial run shows every technique at work: assignments rerouted and sent to the fallback, none dropped,
+// the capacity factor moving, the warm-up term only in the first 3 steps, and the temperature `tau` (in
+// force at `step`, or learned: moving).
+void expect_techniques_at_work(const RunOutput& serial, const std::function<double(int64_t)>& tau) {
+  if (MpiCommunicator::world()->rank() != 0) return;
+  ASSERT_EQ(serial.training.size(), 10u);
+  int64_t rerouted = 0, fallback = 0, dropped = 0;
+  std::set<double> factors, taus;
+  for (const json& line : serial.training) {
+    const int64_t step = line["step"];
+    EXPECT_EQ(line["warmup_loss"].get<double>() > 0, step <= 3) << "step " << step;
+    const json& layer = line["moe"][0];
+    rerouted += layer["rerouted"].get<int64_t>(), fallback += layer["fallback"].get<int64_t>();
+    dropped += layer["dropped"].get<int64_t>();
+    factors.insert(layer["capacity_factor"].get<double>()), taus.insert(layer["tau"].get<double>());
+    if (tau) {
+      EXPECT_NEAR(layer["tau"].get<double>(), tau(step - 1), 1e-12) << "step " << step;
+    }
+  }
+  EXPECT_GT(rerouted, 0);
+  EXPECT_GT(fallback, 0);
+  EXPECT_EQ(dropped, 0);
+  EXPECT_GT(factors.size(), 2u);
+  EXPECT_GT(taus.size(), 2u);
+}
+
+TEST(ParallelEquivalence, RoutingTechniquesAndLatentAttentionEveryLayout) {
+  std::vector<std::string> variant = routing_techniques();
+  for (const char* key : {"moe.router.tau_learned=true", "model.attention=mla", "model.mla.kv_rank=8",
+                          "model.mla.q_rank=16", "model.mla.rope_dim=4"})
+    variant.push_back(key);
+  expect_techniques_at_work(check_all_layouts(variant, "techniques"), nullptr);
+}
+TEST(ParallelEquivalence, RoutingTechniquesTensorParallelLayouts) {
+  std::vector<std::string> variant = routing_techniques();
+  variant.push_back(R"(moe.router.tau_schedule=[{"step": 0, "tau": 2.0}, {"step": 8, "tau": 0.8}])");
+  variant.push_back("model.heads=4");
+  const auto scheduled = [](int64_t step) { return step >= 8 ? 0.8 : 2.0 - 1.2 * double(step) / 8.0; };
+  expect_techniques_at_work(check_tensor_parallel_layouts(variant, "techniques"), scheduled);
 }
 
 TEST(ParallelEquivalence, DroplessEveryLayout) { check_all_layouts({"moe.capacity_factor=0"}, "dropless"); }

@@ -94,5 +94,23 @@ TEST(PerExpertClip, GroupsExpertsAndClipsToTheAverageAfterTenSamples) {
   EXPECT_NEAR(clip.experts()[0].last_norm, 5.0, 1e-12);  // the average takes the unclipped norm
 }
 
+// Frequency-aware clipping: each expert's threshold times its scale (hot 0.5, cold 1.0 in the articles).
+TEST(PerExpertClip, ThresholdScalesTightenHotExperts) {
+  ParamTable table;
+  table.add({"layers.0.ffn.experts.w1", {2, 1}, ParamRole::Expert, true});  // 2 experts of 1
+  PerExpertClip clip(table, 2.0);
+  std::vector<float> g(2);
+  for (int i = 0; i < 10; ++i) {  // ten samples of norm 1
+    g = {1.0f, 1.0f};
+    clip.apply(g.data());
+  }
+  // Both at 1.5, under 2 x average 1: only expert 0, hot (threshold 0.5 x 2 = 1), is clipped, to 1.
+  g = {1.5f, 1.5f};
+  const std::vector<double> scales = {0.5, 1.0};
+  EXPECT_EQ(clip.clip(g.data(), clip.sum_squares(g.data(), nullptr), nullptr, &scales), 1);
+  EXPECT_NEAR(g[0], 1.0f, 1e-6);
+  EXPECT_EQ(g[1], 1.5f);
+}
+
 }  // namespace
 }  // namespace moe

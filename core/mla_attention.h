@@ -1,0 +1,73 @@
+// Multi-head latent attention (DeepSeek-V2; model.attention = "mla", docs/model.md "Multi-head latent
+// attention"), an Attention made by the model's attention factory like MhaAttention. Keys and values come
+// from one shared low-rank latent c_kv = x Wdkv, queries from another, c_q = x Wdq; each head's query and key
+// are its "content" part (c_q Wuq, c_kv Wuk) beside a decoupled rotary part (RoPE(c_q Wqr) per head, and one
+// RoPE(x Wkr) shared by every head), so a cache would hold c_kv and the shared rotary key only. Written with
+// the backend's ops alone: a head's query and key are [content (Dh) | rotary (R)] in one row of width
+// H (Dh + R), the values padded with zeros to that width, so the standard attention op computes
+// softmax(q k^T / sqrt(Dh + R)) v; per-head blocks are written by strided GEMMs and the rotary parts placed
+// by a GEMM with an identity (exact: each output is 1 * x plus exact zeros). Not split over tensor-parallel
+// ranks (the config refuses parallel.tp > 1 with mla).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/attention.h"
+
+namespace moe {
+
+// The latent widths: C the key/value latent, Cq the query latent, R each head's rotary part (even).
+struct MlaShape {
+  int64_t kv_rank = 32, q_rank = 64, rope_dim = 16;
+};
+
+template <typename T>
+class MlaAttention final : public Attention<T> {
+ public:
+  MlaAttention(Backend& backend, int64_t d_model, int64_t heads, int64_t seq_len, int64_t layers_total, MlaShape shape);
+  void register_params(ParamTable& table, const std::string& prefix) override;
+  void bind(const ParamTable& table, T* params, T* grads) override;
+  void set_keep_probabilities(bool keep) override { keep_probs_ = keep; }
+  // c_q (N, Cq), c_kv (N, C), q, k, v, the attention's output (N, W) each, W = H (Dh + R), and when kept the
+  // probabilities (B, H, T, T).
+  int64_t activation_size(int64_t N) const override {
+    return N * (Cq_ + C_ + 4 * W_) + (keep_probs_ ? probs_size(N) : 0);
+  }
+  // dq, dk, dv, d(att) (N, W) each, one (T, T) block, dc_q, dc_kv, the rotary parts (N, H R) and (N, R), and
+  // when not kept the recomputed probabilities.
+  int64_t scratch_size(int64_t N) const override {
+    return 4 * N * W_ + T_ * T_ + N * (Cq_ + C_ + H_ * R_ + R_) + (keep_probs_ ? 0 : probs_size(N));
+  }
+  double forward_flops(int64_t N) const override;
+  void forward(const T* x, T* y, T* acts, T* scratch, int64_t B) override;
+  void backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) override;
+  // Elements a key/value cache would keep per token and layer: c_kv and the shared rotary key (C + R),
+  // against 2 D for multi-head attention.
+  int64_t kv_cache_elements_per_token() const { return C_ + R_; }
+
+ private:
+  int64_t probs_size(int64_t N) const { return N * H_ * T_; }
+  T* recomputed_probabilities(T* scratch, int64_t N) const {
+    return scratch + 4 * N * W_ + T_ * T_ + N * (Cq_ + C_ + H_ * R_ + R_);
+  }
+  // dst (rows, R) at stride ldd = src (rows, R) at stride lds, times the identity (+ beta dst).
+  void place(const T* src, int64_t lds, T* dst, int64_t ldd, int64_t rows, T beta) const;
+  // The rotary parts of queries (N, H R) and the shared key (N, R), rotated, into q and k.
+  void rotary_forward(const T* x, const T* cq, T* q, T* k, T* qr, T* kr, int64_t B) const;
+  // From dq, dk (N, W): the rotary parts' gradients into Wqr, Wkr, dcq (+=) and dx (+=).
+  void rotary_backward(const T* x, const T* cq, const T* dq, const T* dk, T* dqr, T* dkr, T* dcq, T* dx,
+                       int64_t B) const;
+
+  Ops<T>& ops_;
+  int64_t D_, H_, T_, L_, Dh_, C_, Cq_, R_, W_;
+  bool keep_probs_ = true;
+  std::string prefix_;
+  Buffer identity_;  // (R, R)
+  const T *wdq_ = nullptr, *wuq_ = nullptr, *wqr_ = nullptr, *wdkv_ = nullptr, *wuk_ = nullptr, *wuv_ = nullptr,
+          *wkr_ = nullptr, *wo_ = nullptr;
+  T *dwdq_ = nullptr, *dwuq_ = nullptr, *dwqr_ = nullptr, *dwdkv_ = nullptr, *dwuk_ = nullptr, *dwuv_ = nullptr,
+    *dwkr_ = nullptr, *dwo_ = nullptr;
+};
+
+}  // namespace moe
