@@ -283,12 +283,27 @@ Heatmap sweep_heatmap(const json& sweep, const std::string& id, const std::strin
   return m;
 }
 
+// A cell's short name in legends: each swept key's last part (tau, capacity_factor as cf) and value, and the
+// seed when there are several.
+std::string cell_label(const json& sweep, const json& cell) {
+  std::string label;
+  for (const json& axis : sweep["grid"]) {
+    const std::string key = axis["key"];
+    std::string part = key.substr(key.rfind('.') + 1);
+    if (part == "capacity_factor") part = "cf";
+    if (!label.empty()) label += ' ';
+    label += part + "=" + cell["params"].value(key, json()).dump();
+  }
+  if (sweep.value("seeds", json::array()).size() > 1) label += " s" + cell["seed"].dump();
+  return label;
+}
+
 std::string summary_table(const json& sweep) {
   static const std::vector<std::pair<std::string, std::string>> kColumns = {
-      {"eval_loss", "eval loss"},         {"overflow_ratio", "overflow"}, {"dropped_share", "dropped"},
-      {"rerouted_share", "rerouted"},     {"entropy", "entropy"},         {"cv", "cv"},
-      {"load_max_over_mean", "max/mean"}, {"dead_experts", "dead"},       {"tokens_per_s", "tokens/s"},
-      {"peak_rss_bytes", "peak RSS"}};
+      {"eval_loss", "eval loss"},          {"overflow_ratio", "overflow"}, {"dropped_share", "dropped"},
+      {"rerouted_share", "rerouted"},      {"entropy", "entropy"},         {"cv", "cv"},
+      {"load_max_over_mean", "max/mean"},  {"dead_experts", "dead"},       {"tokens_per_s", "tokens/s"},
+      {"peak_rss_bytes", "peak RSS (MiB)"}};
   std::string t = "<table id=\"summary\"><tr>";
   for (const json& a : sweep["grid"]) t += "<th>" + report::escape(a["key"].get<std::string>()) + "</th>";
   t += "<th>seeds</th>";
@@ -301,9 +316,15 @@ std::string summary_table(const json& sweep) {
     t += "<td>" + g["n"].dump() + "</td>";
     for (const auto& [key, label] : kColumns) {
       const bool has = g["mean"].contains(key);
+      // Bytes as MiB, throughput as a whole number: what a reader compares at a glance.
+      const double scale = key == "peak_rss_bytes" ? 1.0 / (1 << 20) : 1.0;
+      const auto shown = [&](double v) {
+        return key == "tokens_per_s" || key == "peak_rss_bytes" ? std::to_string(int64_t(std::llround(v * scale)))
+                                                                : report::format_number(v);
+      };
       t += "<td data-figure=\"" + key + "\">" +
-           (has ? report::format_number(g["mean"][key].get<double>()) +
-                      (g["n"].get<int>() > 1 ? " ± " + report::format_number(g["std"][key].get<double>()) : "")
+           (has ? shown(g["mean"][key].get<double>()) +
+                      (g["n"].get<int>() > 1 ? " ± " + shown(g["std"][key].get<double>()) : "")
                 : "") +
            "</td>";
     }
@@ -336,7 +357,7 @@ std::string sweep_report_html(const std::string& title, const json& sweep,
       if (l.contains("lm_loss")) train.push_back(&l);
       if (l.contains("eval_loss")) ev.push_back(&l);
     }
-    const std::string name = sweep["cells"][i]["name"];
+    const std::string name = cell_label(sweep, sweep["cells"][i]);
     loss.push_back(series_of(name, train, [](const json& l) { return number_at(l, "lm_loss"); }));
     eval.push_back(series_of(name, ev, [](const json& l) { return number_at(l, "eval_loss"); }));
   }

@@ -33,10 +33,20 @@ Extent extent(const std::vector<const std::vector<double>*>& all) {
       if (std::isfinite(x)) lo = std::min(lo, x), hi = std::max(hi, x);
   if (!std::isfinite(lo)) return {};
   if (hi - lo < 1e-12 * std::max(1.0, std::fabs(hi))) {
-    const double pad = std::max(1e-9, std::fabs(hi) * 0.05);
+    const double pad = hi == 0 ? 1.0 : std::fabs(hi) * 0.05;
     return {lo - pad, hi + pad};
   }
   return {lo, hi};
+}
+
+// Tick values: multiples of 1, 2 or 5 times a power of ten, about five of them inside the extent.
+std::vector<double> nice_ticks(const Extent& e) {
+  const double raw = (e.hi - e.lo) / 4, power = std::pow(10.0, std::floor(std::log10(raw)));
+  const double step = power * (raw / power < 1.5 ? 1 : raw / power < 3.5 ? 2 : raw / power < 7.5 ? 5 : 10);
+  std::vector<double> ticks;
+  for (double t = std::ceil(e.lo / step) * step; t <= e.hi + step * 1e-9; t += step)
+    ticks.push_back(std::fabs(t) < step * 1e-9 ? 0.0 : t);
+  return ticks;
 }
 
 std::string axes(const Extent& xs, const Extent& ys, const std::string& x_label, const std::string& y_label) {
@@ -44,15 +54,15 @@ std::string axes(const Extent& xs, const Extent& ys, const std::string& x_label,
   const double x0 = kLeft, x1 = kWidth - kRight, y0 = kHeight - kBottom, y1 = kTop;
   s << "<g class=\"axes\" stroke=\"#444\" fill=\"none\"><path d=\"M" << x0 << " " << y1 << "V" << y0 << "H" << x1
     << "\"/></g><g class=\"ticks\" font-size=\"11\" fill=\"#333\">";
-  for (int i = 0; i <= 4; ++i) {
-    const double yv = ys.lo + (ys.hi - ys.lo) * i / 4, xv = xs.lo + (xs.hi - xs.lo) * i / 4;
-    const double py = ys.map(yv, y0, y1), px = xs.map(xv, x0, x1);
+  for (const double yv : nice_ticks(ys)) {
+    const double py = ys.map(yv, y0, y1);
     s << "<text x=\"" << x0 - 6 << "\" y=\"" << num(py + 4) << "\" text-anchor=\"end\">" << format_number(yv)
       << "</text><line x1=\"" << x0 << "\" x2=\"" << x1 << "\" y1=\"" << num(py) << "\" y2=\"" << num(py)
       << "\" stroke=\"#eee\"/>";
-    s << "<text x=\"" << num(px) << "\" y=\"" << y0 + 16 << "\" text-anchor=\"middle\">" << format_number(xv)
-      << "</text>";
   }
+  for (const double xv : nice_ticks(xs))
+    s << "<text x=\"" << num(xs.map(xv, x0, x1)) << "\" y=\"" << y0 + 16 << "\" text-anchor=\"middle\">"
+      << format_number(xv) << "</text>";
   s << "<text x=\"" << (x0 + x1) / 2 << "\" y=\"" << kHeight - 8 << "\" text-anchor=\"middle\">" << escape(x_label)
     << "</text><text transform=\"translate(14," << (y0 + y1) / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
     << escape(y_label) << "</text></g>";
@@ -79,6 +89,16 @@ std::string ramp(double t) {
                 int(stops[i][1] + f * (stops[i + 1][1] - stops[i][1])),
                 int(stops[i][2] + f * (stops[i + 1][2] - stops[i][2])));
   return text;
+}
+
+// Legend rows that fit beside the plot; the series past them are drawn but not named.
+constexpr size_t kLegendRows = 18;
+std::string legend_entry(size_t row, const std::string& colour, const std::string& name) {
+  if (row >= kLegendRows) return "";
+  const double y = kTop + 12 * double(row);
+  return "<g class=\"legend\" font-size=\"10\"><rect x=\"" + num(kWidth - kRight + 10) + "\" y=\"" + num(y) +
+         "\" width=\"12\" height=\"3\" fill=\"" + colour + "\"/><text x=\"" + num(kWidth - kRight + 26) + "\" y=\"" +
+         num(y + 5) + "\">" + escape(name.size() > 22 ? name.substr(0, 21) + "~" : name) + "</text></g>";
 }
 
 }  // namespace
@@ -134,11 +154,11 @@ std::string line_chart_svg(const LineChart& c) {
       << joined(series.x, "%.17g") << "\" data-y=\"" << joined(series.y, "%.17g") << "\" points=\"" << points
       << "\" fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"1.5\"><title>" << escape(series.name)
       << "</title></polyline>";
-    s << "<g class=\"legend\" font-size=\"11\"><rect x=\"" << kWidth - kRight + 10 << "\" y=\"" << kTop + 16 * shown
-      << "\" width=\"12\" height=\"3\" fill=\"" << colour << "\"/><text x=\"" << kWidth - kRight + 26 << "\" y=\""
-      << kTop + 16 * shown + 5 << "\">" << escape(series.name) << "</text></g>";
-    ++shown;
+    s << legend_entry(shown++, colour, series.name);
   }
+  if (shown > kLegendRows)
+    s << "<text x=\"" << kWidth - kRight + 10 << "\" y=\"" << kTop + 12 * kLegendRows + 5 << "\" font-size=\"10\">and "
+      << shown - kLegendRows << " more</text>";
   if (shown == 0)
     s << "<text class=\"empty\" x=\"" << kWidth / 2 << "\" y=\"" << kHeight / 2
       << "\" text-anchor=\"middle\">no data yet</text>";
