@@ -3,8 +3,8 @@
 #                (configs/tiny_moe.json) on 4 MPI ranks (data parallel 4, expert parallel 2) under the
 #                fault-tolerant supervisor, `moe launch`
 #   make test    installs what is missing, builds, runs the whole test suite
-# Other targets: make build, make bench, make deps, make clean, make test-sanitize (the tests without MPI
-# under AddressSanitizer and UndefinedBehaviorSanitizer).
+# Other targets: make build, make bench, make ablate (README "Ablations"), make deps, make clean, make
+# test-sanitize (the tests without MPI under AddressSanitizer and UndefinedBehaviorSanitizer).
 
 BUILD   ?= build
 CONFIG  ?= configs/tiny_moe.json
@@ -19,12 +19,13 @@ JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
 # Debian packages the build needs (docs/design.md); libopenblas-openmp-dev gives OpenBLAS on
-# the same OpenMP runtime as the rest of the code.
+# the same OpenMP runtime as the rest of the code; chromium (headless) is the browser the report's test opens
+# `moe report`'s pages in.
 DEBIAN_PACKAGES := build-essential cmake libcli11-dev nlohmann-json3-dev libgtest-dev libopenblas-dev \
                    libopenblas-openmp-dev libxxhash-dev zlib1g-dev libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools \
-                   clang-format
+                   clang-format chromium
 
-.PHONY: all deps configure build train test test-sanitize bench clean
+.PHONY: all deps configure build train test test-sanitize bench ablate clean
 
 all: build
 
@@ -58,6 +59,14 @@ train: build
 	@echo "make train: $(CONFIG) on $(NP) MPI ranks (data parallel $(NP), expert parallel $(EP)) under moe launch, run directory $(RUN_DIR)"
 	$(BUILD)/bin/moe launch --np $(NP) $(MPI_ARGS) --config $(CONFIG) --set parallel.ep=$(EP) \
 	  --set checkpoint.every=50 --run-dir $(RUN_DIR) --resume none --overwrite
+
+# The seed articles' ablation (README "Ablations"): tau x capacity factor, 20 cells, two at a time, resumable;
+# then its report, runs/ablate_tau_cf/report.html.
+ABLATE_DIR ?= runs/ablate_tau_cf
+ablate: build
+	$(BUILD)/bin/moe sweep --config configs/ablate_tau_cf.json --grid moe.router.tau=0.3,0.5,0.7,1.0,1.5 \
+	  --grid moe.capacity_factor=1.0,1.25,1.5,2.0 --concurrent 2 --out $(ABLATE_DIR)
+	$(BUILD)/bin/moe report $(ABLATE_DIR)
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)

@@ -276,6 +276,13 @@ Config fill(const Entries& entries) {
   for (const json& f : r.at("fault.inject"))
     c.fault.inject.push_back({f["kind"].get<std::string>(), f["rank"].get<int64_t>(), f["step"].get<int64_t>()});
 
+  c.monitor.window = r.integer("monitor.window");
+  c.monitor.min_share = r.number("monitor.min_share");
+  c.monitor.max_share = r.number("monitor.max_share");
+  c.monitor.max_cv = r.number("monitor.max_cv");
+  c.monitor.max_overflow = r.number("monitor.max_overflow");
+  c.monitor.probe_sequences = r.integer("monitor.probe_sequences");
+
   for (const json& source : r.at("data.sources"))
     c.data.sources.push_back({source.at("name").get<std::string>(), source.at("path").get<std::string>(),
                               source.at("weight").get<double>()});

@@ -141,6 +141,13 @@ struct FaultConfig {
   std::vector<FaultInjection> inject;
 };
 
+// Routing-health alerts and the routing-stability probe (launch/routing_health.h).
+struct MonitorConfig {
+  int64_t window = 100;
+  double min_share = 0.03, max_share = 0.5, max_cv = 2.0, max_overflow = 0.01;
+  int64_t probe_sequences = 4;
+};
+
 struct DataSourceConfig {
   std::string name;
   std::string path;  // a UTF-8/byte text file, tokenized by bytes, or a directory written by moe prep
@@ -167,6 +174,7 @@ struct Config {
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
   FaultConfig fault;
+  MonitorConfig monitor;
   DataConfig data;
   nlohmann::json resolved;  // every key with its value (defaults filled in), as written to config.json
 };

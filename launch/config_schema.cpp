@@ -292,6 +292,26 @@ std::vector<KeySpec> fault_keys() {
   };
 }
 
+std::vector<KeySpec> monitor_keys() {
+  return {
+      integer("monitor.window", 100, from_to(1, kMaxSteps),
+              "steps a routing-health condition must hold, at every logged step, before its alert fires"),
+      number("monitor.min_share", 0.03, from_to(0, 1),
+             "alert when an expert's share of its layer's assignments stays below this (capped at half the uniform "
+             "share, 0.5 / moe.num_experts, so that a balanced layer of many experts does not alert; 0: off)"),
+      number("monitor.max_share", 0.5, from_to(0, 1),
+             "alert when an expert's share of its layer's assignments stays above this (raised to 2 / "
+             "moe.num_experts when that is larger; 1: off)"),
+      number("monitor.max_cv", 2.0, at_least(0),
+             "alert when a layer's cv (std / mean of tokens_per_expert) stays above this (0: off)"),
+      number("monitor.max_overflow", 0.01, from_to(0, 1),
+             "alert when a layer's overflow_ratio (assignments over capacity / all) stays above this (1: off)"),
+      integer("monitor.probe_sequences", 4, from_to(0, 4096),
+              "held-out sequences of the first source routed at every logged step to measure routing stability "
+              "(at most train.micro_batch are used; 0: off)"),
+  };
+}
+
 std::vector<KeySpec> data_keys() {
   return {
       sources("data.sources", "training text sources (see above); `[]` = the embedded default corpus"),
@@ -310,7 +330,7 @@ std::vector<KeySpec> build_schema() {
   // Defaults describe a small CPU model that trains in minutes on the embedded corpus.
   std::vector<KeySpec> all;
   for (std::vector<KeySpec> part : {train_keys(), model_keys(), moe_keys(), optim_keys(), parallel_keys(),
-                                    checkpoint_keys(), fault_keys(), data_keys()})
+                                    checkpoint_keys(), fault_keys(), monitor_keys(), data_keys()})
     all.insert(all.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
   return all;
 }
@@ -573,6 +593,11 @@ const std::vector<SectionSpec>& sections() {
       {"parallel", "How the ranks are split; world size = dp * tp * pp."},
       {"checkpoint", "Checkpoints of the run directory, which `--resume auto` continues from."},
       {"fault", "The supervisor (`moe launch`): failure detection and restarts."},
+      {"monitor",
+       "Routing-health alerts (docs/metrics.md \"Routing health\"): each fires once when its condition has held for "
+       "`monitor.window` steps, is printed and logged in metrics.jsonl `alerts`, and may fire again after the "
+       "condition has stopped holding. Thresholds from the seed articles: activation share above 3%, skewness "
+       "(here cv) above 2.0, overflow above 1%."},
       {"data",
        "Training text. Each source is an object `{\"name\": ..., \"path\": ..., \"weight\": ...}`: `name` a non-empty "
        "string unique among the sources (it labels `eval_loss_by_source`), `path` a text file tokenized by bytes or a "

@@ -15,7 +15,9 @@
 #include "core/host.h"
 #include "launch/ckpt_command.h"
 #include "launch/prep_command.h"
+#include "launch/report.h"
 #include "launch/supervisor.h"
+#include "launch/sweep.h"
 #include "launch/trainer.h"
 #include "parallel/mpi_communicator.h"
 
@@ -140,6 +142,8 @@ int main(int argc, char** argv) {
       "Launch: moe launch --np N [--hostfile F] --config FILE [--set KEY=VALUE]... (restarts after faults)\n"
       "Ckpt:   moe ckpt ls|verify|info PATH, moe ckpt export PATH --out FILE.h5 [--all] [--force]\n"
       "Prep:   moe prep --input [NAME=]PATH... --out DIR [--tokenizer train|byte|FILE] [--vocab N]\n"
+      "Sweep:  moe sweep --config BASE --grid KEY=V1,V2,... [--grid ...] [--seeds N] [--np N] --out DIR\n"
+      "Report: moe report RUN_DIR|SWEEP_DIR [--out FILE.html]\n"
       "Docs:   docs/cli.md (commands), docs/config.md (config keys), docs/metrics.md (metrics.jsonl),\n"
       "        docs/checkpoint.md (checkpoint layout)");
 
@@ -152,14 +156,18 @@ int main(int argc, char** argv) {
   CLI::App* launch_cmd = add_launch_command(app, launch);
   moe::PrepOptions prep;
   CLI::App* prep_cmd = moe::add_prep_command(app, prep);
+  moe::SweepOptions sweep;
+  CLI::App* sweep_cmd = moe::add_sweep_command(app, sweep);
+  moe::ReportOptions report_options;
+  CLI::App* report_cmd = moe::add_report_command(app, report_options);
 
   // CLI11 reports a missing subcommand before an unknown one; name the unknown word instead.
   if (argc > 1 && argv[1][0] != '-' &&
       app.get_subcommands([&](CLI::App* sub) { return sub->get_name() == argv[1]; }).empty()) {
-    std::fprintf(
-        stderr,
-        "moe: error: unknown subcommand '%s'; the subcommands are: train, launch, ckpt, prep (see moe --help)\n",
-        argv[1]);
+    std::fprintf(stderr,
+                 "moe: error: unknown subcommand '%s'; the subcommands are: train, launch, ckpt, prep, sweep, report "
+                 "(see moe --help)\n",
+                 argv[1]);
     return kExitBadInput;
   }
   try {
@@ -194,6 +202,10 @@ int main(int argc, char** argv) {
       moe::run_ckpt(ckpt, std::cout);
     } else if (prep_cmd->parsed()) {
       moe::run_prep_command(prep);
+    } else if (report_cmd->parsed()) {
+      moe::run_report(report_options);
+    } else if (sweep_cmd->parsed()) {
+      return moe::run_sweep(sweep);
     } else if (launch_cmd->parsed()) {
       launch.command_line.assign(argv, argv + argc);
       return moe::run_launch(launch);

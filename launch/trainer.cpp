@@ -22,6 +22,7 @@
 #include "launch/memory.h"
 #include "launch/progress.h"
 #include "launch/resume.h"
+#include "launch/routing_health.h"
 #include "launch/run_dir.h"
 #include "launch/run_lock.h"
 #include "launch/stop_signal.h"
@@ -47,7 +48,17 @@ int env_int(const char* name, int fallback) {
 struct RunOutputs {
   std::unique_ptr<MetricsWriter> metrics;  // rank 0
   std::unique_ptr<ckpt::Checkpointer> checkpointer;
+  std::unique_ptr<RoutingProbe> probe;     // rank 0
+  std::unique_ptr<HealthMonitor> monitor;  // rank 0
 };
+
+// Routing stability's reference and the monitor's state: a resumed run continues them from its kept lines.
+void open_routing_health(const Trainer& t, RunOutputs& out, bool fresh, int64_t start_step) {
+  const fs::path dir = t.paths.run_dir;
+  out.probe = std::make_unique<RoutingProbe>((dir / "routing_probe.jsonl").string(), fresh, start_step);
+  out.monitor = std::make_unique<HealthMonitor>(t.config.monitor, t.config.moe.num_experts);
+  if (!fresh) out.monitor->replay((dir / "metrics.jsonl").string());
+}
 
 // A fresh start removes old checkpoints (--overwrite: they must not be resumed later) and writes the run
 // files; a resume keeps metrics.jsonl up to the checkpoint's step.
@@ -73,6 +84,7 @@ RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoi
     entry["config"] = t.config.resolved;
     append_config_history(paths.run_dir, entry);
     out.metrics = open_metrics(paths.run_dir, fresh, start_step);
+    open_routing_health(t, out, fresh, start_step);
   }
   const Config& config = t.config;
   if (config.checkpoint.every <= 0) return out;
@@ -128,12 +140,28 @@ struct Loop {
   int64_t last_save_step = -1;  // the newest step a save was started for
 };
 
+// The routing-health fields of a logged step's MoE layers and the monitor's alerts (printed once each).
+void add_routing_health(Loop& loop, nlohmann::json& line, const std::vector<std::vector<int32_t>>& top1) {
+  Trainer& t = loop.t;
+  const std::vector<nlohmann::json> stability = loop.out.probe->observe(line["step"].get<int64_t>(), top1);
+  for (size_t l = 0; l < t.model_stats.size(); ++l) {
+    add_load_health(line["moe"][l], t.model_stats[l], t.config.moe.top_k);
+    if (l < stability.size()) line["moe"][l]["stability"] = stability[l];
+  }
+  const nlohmann::json alerts = loop.out.monitor->observe(line);
+  if (alerts.empty()) return;
+  line["alerts"] = alerts;
+  for (const nlohmann::json& alert : alerts) loop.progress.note(HealthMonitor::describe(alert));
+}
+
 void log_step(Loop& loop, int64_t done, const StepResult& r, double ckpt_stall) {
   Trainer& t = loop.t;
   const TrainConfig& tc = t.config.train;
-  if (!t.leader() || !(done % tc.log_every == 0 || done == 1 || done == tc.steps)) return;
+  if (!(done % tc.log_every == 0 || done == 1 || done == tc.steps)) return;
   const double interval_s = Clock::since(loop.clock.interval_start);
   const double elapsed_s = Clock::since(loop.clock.start);
+  const std::vector<std::vector<int32_t>> top1 = probe_top1(t);  // every rank: a forward in lockstep
+  if (!t.leader()) return;
   StepTiming timing;
   timing.tokens_per_s = interval_s > 0 ? double(loop.clock.interval_tokens) / interval_s : 0.0;
   timing.elapsed_s = elapsed_s;
@@ -141,6 +169,7 @@ void log_step(Loop& loop, int64_t done, const StepResult& r, double ckpt_stall) 
   timing.ckpt_stall_s = ckpt_stall;
   nlohmann::json line = step_line(done, r, timing, done * t.tokens_per_step(), t.model_stats, t.config.moe.top_k);
   line["data"] = data_metrics(*t.loader, done - 1, tc.global_batch);
+  add_routing_health(loop, line, top1);
   loop.out.metrics->write(line);
   const double eta = elapsed_s / double(done - loop.resumed_step) * double(tc.steps - done);
   loop.progress.step(done, tc.steps, r.loss, r.lr, timing.tokens_per_s, eta,

@@ -354,8 +354,89 @@ expect=("prepared" "a.t1.00000.bin" "xxh64" "damaged")
 run_case "train on a damaged prepared shard" 2 damaged_prepared "$moe" train --config "$config" "${small[@]}" \
   --set model.vocab=257 --set 'data.sources=[{"name": "a", "path": "prepared"}]' --run-dir run
 
+# ---- moe sweep: every refusal before any cell runs or anything is written. -----------------------------------
+grid=(--grid moe.router.tau=0.5,1.0 --grid moe.capacity_factor=1.0,2.0)
+sweep_sets=(--set train.steps=2 --set model.d_model=32 --set model.layers=1 --set model.heads=2
+            --set model.ffn_hidden=32 --set train.seq_len=16 --set train.global_batch=2 --set train.micro_batch=1
+            --set train.eval_sequences=2 --set train.threads=1)
+moe_config="$2/configs/tiny_moe.json"
+# A sweep directory of another grid: its plan must be left as it is.
+other_sweep() { mkdir sw && printf '{"grid": [], "seeds": [1], "np": 1, "base": {}}\n' > sw/sweep_plan.json; }
+not_a_sweep() { mkdir sw && printf 'mine\n' > sw/notes.txt; }
+
+expect=("--grid" "moe.router.tua" "moe.router.tau")
+run_case "sweep: unknown grid key" 2 no_setup "$moe" sweep --config "$moe_config" "${sweep_sets[@]}" \
+  --grid moe.router.tua=0.5,1.0 --out sw
+
+expect=("--grid" "moe.router.tau" "abc" "number")
+run_case "sweep: grid value of the wrong type" 2 no_setup "$moe" sweep --config "$moe_config" "${sweep_sets[@]}" \
+  --grid moe.router.tau=0.5,abc --out sw
+
+expect=("moe.router.tau" "-1" "> 0")
+run_case "sweep: grid value out of range" 2 no_setup "$moe" sweep --config "$moe_config" "${sweep_sets[@]}" \
+  --grid moe.router.tau=-1,1 --out sw
+
+expect=("--grid" "empty value")
+run_case "sweep: empty grid value" 2 no_setup "$moe" sweep --config "$moe_config" "${sweep_sets[@]}" \
+  --grid moe.router.tau=0.5,,1 --out sw
+
+expect=("--grid" "KEY=V1,V2")
+run_case "sweep: grid without '='" 2 no_setup "$moe" sweep --config "$moe_config" "${sweep_sets[@]}" \
+  --grid moe.router.tau --out sw
+
+expect=("moe.router.tau" "another --grid")
+run_case "sweep: a key in two grids" 2 no_setup "$moe" sweep --config "$moe_config" "${sweep_sets[@]}" \
+  --grid moe.router.tau=0.5 --grid moe.router.tau=1.0 --out sw
+
+expect=("cell" "moe.top_k" "moe.num_experts")
+run_case "sweep: a cell whose config breaks a rule" 2 no_setup "$moe" sweep --config "$moe_config" \
+  "${sweep_sets[@]}" --grid moe.top_k=2,9 --out sw
+
+expect=("--seeds" "0")
+run_case "sweep: --seeds 0" 2 no_setup "$moe" sweep --config "$moe_config" "${sweep_sets[@]}" "${grid[@]}" \
+  --seeds 0 --out sw
+
+expect=("train.global_batch" "--np 3")
+run_case "sweep: a layout that does not fit --np" 2 no_setup "$moe" sweep --config "$moe_config" \
+  "${sweep_sets[@]}" "${grid[@]}" --np 3 --out sw
+
+expect=("--out" "afile" "not a directory")
+run_case "sweep: --out is a file" 2 make_regular_file "$moe" sweep --config "$moe_config" "${sweep_sets[@]}" \
+  "${grid[@]}" --out afile
+
+expect=("--out" "another sweep" "grid")
+run_case "sweep: --out holds another sweep" 2 other_sweep "$moe" sweep --config "$moe_config" \
+  "${sweep_sets[@]}" "${grid[@]}" --out sw
+
+expect=("--out" "no sweep_plan.json")
+run_case "sweep: --out holds other files" 2 not_a_sweep "$moe" sweep --config "$moe_config" \
+  "${sweep_sets[@]}" "${grid[@]}" --out sw
+
+# As for --run-dir above: a read-only file system (root), or a directory without write permission (others).
+if [ "$(id -u)" = 0 ] && unshare -m sh -c 'mount -t tmpfs -o ro,size=1m tmpfs /mnt' 2> /dev/null; then
+  expect=("--out ro/sw" "read-only file system")
+  run_case "sweep: --out on a read-only file system" 2 make_dir_ro unshare -m sh -c \
+    'mount -t tmpfs -o ro,size=1m tmpfs ro && exec "$@"' sh "$moe" sweep --config "$moe_config" "${sweep_sets[@]}" \
+    "${grid[@]}" --out ro/sw
+elif [ "$(id -u)" != 0 ]; then
+  expect=("--out locked/sw" "not writable")
+  run_case "sweep: --out in a directory without write permission" 2 make_dir_locked "$moe" sweep \
+    --config "$moe_config" "${sweep_sets[@]}" "${grid[@]}" --out locked/sw
+fi
+
+# ---- moe report. ------------------------------------------------------------------------------------------------
+expect=("nowhere" "run directory")
+run_case "report: a path that does not exist" 2 no_setup "$moe" report nowhere
+
+expect=("sw" "neither metrics.jsonl")
+run_case "report: a directory that is neither a run nor a sweep" 2 not_a_sweep "$moe" report sw
+
+expect=("--out" "missing")
+run_case "report: --out in a directory that does not exist" 2 previous_run "$moe" report run \
+  --out missing/sub/r.html
+
 # ---- Help. ------------------------------------------------------------------------------------------------------
-for help in "--help" "train --help" "prep --help"; do
+for help in "--help" "train --help" "prep --help" "sweep --help" "report --help"; do
   case_name="moe $help"
   # shellcheck disable=SC2086  # $help is two words on purpose
   out=$("$moe" $help 2>&1)
@@ -363,6 +444,8 @@ for help in "--help" "train --help" "prep --help"; do
   if [ "$rc" = 0 ]; then pass; else fail "exit code $rc, expected 0"; fi
   needles=("--config" "--set")
   [ "$help" = "prep --help" ] && needles=("--input" "--out" "--tokenizer" "--vocab")
+  [ "$help" = "sweep --help" ] && needles=("--config" "--grid" "--seeds" "--np" "--concurrent" "--out")
+  [ "$help" = "report --help" ] && needles=("PATH" "--out")
   for needle in "${needles[@]}"; do
     if [[ "$out" == *"$needle"* ]]; then pass; else fail "help lacks '$needle'; it says: $out"; fi
   done

@@ -103,7 +103,7 @@ TEST(ConfigDefaults, ResolvedHasEveryKeyNested) {
   EXPECT_EQ(r.at("data").at("sources"), json::array());
   EXPECT_TRUE(r.at("moe").at("router").at("tau").is_number_float());
   EXPECT_FALSE(r.contains("moe.router.tau"));
-  EXPECT_EQ(r.size(), 8u);  // the sections
+  EXPECT_EQ(r.size(), 9u);  // the sections
 }
 
 TEST(ConfigDefaults, ResolvedLoadsBackToItself) {

@@ -1,0 +1,236 @@
+// Reading cells' figures and writing sweep.json and sweep.csv (launch/sweep_results.h).
+#include "launch/sweep_results.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace moe {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::vector<json> read_lines(const fs::path& path) {
+  std::vector<json> lines;
+  std::ifstream in(path);
+  for (std::string text; std::getline(in, text);) {
+    try {
+      lines.push_back(json::parse(text));
+    } catch (const std::exception&) {
+      // A line being written: skipped.
+    }
+  }
+  return lines;
+}
+
+json read_json_file(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) return json();
+  try {
+    return json::parse(in);
+  } catch (const std::exception&) {
+    return json();
+  }
+}
+
+// Per training line: the shares of the assignments over all MoE layers, and the layer means.
+void add_routing(const json& line, std::map<std::string, std::vector<double>>& series) {
+  const json& layers = line.at("moe");
+  if (layers.empty()) return;
+  double processed = 0, dropped = 0, rerouted = 0, fallback = 0;
+  std::map<std::string, double> sums;
+  for (const json& layer : layers) {
+    for (const json& c : layer.at("tokens_per_expert")) processed += c.get<double>();
+    dropped += layer.value("dropped", 0.0), rerouted += layer.value("rerouted", 0.0);
+    fallback += layer.value("fallback", 0.0);
+    for (const char* key : {"overflow_ratio", "entropy", "cv", "load_max_over_mean"})
+      if (layer.contains(key)) sums[key] += layer[key].get<double>();
+  }
+  // Every assignment was processed by its expert (rerouted ones included), dropped, or sent to the fallback.
+  const double assignments = processed + dropped + fallback;
+  if (assignments > 0) {
+    series["dropped_share"].push_back(dropped / assignments);
+    series["rerouted_share"].push_back(rerouted / assignments);
+    series["fallback_share"].push_back(fallback / assignments);
+  }
+  for (const auto& [key, sum] : sums) series[key].push_back(sum / double(layers.size()));
+}
+
+double mean_of(const std::vector<double>& v) {
+  double s = 0;
+  for (const double x : v) s += x;
+  return s / double(v.size());
+}
+
+}  // namespace
+
+json run_figures(const std::string& run_dir, int64_t steps) {
+  json figures = json::object();
+  std::map<std::string, std::vector<double>> series;
+  for (const json& line : read_lines(fs::path(run_dir) / "metrics.jsonl")) {
+    const int64_t step = line.value("step", int64_t(0));
+    if (line.contains("eval_loss")) {
+      figures["eval_loss"] = line["eval_loss"];
+      if (line.contains("eval_loss_by_source")) figures["eval_loss_by_source"] = line["eval_loss_by_source"];
+      continue;
+    }
+    if (!line.contains("lm_loss")) continue;
+    figures["steps_done"] = step;
+    figures["final_lm_loss"] = line["lm_loss"];
+    if (line.contains("dead_experts")) figures["dead_experts"] = line["dead_experts"];
+    if (2 * step <= steps && step != steps) continue;  // the second half of the run
+    if (line.contains("moe")) add_routing(line, series);
+    if (step > 1 && line.contains("tokens_per_s")) series["tokens_per_s"].push_back(line["tokens_per_s"]);
+  }
+  for (const auto& [key, values] : series)
+    if (!values.empty()) figures[key] = mean_of(values);
+  const json manifest = read_json_file(fs::path(run_dir) / "manifest.json");
+  if (manifest.is_object() && manifest.contains("memory") && manifest["memory"].contains("total"))
+    figures["memory_estimate_bytes"] = manifest["memory"]["total"];
+  return figures;
+}
+
+json average_figures(const std::vector<json>& figures) {
+  std::map<std::string, std::vector<double>> values;
+  for (const json& f : figures)
+    for (const auto& [key, v] : f.items()) {
+      if (v.is_number()) values[key].push_back(v.get<double>());
+      if (key == "eval_loss_by_source")
+        for (const auto& [source, loss] : v.items()) values["eval_loss_by_source." + source].push_back(loss);
+    }
+  json mean = json::object(), stdev = json::object();
+  for (const auto& [key, v] : values) {
+    const double m = mean_of(v);
+    double ss = 0;
+    for (const double x : v) ss += (x - m) * (x - m);
+    mean[key] = m;
+    stdev[key] = v.size() > 1 ? std::sqrt(ss / double(v.size() - 1)) : 0.0;
+  }
+  return {{"mean", mean}, {"std", stdev}, {"n", figures.size()}};
+}
+
+namespace {
+
+// Each cell's entry of sweep.json: its point, seed, status (from OUT/status/NAME.json) and figures.
+json cell_entry(const fs::path& out, const SweepPlan& plan, const SweepCell& cell) {
+  const int64_t steps = plan.base["train"]["steps"].get<int64_t>();
+  json entry = {{"name", cell.name},
+                {"run_dir", "cells/" + cell.name},
+                {"params", cell.params},
+                {"seed", cell.seed},
+                {"status", "pending"}};
+  const json status = read_json_file(out / "status" / (cell.name + ".json"));
+  if (status.is_object()) entry.update(status);
+  if (fs::exists(out / "cells" / cell.name / "metrics.jsonl")) {
+    json figures = run_figures((out / "cells" / cell.name).string(), steps);
+    if (status.is_object() && status.contains("peak_rss_bytes")) figures["peak_rss_bytes"] = status["peak_rss_bytes"];
+    entry["figures"] = figures;
+    if (entry["status"] == "pending") entry["status"] = "started";
+  }
+  return entry;
+}
+
+std::string csv_field(const json& v) {
+  if (v.is_null()) return "";
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_float()) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.9g", v.get<double>());
+    return text;
+  }
+  return v.dump();
+}
+
+// The figure columns of sweep.csv: every figure some cell has, eval_loss_by_source flattened.
+std::vector<std::string> figure_columns(const json& cells) {
+  std::set<std::string> keys;
+  for (const json& c : cells)
+    if (c.contains("figures"))
+      for (const auto& [key, v] : c["figures"].items()) {
+        if (v.is_number()) keys.insert(key);
+        if (key == "eval_loss_by_source")
+          for (const auto& [source, loss] : v.items()) keys.insert("eval_loss_by_source." + source);
+      }
+  return {keys.begin(), keys.end()};
+}
+
+std::string sweep_csv(const SweepPlan& plan, const json& doc) {
+  const std::vector<std::string> columns = figure_columns(doc["cells"]);
+  std::ostringstream csv;
+  csv << "row,cell";
+  for (const GridAxis& a : plan.axes) csv << "," << a.key;
+  csv << ",seed,status,n";
+  for (const std::string& c : columns) csv << "," << c << "," << c << ".std";
+  csv << "\n";
+  for (const json& c : doc["cells"]) {
+    csv << "cell," << c["name"].get<std::string>();
+    for (const GridAxis& a : plan.axes) csv << "," << csv_field(c["params"][a.key]);
+    csv << "," << c["seed"] << "," << c["status"].get<std::string>() << ",1";
+    json flat = c.value("figures", json::object());
+    const json by_source = flat.value("eval_loss_by_source", json::object());
+    for (const auto& [source, loss] : by_source.items()) flat["eval_loss_by_source." + source] = loss;
+    for (const std::string& col : columns) csv << "," << csv_field(flat.value(col, json())) << ",";
+    csv << "\n";
+  }
+  for (const json& g : doc["summary"]) {
+    csv << "mean,";
+    for (const GridAxis& a : plan.axes) csv << "," << csv_field(g["params"][a.key]);
+    csv << ",,," << g["n"];
+    for (const std::string& col : columns)
+      csv << "," << csv_field(g["mean"].value(col, json())) << "," << csv_field(g["std"].value(col, json()));
+    csv << "\n";
+  }
+  return csv.str();
+}
+
+void write_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << text;
+    if (!f) MOE_FAIL("cannot write " << tmp.string());
+  }
+  fs::rename(tmp, path);
+}
+
+}  // namespace
+
+void write_sweep_results(const std::string& out_dir, const SweepPlan& plan) {
+  const fs::path out = out_dir;
+  json cells = json::array();
+  for (const SweepCell& cell : plan.cells) cells.push_back(cell_entry(out, plan, cell));
+  // The grid points in cell order, each averaged over its finished seeds.
+  json summary = json::array();
+  std::vector<std::string> points;
+  std::map<std::string, std::vector<json>> done;
+  for (const json& c : cells) {
+    const std::string point = c["params"].dump();
+    if (std::find(points.begin(), points.end(), point) == points.end()) points.push_back(point);
+    if (c["status"] == "done" && c.contains("figures")) done[point].push_back(c["figures"]);
+  }
+  for (const std::string& point : points) {
+    json group = average_figures(done[point]);
+    group["params"] = json::parse(point);
+    summary.push_back(group);
+  }
+  json grid = json::array();
+  for (const GridAxis& a : plan.axes) grid.push_back({{"key", a.key}, {"values", a.values}});
+  const json doc = {{"version", 1},
+                    {"grid", grid},
+                    {"seeds", plan.seeds},
+                    {"np", plan.np},
+                    {"cells", cells},
+                    {"summary", summary},
+                    {"base_config", "base_config.json"}};
+  write_atomically(out / "sweep.json", doc.dump(1) + "\n");
+  write_atomically(out / "sweep.csv", sweep_csv(plan, doc));
+}
+
+}  // namespace moe
