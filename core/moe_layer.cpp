@@ -55,7 +55,6 @@ void MoeLayer<T>::register_params(ParamTable& table, const std::string& prefix) 
   const int64_t D = s_.d_model, E = s_.num_experts, F = s_.expert_hidden;
   const double out_std = 0.02 / std::sqrt(2.0 * double(s_.layers_total));
   table.add({prefix + ".router.weight", {D, E}, ParamRole::Router, true, ParamInit::Normal, 0.02});
-  // Outside ".router.": every rank sharing a split routing group computes its whole gradient (not partial).
   if (s_.tau_learned) table.add({prefix + ".tau.log_ratio", {1}, ParamRole::Router, false, ParamInit::Zeros, 0.0});
   // This rank's experts: rows [ep_rank * El, (ep_rank + 1) * El) of the global (E, ...) tensors, and with
   // expert tensor parallelism its block of their hidden width (columns of W1, W3, rows of W2).
@@ -71,10 +70,11 @@ void MoeLayer<T>::register_params(ParamTable& table, const std::string& prefix) 
   add_expert(".experts.w2", {El, F, D}, 1, out_std);
   if (shared_) shared_->register_params(table, prefix + ".shared");
   if (fallback_) fallback_->register_params(table, prefix + ".fallback");
-  // Split routing group: the router, shared experts and fallback see this rank's tokens only.
+  // Split routing group: the router, shared experts and fallback see this rank's tokens only (and a learned
+  // temperature takes its gradient from them).
   if (s_.token_shards > 1)
     table.mark_partial_over_tp([&prefix](const ParamSpec& s) {
-      for (const char* part : {".router.", ".shared.", ".fallback."})
+      for (const char* part : {".router.", ".shared.", ".fallback.", ".tau."})
         if (s.name.rfind(prefix + part, 0) == 0) return true;
       return false;
     });
@@ -341,7 +341,7 @@ void MoeLayer<T>::router_backward(const FfnContext& context, const MoeSlot<T>& s
   group_dw_.assign(size_t(G * K), T(0));
   std::copy(host_dw_.begin(), host_dw_.end(), group_dw_.begin() + st.first_token * K);
   backend_.copy_to_device(dw, group_dw_.data(), G * K);
-  router_.logits_backward(context, st.routing, v.logits, v.scores, dw, dp, dz, G);
+  router_.logits_backward(context, st.routing, v.logits, v.scores, dw, dp, dz, G, st.first_token, N);
   // With expert tensor parallelism every rank computes the same whole router gradient; its share of the
   // input gradient is added by one rank to the partial sums.
   router_.input_backward(x, dz + st.first_token * E, s_.expert_tp_rank == 0 ? dx : nullptr, N);

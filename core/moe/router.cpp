@@ -214,20 +214,20 @@ void Router<T>::backward(const FfnContext& context, const Routing<T>& r, const T
 
 template <typename T>
 void Router<T>::logits_backward(const FfnContext& context, const Routing<T>& r, const T* logits, const T* scores,
-                                const T* dw, T* dp, T* dz, int64_t N) const {
+                                const T* dw, T* dp, T* dz, int64_t N, int64_t own_first, int64_t own_count) const {
   const int64_t E = s_.num_experts, K = s_.top_k;
   for (int64_t n = 0; n < N; ++n)  // gate weights -> scores
     gate_backward_(r.gate.data() + n * K, r.selected.data() + n * K, dw + n * K, r.denom[n], r.denom_clamped[n], K,
                    dp + n * E);
   loss_backward(context, r, logits, scores, dp, dz, N);
-  scores_backward(context, logits, scores, dp, dz, N);
+  scores_backward(context, logits, scores, dp, dz, N, own_first, own_count < 0 ? N : own_count);
 }
 
 // Scores -> logits (the noise is a constant; the temperature divides). With a learned temperature,
 // z' = (z + g) / tau gives d(loss)/d(log tau) = -sum over (n, e) of d(loss)/dz * (z + g).
 template <typename T>
 void Router<T>::scores_backward(const FfnContext& context, const T* logits, const T* scores, const T* dp, T* dz,
-                                int64_t N) const {
+                                int64_t N, int64_t own_first, int64_t own_count) const {
   const int64_t E = s_.num_experts;
   bool clamped = false;
   const double tau = this->tau(&clamped);
@@ -243,7 +243,8 @@ void Router<T>::scores_backward(const FfnContext& context, const T* logits, cons
     score_backward_(scores + n * E, dp + n * E, tau, row.data(), E);
     for (int64_t e = 0; e < E; ++e) {
       dz[n * E + e] += row[size_t(e)];
-      d_log_tau -= double(row[size_t(e)]) * (double(logits[n * E + e]) + (noise ? noise[n * E + e] : 0.0));
+      if (n >= own_first && n < own_first + own_count)
+        d_log_tau -= double(row[size_t(e)]) * (double(logits[n * E + e]) + (noise ? noise[n * E + e] : 0.0));
     }
   }
   if (clamped) return;

@@ -57,9 +57,11 @@ class Router {
   // the router's share to dx: (N, D). The same as logits_backward() then input_backward().
   void backward(const FfnContext& context, const Routing<T>& routing, const T* x, const T* logits, const T* scores,
                 const T* dw, T* dp, T* dz, T* dx, int64_t N) const;
-  // dz (N, E) = the gradient of the logits from the gate weights' (dw) and the router losses'.
+  // dz (N, E) = the gradient of the logits from the gate weights' (dw) and the router losses'. A learned
+  // temperature's gradient accumulates from rows [own_first, own_first + own_count) only (own_count < 0: all
+  // N): a rank whose routing group is split computes its own tokens' share, summed over the group's ranks.
   void logits_backward(const FfnContext& context, const Routing<T>& routing, const T* logits, const T* scores,
-                       const T* dw, T* dp, T* dz, int64_t N) const;
+                       const T* dw, T* dp, T* dz, int64_t N, int64_t own_first = 0, int64_t own_count = -1) const;
   // From the logits' gradient dz (N, E) of the tokens x (N, D): dWg accumulates, dx (N, D) += dz Wg^T
   // (dx nullptr: the weight's gradient only).
   void input_backward(const T* x, const T* dz, T* dx, int64_t N) const;
@@ -86,8 +88,8 @@ class Router {
   // the backward of a learned temperature, which needs z + g.
   const double* draw_noise(const FfnContext& context, int64_t N) const;
   // Scores -> logits for every row, and with a learned temperature d(loss)/d(log tau) into its gradient.
-  void scores_backward(const FfnContext& context, const T* logits, const T* scores, const T* dp, T* dz,
-                       int64_t N) const;
+  void scores_backward(const FfnContext& context, const T* logits, const T* scores, const T* dp, T* dz, int64_t N,
+                       int64_t own_first, int64_t own_count) const;
   void loss_backward(const FfnContext& context, const Routing<T>& r, const T* logits, const T* scores, T* dp, T* dz,
                      int64_t N) const;
 
