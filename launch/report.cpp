@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "launch/json_files.h"
 #include "launch/report_svg.h"
 #include "launch/run_dir.h"
 
@@ -367,33 +368,6 @@ std::string sweep_report_html(const std::string& title, const json& sweep,
   return page_html(title, subtitle, page);
 }
 
-namespace {
-
-std::vector<json> read_lines(const fs::path& path) {
-  std::vector<json> lines;
-  std::ifstream in(path);
-  for (std::string text; std::getline(in, text);) {
-    try {
-      lines.push_back(json::parse(text));
-    } catch (const std::exception&) {
-      // A line being written by a running job.
-    }
-  }
-  return lines;
-}
-
-json read_json_file(const fs::path& path, bool required) {
-  std::ifstream in(path);
-  try {
-    return json::parse(in);
-  } catch (const std::exception& e) {
-    if (required) MOE_BAD_INPUT(path.string() << ": not valid JSON (" << e.what() << ")");
-    return json();
-  }
-}
-
-}  // namespace
-
 void run_report(const ReportOptions& o) {
   const fs::path path = o.path;
   std::error_code ec;
@@ -418,10 +392,12 @@ void run_report(const ReportOptions& o) {
     if (!doc.is_object() || !doc.contains("cells") || !doc.contains("grid") || !doc.contains("summary"))
       MOE_BAD_INPUT((path / "sweep.json").string() << ": not a sweep.json of moe sweep (cells, grid, summary)");
     std::vector<std::vector<json>> cells;
-    for (const json& c : doc["cells"]) cells.push_back(read_lines(path / c.value("run_dir", "") / "metrics.jsonl"));
+    for (const json& c : doc["cells"])
+      cells.push_back(read_json_lines(path / c.value("run_dir", "") / "metrics.jsonl"));
     html = sweep_report_html(title, doc, cells);
   } else {
-    html = run_report_html(title, read_lines(path / "metrics.jsonl"), read_json_file(path / "manifest.json", false));
+    html =
+        run_report_html(title, read_json_lines(path / "metrics.jsonl"), read_json_file(path / "manifest.json", false));
   }
   const fs::path tmp = out.string() + ".tmp";
   {

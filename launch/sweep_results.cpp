@@ -10,35 +10,13 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "launch/json_files.h"
 
 namespace moe {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-std::vector<json> read_lines(const fs::path& path) {
-  std::vector<json> lines;
-  std::ifstream in(path);
-  for (std::string text; std::getline(in, text);) {
-    try {
-      lines.push_back(json::parse(text));
-    } catch (const std::exception&) {
-      // A line being written: skipped.
-    }
-  }
-  return lines;
-}
-
-json read_json_file(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return json();
-  try {
-    return json::parse(in);
-  } catch (const std::exception&) {
-    return json();
-  }
-}
 
 // Per training line: the shares of the assignments over all MoE layers, and the layer means.
 void add_routing(const json& line, std::map<std::string, std::vector<double>>& series) {
@@ -74,7 +52,7 @@ double mean_of(const std::vector<double>& v) {
 json run_figures(const std::string& run_dir, int64_t steps) {
   json figures = json::object();
   std::map<std::string, std::vector<double>> series;
-  for (const json& line : read_lines(fs::path(run_dir) / "metrics.jsonl")) {
+  for (const json& line : read_json_lines(fs::path(run_dir) / "metrics.jsonl")) {
     const int64_t step = line.value("step", int64_t(0));
     if (line.contains("eval_loss")) {
       figures["eval_loss"] = line["eval_loss"];
