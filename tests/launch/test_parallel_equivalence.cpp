@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "launch/trainer.h"
@@ -42,31 +43,44 @@ RunOutput train(int ranks, const std::vector<std::string>& extra, const fs::path
   return train_on(ranks, overrides, dir.string());
 }
 
+// A layout: the ranks it runs on and the config keys that make it.
 struct Layout {
-  const char* name;
+  std::string name;
   int ranks;
-  int ep;
+  std::vector<std::string> keys;
 };
 
-// Returns the serial run (rank 0's; empty elsewhere).
-RunOutput check_all_layouts(const std::vector<std::string>& variant, const std::string& variant_name) {
+// The serial run of `variant`, then each layout of it, each against the serial run. Returns the serial run
+// (rank 0's; empty elsewhere).
+RunOutput check_layouts(const std::vector<std::string>& variant, const std::string& variant_name,
+                        const std::vector<Layout>& layouts) {
   auto world = MpiCommunicator::world();
   EXPECT_EQ(world->size(), 4) << "run under mpirun -np 4";
   if (world->size() != 4) return {};
   const fs::path tmp = shared_temp_root("moe_equivalence_", "layouts");
   const RunOutput serial = train(1, variant, tmp / (variant_name + "_serial"));
-  for (const Layout& layout :
-       {Layout{"dp2", 2, 1}, Layout{"dp4", 4, 1}, Layout{"ep2", 2, 2}, Layout{"ep4", 4, 4}, Layout{"dp4_ep2", 4, 2}})
-    for (bool zero : {false, true}) {
-      const std::string name = variant_name + "_" + layout.name + (zero ? "_zero" : "");
-      std::vector<std::string> extra = variant;
-      extra.push_back("parallel.ep=" + std::to_string(layout.ep));
-      extra.push_back(std::string("optim.zero=") + (zero ? "true" : "false"));
-      const RunOutput run = train(layout.ranks, extra, tmp / name);
-      if (world->rank() == 0) expect_equivalent(serial, run, name);
-    }
+  for (const Layout& layout : layouts) {
+    const std::string name = variant_name + "_" + layout.name;
+    std::vector<std::string> extra = variant;
+    extra.insert(extra.end(), layout.keys.begin(), layout.keys.end());
+    const RunOutput run = train(layout.ranks, extra, tmp / name);
+    if (world->rank() == 0) expect_equivalent(serial, run, name);
+  }
   if (world->rank() == 0) fs::remove_all(tmp.parent_path());
   return serial;
+}
+
+// Data and expert parallelism: dp 2, dp 4, ep 2, ep 4 and dp 4 with ep 2, each with ZeRO off and on.
+RunOutput check_all_layouts(const std::vector<std::string>& variant, const std::string& variant_name) {
+  std::vector<Layout> layouts;
+  for (const auto& [name, ranks, ep] : {std::tuple{"dp2", 2, 1}, std::tuple{"dp4", 4, 1}, std::tuple{"ep2", 2, 2},
+                                        std::tuple{"ep4", 4, 4}, std::tuple{"dp4_ep2", 4, 2}})
+    for (bool zero : {false, true})
+      layouts.push_back(
+          {std::string(name) + (zero ? "_zero" : ""),
+           ranks,
+           {"parallel.ep=" + std::to_string(ep), std::string("optim.zero=") + (zero ? "true" : "false")}});
+  return check_layouts(variant, variant_name, layouts);
 }
 
 // Tensor parallelism (docs/parallel.md): tp 2 and 4 with sequence parallelism, tp 2 without, tp 2 beside
@@ -76,36 +90,19 @@ RunOutput check_all_layouts(const std::vector<std::string>& variant, const std::
 // hidden width over the tp ranks (parallel.expert_tp = 2), with and without sequence parallelism, and
 // beside ep 2 and dp 2 with ZeRO.
 RunOutput check_tensor_parallel_layouts(const std::vector<std::string>& variant, const std::string& variant_name) {
-  auto world = MpiCommunicator::world();
-  EXPECT_EQ(world->size(), 4) << "run under mpirun -np 4";
-  if (world->size() != 4) return {};
-  const fs::path tmp = shared_temp_root("moe_tp_equivalence_", "layouts");
-  const RunOutput serial = train(1, variant, tmp / (variant_name + "_serial"));
-  struct TpLayout {
-    const char* name;
-    int ranks;
-    std::vector<std::string> keys;
-  };
-  const std::vector<TpLayout> layouts = {
-      {"tp2", 2, {"parallel.tp=2"}},
-      {"tp4", 4, {"parallel.tp=4"}},
-      {"tp2_no_sp", 2, {"parallel.tp=2", "parallel.sequence_parallel=false"}},
-      {"tp2_dp2", 4, {"parallel.tp=2"}},
-      {"tp2_ep2", 2, {"parallel.tp=2", "parallel.ep=2"}},
-      {"tp2_dp2_ep2_zero", 4, {"parallel.tp=2", "parallel.ep=2", "optim.zero=true"}},
-      {"tp2_etp2", 2, {"parallel.tp=2", "parallel.expert_tp=2"}},
-      {"tp2_etp2_no_sp", 2, {"parallel.tp=2", "parallel.expert_tp=2", "parallel.sequence_parallel=false"}},
-      {"tp2_etp2_dp2_ep2_zero", 4, {"parallel.tp=2", "parallel.expert_tp=2", "parallel.ep=2", "optim.zero=true"}},
-  };
-  for (const TpLayout& layout : layouts) {
-    const std::string name = variant_name + "_" + layout.name;
-    std::vector<std::string> extra = variant;
-    extra.insert(extra.end(), layout.keys.begin(), layout.keys.end());
-    const RunOutput run = train(layout.ranks, extra, tmp / name);
-    if (world->rank() == 0) expect_equivalent(serial, run, name);
-  }
-  if (world->rank() == 0) fs::remove_all(tmp.parent_path());
-  return serial;
+  return check_layouts(
+      variant, variant_name,
+      {
+          {"tp2", 2, {"parallel.tp=2"}},
+          {"tp4", 4, {"parallel.tp=4"}},
+          {"tp2_no_sp", 2, {"parallel.tp=2", "parallel.sequence_parallel=false"}},
+          {"tp2_dp2", 4, {"parallel.tp=2"}},
+          {"tp2_ep2", 2, {"parallel.tp=2", "parallel.ep=2"}},
+          {"tp2_dp2_ep2_zero", 4, {"parallel.tp=2", "parallel.ep=2", "optim.zero=true"}},
+          {"tp2_etp2", 2, {"parallel.tp=2", "parallel.expert_tp=2"}},
+          {"tp2_etp2_no_sp", 2, {"parallel.tp=2", "parallel.expert_tp=2", "parallel.sequence_parallel=false"}},
+          {"tp2_etp2_dp2_ep2_zero", 4, {"parallel.tp=2", "parallel.expert_tp=2", "parallel.ep=2", "optim.zero=true"}},
+      });
 }
 
 // Pipeline parallelism (docs/parallel.md "Pipeline stages"): two stages of one layer each (the dense layer,
@@ -113,32 +110,14 @@ RunOutput check_tensor_parallel_layouts(const std::vector<std::string>& variant,
 // micro-batches. Losses, the global norm and every MoE layer's routing (gathered from the last stage to rank
 // 0's metrics) must be the serial run's.
 RunOutput check_pipeline_layouts(const std::vector<std::string>& variant, const std::string& variant_name) {
-  auto world = MpiCommunicator::world();
-  EXPECT_EQ(world->size(), 4) << "run under mpirun -np 4";
-  if (world->size() != 4) return {};
-  const fs::path tmp = shared_temp_root("moe_pp_equivalence_", "layouts");
-  const RunOutput serial = train(1, variant, tmp / (variant_name + "_serial"));
-  struct PpLayout {
-    const char* name;
-    int ranks;
-    std::vector<std::string> keys;
-  };
-  const std::vector<PpLayout> layouts = {
-      {"pp2", 2, {"parallel.pp=2"}},
-      {"pp2_dp2", 4, {"parallel.pp=2"}},
-      {"pp2_dp2_zero", 4, {"parallel.pp=2", "optim.zero=true"}},
-      {"pp2_ep2", 4, {"parallel.pp=2", "parallel.ep=2"}},
-      {"pp2_tp2", 4, {"parallel.pp=2", "parallel.tp=2"}},
-  };
-  for (const PpLayout& layout : layouts) {
-    const std::string name = variant_name + "_" + layout.name;
-    std::vector<std::string> extra = variant;
-    extra.insert(extra.end(), layout.keys.begin(), layout.keys.end());
-    const RunOutput run = train(layout.ranks, extra, tmp / name);
-    if (world->rank() == 0) expect_equivalent(serial, run, name);
-  }
-  if (world->rank() == 0) fs::remove_all(tmp.parent_path());
-  return serial;
+  return check_layouts(variant, variant_name,
+                       {
+                           {"pp2", 2, {"parallel.pp=2"}},
+                           {"pp2_dp2", 4, {"parallel.pp=2"}},
+                           {"pp2_dp2_zero", 4, {"parallel.pp=2", "optim.zero=true"}},
+                           {"pp2_ep2", 4, {"parallel.pp=2", "parallel.ep=2"}},
+                           {"pp2_tp2", 4, {"parallel.pp=2", "parallel.tp=2"}},
+                       });
 }
 
 TEST(ParallelEquivalence, PipelineLayoutsWithCapacityDropping) {
