@@ -160,9 +160,8 @@ class FieldReader {
   std::set<std::string> read_;
 };
 
-Config fill(const Entries& entries) {
-  FieldReader r(entries);
-  Config c;
+// One section of the config each, in the schema's order (launch/config_schema.cpp).
+void fill_train(FieldReader& r, Config& c) {
   c.train.steps = r.integer("train.steps");
   c.train.seed = uint64_t(r.integer("train.seed"));
   c.train.global_batch = r.integer("train.global_batch");
@@ -178,7 +177,9 @@ Config fill(const Entries& entries) {
   c.train.eval_every = r.integer("train.eval_every");
   c.train.eval_sequences = r.integer("train.eval_sequences");
   c.train.threads = r.integer("train.threads");
+}
 
+void fill_model(FieldReader& r, Config& c) {
   c.model.vocab = r.integer("model.vocab");
   c.model.d_model = r.integer("model.d_model");
   c.model.layers = r.integer("model.layers");
@@ -188,13 +189,9 @@ Config fill(const Entries& entries) {
   c.model.mla_kv_rank = r.integer("model.mla.kv_rank");
   c.model.mla_q_rank = r.integer("model.mla.q_rank");
   c.model.mla_rope_dim = r.integer("model.mla.rope_dim");
+}
 
-  c.moe.num_experts = r.integer("moe.num_experts");
-  c.moe.top_k = r.integer("moe.top_k");
-  c.moe.every = r.integer("moe.every");
-  c.moe.expert_hidden = r.integer("moe.expert_hidden");
-  c.moe.shared_experts = r.integer("moe.shared_experts");
-  c.moe.fallback_hidden = r.integer("moe.fallback_hidden");
+void fill_router(FieldReader& r, Config& c) {
   c.moe.router.tau = r.number("moe.router.tau");
   for (const json& point : r.at("moe.router.tau_schedule"))
     c.moe.router.tau_schedule.push_back({point.at("step").get<int64_t>(), point.at("tau").get<double>()});
@@ -211,6 +208,15 @@ Config fill(const Entries& entries) {
   c.moe.router.bias_balance_rule = r.string("moe.router.bias_balance.rule");
   c.moe.router.bias_balance_decay = r.number("moe.router.bias_balance.decay");
   c.moe.router.bias_balance_dead_band = r.number("moe.router.bias_balance.dead_band");
+}
+
+void fill_moe(FieldReader& r, Config& c) {
+  c.moe.num_experts = r.integer("moe.num_experts");
+  c.moe.top_k = r.integer("moe.top_k");
+  c.moe.every = r.integer("moe.every");
+  c.moe.expert_hidden = r.integer("moe.expert_hidden");
+  c.moe.shared_experts = r.integer("moe.shared_experts");
+  c.moe.fallback_hidden = r.integer("moe.fallback_hidden");
   c.moe.capacity_factor = r.number("moe.capacity_factor");
   c.moe.drop_policy = r.string("moe.drop_policy");
   const json& overflow = r.at("moe.overflow");
@@ -229,7 +235,9 @@ Config fill(const Entries& entries) {
   c.moe.loss.entropy = r.number("moe.loss.entropy");
   c.moe.loss.death = r.number("moe.loss.death");
   c.moe.loss.death_floor = r.number("moe.loss.death_floor");
+}
 
+void fill_optim(FieldReader& r, Config& c) {
   c.optim.lr = r.number("optim.lr");
   c.optim.min_lr = r.number("optim.min_lr");
   c.optim.warmup = r.integer("optim.warmup");
@@ -243,7 +251,9 @@ Config fill(const Entries& entries) {
   c.optim.per_expert_clip_cold = r.number("optim.per_expert_clip_cold");
   c.optim.per_expert_clip_hot_load = r.number("optim.per_expert_clip_hot_load");
   c.optim.zero = r.boolean("optim.zero");
+}
 
+void fill_parallel(FieldReader& r, Config& c) {
   c.parallel.tp = r.integer("parallel.tp");
   c.parallel.pp = r.integer("parallel.pp");
   c.parallel.ep = r.integer("parallel.ep");
@@ -252,7 +262,9 @@ Config fill(const Entries& entries) {
   c.parallel.sequence_parallel = r.boolean("parallel.sequence_parallel");
   c.parallel.expert_tp = r.integer("parallel.expert_tp");
   c.parallel.pp_layers = r.at("parallel.pp_layers").get<std::vector<int64_t>>();
+}
 
+void fill_checkpoint(FieldReader& r, Config& c) {
   c.checkpoint.dir = r.string("checkpoint.dir");
   c.checkpoint.every = r.integer("checkpoint.every");
   c.checkpoint.keep = r.integer("checkpoint.keep");
@@ -261,7 +273,9 @@ Config fill(const Entries& entries) {
   c.checkpoint.replicas = r.at("checkpoint.replicas").get<std::vector<std::string>>();
   c.checkpoint.peer_copy = r.boolean("checkpoint.peer_copy");
   c.checkpoint.node_local = r.boolean("checkpoint.node_local");
+}
 
+void fill_fault(FieldReader& r, Config& c) {
   c.fault.heartbeat_interval_s = r.number("fault.heartbeat_interval_s");
   c.fault.heartbeat_timeout_s = r.number("fault.heartbeat_timeout_s");
   c.fault.setup_timeout_s = r.number("fault.setup_timeout_s");
@@ -275,14 +289,18 @@ Config fill(const Entries& entries) {
   c.fault.listen = r.string("fault.listen");
   for (const json& f : r.at("fault.inject"))
     c.fault.inject.push_back({f["kind"].get<std::string>(), f["rank"].get<int64_t>(), f["step"].get<int64_t>()});
+}
 
+void fill_monitor(FieldReader& r, Config& c) {
   c.monitor.window = r.integer("monitor.window");
   c.monitor.min_share = r.number("monitor.min_share");
   c.monitor.max_share = r.number("monitor.max_share");
   c.monitor.max_cv = r.number("monitor.max_cv");
   c.monitor.max_overflow = r.number("monitor.max_overflow");
   c.monitor.probe_sequences = r.integer("monitor.probe_sequences");
+}
 
+void fill_data(FieldReader& r, Config& c) {
   for (const json& source : r.at("data.sources"))
     c.data.sources.push_back({source.at("name").get<std::string>(), source.at("path").get<std::string>(),
                               source.at("weight").get<double>()});
@@ -292,7 +310,14 @@ Config fill(const Entries& entries) {
     for (const auto& [name, weight] : point.at("weights").items()) p.weights.emplace_back(name, weight.get<double>());
     c.data.schedule.push_back(std::move(p));
   }
+}
 
+Config fill(const Entries& entries) {
+  FieldReader r(entries);
+  Config c;
+  for (auto section : {fill_train, fill_model, fill_router, fill_moe, fill_optim, fill_parallel, fill_checkpoint,
+                       fill_fault, fill_monitor, fill_data})
+    section(r, c);
   MOE_CHECK(r.keys_read() == config_schema::schema().size(),
             "config fill() reads " << r.keys_read() << " keys, the schema has " << config_schema::schema().size());
   for (const auto& [key, entry] : entries) c.resolved[json_pointer_of(key)] = entry.value;
