@@ -19,44 +19,14 @@
 #include "data/corpus.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
+#include "tests/data/data_test_support.h"
 
 namespace moe::data {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() / ("moe_test_data_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string write(const std::string& name, const std::string& bytes) const {
-    const fs::path file = path_ / name;
-    std::ofstream(file, std::ios::binary) << bytes;
-    return file.string();
-  }
-  std::string path(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
-
-// Runs fn, expects moe::Error of kind BadInput whose message contains every one of `needles`.
-void expect_bad_input(const std::function<void()>& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown; expected BadInput mentioning " << needles.front();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::BadInput) << e.message();
-    for (const std::string& needle : needles)
-      EXPECT_NE(e.message().find(needle), std::string::npos) << "'" << needle << "' not in: " << e.message();
-  }
-}
+using namespace test_support;
 
 std::string text_of(const Source& source) {
   std::string text = detokenize_bytes(source.train.data(), source.train.size());
@@ -282,7 +252,7 @@ TEST(Loader, HeldOutWindowsAreFixedAndNonOverlapping) {
 }
 
 TEST(Loader, SplitsOfExactlySeqLenPlusOneTokensWork) {
-  TempDir dir;
+  TempDir dir("data");
   const int64_t seq_len = 16;
   std::string text;
   for (int64_t i = 0; i < 2 * (seq_len + 1); ++i) text.push_back(char('a' + i % 26));
@@ -311,7 +281,7 @@ TEST(Loader, SplitsOfExactlySeqLenPlusOneTokensWork) {
 }
 
 TEST(BadInput, FilesThatCannotServeAsSources) {
-  TempDir dir;
+  TempDir dir("data");
   const std::string missing = dir.path("missing.txt");
   expect_bad_input([&] { load_corpus({{"m", missing, 1.0}}, 0.1); }, {missing, "not found", "'m'"});
   const std::string empty = dir.write("empty.txt", "");
@@ -326,7 +296,7 @@ TEST(BadInput, FilesThatCannotServeAsSources) {
 }
 
 TEST(BadInput, SplitsTooShortForTheSequenceLength) {
-  TempDir dir;
+  TempDir dir("data");
   const std::string path = dir.write("code.txt", std::string(370, 'x'));
   const Corpus corpus = load_corpus({{"code", path, 1.0}}, 0.1);  // 333 train, 37 held out
   expect_bad_input([&] { validate_corpus(corpus, 128, 256); },
@@ -338,7 +308,7 @@ TEST(BadInput, SplitsTooShortForTheSequenceLength) {
 }
 
 TEST(BadInput, SettingsAndSpecs) {
-  TempDir dir;
+  TempDir dir("data");
   const std::string path = dir.write("a.txt", std::string(1000, 'a'));
   expect_bad_input(
       [&] {

@@ -26,51 +26,14 @@
 #include "data/prep_input.h"
 #include "data/quality.h"
 #include "data/shards.h"
+#include "tests/data/data_test_support.h"
 
 namespace moe::data {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() / ("moe_test_prep_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string write(const std::string& name, const std::string& bytes) const {
-    const fs::path file = path_ / name;
-    fs::create_directories(file.parent_path());
-    std::ofstream(file, std::ios::binary) << bytes;
-    return file.string();
-  }
-  std::string write_gz(const std::string& name, const std::string& bytes) const {
-    const fs::path file = path_ / name;
-    fs::create_directories(file.parent_path());
-    gzFile gz = gzopen(file.c_str(), "wb");
-    gzwrite(gz, bytes.data(), unsigned(bytes.size()));
-    gzclose(gz);
-    return file.string();
-  }
-  std::string path(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
-
-void expect_bad_input(const std::function<void()>& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown; expected BadInput mentioning " << needles.front();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::BadInput) << e.message();
-    for (const std::string& needle : needles)
-      EXPECT_NE(e.message().find(needle), std::string::npos) << "'" << needle << "' not in: " << e.message();
-  }
-}
+using namespace test_support;
 
 std::string embedded(const char* name) {
   for (const EmbeddedText& t : embedded_texts())
@@ -282,7 +245,7 @@ PrepSettings small_settings(const TempDir& dir, const std::string& out) {
 }
 
 TEST(Prep, ReadsEveryKindOfInputRemovesDuplicatesAndRoundTrips) {
-  TempDir dir;
+  TempDir dir("prep");
   std::string jsonl;
   for (int i = 0; i < 20; ++i) jsonl += nlohmann::json{{"text", paragraph(i)}, {"id", i}}.dump() + "\n";
   jsonl += nlohmann::json{{"text", paragraph(3)}}.dump() + "\n\n";  // an exact duplicate and a blank line
@@ -318,7 +281,7 @@ TEST(Prep, ReadsEveryKindOfInputRemovesDuplicatesAndRoundTrips) {
 }
 
 TEST(Prep, OutputIsTheSameWhateverTheThreads) {
-  TempDir dir;
+  TempDir dir("prep");
   std::string text;
   for (int i = 0; i < 40; ++i) text += nlohmann::json{{"text", paragraph(i % 30)}}.dump() + "\n";
   dir.write("a.jsonl", text);
@@ -334,7 +297,7 @@ TEST(Prep, OutputIsTheSameWhateverTheThreads) {
 }
 
 TEST(Prep, TrainsOnPreparedShardsThroughTheLoader) {
-  TempDir dir;
+  TempDir dir("prep");
   for (int i = 0; i < 30; ++i) dir.write("in/" + std::to_string(100 + i) + ".txt", paragraph(i));
   PrepSettings s = small_settings(dir, "prepared");
   s.inputs = {{"text", dir.path("in")}};
@@ -364,7 +327,7 @@ TEST(Prep, TrainsOnPreparedShardsThroughTheLoader) {
 }
 
 TEST(Prep, DamagedShardsAreRefusedNamingTheFile) {
-  TempDir dir;
+  TempDir dir("prep");
   dir.write("a.txt", paragraph(1) + paragraph(2));
   PrepSettings s = small_settings(dir, "prepared");
   s.inputs = {{"a", dir.path("a.txt")}};
@@ -386,7 +349,7 @@ TEST(Prep, DamagedShardsAreRefusedNamingTheFile) {
 }
 
 TEST(Prep, BadSettingsAndInputsAreRefusedBeforeAnythingIsWritten) {
-  TempDir dir;
+  TempDir dir("prep");
   dir.write("a.txt", "text");
   dir.write("bad.jsonl", "{\"text\": \"fine\"}\n{\"body\": 1}\n");
   dir.write("cut.txt.gz", "\x1f\x8b\x08\x00garbage");
@@ -422,7 +385,7 @@ TEST(Prep, BadSettingsAndInputsAreRefusedBeforeAnythingIsWritten) {
 // ---- Tiers and the mixing schedule ----------------------------------------------------------------------
 
 TEST(Loader, TiersAreSampledByTheirWeights) {
-  TempDir dir;
+  TempDir dir("prep");
   std::string good, bad;
   const std::string prose = embedded("prose");
   for (int i = 0; i < 40; ++i)
