@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/grouped_gemm_bench.h"
 #include "bench/sgemm_peak.h"
 #include "bench/timing.h"
 #include "bench_main.h"
@@ -34,6 +35,7 @@ struct Options {
   int warmup = 3;
   int sgemm_reps = 5;
   bool quick = false;
+  std::vector<int64_t> experts, top_ks;  // empty: the default sweep (8, 32, 64 x 1, 2, 4)
 };
 
 struct MoeShape {
@@ -240,6 +242,23 @@ nlohmann::json to_json(const Options& o, int threads, const SgemmPeak& peak, con
           {"layers", layers}};
 }
 
+// The grouped expert GEMM alone, for each dropless shape (bench/grouped_gemm_bench.h).
+std::vector<GroupedResult> measure_grouped(Backend& backend, const std::vector<MoeShape>& shapes, const SgemmPeak& peak,
+                                           const Options& o) {
+  std::printf(
+      "grouped expert GEMM: the nine grouped calls of one MoE layer's experts (forward and backward), median of "
+      "%d, against the sgemm peak and against the same calls on one group of all the rows:\n",
+      o.reps);
+  std::vector<GroupedResult> results;
+  for (const MoeShape& s : shapes) {
+    if (s.capacity_factor > 0) continue;
+    results.push_back(
+        measure_grouped_gemm(backend, {s.d_model, s.expert_hidden, s.tokens, s.experts, s.top_k}, o.warmup, o.reps));
+    print_grouped(results.back(), peak);
+  }
+  return results;
+}
+
 void run(Options o) {
   const std::unique_ptr<Backend> backend = make_cpu_backend(o.threads);
   std::vector<int64_t> sgemm_sizes{512, 1024, 2048};
@@ -256,6 +275,8 @@ void run(Options o) {
     o.warmup = 1;
     o.sgemm_reps = 3;
   }
+  if (!o.experts.empty()) expert_counts = o.experts;
+  if (!o.top_ks.empty()) top_ks = o.top_ks;
   std::vector<MoeShape> shapes;
   for (const int64_t E : expert_counts)
     for (const int64_t K : top_ks) shapes.push_back({D, F, N, E, K, 0.0});
@@ -284,9 +305,12 @@ void run(Options o) {
     print_moe(results.back(), peak);
   }
   print_table(results, peak);
+  const std::vector<GroupedResult> grouped = measure_grouped(*backend, shapes, peak, o);
   const std::string load_end = load_average();
   std::printf("load average %s at end\n", load_end.c_str());
-  std::printf("%s\n", to_json(o, backend->threads(), peak, results, load_start, load_end).dump().c_str());
+  nlohmann::json out = to_json(o, backend->threads(), peak, results, load_start, load_end);
+  for (const GroupedResult& r : grouped) out["grouped_gemm"].push_back(grouped_json(r, peak));
+  std::printf("%s\n", out.dump().c_str());
 }
 
 }  // namespace
@@ -307,6 +331,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 100000));
   app.add_option("--sgemm-reps", options.sgemm_reps, "Timed sgemm calls per size (the median is reported)")
       ->check(CLI::Range(1, 100000));
+  app.add_option("--experts", options.experts, "Expert counts to measure (default 8 32 64)")
+      ->check(CLI::Range(int64_t(1), int64_t(4096)));
+  app.add_option("--top-k", options.top_ks, "Top-k values to measure (default 1 2 4)")
+      ->check(CLI::Range(int64_t(1), int64_t(64)));
   app.add_flag("--quick", options.quick, "Tiny sizes, well under a second: a smoke check, not a measurement");
   return moe::bench::parse_and_run(app, argc, argv, "bench_moe", [&] { moe::bench::run(options); });
 }

@@ -97,7 +97,8 @@ std::vector<KeySpec> train_keys() {
               "evaluate on held-out data every this many steps; 0 = only at the end"),
       integer("train.eval_sequences", 8, at_least(1), "held-out sequences per data source per evaluation"),
       integer("train.threads", 0, from_to(0, kMaxInt32),
-              "CPU threads per rank; 0 = the node's cores divided by its ranks (OpenMP takes a 32-bit count)"),
+              "CPU threads per rank; 0 = the cores the process may use (affinity mask, cgroup quota) divided by the "
+              "node's ranks (OpenMP takes a 32-bit count)"),
   };
 }
 

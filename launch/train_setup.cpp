@@ -4,9 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <thread>
 
 #include "core/backend/backend.h"
+#include "core/backend/cpu/thread_policy.h"
 #include "core/error.h"
 #include "core/mla_attention.h"
 #include "launch/memory.h"
@@ -81,8 +81,7 @@ MoeSettingsOf moe_layers(const Config& config, const ProcessGroups& groups) {
 
 // Threads per rank: train.threads, or this node's cores shared by its ranks.
 int set_threads(Backend& backend, const TrainConfig& tc) {
-  const int threads =
-      tc.threads > 0 ? int(tc.threads) : std::max(1, int(std::thread::hardware_concurrency()) / launcher_local_size());
+  const int threads = tc.threads > 0 ? int(tc.threads) : std::max(1, cpu::usable_cores() / launcher_local_size());
   backend.set_threads(threads);
   return threads;
 }

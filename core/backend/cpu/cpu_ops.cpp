@@ -10,11 +10,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
-#include <thread>
 #include <vector>
 
 #include "core/backend/backend.h"
 #include "core/backend/cpu/moe_kernels.h"
+#include "core/backend/cpu/parallel_kernels.h"
+#include "core/backend/cpu/thread_policy.h"
 #include "core/backend/ops.h"
 #include "core/error.h"
 
@@ -26,16 +27,7 @@ constexpr double kRopeBase = 10000.0;
 // Reductions are cut into chunks of this size whatever the thread count, then summed in order.
 constexpr int64_t kReduceChunk = 4096;
 
-inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                      const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
-              alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
-}
-inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
-                      const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
-              alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
-}
+using cpu::blas_gemm;
 
 template <typename T>
 class CpuOps final : public Ops<T> {
@@ -149,41 +141,12 @@ class CpuOps final : public Ops<T> {
 
   void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,
                          int64_t Dh) override {
-    const int64_t D = H * Dh;
-    const T scale = T(1.0 / std::sqrt(double(Dh)));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t off = b * T_ * D + h * Dh;
-        T* P = probs + (b * H + h) * T_ * T_;
-        gemm(false, true, T_, T_, Dh, scale, q + off, D, k + off, D, T(0), P, T_);
-        causal_softmax_rows(P, T_);
-        gemm(false, false, T_, Dh, T_, T(1), P, T_, v + off, D, T(0), out + off, D);
-      }
+    cpu::attention_forward(cpu::AttentionShape{B, T_, H, Dh}, q, k, v, out, probs);
   }
 
   void attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq, T* dk, T* dv,
                           T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) override {
-    const int64_t D = H * Dh;
-    const T scale = T(1.0 / std::sqrt(double(Dh)));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t off = b * T_ * D + h * Dh;
-        const T* P = probs + (b * H + h) * T_ * T_;
-        T* dS = scratch;
-        gemm(false, true, T_, T_, Dh, T(1), dout + off, D, v + off, D, T(0), dS, T_);  // dP = dO V^T
-        gemm(true, false, T_, Dh, T_, T(1), P, T_, dout + off, D, T(0), dv + off, D);  // dV = P^T dO
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < T_; ++i) {  // dS = P * (dP - rowsum(P * dP)) * scale
-          const T* p = P + i * T_;
-          T* d = dS + i * T_;
-          double dot = 0;
-          for (int64_t j = 0; j <= i; ++j) dot += double(p[j]) * d[j];
-          for (int64_t j = 0; j <= i; ++j) d[j] = T(double(p[j]) * (double(d[j]) - dot) * double(scale));
-          for (int64_t j = i + 1; j < T_; ++j) d[j] = T(0);
-        }
-        gemm(false, false, T_, Dh, T_, T(1), dS, T_, k + off, D, T(0), dq + off, D);  // dQ = dS K
-        gemm(true, false, T_, Dh, T_, T(1), dS, T_, q + off, D, T(0), dk + off, D);   // dK = dS^T Q
-      }
+    cpu::attention_backward(cpu::AttentionShape{B, T_, H, Dh}, q, k, v, probs, dout, dq, dk, dv, scratch);
   }
 
   void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override {
@@ -261,15 +224,7 @@ class CpuOps final : public Ops<T> {
   void grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K,
                     T alpha, const T* A, const T* B, T beta, T* C) override {
     MOE_CHECK(!(trans_a && trans_b), "grouped gemm: trans_a with trans_b is not an expert shape");
-    // One GEMM per group: on the CPU the interface matters, not fusing the groups.
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t r0 = row_offset[g], m = row_offset[g + 1] - r0;
-      if (m == 0) continue;
-      if (!trans_a)
-        gemm(false, trans_b, m, N, K, alpha, A + r0 * K, K, B + g * K * N, trans_b ? K : N, beta, C + r0 * N, N);
-      else
-        gemm(true, false, K, N, m, alpha, A + r0 * K, K, B + r0 * N, N, beta, C + g * K * N, N);
-    }
+    cpu::grouped_gemm(trans_a, trans_b, groups, row_offset, N, K, alpha, A, B, beta, C);
   }
   void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) override {
     cpu::gumbel_noise(key, step, first_counter, out, n);
@@ -309,20 +264,6 @@ class CpuOps final : public Ops<T> {
     for (int64_t j = 0; j < V; ++j) s += std::exp(double(z[j]) - m);
     return m + std::log(s);
   }
-
-  static void causal_softmax_rows(T* P, int64_t T_) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < T_; ++i) {
-      T* row = P + i * T_;
-      double m = -INFINITY;
-      for (int64_t j = 0; j <= i; ++j) m = std::max(m, double(row[j]));
-      double s = 0;
-      for (int64_t j = 0; j <= i; ++j) s += std::exp(double(row[j]) - m);
-      const double inv = 1.0 / s;
-      for (int64_t j = 0; j <= i; ++j) row[j] = T(std::exp(double(row[j]) - m) * inv);
-      for (int64_t j = i + 1; j < T_; ++j) row[j] = T(0);
-    }
-  }
 };
 
 // Host memory, work done when a call returns: the CPU stream has nothing to wait for.
@@ -339,7 +280,7 @@ class CpuBackend final : public Backend {
   int threads() const override { return threads_; }
   // OpenMP and OpenBLAS keep their thread counts per process: the last backend made sets them.
   void set_threads(int threads) override {
-    if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+    if (threads <= 0) threads = cpu::usable_cores();
     threads_ = threads;
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);

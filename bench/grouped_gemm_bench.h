@@ -1,0 +1,105 @@
+// The grouped expert GEMM alone (Ops::grouped_gemm), as bench_moe measures it: the nine grouped calls of one
+// MoE layer's experts (core/moe/experts.cpp: three forward, six backward) on E experts' row blocks, against the
+// sgemm peak and against the same nine calls on one group of all the rows (one large GEMM per call, the
+// dense equivalent: same FLOPs, one weight). The rows per expert are those of N K assignments spread at
+// random over the experts, as a router spreads them early in training.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "bench/sgemm_peak.h"
+#include "bench/timing.h"
+#include "core/backend/backend.h"
+
+namespace moe::bench {
+
+struct GroupedShape {
+  int64_t d_model = 0, expert_hidden = 0, tokens = 0, experts = 0, top_k = 0;
+};
+
+struct GroupedResult {
+  GroupedShape shape;
+  int64_t max_rows = 0;
+  double flops = 0;                // of the nine calls
+  Summary grouped_s, one_group_s;  // seconds for the nine calls
+};
+
+// Row offsets of E blocks holding N K assignments drawn uniformly at random (deterministic).
+inline std::vector<int64_t> random_row_offsets(int64_t experts, int64_t assignments, uint64_t seed) {
+  std::vector<int64_t> rows(size_t(experts), 0);
+  for (int64_t i = 0; i < assignments; ++i) ++rows[size_t(next_random(seed) % uint64_t(experts))];
+  std::vector<int64_t> offset(size_t(experts) + 1, 0);
+  for (int64_t e = 0; e < experts; ++e) offset[size_t(e) + 1] = offset[size_t(e)] + rows[size_t(e)];
+  return offset;
+}
+
+// The nine grouped calls of GroupedExperts::forward and backward, on `groups` blocks given by `off` (the
+// operands are reused across calls: only the shapes matter, and the inputs stay bounded).
+struct ExpertOperands {
+  std::vector<float> xe, a, h, y, dy, w1, w2, dw1, dw2;
+
+  void run(Ops<float>& ops, int64_t groups, const int64_t* off, int64_t D, int64_t F) {
+    ops.grouped_gemm(false, false, groups, off, F, D, 1.0f, xe.data(), w1.data(), 0.0f, a.data());  // xe W1
+    ops.grouped_gemm(false, false, groups, off, F, D, 1.0f, xe.data(), w1.data(), 0.0f, h.data());  // xe W3
+    ops.grouped_gemm(false, false, groups, off, D, F, 1.0f, h.data(), w2.data(), 0.0f, y.data());   // h W2
+    ops.grouped_gemm(true, false, groups, off, D, F, 1.0f, h.data(), dy.data(), 1.0f, dw2.data());  // dW2
+    ops.grouped_gemm(false, true, groups, off, F, D, 1.0f, dy.data(), w2.data(), 0.0f, a.data());   // dh
+    ops.grouped_gemm(true, false, groups, off, F, D, 1.0f, xe.data(), a.data(), 1.0f, dw1.data());  // dW1
+    ops.grouped_gemm(true, false, groups, off, F, D, 1.0f, xe.data(), h.data(), 1.0f, dw1.data());  // dW3
+    ops.grouped_gemm(false, true, groups, off, D, F, 1.0f, a.data(), w1.data(), 0.0f, y.data());    // dx
+    ops.grouped_gemm(false, true, groups, off, D, F, 1.0f, h.data(), w1.data(), 1.0f, y.data());    //  + ...
+  }
+};
+
+inline GroupedResult measure_grouped_gemm(Backend& backend, const GroupedShape& s, int warmup, int reps) {
+  const int64_t D = s.d_model, F = s.expert_hidden, E = s.experts, R = s.tokens * s.top_k;
+  const std::vector<int64_t> off = random_row_offsets(E, R, 99), whole = {0, R};
+  ExpertOperands x;
+  for (auto* v : {&x.xe, &x.y, &x.dy}) v->resize(size_t(R * D));
+  for (auto* v : {&x.a, &x.h}) v->resize(size_t(R * F));
+  for (auto* v : {&x.w1, &x.w2, &x.dw1, &x.dw2}) v->resize(size_t(E * D * F));
+  uint64_t seed = 5;
+  for (auto* v : {&x.xe, &x.a, &x.h, &x.y, &x.dy, &x.w1, &x.w2}) fill_uniform(*v, ++seed);
+  std::vector<double> grouped, one;
+  Ops<float>& ops = backend.ops<float>();
+  for (int i = 0; i < warmup + reps; ++i) {  // alternating, so that a change of load hits both alike
+    const Stopwatch g;
+    x.run(ops, E, off.data(), D, F);
+    const double grouped_s = g.seconds();
+    const Stopwatch o;
+    x.run(ops, 1, whole.data(), D, F);
+    if (i >= warmup) grouped.push_back(grouped_s), one.push_back(o.seconds());
+  }
+  GroupedResult r{s, 0, 9.0 * 2.0 * double(R) * double(D) * double(F), summarize(grouped), summarize(one)};
+  for (int64_t e = 0; e < E; ++e) r.max_rows = std::max(r.max_rows, off[size_t(e) + 1] - off[size_t(e)]);
+  return r;
+}
+
+inline void print_grouped(const GroupedResult& r, const SgemmPeak& peak) {
+  const double grouped = r.flops / r.grouped_s.median * 1e-9, one = r.flops / r.one_group_s.median * 1e-9;
+  std::printf(
+      "  E=%lld K=%lld (%lld rows, at most %lld per expert): grouped %6.1f GFLOP/s = %.2f x peak;  one group "
+      "%6.1f GFLOP/s = %.2f x peak;  grouped / one group time %.2f\n",
+      (long long)r.shape.experts, (long long)r.shape.top_k, (long long)(r.shape.tokens * r.shape.top_k),
+      (long long)r.max_rows, grouped, grouped / peak.gflops, one, one / peak.gflops,
+      r.grouped_s.median / r.one_group_s.median);
+  std::fflush(stdout);
+}
+
+inline nlohmann::json grouped_json(const GroupedResult& r, const SgemmPeak& peak) {
+  return {{"experts", r.shape.experts},
+          {"top_k", r.shape.top_k},
+          {"rows", r.shape.tokens * r.shape.top_k},
+          {"max_rows_per_expert", r.max_rows},
+          {"flops", r.flops},
+          {"grouped_ms", summary_json(r.grouped_s, 1e3)},
+          {"one_group_ms", summary_json(r.one_group_s, 1e3)},
+          {"grouped_ratio_to_sgemm_peak", r.flops / r.grouped_s.median * 1e-9 / peak.gflops},
+          {"one_group_ratio_to_sgemm_peak", r.flops / r.one_group_s.median * 1e-9 / peak.gflops},
+          {"grouped_over_one_group", r.grouped_s.median / r.one_group_s.median}};
+}
+
+}  // namespace moe::bench

@@ -1,0 +1,167 @@
+// The CPU backend's coarse-grained parallel kernels: work that is many small GEMMs (the experts of a grouped
+// GEMM, the heads of attention) is split among threads by whole GEMMs, each one a single-threaded BLAS call,
+// instead of handing each small GEMM to all threads in turn. One parallel region per op instead of one per
+// GEMM: fewer thread wake-ups (which cost most when another process shares the cores) and no small GEMM
+// split between threads (which OpenBLAS does poorly).
+//
+// Determinism: every output element is computed by one BLAS call over its whole reduction, exactly as in
+// the serial form; OpenBLAS gives the same bits for a GEMM whatever number of threads it uses (it splits
+// the output, never the reduction), so the result does not depend on the thread count.
+#pragma once
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace moe::cpu {
+
+inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                      const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
+              alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
+                      const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
+              alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+
+// Threads the op may use: 1 inside a parallel region (no nesting), else the backend's count.
+inline int usable_threads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
+
+// ---- Grouped GEMM (Ops::grouped_gemm) ----------------------------------------------------------------
+
+// Group g of a grouped GEMM as one BLAS call (see Ops::grouped_gemm for the operand layout).
+template <typename T>
+void grouped_gemm_group(bool trans_a, bool trans_b, int64_t g, const int64_t* row_offset, int64_t N, int64_t K, T alpha,
+                        const T* A, const T* B, T beta, T* C) {
+  const int64_t r0 = row_offset[g], m = row_offset[g + 1] - r0;
+  if (!trans_a)
+    blas_gemm(false, trans_b, m, N, K, alpha, A + r0 * K, K, B + g * K * N, trans_b ? K : N, beta, C + r0 * N, N);
+  else
+    blas_gemm(true, false, K, N, m, alpha, A + r0 * K, K, B + r0 * N, N, beta, C + g * K * N, N);
+}
+
+// Groups too large to share: more rows than an even share of the threads' work. These run first, one at a
+// time on all threads; the rest run concurrently, one group per thread at a time, largest first.
+template <typename T>
+void grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K, T alpha,
+                  const T* A, const T* B, T beta, T* C) {
+  const int threads = usable_threads();
+  const int64_t rows = row_offset[groups] - row_offset[0];
+  std::vector<int64_t> shared;  // the groups run concurrently
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t m = row_offset[g + 1] - row_offset[g];
+    if (m == 0) continue;
+    if (threads == 1 || m * threads > rows)
+      grouped_gemm_group(trans_a, trans_b, g, row_offset, N, K, alpha, A, B, beta, C);
+    else
+      shared.push_back(g);
+  }
+  std::stable_sort(shared.begin(), shared.end(), [&](int64_t a, int64_t b) {
+    return row_offset[a + 1] - row_offset[a] > row_offset[b + 1] - row_offset[b];
+  });
+  const int64_t count = int64_t(shared.size());
+#pragma omp parallel for schedule(dynamic, 1) if (count > 1)
+  for (int64_t i = 0; i < count; ++i)
+    grouped_gemm_group(trans_a, trans_b, shared[size_t(i)], row_offset, N, K, alpha, A, B, beta, C);
+}
+
+// ---- Causal attention (Ops::attention_forward / attention_backward) ---------------------------------
+
+// Row i of P (T x T) to the causal softmax of its first i + 1 entries, zero after.
+template <typename T>
+void causal_softmax_row(T* row, int64_t i, int64_t T_) {
+  double m = -INFINITY;
+  for (int64_t j = 0; j <= i; ++j) m = std::max(m, double(row[j]));
+  double s = 0;
+  for (int64_t j = 0; j <= i; ++j) s += std::exp(double(row[j]) - m);
+  const double inv = 1.0 / s;
+  for (int64_t j = 0; j <= i; ++j) row[j] = T(std::exp(double(row[j]) - m) * inv);
+  for (int64_t j = i + 1; j < T_; ++j) row[j] = T(0);
+}
+
+// Row i of dS = P * (dP - rowsum(P * dP)) * scale, in place on dP.
+template <typename T>
+void softmax_backward_row(const T* p, T* d, int64_t i, int64_t T_, T scale) {
+  double dot = 0;
+  for (int64_t j = 0; j <= i; ++j) dot += double(p[j]) * d[j];
+  for (int64_t j = 0; j <= i; ++j) d[j] = T(double(p[j]) * (double(d[j]) - dot) * double(scale));
+  for (int64_t j = i + 1; j < T_; ++j) d[j] = T(0);
+}
+
+// The shape of one attention call; head (b, h) has its columns at offset(b, h) of q, k, v, out.
+struct AttentionShape {
+  int64_t B, T, H, Dh;
+  int64_t D() const { return H * Dh; }
+  int64_t offset(int64_t bh) const { return (bh / H) * T * D() + (bh % H) * Dh; }
+  double scale() const { return 1.0 / std::sqrt(double(Dh)); }
+};
+
+// One head's forward. rows_parallel: the softmax rows split among threads (when heads are not).
+template <typename T>
+void attention_head_forward(const AttentionShape& s, int64_t bh, const T* q, const T* k, const T* v, T* out, T* probs,
+                            bool rows_parallel) {
+  const int64_t off = s.offset(bh), D = s.D(), T_ = s.T;
+  T* P = probs + bh * T_ * T_;
+  blas_gemm(false, true, T_, T_, s.Dh, T(s.scale()), q + off, D, k + off, D, T(0), P, T_);
+#pragma omp parallel for schedule(static) if (rows_parallel)
+  for (int64_t i = 0; i < T_; ++i) causal_softmax_row(P + i * T_, i, T_);
+  blas_gemm(false, false, T_, s.Dh, T_, T(1), P, T_, v + off, D, T(0), out + off, D);
+}
+
+// One head's backward; dS: (T, T) scratch of the calling thread.
+template <typename T>
+void attention_head_backward(const AttentionShape& s, int64_t bh, const T* q, const T* k, const T* v, const T* probs,
+                             const T* dout, T* dq, T* dk, T* dv, T* dS, bool rows_parallel) {
+  const int64_t off = s.offset(bh), D = s.D(), T_ = s.T, Dh = s.Dh;
+  const T* P = probs + bh * T_ * T_;
+  blas_gemm(false, true, T_, T_, Dh, T(1), dout + off, D, v + off, D, T(0), dS, T_);  // dP = dO V^T
+  blas_gemm(true, false, T_, Dh, T_, T(1), P, T_, dout + off, D, T(0), dv + off, D);  // dV = P^T dO
+#pragma omp parallel for schedule(static) if (rows_parallel)
+  for (int64_t i = 0; i < T_; ++i) softmax_backward_row(P + i * T_, dS + i * T_, i, T_, T(s.scale()));
+  blas_gemm(false, false, T_, Dh, T_, T(1), dS, T_, k + off, D, T(0), dq + off, D);  // dQ = dS K
+  blas_gemm(true, false, T_, Dh, T_, T(1), dS, T_, q + off, D, T(0), dk + off, D);   // dK = dS^T Q
+}
+
+// Heads run concurrently when there are enough of them to keep every thread busy; otherwise one head at
+// a time with its GEMMs and softmax rows on all threads.
+inline bool heads_in_parallel(const AttentionShape& s, int threads) { return threads > 1 && s.B * s.H >= 2 * threads; }
+
+template <typename T>
+void attention_forward(const AttentionShape& s, const T* q, const T* k, const T* v, T* out, T* probs) {
+  const int threads = usable_threads();
+  const int64_t heads = s.B * s.H;
+  if (!heads_in_parallel(s, threads)) {
+    for (int64_t bh = 0; bh < heads; ++bh) attention_head_forward(s, bh, q, k, v, out, probs, threads > 1);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t bh = 0; bh < heads; ++bh) attention_head_forward(s, bh, q, k, v, out, probs, false);
+}
+
+// scratch: (T, T) for the serial form; the concurrent form gives each thread its own.
+template <typename T>
+void attention_backward(const AttentionShape& s, const T* q, const T* k, const T* v, const T* probs, const T* dout,
+                        T* dq, T* dk, T* dv, T* scratch) {
+  const int threads = usable_threads();
+  const int64_t heads = s.B * s.H;
+  if (!heads_in_parallel(s, threads)) {
+    for (int64_t bh = 0; bh < heads; ++bh)
+      attention_head_backward(s, bh, q, k, v, probs, dout, dq, dk, dv, scratch, threads > 1);
+    return;
+  }
+#pragma omp parallel
+  {
+    std::vector<T> dS(size_t(s.T * s.T));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < heads; ++bh)
+      attention_head_backward(s, bh, q, k, v, probs, dout, dq, dk, dv, dS.data(), false);
+  }
+}
+
+}  // namespace moe::cpu

@@ -1,0 +1,81 @@
+// The CPU backend gives the same bits whatever its thread count (core/backend/cpu/cpu_ops.cpp): the ops whose
+// work is split among threads in more than one way (the grouped GEMM: large groups on all threads, the rest
+// one per thread; attention: heads concurrently, or one head at a time with its rows split) computed at 1,
+// 2, 3 and 4 threads, on shapes that take each path, and compared bit for bit with 1 thread.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/backend/backend.h"
+
+namespace moe {
+namespace {
+
+std::vector<float> random_values(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+// compute(backend) at each thread count, bit for bit against 1 thread.
+void expect_same_bits_at_any_thread_count(const std::string& what,
+                                          const std::function<std::vector<float>(Backend&)>& compute) {
+  const std::vector<float> one = compute(*make_cpu_backend(1));
+  for (int threads : {2, 3, 4}) {
+    const std::vector<float> got = compute(*make_cpu_backend(threads));
+    ASSERT_EQ(got.size(), one.size()) << what;
+    EXPECT_EQ(0, std::memcmp(got.data(), one.data(), sizeof(float) * one.size()))
+        << what << ": " << threads << " threads differ from 1";
+  }
+}
+
+// Expert blocks: balanced, skewed with one block larger than a thread's share, empty blocks, one group.
+const std::vector<std::vector<int64_t>> kGroupings = {
+    {0, 40, 80, 120, 160, 200, 240, 280, 320}, {0, 300, 310, 310, 330, 331, 400}, {0, 0, 0, 64}, {0, 200}};
+
+TEST(CpuThreads, GroupedGemmIsTheSameAtAnyThreadCount) {
+  const int64_t N = 48, K = 40;
+  for (size_t c = 0; c < kGroupings.size(); ++c) {
+    const std::vector<int64_t>& off = kGroupings[c];
+    const int64_t G = int64_t(off.size()) - 1, rows = off.back();
+    for (int mode = 0; mode < 3; ++mode) {  // A B, A B^T, A^T B
+      const bool ta = mode == 2, tb = mode == 1;
+      const auto A = random_values(size_t(rows * K), 1), B = random_values(size_t(ta ? rows * N : G * K * N), 2);
+      const auto C = random_values(size_t(ta ? G * K * N : rows * N), 3);
+      expect_same_bits_at_any_thread_count(
+          "grouping " + std::to_string(c) + " mode " + std::to_string(mode), [&](Backend& b) {
+            std::vector<float> out = C;
+            b.ops<float>().grouped_gemm(ta, tb, G, off.data(), N, K, 0.5f, A.data(), B.data(), 0.25f, out.data());
+            return out;
+          });
+    }
+  }
+}
+
+// Forward then backward of causal attention: out, probs, dq, dk, dv one after the other.
+std::vector<float> attention_both_ways(Backend& b, int64_t B, int64_t T, int64_t H, int64_t Dh) {
+  const size_t n = size_t(B * T * H * Dh);
+  const auto q = random_values(n, 4), k = random_values(n, 5), v = random_values(n, 6), dout = random_values(n, 7);
+  std::vector<float> result(5 * n + size_t(B * H * T * T)), scratch(size_t(T * T));
+  float *out = result.data(), *dq = out + n, *dk = dq + n, *dv = dk + n, *probs = dv + n;
+  Ops<float>& o = b.ops<float>();
+  o.attention_forward(q.data(), k.data(), v.data(), out, probs, B, T, H, Dh);
+  o.attention_backward(q.data(), k.data(), v.data(), probs, dout.data(), dq, dk, dv, scratch.data(), B, T, H, Dh);
+  return result;
+}
+
+// B x H heads: 1 (one head at a time at every thread count) up to 12 (concurrent from 2 threads on).
+TEST(CpuThreads, AttentionIsTheSameAtAnyThreadCount) {
+  for (const auto& [B, H] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 3}, {3, 4}})
+    expect_same_bits_at_any_thread_count("attention B " + std::to_string(B) + " H " + std::to_string(H),
+                                         [&](Backend& b) { return attention_both_ways(b, B, 37, H, 8); });
+}
+
+}  // namespace
+}  // namespace moe
