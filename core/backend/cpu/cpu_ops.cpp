@@ -116,13 +116,9 @@ class CpuOps final : public Ops<T> {
   void rope(T* x, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) override {
     MOE_CHECK(Dh % 2 == 0, "rotary embedding needs an even head width, got " << Dh);
     const int64_t pairs = Dh / 2;
-    std::vector<T> cos_table(size_t(T_ * pairs)), sin_table(size_t(T_ * pairs));
-    for (int64_t t = 0; t < T_; ++t)
-      for (int64_t i = 0; i < pairs; ++i) {
-        const double angle = double(t) * std::pow(kRopeBase, -2.0 * double(i) / double(Dh));
-        cos_table[t * pairs + i] = T(std::cos(angle));
-        sin_table[t * pairs + i] = T(inverse ? -std::sin(angle) : std::sin(angle));
-      }
+    const RopeTable& table = rope_table(T_, Dh);
+    const std::vector<T>& cos_table = table.cos;
+    const std::vector<T>& sin_table = inverse ? table.minus_sin : table.sin;
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T_; ++bt) {
       const int64_t t = bt % T_;
@@ -257,6 +253,30 @@ class CpuOps final : public Ops<T> {
   }
 
  private:
+  // cos and sin of angle t * base^(-2i/Dh) for t < T, i < Dh / 2, kept for the last shape asked for: every
+  // layer of a step asks for the same one.
+  struct RopeTable {
+    int64_t seq = -1, Dh = -1;
+    std::vector<T> cos, sin, minus_sin;
+  };
+  const RopeTable& rope_table(int64_t T_, int64_t Dh) {
+    if (rope_.seq == T_ && rope_.Dh == Dh) return rope_;
+    const int64_t pairs = Dh / 2;
+    rope_.seq = T_, rope_.Dh = Dh;
+    for (auto* v : {&rope_.cos, &rope_.sin, &rope_.minus_sin}) v->assign(size_t(T_ * pairs), T(0));
+    for (int64_t i = 0; i < pairs; ++i) {
+      const double frequency = std::pow(kRopeBase, -2.0 * double(i) / double(Dh));
+      for (int64_t t = 0; t < T_; ++t) {
+        const double angle = double(t) * frequency;
+        rope_.cos[size_t(t * pairs + i)] = T(std::cos(angle));
+        rope_.sin[size_t(t * pairs + i)] = T(std::sin(angle));
+        rope_.minus_sin[size_t(t * pairs + i)] = T(-std::sin(angle));
+      }
+    }
+    return rope_;
+  }
+  RopeTable rope_;
+
   static double log_sum_exp(const T* z, int64_t V) {
     double m = -INFINITY;
     for (int64_t j = 0; j < V; ++j) m = std::max(m, double(z[j]));
