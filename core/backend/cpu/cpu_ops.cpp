@@ -26,6 +26,9 @@ constexpr double kRmsEps = 1e-5;
 constexpr double kRopeBase = 10000.0;
 // Reductions are cut into chunks of this size whatever the thread count, then summed in order.
 constexpr int64_t kReduceChunk = 4096;
+// Copies and fills of at least kParallelMove elements are split among threads in chunks of kMoveChunk.
+constexpr int64_t kParallelMove = int64_t(1) << 16;
+constexpr int64_t kMoveChunk = int64_t(1) << 14;
 
 using cpu::blas_gemm;
 
@@ -195,8 +198,15 @@ class CpuOps final : public Ops<T> {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
   }
-  void copy(const T* x, T* y, int64_t n) override { std::copy_n(x, n, y); }
-  void fill(T* y, T value, int64_t n) override { std::fill_n(y, n, value); }
+  // Large copies and fills in one block per thread (memory bound: one thread does not saturate it).
+  void copy(const T* x, T* y, int64_t n) override {
+#pragma omp parallel for schedule(static) if (n >= kParallelMove)
+    for (int64_t c = 0; c < n; c += kMoveChunk) std::copy_n(x + c, std::min(kMoveChunk, n - c), y + c);
+  }
+  void fill(T* y, T value, int64_t n) override {
+#pragma omp parallel for schedule(static) if (n >= kParallelMove)
+    for (int64_t c = 0; c < n; c += kMoveChunk) std::fill_n(y + c, std::min(kMoveChunk, n - c), value);
+  }
   void scale(T* y, T factor, int64_t n) override {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) y[i] *= factor;
