@@ -20,10 +20,11 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
 # Debian packages the build needs (docs/design.md); libopenblas-openmp-dev gives OpenBLAS on
 # the same OpenMP runtime as the rest of the code; chromium (headless) is the browser the report's test opens
-# `moe report`'s pages in.
+# `moe report`'s pages in; python3-h5py is what a test reads checkpoints with, as a user without this program
+# would (docs/checkpoint.md).
 DEBIAN_PACKAGES := build-essential cmake libcli11-dev nlohmann-json3-dev libgtest-dev libopenblas-dev \
                    libopenblas-openmp-dev libxxhash-dev zlib1g-dev libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools \
-                   clang-format chromium
+                   clang-format chromium python3-h5py
 
 .PHONY: all deps configure build train test test-sanitize bench ablate clean
 

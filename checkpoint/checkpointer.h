@@ -7,7 +7,8 @@
 // updates ROOT/latest, deletes chains beyond checkpoint.keep and copies the checkpoint to the replica
 // roots. A crash at any moment leaves either the previous or the new checkpoint as the newest complete
 // one. Saves between full ones hold only the XOR of each tensor's bits with the previous save's
-// (compressed well by HDF5's shuffle and deflate), restored bit-exactly along the chain.
+// (compressed by HDF5's shuffle and deflate; how much depends on how many bits changed, docs/bench.md),
+// restored bit-exactly along the chain.
 //
 // Restore: the newest checkpoint whose manifest and files verify (size and xxh64), falling back to a
 // replica's copy of a file, then to an older checkpoint, saying which and why; each rank reads the
