@@ -98,12 +98,18 @@ def steps_of(name):
     # step time = tokens / (tokens/s) of a one-step interval; the exposed share of each step.
     return [(tokens_per_step / l["tokens_per_s"], l["a2a_wait_s"]) for l in train], others
 
+def medians(steps):
+    return (1e3 * statistics.median(t for t, _ in steps), 1e3 * statistics.median(w for _, w in steps),
+            statistics.median(w / t for t, w in steps))
+
+per_run = []  # (name, step ms, a2a ms, share, others) of each run, in the order they ran
 def summary(group):  # the steps of every repeat of one (layout, before/after)
     steps, others = [], []
     for name in group:
         s, o = steps_of(name)
         steps += s
         others.append(o)
+        per_run.append((name, *medians(s), o))
     return {"runs": group, "steps_measured": len(steps),
             "step_ms": 1e3 * statistics.median(t for t, _ in steps),
             "a2a_wait_ms": 1e3 * statistics.median(w for _, w in steps),
@@ -127,6 +133,11 @@ for r in rows:
         s = r[tag]
         print(f"{r['layout'] if tag == 'before' else '':<12}{tag:>7}{s['step_ms']:>9.1f}{s['a2a_wait_ms']:>9.2f}"
               f"{100 * s['a2a_share']:>8.1f}{s['others_cores']['median']:>7.2f}{s['others_cores']['max']:>6.2f}")
+print("each run (compare a before with the after next to it, and only when others is low for both):")
+for name, step_ms, a2a_ms, share, others in sorted(per_run, key=lambda r: names.index(r[0])):
+    print(f"  {name:<22}{step_ms:>9.1f}{a2a_ms:>9.2f}{100 * share:>8.1f}{others:>7.2f}")
 print(json.dumps({"bench": "ep", "config": "configs/tiny_moe.json", "cores": cores, "skip_steps": SKIP,
-                  "load_average_start": load_start, "load_average_end": load_end, "layouts": rows}))
+                  "load_average_start": load_start, "load_average_end": load_end, "layouts": rows,
+                  "runs": [dict(zip(("run", "step_ms", "a2a_wait_ms", "a2a_share", "others_cores"), r))
+                           for r in per_run]}))
 PY

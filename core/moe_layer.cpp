@@ -146,20 +146,22 @@ void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, 
   // Router and plan: scores, selection, gate weights, losses; capacity, overflow, permutation.
   route(context, x, v, st, N);
   plan(context, st, N);
-  upload_plan(st, N);
-  dispatcher_.plan(st.plan.expert_offset, st.exchange);
 
-  // Dispatch: gather each expert's tokens into its block, send blocks to the experts' ranks.
-  const int64_t M = st.plan.rows(), R = st.exchange.received;
+  // The counts travel to the experts' ranks (where the ranks of the group meet) while this rank uploads its
+  // plan, gathers each expert's tokens into its block and computes the shared experts (they need only x);
+  // then the blocks go to the experts' ranks.
+  const int64_t M = st.plan.rows();
   // Kept across forwards: allocating (and zeroing) them every time cost as much as the gather itself.
   backend_.reserve(token_rows_, dtype_of<T>(), M * D);
   T* xp = token_rows_.template data<T>();
-  ops_.gather_rows(x, st.perm_token.template data<int32_t>(), nullptr, xp, M, D);
-  experts_.resize(st.experts, R);
-  // The shared experts need only x: they compute while the rows travel to the experts.
-  dispatch_beside(st.exchange, xp, st.experts.xe.template data<T>(), [&] {
+  plan_beside(st, [&] {
+    upload_plan(st, N);
+    ops_.gather_rows(x, st.perm_token.template data<int32_t>(), nullptr, xp, M, D);
     if (shared_) shared_->forward(context, x, v.shared_out, v.shared_acts, nullptr, N);
   });
+  const int64_t R = st.exchange.received;
+  experts_.resize(st.experts, R);
+  dispatcher_.dispatch(st.exchange, xp, st.experts.xe.template data<T>(), D);
 
   // Experts, then their outputs back to the tokens' ranks (the dense fallback computing meanwhile), and the
   // gate-weighted sum, the shared experts' and the fallback's outputs added in that order.
@@ -176,6 +178,18 @@ void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, 
     ops_.scatter_add_rows(v.yf, st.fallback_token_rows.template data<int32_t>(), st.fallback_weights.template data<T>(),
                           y, Mf, D);
   }
+}
+
+template <typename T>
+void MoeLayer<T>::plan_beside(MoeSlot<T>& st, const std::function<void()>& beside) {
+  if (!s_.overlap_exchange || s_.ep_size == 1) {
+    dispatcher_.plan(st.plan.expert_offset, st.exchange);
+    beside();
+    return;
+  }
+  std::unique_ptr<ExchangeHandle> counts = dispatcher_.start_plan(st.plan.expert_offset, st.exchange);
+  beside();
+  dispatcher_.finish_plan(std::move(counts), st.exchange);
 }
 
 template <typename T>

@@ -123,8 +123,10 @@ class MoeLayer final : public FeedForward<T> {
   // scatters dxf into dx.
   void fallback_backward(const FfnContext& context, const MoeSlot<T>& st, const ActsView& v, const T* dy,
                          std::vector<T>& dw, T* scratch);
-  // The dispatcher's dispatch and combine with `beside` (work independent of the rows) run while the rows
-  // travel (s_.overlap_exchange), else after the blocking exchange. The same operations either way.
+  // The dispatcher's plan (the counts' exchange), dispatch and combine with `beside` (work independent of
+  // what travels) run while the counts or rows travel (s_.overlap_exchange), else after the blocking
+  // exchange. The same operations either way.
+  void plan_beside(MoeSlot<T>& st, const std::function<void()>& beside);
   void dispatch_beside(const ExchangePlan& p, const T* token_rows, T* expert_rows, const std::function<void()>& beside);
   void combine_beside(const ExchangePlan& p, const T* expert_rows, T* token_rows, const std::function<void()>& beside);
   void count_stats(const FfnContext& context, const MoeSlot<T>& st, int64_t N);

@@ -243,9 +243,10 @@ std::vector<KeySpec> parallel_keys() {
               "tensor-parallel group; no other value"),
       boolean(
           "parallel.ep_overlap", true,
-          "with parallel.ep > 1: each MoE layer's all-to-all of rows travels while work that does not need it "
-          "computes (the shared experts beside the dispatch, the dense fallback beside the combine; docs/parallel.md "
-          "\"Expert all-to-all overlap\"); false: each exchange blocks first. The results are the same bit for bit"),
+          "with parallel.ep > 1: each MoE layer's all-to-all travels while work that does not need it computes "
+          "(the shared experts beside the counts and the backward's dispatch, the dense fallback beside the combine; "
+          "docs/parallel.md \"Expert all-to-all overlap\"); false: each exchange blocks first. The results are the "
+          "same bit for bit"),
   };
 }
 

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <memory>
+#include <vector>
 
 #include "core/expert_exchange.h"
 #include "parallel/communicator.h"
@@ -33,8 +34,9 @@ struct ProcessGroups {
 // world: an MpiCommunicator (any other communicator: a single process, every group of size one).
 ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const RankGrid& grid);
 
-// The MoE dispatcher's all-to-all over a communicator (the ep group): counts with a blocking all-to-all,
-// rows with the nonblocking all-to-all-v, so that start returns while rows travel. It keeps the seconds
+// The MoE dispatcher's all-to-all over a communicator (the ep group): counts with an all-to-all (blocking,
+// or the nonblocking all-to-all-v of equal blocks), rows with the nonblocking all-to-all-v, so that the
+// start forms return while counts or rows travel. It keeps the seconds
 // its caller was held up in it (the counts' exchange, each start and each wait): the exposed all-to-all
 // time, what overlap did not hide.
 class CommunicatorExchange final : public ExpertExchange {
@@ -45,6 +47,11 @@ class CommunicatorExchange final : public ExpertExchange {
   void exchange_counts(const int64_t* send, int64_t* recv, int64_t n) override {
     const Timer timer(blocked_s_);
     comm_.alltoall(send, recv, n);
+  }
+  std::unique_ptr<ExchangeHandle> start_counts(const int64_t* send, int64_t* recv, int64_t n) override {
+    const Timer timer(blocked_s_);
+    const std::vector<int64_t> counts(size_t(comm_.size()), n);  // read before ialltoallv returns
+    return std::make_unique<RequestHandle>(comm_.ialltoallv(send, counts.data(), recv, counts.data()), blocked_s_);
   }
   std::unique_ptr<ExchangeHandle> start(const float* send, const int64_t* send_counts, float* recv,
                                         const int64_t* recv_counts) override {

@@ -1,6 +1,6 @@
 // The expert all-to-all overlap (parallel.ep_overlap, docs/parallel.md "Expert all-to-all overlap") changes
 // when the rows travel, never what is computed: at ep = 2 a run with the overlap reproduces the blocking run
-// bit for bit (every metrics line and every parameter), with shared experts computed beside the dispatch,
+// bit for bit (every metrics line and every parameter), with shared experts computed beside the exchange,
 // with the dense fallback computed beside the combine, and with neither. The exposed all-to-all time
 // (a2a_wait_s) is in every training line. Runs under mpirun -np 2.
 #include <gtest/gtest.h>
@@ -64,7 +64,7 @@ void check_overlap(const std::vector<std::string>& variant, const std::string& n
   world->barrier();
 }
 
-TEST(ExpertOverlap, SharedExpertsBesideTheDispatchAreBitwiseTheBlockingRun) {
+TEST(ExpertOverlap, SharedExpertsBesideTheExchangeAreBitwiseTheBlockingRun) {
   check_overlap({"moe.shared_experts=1"}, "shared");
 }
 

@@ -57,7 +57,8 @@ TEST(ExpertExchange, StartFinishTwoInFlightMatchTheBlockingForm) {
 }
 
 // The exchange keeps the seconds its caller is held up in it (the exposed all-to-all): a rank whose peers
-// start late waits about as long in the counts' exchange; the rows' start and wait add to it; reset clears it.
+// start late waits about as long in the counts' exchange; the rows' and the counts' start and wait add to it;
+// reset clears it.
 TEST(ExpertExchange, CountsTheSecondsItHoldsTheCallerUp) {
   auto world = MpiCommunicator::world();
   CommunicatorExchange exchange(*world);
@@ -74,6 +75,15 @@ TEST(ExpertExchange, CountsTheSecondsItHoldsTheCallerUp) {
   exchange.exchange(rows_out.data(), send.data(), rows_in.data(), recv.data());
   EXPECT_GT(exchange.blocked_seconds(), counts);
   for (int q = 0; q < n; ++q) EXPECT_EQ(rows_in[size_t(q)], float(q));
+  // The counts' start and finish forms: what exchange_counts gives, and their time counted too.
+  std::vector<int64_t> pairs_out, pairs_in(size_t(2 * n), -1), pairs_blocking(size_t(2 * n), -1);
+  for (int q = 0; q < n; ++q) pairs_out.push_back(100 * me + q), pairs_out.push_back(-(100 * me + q));
+  const double before = exchange.blocked_seconds();
+  exchange.finish(exchange.start_counts(pairs_out.data(), pairs_in.data(), 2));
+  EXPECT_GT(exchange.blocked_seconds(), before);
+  exchange.exchange_counts(pairs_out.data(), pairs_blocking.data(), 2);
+  EXPECT_EQ(pairs_in, pairs_blocking);
+  for (int q = 0; q < n; ++q) EXPECT_EQ(pairs_in[size_t(2 * q)], 100 * q + me);
   exchange.reset_blocked_seconds();
   EXPECT_EQ(exchange.blocked_seconds(), 0.0);
 }
