@@ -1,7 +1,7 @@
 // The communication seam of the MoE dispatcher: an all-to-all over the expert-parallel group, counts
 // first, then rows. core declares it; parallel/ implements it over a Communicator. A layer without one
-// (one expert-parallel rank) exchanges with itself. The rows' exchange has start and finish forms, so a
-// caller can compute (e.g. the shared experts) while rows travel.
+// (one expert-parallel rank) exchanges with itself. The exchanges of counts and of rows have start and
+// finish forms, so a caller can compute (e.g. the shared experts) while they travel.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,12 @@ class ExpertExchange {
   virtual int rank() const = 0;
   // recv[q * n + i] = what rank q sent to this rank as its send[rank * n + i].
   virtual void exchange_counts(const int64_t* send, int64_t* recv, int64_t n) = 0;
+  // exchange_counts in two halves: recv must stay untouched until finish. This default exchanges at once
+  // and returns null (nothing in flight).
+  virtual std::unique_ptr<ExchangeHandle> start_counts(const int64_t* send, int64_t* recv, int64_t n) {
+    exchange_counts(send, recv, n);
+    return nullptr;
+  }
   // Starts the exchange of rows: send_counts[q] floats of send go to rank q, in rank order; recv_counts[q]
   // floats arrive from q. The count arrays are read before start returns; send and recv must stay
   // untouched until finish.

@@ -146,28 +146,76 @@ void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, 
   // Router and plan: scores, selection, gate weights, losses; capacity, overflow, permutation.
   route(context, x, v, st, N);
   plan(context, st, N);
-  upload_plan(st, N);
-  dispatcher_.plan(st.plan.expert_offset, st.exchange);
 
-  // Dispatch: gather each expert's tokens into its block, send blocks to the experts' ranks.
-  const int64_t M = st.plan.rows(), R = st.exchange.received;
+  // The counts travel to the experts' ranks (where the ranks of the group meet) while this rank uploads its
+  // plan, gathers each expert's tokens into its block and computes the shared experts (they need only x);
+  // then the blocks go to the experts' ranks.
+  const int64_t M = st.plan.rows();
   // Kept across forwards: allocating (and zeroing) them every time cost as much as the gather itself.
   backend_.reserve(token_rows_, dtype_of<T>(), M * D);
   T* xp = token_rows_.template data<T>();
-  ops_.gather_rows(x, st.perm_token.template data<int32_t>(), nullptr, xp, M, D);
+  plan_beside(st, [&] {
+    upload_plan(st, N);
+    ops_.gather_rows(x, st.perm_token.template data<int32_t>(), nullptr, xp, M, D);
+    if (shared_) shared_->forward(context, x, v.shared_out, v.shared_acts, nullptr, N);
+  });
+  const int64_t R = st.exchange.received;
   experts_.resize(st.experts, R);
   dispatcher_.dispatch(st.exchange, xp, st.experts.xe.template data<T>(), D);
 
-  // Experts, then their outputs back to the tokens' ranks and the gate-weighted sum.
+  // Experts, then their outputs back to the tokens' ranks (the dense fallback computing meanwhile), and the
+  // gate-weighted sum, the shared experts' and the fallback's outputs added in that order.
   backend_.reserve(expert_out_, dtype_of<T>(), R * D);
   experts_.forward(st.exchange.local_offset, st.experts, expert_out_.template data<T>());
-  dispatcher_.combine(st.exchange, expert_out_.template data<T>(), v.yp, D);
+  const bool fallback = fallback_ && !st.fallback_token.empty();
+  combine_beside(st.exchange, expert_out_.template data<T>(), v.yp, [&] {
+    if (fallback) fallback_forward(context, st, x, v);
+  });
   combine(st, v.yp, y, N);
-  if (shared_) {
-    shared_->forward(context, x, v.shared_out, v.shared_acts, nullptr, N);
-    ops_.add_inplace(y, v.shared_out, N * D);
+  if (shared_) ops_.add_inplace(y, v.shared_out, N * D);
+  if (fallback) {
+    const int64_t Mf = int64_t(st.fallback_token.size());
+    ops_.scatter_add_rows(v.yf, st.fallback_token_rows.template data<int32_t>(), st.fallback_weights.template data<T>(),
+                          y, Mf, D);
   }
-  if (fallback_ && !st.fallback_token.empty()) fallback_forward(context, st, x, v, y);
+}
+
+template <typename T>
+void MoeLayer<T>::plan_beside(MoeSlot<T>& st, const std::function<void()>& beside) {
+  if (!s_.overlap_exchange || s_.ep_size == 1) {
+    dispatcher_.plan(st.plan.expert_offset, st.exchange);
+    beside();
+    return;
+  }
+  std::unique_ptr<ExchangeHandle> counts = dispatcher_.start_plan(st.plan.expert_offset, st.exchange);
+  beside();
+  dispatcher_.finish_plan(std::move(counts), st.exchange);
+}
+
+template <typename T>
+void MoeLayer<T>::dispatch_beside(const ExchangePlan& p, const T* token_rows, T* expert_rows,
+                                  const std::function<void()>& beside) {
+  if (!s_.overlap_exchange || s_.ep_size == 1) {
+    dispatcher_.dispatch(p, token_rows, expert_rows, s_.d_model);
+    beside();
+    return;
+  }
+  dispatcher_.start_dispatch(p, token_rows, s_.d_model, in_flight_);
+  beside();
+  dispatcher_.finish_dispatch(p, in_flight_, expert_rows, s_.d_model);
+}
+
+template <typename T>
+void MoeLayer<T>::combine_beside(const ExchangePlan& p, const T* expert_rows, T* token_rows,
+                                 const std::function<void()>& beside) {
+  if (!s_.overlap_exchange || s_.ep_size == 1) {
+    dispatcher_.combine(p, expert_rows, token_rows, s_.d_model);
+    beside();
+    return;
+  }
+  dispatcher_.start_combine(p, expert_rows, token_rows, s_.d_model, in_flight_);
+  beside();
+  dispatcher_.finish_combine(in_flight_);
 }
 
 template <typename T>
@@ -238,14 +286,12 @@ void MoeLayer<T>::combine(const MoeSlot<T>& st, const T* yp, T* y, int64_t N) co
                     false);
 }
 
+// The dense fallback's output yf (Mf, D) of its tokens; the caller adds it to y.
 template <typename T>
-void MoeLayer<T>::fallback_forward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v,
-                                   T* y) {
+void MoeLayer<T>::fallback_forward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v) {
   const int64_t D = s_.d_model, Mf = int64_t(st.fallback_token.size());
-  const int32_t* tokens = st.fallback_token_rows.template data<int32_t>();
-  ops_.gather_rows(x, tokens, nullptr, v.xf, Mf, D);
+  ops_.gather_rows(x, st.fallback_token_rows.template data<int32_t>(), nullptr, v.xf, Mf, D);
   fallback_->forward(context, v.xf, v.yf, v.fallback_acts, nullptr, Mf);
-  ops_.scatter_add_rows(v.yf, tokens, st.fallback_weights.template data<T>(), y, Mf, D);
 }
 
 // Statistics are counted once per real training forward, never on a recompute.
@@ -312,21 +358,26 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
   ops_.fill(dz, T(0), G * E);
   host_dw_.assign(size_t(N * K), T(0));
 
-  // Shared experts write dx; otherwise it starts at zero.
-  if (shared_)
-    shared_->backward(context, x, dy, dx, v.shared_acts, nullptr, sub, N);
-  else
-    ops_.fill(dx, T(0), N * D);
-
-  // Routed experts, mirrored: un-weight at the token side, dispatch the output gradients to the experts,
-  // expert backward per block, combine the input gradients back, scatter them to the tokens.
+  // Routed experts, mirrored: un-weight at the token side, dispatch the output gradients to the experts
+  // (the shared experts' backward computing meanwhile: it writes dx, which otherwise starts at zero), expert
+  // backward per block, combine the input gradients back (the fallback's backward computing meanwhile),
+  // scatter them to the tokens, then the fallback's.
   uncombine(st, dy, v.yp, dyp, host_dw_);
-  dispatcher_.dispatch(st.exchange, dyp, dye, D);
+  dispatch_beside(st.exchange, dyp, dye, [&] {
+    if (shared_)
+      shared_->backward(context, x, dy, dx, v.shared_acts, nullptr, sub, N);
+    else
+      ops_.fill(dx, T(0), N * D);
+  });
   experts_.backward(st.exchange.local_offset, st.experts, dye, es, dxe);
-  dispatcher_.combine(st.exchange, dxe, dxp, D);
+  const bool fallback = fallback_ && Mf > 0;
+  combine_beside(st.exchange, dxe, dxp, [&] {
+    if (fallback) fallback_backward(context, st, v, dy, host_dw_, sub);
+  });
   ops_.combine_rows(dxp, st.slot_row.template data<int32_t>(), nullptr, dx, N, K, D, true);
+  if (fallback)
+    ops_.scatter_add_rows(sub + Mf * D, st.fallback_token_rows.template data<int32_t>(), nullptr, dx, Mf, D);
 
-  if (fallback_ && Mf > 0) fallback_backward(context, st, v, dy, host_dw_, sub, dx, N);
   // Split hidden width: each rank's expert outputs, so its gate-weight gradients, are partial sums.
   if (s_.expert_tp > 1) group_->allreduce_sum(host_dw_.data(), N * K);
   router_backward(context, st, x, v, dw, dp, dz, dx, N);
@@ -359,11 +410,11 @@ void MoeLayer<T>::uncombine(const MoeSlot<T>& st, const T* dy, const T* yp, T* d
   for (int64_t r = 0; r < M; ++r) dw[size_t(st.plan.perm_slot[size_t(r)])] = dots[size_t(r)];
 }
 
-// Dense fallback of overflowed assignments: its input gradient to dx, its output's share to each
-// overflowed assignment's gate weight.
+// Dense fallback of overflowed assignments: its output's share to each overflowed assignment's gate weight,
+// and its input gradient dxf (Mf, D) at scratch + Mf * D, which the caller scatters into dx.
 template <typename T>
 void MoeLayer<T>::fallback_backward(const FfnContext& context, const MoeSlot<T>& st, const ActsView& v, const T* dy,
-                                    std::vector<T>& dw, T* scratch, T* dx, int64_t N) {
+                                    std::vector<T>& dw, T* scratch) {
   const int64_t D = s_.d_model, K = s_.top_k, Mf = int64_t(st.fallback_token.size());
   T* dyf = scratch;       // (Mf, D)
   T* dxf = dyf + Mf * D;  // (Mf, D)
@@ -379,7 +430,6 @@ void MoeLayer<T>::fallback_backward(const FfnContext& context, const MoeSlot<T>&
       if (st.plan.fate[size_t(n * K + j)] == SlotFate::Fallback) dw[size_t(n * K + j)] += dots[size_t(i)];
   }
   fallback_->backward(context, v.xf, dyf, dxf, v.fallback_acts, nullptr, fbs, Mf);
-  ops_.scatter_add_rows(dxf, tokens, nullptr, dx, Mf, D);
 }
 
 template class MoeLayer<float>;

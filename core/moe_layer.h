@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -112,13 +113,22 @@ class MoeLayer final : public FeedForward<T> {
   void plan(const FfnContext& context, MoeSlot<T>& st, int64_t N);
   // y[n] = sum_j w_j * yp[row(n, j)], choices in order for each token (deterministic).
   void combine(const MoeSlot<T>& st, const T* yp, T* y, int64_t N) const;
-  void fallback_forward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v, T* y);
+  // The dense fallback's output yf of its tokens (the caller adds it to y).
+  void fallback_forward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v);
   // The plan's indices and weights to the backend.
   void upload_plan(MoeSlot<T>& st, int64_t N) const;
   // dyp: (M, D) un-weighted output gradients in permuted order; dw: (N K) gate-weight gradients (host).
   void uncombine(const MoeSlot<T>& st, const T* dy, const T* yp, T* dyp, std::vector<T>& dw);
+  // The fallback's share of dw and its input gradient dxf (Mf, D), at the start of `scratch`; the caller
+  // scatters dxf into dx.
   void fallback_backward(const FfnContext& context, const MoeSlot<T>& st, const ActsView& v, const T* dy,
-                         std::vector<T>& dw, T* scratch, T* dx, int64_t N);
+                         std::vector<T>& dw, T* scratch);
+  // The dispatcher's plan (the counts' exchange), dispatch and combine with `beside` (work independent of
+  // what travels) run while the counts or rows travel (s_.overlap_exchange), else after the blocking
+  // exchange. The same operations either way.
+  void plan_beside(MoeSlot<T>& st, const std::function<void()>& beside);
+  void dispatch_beside(const ExchangePlan& p, const T* token_rows, T* expert_rows, const std::function<void()>& beside);
+  void combine_beside(const ExchangePlan& p, const T* expert_rows, T* token_rows, const std::function<void()>& beside);
   void count_stats(const FfnContext& context, const MoeSlot<T>& st, int64_t N);
   // Router backward of this rank's tokens: its gate-weight gradients (host_dw_) into the whole group's
   // logits gradient (dw: (G K), dp, dz: (G, E) zeroed workspace), then dWg and dx from this rank's rows.
@@ -134,6 +144,7 @@ class MoeLayer final : public FeedForward<T> {
   CapacityControl capacity_;
   Router<T> router_;
   ExpertDispatcher<T> dispatcher_;
+  RowsInFlight<T> in_flight_;  // of the overlapped exchanges; its staging is kept between calls
   GroupedExperts<T> experts_;
   std::unique_ptr<DenseMlp<T>> shared_, fallback_;
   TokenGroup* group_ = nullptr;

@@ -262,6 +262,7 @@ void fill_parallel(FieldReader& r, Config& c) {
   c.parallel.sequence_parallel = r.boolean("parallel.sequence_parallel");
   c.parallel.expert_tp = r.integer("parallel.expert_tp");
   c.parallel.pp_layers = r.at("parallel.pp_layers").get<std::vector<int64_t>>();
+  c.parallel.ep_overlap = r.boolean("parallel.ep_overlap");
 }
 
 void fill_checkpoint(FieldReader& r, Config& c) {

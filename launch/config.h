@@ -110,6 +110,7 @@ struct ParallelConfig {
   bool sequence_parallel = true;   // with tp > 1: norms and the residual stream hold seq_len / tp positions
   int64_t expert_tp = 1;           // 1: experts whole on every tp rank; tp: each expert's hidden width split
   std::vector<int64_t> pp_layers;  // layers per pipeline stage; empty: model.layers split evenly over pp
+  bool ep_overlap = true;          // with ep > 1: the MoE all-to-all overlaps the shared experts and fallback
 };
 
 struct CheckpointConfig {

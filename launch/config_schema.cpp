@@ -242,6 +242,12 @@ std::vector<KeySpec> parallel_keys() {
               "tensor-parallel ranks inside each routed expert: 1 = every expert whole on each tensor-parallel rank "
               "(decoupled expert tensor parallelism), parallel.tp = each expert's hidden width split over the "
               "tensor-parallel group; no other value"),
+      boolean(
+          "parallel.ep_overlap", true,
+          "with parallel.ep > 1: each MoE layer's all-to-all travels while work that does not need it computes "
+          "(the shared experts beside the counts and the backward's dispatch, the dense fallback beside the combine; "
+          "docs/parallel.md \"Expert all-to-all overlap\"); false: each exchange blocks first. The results are the "
+          "same bit for bit"),
   };
 }
 

@@ -100,6 +100,11 @@ struct TracedHandle final : ExchangeHandle {
 };
 }  // namespace
 
+std::unique_ptr<ExchangeHandle> TracedExchange::start_counts(const int64_t* send, int64_t* recv, int64_t n) {
+  Tracer::Span span = tracer_.span("all-to-all (counts)", "communication");
+  return std::make_unique<TracedHandle>(inner_.start_counts(send, recv, n), std::move(span));
+}
+
 std::unique_ptr<ExchangeHandle> TracedExchange::start(const float* send, const int64_t* send_counts, float* recv,
                                                       const int64_t* recv_counts) {
   Tracer::Span span = tracer_.span("all-to-all (rows)", "communication");

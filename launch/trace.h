@@ -67,14 +67,15 @@ class Tracer {
   std::string events_;
 };
 
-// The expert all-to-all, timed: each exchange of counts, and each exchange of rows from its start to its
-// wait (computation may run in between: the rows are in flight), is an "all-to-all" span.
+// The expert all-to-all, timed: each exchange of counts, and each exchange of rows, from its start to its
+// wait (computation may run in between: the counts or rows are in flight), is an "all-to-all" span.
 class TracedExchange final : public ExpertExchange {
  public:
   TracedExchange(ExpertExchange& inner, Tracer& tracer) : inner_(inner), tracer_(tracer) {}
   int size() const override { return inner_.size(); }
   int rank() const override { return inner_.rank(); }
   void exchange_counts(const int64_t* send, int64_t* recv, int64_t n) override;
+  std::unique_ptr<ExchangeHandle> start_counts(const int64_t* send, int64_t* recv, int64_t n) override;
   std::unique_ptr<ExchangeHandle> start(const float* send, const int64_t* send_counts, float* recv,
                                         const int64_t* recv_counts) override;
 

@@ -90,6 +90,7 @@ nlohmann::json step_line(int64_t done, const StepResult& r, const StepTiming& ti
           {"elapsed_s", timing.elapsed_s},
           {"comm_wait_s", timing.comm_wait_s},
           {"ckpt_stall_s", timing.ckpt_stall_s},
+          {"a2a_wait_s", timing.a2a_wait_s},
           {"moe", moe}};
 }
 

@@ -21,7 +21,7 @@ std::unique_ptr<MetricsWriter> open_metrics(const std::string& run_dir, bool fre
 
 // The metrics line of a training step.
 struct StepTiming {
-  double tokens_per_s = 0, elapsed_s = 0, comm_wait_s = 0, ckpt_stall_s = 0;
+  double tokens_per_s = 0, elapsed_s = 0, comm_wait_s = 0, ckpt_stall_s = 0, a2a_wait_s = 0;
 };
 // moe_stats: every MoE layer's statistics of the step, the whole model's (Trainer::model_stats); top_k: the
 // assignments per token (for the overflow ratio).

@@ -75,6 +75,7 @@ MoeSettingsOf moe_layers(const Config& config, const ProcessGroups& groups) {
     MoeSettings s = moe_settings(config, layer);
     s.ep_size = config.parallel.ep, s.ep_rank = ep_rank;
     s.expert_tp = config.parallel.expert_tp;
+    s.overlap_exchange = config.parallel.ep_overlap;
     return s;
   };
 }

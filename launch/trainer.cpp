@@ -139,6 +139,7 @@ struct Loop {
   int64_t resumed_step = 0;
   Clock clock;
   int64_t last_save_step = -1;  // the newest step a save was started for
+  double a2a_wait_s = 0;        // the last step's exposed expert all-to-all (this rank's)
 };
 
 // The routing-health fields of a logged step's MoE layers and the monitor's alerts (printed once each).
@@ -168,6 +169,7 @@ void log_step(Loop& loop, int64_t done, const StepResult& r, double ckpt_stall) 
   timing.elapsed_s = elapsed_s;
   timing.comm_wait_s = t.buckets->last_wait_seconds();
   timing.ckpt_stall_s = ckpt_stall;
+  timing.a2a_wait_s = loop.a2a_wait_s;
   nlohmann::json line = step_line(done, r, timing, done * t.tokens_per_step(), t.model_stats, t.config.moe.top_k);
   line["data"] = data_metrics(*t.loader, done - 1, tc.global_batch);
   add_routing_health(loop, line, top1);
@@ -196,7 +198,9 @@ void maybe_evaluate(Loop& loop, int64_t done) {
 bool run_step(Loop& loop, int64_t step) {
   Trainer& t = loop.t;
   const Config& config = t.config;
+  t.exchange->reset_blocked_seconds();
   const StepResult r = train_step(t, step);
+  loop.a2a_wait_s = t.exchange->blocked_seconds();
   loop.clock.interval_tokens += t.tokens_per_step();
   const int64_t done = step + 1;
   double ckpt_stall = 0;

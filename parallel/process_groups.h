@@ -4,7 +4,9 @@
 // rank's coordinate in that group (RankGrid::group lists the members in that order).
 #pragma once
 
+#include <chrono>
 #include <memory>
+#include <vector>
 
 #include "core/expert_exchange.h"
 #include "parallel/communicator.h"
@@ -32,26 +34,55 @@ struct ProcessGroups {
 // world: an MpiCommunicator (any other communicator: a single process, every group of size one).
 ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const RankGrid& grid);
 
-// The MoE dispatcher's all-to-all over a communicator (the ep group): counts with a blocking all-to-all,
-// rows with the nonblocking all-to-all-v, so that start returns while rows travel.
+// The MoE dispatcher's all-to-all over a communicator (the ep group): counts with an all-to-all (blocking,
+// or the nonblocking all-to-all-v of equal blocks), rows with the nonblocking all-to-all-v, so that the
+// start forms return while counts or rows travel. It keeps the seconds
+// its caller was held up in it (the counts' exchange, each start and each wait): the exposed all-to-all
+// time, what overlap did not hide.
 class CommunicatorExchange final : public ExpertExchange {
  public:
   explicit CommunicatorExchange(Communicator& comm) : comm_(comm) {}
   int size() const override { return comm_.size(); }
   int rank() const override { return comm_.rank(); }
-  void exchange_counts(const int64_t* send, int64_t* recv, int64_t n) override { comm_.alltoall(send, recv, n); }
+  void exchange_counts(const int64_t* send, int64_t* recv, int64_t n) override {
+    const Timer timer(blocked_s_);
+    comm_.alltoall(send, recv, n);
+  }
+  std::unique_ptr<ExchangeHandle> start_counts(const int64_t* send, int64_t* recv, int64_t n) override {
+    const Timer timer(blocked_s_);
+    const std::vector<int64_t> counts(size_t(comm_.size()), n);  // read before ialltoallv returns
+    return std::make_unique<RequestHandle>(comm_.ialltoallv(send, counts.data(), recv, counts.data()), blocked_s_);
+  }
   std::unique_ptr<ExchangeHandle> start(const float* send, const int64_t* send_counts, float* recv,
                                         const int64_t* recv_counts) override {
-    return std::make_unique<RequestHandle>(comm_.ialltoallv(send, send_counts, recv, recv_counts));
+    const Timer timer(blocked_s_);
+    return std::make_unique<RequestHandle>(comm_.ialltoallv(send, send_counts, recv, recv_counts), blocked_s_);
   }
+  // Seconds held up in the exchange since the last reset.
+  double blocked_seconds() const { return blocked_s_; }
+  void reset_blocked_seconds() { blocked_s_ = 0; }
 
  private:
+  // Adds the seconds of its scope to `total`.
+  struct Timer {
+    explicit Timer(double& t) : total(t) {}
+    ~Timer() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count(); }
+    Timer(const Timer&) = delete;
+    Timer& operator=(const Timer&) = delete;
+    double& total;
+    std::chrono::steady_clock::time_point begin = std::chrono::steady_clock::now();
+  };
   struct RequestHandle final : ExchangeHandle {
-    explicit RequestHandle(std::unique_ptr<Request> r) : request(std::move(r)) {}
-    void wait() override { request->wait(); }
+    RequestHandle(std::unique_ptr<Request> r, double& blocked) : request(std::move(r)), blocked_s(blocked) {}
+    void wait() override {
+      const Timer timer(blocked_s);
+      request->wait();
+    }
     std::unique_ptr<Request> request;  // destroying it waits
+    double& blocked_s;
   };
   Communicator& comm_;
+  double blocked_s_ = 0;
 };
 
 // The MoE layer's collectives over the ranks sharing a routing group (the tp group).

@@ -11,20 +11,26 @@ namespace moe {
 // Rows for each rank's experts are contiguous in the global-expert order of the permutation; the counts
 // per (source, local expert) are exchanged first so that every rank knows what it will receive.
 template <typename T>
-void ExpertDispatcher<T>::plan(const std::vector<int64_t>& expert_offset, ExchangePlan& p) {
+std::unique_ptr<ExchangeHandle> ExpertDispatcher<T>::start_plan(const std::vector<int64_t>& expert_offset,
+                                                                ExchangePlan& p) {
   const int64_t P = ep_size_, El = local_experts();
-  std::vector<int64_t> send_count(static_cast<size_t>(P * El));
-  for (int64_t e = 0; e < experts_; ++e) send_count[e] = expert_offset[e + 1] - expert_offset[e];
+  p.send_count.assign(size_t(P * El), 0);
+  for (int64_t e = 0; e < experts_; ++e) p.send_count[e] = expert_offset[e + 1] - expert_offset[e];
   p.recv_count.assign(size_t(P * El), 0);
-  if (P == 1)
-    p.recv_count = send_count;
-  else
-    exchange_->exchange_counts(send_count.data(), p.recv_count.data(), El);
+  if (P > 1) return exchange_->start_counts(p.send_count.data(), p.recv_count.data(), El);
+  p.recv_count = p.send_count;
+  return nullptr;
+}
+
+template <typename T>
+void ExpertDispatcher<T>::finish_plan(std::unique_ptr<ExchangeHandle> counts, ExchangePlan& p) {
+  if (counts) counts->wait();
+  const int64_t P = ep_size_, El = local_experts();
   p.send_rows.assign(size_t(P), 0);
   p.recv_rows.assign(size_t(P), 0);
   for (int64_t q = 0; q < P; ++q)
     for (int64_t el = 0; el < El; ++el)
-      p.send_rows[q] += send_count[q * El + el], p.recv_rows[q] += p.recv_count[q * El + el];
+      p.send_rows[q] += p.send_count[q * El + el], p.recv_rows[q] += p.recv_count[q * El + el];
   p.local_offset.assign(size_t(El + 1), 0);
   for (int64_t el = 0; el < El; ++el) {
     int64_t rows = 0;
@@ -32,6 +38,11 @@ void ExpertDispatcher<T>::plan(const std::vector<int64_t>& expert_offset, Exchan
     p.local_offset[el + 1] = p.local_offset[el] + rows;
   }
   p.received = p.local_offset[El];
+}
+
+template <typename T>
+void ExpertDispatcher<T>::plan(const std::vector<int64_t>& expert_offset, ExchangePlan& p) {
+  finish_plan(start_plan(expert_offset, p), p);
 }
 
 template <typename T>

@@ -2,8 +2,8 @@
 // order of the dispatch plan) and the expert side (rows for this rank's experts, expert-major) over
 // the expert-parallel group, through ExpertExchange. plan() exchanges the counts; dispatch() and
 // combine() (its adjoint) move rows and do nothing else. Each has start and finish forms: between them
-// the rows travel (RowsInFlight owns them) and the caller may compute, e.g. the shared experts; the
-// blocking forms are start then finish.
+// the counts or rows travel (RowsInFlight owns the rows) and the caller may compute, e.g. the shared
+// experts; the blocking forms are start then finish.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +17,7 @@ namespace moe {
 
 // Who sends how many rows to whom for one routing group, kept for the backward.
 struct ExchangePlan {
+  std::vector<int64_t> send_count;            // (ep_size, local experts): rows to a rank's expert
   std::vector<int64_t> send_rows, recv_rows;  // per rank: token-side rows sent to it, expert-side rows from it
   std::vector<int64_t> recv_count;            // (ep_size, local experts): rows from a source for an expert
   std::vector<int64_t> local_offset;          // local experts + 1: expert-major block offsets
@@ -43,6 +44,10 @@ class ExpertDispatcher {
 
   // expert_offset: E + 1 token-side block offsets by global expert. Exchanges the counts.
   void plan(const std::vector<int64_t>& expert_offset, ExchangePlan& plan);
+  // plan in two halves: start_plan starts the counts' exchange (plan must stay untouched until finish_plan),
+  // finish_plan waits for it and fills in the rest of the plan.
+  std::unique_ptr<ExchangeHandle> start_plan(const std::vector<int64_t>& expert_offset, ExchangePlan& plan);
+  void finish_plan(std::unique_ptr<ExchangeHandle> counts, ExchangePlan& plan);
   // token_rows: (plan's token-side rows, width) -> expert_rows: (R, width), expert-major.
   void dispatch(const ExchangePlan& plan, const T* token_rows, T* expert_rows, int64_t width);
   // The adjoint: expert_rows (R, width) back to token_rows.

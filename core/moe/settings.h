@@ -63,6 +63,10 @@ struct MoeSettings {
   // takes every token of the routing group, and its output and input gradient are this rank's partial sums
   // (parallel/tp_layers.h sums them over the group).
   int64_t expert_tp = 1, expert_tp_rank = 0;
+  // With ep_size > 1: the all-to-all travels while work that does not need it computes (the shared experts
+  // beside the counts and the backward's dispatch, the dense fallback beside the combine); false: each
+  // exchange blocks first. The same operations on the same data either way, so the same results bit for bit.
+  bool overlap_exchange = true;
 };
 
 // Fate of one (token, slot) assignment after capacity.

@@ -1,11 +1,14 @@
 // The MoE dispatcher's exchange over a communicator (CommunicatorExchange) and the dispatcher's start and
 // finish forms, at any number of ranks (ctest runs 2, 3 and 4): rows that encode their source and expert
-// land where the blocking form puts them, and combine is dispatch's adjoint, exactly.
+// land where the blocking form puts them, and combine is dispatch's adjoint, exactly; the exchange counts the
+// seconds it holds its caller up.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "core/backend/backend.h"
@@ -51,6 +54,38 @@ TEST(ExpertExchange, StartFinishTwoInFlightMatchTheBlockingForm) {
   exchange.exchange(blocking.send.data(), blocking.send_counts.data(), blocking.recv.data(),
                     blocking.recv_counts.data());
   EXPECT_NONE_WRONG(count_wrong(a) + count_wrong(b) + count_wrong(blocking) + (b.recv != blocking.recv));
+}
+
+// The exchange keeps the seconds its caller is held up in it (the exposed all-to-all): a rank whose peers
+// start late waits about as long in the counts' exchange; the rows' and the counts' start and wait add to it;
+// reset clears it.
+TEST(ExpertExchange, CountsTheSecondsItHoldsTheCallerUp) {
+  auto world = MpiCommunicator::world();
+  CommunicatorExchange exchange(*world);
+  const int n = exchange.size(), me = exchange.rank();
+  EXPECT_EQ(exchange.blocked_seconds(), 0.0);
+  world->barrier();
+  if (me == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::vector<int64_t> send(size_t(n), 1), recv(size_t(n), 0);
+  exchange.exchange_counts(send.data(), recv.data(), 1);
+  const double counts = exchange.blocked_seconds();
+  if (me != 0) EXPECT_GE(counts, 0.05) << "rank " << me << " waited for rank 0's late start";
+  EXPECT_GT(counts, 0.0);
+  std::vector<float> rows_out(size_t(n), static_cast<float>(me)), rows_in(size_t(n), -1.0f);
+  exchange.exchange(rows_out.data(), send.data(), rows_in.data(), recv.data());
+  EXPECT_GT(exchange.blocked_seconds(), counts);
+  for (int q = 0; q < n; ++q) EXPECT_EQ(rows_in[size_t(q)], float(q));
+  // The counts' start and finish forms: what exchange_counts gives, and their time counted too.
+  std::vector<int64_t> pairs_out, pairs_in(size_t(2 * n), -1), pairs_blocking(size_t(2 * n), -1);
+  for (int q = 0; q < n; ++q) pairs_out.push_back(100 * me + q), pairs_out.push_back(-(100 * me + q));
+  const double before = exchange.blocked_seconds();
+  exchange.finish(exchange.start_counts(pairs_out.data(), pairs_in.data(), 2));
+  EXPECT_GT(exchange.blocked_seconds(), before);
+  exchange.exchange_counts(pairs_out.data(), pairs_blocking.data(), 2);
+  EXPECT_EQ(pairs_in, pairs_blocking);
+  for (int q = 0; q < n; ++q) EXPECT_EQ(pairs_in[size_t(2 * q)], 100 * q + me);
+  exchange.reset_blocked_seconds();
+  EXPECT_EQ(exchange.blocked_seconds(), 0.0);
 }
 
 // Rows this rank routes to global expert e: (me + 2 e) % 4 of them, zero for some (source, expert) pairs.
