@@ -177,6 +177,7 @@ void fill_train(FieldReader& r, Config& c) {
   c.train.eval_every = r.integer("train.eval_every");
   c.train.eval_sequences = r.integer("train.eval_sequences");
   c.train.threads = r.integer("train.threads");
+  c.train.adapt_threads = r.boolean("train.adapt_threads");
 }
 
 void fill_model(FieldReader& r, Config& c) {

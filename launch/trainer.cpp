@@ -140,7 +140,25 @@ struct Loop {
   Clock clock;
   int64_t last_save_step = -1;  // the newest step a save was started for
   double a2a_wait_s = 0;        // the last step's exposed expert all-to-all (this rank's)
+  // train.adapt_threads on the CPU backend: the thread count follows the cores other processes leave free.
+  std::optional<cpu::ThreadGovernor> governor;
+  cpu::CoreUseMeter core_use;
 };
+
+// After a step: the thread count the governor decides from the cores used and idle during it.
+void adapt_threads(Loop& loop) {
+  if (!loop.governor) return;
+  Trainer& t = loop.t;
+  const cpu::CoreUse use = loop.core_use.sample();
+  const int next = loop.governor->decide(t.threads, use);
+  if (next == t.threads) return;
+  char why[160];
+  std::snprintf(why, sizeof why, "threads %d -> %d (over the last step this process used %.2f cores, %.2f were idle)",
+                t.threads, next, use.ours, use.idle);
+  loop.progress.note(why);
+  t.backend.set_threads(next);
+  t.threads = next;
+}
 
 // The routing-health fields of a logged step's MoE layers and the monitor's alerts (printed once each).
 void add_routing_health(Loop& loop, nlohmann::json& line, const std::vector<std::vector<int32_t>>& top1) {
@@ -170,6 +188,7 @@ void log_step(Loop& loop, int64_t done, const StepResult& r, double ckpt_stall) 
   timing.comm_wait_s = t.buckets->last_wait_seconds();
   timing.ckpt_stall_s = ckpt_stall;
   timing.a2a_wait_s = loop.a2a_wait_s;
+  timing.threads = t.threads;
   nlohmann::json line = step_line(done, r, timing, done * t.tokens_per_step(), t.model_stats, t.config.moe.top_k);
   line["data"] = data_metrics(*t.loader, done - 1, tc.global_batch);
   add_routing_health(loop, line, top1);
@@ -216,6 +235,7 @@ bool run_step(Loop& loop, int64_t step) {
   }
   log_step(loop, done, r, ckpt_stall);
   maybe_evaluate(loop, done);
+  adapt_threads(loop);
   for (const FaultInjection& f : config.fault.inject)  // the newest checkpoint must exist before it is corrupted
     if (f.kind == "corrupt_checkpoint" && f.step == done && loop.out.checkpointer) loop.out.checkpointer->finish();
   loop.faults.after_step(done);
@@ -439,6 +459,7 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
       out,        progress,
       heartbeat,  FaultInjector(t.config.fault.inject, t.groups.rank, t.paths.run_dir, t.paths.ckpt_root.string()),
       start_step, Clock{}};
+  if (tc.adapt_threads && tc.device == "cpu") loop.governor.emplace(t.threads);
   int stop_signal = 0;
   for (int64_t step = start_step; step < tc.steps; ++step) {
     heartbeat.set(Phase::Step, step, "training step (forward, backward, gradient reduction, update)");

@@ -22,8 +22,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 // Fields of a metrics line that measure the machine, not the run: the only ones allowed to differ.
-inline const std::set<std::string> kTimingFields = {"tokens_per_s", "elapsed_s", "comm_wait_s", "ckpt_stall_s",
-                                                    "a2a_wait_s"};
+inline const std::set<std::string> kTimingFields = {"tokens_per_s", "elapsed_s",  "comm_wait_s",
+                                                    "ckpt_stall_s", "a2a_wait_s", "threads"};
 
 inline json without_timing(json line) {
   for (const std::string& field : kTimingFields) line.erase(field);

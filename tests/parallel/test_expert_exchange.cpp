@@ -69,7 +69,9 @@ TEST(ExpertExchange, CountsTheSecondsItHoldsTheCallerUp) {
   std::vector<int64_t> send(size_t(n), 1), recv(size_t(n), 0);
   exchange.exchange_counts(send.data(), recv.data(), 1);
   const double counts = exchange.blocked_seconds();
-  if (me != 0) EXPECT_GE(counts, 0.05) << "rank " << me << " waited for rank 0's late start";
+  if (me != 0) {
+    EXPECT_GE(counts, 0.05) << "rank " << me << " waited for rank 0's late start";
+  }
   EXPECT_GT(counts, 0.0);
   std::vector<float> rows_out(size_t(n), static_cast<float>(me)), rows_in(size_t(n), -1.0f);
   exchange.exchange(rows_out.data(), send.data(), rows_in.data(), recv.data());
