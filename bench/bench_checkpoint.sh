@@ -18,18 +18,19 @@ else
   out=$(mktemp -d)
   trap 'rm -rf "$out"' EXIT
 fi
+every=5
 common=(--set train.steps=40 --set train.log_every=1 --set train.eval_every=0 --set train.eval_sequences=1 --quiet)
 
 "$build/bin/moe" train --config "$config" "${common[@]}" --run-dir "$out/none"
 for mode in async sync; do
   flag=$([ "$mode" = async ] && echo true || echo false)
-  "$build/bin/moe" train --config "$config" "${common[@]}" --set checkpoint.every=5 --set checkpoint.keep=100 \
+  "$build/bin/moe" train --config "$config" "${common[@]}" --set checkpoint.every=$every --set checkpoint.keep=100 \
     --set checkpoint.full_every=2 --set checkpoint.async=$flag --run-dir "$out/$mode"
 done
 
-python3 - "$out" "$config" <<'PY'
+python3 - "$out" "$config" "$every" <<'PY'
 import json, pathlib, statistics, sys
-out, config = pathlib.Path(sys.argv[1]), sys.argv[2]
+out, config, every = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 def lines(run): return [json.loads(l) for l in open(out / run / "metrics.jsonl") if '"lm_loss"' in l]
 base = lines("none")
 tokens_per_step = base[1]["tokens"] - base[0]["tokens"]
@@ -39,9 +40,15 @@ sizes = {"full": [], "delta": []}
 raw = []  # a full checkpoint's elements in bytes, without HDF5's metadata or compression
 dtype_bytes = {"f32": 4, "f64": 8, "i64": 8}
 for mode in ("async", "sync"):
-    stalls = [l["ckpt_stall_s"] for l in lines(mode) if l.get("ckpt_stall_s", 0) > 0]
+    # A save's stall: its step's ckpt_stall_s (the finiteness check and save()) plus the next step's (its
+    # update waiting for the snapshot, when the writer thread had not taken it yet).
+    held = {l["step"]: l.get("ckpt_stall_s", 0) for l in lines(mode)}
+    stalls = [held[s] + held.get(s + 1, 0) for s in sorted(held) if s % every == 0 or s == max(held)]
+    waits = [held.get(s + 1, 0) for s in sorted(held) if s % every == 0 or s == max(held)]
     med = statistics.median(stalls)
-    print(f"{mode:>5}: median stall per save {med*1000:8.2f} ms = {med/step_s:6.3f} x a step  ({len(stalls)} saves)")
+    print(f"{mode:>5}: median stall per save {med*1000:8.2f} ms = {med/step_s:6.3f} x a step  ({len(stalls)} saves; "
+          f"the next update's wait for the snapshot: median {statistics.median(waits)*1000:.2f} ms, "
+          f"max {max(waits)*1000:.2f} ms)")
     if mode == "async": async_stall = med / step_s
     if mode != "sync": continue
     for d in sorted((out / mode / "checkpoints").glob("step-*")):

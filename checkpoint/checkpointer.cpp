@@ -6,11 +6,13 @@
 #include <xxhash.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <utility>
 
 #include "checkpoint/detail.h"
 #include "core/error.h"
@@ -85,10 +87,12 @@ struct Checkpointer::Job {
   std::vector<std::string> chain;
   fs::path tmp_dir, final_dir;
   struct Snap {
-    Piece piece;  // src unused; shape and offsets
-    std::string dataset;
+    Piece piece;  // src: the live values, read by take_snapshot only
+    std::string dataset, key;
     bool xor_delta = false;
-    std::vector<uint8_t> bits;  // the values, or their XOR with the previous save's
+    std::vector<uint8_t> raw;   // the values at the step (a buffer of an earlier save, reused)
+    std::vector<uint8_t> prev;  // xor_delta: the previous save's values, then their XOR with raw
+    const std::vector<uint8_t>& bits() const { return xor_delta ? prev : raw; }
   };
   std::vector<Snap> snaps;
   std::thread writer;
@@ -96,7 +100,45 @@ struct Checkpointer::Job {
   std::string error;
   FileEntry entry;
   double stall_s = 0, write_s = 0;
+  // Set once every piece's values are in `raw` (or the copy failed): the live memory is free to change.
+  std::atomic<bool> snapped{false};
+  std::mutex snap_mutex;
+  std::condition_variable snap_cv;
+  void mark_snapped() {
+    {
+      std::lock_guard<std::mutex> lock(snap_mutex);
+      snapped = true;
+    }
+    snap_cv.notify_all();
+  }
+  // The writer's first act: every piece's values into its buffer (after the first saves, memory already
+  // touched, so the copy takes no page faults). Then the XOR of the delta pieces.
+  void take_snapshot() {
+    for (Snap& s : snaps) {
+      s.raw.resize(size_t(s.piece.bytes()));
+      if (!s.raw.empty()) std::memcpy(s.raw.data(), s.piece.src, s.raw.size());
+      s.piece.src = nullptr;
+    }
+  }
+  void xor_deltas() {
+    for (Snap& s : snaps)
+      if (s.xor_delta)
+        for (size_t i = 0; i < s.raw.size(); ++i) s.prev[i] ^= s.raw[i];
+  }
 };
+
+namespace {
+
+// The buffer kept under `key` in `pool` (empty when none), removed from it.
+std::vector<uint8_t> take_buffer(std::map<std::string, std::vector<uint8_t>>& pool, const std::string& key) {
+  auto it = pool.find(key);
+  if (it == pool.end()) return {};
+  std::vector<uint8_t> out = std::move(it->second);
+  pool.erase(it);
+  return out;
+}
+
+}  // namespace
 
 Checkpointer::Checkpointer(SaveSettings settings, Communicator& world, json run_info,
                            std::function<void(const std::string&)> log)
@@ -120,30 +162,24 @@ double Checkpointer::save(int64_t step, const std::vector<Piece>& pieces) {
   job->final_dir = fs::path(s_.root) / checkpoint_name(step);
   job->tmp_dir = fs::path(s_.root) / ("tmp-" + checkpoint_name(step));
 
-  // Snapshot: the values now (or their XOR with the last save's), so training can go on.
+  // What the writer snapshots (take_snapshot): each piece into a buffer of an earlier save, a delta piece
+  // beside the previous save's values, which the writer turns into the XOR with the new ones.
   std::map<std::string, int> names;
-  std::map<std::string, std::vector<uint8_t>> current;
   for (const Piece& p : pieces) {
     Job::Snap snap;
     snap.piece = p;
-    snap.piece.src = nullptr;
     const int n = names[p.tensor]++;
     snap.dataset = n == 0 ? p.tensor : p.tensor + "#" + std::to_string(p.slab.first_global_index());
-    const auto* src = static_cast<const uint8_t*>(p.src);
-    std::vector<uint8_t> raw(src, src + p.bytes());
-    const std::string key = p.tensor + "@" + p.slab.text();
-    auto prev = previous_.find(key);
-    if (!full && prev != previous_.end() && prev->second.size() == raw.size()) {
+    snap.key = p.tensor + "@" + p.slab.text();
+    snap.raw = take_buffer(spare_, snap.key);
+    snap.prev = take_buffer(previous_, snap.key);  // a full save does not need it: kept for reuse
+    if (!full && snap.prev.size() == size_t(p.bytes()))
       snap.xor_delta = true;
-      snap.bits.resize(raw.size());
-      for (size_t i = 0; i < raw.size(); ++i) snap.bits[i] = raw[i] ^ prev->second[i];
-    } else {
-      snap.bits = raw;
-    }
-    current[key] = std::move(raw);
+    else if (snap.raw.capacity() < snap.prev.capacity())
+      std::swap(snap.raw, snap.prev);
     job->snaps.push_back(std::move(snap));
   }
-  previous_ = std::move(current);
+  previous_.clear();  // pieces this save does not have
 
   // The temporary directory exists before any rank writes into it (on every host with node-local roots).
   if (committer()) {
@@ -163,9 +199,14 @@ void Checkpointer::start_job(std::unique_ptr<Job> job) {
   job_ = std::move(job);
   Job* j = job_.get();
   const int64_t rank = world_.rank();
-  auto write = [j, rank] {
+  const double delay_s = s_.async ? s_.snapshot_delay_s : 0.0;
+  auto write = [j, rank, delay_s] {
     const auto t0 = Clock::now();
     try {
+      if (delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay_s));
+      j->take_snapshot();
+      j->mark_snapped();
+      j->xor_deltas();
       const fs::path path = j->tmp_dir / rank_file_name(rank);
       {
         ShardWriter writer(path.string());
@@ -176,9 +217,9 @@ void Checkpointer::start_job(std::unique_ptr<Job> job) {
             // Stored as 32-bit words: in the file, a 64-bit tensor has a trailing axis of 2 words (the
             // manifest keeps elements).
             const int64_t words = int64_t(dtype_size(s.piece.dtype) / 4);
-            writer.write(s.dataset, DType::U32, s.bits.data(), s.piece.slab.in_words(words), /*compress=*/true);
+            writer.write(s.dataset, DType::U32, s.bits().data(), s.piece.slab.in_words(words), /*compress=*/true);
           } else {
-            writer.write(s.dataset, s.piece.dtype, s.bits.data(), s.piece.slab);
+            writer.write(s.dataset, s.piece.dtype, s.bits().data(), s.piece.slab);
           }
           j->entry.datasets.push_back({s.dataset, s.piece.tensor, s.piece.dtype, s.piece.slab, s.xor_delta});
         }
@@ -191,6 +232,7 @@ void Checkpointer::start_job(std::unique_ptr<Job> job) {
       j->state = 1;
     } catch (const std::exception& e) {
       j->error = e.what();
+      j->mark_snapped();  // nothing more is read from the live memory
       j->state = 2;
     }
   };
@@ -206,6 +248,30 @@ void Checkpointer::poll() {
 
 void Checkpointer::finish() {
   if (job_) commit(*job_, true);
+}
+
+double Checkpointer::wait_snapshot() {
+  if (!job_ || job_->snapped) return 0;
+  const auto t0 = Clock::now();
+  {
+    std::unique_lock<std::mutex> lock(job_->snap_mutex);
+    job_->snap_cv.wait(lock, [&] { return job_->snapped.load(); });
+  }
+  const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+  job_->stall_s += waited;
+  return waited;
+}
+
+// After the writer: a piece's values stay as the next delta's reference, the other buffer is kept for reuse.
+void Checkpointer::keep_buffers(Job& job, bool written) {
+  for (Job::Snap& s : job.snaps) {
+    if (written) {
+      previous_[s.key] = std::move(s.raw);
+      if (s.prev.capacity() > 0) spare_[s.key] = std::move(s.prev);
+    } else {
+      spare_[s.key] = std::move(s.raw.capacity() >= s.prev.capacity() ? s.raw : s.prev);
+    }
+  }
 }
 
 void Checkpointer::commit(Job& job, bool wait) {
@@ -228,6 +294,7 @@ void Checkpointer::commit(Job& job, bool wait) {
     failure_ = msg;
     chain_.clear();  // the next save starts a new full chain
     previous_.clear();
+    keep_buffers(job, false);
     job_.reset();
     return;
   }
@@ -295,6 +362,7 @@ void Checkpointer::commit(Job& job, bool wait) {
   if (world_.rank() != 0) {
     report_ = {job.step, job.kind, job.stall_s, job.write_s, 0};
   }
+  keep_buffers(job, true);
   job_.reset();
 }
 

@@ -1,14 +1,14 @@
 // Saving and restoring the training state in global coordinates.
 //
-// Save: at a step boundary every rank snapshots the pieces it writes into host buffers (the only stall
-// when asynchronous); a writer thread, which owns every HDF5 call while a save is in flight, writes
-// ROOT/tmp-step-N/rank-R.h5, fsyncs it and checksums it. Each step every rank polls: once all ranks'
-// files are on disk, rank 0 writes the manifest, renames the directory to ROOT/step-N (the commit),
-// updates ROOT/latest, deletes chains beyond checkpoint.keep and copies the checkpoint to the replica
-// roots. A crash at any moment leaves either the previous or the new checkpoint as the newest complete
-// one. Saves between full ones hold only the XOR of each tensor's bits with the previous save's
-// (compressed by HDF5's shuffle and deflate; how much depends on how many bits changed, docs/bench.md),
-// restored bit-exactly along the chain.
+// Save: at a step boundary every rank hands the pieces it writes to a writer thread, which owns every
+// HDF5 call while a save is in flight. The writer first copies the pieces into host buffers kept from
+// earlier saves (the snapshot; asynchronous: while training goes on, see wait_snapshot), then XORs the
+// delta pieces, writes ROOT/tmp-step-N/rank-R.h5, fsyncs it and checksums it. Each step every rank polls: once all
+// ranks' files are on disk, rank 0 writes the manifest, renames the directory to ROOT/step-N (the commit), updates
+// ROOT/latest, deletes chains beyond checkpoint.keep and copies the checkpoint to the replica roots. A crash at any
+// moment leaves either the previous or the new checkpoint as the newest complete one. Saves between full ones hold only
+// the XOR of each tensor's bits with the previous save's (compressed by HDF5's shuffle and deflate; how much depends on
+// how many bits changed, docs/bench.md), restored bit-exactly along the chain.
 //
 // Restore: the newest checkpoint whose manifest and files verify (size and xxh64), falling back to a
 // replica's copy of a file, then to an older checkpoint, saying which and why; each rank reads the
@@ -59,6 +59,9 @@ struct SaveSettings {
   // Every host's first rank commits the same manifest into its own root; restoring goes through
   // find_newest_distributed / load_pieces_distributed.
   bool node_local = false;
+  // Tests: the writer thread waits this long before it takes an asynchronous save's snapshot, so that
+  // training reaches its next update first (the trainer sets it from MOE_TEST_SNAPSHOT_DELAY_MS).
+  double snapshot_delay_s = 0;
 };
 
 class Checkpointer {
@@ -70,10 +73,20 @@ class Checkpointer {
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
-  // Collective. Waits for a save still in flight (at most one), snapshots `pieces`, and writes them
-  // (in the background when async, else now, committing before it returns). Returns the seconds the
-  // caller was held up (the stall).
+  // Collective. Waits for a save still in flight (at most one), then snapshots `pieces` and writes them:
+  // in the background when async, else now, committing before it returns. Returns the seconds the
+  // caller was held up (the stall; async: without the snapshot, which the writer thread takes).
+  //
+  // The snapshot contract (async): save() returns before the values are copied; the writer thread reads
+  // every piece's src until the snapshot is taken. Until then the caller must not change, free or move
+  // any memory a piece points at: call wait_snapshot() before the first such change. The trainer does so
+  // at one place, TrainState's wait_for_snapshot (launch/train_state.h), which the step calls before its
+  // update (clipping, optimizer, ZeRO all-gather, routing state) and which checkpoint_pieces calls before
+  // it restages anything for the next save.
   double save(int64_t step, const std::vector<Piece>& pieces);
+  // Returns once the snapshot of the save in flight is taken (at once when none is in flight, or sync);
+  // the seconds waited, also added to that save's stall_s.
+  double wait_snapshot();
   // Collective; call at every step boundary. Commits the save in flight once every rank has written.
   void poll();
   // Collective: waits for the save in flight and commits it.
@@ -95,6 +108,7 @@ class Checkpointer {
   struct Job;
   void start_job(std::unique_ptr<Job> job);
   void commit(Job& job, bool wait);
+  void keep_buffers(Job& job, bool written);
   void apply_retention(const std::string& root);
   bool committer() const;  // writes manifests and renames: rank 0, or every host's first rank
   FileEntry copy_to_peer(const Job& job);
@@ -104,8 +118,10 @@ class Checkpointer {
   nlohmann::json run_info_;
   std::function<void(const std::string&)> log_;
   std::unique_ptr<Job> job_;
-  std::map<std::string, std::vector<uint8_t>> previous_;  // bits of the last save, per dataset, for deltas
-  std::vector<std::string> chain_;                        // directories of the current chain
+  // Bits of the last committed save, per piece (tensor@slab), for deltas; and a second buffer per piece
+  // from before, which the next snapshot is copied into (no fresh memory, so no page faults).
+  std::map<std::string, std::vector<uint8_t>> previous_, spare_;
+  std::vector<std::string> chain_;  // directories of the current chain
   int64_t saves_ = 0;
   Report report_;
   int64_t failed_step_ = -1;

@@ -93,7 +93,10 @@ Staged stage(TrainState& s, bool for_save) {
 
 }  // namespace
 
+double wait_for_snapshot(TrainState& s) { return s.checkpointer ? s.checkpointer->wait_snapshot() : 0.0; }
+
 std::vector<Piece> checkpoint_pieces(TrainState& s, bool for_save) {
+  if (for_save) wait_for_snapshot(s);  // the host copies and scalars below may still be being copied
   std::vector<Held> held;
   const ParamTable& table = s.model->table();
   auto add = [&](std::string tensor, ckpt::DType dtype, Slab slab, void* data, ParamGroup replicas) {

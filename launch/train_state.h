@@ -34,7 +34,17 @@ struct TrainState {
   std::vector<float> host_params, host_m, host_v;
   std::vector<double> clip_ema;
   std::vector<int64_t> clip_samples;
+  // The run's checkpointer (null without checkpoints). An asynchronous save's writer thread copies the
+  // pieces after save() returns (Checkpointer::save): see wait_for_snapshot.
+  ckpt::Checkpointer* checkpointer = nullptr;
 };
+
+// Call before changing anything a checkpoint piece points at (parameters, AdamW moments and step,
+// balancing biases, adaptive capacity, the dead-expert tracker, the clipping statistics and the host
+// copies above): returns once the snapshot of the save in flight is taken, and the seconds waited (0 when
+// none). train_step calls it once, before its update (the first change of the state in a step; forward,
+// backward and evaluation only read it), and checkpoint_pieces before restaging for a save.
+double wait_for_snapshot(TrainState& state);
 
 // save: pieces this rank writes (src set). load: pieces this rank reads (dst set); after loading call
 // finish_load to move the scalars into place.

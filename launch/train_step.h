@@ -16,6 +16,7 @@ struct StepResult {
   double grad_norm = 0;  // before clipping
   int64_t experts_clipped = 0;
   int64_t dead_experts = 0;  // experts without a token for the last 100 steps
+  double ckpt_wait_s = 0;    // held before the update until the last save's snapshot was taken
 };
 
 // Collective. Trains step `step` (0-based). Throws RunFailed when the loss is not finite (nothing is

@@ -98,14 +98,16 @@ RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoi
                                {"versions", build_versions()},
                                {"data", t.data_provenance}};
   const bool leader = t.leader();
-  out.checkpointer = std::make_unique<ckpt::Checkpointer>(
-      ckpt::SaveSettings{paths.ckpt_root.string(), config.checkpoint.keep, config.checkpoint.full_every,
-                         config.checkpoint.async, config.checkpoint.replicas, config.checkpoint.peer_copy,
-                         paths.ranks_per_node, config.checkpoint.node_local},
-      *t.groups.world, info, [leader](const std::string& text) {
+  ckpt::SaveSettings save{paths.ckpt_root.string(), config.checkpoint.keep,      config.checkpoint.full_every,
+                          config.checkpoint.async,  config.checkpoint.replicas,  config.checkpoint.peer_copy,
+                          paths.ranks_per_node,     config.checkpoint.node_local};
+  if (const char* delay = std::getenv("MOE_TEST_SNAPSHOT_DELAY_MS")) save.snapshot_delay_s = std::atof(delay) / 1000;
+  out.checkpointer =
+      std::make_unique<ckpt::Checkpointer>(std::move(save), *t.groups.world, info, [leader](const std::string& text) {
         // Failures and fallbacks are always shown, whatever --quiet says.
         if (leader) std::fprintf(stderr, "moe: checkpoint: %s\n", text.c_str());
       });
+  t.state.checkpointer = out.checkpointer.get();
   return out;
 }
 
@@ -222,14 +224,16 @@ bool run_step(Loop& loop, int64_t step) {
   loop.a2a_wait_s = t.exchange->blocked_seconds();
   loop.clock.interval_tokens += t.tokens_per_step();
   const int64_t done = step + 1;
-  double ckpt_stall = 0;
+  double ckpt_stall = r.ckpt_wait_s;  // the step's update waited for the last save's snapshot
   if (ckpt::Checkpointer* ck = loop.out.checkpointer.get()) {
     ck->poll();
     if (done % config.checkpoint.every == 0 || done == config.train.steps) {
       loop.heartbeat.set(Phase::CheckpointSave, done, "checkpoint save");
       const auto span = t.tracer.span("checkpoint save (stall)", "checkpoint");
+      const auto t0 = Clock::Steady::now();
       check_state_finite(t, done);
-      ckpt_stall = ck->save(done, checkpoint_pieces(t.state, true));
+      ck->save(done, checkpoint_pieces(t.state, true));
+      ckpt_stall += Clock::since(t0);  // the finiteness check, the staging and the save
       loop.last_save_step = done;
     }
   }
