@@ -6,13 +6,10 @@
 #include <cstdio>
 #include <exception>
 
-#include "core/backend/cpu/thread_policy.h"
-
 namespace moe::bench {
 
 template <typename Run>
 int parse_and_run(CLI::App& app, int argc, char** argv, const char* name, Run run) {
-  cpu::apply_default_wait_policy(argv);  // as `moe` does: measure what users run
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "core/backend/cpu/thread_policy.h"
 #include "core/error.h"
 #include "core/host.h"
 #include "launch/ckpt_command.h"
@@ -133,7 +132,6 @@ int report(const moe::Error& e, int rank, int size) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  moe::cpu::apply_default_wait_policy(argv);
   CLI::App app{
       "moe: train mixture-of-experts language models, from one laptop to a GPU cluster.\n"
       "Run `moe SUBCOMMAND --help` for the options of each subcommand.",

@@ -4,6 +4,7 @@
 // 2, 3 and 4 threads, on shapes that take each path, and compared bit for bit with 1 thread.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "core/backend/backend.h"
+#include "core/backend/cpu/thread_policy.h"
 
 namespace moe {
 namespace {
@@ -75,6 +77,41 @@ TEST(CpuThreads, AttentionIsTheSameAtAnyThreadCount) {
   for (const auto& [B, H] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 3}, {3, 4}})
     expect_same_bits_at_any_thread_count("attention B " + std::to_string(B) + " H " + std::to_string(H),
                                          [&](Backend& b) { return attention_both_ways(b, B, 37, H, 8); });
+}
+
+// The governor (core/backend/cpu/thread_policy.h): the whole cores this process used or nobody used, within
+// [1, max], after the same decision twice in a row.
+TEST(ThreadGovernor, FollowsTheCoresOtherProcessesLeave) {
+  cpu::ThreadGovernor g(2);
+  EXPECT_EQ(g.decide(2, {2.0, 0.0}), 2);   // quiet: both cores ours
+  EXPECT_EQ(g.decide(2, {1.3, 0.0}), 2);   // another process took 0.7 of a core: noted once
+  EXPECT_EQ(g.decide(2, {1.35, 0.0}), 1);  // and again: down to 1
+  EXPECT_EQ(g.decide(1, {1.0, 0.0}), 1);   // one core each
+  EXPECT_EQ(g.decide(1, {1.0, 0.95}), 1);  // the other process left: noted once
+  EXPECT_EQ(g.decide(1, {0.9, 0.0}), 1);   // a busy moment in between resets it
+  EXPECT_EQ(g.decide(1, {1.0, 0.9}), 1);
+  EXPECT_EQ(g.decide(1, {1.0, 0.8}), 2);  // twice in a row: back to 2
+  EXPECT_EQ(g.decide(2, {1.9, 0.1}), 2);
+  // Never above max, never below 1.
+  cpu::ThreadGovernor one(1);
+  EXPECT_EQ(one.decide(1, {1.0, 7.0}), 1);
+  EXPECT_EQ(one.decide(1, {1.0, 7.0}), 1);
+  cpu::ThreadGovernor four(4);
+  EXPECT_EQ(four.decide(4, {0.2, 0.0}), 4);
+  EXPECT_EQ(four.decide(4, {0.2, 0.0}), 1);
+}
+
+// The meter reads this process's CPU time and its cores' idle time: a busy interval counts about one core ours.
+TEST(CoreUseMeter, CountsThisProcessCpuTime) {
+  cpu::CoreUseMeter meter;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  volatile double sink = 0;
+  while (std::chrono::steady_clock::now() < until) sink = sink + 1.0;
+  const cpu::CoreUse use = meter.sample();
+  EXPECT_GT(use.ours, 0.3);  // one spinning thread; other processes may take some of its core
+  EXPECT_LT(use.ours, 1.5);
+  EXPECT_GE(use.idle, 0.0);
+  EXPECT_GE(cpu::usable_cores(), 1);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// The default waiting policy of the CPU backend's threads. See thread_policy.h.
+// Thread counts of the CPU backend: the cores a process may use, the waiting policy it runs with, and the
+// governor that follows other processes' load. See thread_policy.h.
 #include "core/backend/cpu/thread_policy.h"
 
 #include <sched.h>
@@ -14,30 +15,14 @@
 #include <thread>
 
 namespace moe::cpu {
-namespace {
-
-// Set beside GOMP_SPINCOUNT when the default was applied, so that the re-executed program can say so.
-constexpr const char* kMarker = "MOE_DEFAULT_WAIT_POLICY";
-
-}  // namespace
-
-void apply_default_wait_policy(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
-  if (setenv("GOMP_SPINCOUNT", kDefaultSpinCount, 1) != 0 || setenv(kMarker, "1", 1) != 0) return;
-  execv("/proc/self/exe", argv);
-  // Not re-executed (no /proc): undo, so that the description stays true.
-  unsetenv("GOMP_SPINCOUNT");
-  unsetenv(kMarker);
-}
 
 std::string wait_policy_description() {
   const char* spin = std::getenv("GOMP_SPINCOUNT");
   const char* policy = std::getenv("OMP_WAIT_POLICY");
-  if (spin && std::getenv(kMarker)) return std::string("spin ") + spin + " then sleep (default)";
   std::string text;
   if (policy) text = std::string(policy) + " (OMP_WAIT_POLICY)";
   if (spin) text += (text.empty() ? "" : ", ") + std::string("spin ") + spin + " then sleep (GOMP_SPINCOUNT)";
-  return text.empty() ? "the OpenMP runtime's default" : text;
+  return text.empty() ? "the OpenMP runtime's default, spin then sleep" : text;
 }
 
 int usable_cores() {
