@@ -1,4 +1,5 @@
-// The CPU backend gives the same bits whatever its thread count (core/backend/cpu/cpu_ops.cpp): the ops whose
+// The CPU backend's ways of splitting work add no dependence on the thread count (core/backend/cpu/
+// parallel_kernels.h; the reductions here are shorter than OpenBLAS's K block): the ops whose
 // work is split among threads in more than one way (the grouped GEMM: large groups on all threads, the rest
 // one per thread; attention: heads concurrently, or one head at a time with its rows split) computed at 1,
 // 2, 3 and 4 threads, on shapes that take each path, and compared bit for bit with 1 thread.

@@ -4,9 +4,12 @@
 // GEMM: fewer thread wake-ups (which cost most when another process shares the cores) and no small GEMM
 // split between threads (which OpenBLAS does poorly).
 //
-// Determinism: every output element is computed by one BLAS call over its whole reduction, exactly as in
-// the serial form; OpenBLAS gives the same bits for a GEMM whatever number of threads it uses (it splits
-// the output, never the reduction), so the result does not depend on the thread count.
+// Determinism: every output element is computed by one BLAS call over its whole reduction, exactly as in the
+// serial form, and the concurrent forms call single-threaded BLAS, as 1 thread does; so these kernels add no
+// dependence on the thread count. OpenBLAS's own: its threaded driver splits the output, never the reduction,
+// but cuts a reduction longer than its K block (GEMM_Q, a few hundred) into blocks a little differently from
+// its serial driver (level3_thread.c against level3.c), so a GEMM with such a reduction can differ in the last
+// bits between 1 thread and several (docs/design.md "Conventions": the same thread count gives the same bits).
 #pragma once
 
 #include <cblas.h>

@@ -4,8 +4,9 @@
 // Waiting is the OpenMP runtime's: libgomp spins a while (GOMP_SPINCOUNT, 300,000 by default) before it sleeps,
 // which is the fastest on a quiet machine (measured against 30,000, 10,000, 1,000 and passive waiting). When
 // another process shares the cores, a spinning thread holds a core the thread it waits for needs, and a step
-// takes several times longer; the ThreadGovernor below then lowers the thread count until the threads have
-// their cores, which is what keeps a busy machine's throughput, rather than another waiting policy.
+// takes several times longer; the ThreadGovernor below (train.adapt_threads) then lowers the thread count until
+// the threads have their cores, which is what keeps a busy machine's throughput, rather than another waiting
+// policy.
 #pragma once
 
 #include <chrono>
@@ -33,8 +34,9 @@ struct CoreUse {
 // into a collapse; fewer threads than cores avoid it. The cores this process could have had over the last
 // interval are those it used plus those nobody used (ours + idle); the decision is the whole number of
 // them, within [1, max_threads], and a change needs the same decision twice in a row (one busy moment does
-// not move it). Results do not depend on the thread count (the CPU backend's invariant), so adapting never
-// changes a run's numbers.
+// not move it). Off by default (train.adapt_threads): a run's bits are reproducible for a given thread count,
+// and another count can round long GEMM reductions differently (core/backend/cpu/parallel_kernels.h), so with
+// the governor on, the last bits of a run depend on the machine's load.
 class ThreadGovernor {
  public:
   explicit ThreadGovernor(int max_threads);
