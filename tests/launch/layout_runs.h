@@ -67,6 +67,23 @@ inline RunOutput train_on(int ranks, const std::vector<std::string>& overrides, 
   return run;
 }
 
+// The small MoE model the layout, resume and overlap tests train: 2 layers (one dense, one MoE), 4 experts
+// top-2, one sequence of 16 tokens per micro-batch, one thread, logged every step. Each test adds its steps,
+// batch, evaluation and what it varies.
+inline std::vector<std::string> small_moe_overrides() {
+  return {"train.log_every=1",    "train.eval_sequences=2",  "train.seq_len=16", "train.micro_batch=1",
+          "train.threads=1",      "model.d_model=32",        "model.layers=2",   "model.heads=2",
+          "model.ffn_hidden=48",  "moe.num_experts=4",       "moe.top_k=2",      "moe.every=2",
+          "moe.expert_hidden=32", "moe.router.noise=gumbel", "optim.lr=1e-3",    "optim.warmup=2"};
+}
+
+// The small model with `extra` appended.
+inline std::vector<std::string> small_moe_overrides(const std::vector<std::string>& extra) {
+  std::vector<std::string> o = small_moe_overrides();
+  o.insert(o.end(), extra.begin(), extra.end());
+  return o;
+}
+
 // A directory under the temporary directory named the same on every rank (rank 0's process id).
 inline std::filesystem::path shared_temp_root(const std::string& prefix, const std::string& name) {
   int64_t id = ::getpid();

@@ -29,29 +29,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 std::vector<std::string> base_overrides() {
-  return {"train.steps=20",
-          "train.log_every=1",
-          "train.eval_every=5",
-          "train.eval_sequences=2",
-          "train.seq_len=16",
-          "train.global_batch=8",
-          "train.micro_batch=1",
-          "train.threads=1",
-          "model.d_model=32",
-          "model.layers=2",
-          "model.heads=2",
-          "model.ffn_hidden=48",
-          "moe.num_experts=4",
-          "moe.top_k=2",
-          "moe.every=2",
-          "moe.expert_hidden=32",
-          "moe.router.noise=gumbel",
-          "moe.capacity_factor=1.0",
-          "moe.router.bias_balance.rate=0.01",
-          "optim.per_expert_clip=1.5",
-          "optim.lr=1e-3",
-          "optim.warmup=2",
-          "checkpoint.every=5"};
+  return small_moe_overrides({"train.steps=20", "train.eval_every=5", "train.global_batch=8", "moe.capacity_factor=1.0",
+                              "moe.router.bias_balance.rate=0.01", "optim.per_expert_clip=1.5", "checkpoint.every=5"});
 }
 
 // Trains base_overrides() + extra on the first `ranks` ranks (tests/launch/layout_runs.h).

@@ -20,13 +20,9 @@ using namespace test_support;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// The small MoE model of test_parallel_equivalence: 2 layers (one dense, one MoE), 4 experts top-2.
+// The small MoE model (layout_runs.h) at ep 2, 6 steps of 4 sequences.
 std::vector<std::string> base_overrides() {
-  return {"train.steps=6",           "train.log_every=1",    "train.eval_every=3",  "train.eval_sequences=2",
-          "train.seq_len=16",        "train.global_batch=4", "train.micro_batch=1", "train.threads=1",
-          "model.d_model=32",        "model.layers=2",       "model.heads=2",       "model.ffn_hidden=48",
-          "moe.num_experts=4",       "moe.top_k=2",          "moe.every=2",         "moe.expert_hidden=32",
-          "moe.router.noise=gumbel", "optim.lr=1e-3",        "optim.warmup=2",      "parallel.ep=2"};
+  return small_moe_overrides({"train.steps=6", "train.eval_every=3", "train.global_batch=4", "parallel.ep=2"});
 }
 
 // Every training line of `dir`'s metrics.jsonl has a2a_wait_s >= 0 (rank 0 reads).

@@ -29,11 +29,7 @@ using json = nlohmann::json;
 // A small MoE model: 2 layers (one dense, one MoE), 4 experts top-2, 8 sequences of 16 tokens per step,
 // one sequence per micro-batch so that dp = 4 still accumulates two micro-batches per rank.
 std::vector<std::string> base_overrides() {
-  return {"train.steps=10",          "train.log_every=1",    "train.eval_every=0",  "train.eval_sequences=2",
-          "train.seq_len=16",        "train.global_batch=8", "train.micro_batch=1", "train.threads=1",
-          "model.d_model=32",        "model.layers=2",       "model.heads=2",       "model.ffn_hidden=48",
-          "moe.num_experts=4",       "moe.top_k=2",          "moe.every=2",         "moe.expert_hidden=32",
-          "moe.router.noise=gumbel", "optim.lr=1e-3",        "optim.warmup=2"};
+  return small_moe_overrides({"train.steps=10", "train.eval_every=0", "train.global_batch=8"});
 }
 
 // base_overrides() + extra trained on the first `ranks` ranks (tests/launch/layout_runs.h).

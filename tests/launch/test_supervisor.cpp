@@ -53,11 +53,7 @@ using namespace std::chrono_literals;
 // equal text means equal bits).
 std::vector<std::string> comparable_metrics(const fs::path& run_dir) {
   std::vector<std::string> out;
-  for (json line : read_json_lines(run_dir / "metrics.jsonl")) {
-    for (const char* key : {"tokens_per_s", "elapsed_s", "comm_wait_s", "ckpt_stall_s", "a2a_wait_s", "threads"})
-      line.erase(key);
-    out.push_back(line.dump());
-  }
+  for (const json& line : read_json_lines(run_dir / "metrics.jsonl")) out.push_back(without_timing(line).dump());
   return out;
 }
 
