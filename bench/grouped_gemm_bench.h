@@ -1,10 +1,11 @@
-// The grouped expert GEMM alone (Ops::grouped_gemm), as bench_moe measures it: the nine grouped calls of one
-// MoE layer's experts (core/moe/experts.cpp: three forward, six backward) on E experts' row blocks, against the
-// sgemm peak and against the same nine calls on one group of all the rows (one large GEMM per call, the
-// dense equivalent: same FLOPs, one weight). The rows per expert are those of N K assignments spread at
-// random over the experts, as a router spreads them early in training.
+// The grouped expert GEMM, as bench_moe measures it: one MoE layer's experts alone (GroupedExperts, core/moe/
+// experts.h: nine grouped GEMM calls, three forward and six backward, and the SwiGLU between them) on E experts'
+// row blocks, against the sgemm peak and against the same experts run as one block of all the rows (one large
+// GEMM per call, the dense equivalent: same FLOPs, one weight). The rows per expert are those of N K assignments spread
+// at random over the experts, as a router spreads them early in training.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include "bench/sgemm_peak.h"
 #include "bench/timing.h"
 #include "core/backend/backend.h"
+#include "core/moe/experts.h"
 
 namespace moe::bench {
 
@@ -36,21 +38,16 @@ inline std::vector<int64_t> random_row_offsets(int64_t experts, int64_t assignme
   return offset;
 }
 
-// The nine grouped calls of GroupedExperts::forward and backward, on `groups` blocks given by `off` (the
-// operands are reused across calls: only the shapes matter, and the inputs stay bounded).
+// The experts of one layer (core/moe/experts.h) on their own: forward, then backward, on `off`'s blocks. The
+// operands are reused across repetitions: only the shapes matter, and the inputs stay bounded.
 struct ExpertOperands {
-  std::vector<float> xe, a, h, y, dy, w1, w2, dw1, dw2;
+  std::vector<float> xe, y, dy, dx, scratch, w1, w3, w2, dw1, dw3, dw2;
+  ExpertActs<float> acts;
 
-  void run(Ops<float>& ops, int64_t groups, const int64_t* off, int64_t D, int64_t F) {
-    ops.grouped_gemm(false, false, groups, off, F, D, 1.0f, xe.data(), w1.data(), 0.0f, a.data());  // xe W1
-    ops.grouped_gemm(false, false, groups, off, F, D, 1.0f, xe.data(), w1.data(), 0.0f, h.data());  // xe W3
-    ops.grouped_gemm(false, false, groups, off, D, F, 1.0f, h.data(), w2.data(), 0.0f, y.data());   // h W2
-    ops.grouped_gemm(true, false, groups, off, D, F, 1.0f, h.data(), dy.data(), 1.0f, dw2.data());  // dW2
-    ops.grouped_gemm(false, true, groups, off, F, D, 1.0f, dy.data(), w2.data(), 0.0f, a.data());   // dh
-    ops.grouped_gemm(true, false, groups, off, F, D, 1.0f, xe.data(), a.data(), 1.0f, dw1.data());  // dW1
-    ops.grouped_gemm(true, false, groups, off, F, D, 1.0f, xe.data(), h.data(), 1.0f, dw1.data());  // dW3
-    ops.grouped_gemm(false, true, groups, off, D, F, 1.0f, a.data(), w1.data(), 0.0f, y.data());    // dx
-    ops.grouped_gemm(false, true, groups, off, D, F, 1.0f, h.data(), w1.data(), 1.0f, y.data());    //  + ...
+  void run(GroupedExperts<float>& experts, const std::vector<int64_t>& off) {
+    std::copy(xe.begin(), xe.end(), acts.xe.data<float>());
+    experts.forward(off, acts, y.data());
+    experts.backward(off, acts, dy.data(), scratch.data(), dx.data());
   }
 };
 
@@ -58,19 +55,21 @@ inline GroupedResult measure_grouped_gemm(Backend& backend, const GroupedShape& 
   const int64_t D = s.d_model, F = s.expert_hidden, E = s.experts, R = s.tokens * s.top_k;
   const std::vector<int64_t> off = random_row_offsets(E, R, 99), whole = {0, R};
   ExpertOperands x;
-  for (auto* v : {&x.xe, &x.y, &x.dy}) v->resize(size_t(R * D));
-  for (auto* v : {&x.a, &x.h}) v->resize(size_t(R * F));
-  for (auto* v : {&x.w1, &x.w2, &x.dw1, &x.dw2}) v->resize(size_t(E * D * F));
+  for (auto* v : {&x.xe, &x.y, &x.dy, &x.dx}) v->resize(size_t(R * D));
+  x.scratch.resize(size_t(GroupedExperts<float>::scratch_size(R, F)));
+  for (auto* v : {&x.w1, &x.w3, &x.w2, &x.dw1, &x.dw3, &x.dw2}) v->resize(size_t(E * D * F));
   uint64_t seed = 5;
-  for (auto* v : {&x.xe, &x.a, &x.h, &x.y, &x.dy, &x.w1, &x.w2}) fill_uniform(*v, ++seed);
+  for (auto* v : {&x.xe, &x.dy, &x.w1, &x.w3, &x.w2}) fill_uniform(*v, ++seed);
+  GroupedExperts<float> experts(backend, D, F);
+  experts.bind(x.w1.data(), x.w3.data(), x.w2.data(), x.dw1.data(), x.dw3.data(), x.dw2.data());
+  experts.resize(x.acts, R);
   std::vector<double> grouped, one;
-  Ops<float>& ops = backend.ops<float>();
   for (int i = 0; i < warmup + reps; ++i) {  // alternating, so that a change of load hits both alike
     const Stopwatch g;
-    x.run(ops, E, off.data(), D, F);
+    x.run(experts, off);
     const double grouped_s = g.seconds();
     const Stopwatch o;
-    x.run(ops, 1, whole.data(), D, F);
+    x.run(experts, whole);  // one block: expert 0's weights for every row
     if (i >= warmup) grouped.push_back(grouped_s), one.push_back(o.seconds());
   }
   GroupedResult r{s, 0, 9.0 * 2.0 * double(R) * double(D) * double(F), summarize(grouped), summarize(one)};
