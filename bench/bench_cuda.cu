@@ -1,8 +1,9 @@
 // bench_cuda: the CUDA backend's GEMMs against the GPU's measured peak, in the same run:
 //   1. the peak: cuBLAS bf16 (fp32 accumulation) and fp32 GEMMs of 8192^3 (the ceilings MFU is quoted against);
-//   2. the backend's fp32 gemm op on a Mixtral-sized projection (tokens x 4096 x 14336);
+//   2. the backend's gemm op on a Mixtral-sized projection (tokens x 4096 x 14336), in fp32 and with bf16 GEMMs
+//      (GemmPrecision::Bf16: fp32 storage, operands rounded to bf16 per call, tensor cores);
 //   3. the backend's grouped expert GEMM (8 experts, top-2, Mixtral's expert width) against one dense GEMM of
-//      the same FLOPs through the same op: what grouping the experts costs.
+//      the same FLOPs through the same op, at both precisions: what grouping the experts costs.
 // Medians of --reps timed calls after one untimed call, timed with CUDA events. Prints a table and one line
 // of JSON. Without a device it says so and exits 0 (the ctest smoke check runs it everywhere).
 #include <cublas_v2.h>
@@ -77,11 +78,13 @@ struct OpFigures {
   double dense_flops_s = 0, grouped_flops_s = 0, projection_flops_s = 0;
 };
 
-// Through the backend's ops (fp32): one projection, the experts' first GEMM grouped, and a dense GEMM of
+// Through the backend's ops at `precision` (fp32, or bf16 GEMMs of fp32 storage as train.precision = bf16 runs
+// them, the operands' rounding included): one projection, the experts' first GEMM grouped, and a dense GEMM of
 // the grouped one's FLOPs.
-OpFigures backend_gemms(const Options& o) {
+OpFigures backend_gemms(const Options& o, GemmPrecision precision) {
   const std::unique_ptr<Backend> b = make_cuda_backend(0);
   Ops<float>& ops = b->ops<float>();
+  ops.set_gemm_precision(precision);
   const int64_t N = o.tokens, D = o.d_model, F = o.expert_hidden, E = o.experts, rows = N * o.top_k;
   Buffer x = b->allocate(DType::F32, rows * D), w = b->allocate(DType::F32, E * D * F),
          y = b->allocate(DType::F32, rows * F);
@@ -113,22 +116,29 @@ void run(const Options& o) {
   }
   const double bf16 = cublas_peak(o.peak_size, CUDA_R_16BF, o.reps),
                fp32 = cublas_peak(o.peak_size, CUDA_R_32F, o.reps);
-  const OpFigures f = backend_gemms(o);
   std::printf("cuBLAS peak, %lld^3: bf16 %.1f TFLOP/s, fp32 %.1f TFLOP/s\n", (long long)o.peak_size, bf16 / 1e12,
               fp32 / 1e12);
-  std::printf("backend fp32 gemm %lldx%lldx%lld: %.1f TFLOP/s (%.2f of the fp32 peak)\n", (long long)o.tokens,
-              (long long)o.expert_hidden, (long long)o.d_model, f.projection_flops_s / 1e12,
-              f.projection_flops_s / fp32);
-  std::printf("grouped experts (E %lld, top-%lld): %.1f TFLOP/s, %.2f of one dense GEMM of the same FLOPs (%.1f)\n",
-              (long long)o.experts, (long long)o.top_k, f.grouped_flops_s / 1e12, f.grouped_flops_s / f.dense_flops_s,
-              f.dense_flops_s / 1e12);
-  const nlohmann::json j = {{"benchmark", "bench_cuda"},
-                            {"bf16_peak_flops", bf16},
-                            {"fp32_peak_flops", fp32},
-                            {"projection_flops", f.projection_flops_s},
-                            {"grouped_flops", f.grouped_flops_s},
-                            {"dense_same_flops", f.dense_flops_s},
-                            {"grouped_over_dense", f.grouped_flops_s / f.dense_flops_s}};
+  nlohmann::json j = {{"benchmark", "bench_cuda"}, {"bf16_peak_flops", bf16}, {"fp32_peak_flops", fp32}};
+  for (const GemmPrecision precision : {GemmPrecision::Fp32, GemmPrecision::Bf16}) {
+    const bool is_bf16 = precision == GemmPrecision::Bf16;
+    const char* name = is_bf16 ? "bf16" : "fp32";
+    const double peak = is_bf16 ? bf16 : fp32;
+    const OpFigures f = backend_gemms(o, precision);
+    std::printf("backend %s gemm %lldx%lldx%lld: %.1f TFLOP/s (%.2f of the %s peak)\n", name, (long long)o.tokens,
+                (long long)o.expert_hidden, (long long)o.d_model, f.projection_flops_s / 1e12,
+                f.projection_flops_s / peak, name);
+    std::printf(
+        "%s grouped experts (E %lld, top-%lld): %.1f TFLOP/s, %.2f of one dense GEMM of the same FLOPs (%.1f)\n", name,
+        (long long)o.experts, (long long)o.top_k, f.grouped_flops_s / 1e12, f.grouped_flops_s / f.dense_flops_s,
+        f.dense_flops_s / 1e12);
+    // The fp32 keys keep their names of before; the bf16 ones are prefixed.
+    const std::string prefix = is_bf16 ? "bf16_" : "";
+    j[prefix + "projection_flops"] = f.projection_flops_s;
+    j[prefix + "grouped_flops"] = f.grouped_flops_s;
+    j[prefix + "dense_same_flops"] = f.dense_flops_s;
+    j[prefix + "grouped_over_dense"] = f.grouped_flops_s / f.dense_flops_s;
+    j[prefix + "projection_over_peak"] = f.projection_flops_s / peak;
+  }
   std::printf("%s\n", j.dump().c_str());
 }
 

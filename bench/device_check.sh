@@ -10,16 +10,18 @@
 #                                            unpacks, finds cuBLAS in the machine's Python wheels, runs the
 #                                            checks and writes OUT_DIR/device_check.json (OUT_DIR: $OUT or .)
 #
-# What it checks today: the device is seen; the CUDA backend's host-side tests; the op conformance suites with
-# the cuda backend beside the cpu one (every op in fp32 and fp64 against the CPU reference); the MoE layer on
-# cuda routing exactly as on the cpu (drop, reroute, dense fallback; Gumbel noise) with outputs and gradients
-# within fp32 tolerance; bench_cuda's cuBLAS bf16 and fp32 GEMM peaks and the backend's gemm and grouped expert
-# GEMM against them; 20 steps of configs/tiny_moe.json on one rank on cuda against cpu (each step's loss within
-# 2e-3 relative). Not yet: the bf16 MFU benchmark (no bf16 training yet); the JSON lists it under "not_built".
+# What it checks: the device is seen; the CUDA backend's host-side tests; the op conformance suites with the
+# cuda backend beside the cpu one (every op in fp32 and fp64 against the CPU reference; bf16 GEMMs, grouped
+# GEMMs and attention against the GEMMs of the rounded operands); the MoE layer on cuda routing exactly as on
+# the cpu (drop, reroute, dense fallback; Gumbel noise) with outputs and gradients within fp32 tolerance;
+# bench_cuda's cuBLAS bf16 and fp32 GEMM peaks and the backend's gemm and grouped expert GEMM against them at
+# both precisions; 20 steps of configs/tiny_moe.json on one rank on cuda against cpu, in fp32 (each step's
+# loss within 2e-3 relative) and in bf16 (within 2e-2); and the MFU of configs/bench_mixtral.json (Mixtral's
+# layer: d_model 4096, 8 experts top-2, expert hidden 14336, sequence 4096; bf16 GEMMs) against the bf16 peak.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-programs=(test_core_cuda_host test_core_ops test_core_moe_ops test_core_moe_backends)
+programs=(test_core_cuda_host test_core_ops test_core_moe_ops test_core_gemm_precision test_core_moe_backends)
 
 pack() {
   local build=${1:-build}
@@ -36,7 +38,7 @@ pack() {
       esac
     done
   done
-  cp configs/tiny_moe.json "$stage/"
+  cp configs/tiny_moe.json configs/bench_mixtral.json "$stage/"
   git rev-parse HEAD > "$stage/commit"
   tar -C "$stage" -cJf .device/pack.tar.xz .
   rm -rf "$stage"
@@ -64,18 +66,31 @@ run() {
     status+=("$p=$rc")
   done
   timeout 300 "$root/bin/bench_cuda" --reps 10 > "$out/bench_cuda.log" 2>&1 || true
-  # 20 steps of the MoE default on one rank, on each backend (metrics.jsonl of both compared below).
-  for device in cpu cuda; do
-    timeout 300 "$root/bin/moe" train --config "$root/tiny_moe.json" --set train.device=$device --set train.steps=20 \
-      --set train.eval_every=10 --set checkpoint.every=10 --set train.log_every=1 --run-dir "/tmp/moe-device-$device" \
-      --overwrite --quiet > "$out/train_$device.log" 2>&1 || true
-    cp "/tmp/moe-device-$device/metrics.jsonl" "$out/metrics_$device.jsonl" 2>/dev/null || true
+  # 20 steps of the MoE default on one rank, on each backend at each precision (compared below).
+  for precision in fp32 bf16; do
+    for device in cpu cuda; do
+      local name=${device}_$precision
+      timeout 300 "$root/bin/moe" train --config "$root/tiny_moe.json" --set train.device=$device \
+        --set train.precision=$precision --set train.steps=20 --set train.eval_every=10 --set checkpoint.every=10 \
+        --set train.log_every=1 --run-dir "/tmp/moe-device-$name" --overwrite --quiet > "$out/train_$name.log" 2>&1 || true
+      cp "/tmp/moe-device-$name/metrics.jsonl" "$out/metrics_$name.jsonl" 2>/dev/null || true
+    done
+  done
+  # The Mixtral-shaped stack in bf16: as many layers as fit (4 of them in fp32 storage: 99 GB of parameters,
+  # gradients and AdamW moments), else 2.
+  for layers in 4 2; do
+    rm -rf /tmp/moe-device-mixtral
+    if timeout 240 "$root/bin/moe" train --config "$root/bench_mixtral.json" --set model.layers=$layers \
+      --run-dir /tmp/moe-device-mixtral --overwrite --quiet > "$out/train_mixtral.log" 2>&1; then
+      echo "$layers" > "$out/mixtral_layers.txt"
+      cp /tmp/moe-device-mixtral/metrics.jsonl "$out/metrics_mixtral.jsonl"
+      break
+    fi
   done
   python3 - "$out" "$(cat "$root/commit")" "${status[@]}" <<'EOF'
 import json, os, sys
 out, commit, statuses = sys.argv[1], sys.argv[2], sys.argv[3:]
-report = {"commit": commit, "gpu": open(os.path.join(out, "gpu.txt")).read().strip(), "programs": {},
-          "not_built": ["bf16 MFU benchmark (Mixtral-shaped stack)"]}
+report = {"commit": commit, "gpu": open(os.path.join(out, "gpu.txt")).read().strip(), "programs": {}}
 for s in statuses:
     name, rc = s.split("=")
     entry = {"exit_code": int(rc)}
@@ -91,21 +106,44 @@ for s in statuses:
 # Passed: every program green, and the conformance suites really ran on the cuda backend (not only the cpu's).
 ran_on_gpu = all(report["programs"][p].get("cuda_cases", 0) > 0 for p in ("test_core_ops", "test_core_moe_ops")) and \
     not report["programs"]["test_core_moe_backends"].get("skipped")
-# Training: each step's loss on cuda against cpu (fp32 sums in another order: the curves drift apart slowly).
-def losses(device):
-    path = os.path.join(out, "metrics_" + device + ".jsonl")
+# Training: each step's loss on cuda against cpu (fp32 sums in another order: the curves drift apart slowly; in
+# bf16 a value near a rounding boundary can round the other way too).
+def losses(name):
+    path = os.path.join(out, "metrics_" + name + ".jsonl")
     if not os.path.exists(path):
         return []
     return [json.loads(l)["lm_loss"] for l in open(path) if '"lm_loss"' in l]
-cpu, gpu = losses("cpu"), losses("cuda")
-training = {"steps_cpu": len(cpu), "steps_cuda": len(gpu), "lm_loss_cpu": cpu, "lm_loss_cuda": gpu}
-if cpu and len(cpu) == len(gpu):
-    training["max_relative_difference"] = max(abs(a - b) / abs(a) for a, b in zip(cpu, gpu))
-training["passed"] = len(cpu) == 20 and len(gpu) == 20 and training.get("max_relative_difference", 1) < 2e-3
-report["training"] = training
+report["training"] = {}
+for precision, tolerance in (("fp32", 2e-3), ("bf16", 2e-2)):
+    cpu, gpu = losses("cpu_" + precision), losses("cuda_" + precision)
+    t = {"steps_cpu": len(cpu), "steps_cuda": len(gpu), "lm_loss_cpu": cpu, "lm_loss_cuda": gpu, "tolerance": tolerance}
+    if cpu and len(cpu) == len(gpu):
+        t["max_relative_difference"] = max(abs(a - b) / abs(a) for a, b in zip(cpu, gpu))
+    t["passed"] = len(cpu) == 20 and len(gpu) == 20 and t.get("max_relative_difference", 1) < tolerance
+    report["training"][precision] = t
 bench = [l for l in open(os.path.join(out, "bench_cuda.log")) if l.startswith("{")]
 report["bench_cuda"] = json.loads(bench[-1]) if bench else open(os.path.join(out, "bench_cuda.log")).read()[-2000:]
-report["passed"] = ran_on_gpu and training["passed"] and all(e["exit_code"] == 0 and not e.get("failures") for e in report["programs"].values())
+# MFU of the Mixtral-shaped stack: model FLOPs per token (3 x the forward's matmuls: the projections, the two
+# chosen experts' SwiGLU, the router, the head, and attention's q k^T and p v over the full T x T as computed)
+# times the median tokens/s of steps 3 and later, over the bf16 GEMM peak measured above.
+mfu = {}
+path = os.path.join(out, "metrics_mixtral.jsonl")
+if os.path.exists(path):
+    cfg = json.load(open(os.path.join("/tmp/moe-device", "bench_mixtral.json")))
+    L = int(open(os.path.join(out, "mixtral_layers.txt")).read())
+    D, T, V = cfg["model"]["d_model"], cfg["train"]["seq_len"], cfg["model"]["vocab"]
+    E, K, F = cfg["moe"]["num_experts"], cfg["moe"]["top_k"], cfg["moe"]["expert_hidden"]
+    forward = L * (2 * 4 * D * D + 2 * K * 3 * D * F + 2 * D * E + 2 * 2 * T * D) + 2 * D * V
+    lines = [json.loads(l) for l in open(path) if '"tokens_per_s"' in l]
+    rates = sorted(l["tokens_per_s"] for l in lines if l["step"] >= 3)
+    if rates and isinstance(report["bench_cuda"], dict):
+        tokens_s = rates[len(rates) // 2]
+        achieved = 3 * forward * tokens_s
+        mfu = {"layers": L, "tokens_per_s": tokens_s, "model_flops_per_token": 3 * forward,
+               "achieved_flops": achieved, "bf16_peak_flops": report["bench_cuda"]["bf16_peak_flops"],
+               "mfu": achieved / report["bench_cuda"]["bf16_peak_flops"]}
+report["mixtral_mfu"] = mfu or {"error": open(os.path.join(out, "train_mixtral.log")).read()[-2000:] if os.path.exists(os.path.join(out, "train_mixtral.log")) else "not run"}
+report["passed"] = ran_on_gpu and all(t["passed"] for t in report["training"].values()) and "mfu" in mfu and all(e["exit_code"] == 0 and not e.get("failures") for e in report["programs"].values())
 json.dump(report, open(os.path.join(out, "device_check.json"), "w"), indent=2)
 print(json.dumps(report, indent=2))
 EOF

@@ -1,12 +1,14 @@
 // Element types chosen at run time: what a buffer stores and what an op accumulates in (docs/model.md: the
 // router in fp32 whatever the compute precision; bf16 storage with fp32 accumulation; fp64 for the
 // gradient checks). The sizes and the fp32 <-> bf16 conversions live here, written once for every
-// backend (the CUDA backend's kernels call the same functions). Not here: bf16 compute on the CPU.
+// backend (they compile as device code too: the CUDA backend's kernels round exactly as the CPU does).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+
+#include "core/host_device.h"
 
 namespace moe {
 
@@ -51,15 +53,37 @@ struct bf16 {
   uint16_t bits = 0;
 };
 
+// The bits of a float and back (std::bit_cast is not device code).
+MOE_HOST_DEVICE constexpr uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  return __builtin_bit_cast(uint32_t, x);
+#endif
+}
+MOE_HOST_DEVICE constexpr float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  return __builtin_bit_cast(float, u);
+#endif
+}
+
 // fp32 -> bf16 rounding to nearest, ties to even; NaN stays a (quiet) NaN, infinities stay infinite.
-constexpr bf16 float_to_bf16(float x) {
-  const uint32_t u = __builtin_bit_cast(uint32_t, x);
+MOE_HOST_DEVICE constexpr bf16 float_to_bf16(float x) {
+  const uint32_t u = float_bits(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x0040u)};  // NaN: keep it quiet
   const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
   return bf16{uint16_t((u + rounding) >> 16)};
 }
 
-constexpr float bf16_to_float(bf16 x) { return __builtin_bit_cast(float, uint32_t(x.bits) << 16); }
+MOE_HOST_DEVICE constexpr float bf16_to_float(bf16 x) { return bits_float(uint32_t(x.bits) << 16); }
+
+// x rounded to the nearest bf16 (through fp32 for a double), kept in its own type: what a bf16 GEMM reads.
+template <typename T>
+MOE_HOST_DEVICE constexpr T round_to_bf16(T x) {
+  return T(bf16_to_float(float_to_bf16(float(x))));
+}
 
 template <typename T>
 constexpr DType dtype_of();

@@ -135,7 +135,10 @@ void ParamTable::initialize(T* params, uint64_t seed) const {
         const RngStream rng(seed, "init." + s.name);
         // Element i of the global tensor draws counter (i, 0): a shard draws exactly its own elements. A
         // block's rows along its last axis are contiguous in the global tensor too.
+        // Each element is a pure function of its index, so the rows are split among threads (a Mixtral-sized
+        // layer has over a billion elements) with the same result.
         const int64_t row = s.shape.empty() ? 1 : s.shape.back();
+#pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < s.numel; r += row) {
           const int64_t g = s.global_index(r);
           for (int64_t i = 0; i < row; ++i) p[r + i] = T(s.init_std * rng.normal(uint64_t(g + i)));

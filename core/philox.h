@@ -9,18 +9,15 @@
 #include <cstdint>
 #include <string_view>
 
+#include "core/host_device.h"
+
 namespace moe {
 
 using Philox4x32Counter = std::array<uint32_t, 4>;
 using Philox4x32Key = std::array<uint32_t, 2>;
 
-// The arithmetic below also compiles as CUDA device code (the CUDA backend's Gumbel noise draws the same
-// numbers as the CPU's, core/backend/cuda/).
-#if defined(__CUDACC__)
-#define MOE_HOST_DEVICE __host__ __device__
-#else
-#define MOE_HOST_DEVICE
-#endif
+// The arithmetic below also compiles as CUDA device code (core/host_device.h): the CUDA backend's Gumbel noise
+// draws the same numbers as the CPU's.
 
 // The bare Philox-4x32 with 10 rounds, in place on c[4] with the key (k0, k1).
 MOE_HOST_DEVICE inline void philox4x32_10_inplace(uint32_t* c, uint32_t k0, uint32_t k1) {

@@ -168,6 +168,7 @@ void fill_train(FieldReader& r, Config& c) {
   c.train.micro_batch = r.integer("train.micro_batch");
   c.train.seq_len = r.integer("train.seq_len");
   c.train.device = r.string("train.device");
+  c.train.precision = r.string("train.precision");
   c.train.recompute = r.string("train.recompute");
   c.train.recompute_layers = r.integer("train.recompute_layers");
   c.train.trace = r.boolean("train.trace");

@@ -19,9 +19,10 @@ struct TrainConfig {
   int64_t global_batch = 0;  // sequences per optimizer step
   int64_t micro_batch = 0;   // sequences per micro-batch (= one routing group)
   int64_t seq_len = 0;
-  std::string device = "cpu";     // "cpu" | "cuda"
-  std::string recompute;          // "none" | "selective" | "full"
-  int64_t recompute_layers = -1;  // recompute applies to layers [0, recompute_layers); -1: every layer
+  std::string device = "cpu";      // "cpu" | "cuda"
+  std::string precision = "fp32";  // "fp32" | "bf16": what GEMMs read their operands as
+  std::string recompute;           // "none" | "selective" | "full"
+  int64_t recompute_layers = -1;   // recompute applies to layers [0, recompute_layers); -1: every layer
   int64_t log_every = 0;
   int64_t eval_every = 0;      // 0: no periodic evaluation (a final one still runs)
   int64_t eval_sequences = 0;  // held-out sequences per data source per evaluation

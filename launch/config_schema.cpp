@@ -80,6 +80,11 @@ std::vector<KeySpec> train_keys() {
       choice("train.device", "cpu", {"cpu", "cuda"},
              "where the model computes: `cpu` (OpenBLAS + OpenMP) or `cuda` (the CUDA backend, docs/gpu.md; one GPU "
              "per rank, each rank on its node's device local_rank mod the devices it sees; one rank for now)"),
+      choice("train.precision", "fp32", {"fp32", "bf16"},
+             "what GEMMs (projections, experts, head, attention's products) read their operands as: `fp32`, or "
+             "`bf16` (each operand rounded to bf16, products summed in fp32: tensor cores on a GPU, emulated on the "
+             "CPU); parameters, gradients, AdamW state, activations, the router, norms, softmax and losses stay "
+             "fp32 (docs/design.md \"Precision\")"),
       choice("train.recompute", "none", {"none", "selective", "full"},
              "activation recomputation: `none` keeps activations for backward, `selective` keeps all but the "
              "attention probabilities (recomputed from q and k in backward), `full` keeps each block's input and "

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "core/backend/backend.h"
 #include "core/backend/cpu/thread_policy.h"
@@ -220,6 +222,10 @@ data::MixSchedule training_schedule(const Config& config, const data::Corpus& co
 int64_t Trainer::micro_batches() const {
   return config.train.global_batch / (grid.sizes().dp * config.train.micro_batch);
 }
+Trainer::~Trainer() {
+  backend.ops<float>().set_parameter_memory(nullptr, 0);
+  backend.ops<float>().set_gemm_precision(GemmPrecision::Fp32);
+}
 int64_t Trainer::tokens_per_step() const { return config.train.global_batch * config.train.seq_len; }
 int64_t Trainer::first_sequence() const { return groups.coords.dp * micro_batches() * config.train.micro_batch; }
 
@@ -233,7 +239,13 @@ Trainer::Trainer(CheckedConfig checked, TrainPaths paths_in, const data::Corpus&
       groups(make_process_groups(std::move(world), grid)),
       tracer(config.train.trace, config.train.trace_from, config.train.trace_steps) {
   const TrainConfig& tc = config.train;
+  backend.ops<float>().set_gemm_precision(tc.precision == "bf16" ? GemmPrecision::Bf16 : GemmPrecision::Fp32);
   build_model(*this);
+  // bf16 GEMMs read the weights from one rounded copy per step (train_step and evaluate say when the
+  // parameters changed). MOE_BF16_WEIGHT_COPY=0 rounds them at every GEMM instead: the same bits, a check.
+  const char* copy = std::getenv("MOE_BF16_WEIGHT_COPY");
+  if (!(copy && std::string(copy) == "0"))
+    backend.ops<float>().set_parameter_memory(model->params(), model->num_params());
   // 256k floats (1 MB) per bucket: several buckets even for small models, so reduction overlaps backward.
   constexpr int64_t kBucketElements = 1 << 18;
   buckets = std::make_unique<GradBuckets>(model->table(), *groups.dp, *groups.edp, kBucketElements, config.optim.zero);

@@ -378,6 +378,7 @@ class BackboneFreeze {
 
 StepResult train_step(Trainer& t, int64_t step) {
   StepResult r;
+  t.backend.ops<float>().parameters_changed();  // by the last update, a load or the initialisation
   // A scheduled temperature is a function of the step (so a resumed run sets the same).
   if (!t.config.moe.router.tau_schedule.empty())
     for (MoeLayer<float>* m : t.moe_layers) m->set_tau(t.config.moe.router.tau_at(step));

@@ -449,9 +449,9 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
   const TrainConfig& tc = t.config.train;
   const std::string held = t.grid.sizes().pp > 1 ? " parameters on pipeline stage 0, " : " parameters per rank, ";
   progress.note("moe train: " + std::to_string(t.model->num_params()) + held + std::to_string(tc.steps) + " steps of " +
-                std::to_string(t.tokens_per_step()) + " tokens on " + layout_text(t) + ", " +
-                std::to_string(t.threads) + " threads per rank (waiting: " + cpu::wait_policy_description() +
-                "); run directory " + t.paths.run_dir);
+                std::to_string(t.tokens_per_step()) + " tokens on " + layout_text(t) + ", " + tc.precision +
+                " GEMMs, " + std::to_string(t.threads) + " threads per rank (waiting: " +
+                cpu::wait_policy_description() + "); run directory " + t.paths.run_dir);
   const GridSizes& sizes = t.grid.sizes();
   const StageEstimate memory = largest_stage_estimate(t.config, sizes.tp, sizes.dp, sizes.ep);
   progress.note("memory per rank" +

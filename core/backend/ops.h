@@ -11,11 +11,41 @@
 
 namespace moe {
 
+// What GEMM operands are read as (docs/design.md "Precision"; train.precision). Fp32: as stored. Bf16: each
+// operand rounded to bf16 (round to nearest even), the products exact and summed in fp32 into C as stored
+// (fp32): what tensor cores' bf16 GEMMs compute, so the CPU backend is their reference. It applies to gemm,
+// grouped_gemm and the four products inside attention (q k^T, p v and their gradients; the softmax stays in
+// the storage type), never to anything else.
+enum class GemmPrecision : uint8_t { Fp32, Bf16 };
+
 template <typename T>
 class Ops {
  public:
   virtual ~Ops() = default;
   virtual const char* name() const = 0;
+
+  // Set by the trainer once (train.precision); the router holds Fp32 around its own GEMMs (Fp32Gemms). Not
+  // for concurrent use: the ops of a backend are driven by one thread.
+  GemmPrecision gemm_precision() const { return gemm_precision_; }
+  void set_gemm_precision(GemmPrecision precision) { gemm_precision_ = precision; }
+
+  // The parameters' memory (n elements from `first`, the model's flat buffer; null: none). With bf16 GEMMs the
+  // backend rounds all of it once, at the first GEMM after a change, and reads every GEMM operand inside it from
+  // that copy (the weights are rounded once per step instead of once per GEMM; PyTorch's autocast keeps such a
+  // cache too). parameters_changed() drops the copy: the trainer calls it before each step's and each
+  // evaluation's first forward, since the parameters change only between them. The results are the same bits
+  // either way.
+  void set_parameter_memory(const T* first, int64_t n) {
+    parameters_ = first, parameter_count_ = n;
+    parameters_changed();
+  }
+  void parameters_changed() { ++parameter_version_; }
+  const T* parameter_memory() const { return parameters_; }
+  int64_t parameter_count() const { return parameter_count_; }
+  // Changes at every parameters_changed(): a backend's rounded copy is current while it holds the same value.
+  uint64_t parameter_version() const { return parameter_version_; }
+  // Whether `x` points into the parameters' memory.
+  bool in_parameters(const T* x) const { return parameters_ && x >= parameters_ && x < parameters_ + parameter_count_; }
 
   // C(M,N) = alpha * op(A) * op(B) + beta * C, row-major; op(A) is (M,K), op(B) is (K,N).
   virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
@@ -112,6 +142,29 @@ class Ops {
     T beta1, beta2, step_size, inv_bc2, eps, decay;
   };
   virtual void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamWStep& step) = 0;
+
+ private:
+  GemmPrecision gemm_precision_ = GemmPrecision::Fp32;
+  const T* parameters_ = nullptr;
+  int64_t parameter_count_ = 0;
+  uint64_t parameter_version_ = 0;
+};
+
+// GEMMs as stored while it lives, whatever train.precision, then the precision before: the router's logits
+// and their gradients stay in fp32 end to end (docs/moe.md).
+template <typename T>
+class Fp32Gemms {
+ public:
+  explicit Fp32Gemms(Ops<T>& ops) : ops_(ops), kept_(ops.gemm_precision()) {
+    ops.set_gemm_precision(GemmPrecision::Fp32);
+  }
+  ~Fp32Gemms() { ops_.set_gemm_precision(kept_); }
+  Fp32Gemms(const Fp32Gemms&) = delete;
+  Fp32Gemms& operator=(const Fp32Gemms&) = delete;
+
+ private:
+  Ops<T>& ops_;
+  GemmPrecision kept_;
 };
 
 }  // namespace moe

@@ -109,6 +109,7 @@ void Router<T>::forward(const FfnContext& context, const T* x, T* logits, T* sco
 template <typename T>
 void Router<T>::logits(const T* x, T* logits, int64_t N) const {
   const int64_t D = s_.d_model, E = s_.num_experts;
+  const Fp32Gemms<T> fp32(ops_);  // the router in fp32 whatever train.precision
   ops_.gemm(false, false, N, E, D, T(1), x, D, weight_, E, T(0), logits, E);  // z = x Wg
 }
 
@@ -256,6 +257,7 @@ void Router<T>::scores_backward(const FfnContext& context, const T* logits, cons
 template <typename T>
 void Router<T>::input_backward(const T* x, const T* dz, T* dx, int64_t N) const {
   const int64_t D = s_.d_model, E = s_.num_experts;
+  const Fp32Gemms<T> fp32(ops_);
   ops_.gemm(true, false, D, E, N, T(1), x, D, dz, E, T(1), grad_, E);             // dWg += x^T dz
   if (dx) ops_.gemm(false, true, N, D, E, T(1), dz, E, weight_, E, T(1), dx, D);  // dx += dz Wg^T
 }

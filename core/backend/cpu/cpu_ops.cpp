@@ -31,8 +31,6 @@ constexpr int64_t kReduceChunk = 4096;
 constexpr int64_t kParallelMove = int64_t(1) << 16;
 constexpr int64_t kMoveChunk = int64_t(1) << 14;
 
-using cpu::blas_gemm;
-
 template <typename T>
 class CpuOps final : public Ops<T> {
  public:
@@ -46,7 +44,7 @@ class CpuOps final : public Ops<T> {
         for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
       return;
     }
-    blas_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    cpu::gemm_at(gemm_inputs(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
 
   void embedding_forward(const int32_t* tokens, const T* table, int64_t first, int64_t rows, T* out, int64_t N,
@@ -141,12 +139,13 @@ class CpuOps final : public Ops<T> {
 
   void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,
                          int64_t Dh) override {
-    cpu::attention_forward(cpu::AttentionShape{B, T_, H, Dh}, q, k, v, out, probs);
+    cpu::attention_forward(cpu::AttentionShape{B, T_, H, Dh, this->gemm_precision()}, q, k, v, out, probs);
   }
 
   void attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq, T* dk, T* dv,
                           T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) override {
-    cpu::attention_backward(cpu::AttentionShape{B, T_, H, Dh}, q, k, v, probs, dout, dq, dk, dv, scratch);
+    cpu::attention_backward(cpu::AttentionShape{B, T_, H, Dh, this->gemm_precision()}, q, k, v, probs, dout, dq, dk, dv,
+                            scratch);
   }
 
   void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override {
@@ -231,7 +230,7 @@ class CpuOps final : public Ops<T> {
   void grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K,
                     T alpha, const T* A, const T* B, T beta, T* C) override {
     MOE_CHECK(!(trans_a && trans_b), "grouped gemm: trans_a with trans_b is not an expert shape");
-    cpu::grouped_gemm(trans_a, trans_b, groups, row_offset, N, K, alpha, A, B, beta, C);
+    cpu::grouped_gemm(gemm_inputs(), trans_a, trans_b, groups, row_offset, N, K, alpha, A, B, beta, C);
   }
   void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) override {
     cpu::gumbel_noise(key, step, first_counter, out, n);
@@ -264,6 +263,24 @@ class CpuOps final : public Ops<T> {
   }
 
  private:
+  // How this call's GEMMs read their operands; with bf16 GEMMs, the parameters' rounded copy brought up to date
+  // first (Ops::set_parameter_memory), on the calling thread before any parallel region.
+  cpu::GemmInputs<T> gemm_inputs() {
+    cpu::GemmInputs<T> in{this->gemm_precision()};
+    if (in.precision == GemmPrecision::Fp32 || !this->parameter_memory()) return in;
+    if (rounded_version_ != this->parameter_version() ||
+        rounded_parameters_.size() != size_t(this->parameter_count())) {
+      cpu::rounded_to_bf16(this->parameter_memory(), 1, this->parameter_count(), this->parameter_count(),
+                           rounded_parameters_);
+      rounded_version_ = this->parameter_version();
+    }
+    in.parameters = this->parameter_memory(), in.count = this->parameter_count();
+    in.rounded = rounded_parameters_.data();
+    return in;
+  }
+  std::vector<T> rounded_parameters_;
+  uint64_t rounded_version_ = ~uint64_t(0);
+
   // cos and sin of angle t * base^(-2i/Dh) for t < T, i < Dh / 2, kept for the last shape asked for: every
   // layer of a step asks for the same one.
   struct RopeTable {

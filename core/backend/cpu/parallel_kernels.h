@@ -20,6 +20,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/backend/ops.h"
+#include "core/dtype.h"
+
 namespace moe::cpu {
 
 inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
@@ -36,24 +39,69 @@ inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double 
 // Threads the op may use: 1 inside a parallel region (no nesting), else the backend's count.
 inline int usable_threads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
 
+// ---- bf16 GEMM inputs (GemmPrecision::Bf16) ------------------------------------------------------------
+
+// X (rows, cols, leading dimension ld) rounded to bf16, packed (leading dimension cols) into `buffer`.
+// Split among threads when called outside a parallel region and large enough to pay for it.
+template <typename T>
+const T* rounded_to_bf16(const T* X, int64_t rows, int64_t cols, int64_t ld, std::vector<T>& buffer) {
+  buffer.resize(size_t(rows * cols));
+  T* out = buffer.data();
+#pragma omp parallel for collapse(2) schedule(static) if (!omp_in_parallel() && rows * cols >= (int64_t(1) << 16))
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = round_to_bf16(X[r * ld + c]);
+  return out;
+}
+
+// How a GEMM reads its operands: as stored (Fp32), or rounded to bf16 (Bf16), an operand inside the parameters'
+// memory [parameters, parameters + count) from `rounded`, their rounded copy (Ops::set_parameter_memory).
+template <typename T>
+struct GemmInputs {
+  GemmPrecision precision = GemmPrecision::Fp32;
+  const T* parameters = nullptr;
+  int64_t count = 0;
+  const T* rounded = nullptr;
+  // The rounded form of operand X (rows, cols, ld): the parameters' copy at the same offset and ld, or a packed
+  // copy in `buffer` (ld = cols).
+  const T* operand(const T* X, int64_t rows, int64_t cols, int64_t& ld, std::vector<T>& buffer) const {
+    if (rounded && X >= parameters && X < parameters + count) return rounded + (X - parameters);
+    const T* packed = rounded_to_bf16(X, rows, cols, ld, buffer);
+    ld = cols;
+    return packed;
+  }
+};
+
+// A GEMM as `in` says: Fp32 is blas_gemm; Bf16 runs it on operands rounded to bf16 (the products of two bf16
+// values are exact in fp32, so only the order of the fp32 sums is the BLAS's). Rounded activations live in
+// buffers of the calling thread, kept for its next call.
+template <typename T>
+void gemm_at(const GemmInputs<T>& in, bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+             int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (in.precision == GemmPrecision::Fp32) return blas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  thread_local std::vector<T> a_buffer, b_buffer;
+  const T* a = in.operand(A, ta ? K : M, ta ? M : K, lda, a_buffer);
+  const T* b = in.operand(B, tb ? N : K, tb ? K : N, ldb, b_buffer);
+  blas_gemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
+}
+
 // ---- Grouped GEMM (Ops::grouped_gemm) ----------------------------------------------------------------
 
 // Group g of a grouped GEMM as one BLAS call (see Ops::grouped_gemm for the operand layout).
 template <typename T>
-void grouped_gemm_group(bool trans_a, bool trans_b, int64_t g, const int64_t* row_offset, int64_t N, int64_t K, T alpha,
-                        const T* A, const T* B, T beta, T* C) {
+void grouped_gemm_group(const GemmInputs<T>& p, bool trans_a, bool trans_b, int64_t g, const int64_t* row_offset,
+                        int64_t N, int64_t K, T alpha, const T* A, const T* B, T beta, T* C) {
   const int64_t r0 = row_offset[g], m = row_offset[g + 1] - r0;
   if (!trans_a)
-    blas_gemm(false, trans_b, m, N, K, alpha, A + r0 * K, K, B + g * K * N, trans_b ? K : N, beta, C + r0 * N, N);
+    gemm_at(p, false, trans_b, m, N, K, alpha, A + r0 * K, K, B + g * K * N, trans_b ? K : N, beta, C + r0 * N, N);
   else
-    blas_gemm(true, false, K, N, m, alpha, A + r0 * K, K, B + r0 * N, N, beta, C + g * K * N, N);
+    gemm_at(p, true, false, K, N, m, alpha, A + r0 * K, K, B + r0 * N, N, beta, C + g * K * N, N);
 }
 
 // Groups too large to share: more rows than an even share of the threads' work. These run first, one at a
 // time on all threads; the rest run concurrently, one group per thread at a time, largest first.
 template <typename T>
-void grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K, T alpha,
-                  const T* A, const T* B, T beta, T* C) {
+void grouped_gemm(const GemmInputs<T>& p, bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset,
+                  int64_t N, int64_t K, T alpha, const T* A, const T* B, T beta, T* C) {
   const int threads = usable_threads();
   const int64_t rows = row_offset[groups] - row_offset[0];
   std::vector<int64_t> shared;  // the groups run concurrently
@@ -61,7 +109,7 @@ void grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row
     const int64_t m = row_offset[g + 1] - row_offset[g];
     if (m == 0) continue;
     if (threads == 1 || m * threads > rows)
-      grouped_gemm_group(trans_a, trans_b, g, row_offset, N, K, alpha, A, B, beta, C);
+      grouped_gemm_group(p, trans_a, trans_b, g, row_offset, N, K, alpha, A, B, beta, C);
     else
       shared.push_back(g);
   }
@@ -71,7 +119,7 @@ void grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row
   const int64_t count = int64_t(shared.size());
 #pragma omp parallel for schedule(dynamic, 1) if (count > 1)
   for (int64_t i = 0; i < count; ++i)
-    grouped_gemm_group(trans_a, trans_b, shared[size_t(i)], row_offset, N, K, alpha, A, B, beta, C);
+    grouped_gemm_group(p, trans_a, trans_b, shared[size_t(i)], row_offset, N, K, alpha, A, B, beta, C);
 }
 
 // ---- Causal attention (Ops::attention_forward / attention_backward) ---------------------------------
@@ -100,6 +148,7 @@ void softmax_backward_row(const T* p, T* d, int64_t i, int64_t T_, T scale) {
 // The shape of one attention call; head (b, h) has its columns at offset(b, h) of q, k, v, out.
 struct AttentionShape {
   int64_t B, T, H, Dh;
+  GemmPrecision precision = GemmPrecision::Fp32;  // of its four products (operands are activations)
   int64_t D() const { return H * Dh; }
   int64_t offset(int64_t bh) const { return (bh / H) * T * D() + (bh % H) * Dh; }
   double scale() const { return 1.0 / std::sqrt(double(Dh)); }
@@ -111,10 +160,11 @@ void attention_head_forward(const AttentionShape& s, int64_t bh, const T* q, con
                             bool rows_parallel) {
   const int64_t off = s.offset(bh), D = s.D(), T_ = s.T;
   T* P = probs + bh * T_ * T_;
-  blas_gemm(false, true, T_, T_, s.Dh, T(s.scale()), q + off, D, k + off, D, T(0), P, T_);
+  const GemmInputs<T> p{s.precision};
+  gemm_at(p, false, true, T_, T_, s.Dh, T(s.scale()), q + off, D, k + off, D, T(0), P, T_);
 #pragma omp parallel for schedule(static) if (rows_parallel)
   for (int64_t i = 0; i < T_; ++i) causal_softmax_row(P + i * T_, i, T_);
-  blas_gemm(false, false, T_, s.Dh, T_, T(1), P, T_, v + off, D, T(0), out + off, D);
+  gemm_at(p, false, false, T_, s.Dh, T_, T(1), P, T_, v + off, D, T(0), out + off, D);
 }
 
 // One head's backward; dS: (T, T) scratch of the calling thread.
@@ -123,12 +173,13 @@ void attention_head_backward(const AttentionShape& s, int64_t bh, const T* q, co
                              const T* dout, T* dq, T* dk, T* dv, T* dS, bool rows_parallel) {
   const int64_t off = s.offset(bh), D = s.D(), T_ = s.T, Dh = s.Dh;
   const T* P = probs + bh * T_ * T_;
-  blas_gemm(false, true, T_, T_, Dh, T(1), dout + off, D, v + off, D, T(0), dS, T_);  // dP = dO V^T
-  blas_gemm(true, false, T_, Dh, T_, T(1), P, T_, dout + off, D, T(0), dv + off, D);  // dV = P^T dO
+  const GemmInputs<T> p{s.precision};
+  gemm_at(p, false, true, T_, T_, Dh, T(1), dout + off, D, v + off, D, T(0), dS, T_);  // dP = dO V^T
+  gemm_at(p, true, false, T_, Dh, T_, T(1), P, T_, dout + off, D, T(0), dv + off, D);  // dV = P^T dO
 #pragma omp parallel for schedule(static) if (rows_parallel)
   for (int64_t i = 0; i < T_; ++i) softmax_backward_row(P + i * T_, dS + i * T_, i, T_, T(s.scale()));
-  blas_gemm(false, false, T_, Dh, T_, T(1), dS, T_, k + off, D, T(0), dq + off, D);  // dQ = dS K
-  blas_gemm(true, false, T_, Dh, T_, T(1), dS, T_, q + off, D, T(0), dk + off, D);   // dK = dS^T Q
+  gemm_at(p, false, false, T_, Dh, T_, T(1), dS, T_, k + off, D, T(0), dq + off, D);  // dQ = dS K
+  gemm_at(p, true, false, T_, Dh, T_, T(1), dS, T_, q + off, D, T(0), dk + off, D);   // dK = dS^T Q
 }
 
 // Heads run concurrently when there are enough of them to keep every thread busy; otherwise one head at

@@ -4,7 +4,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/backend/backend.h"
@@ -67,12 +69,19 @@ template <typename T>
 class CudaOps final : public Ops<T> {
  public:
   explicit CudaOps(const CudaContext& ctx) : ctx_(ctx) {}
+  ~CudaOps() override {
+    if (rounded_) ctx_.allocator->free(rounded_);
+  }
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
   const char* name() const override { return "cuda"; }
 
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
             int64_t ldb, T beta, T* C, int64_t ldc) override {
     if (M == 0 || N == 0) return;
+    if (this->gemm_precision() == GemmPrecision::Bf16 && K > 0)
+      return gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     MOE_CUBLAS_CHECK(blas_gemm<T>(ctx_.blas, op(trans_b), op(trans_a), int(N), int(M), int(K), &alpha, B, int(ldb), A,
                                   int(lda), &beta, C, int(ldc)));
   }
@@ -171,6 +180,45 @@ class CudaOps final : public Ops<T> {
   }
 
  private:
+  void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+                 const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+  // x (rows, cols, leading dimension ld) as a bf16 GEMM reads it, packed into `out`: bf16 bits for fp32
+  // storage, values rounded to bf16 in T for fp64.
+  void round_operand(const T* x, int64_t rows, int64_t cols, int64_t ld, void* out) {
+    if constexpr (sizeof(T) == 4)
+      launch(elementwise_launch(rows * cols), cuda::to_bf16_kernel<T>, x, rows, cols, ld, static_cast<uint16_t*>(out));
+    else
+      launch(elementwise_launch(rows * cols), cuda::round_to_bf16_kernel<T>, x, rows, cols, ld, static_cast<T*>(out));
+  }
+  // An operand inside the parameters' memory (Ops::set_parameter_memory) read from their rounded copy, at the
+  // same offset and leading dimension; the copy is remade at the first use after a change. Null outside it.
+  const void* rounded_parameter(const T* x) {
+    if (!this->in_parameters(x)) return nullptr;
+    const size_t bytes = size_t(this->parameter_count()) * kOperandBytes;
+    if (rounded_bytes_ != bytes) {
+      if (rounded_) ctx_.allocator->free(rounded_);
+      rounded_ = ctx_.allocator->allocate(bytes), rounded_bytes_ = bytes, rounded_version_ = ~uint64_t(0);
+    }
+    if (rounded_version_ != this->parameter_version()) {
+      round_operand(this->parameter_memory(), 1, this->parameter_count(), this->parameter_count(), rounded_);
+      rounded_version_ = this->parameter_version();
+    }
+    return static_cast<const char*>(rounded_) + (x - this->parameter_memory()) * int64_t(kOperandBytes);
+  }
+  // X rounded for a GEMM: the parameters' copy (ld kept), or a packed copy in `w` (ld becomes cols).
+  const void* gemm_operand(const T* X, int64_t rows, int64_t cols, int64_t& ld, std::optional<Workspace>& w) {
+    if (const void* r = rounded_parameter(X)) return r;
+    w.emplace(*ctx_.allocator, size_t(rows * cols) * kOperandBytes);
+    round_operand(X, rows, cols, ld, w->ptr);
+    ld = cols;
+    return w->ptr;
+  }
+  void* rounded_ = nullptr;  // the parameters rounded (from the allocator; freed with the ops)
+  size_t rounded_bytes_ = 0;
+  uint64_t rounded_version_ = ~uint64_t(0);
+  static constexpr size_t kOperandBytes = sizeof(T) == 4 ? 2 : sizeof(T);  // per element of a rounded operand
+  void grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const void* A, const void* B, T beta, T* C);
+
   template <typename Kernel, typename... Args>
   void launch(LaunchConfig c, Kernel kernel, Args... args) {
     kernel<<<c.blocks, c.threads, 0, ctx_.stream>>>(args...);
@@ -185,6 +233,25 @@ class CudaOps final : public Ops<T> {
 
   CudaContext ctx_;
 };
+
+// GemmPrecision::Bf16: both operands rounded into packed workspace, then cuBLAS with bf16 inputs, fp32
+// products summed in fp32 (tensor cores) into the fp32 C. fp64 storage: the rounded values in fp64, a DGEMM.
+template <typename T>
+void CudaOps<T>::gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                           int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  std::optional<Workspace> a_space, b_space;  // for operands outside the parameters
+  const void* a = gemm_operand(A, trans_a ? K : M, trans_a ? M : K, lda, a_space);
+  const void* b = gemm_operand(B, trans_b ? N : K, trans_b ? K : N, ldb, b_space);
+  if constexpr (sizeof(T) == 4) {
+    MOE_CUBLAS_CHECK(cublasGemmEx(ctx_.blas, op(trans_b), op(trans_a), int(N), int(M), int(K), &alpha, b, CUDA_R_16BF,
+                                  int(ldb), a, CUDA_R_16BF, int(lda), &beta, C, CUDA_R_32F, int(ldc),
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  } else {
+    MOE_CUBLAS_CHECK(blas_gemm<T>(ctx_.blas, op(trans_b), op(trans_a), int(N), int(M), int(K), &alpha,
+                                  static_cast<const T*>(b), int(ldb), static_cast<const T*>(a), int(lda), &beta, C,
+                                  int(ldc)));
+  }
+}
 
 // Per (batch, head): S = scale Q K^T into the probabilities, the causal softmax over its rows, O = P V.
 template <typename T>
@@ -257,6 +324,15 @@ void CudaOps<T>::grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const 
   const GroupedGemmPlan plan = plan_grouped_gemm(trans_a, trans_b, groups, row_offset, N, K);
   const size_t P = plan.problems();
   if (P == 0) return;
+  if (this->gemm_precision() == GemmPrecision::Bf16 && K > 0) {
+    // Both operands are contiguous, so rounded whole as one row each (the plan's offsets hold for the copies);
+    // the experts' weights come from the parameters' rounded copy when they are parameters.
+    int64_t a_count = row_offset[groups] * K, b_count = trans_a ? row_offset[groups] * N : groups * K * N;
+    std::optional<Workspace> a_space, b_space;
+    const void* a = gemm_operand(A, 1, a_count, a_count, a_space);
+    const void* b = gemm_operand(B, 1, b_count, b_count, b_space);
+    return grouped_call_bf16(plan, alpha, a, b, beta, C);
+  }
   std::vector<cublasOperation_t> ta(P), tb(P);
   std::vector<T> alphas(P, alpha), betas(P, beta);
   std::vector<int> sizes(P, 1);
@@ -276,6 +352,57 @@ void CudaOps<T>::grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const 
                                    alphas.data(), device, plan.ld_first.data(), device + P, plan.ld_second.data(),
                                    betas.data(), const_cast<T* const*>(device + 2 * P), plan.ld_c.data(), int(P),
                                    sizes.data()));
+}
+
+// The grouped GEMM on rounded operands (packed like the originals). fp32 storage: one
+// cublasGemmGroupedBatchedEx with bf16 inputs and fp32 C; where this cuBLAS does not take that combination,
+// one cublasGemmEx per expert (said once on stderr). fp64 storage: the rounded values through the DGEMM path.
+template <typename T>
+void CudaOps<T>::grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const void* A, const void* B, T beta, T* C) {
+  const size_t P = plan.problems();
+  const auto* a = static_cast<const char*>(A);
+  const auto* b = static_cast<const char*>(B);
+  std::vector<cublasOperation_t> ta(P), tb(P);
+  std::vector<T> alphas(P, alpha), betas(P, beta);
+  std::vector<int> sizes(P, 1);
+  std::vector<const void*> host_pointers(3 * P);
+  for (size_t i = 0; i < P; ++i) {
+    ta[i] = op(plan.trans_first[i]), tb[i] = op(plan.trans_second[i]);
+    host_pointers[i] = b + plan.first_offset[i] * int64_t(kOperandBytes);
+    host_pointers[P + i] = a + plan.second_offset[i] * int64_t(kOperandBytes);
+    host_pointers[2 * P + i] = C + plan.c_offset[i];
+  }
+  Workspace pointers(*ctx_.allocator, host_pointers.size() * sizeof(void*));
+  MOE_CUDA_CHECK(cudaMemcpyAsync(pointers.ptr, host_pointers.data(), host_pointers.size() * sizeof(void*),
+                                 cudaMemcpyHostToDevice, ctx_.stream));
+  const void* const* device = static_cast<const void* const*>(pointers.ptr);
+  if constexpr (sizeof(T) == 8) {
+    MOE_CUBLAS_CHECK(grouped_call<T>(ctx_.blas, ta.data(), tb.data(), plan.m.data(), plan.n.data(), plan.k.data(),
+                                     alphas.data(), reinterpret_cast<const T* const*>(device), plan.ld_first.data(),
+                                     reinterpret_cast<const T* const*>(device + P), plan.ld_second.data(), betas.data(),
+                                     reinterpret_cast<T* const*>(const_cast<void**>(device + 2 * P)), plan.ld_c.data(),
+                                     int(P), sizes.data()));
+    return;
+  } else {
+    const cublasStatus_t grouped =
+        cublasGemmGroupedBatchedEx(ctx_.blas, ta.data(), tb.data(), plan.m.data(), plan.n.data(), plan.k.data(),
+                                   alphas.data(), device, CUDA_R_16BF, plan.ld_first.data(), device + P, CUDA_R_16BF,
+                                   plan.ld_second.data(), betas.data(), const_cast<void* const*>(device + 2 * P),
+                                   CUDA_R_32F, plan.ld_c.data(), int(P), sizes.data(), CUBLAS_COMPUTE_32F);
+    if (grouped == CUBLAS_STATUS_SUCCESS) return;
+    if (grouped != CUBLAS_STATUS_NOT_SUPPORTED && grouped != CUBLAS_STATUS_INVALID_VALUE)
+      MOE_RUN_FAILED("cublasGemmGroupedBatchedEx: " << cublasGetStatusString(grouped));
+    static bool said = false;
+    if (!said)
+      std::fprintf(stderr, "moe: this cuBLAS has no grouped bf16 GEMM into fp32 (%s); one GEMM per expert instead\n",
+                   cublasGetStatusString(grouped));
+    said = true;
+    for (size_t i = 0; i < P; ++i)
+      MOE_CUBLAS_CHECK(cublasGemmEx(ctx_.blas, ta[i], tb[i], plan.m[i], plan.n[i], plan.k[i], &alpha, host_pointers[i],
+                                    CUDA_R_16BF, plan.ld_first[i], host_pointers[P + i], CUDA_R_16BF, plan.ld_second[i],
+                                    &beta, const_cast<void*>(host_pointers[2 * P + i]), CUDA_R_32F, plan.ld_c[i],
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
 }
 
 class CudaStream final : public Stream {
@@ -353,7 +480,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(ctx_.stream);
-  allocator_.reset();  // cached blocks back to the driver
+  f32_.reset(), f64_.reset();  // their rounded parameters go back to the allocator
+  allocator_.reset();          // cached blocks back to the driver
   cublasDestroy(ctx_.blas);
   cudaStreamDestroy(ctx_.stream);
 }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "core/philox.h"
 
 namespace moe::cuda {
@@ -155,6 +156,18 @@ __global__ void fill_kernel(T* y, T value, int64_t n) {
 template <typename T>
 __global__ void scale_kernel(T* y, T factor, int64_t n) {
   MOE_GRID_STRIDE(i, n) y[i] *= factor;
+}
+
+// A bf16 GEMM's operand (GemmPrecision::Bf16): x (rows, cols, leading dimension ld) packed (leading dimension
+// cols) as bf16 bits, rounded as core/dtype.h does on the CPU. For fp64 storage, `rounded` gets the values
+// rounded to bf16 in T instead (cuBLAS has no bf16 x bf16 -> fp64 GEMM): the CPU's emulation.
+template <typename T>
+__global__ void to_bf16_kernel(const T* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {
+  MOE_GRID_STRIDE(i, rows * cols) out[i] = float_to_bf16(float(x[(i / cols) * ld + i % cols])).bits;
+}
+template <typename T>
+__global__ void round_to_bf16_kernel(const T* x, int64_t rows, int64_t cols, int64_t ld, T* rounded) {
+  MOE_GRID_STRIDE(i, rows * cols) rounded[i] = round_to_bf16(x[(i / cols) * ld + i % cols]);
 }
 
 // Sum of squares: chunk c of `chunk` elements into partial[c] (one block each), then the partials in order.
