@@ -4,7 +4,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cub/cub.cuh>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -92,7 +94,10 @@ class CudaOps final : public Ops<T> {
   }
   void embedding_backward(const int32_t* tokens, const T* dout, int64_t first, int64_t rows, T* dtable, int64_t N,
                           int64_t D) override {
-    launch(elementwise_launch(D), cuda::embedding_backward_kernel<T>, tokens, dout, first, rows, dtable, N, D);
+    if (N == 0) return;
+    ScatterOrder order(*ctx_.allocator, N);
+    launch(elementwise_launch(N), cuda::embedding_keys_kernel, tokens, first, rows, order.keys(), order.rows(), N);
+    sorted_scatter_add(order, dout, nullptr, dtable, N, D);
   }
 
   void rmsnorm_forward(const T* x, const T* gain, T* y, T* rstd, int64_t N, int64_t D) override {
@@ -101,7 +106,12 @@ class CudaOps final : public Ops<T> {
   void rmsnorm_backward(const T* x, const T* gain, const T* rstd, const T* dy, T* dx, T* dgain, int64_t N,
                         int64_t D) override {
     launch_rows(row_launch(N, D), cuda::rmsnorm_backward_dx_kernel<T>, x, gain, rstd, dy, dx, N, D);
-    launch(elementwise_launch(D), cuda::rmsnorm_backward_dgain_kernel<T>, x, rstd, dy, dgain, N, D);
+    const int64_t chunks = (N + cuda::kDgainChunk - 1) / cuda::kDgainChunk;
+    if (chunks == 0) return;
+    Workspace partial(*ctx_.allocator, size_t(chunks * D) * sizeof(double));
+    double* p = static_cast<double*>(partial.ptr);
+    launch(elementwise_launch(chunks * D), cuda::rmsnorm_dgain_partial_kernel<T>, x, rstd, dy, p, N, D);
+    launch(elementwise_launch(D), cuda::rmsnorm_dgain_total_kernel<T>, p, chunks, dgain, D);
   }
 
   void rope(T* x, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) override {
@@ -164,7 +174,10 @@ class CudaOps final : public Ops<T> {
     launch(elementwise_launch(rows * D), cuda::gather_rows_kernel<T>, src, index, scale, dst, rows, D);
   }
   void scatter_add_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) override {
-    launch(elementwise_launch(D), cuda::scatter_add_rows_kernel<T>, src, index, scale, dst, rows, D);
+    if (rows == 0) return;
+    ScatterOrder order(*ctx_.allocator, rows);
+    launch(elementwise_launch(rows), cuda::scatter_keys_kernel, index, order.keys(), order.rows(), rows);
+    sorted_scatter_add(order, src, scale, dst, rows, D);
   }
   void combine_rows(const T* src, const int32_t* index, const T* weight, T* dst, int64_t N, int64_t K, int64_t D,
                     bool accumulate) override {
@@ -180,6 +193,29 @@ class CudaOps final : public Ops<T> {
   }
 
  private:
+  // Destination keys and row numbers of a scatter-add, (keys, rows) before and after the sort: 4 x n int32.
+  struct ScatterOrder {
+    ScatterOrder(CachingAllocator& a, int64_t n) : n(n), space(a, size_t(4 * n) * sizeof(int32_t)) {}
+    int32_t* keys() { return static_cast<int32_t*>(space.ptr); }
+    int32_t* rows() { return keys() + n; }
+    int32_t* sorted_keys() { return keys() + 2 * n; }
+    int32_t* sorted_rows() { return keys() + 3 * n; }
+    int64_t n;
+    Workspace space;
+  };
+  // dst[key] += scale[r] src[r] for the rows r of each key in row order: a stable radix sort of (key, row), then
+  // one thread per (run of a key, column).
+  void sorted_scatter_add(ScatterOrder& order, const T* src, const T* scale, T* dst, int64_t rows, int64_t D) {
+    size_t bytes = 0;
+    MOE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, order.keys(), order.sorted_keys(), order.rows(),
+                                                   order.sorted_rows(), int(rows), 0, 32, ctx_.stream));
+    Workspace temp(*ctx_.allocator, std::max<size_t>(bytes, 1));
+    MOE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.ptr, bytes, order.keys(), order.sorted_keys(), order.rows(),
+                                                   order.sorted_rows(), int(rows), 0, 32, ctx_.stream));
+    launch(elementwise_launch(rows * D), cuda::sorted_scatter_add_kernel<T>, src, order.sorted_keys(),
+           order.sorted_rows(), scale, dst, rows, D);
+  }
+
   void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
                  const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
   // x (rows, cols, leading dimension ld) as a bf16 GEMM reads it, packed into `out`: bf16 bits for fp32

@@ -55,18 +55,6 @@ __global__ void embedding_forward_kernel(const int32_t* tokens, const T* table, 
   }
 }
 
-// One thread per column, the tokens in order: the CPU's order of additions into each row of the table.
-template <typename T>
-__global__ void embedding_backward_kernel(const int32_t* tokens, const T* dout, int64_t first, int64_t rows, T* dtable,
-                                          int64_t N, int64_t D) {
-  MOE_GRID_STRIDE(c, D) {
-    for (int64_t i = 0; i < N; ++i) {
-      const int64_t row = int64_t(tokens[i]) - first;
-      if (row >= 0 && row < rows) dtable[row * D + c] += dout[i * D + c];
-    }
-  }
-}
-
 // ---- RMSNorm -----------------------------------------------------------------------------------------
 
 template <typename T>
@@ -99,11 +87,27 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const T* gain, const T* r
   }
 }
 
+// The gain gradient in two passes of a fixed shape: partial[k][c] sums rows [k kChunk, (k + 1) kChunk) of
+// column c in row order, then each column sums its chunks in order (the same sums whatever the device; one
+// thread per column over all N rows left most of the GPU idle).
+constexpr int64_t kDgainChunk = 256;
 template <typename T>
-__global__ void rmsnorm_backward_dgain_kernel(const T* x, const T* rstd, const T* dy, T* dgain, int64_t N, int64_t D) {
+__global__ void rmsnorm_dgain_partial_kernel(const T* x, const T* rstd, const T* dy, double* partial, int64_t N,
+                                             int64_t D) {
+  const int64_t chunks = (N + kDgainChunk - 1) / kDgainChunk;
+  MOE_GRID_STRIDE(e, chunks * D) {
+    const int64_t k = e / D, c = e % D, end = (k + 1) * kDgainChunk < N ? (k + 1) * kDgainChunk : N;
+    double acc = 0;
+    for (int64_t i = k * kDgainChunk; i < end; ++i)
+      acc += double(dy[i * D + c]) * double(x[i * D + c]) * double(rstd[i]);
+    partial[e] = acc;
+  }
+}
+template <typename T>
+__global__ void rmsnorm_dgain_total_kernel(const double* partial, int64_t chunks, T* dgain, int64_t D) {
   MOE_GRID_STRIDE(c, D) {
     double acc = 0;
-    for (int64_t i = 0; i < N; ++i) acc += double(dy[i * D + c]) * double(x[i * D + c]) * double(rstd[i]);
+    for (int64_t k = 0; k < chunks; ++k) acc += partial[k * D + c];
     dgain[c] += T(acc);
   }
 }
@@ -330,15 +334,43 @@ __global__ void gather_rows_kernel(const T* src, const int32_t* index, const T* 
 }
 
 // One thread per column, rows in order (the CPU's order of additions into a shared destination).
+// ---- Scatter-adds in row order (scatter_add_rows, embedding_backward) ------------------------------------
+// The rows are sorted stably by destination (cub::DeviceRadixSort of (destination, row)), so each destination's
+// rows are a run of the sorted order, in row order; one thread per (run, column) adds them in that order, as the
+// CPU does. A row with no destination has the key kNoDestination and sorts last.
+constexpr int32_t kNoDestination = 0x7fffffff;
+
+// keys[r] = index[r], or kNoDestination when negative; rows_out[r] = r.
+__global__ inline void scatter_keys_kernel(const int32_t* index, int32_t* keys, int32_t* rows_out, int64_t rows) {
+  MOE_GRID_STRIDE(r, rows) {
+    keys[r] = index[r] < 0 ? kNoDestination : index[r];
+    rows_out[r] = int32_t(r);
+  }
+}
+// keys[i] = tokens[i] - first for a token inside the table's block [first, first + block), else kNoDestination.
+__global__ inline void embedding_keys_kernel(const int32_t* tokens, int64_t first, int64_t block, int32_t* keys,
+                                             int32_t* rows_out, int64_t N) {
+  MOE_GRID_STRIDE(i, N) {
+    const int64_t row = int64_t(tokens[i]) - first;
+    keys[i] = row >= 0 && row < block ? int32_t(row) : kNoDestination;
+    rows_out[i] = int32_t(i);
+  }
+}
+// For each start of a run of equal keys in the sorted order and each column: dst[key] += scale[r] src[r] over
+// the run's rows r, in order.
 template <typename T>
-__global__ void scatter_add_rows_kernel(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows,
-                                        int64_t D) {
-  MOE_GRID_STRIDE(c, D) {
-    for (int64_t r = 0; r < rows; ++r) {
-      if (index[r] < 0) continue;
-      T& out = dst[int64_t(index[r]) * D + c];
+__global__ void sorted_scatter_add_kernel(const T* src, const int32_t* keys, const int32_t* sorted_rows, const T* scale,
+                                          T* dst, int64_t rows, int64_t D) {
+  MOE_GRID_STRIDE(e, rows * D) {
+    const int64_t i = e / D, c = e % D;
+    const int32_t key = keys[i];
+    if (key == kNoDestination || (i > 0 && keys[i - 1] == key)) continue;
+    T out = dst[int64_t(key) * D + c];
+    for (int64_t j = i; j < rows && keys[j] == key; ++j) {
+      const int64_t r = sorted_rows[j];
       out += scale ? scale[r] * src[r * D + c] : src[r * D + c];
     }
+    dst[int64_t(key) * D + c] = out;
   }
 }
 
