@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cub/cub.cuh>
 #include <memory>
@@ -73,6 +74,7 @@ class CudaOps final : public Ops<T> {
   explicit CudaOps(const CudaContext& ctx) : ctx_(ctx) {}
   ~CudaOps() override {
     if (rounded_) ctx_.allocator->free(rounded_);
+    if (rope_) ctx_.allocator->free(rope_);
   }
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;
@@ -116,7 +118,7 @@ class CudaOps final : public Ops<T> {
 
   void rope(T* x, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) override {
     MOE_CHECK(Dh % 2 == 0, "rotary embedding needs an even head width, got " << Dh);
-    launch(elementwise_launch(B * T_ * H * Dh / 2), cuda::rope_kernel<T>, x, B, T_, H, Dh, inverse);
+    launch(elementwise_launch(B * T_ * H * Dh / 2), cuda::rope_kernel<T>, x, rope_table(T_, Dh), B, T_, H, Dh, inverse);
   }
 
   void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,
@@ -193,6 +195,29 @@ class CudaOps final : public Ops<T> {
   }
 
  private:
+  // The rotary angles' cos and sin for (T, Dh), made on the host with the CPU backend's formula and kept on the
+  // device for the last shape asked for (every layer of a step asks for the same one).
+  const T* rope_table(int64_t T_, int64_t Dh) {
+    if (rope_seq_ == T_ && rope_dh_ == Dh) return static_cast<const T*>(rope_);
+    const int64_t pairs = Dh / 2;
+    std::vector<T> host(size_t(2 * T_ * pairs));
+    for (int64_t i = 0; i < pairs; ++i) {
+      const double frequency = std::pow(cuda::kRopeBase, -2.0 * double(i) / double(Dh));
+      for (int64_t t = 0; t < T_; ++t) {
+        host[size_t(2 * (t * pairs + i))] = T(std::cos(double(t) * frequency));
+        host[size_t(2 * (t * pairs + i) + 1)] = T(std::sin(double(t) * frequency));
+      }
+    }
+    if (rope_) ctx_.allocator->free(rope_);
+    rope_ = ctx_.allocator->allocate(host.size() * sizeof(T));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(rope_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, ctx_.stream));
+    MOE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));  // the host vector goes when this returns
+    rope_seq_ = T_, rope_dh_ = Dh;
+    return static_cast<const T*>(rope_);
+  }
+  void* rope_ = nullptr;
+  int64_t rope_seq_ = -1, rope_dh_ = -1;
+
   // Destination keys and row numbers of a scatter-add, (keys, rows) before and after the sort: 4 x n int32.
   struct ScatterOrder {
     ScatterOrder(CachingAllocator& a, int64_t n) : n(n), space(a, size_t(4 * n) * sizeof(int32_t)) {}

@@ -115,12 +115,14 @@ __global__ void rmsnorm_dgain_total_kernel(const double* partial, int64_t chunks
 // ---- rotary embedding, SwiGLU, elementwise -----------------------------------------------------------
 
 template <typename T>
-__global__ void rope_kernel(T* x, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) {
+// cos_sin: (T, Dh / 2, 2) of cos and sin of angle t * base^(-2i/Dh), made on the host as the CPU makes its
+// table (so the same values), kept per shape by the backend.
+__global__ void rope_kernel(T* x, const T* cos_sin, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) {
   const int64_t pairs = Dh / 2;
   MOE_GRID_STRIDE(e, B * T_ * H * pairs) {
     const int64_t i = e % pairs, bth = e / pairs, t = (bth / H) % T_;
-    const double angle = double(t) * pow(kRopeBase, -2.0 * double(i) / double(Dh));
-    const T c = T(cos(angle)), s = T(inverse ? -sin(angle) : sin(angle));
+    const T c = cos_sin[2 * (t * pairs + i)], sine = cos_sin[2 * (t * pairs + i) + 1];
+    const T s = inverse ? -sine : sine;
     T* v = x + bth * Dh;
     const T x0 = v[2 * i], x1 = v[2 * i + 1];
     v[2 * i] = x0 * c - x1 * s;
