@@ -77,8 +77,8 @@ run() {
     done
   done
   # The Mixtral-shaped stack in bf16: as many layers as fit (4 of them in fp32 storage: 99 GB of parameters,
-  # gradients and AdamW moments), else 2.
-  for layers in 4 2; do
+  # gradients and AdamW moments, 12 GB of their bf16 copy), else 3.
+  for layers in 4 3; do
     rm -rf /tmp/moe-device-mixtral
     if timeout 240 "$root/bin/moe" train --config "$root/bench_mixtral.json" --set model.layers=$layers \
       --run-dir /tmp/moe-device-mixtral --overwrite --quiet > "$out/train_mixtral.log" 2>&1; then
