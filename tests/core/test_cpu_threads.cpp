@@ -63,10 +63,11 @@ void expect_gemm_same_bits_at_any_thread_count(int64_t M, int64_t N, int64_t K) 
 
 // Shapes OpenBLAS threads (M N K above 262,144), with reductions of the model's sizes well past its K block
 // (GEMM_Q, 128 to 768 on x86_64): the weight gradients' K is the token rows. Sides that are not multiples of a
-// micro-kernel's tile, a narrow C with a long K (one block), and one below OpenBLAS's threading threshold.
+// micro-kernel's tile, a narrow C with a long K, a 1 x 1 one (one block, still above the threshold), and one
+// below OpenBLAS's threading threshold.
 const std::vector<std::array<int64_t, 3>> kGemmShapes = {{1024, 1024, 256}, {1024, 256, 1024}, {256, 1024, 1536},
                                                          {333, 77, 700},    {97, 131, 1000},   {12, 20, 4096},
-                                                         {40, 40, 100}};
+                                                         {1, 1, 300000},    {40, 40, 100}};
 
 TEST(CpuThreads, SgemmIsTheSameAtAnyThreadCount) {
   for (const auto& [M, N, K] : kGemmShapes) expect_gemm_same_bits_at_any_thread_count<float>(M, N, K);

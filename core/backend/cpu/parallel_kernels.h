@@ -56,8 +56,8 @@ inline int usable_threads() { return omp_in_parallel() ? 1 : omp_get_max_threads
 // SKYLAKEX's sgemm_direct. (OpenBLAS 0.3.28 forwards M or N == 1 to gemv, which threads by its own rule:
 // a gemv-shaped call below the threshold would then need to be made inside a region too.)
 constexpr int64_t kSerialGemmWork = int64_t(65536) * 4;  // M N K at or below which OpenBLAS does not thread
-constexpr int64_t kGemmBlockWork = int64_t(1) << 22;     // M N K of a block at least, against the cost of a call
-constexpr int64_t kGemmBlocksMax = 8;                    // blocks of one GEMM at most: enough to share among threads
+constexpr int64_t kGemmBlockWork = int64_t(1) << 23;     // M N K of a block at least, against the cost of a call
+constexpr int64_t kGemmBlocksMax = 4;                    // blocks of one GEMM at most
 
 // The blocks of one GEMM: `count` blocks of `width` rows of C (rows) or columns (!rows), the last one shorter.
 struct GemmBlocks {
@@ -65,9 +65,10 @@ struct GemmBlocks {
   int64_t width = 0, count = 0;
 };
 
-// One block at or below the serial threshold; above it, 2, 4 or 8 blocks (shared evenly by 2 or 4 threads) of
-// at least kGemmBlockWork where the GEMM allows, cut along the longer side of C (each block repacks the whole
-// other operand) in multiples of 16 (whole tiles of the usual micro-kernels). A function of the shape only.
+// One block at or below the serial threshold; above it, 2 or 4 blocks (shared evenly by 2 or 4 threads) of at
+// least kGemmBlockWork where the GEMM allows, cut along the longer side of C in multiples of 16 (whole tiles of
+// the usual micro-kernels). Each block is a call of its own that repacks the whole other operand: that is what
+// blocks cost at 1 thread (bench_moe --gemm-blocks), hence few of them. A function of the shape only.
 inline GemmBlocks gemm_blocks(int64_t M, int64_t N, int64_t K) {
   GemmBlocks b;
   b.rows = M >= N;
@@ -98,7 +99,7 @@ void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const
     for (int64_t i = 0; i < b.count; ++i) block(i);
     return;
   }
-  // A region even for one block (a narrow C with a long K): inside it OpenBLAS takes one thread.
+  // A region even for one block (a 1 x 1 C with a long K): inside it OpenBLAS takes one thread.
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t i = 0; i < b.count; ++i) block(i);
 }
