@@ -5,6 +5,7 @@
 // MoE / dense time ratio is what routing costs: router, top-k, permutation, per-expert GEMMs smaller than
 // one dense GEMM, combine. Prints human-readable lines, then one line of JSON with every figure. It
 // measures; it asserts nothing about speed. Not a profiler: it cannot split the layer's time by phase.
+// --gemm-blocks measures only what the CPU backend's thread-count-invariant GEMM costs (bench/gemm_blocks_bench.h).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/gemm_blocks_bench.h"
 #include "bench/grouped_gemm_bench.h"
 #include "bench/sgemm_peak.h"
 #include "bench/timing.h"
@@ -35,6 +37,7 @@ struct Options {
   int warmup = 3;
   int sgemm_reps = 5;
   bool quick = false;
+  bool gemm_blocks = false;              // only the GEMM blocks section
   std::vector<int64_t> experts, top_ks;  // empty: the default sweep (8, 32, 64 x 1, 2, 4)
 };
 
@@ -259,8 +262,33 @@ std::vector<GroupedResult> measure_grouped(Backend& backend, const std::vector<M
   return results;
 }
 
+// The CPU backend's GEMM in blocks against one call OpenBLAS threads, at 1 and 2 threads
+// (bench/gemm_blocks_bench.h).
+nlohmann::json measure_gemm_blocks_section(Backend& backend, const Options& o) {
+  const int reps = o.quick ? 2 : 5 * o.reps;
+  std::printf(
+      "GEMM blocks: GFLOP/s of the CPU backend's GEMM (fixed blocks, single-threaded calls) / of one OpenBLAS\n"
+      "  call threaded by OpenBLAS = the blocks' speed over one call's; median of %d, the four interleaved:\n",
+      reps);
+  nlohmann::json out = nlohmann::json::array();
+  for (const GemmBlocksShape& s : gemm_blocks_shapes(o.quick)) {
+    const GemmBlocksResult r = measure_gemm_blocks(backend, s, reps);
+    print_gemm_blocks(r);
+    std::fflush(stdout);
+    out.push_back(gemm_blocks_json(r));
+  }
+  return out;
+}
+
 void run(Options o) {
   const std::unique_ptr<Backend> backend = make_cpu_backend(o.threads);
+  if (o.gemm_blocks) {
+    std::printf("bench_moe --gemm-blocks: load average %s at start\n", load_average().c_str());
+    const nlohmann::json blocks = measure_gemm_blocks_section(*backend, o);
+    std::printf("load average %s at end\n%s\n", load_average().c_str(),
+                nlohmann::json{{"gemm_blocks", blocks}}.dump().c_str());
+    return;
+  }
   std::vector<int64_t> sgemm_sizes{512, 1024, 2048};
   int64_t D = 256, F = 512, N = 2048;
   std::vector<int64_t> expert_counts{8, 32, 64}, top_ks{1, 2, 4};
@@ -310,6 +338,7 @@ void run(Options o) {
   std::printf("load average %s at end\n", load_end.c_str());
   nlohmann::json out = to_json(o, backend->threads(), peak, results, load_start, load_end);
   for (const GroupedResult& r : grouped) out["grouped_gemm"].push_back(grouped_json(r, peak));
+  if (o.quick) out["gemm_blocks"] = measure_gemm_blocks_section(*backend, o);
   std::printf("%s\n", out.dump().c_str());
 }
 
@@ -336,5 +365,8 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", options.top_ks, "Top-k values to measure (default 1 2 4)")
       ->check(CLI::Range(int64_t(1), int64_t(64)));
   app.add_flag("--quick", options.quick, "Tiny sizes, well under a second: a smoke check, not a measurement");
+  app.add_flag("--gemm-blocks", options.gemm_blocks,
+               "Only the cost of the GEMM's thread-count-invariant blocks against one threaded OpenBLAS call, at the "
+               "model's shapes, at 1 and 2 threads");
   return moe::bench::parse_and_run(app, argc, argv, "bench_moe", [&] { moe::bench::run(options); });
 }

@@ -27,7 +27,7 @@ struct TrainConfig {
   int64_t eval_every = 0;      // 0: no periodic evaluation (a final one still runs)
   int64_t eval_sequences = 0;  // held-out sequences per data source per evaluation
   int64_t threads = 0;         // 0: cores / ranks on this node
-  bool adapt_threads = false;  // fewer threads while other processes take the cores
+  bool adapt_threads = true;   // fewer threads while other processes take the cores
   bool trace = false;          // RUN_DIR/trace.json for steps [trace_from, trace_from + trace_steps)
   int64_t trace_from = 2, trace_steps = 3;
 };

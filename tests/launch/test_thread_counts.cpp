@@ -1,10 +1,10 @@
-// The CPU backend's ways of splitting work among threads add no dependence on the thread count: a small model
-// trained for 6 steps at 1, 2 and 3 threads per rank, metrics and final parameters compared bit for bit. Two
-// shapes take the two ways the CPU backend splits work (core/backend/cpu/parallel_kernels.h): many heads and
-// experts (heads concurrently, experts one per thread) and few (one head at a time with its rows split, experts
-// too large to share on all threads). The model is small enough that every GEMM stays under OpenBLAS's
-// threading threshold (M N K <= 262,144): OpenBLAS's own threaded driver can round reductions longer than its K
-// block differently from its serial one (docs/design.md "Conventions"), which this test does not measure.
+// A run does not depend on the thread count: a model trained for a few steps at 1 thread per rank and at 2 and 3
+// (and 4 for the wide one), metrics and final parameters compared bit for bit. Two small shapes take the two
+// ways the CPU backend splits work (core/backend/cpu/parallel_kernels.h): many heads and experts (heads
+// concurrently, experts one per thread) and few (one head at a time with its rows split, experts too large to
+// share on all threads). A wide one has GEMMs OpenBLAS would thread, with reductions well past its K block
+// (d_model 256, ffn 1024, 1024 token rows, so the weight gradients reduce over 1024 rows): each GEMM is cut
+// into the same single-threaded calls at any thread count.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -29,10 +29,11 @@ std::vector<std::string> overrides(int threads, const std::vector<std::string>& 
   return o;
 }
 
-void expect_same_at_any_thread_count(const std::string& name, const std::vector<std::string>& shape) {
+void expect_same_at_any_thread_count(const std::string& name, const std::vector<std::string>& shape,
+                                     const std::vector<const char*>& thread_counts = {"2", "3"}) {
   const fs::path root = shared_temp_root("moe_threads_", name);
   const RunOutput one = train_on(1, overrides(1, shape), (root / "1").string());
-  for (const char* threads : {"2", "3"}) {
+  for (const char* threads : thread_counts) {
     const RunOutput other = train_on(1, overrides(std::stoi(threads), shape), (root / threads).string());
     expect_bitwise_equal(one, other, name + " at " + threads + " threads");
   }
@@ -48,6 +49,16 @@ TEST(ThreadCounts, ManyHeadsAndExpertsAreTheSameAtAnyThreadCount) {
 TEST(ThreadCounts, FewHeadsAndExpertsAreTheSameAtAnyThreadCount) {
   expect_same_at_any_thread_count("few", {"train.seq_len=32", "train.micro_batch=1", "model.heads=1",
                                           "moe.num_experts=2", "moe.top_k=1", "moe.capacity_factor=0"});
+}
+
+// 4 sequences of 256 x 4 heads of width 256 per step (1024 token rows), dense ffn 1024 and 4 experts of 512
+// top-2 (about 512 rows each): 3 steps, evaluated at the last.
+TEST(ThreadCounts, WideModelIsTheSameAtAnyThreadCount) {
+  expect_same_at_any_thread_count(
+      "wide",
+      {"train.steps=3", "train.eval_every=3", "train.seq_len=256", "train.micro_batch=4", "train.global_batch=4",
+       "model.d_model=256", "model.heads=4", "model.ffn_hidden=1024", "moe.num_experts=4", "moe.expert_hidden=512"},
+      {"2", "3", "4"});
 }
 
 }  // namespace

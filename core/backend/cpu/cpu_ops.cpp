@@ -1,7 +1,7 @@
 // The CPU backend: the reference implementation of every op of core/backend/ops.h, on OpenBLAS (gemm)
-// and OpenMP (everything else). Every reduction of ours runs in a fixed order that does not depend on the
-// thread count; OpenBLAS's GEMMs can round long reductions differently at another thread count
-// (parallel_kernels.h), so a run is reproducible bit for bit for a given thread count.
+// and OpenMP (everything else). Every reduction runs in a fixed order that does not depend on the thread
+// count, GEMMs included (each is the same single-threaded OpenBLAS calls at any thread count,
+// parallel_kernels.h), so a run gives the same bits at any thread count.
 #include <cblas.h>
 #include <omp.h>
 

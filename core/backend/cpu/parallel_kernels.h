@@ -4,12 +4,9 @@
 // GEMM: fewer thread wake-ups (which cost most when another process shares the cores) and no small GEMM
 // split between threads (which OpenBLAS does poorly).
 //
-// Determinism: every output element is computed by one BLAS call over its whole reduction, exactly as in the
-// serial form, and the concurrent forms call single-threaded BLAS, as 1 thread does; so these kernels add no
-// dependence on the thread count. OpenBLAS's own: its threaded driver splits the output, never the reduction,
-// but cuts a reduction longer than its K block (GEMM_Q, a few hundred) into blocks a little differently from
-// its serial driver (level3_thread.c against level3.c), so a GEMM with such a reduction can differ in the last
-// bits between 1 thread and several (docs/design.md "Conventions": the same thread count gives the same bits).
+// Determinism: every GEMM is the same list of single-threaded OpenBLAS calls at any thread count (blas_gemm
+// below cuts a large one into blocks by its shape alone), and the threads only decide who makes which call; so
+// nothing here, and no GEMM, depends on the thread count (test_core_cpu_threads, test_thread_counts).
 #pragma once
 
 #include <cblas.h>
@@ -25,12 +22,15 @@
 
 namespace moe::cpu {
 
-inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+// ---- GEMM ------------------------------------------------------------------------------------------
+
+// One OpenBLAS call. Callers make sure OpenBLAS runs it on one thread (see blas_gemm).
+inline void blas_call(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                       const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
               alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
-inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
+inline void blas_call(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
                       const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
               alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
@@ -38,6 +38,74 @@ inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double 
 
 // Threads the op may use: 1 inside a parallel region (no nesting), else the backend's count.
 inline int usable_threads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
+
+// Why OpenBLAS never threads a GEMM of ours. Its threaded level-3 driver (0.3.21, Debian 12's) gives other
+// bits than its serial one in two ways:
+// - a reduction longer than its K block GEMM_Q: level3_thread.c halves a K in (Q, 2Q) exactly, level3.c
+//   rounds the half up to GEMM_UNROLL_M. Cutting K into blocks of at most the smallest Q would avoid this
+//   one (Q is a param.h constant per target, set by kernel/setparam-ref.c; driver/others/parameter.c sizes
+//   only P and R from the cache. Smallest sgemm/dgemm Q among the x86_64 targets of Debian's DYNAMIC_ARCH
+//   build: 128, PRESCOTT and NANO's dgemm; arm64: 120, THUNDERX's dgemm);
+// - the split of the output among threads: ceil(m / threads) rounded to GEMM_PREFERED_SIZE (1 on most
+//   targets), so an element that a full micro-kernel tile computes at 1 thread can fall in an edge tile at 3,
+//   and edge kernels need not round alike: SKYLAKEX's dgemm (16-wide kernel, partitions rounded to 8)
+//   differs at 3 threads on 1024 x 1024 x 256, K blocked to 64 or not. Nothing on our side avoids this.
+// So a GEMM is cut here into blocks of whole rows or columns of C, by its shape alone, and each block is one
+// call OpenBLAS runs on one thread: inside our parallel region (OpenBLAS built on OpenMP runs one thread
+// where omp_in_parallel()), at 1 thread, or below OpenBLAS's own threading threshold (M N K <= 65536 x
+// GEMM_MULTITHREAD_THRESHOLD, 4 by default), where it does not thread either. The other ways through
+// interface/gemm.c (0.3.21) are single-threaded and chosen before the thread count is read, from the shape,
+// transposes, alpha and beta: the small-matrix kernels (SMALL_MATRIX_OPT, on in Debian's build) and
+// SKYLAKEX's sgemm_direct. (OpenBLAS 0.3.28 forwards M or N == 1 to gemv, which threads by its own rule:
+// a gemv-shaped call below the threshold would then need to be made inside a region too.)
+constexpr int64_t kSerialGemmWork = int64_t(65536) * 4;  // M N K at or below which OpenBLAS does not thread
+constexpr int64_t kGemmBlockWork = int64_t(1) << 23;     // M N K of a block at least, against the cost of a call
+constexpr int64_t kGemmBlocksMax = 4;                    // blocks of one GEMM at most
+
+// The blocks of one GEMM: `count` blocks of `width` rows of C (rows) or columns (!rows), the last one shorter.
+struct GemmBlocks {
+  bool rows = true;
+  int64_t width = 0, count = 0;
+};
+
+// One block at or below the serial threshold; above it, 2 or 4 blocks (shared evenly by 2 or 4 threads) of at
+// least kGemmBlockWork where the GEMM allows, cut along the longer side of C in multiples of 16 (whole tiles of
+// the usual micro-kernels). Each block is a call of its own that repacks the whole other operand: that is what
+// blocks cost at 1 thread (bench_moe --gemm-blocks), hence few of them. A function of the shape only.
+inline GemmBlocks gemm_blocks(int64_t M, int64_t N, int64_t K) {
+  GemmBlocks b;
+  b.rows = M >= N;
+  const int64_t side = b.rows ? M : N, work = M * N * K;
+  int64_t count = 1;
+  if (work > kSerialGemmWork) {
+    count = 2;
+    while (count < kGemmBlocksMax && work / (2 * count) >= kGemmBlockWork) count *= 2;
+  }
+  b.width = std::min(side, ((side + count - 1) / count + 15) / 16 * 16);
+  b.count = b.width == 0 ? 0 : (side + b.width - 1) / b.width;
+  return b;
+}
+
+// C = alpha op(A) op(B) + beta C, row-major, the same bits at any thread count (see above).
+template <typename T>
+void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+               int64_t ldb, T beta, T* C, int64_t ldc) {
+  const GemmBlocks b = gemm_blocks(M, N, K);
+  const auto block = [&](int64_t i) {
+    const int64_t first = i * b.width, width = std::min(b.width, (b.rows ? M : N) - first);
+    if (b.rows)
+      blas_call(ta, tb, width, N, K, alpha, ta ? A + first : A + first * lda, lda, B, ldb, beta, C + first * ldc, ldc);
+    else
+      blas_call(ta, tb, M, width, K, alpha, A, lda, tb ? B + first * ldb : B + first, ldb, beta, C + first, ldc);
+  };
+  if (M * N * K <= kSerialGemmWork || usable_threads() == 1) {
+    for (int64_t i = 0; i < b.count; ++i) block(i);
+    return;
+  }
+  // A region even for one block (a 1 x 1 C with a long K): inside it OpenBLAS takes one thread.
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < b.count; ++i) block(i);
+}
 
 // ---- bf16 GEMM inputs (GemmPrecision::Bf16) ------------------------------------------------------------
 

@@ -34,9 +34,8 @@ struct CoreUse {
 // into a collapse; fewer threads than cores avoid it. The cores this process could have had over the last
 // interval are those it used plus those nobody used (ours + idle); the decision is the whole number of
 // them, within [1, max_threads], and a change needs the same decision twice in a row (one busy moment does
-// not move it). Off by default (train.adapt_threads): a run's bits are reproducible for a given thread count,
-// and another count can round long GEMM reductions differently (core/backend/cpu/parallel_kernels.h), so with
-// the governor on, the last bits of a run depend on the machine's load.
+// not move it). On by default (train.adapt_threads): the CPU backend gives the same bits at any thread count
+// (core/backend/cpu/parallel_kernels.h), so the load changes a run's speed, not its numbers.
 class ThreadGovernor {
  public:
   explicit ThreadGovernor(int max_threads);
