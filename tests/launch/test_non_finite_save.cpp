@@ -88,6 +88,7 @@ TEST(NonFiniteSave, OneRanksNaNRefusesTheSaveOnEveryRank) {
     EXPECT_TRUE(ckpt::verify_checkpoint((root / ckpt::checkpoint_name(3)).string(), {}, &why).has_value())
         << how << ": " << why;
     world->barrier();
+    if (r == 0) fs::remove_all(root.parent_path());
   }
 }
 
@@ -123,6 +124,9 @@ TEST(NonFiniteSave, DivergedRunFailsWithoutCommittingTheStep) {
       expect_only_committed(root / "checkpoints", 4, what);
     }
   }
+  const fs::path runs = shared_temp_root("moe_non_finite_", "runs").parent_path();  // collective
+  MpiCommunicator::world()->barrier();
+  if (MpiCommunicator::world()->rank() == 0) fs::remove_all(runs);
 }
 
 }  // namespace
