@@ -40,8 +40,9 @@ sizes = {"full": [], "delta": []}
 raw = []  # a full checkpoint's elements in bytes, without HDF5's metadata or compression
 dtype_bytes = {"f32": 4, "f64": 8, "i64": 8}
 for mode in ("async", "sync"):
-    # A save's stall: its step's ckpt_stall_s (the finiteness check and save()) plus the next step's (its
-    # update waiting for the snapshot, when the writer thread had not taken it yet).
+    # A save's stall: its step's ckpt_stall_s (the staging and save(); sync: the whole save) plus the next
+    # step's (its update waiting for the snapshot, when the writer thread had not taken it yet, and for the
+    # ranks' agreement that it is finite).
     held = {l["step"]: l.get("ckpt_stall_s", 0) for l in lines(mode)}
     stalls = [held[s] + held.get(s + 1, 0) for s in sorted(held) if s % every == 0 or s == max(held)]
     waits = [held.get(s + 1, 0) for s in sorted(held) if s % every == 0 or s == max(held)]

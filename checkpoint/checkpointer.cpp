@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -76,6 +77,37 @@ void copy_directory(const fs::path& from, const fs::path& to) {
     fs::copy_file(entry.path(), to / entry.path().filename(), fs::copy_options::overwrite_existing);
 }
 
+// Copies n values of Bits from src to dst and returns how many are not finite (an exponent of all ones is an
+// infinity or a NaN): block by block, each counted while it is still in cache, with bit tests the compiler
+// vectorises.
+template <typename Bits>
+int64_t copy_counting_non_finite(void* dst, const void* src, int64_t n, Bits exponent) {
+  constexpr int64_t kBlock = 4096;
+  auto* out = static_cast<unsigned char*>(dst);
+  const auto* in = static_cast<const unsigned char*>(src);
+  int64_t bad = 0;
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t i1 = std::min<int64_t>(n, i0 + kBlock);
+    std::memcpy(out + i0 * int64_t(sizeof(Bits)), in + i0 * int64_t(sizeof(Bits)), size_t(i1 - i0) * sizeof(Bits));
+    uint32_t block = 0;
+    for (int64_t i = i0; i < i1; ++i) {
+      Bits w;
+      std::memcpy(&w, out + i * int64_t(sizeof(Bits)), sizeof(Bits));
+      block += (w & exponent) == exponent;
+    }
+    bad += block;
+  }
+  return bad;
+}
+
+// A piece's values into dst; returns how many are not finite (floating-point pieces only).
+int64_t copy_piece(void* dst, const Piece& p) {
+  if (p.dtype == DType::F32) return copy_counting_non_finite<uint32_t>(dst, p.src, p.count(), 0x7f800000u);
+  if (p.dtype == DType::F64) return copy_counting_non_finite<uint64_t>(dst, p.src, p.count(), 0x7ff0000000000000ull);
+  if (p.bytes() > 0) std::memcpy(dst, p.src, size_t(p.bytes()));
+  return 0;
+}
+
 }  // namespace
 
 int64_t Piece::bytes() const { return count() * int64_t(dtype_size(dtype)); }
@@ -100,10 +132,16 @@ struct Checkpointer::Job {
   std::string error;
   FileEntry entry;
   double stall_s = 0, write_s = 0;
-  // Set once every piece's values are in `raw` (or the copy failed): the live memory is free to change.
+  // Set once every piece's values are in `raw` (or the copy failed): the live memory is free to change,
+  // and non_finite and first_non_finite are this rank's.
   std::atomic<bool> snapped{false};
   std::mutex snap_mutex;
   std::condition_variable snap_cv;
+  int64_t non_finite = 0;              // values of this rank's snapshot that are not finite
+  std::string first_non_finite;        // the tensor of the first of them
+  bool checked = false;                // the ranks agreed the snapshot is finite (check_snapshot; caller's thread)
+  std::atomic<bool> abandoned{false};  // the save will never be committed: the writer stops
+  Clock::time_point started;           // the writer's start (write_s)
   void mark_snapped() {
     {
       std::lock_guard<std::mutex> lock(snap_mutex);
@@ -112,20 +150,70 @@ struct Checkpointer::Job {
     snap_cv.notify_all();
   }
   // The writer's first act: every piece's values into its buffer (after the first saves, memory already
-  // touched, so the copy takes no page faults). Then the XOR of the delta pieces.
-  void take_snapshot() {
-    for (Snap& s : snaps) {
-      s.raw.resize(size_t(s.piece.bytes()));
-      if (!s.raw.empty()) std::memcpy(s.raw.data(), s.piece.src, s.raw.size());
-      s.piece.src = nullptr;
+  // touched, so the copy takes no page faults), counting those that are not finite on the way. Then the
+  // live memory is released (mark_snapped), whatever happened.
+  void take_snapshot(double delay_s) {
+    started = Clock::now();
+    try {
+      if (delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay_s));
+      for (Snap& s : snaps) {
+        s.raw.resize(size_t(s.piece.bytes()));
+        const int64_t bad = copy_piece(s.raw.data(), s.piece);
+        if (bad > 0 && first_non_finite.empty()) first_non_finite = s.piece.tensor;
+        non_finite += bad;
+        s.piece.src = nullptr;
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+      state = 2;
     }
+    mark_snapped();
   }
   void xor_deltas() {
     for (Snap& s : snaps)
       if (s.xor_delta)
         for (size_t i = 0; i < s.raw.size(); ++i) s.prev[i] ^= s.raw[i];
   }
+  void write_file(int64_t rank);
 };
+
+// After the snapshot: the XOR of the delta pieces, then this rank's file, fsynced and checksummed. Nothing is
+// written when the snapshot failed or holds values that are not finite (it will not be committed); the
+// writing stops when the save is abandoned meanwhile.
+void Checkpointer::Job::write_file(int64_t rank) {
+  if (state != 0) return;
+  try {
+    if (non_finite > 0) MOE_FAIL(non_finite << " values not finite (first in " << first_non_finite << ")");
+    xor_deltas();
+    const fs::path path = tmp_dir / rank_file_name(rank);
+    {
+      ShardWriter writer(path.string());
+      writer.set_attribute("step", std::to_string(step));
+      writer.set_attribute("kind", kind);
+      for (const Snap& s : snaps) {
+        if (abandoned) MOE_FAIL("the save was abandoned");
+        if (s.xor_delta) {
+          // Stored as 32-bit words: in the file, a 64-bit tensor has a trailing axis of 2 words (the
+          // manifest keeps elements).
+          const int64_t words = int64_t(dtype_size(s.piece.dtype) / 4);
+          writer.write(s.dataset, DType::U32, s.bits().data(), s.piece.slab.in_words(words), /*compress=*/true);
+        } else {
+          writer.write(s.dataset, s.piece.dtype, s.bits().data(), s.piece.slab);
+        }
+        entry.datasets.push_back({s.dataset, s.piece.tensor, s.piece.dtype, s.piece.slab, s.xor_delta});
+      }
+      writer.close();  // flush and fsync
+    }
+    entry.name = rank_file_name(rank);
+    entry.rank = rank;
+    entry.xxh64 = file_xxh64(path.string(), &entry.size);
+    write_s = std::chrono::duration<double>(Clock::now() - started).count();
+    state = 1;
+  } catch (const std::exception& e) {
+    error = e.what();
+    state = 2;
+  }
+}
 
 namespace {
 
@@ -199,47 +287,51 @@ void Checkpointer::start_job(std::unique_ptr<Job> job) {
   job_ = std::move(job);
   Job* j = job_.get();
   const int64_t rank = world_.rank();
-  const double delay_s = s_.async ? s_.snapshot_delay_s : 0.0;
-  auto write = [j, rank, delay_s] {
-    const auto t0 = Clock::now();
-    try {
-      if (delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay_s));
-      j->take_snapshot();
-      j->mark_snapped();
-      j->xor_deltas();
-      const fs::path path = j->tmp_dir / rank_file_name(rank);
-      {
-        ShardWriter writer(path.string());
-        writer.set_attribute("step", std::to_string(j->step));
-        writer.set_attribute("kind", j->kind);
-        for (const Job::Snap& s : j->snaps) {
-          if (s.xor_delta) {
-            // Stored as 32-bit words: in the file, a 64-bit tensor has a trailing axis of 2 words (the
-            // manifest keeps elements).
-            const int64_t words = int64_t(dtype_size(s.piece.dtype) / 4);
-            writer.write(s.dataset, DType::U32, s.bits().data(), s.piece.slab.in_words(words), /*compress=*/true);
-          } else {
-            writer.write(s.dataset, s.piece.dtype, s.bits().data(), s.piece.slab);
-          }
-          j->entry.datasets.push_back({s.dataset, s.piece.tensor, s.piece.dtype, s.piece.slab, s.xor_delta});
-        }
-        writer.close();  // flush and fsync
-      }
-      j->entry.name = rank_file_name(rank);
-      j->entry.rank = rank;
-      j->entry.xxh64 = file_xxh64(path.string(), &j->entry.size);
-      j->write_s = std::chrono::duration<double>(Clock::now() - t0).count();
-      j->state = 1;
-    } catch (const std::exception& e) {
-      j->error = e.what();
-      j->mark_snapped();  // nothing more is read from the live memory
-      j->state = 2;
-    }
-  };
-  if (s_.async)
-    j->writer = std::thread(write);
-  else
-    write();
+  if (s_.async) {
+    const double delay_s = s_.snapshot_delay_s;
+    j->writer = std::thread([j, rank, delay_s] {
+      j->take_snapshot(delay_s);
+      j->write_file(rank);
+    });
+    return;
+  }
+  j->take_snapshot(0);
+  check_snapshot(*j);  // agreed before anything is written
+  j->write_file(rank);
+}
+
+// Collective, once per save: waits for this rank's snapshot; then the ranks agree on the count of values that
+// are not finite (the writer threads make no MPI calls: the world is initialised FUNNELED).
+void Checkpointer::check_snapshot(Job& job) {
+  if (job.checked) return;
+  if (!job.snapped) {
+    std::unique_lock<std::mutex> lock(job.snap_mutex);
+    job.snap_cv.wait(lock, [&] { return job.snapped.load(); });
+  }
+  job.checked = true;
+  int64_t count = job.non_finite;
+  world_.allreduce_sum(&count, 1);
+  if (count > 0) abandon_non_finite(job, count);
+}
+
+// Every rank: the writer stopped, the temporary directory removed (nothing of this step is committed, the
+// committed checkpoints stay as they are), the next save a new full chain; then on_non_finite.
+void Checkpointer::abandon_non_finite(Job& job, int64_t count) {
+  const NonFiniteSnapshot found{job.step, count, job.first_non_finite};
+  job.abandoned = true;
+  if (job.writer.joinable()) job.writer.join();
+  world_.barrier();  // no rank writes into the directory any more
+  if (committer()) {
+    std::error_code ec;
+    fs::remove_all(job.tmp_dir, ec);
+  }
+  chain_.clear();
+  previous_.clear();
+  keep_buffers(job, false);
+  job_.reset();
+  if (s_.on_non_finite) s_.on_non_finite(found);
+  MOE_RUN_FAILED("after step " << found.step << ", " << found.count
+                               << " values of the checkpoint's state are not finite; it is not committed");
 }
 
 void Checkpointer::poll() {
@@ -251,12 +343,9 @@ void Checkpointer::finish() {
 }
 
 double Checkpointer::wait_snapshot() {
-  if (!job_ || job_->snapped) return 0;
+  if (!job_ || job_->checked) return 0;
   const auto t0 = Clock::now();
-  {
-    std::unique_lock<std::mutex> lock(job_->snap_mutex);
-    job_->snap_cv.wait(lock, [&] { return job_->snapped.load(); });
-  }
+  check_snapshot(*job_);
   const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
   job_->stall_s += waited;
   return waited;
@@ -275,6 +364,7 @@ void Checkpointer::keep_buffers(Job& job, bool written) {
 }
 
 void Checkpointer::commit(Job& job, bool wait) {
+  check_snapshot(job);  // a snapshot that is not finite goes no further
   // Every rank learns whether every rank has written (and whether any failed).
   if (wait && job.writer.joinable()) job.writer.join();
   int64_t flags[2] = {job.state == 0 ? 1 : 0, job.state == 2 ? 1 : 0};

@@ -2,8 +2,10 @@
 //
 // Save: at a step boundary every rank hands the pieces it writes to a writer thread, which owns every
 // HDF5 call while a save is in flight. The writer first copies the pieces into host buffers kept from
-// earlier saves (the snapshot; asynchronous: while training goes on, see wait_snapshot), then XORs the
-// delta pieces, writes ROOT/tmp-step-N/rank-R.h5, fsyncs it and checksums it. Each step every rank polls: once all
+// earlier saves, counting the values that are not finite as it goes (the snapshot; asynchronous: while
+// training goes on, see wait_snapshot), then XORs the delta pieces, writes ROOT/tmp-step-N/rank-R.h5, fsyncs it
+// and checksums it. The ranks agree on the count on the caller's thread (wait_snapshot, commit): a snapshot
+// with any value that is not finite is never committed. Each step every rank polls: once all
 // ranks' files are on disk, rank 0 writes the manifest, renames the directory to ROOT/step-N (the commit), updates
 // ROOT/latest, deletes chains beyond checkpoint.keep and copies the checkpoint to the replica roots. A crash at any
 // moment leaves either the previous or the new checkpoint as the newest complete one. Saves between full ones hold only
@@ -45,6 +47,13 @@ struct Piece {
   int64_t bytes() const;
 };
 
+// A snapshot the ranks found values that are not finite in (NaN or infinity, in F32 and F64 pieces).
+struct NonFiniteSnapshot {
+  int64_t step = 0;
+  int64_t count = 0;         // over all ranks
+  std::string first_tensor;  // the first piece of this rank's that holds one ("" when none does)
+};
+
 struct SaveSettings {
   std::string root;        // the checkpoint directory (run_dir/checkpoints)
   int64_t keep = 2;        // complete chains kept
@@ -62,6 +71,10 @@ struct SaveSettings {
   // Tests: the writer thread waits this long before it takes an asynchronous save's snapshot, so that
   // training reaches its next update first (the trainer sets it from MOE_TEST_SNAPSHOT_DELAY_MS).
   double snapshot_delay_s = 0;
+  // Called on every rank once the save of a snapshot holding values that are not finite has been abandoned
+  // (its temporary directory removed, nothing committed); it is expected to throw (the trainer: RunFailed
+  // saying what to do). Without it, or when it returns, the checkpointer throws RunFailed.
+  std::function<void(const NonFiniteSnapshot&)> on_non_finite;
 };
 
 class Checkpointer {
@@ -83,11 +96,18 @@ class Checkpointer {
   // at one place, TrainState's wait_for_snapshot (launch/train_state.h), which the step calls before its
   // update (clipping, optimizer, ZeRO all-gather, routing state) and which checkpoint_pieces calls before
   // it restages anything for the next save.
+  //
+  // Values that are not finite: the writer counts them while it copies; the first wait_snapshot, poll or
+  // finish after the save (whichever comes first; sync: save itself, before writing) agrees on the count
+  // over the ranks and, if any, abandons the save and calls on_non_finite (SaveSettings), which throws.
   double save(int64_t step, const std::vector<Piece>& pieces);
-  // Returns once the snapshot of the save in flight is taken (at once when none is in flight, or sync);
-  // the seconds waited, also added to that save's stall_s.
+  // Collective the first time after an asynchronous save (all ranks call it at the same point; later calls
+  // for the same save return at once): returns once the snapshot of the save in flight is taken on this
+  // rank and the ranks agreed that it is finite (throws otherwise, see save); the seconds waited, also
+  // added to that save's stall_s. At once when none is in flight, or sync.
   double wait_snapshot();
-  // Collective; call at every step boundary. Commits the save in flight once every rank has written.
+  // Collective; call at every step boundary. Commits the save in flight once every rank has written
+  // (first waiting for this rank's snapshot and agreeing on it, as wait_snapshot, if that was not done).
   void poll();
   // Collective: waits for the save in flight and commits it.
   void finish();
@@ -107,6 +127,8 @@ class Checkpointer {
  private:
   struct Job;
   void start_job(std::unique_ptr<Job> job);
+  void check_snapshot(Job& job);
+  [[noreturn]] void abandon_non_finite(Job& job, int64_t count);
   void commit(Job& job, bool wait);
   void keep_buffers(Job& job, bool written);
   void apply_retention(const std::string& root);

@@ -42,8 +42,10 @@ struct TrainState {
 // Call before changing anything a checkpoint piece points at (parameters, AdamW moments and step,
 // balancing biases, adaptive capacity, the dead-expert tracker, the clipping statistics and the host
 // copies above): returns once the snapshot of the save in flight is taken, and the seconds waited (0 when
-// none). train_step calls it once, before its update (the first change of the state in a step; forward,
-// backward and evaluation only read it), and checkpoint_pieces before restaging for a save.
+// none). Collective the first time after a save: the ranks agree there that the snapshot is finite, and it
+// throws RunFailed on every rank when it is not (Checkpointer::wait_snapshot, fail_non_finite_state).
+// train_step calls it once, before its loss check and update (the first change of the state in a step;
+// forward, backward and evaluation only read it), and checkpoint_pieces before restaging for a save.
 double wait_for_snapshot(TrainState& state);
 
 // save: pieces this rank writes (src set). load: pieces this rank reads (dst set); after loading call

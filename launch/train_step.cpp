@@ -295,55 +295,15 @@ int64_t update_routing(Trainer& t, int64_t step) {
   return dead;
 }
 
-// Values of a checkpoint piece that are not finite (floating-point pieces only). A save checks the whole state
-// on the trainer's critical path: bit tests (an exponent of all ones is an infinity or a NaN), which the
-// compiler vectorises, counted in 32-bit blocks.
-template <typename Bits>
-int64_t count_exponent_all_ones(const void* src, int64_t n, Bits exponent) {
-  const auto* bytes = static_cast<const unsigned char*>(src);
-  int64_t bad = 0;
-  for (int64_t i0 = 0; i0 < n; i0 += 4096) {
-    const int64_t i1 = std::min<int64_t>(n, i0 + 4096);
-    uint32_t block = 0;
-    for (int64_t i = i0; i < i1; ++i) {
-      Bits w;
-      std::memcpy(&w, bytes + i * int64_t(sizeof(Bits)), sizeof(Bits));
-      block += (w & exponent) == exponent;
-    }
-    bad += block;
-  }
-  return bad;
-}
-
-int64_t count_non_finite(const ckpt::Piece& p) {
-  if (p.dtype == ckpt::DType::F32) return count_exponent_all_ones<uint32_t>(p.src, p.count(), 0x7f800000u);
-  if (p.dtype == ckpt::DType::F64) return count_exponent_all_ones<uint64_t>(p.src, p.count(), 0x7ff0000000000000ull);
-  return 0;
-}
-
 }  // namespace
 
-void check_state_finite(Trainer& t, int64_t done) {
-  const std::vector<ckpt::Piece> pieces = checkpoint_pieces(t.state, true);
-  std::vector<int64_t> counts(pieces.size(), 0);
-  const int64_t n = int64_t(pieces.size());
-  // On the training's threads (the check is on its critical path at every save).
-#pragma omp parallel for schedule(dynamic)
-  for (int64_t i = 0; i < n; ++i) counts[size_t(i)] = count_non_finite(pieces[size_t(i)]);
-  int64_t bad = 0;
-  std::string first;
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    if (counts[i] > 0 && first.empty()) first = pieces[i].tensor;
-    bad += counts[i];
-  }
-  int64_t total = bad;
-  t.groups.world->allreduce_sum(&total, 1);
-  if (total > 0)
-    MOE_RUN_FAILED("after step " << done << ", " << total << " values of the training state are not finite"
-                                 << (first.empty() ? std::string() : " (on this rank, in " + first + ")")
-                                 << "; no checkpoint of this step is written and the committed ones are kept. "
-                                    "Lower optim.lr or raise optim.warmup, and resume from the newest checkpoint "
-                                    "(--resume auto)");
+void fail_non_finite_state(const ckpt::NonFiniteSnapshot& found) {
+  MOE_RUN_FAILED(
+      "after step " << found.step << ", " << found.count << " values of the training state are not finite"
+                    << (found.first_tensor.empty() ? std::string() : " (on this rank, in " + found.first_tensor + ")")
+                    << "; no checkpoint of this step is written and the committed ones are kept. "
+                       "Lower optim.lr or raise optim.warmup, and resume from the newest checkpoint "
+                       "(--resume auto)");
 }
 
 // The router warm-up with a frozen backbone (moe.router.warmup.freeze_backbone): only router parameters
@@ -388,6 +348,10 @@ StepResult train_step(Trainer& t, int64_t step) {
     const auto span = t.tracer.span("loss and routing statistics", "communication");
     reduce_losses(t, loss_sum, loss_scale, r);
   }
+  // Everything after the loss check changes the training state: an asynchronous save's snapshot must be taken
+  // first. Waiting before the check also fails a run whose saved state was not finite (which makes this loss
+  // so) with that reason (Checkpointer::save).
+  r.ckpt_wait_s = wait_for_snapshot(t.state);
   if (!std::isfinite(r.loss))
     MOE_RUN_FAILED("the loss became " << r.loss << " at step " << step + 1 << " (lm " << r.lm_loss << ", aux " << r.aux
                                       << ", z " << r.z << ", entropy " << r.entropy << ", death " << r.death
@@ -395,8 +359,6 @@ StepResult train_step(Trainer& t, int64_t step) {
                                       << "); nothing of this step is saved. Lower optim.lr, raise optim.warmup or "
                                          "lower the moe.loss.* coefficient of a non-finite term, and resume from the "
                                          "newest checkpoint (--resume auto)");
-  // Everything below changes the training state: an asynchronous save's snapshot must be taken first.
-  r.ckpt_wait_s = wait_for_snapshot(t.state);
   BackboneFreeze freeze(t, step);
   {
     const auto span = t.tracer.span("clipping", "optimizer");

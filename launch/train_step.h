@@ -23,9 +23,11 @@ struct StepResult {
 // updated then).
 StepResult train_step(Trainer& trainer, int64_t step);
 
-// Collective. Throws RunFailed on every rank when any value of the state a checkpoint of step `done`
-// would hold (parameters, optimizer moments, clipping statistics) is not finite, so that nothing
-// non-finite is ever committed and the checkpoints already committed stay the newest.
-void check_state_finite(Trainer& trainer, int64_t done);
+// The trainer's Checkpointer calls it (SaveSettings::on_non_finite) on every rank when the snapshot of a save
+// holds values that are not finite (parameters, optimizer moments, clipping statistics): the save is abandoned
+// (nothing non-finite is ever committed, the committed checkpoints stay the newest) and this throws RunFailed
+// saying so. The writer counts them while it copies the state, off the step's critical path; the ranks agree
+// before the next update (wait_for_snapshot) or when the save is committed, whichever comes first.
+[[noreturn]] void fail_non_finite_state(const ckpt::NonFiniteSnapshot& found);
 
 }  // namespace moe

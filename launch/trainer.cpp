@@ -102,6 +102,7 @@ RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoi
                           config.checkpoint.async,  config.checkpoint.replicas,  config.checkpoint.peer_copy,
                           paths.ranks_per_node,     config.checkpoint.node_local};
   if (const char* delay = std::getenv("MOE_TEST_SNAPSHOT_DELAY_MS")) save.snapshot_delay_s = std::atof(delay) / 1000;
+  save.on_non_finite = fail_non_finite_state;
   out.checkpointer =
       std::make_unique<ckpt::Checkpointer>(std::move(save), *t.groups.world, info, [leader](const std::string& text) {
         // Failures and fallbacks are always shown, whatever --quiet says.
@@ -231,9 +232,8 @@ bool run_step(Loop& loop, int64_t step) {
       loop.heartbeat.set(Phase::CheckpointSave, done, "checkpoint save");
       const auto span = t.tracer.span("checkpoint save (stall)", "checkpoint");
       const auto t0 = Clock::Steady::now();
-      check_state_finite(t, done);
       ck->save(done, checkpoint_pieces(t.state, true));
-      ckpt_stall += Clock::since(t0);  // the finiteness check, the staging and the save
+      ckpt_stall += Clock::since(t0);  // the staging and the save (sync: its snapshot, finiteness check and write)
       loop.last_save_step = done;
     }
   }
@@ -270,8 +270,7 @@ void stop_on_signal(Loop& loop, int sig, int64_t done) {
       saved = done > 0 ? "; the checkpoint it resumed from holds it" : "";
     } else if (grace > 0 && estimate <= grace) {
       loop.heartbeat.set(Phase::CheckpointSave, done, "checkpoint save after a stop signal");
-      check_state_finite(t, done);
-      ck->save(done, checkpoint_pieces(t.state, true));
+      ck->save(done, checkpoint_pieces(t.state, true));  // refused when not finite (fail_non_finite_state)
       loop.last_save_step = done;
       saved = "; writing a checkpoint of it";
     } else {

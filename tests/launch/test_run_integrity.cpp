@@ -193,9 +193,9 @@ TEST(RunIntegrity, SecondTrainerInALiveRunDirectoryIsRefused) {
   EXPECT_EQ(first_code, 143) << read_text_if_any(dir.path() / "a.txt");
 }
 
-// A learning rate that turns the weights to infinity: the state is checked before it is saved, so the
-// run stops (exit 1, saying why) without committing it, and the newest good checkpoint survives
-// retention and resumes.
+// A learning rate that turns the weights to infinity: the snapshot of the save is found not finite (by the
+// writer as it copies it, agreed before the next step's update), so the run stops (exit 1, saying why)
+// without committing it, and the newest good checkpoint survives retention and resumes.
 TEST(RunIntegrity, NonFiniteStateIsNeverCommitted) {
   TempDir dir("non-finite");
   const fs::path run_dir = dir.path() / "run";
