@@ -192,15 +192,18 @@ void grouped_gemm(const GemmInputs<T>& p, bool trans_a, bool trans_b, int64_t gr
 
 // ---- Causal attention (Ops::attention_forward / attention_backward) ---------------------------------
 
-// Row i of P (T x T) to the causal softmax of its first i + 1 entries, zero after.
+// Row i of P (T x T) to the causal softmax of its first i + 1 entries, zero after. Each exponential is taken
+// once and kept in double in a buffer of the calling thread until the row is scaled.
 template <typename T>
 void causal_softmax_row(T* row, int64_t i, int64_t T_) {
+  thread_local std::vector<double> e;
+  e.resize(size_t(i + 1));
   double m = -INFINITY;
   for (int64_t j = 0; j <= i; ++j) m = std::max(m, double(row[j]));
   double s = 0;
-  for (int64_t j = 0; j <= i; ++j) s += std::exp(double(row[j]) - m);
+  for (int64_t j = 0; j <= i; ++j) s += e[size_t(j)] = std::exp(double(row[j]) - m);
   const double inv = 1.0 / s;
-  for (int64_t j = 0; j <= i; ++j) row[j] = T(std::exp(double(row[j]) - m) * inv);
+  for (int64_t j = 0; j <= i; ++j) row[j] = T(e[size_t(j)] * inv);
   for (int64_t j = i + 1; j < T_; ++j) row[j] = T(0);
 }
 
