@@ -52,6 +52,7 @@ constexpr const char* dtype_name(DType t) {
 struct bf16 {
   uint16_t bits = 0;
 };
+static_assert(sizeof(bf16) == 2, "bf16 is its 16 bits: buffers and MPI messages hold it as uint16_t");
 
 // The bits of a float and back (std::bit_cast is not device code).
 MOE_HOST_DEVICE constexpr uint32_t float_bits(float x) {

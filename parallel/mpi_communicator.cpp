@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/dtype.h"
+
 namespace moe {
 namespace detail {
 
@@ -103,25 +105,11 @@ class MpiRequest final : public Request {
   int receive_count_ = -1;  // -1: not a receive
 };
 
-// bf16 as its 16-bit storage: moved as MPI_UINT16_T, summed by the user-defined operation below.
-float bf16_to_float(uint16_t bits) {
-  const uint32_t wide = uint32_t{bits} << 16;
-  float value;
-  std::memcpy(&value, &wide, sizeof(value));
-  return value;
-}
-
-uint16_t float_to_bf16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // NaN stays NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
-  return static_cast<uint16_t>(bits >> 16);
-}
-
+// bf16 as its 16-bit storage: moved as MPI_UINT16_T, summed by the user-defined operation below with
+// core/dtype.h's conversions (each pair added in fp32, rounded to nearest even).
 void bf16_sum(void* in, void* inout, int* length, MPI_Datatype*) {
-  const auto* a = static_cast<const uint16_t*>(in);
-  auto* b = static_cast<uint16_t*>(inout);
+  const auto* a = static_cast<const bf16*>(in);
+  auto* b = static_cast<bf16*>(inout);
   for (int i = 0; i < *length; ++i) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
 }
 
