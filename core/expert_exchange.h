@@ -21,7 +21,7 @@ class ExpertExchange {
   virtual ~ExpertExchange() = default;
   virtual int size() const = 0;
   virtual int rank() const = 0;
-  // recv[q * n + i] = what rank q sent to this rank as its send[rank * n + i].
+  // recv[q * n + i] = what rank q sent to this rank as its send[rank * n + i]; host memory.
   virtual void exchange_counts(const int64_t* send, int64_t* recv, int64_t n) = 0;
   // exchange_counts in two halves: recv must stay untouched until finish. This default exchanges at once
   // and returns null (nothing in flight).
@@ -30,8 +30,9 @@ class ExpertExchange {
     return nullptr;
   }
   // Starts the exchange of rows: send_counts[q] floats of send go to rank q, in rank order; recv_counts[q]
-  // floats arrive from q. The count arrays are read before start returns; send and recv must stay
-  // untouched until finish.
+  // floats arrive from q; send and recv are backend memory, the counts host memory. The count arrays are read
+  // before start returns; send and recv must stay untouched until finish (on a GPU finish orders the
+  // backend's later work after the exchange without blocking the host).
   virtual std::unique_ptr<ExchangeHandle> start(const float* send, const int64_t* send_counts, float* recv,
                                                 const int64_t* recv_counts) = 0;
   // Waits for a started exchange: recv is complete and send may be reused.
@@ -54,10 +55,10 @@ class TokenGroup {
   virtual ~TokenGroup() = default;
   virtual int size() const = 0;
   virtual int rank() const = 0;
-  // full (size * count) = every rank's local (count), in rank order.
+  // full (size * count) = every rank's local (count), in rank order; both in backend memory.
   virtual void allgather(const float* local, float* full, int64_t count) = 0;
   virtual void allgather(const double* local, double* full, int64_t count) = 0;
-  // data (count) = the sum over the ranks of their data, in place.
+  // data (count) = the sum over the ranks of their data, in place, in host memory.
   virtual void allreduce_sum(float* data, int64_t count) = 0;
   virtual void allreduce_sum(double* data, int64_t count) = 0;
 };

@@ -231,7 +231,7 @@ double routed_bytes_per_layer(const Sizes& s, double slots) {
   return slots * per_slot + workspace + router;
 }
 
-// Host vectors beside the backend's memory: ZeRO's reduce-scatter staging (the padded bucket and the
+// Communication staging in backend memory: ZeRO's reduce-scatter staging (the padded bucket and the
 // received slice, kept per bucket) and each MoE layer's all-to-all staging of the received rows.
 double communication_bytes(const Sizes& s, const ParamCounts& p, bool zero, double dp, double edp) {
   double bytes = 0;

@@ -30,8 +30,8 @@ nlohmann::json moe_metrics(const RouterStepStats& st, int64_t top_k) {
 // stage s - 1 and passes its output to stage s + 1. Returns the sum of its token losses on the last stage, 0 on
 // the others.
 double pipeline_forward(Trainer& t, const int32_t* tokens, int64_t B) {
-  constexpr int kTag = 1 << 20;  // apart from the training schedule's tags (2 * micro-batch, + 1)
-  Communicator& pp = *t.groups.pp;
+  constexpr int kTag = 1 << 20;          // apart from the training schedule's tags (2 * micro-batch, + 1)
+  Communicator& pp = *t.groups.data.pp;  // activations: backend memory
   Model<float>& model = *t.model;
   const int stage = pp.rank();
   const int64_t n = model.rows(B * t.config.train.seq_len) * t.config.model.d_model;

@@ -9,9 +9,12 @@
 
 #include "core/backend/backend.h"
 #include "core/backend/cpu/thread_policy.h"
+#include "core/backend/memory_check.h"
 #include "core/error.h"
 #include "core/mla_attention.h"
 #include "launch/memory.h"
+#include "parallel/nccl_communicator.h"
+#include "parallel/plane_check.h"
 #include "parallel/tp_layers.h"
 
 namespace moe {
@@ -123,11 +126,11 @@ void build_model(Trainer& t) {
       t.backend, shape, tc.seq_len, tc.micro_batch, RecomputeSpec(mode, tc.recompute_layers),
       tp_ffn_factory<float>(t.backend, tp, shape, moe_of), slots, spec, attention_factory(t, shape, tp),
       tensor_parallel_layout<float>(t.backend, tp, shape));
-  t.exchange = std::make_unique<CommunicatorExchange>(*t.groups.ep);
+  t.exchange = std::make_unique<CommunicatorExchange>(*t.groups.ep, *t.groups.data.ep);
   if (tc.trace) t.traced_exchange = std::make_unique<TracedExchange>(*t.exchange, t.tracer);
   ExpertExchange* exchange =
       t.traced_exchange ? static_cast<ExpertExchange*>(t.traced_exchange.get()) : t.exchange.get();
-  t.token_group = std::make_unique<CommunicatorTokenGroup>(*t.groups.tp);
+  t.token_group = std::make_unique<CommunicatorTokenGroup>(*t.groups.tp, *t.groups.data.tp);
   for (int64_t l = 0; l < shape.layers; ++l) {
     if (!moe_of(l)) continue;
     if (l >= t.model->first_layer() && l < t.model->end_layer()) {
@@ -142,11 +145,46 @@ void build_model(Trainer& t) {
   }
   t.model->init_params(tc.seed);
   if (pp > 1)
-    t.pipeline = std::make_unique<PipelineExecutor<float>>(*t.model, *t.groups.pp, PipeSchedule::OneFOneB,
+    t.pipeline = std::make_unique<PipelineExecutor<float>>(*t.model, *t.groups.data.pp, PipeSchedule::OneFOneB,
                                                            t.micro_batches(), tc.micro_batch, tc.seq_len);
 }
 
+// Tensor parallelism's layers (parallel/tp_mappings.cpp, vocab_parallel.cpp) still move activations through
+// host memory: on a device (or the memory-checking backend that stands for one) they are refused.
+void refuse_unplaced_parallelism(const Config& config, int64_t world_size) {
+  const bool device = config.train.device == "cuda" || device_memory_check_requested();
+  if (!device || world_size == 1) return;
+  const char* where = config.train.device == "cuda" ? "train.device = \"cuda\"" : "MOE_CHECK_DEVICE_MEMORY=1";
+  for (const auto& [key, value] :
+       {std::pair{"parallel.tp", config.parallel.tp}, std::pair{"parallel.expert_tp", config.parallel.expert_tp}})
+    if (value > 1)
+      MOE_BAD_INPUT(key << " = " << value << " with " << where
+                        << ": tensor parallelism's layers move activations through host memory in this build, so "
+                           "they run on the CPU backend only; on GPUs use data, expert and pipeline parallelism ("
+                        << key << " = 1), or set train.device = \"cpu\"");
+}
+
 }  // namespace
+
+bool device_memory_check_requested() {
+  const char* v = std::getenv("MOE_CHECK_DEVICE_MEMORY");
+  return v && std::string(v) == "1";
+}
+
+void attach_planes(ProcessGroups& groups, Backend& backend) {
+  if (auto* checked = dynamic_cast<MemoryCheckBackend*>(&backend)) {
+    auto in = [checked](const void* p, size_t n) { return checked->owns(p, n); };
+    auto touches = [checked](const void* p, size_t n) { return checked->touches(p, n); };
+    attach_data_plane(groups, [&](Communicator& c) { return make_plane_check(Plane::Data, c, in, touches); });
+    for (std::unique_ptr<Communicator>* c :
+         {&groups.world, &groups.dp, &groups.ep, &groups.edp, &groups.tp, &groups.pp, &groups.etp, &groups.mp})
+      *c = make_plane_check(Plane::Control, std::move(*c), in, touches);
+    return;
+  }
+  if (backend.memory_is_host()) return;
+  // One NCCL communicator per group, made on every rank in the same order (each is collective over its group).
+  attach_data_plane(groups, [&](Communicator& c) { return make_nccl_communicator(c, backend); });
+}
 
 CheckedConfig load_checked_config(const TrainOptions& options, int64_t world_size) {
   Config config = load_config(options.config_path, options.overrides);
@@ -170,12 +208,7 @@ CheckedConfig load_checked_config(const TrainOptions& options, int64_t world_siz
                                           << "), fewer than the parallel.pp = " << pp << " pipeline stages; at least "
                                           << pp << " are needed to fill the pipeline: raise train.global_batch to "
                                           << pp * dp * tc.micro_batch << " or more, or lower train.micro_batch");
-  // The CUDA backend trains on one rank until the process groups run on NCCL (docs/gpu.md).
-  if (tc.device == "cuda" && world_size > 1)
-    MOE_BAD_INPUT("train.device = \"cuda\" on " << world_size
-                                                << " ranks: training on the CUDA backend runs on one "
-                                                   "rank in this build (its process groups are not on NCCL yet); "
-                                                   "run one rank, or set train.device = \"cpu\"");
+  refuse_unplaced_parallelism(config, world_size);
   // Host memory holds the model on the CPU backend; on a GPU the device's memory does (not checked yet).
   if (tc.device == "cpu") check_memory(config, grid);
   return {std::move(config), std::move(grid)};
@@ -240,6 +273,7 @@ Trainer::Trainer(CheckedConfig checked, TrainPaths paths_in, const data::Corpus&
       tracer(config.train.trace, config.train.trace_from, config.train.trace_steps) {
   const TrainConfig& tc = config.train;
   backend.ops<float>().set_gemm_precision(tc.precision == "bf16" ? GemmPrecision::Bf16 : GemmPrecision::Fp32);
+  attach_planes(groups, backend);
   build_model(*this);
   // bf16 GEMMs read the weights from one rounded copy per step (train_step and evaluate say when the
   // parameters changed). MOE_BF16_WEIGHT_COPY=0 rounds them at every GEMM instead: the same bits, a check.
@@ -248,7 +282,8 @@ Trainer::Trainer(CheckedConfig checked, TrainPaths paths_in, const data::Corpus&
     backend.ops<float>().set_parameter_memory(model->params(), model->num_params());
   // 256k floats (1 MB) per bucket: several buckets even for small models, so reduction overlaps backward.
   constexpr int64_t kBucketElements = 1 << 18;
-  buckets = std::make_unique<GradBuckets>(model->table(), *groups.dp, *groups.edp, kBucketElements, config.optim.zero);
+  buckets = std::make_unique<GradBuckets>(backend, model->table(), *groups.data.dp, *groups.data.edp, kBucketElements,
+                                          config.optim.zero);
   owned = buckets->owned_dense();
   owned.insert(owned.end(), buckets->owned_expert().begin(), buckets->owned_expert().end());
   optimizer = std::make_unique<AdamW>(backend, model->table(),

@@ -45,6 +45,12 @@ struct CheckedConfig {
 CheckedConfig load_checked_config(const TrainOptions& options, int64_t world_size);
 TrainPaths train_paths(const TrainOptions& options, const Config& config, int64_t world_rank);
 data::Corpus load_training_corpus(const Config& config);
+// MOE_CHECK_DEVICE_MEMORY=1: train on the CPU backend as if its memory were a GPU's (core/backend/memory_check.h).
+bool device_memory_check_requested();
+// The planes of the process groups for `backend` (ProcessGroups::data): NCCL communicators on the CUDA
+// backend; checked communicators on both planes on the memory-checking backend; the groups themselves on the
+// CPU. Collective over every group.
+void attach_planes(ProcessGroups& groups, Backend& backend);
 // data.schedule with one weight per source of the corpus, in its order (names checked with the config).
 data::MixSchedule training_schedule(const Config& config, const data::Corpus& corpus);
 

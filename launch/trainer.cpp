@@ -14,6 +14,7 @@
 #include "checkpoint/checkpointer.h"
 #include "core/backend/cpu/thread_policy.h"
 #include "core/backend/cuda_backend.h"
+#include "core/backend/memory_check.h"
 #include "core/error.h"
 #include "core/host.h"
 #include "launch/agree.h"
@@ -393,9 +394,11 @@ namespace {
 // The backend train.device names: the CPU's, or the CUDA backend on the device local_rank mod the devices
 // this process sees (one rank per GPU of the node). The config is read here and again by run_train: any
 // refusal is the same.
+// MOE_CHECK_DEVICE_MEMORY=1 makes the CPU backend the memory-checking one (core/backend/memory_check.h).
 std::unique_ptr<Backend> make_backend(const TrainOptions& options) {
   const Config config = load_config(options.config_path, options.overrides);
-  if (config.train.device != "cuda") return make_cpu_backend(0);
+  if (config.train.device != "cuda")
+    return device_memory_check_requested() ? make_memory_check_backend(0) : make_cpu_backend(0);
   return make_cuda_backend(launcher_local_rank() % std::max(1, cuda_device_count()));
 }
 }  // namespace

@@ -8,9 +8,9 @@
 
 namespace moe {
 
-GradBuckets::GradBuckets(const ParamTable& table, Communicator& dense_comm, Communicator& expert_comm,
+GradBuckets::GradBuckets(Backend& backend, const ParamTable& table, Communicator& dense_comm, Communicator& expert_comm,
                          int64_t bucket_elems, bool zero)
-    : table_(table), dense_comm_(dense_comm), expert_comm_(expert_comm), zero_(zero) {
+    : backend_(backend), table_(table), dense_comm_(dense_comm), expert_comm_(expert_comm), zero_(zero) {
   const auto& specs = table.specs();
   bucket_of_spec_.assign(specs.size(), -1);
   // Walk specs in backward order; consecutive specs of one region are contiguous and descending there.
@@ -62,10 +62,10 @@ void GradBuckets::launch(Bucket& b) {
     b.request = c.iallreduce_sum(grads_ + b.lo, len);
     return;
   }
-  b.staging.assign(size_t(b.shard * c.size()), 0.0f);  // padded to a multiple of the group
-  b.received.assign(size_t(b.shard), 0.0f);
-  std::copy_n(grads_ + b.lo, len, b.staging.data());
-  b.request = c.ireduce_scatter_sum(b.staging.data(), b.received.data(), b.shard);
+  backend_.reserve(b.staging, DType::F32, b.shard * c.size());  // zero-filled when made
+  backend_.reserve(b.received, DType::F32, b.shard);
+  backend_.copy(b.staging.data<float>(), grads_ + b.lo, size_t(len) * sizeof(float));
+  b.request = c.ireduce_scatter_sum(b.staging.data<float>(), b.received.data<float>(), b.shard);
 }
 
 void GradBuckets::complete(Bucket& b) {
@@ -75,7 +75,7 @@ void GradBuckets::complete(Bucket& b) {
   if (zero_) {
     Communicator& c = comm(b);
     const int64_t lo = b.lo + c.rank() * b.shard, hi = std::min(b.hi, lo + b.shard);
-    if (hi > lo) std::copy_n(b.received.data(), hi - lo, grads_ + lo);
+    if (hi > lo) backend_.copy(grads_ + lo, b.received.data<float>(), size_t(hi - lo) * sizeof(float));
   }
 }
 
@@ -103,11 +103,15 @@ void GradBuckets::allgather_params(float* params) {
     Communicator& c = comm(b);
     if (c.size() == 1) continue;
     const int64_t lo = b.lo + c.rank() * b.shard, hi = std::min(b.hi, lo + b.shard);
-    std::vector<float> mine(size_t(b.shard), 0.0f);
-    if (hi > lo) std::copy_n(params + lo, hi - lo, mine.data());
-    b.staging.resize(size_t(b.shard * c.size()));
-    c.allgather(mine.data(), b.staging.data(), b.shard);
-    std::copy_n(b.staging.data(), b.hi - b.lo, params + b.lo);
+    // This rank's updated slice, zero past the bucket's end, in `received` (free since finish).
+    backend_.reserve(b.received, DType::F32, b.shard);
+    backend_.reserve(b.staging, DType::F32, b.shard * c.size());
+    float* mine = b.received.data<float>();
+    const int64_t n = std::max<int64_t>(0, hi - lo);
+    if (n > 0) backend_.copy(mine, params + lo, size_t(n) * sizeof(float));
+    if (n < b.shard) backend_.ops<float>().fill(mine + n, 0.0f, b.shard - n);
+    c.allgather(mine, b.staging.data<float>(), b.shard);
+    backend_.copy(params + b.lo, b.staging.data<float>(), size_t(b.hi - b.lo) * sizeof(float));
   }
 }
 

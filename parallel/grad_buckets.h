@@ -3,13 +3,15 @@
 // of backward. Dense gradients are reduced over the data-parallel group, expert gradients over the
 // expert-data-parallel group. With ZeRO (Megatron's distributed optimizer) a bucket is reduce-scattered
 // instead: each rank owns one slice of every bucket, updates only that slice, then the parameters are
-// all-gathered. Buckets follow backward order (reverse registration in the parameter table).
+// all-gathered. Buckets follow backward order (reverse registration in the parameter table). Gradients,
+// parameters and ZeRO's staging are backend memory: the communicators are the data plane's.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "core/backend/backend.h"
 #include "core/params.h"
 #include "parallel/communicator.h"
 
@@ -21,8 +23,8 @@ struct Segment {
 
 class GradBuckets {
  public:
-  GradBuckets(const ParamTable& table, Communicator& dense_comm, Communicator& expert_comm, int64_t bucket_elems,
-              bool zero);
+  GradBuckets(Backend& backend, const ParamTable& table, Communicator& dense_comm, Communicator& expert_comm,
+              int64_t bucket_elems, bool zero);
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
 
@@ -53,12 +55,15 @@ class GradBuckets {
     int64_t pending = 0;  // specs not ready yet
     bool launched = false;
     std::unique_ptr<Request> request;
-    std::vector<float> staging, received;
+    // ZeRO, in backend memory: the bucket padded to shard * group size (the padding stays zero) and this
+    // rank's reduced slice (then its updated slice, for the all-gather of the parameters).
+    Buffer staging, received;
   };
   Communicator& comm(const Bucket& b) { return b.expert ? expert_comm_ : dense_comm_; }
   void launch(Bucket& b);
   void complete(Bucket& b);
 
+  Backend& backend_;
   const ParamTable& table_;
   Communicator& dense_comm_;
   Communicator& expert_comm_;

@@ -6,7 +6,10 @@
 // and completing a request (wait) makes the compute stream wait for it, without blocking the host. The
 // blocking forms are a nonblocking form completed at once: later compute is ordered after them; the host
 // synchronises only in barrier(). Point-to-point transfers between a pair are matched in the order they are
-// issued (NCCL has no tags: `tag` is ignored) and a receive cannot check the count sent.
+// issued (NCCL has no tags: `tag` is ignored) and a receive cannot check the count sent. Sends and receives
+// are held until one of their requests is tested or waited for (a blocking form waits at once) or another
+// operation comes, then go to NCCL as one group: a pipeline stage's send and its next receive run together,
+// which NCCL needs where neighbours both send first.
 // Built only with the CUDA backend and NCCL (nccl_built()); make_nccl_communicator refuses otherwise.
 #pragma once
 

@@ -64,12 +64,24 @@ void PipelineExecutor<T>::send(Slot& slot, std::unique_ptr<Request>& request, Bu
   request = pp_.isend(buffer.template data<T>(), rows_, peer, tag);
 }
 
+// A send followed by a receive goes out with it: NCCL's communicator (parallel/nccl_communicator.h) holds
+// sends until a request is tested or waited for and then issues the held transfers as one group, the send
+// and receive pair Megatron-Core batches so that neighbours that both send first do not wait for each other.
+// A send with compute after it is tested at once, so that it travels during that compute.
+template <typename T>
+bool PipelineExecutor<T>::receives_next(size_t i) const {
+  if (i + 1 >= actions_.size()) return false;
+  const PipeOp next = actions_[i + 1].op;
+  return next == PipeOp::RecvActivation || next == PipeOp::RecvGradient;
+}
+
 template <typename T>
 double PipelineExecutor<T>::run(const MicroBatches& micro_batches, double loss_scale) {
   const bool first = stage_ == 0, last = stage_ == stages_ - 1;
   const int prev = int(stage_) - 1, next = int(stage_) + 1;
   double loss = 0;
-  for (const PipeAction& a : actions_) {
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    const PipeAction& a = actions_[i];
     Slot& s = slots_[size_t(a.micro_batch % int64_t(slots_.size()))];
     const int slot = int(a.micro_batch % int64_t(slots_.size()));
     const int activation_tag = int(2 * a.micro_batch), gradient_tag = int(2 * a.micro_batch + 1);
@@ -85,6 +97,7 @@ double PipelineExecutor<T>::run(const MicroBatches& micro_batches, double loss_s
         break;
       case PipeOp::SendActivation:
         send(s, s.activation_sent, s.activation_out, model_.output_activation(slot), next, activation_tag);
+        if (!receives_next(i)) s.activation_sent->test();  // start it now (see receives_next)
         break;
       case PipeOp::RecvGradient:
         pp_.recv(s.received.template data<T>(), rows_, next, gradient_tag);
@@ -94,6 +107,7 @@ double PipelineExecutor<T>::run(const MicroBatches& micro_batches, double loss_s
         break;
       case PipeOp::SendGradient:
         send(s, s.gradient_sent, s.gradient_out, model_.input_grad(slot), prev, gradient_tag);
+        if (!receives_next(i)) s.gradient_sent->test();
         break;
     }
     if (micro_batches.around) micro_batches.around(a, false);

@@ -48,6 +48,7 @@ class PipelineExecutor {
  private:
   struct Slot;  // one slot's receive and send buffers and sends in flight
   void send(Slot& slot, std::unique_ptr<Request>& request, Buffer& buffer, const T* data, int peer, int tag);
+  bool receives_next(size_t action) const;  // whether action + 1 is a receive
 
   Model<T>& model_;
   Communicator& pp_;

@@ -27,7 +27,25 @@ ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const Ran
   g.prev_stage = grid.pipeline_neighbor(g.rank, -1);
   g.next_stage = grid.pipeline_neighbor(g.rank, +1);
   g.world = std::move(world);
+  attach_data_plane(g, nullptr);
   return g;
+}
+
+void attach_data_plane(ProcessGroups& groups, const DataCommunicatorFactory& make) {
+  DataPlane plane;
+  auto pick = [&](Communicator& control) {
+    std::unique_ptr<Communicator> made = make ? make(control) : nullptr;
+    if (!made) return &control;
+    plane.owned.push_back(std::move(made));
+    return plane.owned.back().get();
+  };
+  plane.dp = pick(*groups.dp);
+  plane.ep = pick(*groups.ep);
+  plane.edp = pick(*groups.edp);
+  plane.tp = pick(*groups.tp);
+  plane.pp = pick(*groups.pp);
+  plane.etp = pick(*groups.etp);
+  groups.data = std::move(plane);
 }
 
 }  // namespace moe

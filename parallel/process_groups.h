@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -13,6 +14,21 @@
 #include "parallel/rank_grid.h"
 
 namespace moe {
+
+// The communicators that move backend memory, per group: the data plane. Gradient buckets (dp, edp), the
+// expert all-to-all's rows (ep), the router logits of a routing group (tp) and the pipeline's activations
+// (pp) go here; host memory (losses, counts, norms, metrics, checkpoint pieces) stays on the groups
+// themselves, the control plane (MPI). Where the host addresses backend memory (the CPU backend) each is the
+// group's own communicator; on the CUDA backend an NCCL communicator over the same ranks.
+struct DataPlane {
+  Communicator* dp = nullptr;
+  Communicator* ep = nullptr;
+  Communicator* edp = nullptr;
+  Communicator* tp = nullptr;
+  Communicator* pp = nullptr;
+  Communicator* etp = nullptr;
+  std::vector<std::unique_ptr<Communicator>> owned;  // the ones made for it
+};
 
 struct ProcessGroups {
   RankGrid grid;
@@ -29,34 +45,42 @@ struct ProcessGroups {
   // World ranks of the previous and next pipeline stage (same tp and dp), -1 at the first and last stage.
   // In the pp communicator they are ranks coords.pp - 1 and coords.pp + 1.
   int64_t prev_stage = -1, next_stage = -1;
+  DataPlane data;  // the groups' own communicators unless attach_data_plane replaced them
 };
 
 // world: an MpiCommunicator (any other communicator: a single process, every group of size one).
 ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const RankGrid& grid);
 
-// The MoE dispatcher's all-to-all over a communicator (the ep group): counts with an all-to-all (blocking,
-// or the nonblocking all-to-all-v of equal blocks), rows with the nonblocking all-to-all-v, so that the
-// start forms return while counts or rows travel. It keeps the seconds
-// its caller was held up in it (the counts' exchange, each start and each wait): the exposed all-to-all
-// time, what overlap did not hide.
+// Makes the data-plane communicator of one group from its control-plane one (collective over it), or
+// returns nullptr to use the group's own.
+using DataCommunicatorFactory = std::function<std::unique_ptr<Communicator>(Communicator& control)>;
+// Sets groups.data from `make`, called for dp, ep, edp, tp, pp, etp in that order on every rank.
+void attach_data_plane(ProcessGroups& groups, const DataCommunicatorFactory& make);
+
+// The MoE dispatcher's all-to-all over the ep group: counts (host memory) over its control-plane
+// communicator with an all-to-all (blocking, or the nonblocking all-to-all-v of equal blocks), rows (backend
+// memory) over its data-plane one with the nonblocking all-to-all-v, so that the start forms return while
+// counts or rows travel. It keeps the seconds its caller was held up in it (the counts' exchange, each start
+// and each wait): the exposed all-to-all time, what overlap did not hide.
 class CommunicatorExchange final : public ExpertExchange {
  public:
-  explicit CommunicatorExchange(Communicator& comm) : comm_(comm) {}
-  int size() const override { return comm_.size(); }
-  int rank() const override { return comm_.rank(); }
+  explicit CommunicatorExchange(Communicator& comm) : CommunicatorExchange(comm, comm) {}
+  CommunicatorExchange(Communicator& control, Communicator& data) : control_(control), data_(data) {}
+  int size() const override { return control_.size(); }
+  int rank() const override { return control_.rank(); }
   void exchange_counts(const int64_t* send, int64_t* recv, int64_t n) override {
     const Timer timer(blocked_s_);
-    comm_.alltoall(send, recv, n);
+    control_.alltoall(send, recv, n);
   }
   std::unique_ptr<ExchangeHandle> start_counts(const int64_t* send, int64_t* recv, int64_t n) override {
     const Timer timer(blocked_s_);
-    const std::vector<int64_t> counts(size_t(comm_.size()), n);  // read before ialltoallv returns
-    return std::make_unique<RequestHandle>(comm_.ialltoallv(send, counts.data(), recv, counts.data()), blocked_s_);
+    const std::vector<int64_t> counts(size_t(control_.size()), n);  // read before ialltoallv returns
+    return std::make_unique<RequestHandle>(control_.ialltoallv(send, counts.data(), recv, counts.data()), blocked_s_);
   }
   std::unique_ptr<ExchangeHandle> start(const float* send, const int64_t* send_counts, float* recv,
                                         const int64_t* recv_counts) override {
     const Timer timer(blocked_s_);
-    return std::make_unique<RequestHandle>(comm_.ialltoallv(send, send_counts, recv, recv_counts), blocked_s_);
+    return std::make_unique<RequestHandle>(data_.ialltoallv(send, send_counts, recv, recv_counts), blocked_s_);
   }
   // Seconds held up in the exchange since the last reset.
   double blocked_seconds() const { return blocked_s_; }
@@ -81,23 +105,27 @@ class CommunicatorExchange final : public ExpertExchange {
     std::unique_ptr<Request> request;  // destroying it waits
     double& blocked_s;
   };
-  Communicator& comm_;
+  Communicator& control_;
+  Communicator& data_;
   double blocked_s_ = 0;
 };
 
-// The MoE layer's collectives over the ranks sharing a routing group (the tp group).
+// The MoE layer's collectives over the ranks sharing a routing group (the tp group): the all-gather of
+// router rows moves backend memory (data plane), the sum of gate-weight gradients host memory (control plane).
 class CommunicatorTokenGroup final : public TokenGroup {
  public:
-  explicit CommunicatorTokenGroup(Communicator& comm) : comm_(comm) {}
-  int size() const override { return comm_.size(); }
-  int rank() const override { return comm_.rank(); }
-  void allgather(const float* local, float* full, int64_t count) override { comm_.allgather(local, full, count); }
-  void allgather(const double* local, double* full, int64_t count) override { comm_.allgather(local, full, count); }
-  void allreduce_sum(float* data, int64_t count) override { comm_.allreduce_sum(data, count); }
-  void allreduce_sum(double* data, int64_t count) override { comm_.allreduce_sum(data, count); }
+  explicit CommunicatorTokenGroup(Communicator& comm) : CommunicatorTokenGroup(comm, comm) {}
+  CommunicatorTokenGroup(Communicator& control, Communicator& data) : control_(control), data_(data) {}
+  int size() const override { return control_.size(); }
+  int rank() const override { return control_.rank(); }
+  void allgather(const float* local, float* full, int64_t count) override { data_.allgather(local, full, count); }
+  void allgather(const double* local, double* full, int64_t count) override { data_.allgather(local, full, count); }
+  void allreduce_sum(float* data, int64_t count) override { control_.allreduce_sum(data, count); }
+  void allreduce_sum(double* data, int64_t count) override { control_.allreduce_sum(data, count); }
 
  private:
-  Communicator& comm_;
+  Communicator& control_;
+  Communicator& data_;
 };
 
 }  // namespace moe

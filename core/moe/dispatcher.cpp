@@ -83,23 +83,24 @@ void ExpertDispatcher<T>::reorder(const ExchangePlan& p, const T* from, T* to, i
 template <typename T>
 void ExpertDispatcher<T>::start_dispatch(const ExchangePlan& p, const T* token_rows, int64_t width,
                                          RowsInFlight<T>& rows) {
-  rows.staging.resize(size_t(p.received * width));
-  rows.handle = start_rows(token_rows, p.send_rows, rows.staging.data(), p.recv_rows, width);
+  backend_.reserve(rows.staging, dtype_of<T>(), p.received * width);
+  rows.handle = start_rows(token_rows, p.send_rows, rows.staging.template data<T>(), p.recv_rows, width);
 }
 
 template <typename T>
 void ExpertDispatcher<T>::finish_dispatch(const ExchangePlan& p, RowsInFlight<T>& rows, T* expert_rows, int64_t width) {
   if (rows.handle) rows.handle->wait();
   rows.handle.reset();
-  reorder(p, rows.staging.data(), expert_rows, width, true);
+  reorder(p, rows.staging.template data<T>(), expert_rows, width, true);
 }
 
 template <typename T>
 void ExpertDispatcher<T>::start_combine(const ExchangePlan& p, const T* expert_rows, T* token_rows, int64_t width,
                                         RowsInFlight<T>& rows) {
-  rows.staging.resize(size_t(p.received * width));
-  reorder(p, expert_rows, rows.staging.data(), width, false);
-  rows.handle = start_rows(rows.staging.data(), p.recv_rows, token_rows, p.send_rows, width);  // counts swapped
+  backend_.reserve(rows.staging, dtype_of<T>(), p.received * width);
+  reorder(p, expert_rows, rows.staging.template data<T>(), width, false);
+  rows.handle =
+      start_rows(rows.staging.template data<T>(), p.recv_rows, token_rows, p.send_rows, width);  // counts swapped
 }
 
 template <typename T>
@@ -112,19 +113,19 @@ void ExpertDispatcher<T>::finish_combine(RowsInFlight<T>& rows) {
 template <typename T>
 void ExpertDispatcher<T>::dispatch(const ExchangePlan& p, const T* token_rows, T* expert_rows, int64_t width) {
   RowsInFlight<T> rows;
-  rows.staging.swap(buffer_);
+  rows.staging = std::move(buffer_);
   start_dispatch(p, token_rows, width, rows);
   finish_dispatch(p, rows, expert_rows, width);
-  buffer_.swap(rows.staging);
+  buffer_ = std::move(rows.staging);
 }
 
 template <typename T>
 void ExpertDispatcher<T>::combine(const ExchangePlan& p, const T* expert_rows, T* token_rows, int64_t width) {
   RowsInFlight<T> rows;
-  rows.staging.swap(buffer_);
+  rows.staging = std::move(buffer_);
   start_combine(p, expert_rows, token_rows, width, rows);
   finish_combine(rows);
-  buffer_.swap(rows.staging);
+  buffer_ = std::move(rows.staging);
 }
 
 template class ExpertDispatcher<float>;

@@ -28,7 +28,7 @@ struct ExchangePlan {
 template <typename T>
 struct RowsInFlight {
   std::unique_ptr<ExchangeHandle> handle;  // null when nothing travels (one expert-parallel rank)
-  std::vector<T> staging;                  // rows in source-major order: received (dispatch) or sent (combine)
+  Buffer staging;  // backend memory: rows in source-major order, received (dispatch) or sent (combine)
 };
 
 template <typename T>
@@ -72,7 +72,7 @@ class ExpertDispatcher {
   Backend& backend_;
   int64_t experts_, ep_size_;
   ExpertExchange* exchange_ = nullptr;
-  std::vector<T> buffer_;  // staging of the blocking forms, kept between calls
+  Buffer buffer_;  // staging of the blocking forms, kept between calls
 };
 
 }  // namespace moe

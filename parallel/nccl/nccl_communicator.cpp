@@ -71,6 +71,43 @@ class NcclRequest final : public Request {
   bool waited_ = false;
 };
 
+// Point-to-point transfers issued but not yet handed to NCCL: they go to NCCL together, as one group, when
+// one of their requests is tested or waited for, or before any other operation of the communicator. So a
+// send followed by a receive runs as one group, as Megatron-Core batches a pipeline stage's send and
+// receive: NCCL's sends and receives issued one by one on a stream block it until the peer's matching call
+// runs, and two neighbours that each send first would wait for each other.
+struct PendingBatch {
+  struct Transfer {
+    bool send = false;
+    void* data = nullptr;
+    size_t count = 0;
+    ncclDataType_t type = ncclFloat32;
+    int peer = 0;
+  };
+  std::vector<Transfer> transfers;
+  cudaEvent_t done = nullptr;  // recorded when the batch is issued
+  ~PendingBatch() {
+    if (done) cudaEventDestroy(done);
+  }
+};
+
+class NcclCommunicator;
+
+// A send or receive of a batch: the batch is issued when the request is first tested or waited for.
+class NcclTransferRequest final : public Request {
+ public:
+  NcclTransferRequest(NcclCommunicator& comm, std::shared_ptr<PendingBatch> batch)
+      : comm_(comm), batch_(std::move(batch)) {}
+  ~NcclTransferRequest() override;
+  bool test() override;
+  void wait() override;
+
+ private:
+  NcclCommunicator& comm_;
+  std::shared_ptr<PendingBatch> batch_;
+  bool waited_ = false;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(Communicator& control, cudaStream_t compute);
@@ -117,12 +154,10 @@ class NcclCommunicator final : public Communicator {
     irecv(data, count, dtype, peer, tag)->wait();
   }
   std::unique_ptr<Request> isend(const void* data, int64_t count, DType dtype, int peer, int) override {
-    return enqueue("send",
-                   [&](cudaStream_t s) { return ncclSend(data, size_t(count), nccl_type(dtype), peer, comm_, s); });
+    return defer(true, const_cast<void*>(data), count, dtype, peer);
   }
   std::unique_ptr<Request> irecv(void* data, int64_t count, DType dtype, int peer, int) override {
-    return enqueue("receive",
-                   [&](cudaStream_t s) { return ncclRecv(data, size_t(count), nccl_type(dtype), peer, comm_, s); });
+    return defer(false, data, count, dtype, peer);
   }
   void sendrecv_bytes(const void* send, int64_t send_bytes, int dest, void* recv, int64_t recv_bytes, int source,
                       int) override;
@@ -133,18 +168,33 @@ class NcclCommunicator final : public Communicator {
   }
   // Every rank's queued work, communication and compute, done; then the ranks meet on the control plane.
   void barrier() override {
+    flush();
     MOE_CUDART_CHECK(cudaStreamSynchronize(compute_));
     MOE_CUDART_CHECK(cudaStreamSynchronize(stream_));
     control_.barrier();
   }
 
  private:
-  // Runs `issue` on the communicator's stream after the compute stream's queued work; the request completes
-  // with it.
-  template <typename Issue>
-  std::unique_ptr<Request> enqueue(const char* what, Issue issue) {
+  friend class NcclTransferRequest;
+  // Issues the pending point-to-point transfers as one NCCL group (nothing when there are none).
+  void flush();
+  cudaStream_t compute_stream() const { return compute_; }
+  std::unique_ptr<Request> defer(bool send, void* data, int64_t count, DType dtype, int peer) {
+    if (!pending_) pending_ = std::make_shared<PendingBatch>();
+    pending_->transfers.push_back({send, data, size_t(count), nccl_type(dtype), peer});
+    return std::make_unique<NcclTransferRequest>(*this, pending_);
+  }
+  // After the compute stream's queued work, the communicator's stream runs what follows.
+  void follow_compute() {
     MOE_CUDART_CHECK(cudaEventRecord(ready_, compute_));
     MOE_CUDART_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+  }
+  // Runs `issue` on the communicator's stream after the compute stream's queued work and after the pending
+  // transfers; the request completes with it.
+  template <typename Issue>
+  std::unique_ptr<Request> enqueue(const char* what, Issue issue) {
+    flush();
+    follow_compute();
     MOE_NCCL_CHECK(issue(stream_), what << " on communicator '" << name_ << "'");
     cudaEvent_t done = nullptr;
     MOE_CUDART_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
@@ -155,6 +205,7 @@ class NcclCommunicator final : public Communicator {
   Communicator& control_;
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
+  std::shared_ptr<PendingBatch> pending_;  // transfers not yet issued
   ncclComm_t comm_ = nullptr;
   int rank_ = 0, size_ = 1;
   std::string name_;
@@ -172,10 +223,56 @@ NcclCommunicator::NcclCommunicator(Communicator& control, cudaStream_t compute)
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  try {
+    flush();
+  } catch (const std::exception&) {  // a destructor does not throw; the job is failing already
+  }
   cudaStreamSynchronize(stream_);
   ncclCommDestroy(comm_);
   cudaEventDestroy(ready_);
   cudaStreamDestroy(stream_);
+}
+
+void NcclCommunicator::flush() {
+  if (!pending_) return;
+  const std::shared_ptr<PendingBatch> batch = std::move(pending_);
+  pending_.reset();
+  follow_compute();
+  ncclResult_t status = ncclGroupStart();
+  for (const PendingBatch::Transfer& t : batch->transfers) {
+    if (status != ncclSuccess) break;
+    status = t.send ? ncclSend(t.data, t.count, t.type, t.peer, comm_, stream_)
+                    : ncclRecv(t.data, t.count, t.type, t.peer, comm_, stream_);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  MOE_NCCL_CHECK(status != ncclSuccess ? status : end, batch->transfers.size()
+                                                           << " sends and receives on communicator '" << name_ << "'");
+  MOE_CUDART_CHECK(cudaEventCreateWithFlags(&batch->done, cudaEventDisableTiming));
+  MOE_CUDART_CHECK(cudaEventRecord(batch->done, stream_));
+}
+
+NcclTransferRequest::~NcclTransferRequest() {
+  if (waited_) return;
+  try {
+    wait();  // destroying a request waits for it
+  } catch (const std::exception&) {
+  }
+}
+
+bool NcclTransferRequest::test() {
+  if (!batch_->done) comm_.flush();
+  const cudaError_t status = cudaEventQuery(batch_->done);
+  if (status == cudaErrorNotReady) return false;
+  MOE_CUDART_CHECK(status);
+  wait();
+  return true;
+}
+
+void NcclTransferRequest::wait() {
+  if (waited_) return;
+  if (!batch_->done) comm_.flush();
+  MOE_CUDART_CHECK(cudaStreamWaitEvent(comm_.compute_stream(), batch_->done, 0));
+  waited_ = true;
 }
 
 // One NCCL group of sends and receives, one pair per peer (nccl_plan.h); this rank's own block is a copy.

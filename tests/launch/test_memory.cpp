@@ -66,7 +66,7 @@ TEST(MemoryEstimate, MoeModelExactAtConstructionRoutedRowsWithinTenPercent) {
     ASSERT_GT(routed, 0);
     EXPECT_LE(std::abs(double(e.routed_rows - routed)), 0.1 * double(routed))
         << "estimated " << e.routed_rows << " bytes of routed rows, allocated " << routed;
-    EXPECT_GT(e.communication, 0) << "the all-to-all's host staging of received rows";
+    EXPECT_GT(e.communication, 0) << "the all-to-all's staging of received rows";
   }
 }
 
