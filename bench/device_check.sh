@@ -10,9 +10,10 @@
 #                                            unpacks, finds cuBLAS in the machine's Python wheels, runs the
 #                                            checks and writes OUT_DIR/device_check.json (OUT_DIR: $OUT or .)
 #
-# What it checks: the device is seen; the CUDA backend's host-side tests; the op conformance suites with the
-# cuda backend beside the cpu one (every op in fp32 and fp64 against the CPU reference; bf16 GEMMs, grouped
-# GEMMs and attention against the GEMMs of the rounded operands); the MoE layer on cuda routing exactly as on
+# What it checks: the device is seen; the CUDA backend's host-side tests; NCCL on one rank (every collective,
+# grouped sends and receives); the op conformance suites with the cuda backend beside the cpu one (every op
+# in fp32 and fp64 against the CPU reference; bf16 GEMMs, grouped GEMMs and attention against the GEMMs of
+# the rounded operands); the MoE layer on cuda routing exactly as on
 # the cpu (drop, reroute, dense fallback; Gumbel noise) with outputs and gradients within fp32 tolerance;
 # bench_cuda's cuBLAS bf16 and fp32 GEMM peaks and the backend's gemm and grouped expert GEMM against them at
 # both precisions; 20 steps of configs/tiny_moe.json on one rank on cuda against cpu, in fp32 (each step's
@@ -21,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-programs=(test_core_cuda_host test_core_ops test_core_moe_ops test_core_gemm_precision test_core_moe_backends)
+programs=(test_core_cuda_host test_core_ops test_core_moe_ops test_core_gemm_precision test_core_moe_backends test_nccl_plan)
 
 pack() {
   local build=${1:-build}
@@ -56,7 +57,7 @@ run() {
   local root=/tmp/moe-device
   mkdir -p "$out" && rm -rf "$root" && mkdir -p "$root"
   tar -C "$root" -xJf .device/pack.tar.xz
-  export LD_LIBRARY_PATH="$root/lib:$(wheel_lib nvidia.cublas):$(wheel_lib nvidia.cuda_runtime):${LD_LIBRARY_PATH:-}"
+  export LD_LIBRARY_PATH="$root/lib:$(wheel_lib nvidia.cublas):$(wheel_lib nvidia.cuda_runtime):$(wheel_lib nvidia.nccl):${LD_LIBRARY_PATH:-}"
   export OMP_NUM_THREADS=8
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1 || true
   local status=()
@@ -105,7 +106,8 @@ for s in statuses:
     report["programs"][name] = entry
 # Passed: every program green, and the conformance suites really ran on the cuda backend (not only the cpu's).
 ran_on_gpu = all(report["programs"][p].get("cuda_cases", 0) > 0 for p in ("test_core_ops", "test_core_moe_ops")) and \
-    not report["programs"]["test_core_moe_backends"].get("skipped")
+    not report["programs"]["test_core_moe_backends"].get("skipped") and \
+    not report["programs"]["test_nccl_plan"].get("skipped")
 # Training: each step's loss on cuda against cpu (fp32 sums in another order: the curves drift apart slowly; in
 # bf16 a value near a rounding boundary can round the other way too).
 def losses(name):

@@ -79,8 +79,8 @@ std::vector<KeySpec> train_keys() {
       integer("train.seq_len", 128, at_least(2), "tokens per training sequence"),
       choice("train.device", "cpu", {"cpu", "cuda"},
              "where the model computes: `cpu` (OpenBLAS + OpenMP) or `cuda` (the CUDA backend, docs/gpu.md; one GPU "
-             "per rank, each rank on its node's device local_rank mod the devices it sees; data, expert and pipeline "
-             "parallelism over NCCL, tensor parallelism refused for now)"),
+             "per rank, each rank on its node's device local_rank mod the devices it sees; every parallel dimension's "
+             "backend memory over NCCL)"),
       choice("train.precision", "fp32", {"fp32", "bf16"},
              "what GEMMs (projections, experts, head, attention's products) read their operands as: `fp32`, or "
              "`bf16` (each operand rounded to bf16, products summed in fp32: tensor cores on a GPU, emulated on the "

@@ -15,6 +15,7 @@
 #include "launch/memory.h"
 #include "parallel/nccl_communicator.h"
 #include "parallel/plane_check.h"
+#include "parallel/self_communicator.h"
 #include "parallel/tp_layers.h"
 
 namespace moe {
@@ -120,7 +121,7 @@ void build_model(Trainer& t) {
   const auto [first, last] = stage_layers(shape.layers, pp, config.parallel.pp_layers)[size_t(stage)];
   const StageSpec spec = pp > 1 ? StageSpec{first, last, stage == 0, stage == pp - 1} : StageSpec{};
   const int slots = pp > 1 ? int(pipeline_slots(PipeSchedule::OneFOneB, pp, stage, t.micro_batches())) : 1;
-  const TpContext tp{t.groups.tp.get(), config.parallel.sequence_parallel};
+  const TpContext tp{t.groups.data.tp, config.parallel.sequence_parallel, t.groups.tp.get()};
   const MoeSettingsOf moe_of = moe_layers(config, t.groups);
   t.model = std::make_unique<Model<float>>(
       t.backend, shape, tc.seq_len, tc.micro_batch, RecomputeSpec(mode, tc.recompute_layers),
@@ -149,21 +150,6 @@ void build_model(Trainer& t) {
                                                            t.micro_batches(), tc.micro_batch, tc.seq_len);
 }
 
-// Tensor parallelism's layers (parallel/tp_mappings.cpp, vocab_parallel.cpp) still move activations through
-// host memory: on a device (or the memory-checking backend that stands for one) they are refused.
-void refuse_unplaced_parallelism(const Config& config, int64_t world_size) {
-  const bool device = config.train.device == "cuda" || device_memory_check_requested();
-  if (!device || world_size == 1) return;
-  const char* where = config.train.device == "cuda" ? "train.device = \"cuda\"" : "MOE_CHECK_DEVICE_MEMORY=1";
-  for (const auto& [key, value] :
-       {std::pair{"parallel.tp", config.parallel.tp}, std::pair{"parallel.expert_tp", config.parallel.expert_tp}})
-    if (value > 1)
-      MOE_BAD_INPUT(key << " = " << value << " with " << where
-                        << ": tensor parallelism's layers move activations through host memory in this build, so "
-                           "they run on the CPU backend only; on GPUs use data, expert and pipeline parallelism ("
-                        << key << " = 1), or set train.device = \"cpu\"");
-}
-
 }  // namespace
 
 bool device_memory_check_requested() {
@@ -182,8 +168,12 @@ void attach_planes(ProcessGroups& groups, Backend& backend) {
     return;
   }
   if (backend.memory_is_host()) return;
-  // One NCCL communicator per group, made on every rank in the same order (each is collective over its group).
-  attach_data_plane(groups, [&](Communicator& c) { return make_nccl_communicator(c, backend); });
+  // One NCCL communicator per group of two or more, made on every rank in the same order (each is collective
+  // over its group); a group of one copies through the backend.
+  attach_data_plane(groups, [&](Communicator& c) -> std::unique_ptr<Communicator> {
+    if (c.size() == 1) return std::make_unique<SelfCommunicator>(c.name(), &backend);
+    return make_nccl_communicator(c, backend);
+  });
 }
 
 CheckedConfig load_checked_config(const TrainOptions& options, int64_t world_size) {
@@ -208,7 +198,6 @@ CheckedConfig load_checked_config(const TrainOptions& options, int64_t world_siz
                                           << "), fewer than the parallel.pp = " << pp << " pipeline stages; at least "
                                           << pp << " are needed to fill the pipeline: raise train.global_batch to "
                                           << pp * dp * tc.micro_batch << " or more, or lower train.micro_batch");
-  refuse_unplaced_parallelism(config, world_size);
   // Host memory holds the model on the CPU backend; on a GPU the device's memory does (not checked yet).
   if (tc.device == "cpu") check_memory(config, grid);
   return {std::move(config), std::move(grid)};

@@ -70,7 +70,7 @@ void scatter_totals(const StepTotals& totals, Trainer& t) {
 void sum_partial_gradients_over_tp(Trainer& t) {
   if (t.groups.tp->size() == 1) return;
   const auto span = t.tracer.span("tensor-parallel gradient reduction", "communication");
-  reduce_partial_over_tp(t.model->table(), t.model->grads(), *t.groups.tp);
+  reduce_partial_over_tp(t.model->table(), t.model->grads(), *t.groups.data.tp);
 }
 
 // The owned segments' parts that lie in tensors split over the tensor-parallel group by either split

@@ -1,5 +1,6 @@
 // The communicator of a group of one: every collective is a copy or nothing. A single process started
-// without mpirun trains through the same code as a multi-rank job, over these.
+// without mpirun trains through the same code as a multi-rank job, over these; on the CUDA backend a
+// data-plane group of one is one of these copying through the backend (no NCCL communicator for it).
 #pragma once
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "core/backend/backend.h"
 #include "core/error.h"
 #include "parallel/communicator.h"
 
@@ -14,7 +16,8 @@ namespace moe {
 
 class SelfCommunicator final : public Communicator {
  public:
-  explicit SelfCommunicator(std::string name) : name_(std::move(name)) {}
+  // With a backend its copies are the backend's (for buffers in its memory: a data-plane group of one).
+  explicit SelfCommunicator(std::string name, Backend* backend = nullptr) : name_(std::move(name)), backend_(backend) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string name() const override { return name_; }
@@ -54,7 +57,7 @@ class SelfCommunicator final : public Communicator {
   void sendrecv_bytes(const void* send, int64_t send_bytes, int, void* recv, int64_t recv_bytes, int, int) override {
     MOE_CHECK(send_bytes == recv_bytes,
               "sendrecv with itself: " << send_bytes << " bytes sent, " << recv_bytes << " expected");
-    std::copy_n(static_cast<const char*>(send), send_bytes, static_cast<char*>(recv));
+    copy(send, recv, send_bytes, DType::U8);
   }
   void broadcast(void*, int64_t, DType, int) override {}
   void barrier() override {}
@@ -64,10 +67,16 @@ class SelfCommunicator final : public Communicator {
     bool test() override { return true; }
     void wait() override {}
   };
-  static void copy(const void* from, void* to, int64_t count, DType dtype) {
-    if (count > 0 && from != to) std::memcpy(to, from, static_cast<size_t>(count) * dtype_size(dtype));
+  void copy(const void* from, void* to, int64_t count, DType dtype) {
+    if (count <= 0 || from == to) return;
+    const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
+    if (backend_)
+      backend_->copy(to, from, bytes);
+    else
+      std::memcpy(to, from, bytes);
   }
   std::string name_;
+  Backend* backend_ = nullptr;
 };
 
 }  // namespace moe

@@ -223,7 +223,7 @@ void VocabParallelHead<T>::forward(const T* xo, const int32_t* targets, T* losse
   T* logits = acts;
   T* lse = logits + N * Vl_;
   ops_.gemm(false, false, N, Vl_, D_, T(1), xg, D_, weight_, Vl_, T(0), logits, Vl_);
-  tp::vocab_parallel_cross_entropy_forward(*tp_.comm, logits, targets, losses, lse, N, Vl_);
+  tp::vocab_parallel_cross_entropy_forward(backend_, tp_.host(), logits, targets, losses, lse, N, Vl_);
 }
 
 template <typename T>
@@ -234,7 +234,7 @@ void VocabParallelHead<T>::backward(const T* xo, const int32_t* targets, T scale
   T* dlogits = scratch;                                                  // (N, Vl)
   T* dxg = scratch + N * Vl_;                                            // (N, D)
   const T* xg = whole_rows(tp_, xo, scratch + N * Vl_ + N * D_, N, D_);  // (N, D) under sequence parallelism
-  tp::vocab_parallel_cross_entropy_backward(*tp_.comm, logits, targets, lse, scale, dlogits, N, Vl_);
+  tp::vocab_parallel_cross_entropy_backward(backend_, tp_.host(), logits, targets, lse, scale, dlogits, N, Vl_);
   ops_.gemm(true, false, D_, Vl_, N, T(1), xg, D_, dlogits, Vl_, T(1), grad_, Vl_);     // dW += xg^T dlogits
   ops_.gemm(false, true, N, D_, Vl_, T(1), dlogits, Vl_, weight_, Vl_, T(0), dxg, D_);  // partial dxg
   summed_rows(tp_, ops_, dxg, dxo, N, D_);

@@ -89,6 +89,17 @@ class Ops {
   virtual void cross_entropy_backward(const T* logits, const int32_t* targets, T scale, T* dlogits, int64_t N,
                                       int64_t V) = 0;
 
+  // Cross-entropy over a vocabulary split over ranks (parallel/vocab_parallel.h), on this rank's block of V
+  // logits per row, vocabulary ids [first, first + V). row_max (N, double): each row's largest logit.
+  virtual void logits_row_max(const T* logits, int64_t N, int64_t V, double* row_max) = 0;
+  // sums (2 N, double): [0, N) each row's sum of exp(logit - row_max) over the block; [N, 2 N) the target's
+  // logit where the block holds the row's target, else 0.
+  virtual void logits_sum_exp(const T* logits, const int32_t* targets, int64_t first, const double* row_max,
+                              double* sums, int64_t N, int64_t V) = 0;
+  // dlogits = exp(logit - lse) * scale, less scale at the target's column where the block holds it (written).
+  virtual void logits_softmax_backward(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
+                                       T* dlogits, int64_t N, int64_t V) = 0;
+
   // y += x over n (the residual stream).
   virtual void add_inplace(T* y, const T* x, int64_t n) = 0;
   // y = a + b over n.

@@ -63,7 +63,9 @@ TEST_P(GemmPrecisionTest, Bf16GemmIsTheGemmOfRoundedOperands) {
                              rc.data<double>(), N);
         const std::vector<double> got = get<float>(b, c16);
         expect_close<float>("bf16 gemm", got, get<double>(r, rc), K);
-        if (GetParam().name == "cpu") EXPECT_EQ(got, get<float>(b, c32)) << "cpu: the sgemm of the rounded operands";
+        if (GetParam().name == "cpu") {
+          EXPECT_EQ(got, get<float>(b, c32)) << "cpu: the sgemm of the rounded operands";
+        }
       }
 }
 
@@ -92,7 +94,9 @@ TEST_P(GemmPrecisionTest, Bf16GroupedGemmIsTheGroupedGemmOfRoundedOperands) {
                                    rb.data<double>(), 1.0, rc.data<double>());
       const std::vector<double> got = get<float>(b, c16);
       expect_close<float>("bf16 grouped gemm", got, get<double>(r, rc), trans_a ? rows : K);
-      if (GetParam().name == "cpu") EXPECT_EQ(got, get<float>(b, c32)) << "cpu: the grouped sgemm of rounded operands";
+      if (GetParam().name == "cpu") {
+        EXPECT_EQ(got, get<float>(b, c32)) << "cpu: the grouped sgemm of rounded operands";
+      }
     }
 }
 

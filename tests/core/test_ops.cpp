@@ -134,11 +134,39 @@ void loss_cases(Backend& b) {
   expect_close<T>("embedding backward", got[3], ref[3], 3);
 }
 
+// The vocabulary-parallel cross-entropy's parts on a block of V columns holding ids [first, first + V): some
+// rows' targets inside the block, some outside.
+template <typename T>
+void vocab_block_cases(Backend& b) {
+  Backend& r = reference();
+  const int64_t N = 13, V = 96, first = 64;
+  const auto Z = randn(N * V, "zb", 4.0), lse = randn(N, "lse", 1.0);
+  std::vector<int32_t> targets(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) targets[size_t(i)] = int32_t((i * 29) % 256);
+  auto run = [&](Backend& be, auto zero) {
+    using U = decltype(zero);
+    Ops<U>& o = be.ops<U>();
+    Buffer z = put<U>(be, Z), tg = put_index(be, targets), l = put<U>(be, lse);
+    Buffer row_max = be.allocate(DType::F64, N), sums = be.allocate(DType::F64, 2 * N),
+           dz = be.allocate(dtype_of<U>(), N * V);
+    o.logits_row_max(z.data<U>(), N, V, row_max.data<double>());
+    o.logits_sum_exp(z.data<U>(), tg.data<int32_t>(), first, row_max.data<double>(), sums.data<double>(), N, V);
+    o.logits_softmax_backward(z.data<U>(), tg.data<int32_t>(), first, l.data<U>(), U(0.1), dz.data<U>(), N, V);
+    return std::array<std::vector<double>, 3>{be.download<double>(row_max), be.download<double>(sums), get<U>(be, dz)};
+  };
+  const auto got = run(b, T(0)), ref = run(r, 0.0);
+  expect_close<T>("logits row maxima", got[0], ref[0], 1);
+  expect_close<T>("logits sum of exponentials", got[1], ref[1], V);
+  expect_close<T>("logits softmax backward", got[2], ref[2], 1);
+}
+
 TEST_P(Conformance, AttentionAndLoss) {
   attention_cases<float>(backend());
   attention_cases<double>(backend());
   loss_cases<float>(backend());
   loss_cases<double>(backend());
+  vocab_block_cases<float>(backend());
+  vocab_block_cases<double>(backend());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(backends()),

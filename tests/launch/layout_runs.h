@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +67,15 @@ inline RunOutput train_on(int ranks, const std::vector<std::string>& overrides, 
   world->barrier();
   return run;
 }
+
+// While it lives, `moe train` in this process trains on the memory-checking backend (MOE_CHECK_DEVICE_MEMORY=1,
+// docs/gpu.md "Training on several GPUs").
+struct DeviceMemoryCheck {
+  DeviceMemoryCheck() { ::setenv("MOE_CHECK_DEVICE_MEMORY", "1", 1); }
+  ~DeviceMemoryCheck() { ::unsetenv("MOE_CHECK_DEVICE_MEMORY"); }
+  DeviceMemoryCheck(const DeviceMemoryCheck&) = delete;
+  DeviceMemoryCheck& operator=(const DeviceMemoryCheck&) = delete;
+};
 
 // The small MoE model the layout, resume and overlap tests train: 2 layers (one dense, one MoE), 4 experts
 // top-2, one sequence of 16 tokens per micro-batch, one thread, logged every step. Each test adds its steps,

@@ -1,9 +1,10 @@
 // Training as on GPUs, checked on the CPU (docs/gpu.md "Training on several GPUs"): with
 // MOE_CHECK_DEVICE_MEMORY=1 the backend's memory says it is not the host's (so every staging path of the
 // CUDA backend runs) and both planes check what they carry: backend memory only over the data plane (NCCL on
-// GPUs), host memory only over the control plane (MPI). Data, expert and pipeline parallelism with ZeRO, the
-// expert all-to-all's overlap and a checkpoint resume run so on 4 ranks, and give the same bits as the plain
-// CPU run. Tensor parallelism, whose layers still move activations through host memory, is refused.
+// GPUs), host memory only over the control plane (MPI). Data, expert, tensor (with and without sequence
+// parallelism, and over the experts' hidden width) and pipeline parallelism with ZeRO, the expert all-to-all's
+// overlap, the routing techniques and a checkpoint resume run so on 4 ranks, and give the same bits as the
+// plain CPU run. tests/launch/test_four_dimensions.cpp composes all four under the check on 8 ranks.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -11,19 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
 #include "layout_runs.h"
 
 namespace moe {
 namespace {
 using namespace test_support;
 namespace fs = std::filesystem;
-
-// While it lives, `moe train` in this process trains on the memory-checking backend.
-struct DeviceMemoryCheck {
-  DeviceMemoryCheck() { ::setenv("MOE_CHECK_DEVICE_MEMORY", "1", 1); }
-  ~DeviceMemoryCheck() { ::unsetenv("MOE_CHECK_DEVICE_MEMORY"); }
-};
 
 std::vector<std::string> overrides(const std::vector<std::string>& extra) {
   std::vector<std::string> o =
@@ -90,29 +84,20 @@ TEST(DevicePlanes, ResumesBitForBit) {
   }
 }
 
-TEST(DevicePlanes, TensorParallelismIsRefusedOnDeviceMemory) {
-  const fs::path root = shared_temp_root("moe_planes_", "tp");
-  const DeviceMemoryCheck check;
-  auto world = MpiCommunicator::world();
-  std::unique_ptr<Communicator> two = world->split(world->rank() < 2 ? 0 : -1, world->rank(), "world");
-  if (two) {
-    TrainOptions o;
-    o.config_path = std::string(MOE_SOURCE_DIR) + "/configs/tiny_moe.json";
-    o.overrides = overrides({"parallel.tp=2"});
-    o.run_dir = (root / "run").string();
-    o.quiet = true;
-    try {
-      run_train(o, std::move(two));
-      ADD_FAILURE() << "tp 2 on device memory trained";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::BadInput);
-      EXPECT_NE(std::string(e.what()).find("parallel.tp = 2 with MOE_CHECK_DEVICE_MEMORY=1"), std::string::npos)
-          << e.what();
-    }
-    EXPECT_FALSE(fs::exists(root / "run" / "metrics.jsonl")) << "nothing written";
-  }
-  world->barrier();
-  if (world->rank() == 0) fs::remove_all(root.parent_path());
+// Tensor parallelism: heads, hidden units and the vocabulary split over 2 ranks with sequence parallelism
+// beside expert parallelism; the experts' hidden width split without it; and beside 2 pipeline stages.
+TEST(DevicePlanes, TensorParallelWithSequenceParallelismBesideExpertParallelism) {
+  expect_planes_keep_the_bits({"parallel.tp=2", "model.heads=4", "parallel.ep=2", "optim.zero=true"}, "tp2_ep2");
+}
+
+TEST(DevicePlanes, ExpertTensorParallelWithoutSequenceParallelism) {
+  expect_planes_keep_the_bits({"parallel.tp=2", "model.heads=4", "parallel.expert_tp=2",
+                               "parallel.sequence_parallel=false", "moe.capacity_factor=0.75"},
+                              "tp2_etp2");
+}
+
+TEST(DevicePlanes, TensorParallelBesidePipelineStages) {
+  expect_planes_keep_the_bits({"parallel.tp=2", "model.heads=4", "parallel.pp=2"}, "tp2_pp2");
 }
 
 }  // namespace

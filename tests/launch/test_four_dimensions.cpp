@@ -2,7 +2,8 @@
 // ZeRO reproduces the serial run (routing counts identical every step), and so do 4 pipeline stages beside
 // ep 2 and dp 2; a run stopped and resumed at the 8-rank layout equals the uninterrupted one bit for bit; a
 // checkpoint written at pp 2 x tp 2 x dp 2 resumes on one rank and at pp 4; the trace of a pipelined step
-// shows each rank's micro-batches, waits and all-to-alls. Runs under mpirun -np 8, oversubscribed.
+// shows each rank's micro-batches, waits and all-to-alls; under the device memory check (training as on GPUs)
+// the 8-rank layout gives the same bits. Runs under mpirun -np 8, oversubscribed.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -109,6 +110,23 @@ TEST(FourDimensions, EveryCompositionEqualsTheSerialRun) {
   if (world->rank() == 0) {
     expect_equivalent(serial4, pp4, "pp4");
     expect_equivalent(serial4, pp4_ep2, "pp4 ep2 dp2 zero");
+    if (!::testing::Test::HasFailure()) fs::remove_all(tmp.parent_path());
+  }
+}
+
+// The four dimensions as on GPUs (MOE_CHECK_DEVICE_MEMORY=1, docs/gpu.md): backend memory only over the data
+// plane, host memory only over the control plane, and the same bits as the plain CPU run.
+TEST(FourDimensions, UnderTheDeviceMemoryCheckTheSameBits) {
+  const fs::path tmp = shared_temp_root("moe_4d_", "planes");
+  const std::vector<std::string> config = with(model_overrides(2, 6), k4d);
+  const RunOutput plain = train_on(8, config, (tmp / "plain").string());
+  RunOutput checked;
+  {
+    const DeviceMemoryCheck check;
+    checked = train_on(8, config, (tmp / "checked").string());
+  }
+  if (MpiCommunicator::world()->rank() == 0) {
+    expect_bitwise_equal(plain, checked, "tp2 pp2 ep2 dp2 zero under the device memory check");
     if (!::testing::Test::HasFailure()) fs::remove_all(tmp.parent_path());
   }
 }

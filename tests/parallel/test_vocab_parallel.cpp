@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/backend/backend.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/vocab_parallel.h"
 
@@ -13,6 +14,12 @@ namespace moe {
 namespace {
 
 constexpr int64_t N = 7, Vl = 5;
+
+// The CPU backend: its memory is the host's, so host vectors are its buffers here.
+Backend& cpu() {
+  static const std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  return *backend;
+}
 
 // The whole (N, V) logits, the same on every rank; targets cover every block.
 std::vector<float> full_logits(int64_t V) {
@@ -51,13 +58,13 @@ TEST(VocabParallel, LossesEqualTheWholeVocabularysOnEveryRank) {
   const std::vector<float> mine = block(z, V, tp->rank());
   std::vector<float> losses(static_cast<size_t>(N));
   std::vector<float> lse(static_cast<size_t>(N));
-  tp::vocab_parallel_cross_entropy_forward(*tp, mine.data(), t.data(), losses.data(), lse.data(), N, Vl);
+  tp::vocab_parallel_cross_entropy_forward(cpu(), *tp, mine.data(), t.data(), losses.data(), lse.data(), N, Vl);
   const std::vector<double> expected = serial_losses(z, t, V);
   for (int64_t n = 0; n < N; ++n) EXPECT_NEAR(losses[size_t(n)], expected[size_t(n)], 1e-6 * (1 + expected[size_t(n)]));
   // Backward: this rank's block of the whole vocabulary's gradient (softmax - onehot) * scale.
   const float scale = 0.25f;
   std::vector<float> d(static_cast<size_t>(N * Vl));
-  tp::vocab_parallel_cross_entropy_backward(*tp, mine.data(), t.data(), lse.data(), scale, d.data(), N, Vl);
+  tp::vocab_parallel_cross_entropy_backward(cpu(), *tp, mine.data(), t.data(), lse.data(), scale, d.data(), N, Vl);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t v = 0; v < Vl; ++v) {
       const int64_t g = tp->rank() * Vl + v;
@@ -81,7 +88,7 @@ TEST(VocabParallel, BackwardMatchesFiniteDifferences) {
     const std::vector<float> mine = block(whole, V, tp->rank());
     std::vector<float> losses(static_cast<size_t>(N));
     std::vector<float> lse(static_cast<size_t>(N));
-    tp::vocab_parallel_cross_entropy_forward(*tp, mine.data(), t.data(), losses.data(), lse.data(), N, Vl);
+    tp::vocab_parallel_cross_entropy_forward(cpu(), *tp, mine.data(), t.data(), losses.data(), lse.data(), N, Vl);
     double s = 0;
     for (float l : losses) s += double(l);
     return s;
@@ -89,9 +96,9 @@ TEST(VocabParallel, BackwardMatchesFiniteDifferences) {
   const std::vector<float> mine = block(z, V, tp->rank());
   std::vector<float> losses(static_cast<size_t>(N));
   std::vector<float> lse(static_cast<size_t>(N));
-  tp::vocab_parallel_cross_entropy_forward(*tp, mine.data(), t.data(), losses.data(), lse.data(), N, Vl);
+  tp::vocab_parallel_cross_entropy_forward(cpu(), *tp, mine.data(), t.data(), losses.data(), lse.data(), N, Vl);
   std::vector<float> d(static_cast<size_t>(N * Vl));
-  tp::vocab_parallel_cross_entropy_backward(*tp, mine.data(), t.data(), lse.data(), scale, d.data(), N, Vl);
+  tp::vocab_parallel_cross_entropy_backward(cpu(), *tp, mine.data(), t.data(), lse.data(), scale, d.data(), N, Vl);
   std::vector<float> grad(static_cast<size_t>(N * V), 0.0f);  // the whole gradient, gathered by sums
   for (int64_t n = 0; n < N; ++n)
     for (int64_t v = 0; v < Vl; ++v) grad[size_t(n * V + tp->rank() * Vl + v)] = d[size_t(n * Vl + v)];

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <vector>
 
@@ -187,6 +188,37 @@ class CpuOps final : public Ops<T> {
       const double lse = log_sum_exp(z, V);
       for (int64_t j = 0; j < V; ++j) d[j] = T(std::exp(double(z[j]) - lse) * double(scale));
       d[targets[i]] -= scale;
+    }
+  }
+
+  // Each row in column order, in double: the bits whatever the thread count.
+  void logits_row_max(const T* logits, int64_t N, int64_t V, double* row_max) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t v = 0; v < V; ++v) m = std::max(m, double(logits[n * V + v]));
+      row_max[n] = m;
+    }
+  }
+  void logits_sum_exp(const T* logits, const int32_t* targets, int64_t first, const double* row_max, double* sums,
+                      int64_t N, int64_t V) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t v = 0; v < V; ++v) s += std::exp(double(logits[n * V + v]) - row_max[n]);
+      sums[n] = s;
+      const int64_t t = int64_t(targets[n]) - first;
+      sums[N + n] = t >= 0 && t < V ? double(logits[n * V + t]) : 0.0;
+    }
+  }
+  void logits_softmax_backward(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
+                               T* dlogits, int64_t N, int64_t V) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t v = 0; v < V; ++v)
+        dlogits[n * V + v] = T(std::exp(double(logits[n * V + v]) - double(lse[n])) * double(scale));
+      const int64_t t = int64_t(targets[n]) - first;
+      if (t >= 0 && t < V) dlogits[n * V + t] -= scale;
     }
   }
 

@@ -141,6 +141,19 @@ class CudaOps final : public Ops<T> {
     launch_rows(row_launch(N, V), cuda::cross_entropy_backward_kernel<T>, logits, targets, scale, dlogits, N, V);
   }
 
+  void logits_row_max(const T* logits, int64_t N, int64_t V, double* row_max) override {
+    launch_rows(row_launch(N, V), cuda::logits_row_max_kernel<T>, logits, N, V, row_max);
+  }
+  void logits_sum_exp(const T* logits, const int32_t* targets, int64_t first, const double* row_max, double* sums,
+                      int64_t N, int64_t V) override {
+    launch_rows(row_launch(N, V), cuda::logits_sum_exp_kernel<T>, logits, targets, first, row_max, sums, N, V);
+  }
+  void logits_softmax_backward(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
+                               T* dlogits, int64_t N, int64_t V) override {
+    launch(elementwise_launch(N * V), cuda::logits_softmax_backward_kernel<T>, logits, targets, first, lse, scale,
+           dlogits, N, V);
+  }
+
   void add_inplace(T* y, const T* x, int64_t n) override {
     launch(elementwise_launch(n), cuda::add_inplace_kernel<T>, y, x, n);
   }

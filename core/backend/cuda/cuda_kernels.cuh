@@ -265,6 +265,44 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int32_t* ta
   }
 }
 
+// Vocabulary-parallel cross-entropy's parts over this rank's block (ops.h logits_row_max ...): one block per row.
+template <typename T>
+__global__ void logits_row_max_kernel(const T* logits, int64_t N, int64_t V, double* row_max) {
+  extern __shared__ double shared[];
+  MOE_ROW_STRIDE(i, N) {
+    double m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmax(m, double(logits[i * V + j]));
+    m = block_max(m, shared);
+    if (threadIdx.x == 0) row_max[i] = m;
+  }
+}
+
+template <typename T>
+__global__ void logits_sum_exp_kernel(const T* logits, const int32_t* targets, int64_t first, const double* row_max,
+                                      double* sums, int64_t N, int64_t V) {
+  extern __shared__ double shared[];
+  MOE_ROW_STRIDE(i, N) {
+    double s = 0;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += exp(double(logits[i * V + j]) - row_max[i]);
+    s = block_sum(s, shared);
+    if (threadIdx.x == 0) {
+      const int64_t t = int64_t(targets[i]) - first;
+      sums[i] = s;
+      sums[N + i] = t >= 0 && t < V ? double(logits[i * V + t]) : 0.0;
+    }
+  }
+}
+
+template <typename T>
+__global__ void logits_softmax_backward_kernel(const T* logits, const int32_t* targets, int64_t first, const T* lse,
+                                               T scale, T* dlogits, int64_t N, int64_t V) {
+  MOE_GRID_STRIDE(k, N * V) {
+    const int64_t i = k / V, j = k % V;
+    const T d = T(exp(double(logits[k]) - double(lse[i])) * double(scale));
+    dlogits[k] = j == int64_t(targets[i]) - first ? d - scale : d;
+  }
+}
+
 // ---- the router --------------------------------------------------------------------------------------
 
 // The CPU's RngStream::gumbel at (step, first_counter + i): the same Philox bits, -log(-log(u)) in double.
