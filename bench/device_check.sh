@@ -77,6 +77,11 @@ run() {
       cp "/tmp/moe-device-$name/metrics.jsonl" "$out/metrics_$name.jsonl" 2>/dev/null || true
     done
   done
+  # A stack that cannot fit (32 layers, about 1 TiB) is refused before anything is allocated: exit 2, naming the GPU.
+  local refusal=0
+  timeout 120 "$root/bin/moe" train --config "$root/bench_mixtral.json" --set model.layers=32 \
+    --run-dir /tmp/moe-device-refused --overwrite --quiet > "$out/train_refused.log" 2>&1 || refusal=$?
+  echo "$refusal" > "$out/refusal_exit_code.txt"
   # The Mixtral-shaped stack in bf16: as many layers as fit (4 of them in fp32 storage: 99 GB of parameters,
   # gradients and AdamW moments, 12 GB of their bf16 copy), else 3.
   for layers in 4 3; do
@@ -145,7 +150,11 @@ if os.path.exists(path):
                "achieved_flops": achieved, "bf16_peak_flops": report["bench_cuda"]["bf16_peak_flops"],
                "mfu": achieved / report["bench_cuda"]["bf16_peak_flops"]}
 report["mixtral_mfu"] = mfu or {"error": open(os.path.join(out, "train_mixtral.log")).read()[-2000:] if os.path.exists(os.path.join(out, "train_mixtral.log")) else "not run"}
-report["passed"] = ran_on_gpu and all(t["passed"] for t in report["training"].values()) and "mfu" in mfu and all(e["exit_code"] == 0 and not e.get("failures") for e in report["programs"].values())
+refused = open(os.path.join(out, "train_refused.log")).read()
+report["memory_refusal"] = {"exit_code": int(open(os.path.join(out, "refusal_exit_code.txt")).read()),
+                            "message": refused[-600:]}
+report["memory_refusal"]["passed"] = report["memory_refusal"]["exit_code"] == 2 and "more than GPU 0's" in refused
+report["passed"] = report["memory_refusal"]["passed"] and ran_on_gpu and all(t["passed"] for t in report["training"].values()) and "mfu" in mfu and all(e["exit_code"] == 0 and not e.get("failures") for e in report["programs"].values())
 json.dump(report, open(os.path.join(out, "device_check.json"), "w"), indent=2)
 print(json.dumps(report, indent=2))
 EOF

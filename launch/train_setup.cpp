@@ -9,6 +9,7 @@
 
 #include "core/backend/backend.h"
 #include "core/backend/cpu/thread_policy.h"
+#include "core/backend/cuda_backend.h"
 #include "core/backend/memory_check.h"
 #include "core/error.h"
 #include "core/mla_attention.h"
@@ -25,27 +26,46 @@ namespace {
 
 // The memory this host's ranks need (launch/memory.h) against the machine's, so an impossible size is
 // refused by name before anything is allocated instead of failing to allocate halfway.
+// What one rank may use: this host's memory shared by its ranks, or its GPU's (shared by the ranks on it).
+struct MemoryPlace {
+  double bytes = 0;
+  int64_t ranks = 1;  // ranks sharing it
+  std::string name;
+};
+MemoryPlace memory_of_this_rank(const Config& config, const RankGrid& grid) {
+  const int64_t ranks_here = std::min<int64_t>(std::max(1, launcher_local_size()), grid.sizes().world);
+  if (config.train.device == "cuda") {
+    const int devices = std::max(1, cuda_device_count()), device = launcher_local_rank() % devices;
+    return {double(cuda_device_memory_bytes(device)), (ranks_here + devices - 1) / devices,
+            "GPU " + std::to_string(device) + "'s"};
+  }
+  return {double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)), ranks_here, "this machine's"};
+}
+
 void check_memory(const Config& config, const RankGrid& grid) {
   const GridSizes& sizes = grid.sizes();
   const MemoryEstimate need = largest_stage_estimate(config, sizes.tp, sizes.dp, sizes.ep).memory;
-  const int64_t ranks_here = std::min<int64_t>(std::max(1, launcher_local_size()), sizes.world);
-  const double available = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-  if (double(need.total()) * double(ranks_here) <= available) return;
+  const MemoryPlace place = memory_of_this_rank(config, grid);
+  // bf16 GEMMs keep the parameters rounded beside them: in bf16 on a GPU (docs/gpu.md), in fp32 on the CPU.
+  const double rounded_copy = config.train.device == "cuda" ? double(need.parameters) / 2 : double(need.parameters);
+  const double total = double(need.total()) + (config.train.precision == "bf16" ? rounded_copy : 0.0);
+  if (place.bytes <= 0 || total * double(place.ranks) <= place.bytes) return;
   const ModelConfig& m = config.model;
   const TrainConfig& tc = config.train;
-  const std::string host_ranks =
-      ranks_here > 1 ? " on each of this host's " + std::to_string(ranks_here) + " ranks" : "";
-  MOE_BAD_INPUT(
-      "training needs about " << format_bytes(double(need.total())) << " per rank (" << memory_text(need) << ")"
-                              << host_ranks << ", more than this machine's " << format_bytes(available)
-                              << " (model.vocab=" << m.vocab << ", model.d_model=" << m.d_model
-                              << ", model.layers=" << m.layers << ", model.ffn_hidden=" << m.ffn_hidden
-                              << ", moe.num_experts=" << config.moe.num_experts << ", moe.expert_hidden="
-                              << config.moe.expert_hidden << ", train.micro_batch=" << tc.micro_batch
-                              << ", train.seq_len=" << tc.seq_len << ", train.recompute=" << tc.recompute
-                              << "); make the model or train.micro_batch smaller"
-                              << (tc.recompute == "full" ? "" : ", set train.recompute=full")
-                              << ", or spread the model over more ranks (parallel.tp, parallel.ep, optim.zero)");
+  const std::string shared = place.ranks > 1 ? " on each of its " + std::to_string(place.ranks) + " ranks" : "";
+  MOE_BAD_INPUT("training needs about "
+                << format_bytes(total) << " per rank (" << memory_text(need)
+                << (tc.precision == "bf16"
+                        ? "; and " + format_bytes(rounded_copy) + " of the parameters rounded for bf16 GEMMs"
+                        : std::string())
+                << ")" << shared << ", more than " << place.name << " " << format_bytes(place.bytes)
+                << " (model.vocab=" << m.vocab << ", model.d_model=" << m.d_model << ", model.layers=" << m.layers
+                << ", model.ffn_hidden=" << m.ffn_hidden << ", moe.num_experts=" << config.moe.num_experts
+                << ", moe.expert_hidden=" << config.moe.expert_hidden << ", train.micro_batch=" << tc.micro_batch
+                << ", train.seq_len=" << tc.seq_len << ", train.recompute=" << tc.recompute
+                << "); make the model or train.micro_batch smaller"
+                << (tc.recompute == "full" ? "" : ", set train.recompute=full")
+                << ", or spread the model over more ranks (parallel.tp, parallel.ep, optim.zero)");
 }
 
 MoeSettings moe_settings(const Config& config, int64_t layer) {
@@ -198,8 +218,7 @@ CheckedConfig load_checked_config(const TrainOptions& options, int64_t world_siz
                                           << "), fewer than the parallel.pp = " << pp << " pipeline stages; at least "
                                           << pp << " are needed to fill the pipeline: raise train.global_batch to "
                                           << pp * dp * tc.micro_batch << " or more, or lower train.micro_batch");
-  // Host memory holds the model on the CPU backend; on a GPU the device's memory does (not checked yet).
-  if (tc.device == "cpu") check_memory(config, grid);
+  check_memory(config, grid);  // against this host's memory, or the GPU's on train.device = "cuda"
   return {std::move(config), std::move(grid)};
 }
 

@@ -3,6 +3,7 @@
 // none built, no device, and make_cuda_backend refusing with a message that says so.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "core/backend/backend.h"
@@ -12,6 +13,8 @@ namespace moe {
 bool cuda_backend_built();
 // Devices this process can use: 0 without the backend, a driver or a device.
 int cuda_device_count();
+// Bytes of memory of `device` (0-based): 0 without the backend or the device.
+int64_t cuda_device_memory_bytes(int device);
 // The backend on `device` (0-based). Throws moe::Error (BadInput) when this build has no CUDA backend or the
 // device does not exist.
 std::unique_ptr<Backend> make_cuda_backend(int device);

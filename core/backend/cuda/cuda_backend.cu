@@ -573,6 +573,16 @@ int cuda_device_count() {
   return count;
 }
 
+int64_t cuda_device_memory_bytes(int device) {
+  if (device < 0 || device >= cuda_device_count()) return 0;
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return int64_t(prop.totalGlobalMem);
+}
+
 std::unique_ptr<Backend> make_cuda_backend(int device) {
   const int count = cuda_device_count();
   if (count == 0) MOE_BAD_INPUT("train.device = \"cuda\", but this machine has no CUDA device (or no driver for one)");
