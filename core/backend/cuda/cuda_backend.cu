@@ -406,7 +406,10 @@ void CudaOps<T>::attention_forward_fused(const T* q, const T* k, const T* v, T* 
     const int64_t n = B * T_ * H * Dh;
     Bf16Sections b(*ctx_.allocator, 4, n);  // q, k, v, o
     round_operand(q, 1, n, n, b[0]), round_operand(k, 1, n, n, b[1]), round_operand(v, 1, n, n, b[2]);
-    ctx_.attention->forward({B, T_, H, Dh}, b[0], b[1], b[2], b[3], stats);
+    // The statistics through aligned workspace: the caller's may sit at any float of an activation arena.
+    Workspace aligned_stats(*ctx_.allocator, size_t(B * H * T_) * sizeof(float));
+    ctx_.attention->forward({B, T_, H, Dh}, b[0], b[1], b[2], b[3], static_cast<float*>(aligned_stats.ptr));
+    copy(static_cast<const T*>(aligned_stats.ptr), stats, B * H * T_);
     launch(elementwise_launch(n), cuda::from_bf16_kernel<T>, b[3], out, n);
   }
 #endif
@@ -424,7 +427,10 @@ void CudaOps<T>::attention_backward_fused(const T* q, const T* k, const T* v, co
     Bf16Sections b(*ctx_.allocator, 8, n);  // q, k, v, o, do; dq, dk, dv
     const T* inputs[5] = {q, k, v, out, dout};
     for (int i = 0; i < 5; ++i) round_operand(inputs[i], 1, n, n, b[i]);
-    ctx_.attention->backward({B, T_, H, Dh}, b[0], b[1], b[2], b[3], stats, b[4], b[5], b[6], b[7]);
+    Workspace aligned_stats(*ctx_.allocator, size_t(B * H * T_) * sizeof(float));
+    copy(stats, static_cast<T*>(aligned_stats.ptr), B * H * T_);
+    ctx_.attention->backward({B, T_, H, Dh}, b[0], b[1], b[2], b[3], static_cast<const float*>(aligned_stats.ptr), b[4],
+                             b[5], b[6], b[7]);
     T* outputs[3] = {dq, dk, dv};
     for (int i = 0; i < 3; ++i) launch(elementwise_launch(n), cuda::from_bf16_kernel<T>, b[5 + i], outputs[i], n);
   }

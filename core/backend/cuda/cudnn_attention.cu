@@ -279,10 +279,13 @@ float masked_score() {
   return cudnnGetVersion() < 91000 ? std::numeric_limits<float>::lowest() : -std::numeric_limits<float>::infinity();
 }
 
-void say_refused_once(const std::string& why) {
+// Once per shape and reason.
+void say_refused_once(const AttentionPlanKey& s, const std::string& why) {
   static std::set<std::string> said;
-  if (said.insert(why).second)
-    std::fprintf(stderr, "moe: cuDNN refused fused attention (%s); plain attention instead\n", why.c_str());
+  const std::string line = "moe: cuDNN refused fused attention for B " + std::to_string(s.B) + " T " +
+                           std::to_string(s.T) + " H " + std::to_string(s.H) + " Dh " + std::to_string(s.Dh) + " (" +
+                           why + "); plain attention instead\n";
+  if (said.insert(line).second) std::fputs(line.c_str(), stderr);
 }
 
 }  // namespace
@@ -318,7 +321,7 @@ CudnnAttention::Plans& CudnnAttention::plans_of(const AttentionPlanKey& shape) {
     slot->backward = build_plan(h, attention_backward_graph(s));
     slot->supported = true;
   } catch (const CudnnRefused& e) {
-    say_refused_once(e.what());
+    say_refused_once(shape, e.what());
     slot->forward.reset(), slot->backward.reset();
   }
   return *slot;
