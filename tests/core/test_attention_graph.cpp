@@ -122,12 +122,16 @@ void expect_well_formed(const AttentionGraph& g) {
   for (const GraphOp& op : g.ops) {
     for (int64_t in : op.inputs) {
       ASSERT_TRUE(uids.count(in)) << "input " << in;
-      if (g.tensor(in).is_virtual) EXPECT_TRUE(made.count(in)) << "virtual " << in << " read before it is made";
+      if (g.tensor(in).is_virtual) {
+        EXPECT_TRUE(made.count(in)) << "virtual " << in << " read before it is made";
+      }
     }
     EXPECT_TRUE(made.insert(op.output).second) << "tensor " << op.output << " made twice";
   }
   for (const GraphTensor& t : g.tensors)
-    if (t.is_virtual) EXPECT_TRUE(made.count(t.uid)) << "virtual " << t.uid << " never made";
+    if (t.is_virtual) {
+      EXPECT_TRUE(made.count(t.uid)) << "virtual " << t.uid << " never made";
+    }
 }
 
 TEST(AttentionGraph, BoundTensorsViewTheRowMajorLayout) {
@@ -158,7 +162,13 @@ TEST(AttentionGraph, BoundTensorsViewTheRowMajorLayout) {
 }
 
 TEST(AttentionGraph, BackwardKeepsItsFp32PartsInAlignedWorkspace) {
-  const AttentionGraph g = attention_backward_graph(kShape);
+  AttentionGraphShape accumulating = kShape;
+  accumulating.deterministic = false;
+  const AttentionGraph deterministic = attention_backward_graph(kShape);
+  expect_well_formed(deterministic);
+  ASSERT_EQ(deterministic.workspace.size(), 1u);  // D only: dQ written by its product directly
+  EXPECT_EQ(deterministic.workspace[0].uid, kUidRowSum);
+  const AttentionGraph g = attention_backward_graph(accumulating);
   expect_well_formed(g);
   ASSERT_EQ(g.workspace.size(), 2u);
   EXPECT_EQ(g.offset_of(kUidRowSum), 0);
@@ -199,15 +209,18 @@ TEST(AttentionGraph, InterpretedGraphsComputeFusedAttention) {
   for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(f.memory(kUidO)[size_t(i)], out[size_t(i)], tolerance) << "o " << i;
   for (int64_t i = 0; i < B * H * T; ++i)
     EXPECT_NEAR(f.memory(kUidStats)[size_t(i)], stats[size_t(i)], tolerance) << "stats " << i;
-  const AttentionGraph backward = attention_backward_graph(s);
-  Interpreter b(backward);
-  b.memory(kUidQ) = q, b.memory(kUidK) = k, b.memory(kUidV) = v, b.memory(kUidO) = out;
-  b.memory(kUidStats) = stats, b.memory(kUidDO) = dout;
-  b.run();
-  for (int64_t i = 0; i < n; ++i) {
-    EXPECT_NEAR(b.memory(kUidDQ)[size_t(i)], dq[size_t(i)], tolerance) << "dq " << i;
-    EXPECT_NEAR(b.memory(kUidDK)[size_t(i)], dk[size_t(i)], tolerance) << "dk " << i;
-    EXPECT_NEAR(b.memory(kUidDV)[size_t(i)], dv[size_t(i)], tolerance) << "dv " << i;
+  for (bool deterministic : {true, false}) {
+    s.deterministic = deterministic;
+    const AttentionGraph backward = attention_backward_graph(s);
+    Interpreter b(backward);
+    b.memory(kUidQ) = q, b.memory(kUidK) = k, b.memory(kUidV) = v, b.memory(kUidO) = out;
+    b.memory(kUidStats) = stats, b.memory(kUidDO) = dout;
+    b.run();
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_NEAR(b.memory(kUidDQ)[size_t(i)], dq[size_t(i)], tolerance) << "dq " << i << " " << deterministic;
+      EXPECT_NEAR(b.memory(kUidDK)[size_t(i)], dk[size_t(i)], tolerance) << "dk " << i << " " << deterministic;
+      EXPECT_NEAR(b.memory(kUidDV)[size_t(i)], dv[size_t(i)], tolerance) << "dv " << i << " " << deterministic;
+    }
   }
 }
 

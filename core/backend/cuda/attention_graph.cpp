@@ -183,9 +183,13 @@ AttentionGraph attention_backward_graph(const AttentionGraphShape& s) {
   const int64_t ds_t = g.scores_transposed(GraphType::Bf16);
   g.reshape(ds, ds_t);
   g.matmul(ds_t, q, dk);
-  // dQ = dS K, K being K^T's transpose view; accumulated in fp32 workspace, then written.
+  // dQ = dS K, K being K^T's transpose view; directly, or accumulated in fp32 workspace, then written.
   const int64_t k = g.intermediate(GraphType::Bf16, g.heads_dims(), g.heads_strides());
   g.reshape(kt, k);
+  if (s.deterministic) {
+    g.matmul(ds, k, dq);
+    return g.take();
+  }
   const int64_t accum = g.bound(kUidDQAccum, GraphType::Fp32, g.heads_dims(),
                                 {s.H * s.T * s.Dh, s.T * s.Dh, s.Dh, 1});  // packed (B, H, T, Dh)
   g.matmul(ds, k, accum);

@@ -59,6 +59,11 @@ struct AttentionGraphShape {
   int64_t B = 0, T = 0, H = 0, Dh = 0;
   float scale = 0;   // 1 / sqrt(Dh)
   float masked = 0;  // the value a masked score takes (-inf, or the lowest float for cuDNN before 9.10)
+  // Backward: dQ = dS K written directly (cuDNN keeps dS in its workspace, B H T T bf16, and the result does not
+  // depend on scheduling: a run repeats bit for bit), or accumulated in fp32 workspace across key blocks
+  // (atomic adds: faster, less workspace, the order of the sums varies). cudnn-frontend's
+  // is_deterministic_algorithm chooses the same way.
+  bool deterministic = true;
 };
 
 struct AttentionGraph {
@@ -80,7 +85,7 @@ struct AttentionGraph {
 // S = scale Q K^T, the causal mask, softmax with its statistics (max + log of the sum: the log-sum-exp), O = P V.
 AttentionGraph attention_forward_graph(const AttentionGraphShape& s);
 // D = rowsum(dO * O); P = exp(scale Q K^T - stats) under the mask; dV = P^T dO; dS = P (dO V^T - D) scale;
-// dK = dS^T Q; dQ = dS K (accumulated in fp32, then written in bf16).
+// dK = dS^T Q; dQ = dS K (deterministic: directly; else accumulated in fp32, then written in bf16).
 AttentionGraph attention_backward_graph(const AttentionGraphShape& s);
 
 // The shape a built plan is kept for.

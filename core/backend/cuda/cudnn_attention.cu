@@ -221,42 +221,58 @@ struct CudnnAttention::Plans {
 
 namespace {
 
-// The first engine configuration of heuristics mode A (then the fallback list) that makes a plan.
+// The engine configurations heuristics `mode` proposes for the graph, best first.
+std::vector<std::unique_ptr<Descriptor>> engine_configs(const Descriptor& graph, cudnnBackendHeurMode_t mode) {
+  Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  heuristics.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
+  heuristics.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+  heuristics.finalize();
+  int64_t count = 0;
+  check(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+                                 &count, nullptr),
+        "engine heuristics: count");
+  std::vector<std::unique_ptr<Descriptor>> configs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int64_t i = 0; i < count; ++i) {
+    configs.push_back(std::make_unique<Descriptor>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+    raw.push_back(configs.back()->get());
+  }
+  int64_t got = 0;
+  if (count > 0)
+    check(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                   count, &got, raw.data()),
+          "engine heuristics: results");
+  configs.resize(size_t(std::min(got, count)));
+  return configs;
+}
+
+// The first engine configuration of heuristics mode A, then of the fallback list, that makes a plan; the last
+// refusal is the one reported when none does.
 void choose_plan(cudnnHandle_t handle, CudnnAttention::Plan& p) {
+  std::string last = "heuristics proposed no engine";
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-    Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    heuristics.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *p.operation_graph);
-    heuristics.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-    heuristics.finalize();
-    int64_t count = 0;
-    check(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
-                                   &count, nullptr),
-          "engine heuristics: count");
-    std::vector<std::unique_ptr<Descriptor>> configs;
-    std::vector<cudnnBackendDescriptor_t> raw;
-    for (int64_t i = 0; i < count; ++i) {
-      configs.push_back(std::make_unique<Descriptor>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
-      raw.push_back(configs.back()->get());
-    }
-    int64_t got = 0;
-    if (count > 0)
-      check(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                     count, &got, raw.data()),
-            "engine heuristics: results");
-    for (int64_t i = 0; i < got; ++i) {
-      auto plan = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-      plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *configs[size_t(i)]);
-      if (cudnnBackendFinalize(plan->get()) != CUDNN_STATUS_SUCCESS) continue;
-      int64_t bytes = 0;
-      check(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                                     nullptr, &bytes),
-            "execution plan: workspace size");
-      p.plan = std::move(plan), p.cudnn_workspace = bytes;
-      return;
+    try {
+      for (const auto& config : engine_configs(*p.operation_graph, mode)) {
+        auto plan = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+        plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+        plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *config);
+        const cudnnStatus_t status = cudnnBackendFinalize(plan->get());
+        if (status != CUDNN_STATUS_SUCCESS) {
+          last = std::string("execution plan: ") + cudnnGetErrorString(status);
+          continue;
+        }
+        int64_t bytes = 0;
+        check(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
+                                       nullptr, &bytes),
+              "execution plan: workspace size");
+        p.plan = std::move(plan), p.cudnn_workspace = bytes;
+        return;
+      }
+    } catch (const CudnnRefused& e) {
+      last = e.what();
     }
   }
-  throw CudnnRefused("no cuDNN engine runs this graph on this device");
+  throw CudnnRefused("no engine runs this graph on this device; last: " + last);
 }
 
 std::unique_ptr<CudnnAttention::Plan> build_plan(cudnnHandle_t handle, AttentionGraph graph) {
@@ -296,7 +312,10 @@ bool cudnn_attention_enabled_by_environment() {
 }
 
 CudnnAttention::CudnnAttention(cudaStream_t stream, CachingAllocator& allocator)
-    : stream_(stream), allocator_(allocator) {}
+    : stream_(stream), allocator_(allocator) {
+  const char* v = std::getenv("MOE_CUDNN_ATTENTION");
+  deterministic_ = !(v && std::strcmp(v, "nondeterministic") == 0);
+}
 
 CudnnAttention::~CudnnAttention() {
   plans_.clear();
@@ -315,8 +334,10 @@ CudnnAttention::Plans& CudnnAttention::plans_of(const AttentionPlanKey& shape) {
       check(cudnnSetStream(h, stream_), "cudnnSetStream");
     }
     const auto h = static_cast<cudnnHandle_t>(handle_);
-    const AttentionGraphShape s{shape.B,       shape.T, shape.H, shape.Dh, float(1.0 / std::sqrt(double(shape.Dh))),
-                                masked_score()};
+    AttentionGraphShape s{shape.B, shape.T, shape.H, shape.Dh};
+    s.scale = float(1.0 / std::sqrt(double(shape.Dh)));
+    s.masked = masked_score();
+    s.deterministic = deterministic_;
     slot->forward = build_plan(h, attention_forward_graph(s));
     slot->backward = build_plan(h, attention_backward_graph(s));
     slot->supported = true;

@@ -6,7 +6,9 @@
 //
 // Where cuDNN refuses a graph (no engine for it, not on this device, any error while building) the shape is
 // marked unsupported and the refusal said once on stderr with cuDNN's status; the layers then keep the plain
-// attention. MOE_CUDNN_ATTENTION=0 refuses every shape without asking cuDNN.
+// attention. MOE_CUDNN_ATTENTION=0 refuses every shape without asking cuDNN. The backward is the deterministic
+// form (attention_graph.h), as the backend's other ops are; MOE_CUDNN_ATTENTION=nondeterministic takes the form
+// that accumulates dQ with atomic adds instead (less workspace, the bits vary from run to run).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -47,6 +49,7 @@ class CudnnAttention {
   cudaStream_t stream_;
   CachingAllocator& allocator_;
   void* handle_ = nullptr;  // cudnnHandle_t, made at the first use
+  bool deterministic_ = true;
   std::map<AttentionPlanKey, std::unique_ptr<Plans>> plans_;
 };
 
