@@ -45,7 +45,9 @@ pack() {
   git rev-parse HEAD > "$stage/commit"
   tar -C "$stage" -cJf .device/pack.tar.xz .
   rm -rf "$stage"
-  grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
+  local exclude
+  exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
+  grep -qx '/.device/' "$exclude" 2>/dev/null || echo '/.device/' >> "$exclude"
   echo "device_check: .device/pack.tar.xz, $(du -h .device/pack.tar.xz | cut -f1) (carry .device)"
 }
 
