@@ -142,8 +142,8 @@ for precision, tolerance in (("fp32", 2e-3), ("bf16", 2e-2)):
 bench = [l for l in open(os.path.join(out, "bench_cuda.log")) if l.startswith("{")]
 report["bench_cuda"] = json.loads(bench[-1]) if bench else open(os.path.join(out, "bench_cuda.log")).read()[-2000:]
 # MFU of the Mixtral-shaped stack: model FLOPs per token (3 x the forward's matmuls: the projections, the two
-# chosen experts' SwiGLU, the router, the head, and attention's q k^T and p v over the full T x T, as Megatron-Core counts them)
-# times the median tokens/s of steps 3 and later, over the bf16 GEMM peak measured above.
+# chosen experts' SwiGLU, the router, the head, and attention's q k^T and p v over the full T x T, as
+# Megatron-Core counts them) times the median tokens/s of steps 3 and later, over the bf16 GEMM peak measured above.
 mfu = {}
 path = os.path.join(out, "metrics_mixtral.jsonl")
 if os.path.exists(path):
