@@ -26,6 +26,7 @@ namespace {
 
 struct Options {
   int64_t peak_size = 8192, tokens = 8192, d_model = 4096, expert_hidden = 14336, experts = 8, top_k = 2;
+  int64_t seq_len = 4096, heads = 32, head_dim = 128;  // Mixtral's attention, one sequence
   int reps = 10;
   bool quick = false;
 };
@@ -108,6 +109,43 @@ OpFigures backend_gemms(const Options& o, GemmPrecision precision) {
   return f;
 }
 
+// Causal attention forward and backward of one sequence with bf16 GEMMs (train.precision = bf16): the plain form
+// (per-head cuBLAS GEMMs, the (H, T, T) probabilities in fp32) and, where cuDNN takes the shape, the fused one.
+// Seconds of forward + backward each (fused: 0 when cuDNN refused).
+struct AttentionFigures {
+  double plain_s = 0, fused_s = 0;
+};
+AttentionFigures attention_seconds(const Options& o) {
+  const std::unique_ptr<Backend> b = make_cuda_backend(0);
+  Ops<float>& ops = b->ops<float>();
+  ops.set_gemm_precision(GemmPrecision::Bf16);
+  const int64_t B = 1, T = o.seq_len, H = o.heads, Dh = o.head_dim, n = B * T * H * Dh;
+  Buffer q = b->allocate(DType::F32, n), k = b->allocate(DType::F32, n), v = b->allocate(DType::F32, n),
+         out = b->allocate(DType::F32, n), dout = b->allocate(DType::F32, n), dq = b->allocate(DType::F32, n),
+         dk = b->allocate(DType::F32, n), dv = b->allocate(DType::F32, n);
+  for (Buffer* x : {&q, &k, &v, &dout}) ops.fill(x->data<float>(), 0.01f, n);
+  AttentionFigures f;
+  {
+    Buffer probs = b->allocate(DType::F32, B * H * T * T), scratch = b->allocate(DType::F32, T * T);
+    f.plain_s = median_seconds(o.reps, [&] {
+      ops.attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(), probs.data<float>(),
+                            B, T, H, Dh);
+      ops.attention_backward(q.data<float>(), k.data<float>(), v.data<float>(), probs.data<float>(), dout.data<float>(),
+                             dq.data<float>(), dk.data<float>(), dv.data<float>(), scratch.data<float>(), B, T, H, Dh);
+    });
+  }
+  if (!ops.fused_attention_supported(B, T, H, Dh)) return f;
+  Buffer stats = b->allocate(DType::F32, B * H * T);
+  f.fused_s = median_seconds(o.reps, [&] {
+    ops.attention_forward_fused(q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                                stats.data<float>(), B, T, H, Dh);
+    ops.attention_backward_fused(q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                                 stats.data<float>(), dout.data<float>(), dq.data<float>(), dk.data<float>(),
+                                 dv.data<float>(), B, T, H, Dh);
+  });
+  return f;
+}
+
 void run(const Options& o) {
   if (!cuda_backend_built() || cuda_device_count() == 0) {
     std::printf("bench_cuda: no CUDA device here (%s); nothing measured\n",
@@ -139,6 +177,20 @@ void run(const Options& o) {
     j[prefix + "grouped_over_dense"] = f.grouped_flops_s / f.dense_flops_s;
     j[prefix + "projection_over_peak"] = f.projection_flops_s / peak;
   }
+  const AttentionFigures a = attention_seconds(o);
+  // The causal products as a flash kernel computes them: forward q k^T and p v over the lower triangle (2 T^2 Dh
+  // per head), backward two and a half times that.
+  const double attention_flops = 3.5 * 2.0 * double(o.seq_len) * double(o.seq_len) * double(o.head_dim) * o.heads;
+  std::printf("attention T %lld H %lld Dh %lld, forward + backward, bf16 GEMMs: plain %.2f ms", (long long)o.seq_len,
+              (long long)o.heads, (long long)o.head_dim, a.plain_s * 1e3);
+  if (a.fused_s > 0)
+    std::printf(", cuDNN fused %.2f ms (%.1f TFLOP/s causal, %.1fx the plain)\n", a.fused_s * 1e3,
+                attention_flops / a.fused_s / 1e12, a.plain_s / a.fused_s);
+  else
+    std::printf("; cuDNN refused the shape (see above)\n");
+  j["attention_plain_seconds"] = a.plain_s;
+  j["attention_fused_seconds"] = a.fused_s;
+  j["attention_fused_flops"] = a.fused_s > 0 ? attention_flops / a.fused_s : 0.0;
   std::printf("%s\n", j.dump().c_str());
 }
 
@@ -151,7 +203,9 @@ int main(int argc, char** argv) {
   app.add_option("--reps", o.reps, "timed calls per figure (the median is reported)")->check(CLI::Range(1, 1000));
   app.add_flag("--quick", o.quick, "small sizes: a smoke check");
   return moe::bench::parse_and_run(app, argc, argv, "bench_cuda", [&] {
-    if (o.quick) o.peak_size = 1024, o.tokens = 512, o.d_model = 256, o.expert_hidden = 512, o.reps = 2;
+    if (o.quick)
+      o.peak_size = 1024, o.tokens = 512, o.d_model = 256, o.expert_hidden = 512, o.reps = 2, o.seq_len = 256,
+      o.heads = 4;
     moe::bench::run(o);
   });
 }

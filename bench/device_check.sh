@@ -15,6 +15,8 @@
 # in fp32 and fp64 against the CPU reference; bf16 GEMMs, grouped GEMMs and attention against the GEMMs of
 # the rounded operands); the MoE layer on cuda routing exactly as on
 # the cpu (drop, reroute, dense fallback; Gumbel noise) with outputs and gradients within fp32 tolerance;
+# cuDNN's fused attention against the CPU's fused reference at bf16 bounds (B 2 T 128 H 4 Dh 64, B 1 T 1024 H 2
+# Dh 128, Mixtral's B 1 T 4096 H 32 Dh 128), failing where cuDNN refused a shape instead of falling back;
 # bench_cuda's cuBLAS bf16 and fp32 GEMM peaks and the backend's gemm and grouped expert GEMM against them at
 # both precisions; 20 steps of configs/tiny_moe.json on one rank on cuda against cpu, in fp32 (each step's
 # loss within 2e-3 relative) and in bf16 (within 2e-2); and the MFU of configs/bench_mixtral.json (Mixtral's
@@ -22,7 +24,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-programs=(test_core_cuda_host test_core_ops test_core_moe_ops test_core_gemm_precision test_core_moe_backends test_nccl_plan)
+programs=(test_core_cuda_host test_core_ops test_core_moe_ops test_core_gemm_precision test_core_moe_backends
+  test_core_fused_attention test_nccl_plan)
 
 pack() {
   local build=${1:-build}
@@ -34,7 +37,7 @@ pack() {
     # Every shared library it needs except the C library's and CUDA's own (the GPU machine has those).
     ldd "$build/bin/$p" | awk '/=> \// {print $3}' | while read -r lib; do
       case "$(basename "$lib")" in
-        libc.so.*|libm.so.*|libdl.so.*|librt.so.*|libpthread.so.*|ld-linux*|libcublas*|libcudart*|libnccl*|libcuda.so*) ;;
+        libc.so.*|libm.so.*|libdl.so.*|librt.so.*|libpthread.so.*|ld-linux*|libcublas*|libcudart*|libnccl*|libcuda.so*|libcudnn*) ;;
         *) cp -L -n "$lib" "$stage/lib/" ;;
       esac
     done
@@ -43,7 +46,9 @@ pack() {
   git rev-parse HEAD > "$stage/commit"
   tar -C "$stage" -cJf .device/pack.tar.xz .
   rm -rf "$stage"
-  grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
+  local exclude
+  exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
+  grep -qx '/.device/' "$exclude" 2>/dev/null || echo '/.device/' >> "$exclude"
   echo "device_check: .device/pack.tar.xz, $(du -h .device/pack.tar.xz | cut -f1) (carry .device)"
 }
 
@@ -52,12 +57,23 @@ wheel_lib() {
   python3 -c "import importlib, os; m = importlib.import_module('$1'); print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null || true
 }
 
+# The directory of the first file named $1 anywhere inside the wheels' nvidia package (libcudnn.so.9: the
+# cu13 wheels do not all keep the nvidia.<name>/lib layout).
+wheel_file_dir() {
+  python3 -c "import glob, os, nvidia
+for p in nvidia.__path__:
+    found = sorted(glob.glob(os.path.join(p, '**', '$1'), recursive=True))
+    if found:
+        print(os.path.dirname(found[0])); break" 2>/dev/null || true
+}
+
 run() {
   local out=${1:-${OUT:-.}}
   local root=/tmp/moe-device
   mkdir -p "$out" && rm -rf "$root" && mkdir -p "$root"
   tar -C "$root" -xJf .device/pack.tar.xz
-  export LD_LIBRARY_PATH="$root/lib:$(wheel_lib nvidia.cublas):$(wheel_lib nvidia.cuda_runtime):$(wheel_lib nvidia.nccl):${LD_LIBRARY_PATH:-}"
+  # cuDNN (fused attention) and NCCL from the wheels too; cuDNN's engine libraries are opened from its directory.
+  export LD_LIBRARY_PATH="$root/lib:$(wheel_lib nvidia.cublas):$(wheel_lib nvidia.cuda_runtime):$(wheel_file_dir 'libcudnn.so.9'):$(wheel_file_dir 'libcublas.so.*'):$(wheel_file_dir 'libnccl.so.*'):${LD_LIBRARY_PATH:-}"
   export OMP_NUM_THREADS=8
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1 || true
   local status=()
@@ -110,8 +126,10 @@ for s in statuses:
         entry["cuda_cases"] = sum(1 for t in cases if "cuda" in t.get("value_param", "") + t["name"])
     report["programs"][name] = entry
 # Passed: every program green, and the conformance suites really ran on the cuda backend (not only the cpu's).
+# The fused attention program's cuDNN cases skip without a device and fail where cuDNN refused a shape.
 ran_on_gpu = all(report["programs"][p].get("cuda_cases", 0) > 0 for p in ("test_core_ops", "test_core_moe_ops")) and \
     not report["programs"]["test_core_moe_backends"].get("skipped") and \
+    not report["programs"]["test_core_fused_attention"].get("skipped") and \
     not report["programs"]["test_nccl_plan"].get("skipped")
 # Training: each step's loss on cuda against cpu (fp32 sums in another order: the curves drift apart slowly; in
 # bf16 a value near a rounding boundary can round the other way too).
@@ -131,8 +149,8 @@ for precision, tolerance in (("fp32", 2e-3), ("bf16", 2e-2)):
 bench = [l for l in open(os.path.join(out, "bench_cuda.log")) if l.startswith("{")]
 report["bench_cuda"] = json.loads(bench[-1]) if bench else open(os.path.join(out, "bench_cuda.log")).read()[-2000:]
 # MFU of the Mixtral-shaped stack: model FLOPs per token (3 x the forward's matmuls: the projections, the two
-# chosen experts' SwiGLU, the router, the head, and attention's q k^T and p v over the full T x T as computed)
-# times the median tokens/s of steps 3 and later, over the bf16 GEMM peak measured above.
+# chosen experts' SwiGLU, the router, the head, and attention's q k^T and p v over the full T x T, as
+# Megatron-Core counts them) times the median tokens/s of steps 3 and later, over the bf16 GEMM peak measured above.
 mfu = {}
 path = os.path.join(out, "metrics_mixtral.jsonl")
 if os.path.exists(path):

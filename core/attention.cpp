@@ -51,33 +51,37 @@ template <typename T>
 void MhaAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) {
   const int64_t N = B * T_, D = D_, Q = Dq_, H = Hl_, Dh = D_ / H_;
   T *q = acts, *k = q + N * Q, *v = k + N * Q, *att = v + N * Q;
-  // Probabilities (B, Hl, T, T) not kept go where backward will recompute them: scratch, free until then.
-  T* probs = keep_probs_ ? att + N * Q : recomputed_probabilities(scratch, N);
   ops_.gemm(false, false, N, Q, D, T(1), x, D, wq_, Q, T(0), q, Q);
   ops_.gemm(false, false, N, Q, D, T(1), x, D, wk_, Q, T(0), k, Q);
   ops_.gemm(false, false, N, Q, D, T(1), x, D, wv_, Q, T(0), v, Q);
   ops_.rope(q, B, T_, H, Dh, false);
   ops_.rope(k, B, T_, H, Dh, false);
-  ops_.attention_forward(q, k, v, att, probs, B, T_, H, Dh);
+  if (fused(N))  // the statistics (B, Hl, T) after att
+    ops_.attention_forward_fused(q, k, v, att, att + N * Q, B, T_, H, Dh);
+  else
+    plain_forward(q, k, v, att, scratch, B);
   ops_.gemm(false, false, N, D, Q, T(1), att, Q, wo_, D, T(1), y, D);  // y += att Wo
+}
+
+template <typename T>
+void MhaAttention<T>::plain_forward(const T* q, const T* k, const T* v, T* att, T* scratch, int64_t B) {
+  const int64_t N = B * T_, Q = Dq_, H = Hl_, Dh = D_ / H_;
+  // Probabilities (B, Hl, T, T) not kept go where backward will recompute them: scratch, free until then.
+  T* probs = keep_probs_ ? att + N * Q : recomputed_probabilities(scratch, N);
+  ops_.attention_forward(q, k, v, att, probs, B, T_, H, Dh);
 }
 
 template <typename T>
 void MhaAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) {
   const int64_t N = B * T_, D = D_, Q = Dq_, H = Hl_, Dh = D_ / H_;
   const T *q = acts, *k = q + N * Q, *v = k + N * Q, *att = v + N * Q;
-  T *dq = scratch, *dk = dq + N * Q, *dv = dk + N * Q, *datt = dv + N * Q, *block = datt + N * Q;
-  const T* probs = att + N * Q;
-  if (!keep_probs_) {
-    // Selective recompute: the same op on the same q and k gives the forward's probabilities bit for bit;
-    // its output goes to dq, which attention_backward writes afterwards.
-    T* recomputed = recomputed_probabilities(scratch, N);
-    ops_.attention_forward(q, k, v, dq, recomputed, B, T_, H, Dh);
-    probs = recomputed;
-  }
+  T *dq = scratch, *dk = dq + N * Q, *dv = dk + N * Q, *datt = dv + N * Q;
   ops_.gemm(true, false, Q, D, N, T(1), att, Q, dy, D, T(1), dwo_, D);  // dWo += att^T dy
   ops_.gemm(false, true, N, Q, D, T(1), dy, D, wo_, D, T(0), datt, Q);  // datt = dy Wo^T
-  ops_.attention_backward(q, k, v, probs, datt, dq, dk, dv, block, B, T_, H, Dh);
+  if (fused(N))
+    ops_.attention_backward_fused(q, k, v, att, att + N * Q, datt, dq, dk, dv, B, T_, H, Dh);
+  else
+    plain_backward(q, k, v, att, datt, scratch, B);
   ops_.rope(dq, B, T_, H, Dh, true);
   ops_.rope(dk, B, T_, H, Dh, true);
   ops_.gemm(true, false, D, Q, N, T(1), x, D, dq, Q, T(1), dwq_, Q);
@@ -86,6 +90,23 @@ void MhaAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T*
   ops_.gemm(false, true, N, D, Q, T(1), dq, Q, wq_, Q, T(0), dx, D);  // dx = dq Wq^T
   ops_.gemm(false, true, N, D, Q, T(1), dk, Q, wk_, Q, T(1), dx, D);  //    + dk Wk^T
   ops_.gemm(false, true, N, D, Q, T(1), dv, Q, wv_, Q, T(1), dx, D);  //    + dv Wv^T
+}
+
+// dq, dk, dv into the start of scratch from the kept (or recomputed) probabilities.
+template <typename T>
+void MhaAttention<T>::plain_backward(const T* q, const T* k, const T* v, const T* att, const T* datt, T* scratch,
+                                     int64_t B) {
+  const int64_t N = B * T_, Q = Dq_, H = Hl_, Dh = D_ / H_;
+  T *dq = scratch, *dk = dq + N * Q, *dv = dk + N * Q, *block = dv + 2 * N * Q;
+  const T* probs = att + N * Q;
+  if (!keep_probs_) {
+    // Selective recompute: the same op on the same q and k gives the forward's probabilities bit for bit;
+    // its output goes to dq, which attention_backward writes afterwards.
+    T* recomputed = recomputed_probabilities(scratch, N);
+    ops_.attention_forward(q, k, v, dq, recomputed, B, T_, H, Dh);
+    probs = recomputed;
+  }
+  ops_.attention_backward(q, k, v, probs, datt, dq, dk, dv, block, B, T_, H, Dh);
 }
 
 template class MhaAttention<float>;

@@ -4,7 +4,8 @@
 // so activation recompute can share one set across layers); backward scratch is the caller's too. Shapes
 // follow FeedForward's: x, y, dy, dx are (N, D) with N = B * seq_len. Under selective recompute
 // (core/model.h Recompute::Selective) the attention keeps no probabilities: its backward recomputes them
-// into its scratch.
+// into its scratch. Where the backend runs the fused form for the shape (Ops::fused_attention_supported: cuDNN
+// under bf16 GEMMs) MhaAttention keeps only each row's log-sum-exp and needs no (T, T) memory at all.
 #pragma once
 
 #include <cstdint>
@@ -55,16 +56,25 @@ class MhaAttention final : public Attention<T> {
   void bind(const ParamTable& table, T* params, T* grads) override;
   void set_keep_probabilities(bool keep) override { keep_probs_ = keep; }
   // q, k, v, the attention's output (N, Dq) each and, when kept, the probabilities (B, Hl, T, T), with Hl
-  // the shard's heads and Dq their width.
-  int64_t activation_size(int64_t N) const override { return 4 * N * Dq_ + (keep_probs_ ? probs_size(N) : 0); }
-  // dq, dk, dv, d(att) (N, Dq) each, one (T, T) block and, when not kept, the recomputed probabilities.
-  int64_t scratch_size(int64_t N) const override { return 4 * N * Dq_ + T_ * T_ + (keep_probs_ ? 0 : probs_size(N)); }
+  // the shard's heads and Dq their width; fused: the statistics (B, Hl, T) instead of the probabilities.
+  int64_t activation_size(int64_t N) const override {
+    return 4 * N * Dq_ + (fused(N) ? N * Hl_ : keep_probs_ ? probs_size(N) : 0);
+  }
+  // dq, dk, dv, d(att) (N, Dq) each and, plain, one (T, T) block and, when not kept, the recomputed probabilities.
+  int64_t scratch_size(int64_t N) const override {
+    return 4 * N * Dq_ + (fused(N) ? 0 : T_ * T_ + (keep_probs_ ? 0 : probs_size(N)));
+  }
   double forward_flops(int64_t N) const override;
   void forward(const T* x, T* y, T* acts, T* scratch, int64_t B) override;
   void backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) override;
 
  private:
   int64_t probs_size(int64_t N) const { return N * Hl_ * T_; }  // B * Hl * T * T
+  // Whether the backend runs the fused form for N tokens (B = N / T sequences); the backend keeps the answer.
+  bool fused(int64_t N) const { return N > 0 && ops_.fused_attention_supported(N / T_, T_, Hl_, D_ / H_); }
+  // The plain form's attention op (probabilities kept in acts after att, or in scratch) and its backward.
+  void plain_forward(const T* q, const T* k, const T* v, T* att, T* scratch, int64_t B);
+  void plain_backward(const T* q, const T* k, const T* v, const T* att, const T* datt, T* scratch, int64_t B);
   // Probabilities not kept: in scratch after dq, dk, dv, d(att) and the (T, T) block.
   T* recomputed_probabilities(T* scratch, int64_t N) const { return scratch + 4 * N * Dq_ + T_ * T_; }
 

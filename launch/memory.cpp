@@ -35,6 +35,7 @@ struct Sizes {
   double capacity_factor;
   bool gumbel, reroute;
   bool mla;         // model.attention = mla (tp = 1)
+  bool fused;       // MhaAttention on cuDNN's fused attention: train.device = cuda with bf16 GEMMs
   double C, Cq, R;  // its latent widths and rotary width
 };
 
@@ -58,6 +59,7 @@ Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) 
   s.capacity_factor = moe.capacity_factor;
   s.gumbel = moe.router.noise == "gumbel", s.reroute = moe.overflow_has("reroute");
   s.mla = m.attention == "mla";
+  s.fused = !s.mla && c.train.device == "cuda" && c.train.precision == "bf16";
   s.C = double(m.mla_kv_rank), s.Cq = double(m.mla_q_rank), s.R = double(m.mla_rope_dim);
   return s;
 }
@@ -131,6 +133,10 @@ LayerElements layer_elements(const Sizes& s, bool moe, bool keep_probs) {
   const double probs = N * (s.H / s.tp) * s.T;
   double attention = 4 * N * D / s.tp + (keep_probs ? probs : 0.0);
   double attention_scratch = 4 * N * D / s.tp + s.T * s.T + (keep_probs ? 0.0 : probs) + wrapped;
+  if (s.fused) {  // fused (where cuDNN takes the shape): each row's log-sum-exp (B, H/tp, T), no (T, T) memory
+    attention = 4 * N * D / s.tp + N * s.H / s.tp;
+    attention_scratch = 4 * N * D / s.tp + wrapped;
+  }
   if (s.mla) {  // MlaAttention: c_q, c_kv and q, k, v, att of width W = D + H R; its backward's latents too
     const double W = D + s.H * s.R;
     attention = N * (s.Cq + s.C + 4 * W) + (keep_probs ? probs : 0.0);

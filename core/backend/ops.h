@@ -78,6 +78,32 @@ class Ops {
   virtual void attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq, T* dk,
                                   T* dv, T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) = 0;
 
+  // ---- Fused causal attention (FlashAttention-2's form) -----------------------------------------------
+  // The same attention without the (B, H, T, T) probabilities: forward keeps each row's log-sum-exp, backward
+  // recomputes the probabilities from q, k and it (docs/design.md "Attention memory"). A layer asks
+  // fused_attention_supported once per shape, before it sizes its memory, and uses the fused form where it says
+  // yes; the answer for a shape stays the same while the GEMM precision and set_fused_attention do.
+  //   CPU: the reference, deterministic at any thread count; yes only after set_fused_attention(true) (tests:
+  //        CPU training keeps the plain form, its bits and the README's losses).
+  //   CUDA: cuDNN's fused flash attention, for fp32 storage under bf16 GEMMs (its operands rounded to bf16, as
+  //        the plain form's products read them); no where cuDNN refuses the shape (said once on stderr), for
+  //        fp32 GEMMs, fp64, or with MOE_CUDNN_ATTENTION=0.
+  virtual bool fused_attention_supported(int64_t B, int64_t T_, int64_t H, int64_t Dh) {
+    (void)B, (void)T_, (void)H, (void)Dh;
+    return false;
+  }
+  // Whether layers may use the fused form at all (default: yes; the CPU backend starts with no).
+  void set_fused_attention(bool allowed) { fused_attention_ = allowed; }
+  bool fused_attention_allowed() const { return fused_attention_; }
+  // out as attention_forward; stats: (B, H, T), row i of head (b, h) the log-sum-exp over j <= i of the scaled
+  // scores q_i . k_j / sqrt(Dh), saved for backward.
+  virtual void attention_forward_fused(const T* q, const T* k, const T* v, T* out, T* stats, int64_t B, int64_t T_,
+                                       int64_t H, int64_t Dh) = 0;
+  // After attention_forward_fused (out, stats: its outputs); dout: (B, T, H*Dh). dq, dk, dv written:
+  // P = exp(S - stats), D_i = dO_i . O_i, dS = P * (dO V^T - D) scale, dq = dS K, dk = dS^T Q, dv = P^T dO.
+  virtual void attention_backward_fused(const T* q, const T* k, const T* v, const T* out, const T* stats, const T* dout,
+                                        T* dq, T* dk, T* dv, int64_t B, int64_t T_, int64_t H, int64_t Dh) = 0;
+
   // h = silu(a) * b, elementwise over n.
   virtual void swiglu_forward(const T* a, const T* b, T* h, int64_t n) = 0;
   // da, db written.
@@ -156,6 +182,7 @@ class Ops {
 
  private:
   GemmPrecision gemm_precision_ = GemmPrecision::Fp32;
+  bool fused_attention_ = true;
   const T* parameters_ = nullptr;
   int64_t parameter_count_ = 0;
   uint64_t parameter_version_ = 0;

@@ -124,6 +124,29 @@ TEST(CpuThreads, AttentionIsTheSameAtAnyThreadCount) {
                                          [&](Backend& b) { return attention_both_ways(b, B, 37, H, 8); });
 }
 
+// The fused form (the cuDNN reference): out, stats, dq, dk, dv, with fp32 and with bf16 GEMMs.
+std::vector<float> fused_attention_both_ways(Backend& b, int64_t B, int64_t T, int64_t H, int64_t Dh,
+                                             GemmPrecision precision) {
+  const size_t n = size_t(B * T * H * Dh);
+  const auto q = random_values(n, 4), k = random_values(n, 5), v = random_values(n, 6), dout = random_values(n, 7);
+  std::vector<float> result(4 * n + size_t(B * H * T));
+  float *out = result.data(), *dq = out + n, *dk = dq + n, *dv = dk + n, *stats = dv + n;
+  Ops<float>& o = b.ops<float>();
+  o.set_gemm_precision(precision);
+  o.attention_forward_fused(q.data(), k.data(), v.data(), out, stats, B, T, H, Dh);
+  o.attention_backward_fused(q.data(), k.data(), v.data(), out, stats, dout.data(), dq, dk, dv, B, T, H, Dh);
+  o.set_gemm_precision(GemmPrecision::Fp32);
+  return result;
+}
+
+TEST(CpuThreads, FusedAttentionIsTheSameAtAnyThreadCount) {
+  for (GemmPrecision p : {GemmPrecision::Fp32, GemmPrecision::Bf16})
+    for (const auto& [B, H] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 3}, {3, 4}})
+      expect_same_bits_at_any_thread_count(std::string(p == GemmPrecision::Bf16 ? "bf16 " : "") + "fused attention B " +
+                                               std::to_string(B) + " H " + std::to_string(H),
+                                           [&](Backend& b) { return fused_attention_both_ways(b, B, 37, H, 8, p); });
+}
+
 // The governor (core/backend/cpu/thread_policy.h): the whole cores this process used or nobody used, within
 // [1, max], after the same decision twice in a row.
 TEST(ThreadGovernor, FollowsTheCoresOtherProcessesLeave) {

@@ -45,6 +45,24 @@ TEST(MemoryEstimate, DenseModelIsExactlyWhatTheTrainerAllocates) {
     }
 }
 
+// train.device = cuda with bf16 GEMMs counts cuDNN's fused attention: each row's log-sum-exp kept instead of the
+// probabilities, no (T, T) scratch. Measured on the CPU backend with its fused form turned on, which MhaAttention
+// uses the same way.
+TEST(MemoryEstimate, FusedAttentionIsExactlyWhatTheTrainerAllocates) {
+  for (const char* recompute : {"none", "selective"}) {
+    const std::vector<std::string> set = {"train.precision=bf16", std::string("train.recompute=") + recompute};
+    Config config = small_config(set);
+    const MemoryEstimate plain = estimate_memory(config, 1, 1, 1);
+    config.train.device = "cuda";
+    SCOPED_TRACE(std::string("recompute ") + recompute);
+    const MemoryEstimate e = estimate_memory(config, 1, 1, 1);
+    const Measured m = measure(config, std::make_unique<SelfCommunicator>("world"), true);
+    EXPECT_EQ(allocated_at_construction(e), m.constructed);
+    EXPECT_EQ(m.peak, m.constructed);
+    EXPECT_LT(e.activations + e.scratch, plain.activations + plain.scratch);
+  }
+}
+
 TEST(MemoryEstimate, MoeModelExactAtConstructionRoutedRowsWithinTenPercent) {
   const std::vector<std::vector<std::string>> cases = {
       {"moe.num_experts=4"},                                                   // every layer MoE, capacity 1.25, drops

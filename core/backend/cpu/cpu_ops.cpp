@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/backend/backend.h"
+#include "core/backend/cpu/fused_attention.h"
 #include "core/backend/cpu/moe_kernels.h"
 #include "core/backend/cpu/parallel_kernels.h"
 #include "core/backend/cpu/thread_policy.h"
@@ -35,6 +36,7 @@ constexpr int64_t kMoveChunk = int64_t(1) << 14;
 template <typename T>
 class CpuOps final : public Ops<T> {
  public:
+  CpuOps() { this->set_fused_attention(false); }
   const char* name() const override { return "cpu"; }
 
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
@@ -147,6 +149,20 @@ class CpuOps final : public Ops<T> {
                           T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) override {
     cpu::attention_backward(cpu::AttentionShape{B, T_, H, Dh, this->gemm_precision()}, q, k, v, probs, dout, dq, dk, dv,
                             scratch);
+  }
+
+  // The fused form is the reference for other backends; layers use it here only when asked to.
+  bool fused_attention_supported(int64_t, int64_t, int64_t, int64_t) override {
+    return this->fused_attention_allowed();
+  }
+  void attention_forward_fused(const T* q, const T* k, const T* v, T* out, T* stats, int64_t B, int64_t T_, int64_t H,
+                               int64_t Dh) override {
+    cpu::fused_attention_forward(cpu::AttentionShape{B, T_, H, Dh, this->gemm_precision()}, q, k, v, out, stats);
+  }
+  void attention_backward_fused(const T* q, const T* k, const T* v, const T* out, const T* stats, const T* dout, T* dq,
+                                T* dk, T* dv, int64_t B, int64_t T_, int64_t H, int64_t Dh) override {
+    cpu::fused_attention_backward(cpu::AttentionShape{B, T_, H, Dh, this->gemm_precision()}, q, k, v, out, stats, dout,
+                                  dq, dk, dv);
   }
 
   void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override {

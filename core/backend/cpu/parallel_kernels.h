@@ -193,9 +193,10 @@ void grouped_gemm(const GemmInputs<T>& p, bool trans_a, bool trans_b, int64_t gr
 // ---- Causal attention (Ops::attention_forward / attention_backward) ---------------------------------
 
 // Row i of P (T x T) to the causal softmax of its first i + 1 entries, zero after. Each exponential is taken
-// once and kept in double in a buffer of the calling thread until the row is scaled.
+// once and kept in double in a buffer of the calling thread until the row is scaled. Returns the row's
+// log-sum-exp (the fused form's statistic).
 template <typename T>
-void causal_softmax_row(T* row, int64_t i, int64_t T_) {
+double causal_softmax_row(T* row, int64_t i, int64_t T_) {
   thread_local std::vector<double> e;
   e.resize(size_t(i + 1));
   double m = -INFINITY;
@@ -205,6 +206,7 @@ void causal_softmax_row(T* row, int64_t i, int64_t T_) {
   const double inv = 1.0 / s;
   for (int64_t j = 0; j <= i; ++j) row[j] = T(e[size_t(j)] * inv);
   for (int64_t j = i + 1; j < T_; ++j) row[j] = T(0);
+  return m + std::log(s);
 }
 
 // Row i of dS = P * (dP - rowsum(P * dP)) * scale, in place on dP.

@@ -14,6 +14,9 @@
 
 #include "core/backend/backend.h"
 #include "core/backend/cuda/caching_allocator.h"
+#ifdef MOE_HAVE_CUDNN
+#include "core/backend/cuda/cudnn_attention.h"
+#endif
 #include "core/backend/cuda/cuda_kernels.cuh"
 #include "core/backend/cuda/grouped_gemm_plan.h"
 #include "core/backend/cuda/launch_config.h"
@@ -21,6 +24,9 @@
 #include "core/error.h"
 
 namespace moe {
+namespace cuda {
+class CudnnAttention;  // cudnn_attention.h, where cuDNN is built
+}
 namespace {
 
 #define MOE_CUDA_CHECK(call)                                                                          \
@@ -47,6 +53,7 @@ struct CudaContext {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   CachingAllocator* allocator = nullptr;
+  cuda::CudnnAttention* attention = nullptr;  // fused attention on cuDNN; null without it
 };
 
 // Device workspace for one call, back to the allocator's cache when it goes (reuse is ordered on the stream).
@@ -71,7 +78,11 @@ cublasStatus_t blas_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation
 template <typename T>
 class CudaOps final : public Ops<T> {
  public:
-  explicit CudaOps(const CudaContext& ctx) : ctx_(ctx) {}
+  explicit CudaOps(const CudaContext& ctx) : ctx_(ctx) {
+#ifdef MOE_HAVE_CUDNN
+    cudnn_enabled_ = cuda::cudnn_attention_enabled_by_environment();
+#endif
+  }
   ~CudaOps() override {
     if (rounded_) ctx_.allocator->free(rounded_);
     if (rope_) ctx_.allocator->free(rope_);
@@ -125,6 +136,11 @@ class CudaOps final : public Ops<T> {
                          int64_t Dh) override;
   void attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq, T* dk, T* dv,
                           T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) override;
+  bool fused_attention_supported(int64_t B, int64_t T_, int64_t H, int64_t Dh) override;
+  void attention_forward_fused(const T* q, const T* k, const T* v, T* out, T* stats, int64_t B, int64_t T_, int64_t H,
+                               int64_t Dh) override;
+  void attention_backward_fused(const T* q, const T* k, const T* v, const T* out, const T* stats, const T* dout, T* dq,
+                                T* dk, T* dv, int64_t B, int64_t T_, int64_t H, int64_t Dh) override;
 
   void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override {
     launch(elementwise_launch(n), cuda::swiglu_forward_kernel<T>, a, b, h, n);
@@ -306,6 +322,7 @@ class CudaOps final : public Ops<T> {
   }
 
   CudaContext ctx_;
+  bool cudnn_enabled_ = false;  // MOE_CUDNN_ATTENTION is not "0"
 };
 
 // GemmPrecision::Bf16: both operands rounded into packed workspace, then cuBLAS with bf16 inputs, fp32
@@ -362,6 +379,75 @@ void CudaOps<T>::attention_backward(const T* q, const T* k, const T* v, const T*
       gemm(false, false, T_, Dh, T_, T(1), scratch, T_, k + off, D, T(0), dq + off, D);  // dQ = dS K
       gemm(true, false, T_, Dh, T_, T(1), scratch, T_, q + off, D, T(0), dk + off, D);   // dK = dS^T Q
     }
+}
+
+// Fused attention runs on cuDNN for fp32 storage under bf16 GEMMs (cudnn_attention.h), where it built the shape's
+// plans; the operands are rounded to bf16 as the plain form's products read them.
+template <typename T>
+bool CudaOps<T>::fused_attention_supported(int64_t B, int64_t T_, int64_t H, int64_t Dh) {
+  if constexpr (sizeof(T) != 4) {
+    return false;
+  } else {
+#ifdef MOE_HAVE_CUDNN
+    if (!ctx_.attention || !this->fused_attention_allowed() || this->gemm_precision() != GemmPrecision::Bf16 ||
+        !cudnn_enabled_ || Dh % 8 != 0)
+      return false;
+    return ctx_.attention->supported({B, T_, H, Dh});
+#else
+    (void)B, (void)T_, (void)H, (void)Dh;
+    return false;
+#endif
+  }
+}
+
+// Sections of bf16 copies in one workspace, each at a 256-byte boundary.
+struct Bf16Sections {
+  Bf16Sections(CachingAllocator& a, int64_t count, int64_t n)
+      : stride((n + 127) / 128 * 128), space(a, size_t(count * stride) * 2) {}
+  uint16_t* operator[](int64_t i) const { return static_cast<uint16_t*>(space.ptr) + i * stride; }
+  int64_t stride;
+  Workspace space;
+};
+
+template <typename T>
+void CudaOps<T>::attention_forward_fused(const T* q, const T* k, const T* v, T* out, T* stats, int64_t B, int64_t T_,
+                                         int64_t H, int64_t Dh) {
+  MOE_CHECK(fused_attention_supported(B, T_, H, Dh),
+            "fused attention on the cuda backend for B " << B << " T " << T_ << " H " << H << " Dh " << Dh);
+#ifdef MOE_HAVE_CUDNN
+  if constexpr (sizeof(T) == 4) {
+    const int64_t n = B * T_ * H * Dh;
+    Bf16Sections b(*ctx_.allocator, 4, n);  // q, k, v, o
+    round_operand(q, 1, n, n, b[0]), round_operand(k, 1, n, n, b[1]), round_operand(v, 1, n, n, b[2]);
+    // The statistics through aligned workspace: the caller's may sit at any float of an activation arena.
+    Workspace aligned_stats(*ctx_.allocator, size_t(B * H * T_) * sizeof(float));
+    ctx_.attention->forward({B, T_, H, Dh}, b[0], b[1], b[2], b[3], static_cast<float*>(aligned_stats.ptr));
+    copy(static_cast<const T*>(aligned_stats.ptr), stats, B * H * T_);
+    launch(elementwise_launch(n), cuda::from_bf16_kernel<T>, b[3], out, n);
+  }
+#endif
+}
+
+template <typename T>
+void CudaOps<T>::attention_backward_fused(const T* q, const T* k, const T* v, const T* out, const T* stats,
+                                          const T* dout, T* dq, T* dk, T* dv, int64_t B, int64_t T_, int64_t H,
+                                          int64_t Dh) {
+  MOE_CHECK(fused_attention_supported(B, T_, H, Dh),
+            "fused attention on the cuda backend for B " << B << " T " << T_ << " H " << H << " Dh " << Dh);
+#ifdef MOE_HAVE_CUDNN
+  if constexpr (sizeof(T) == 4) {
+    const int64_t n = B * T_ * H * Dh;
+    Bf16Sections b(*ctx_.allocator, 8, n);  // q, k, v, o, do; dq, dk, dv
+    const T* inputs[5] = {q, k, v, out, dout};
+    for (int i = 0; i < 5; ++i) round_operand(inputs[i], 1, n, n, b[i]);
+    Workspace aligned_stats(*ctx_.allocator, size_t(B * H * T_) * sizeof(float));
+    copy(stats, static_cast<T*>(aligned_stats.ptr), B * H * T_);
+    ctx_.attention->backward({B, T_, H, Dh}, b[0], b[1], b[2], b[3], static_cast<const float*>(aligned_stats.ptr), b[4],
+                             b[5], b[6], b[7]);
+    T* outputs[3] = {dq, dk, dv};
+    for (int i = 0; i < 3; ++i) launch(elementwise_launch(n), cuda::from_bf16_kernel<T>, b[5 + i], outputs[i], n);
+  }
+#endif
 }
 
 // Chunks of a fixed size whatever the device, each summed by one block, then the chunks in order.
@@ -527,6 +613,9 @@ class CudaBackend final : public Backend {
   int device_ = 0, threads_ = 1;
   CudaContext ctx_;
   std::unique_ptr<CachingAllocator> allocator_;
+#ifdef MOE_HAVE_CUDNN
+  std::unique_ptr<cuda::CudnnAttention> attention_;
+#endif
   std::unique_ptr<CudaStream> stream_object_;
   std::unique_ptr<CudaOps<float>> f32_;
   std::unique_ptr<CudaOps<double>> f64_;
@@ -547,6 +636,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
                                                                            },
                                                                            [](void* p, size_t) { cudaFree(p); }});
   ctx_.allocator = allocator_.get();
+#ifdef MOE_HAVE_CUDNN
+  attention_ = std::make_unique<cuda::CudnnAttention>(ctx_.stream, *allocator_);
+  ctx_.attention = attention_.get();
+#endif
   stream_object_ = std::make_unique<CudaStream>(ctx_.stream);
   f32_ = std::make_unique<CudaOps<float>>(ctx_);
   f64_ = std::make_unique<CudaOps<double>>(ctx_);
@@ -555,7 +648,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(ctx_.stream);
   f32_.reset(), f64_.reset();  // their rounded parameters go back to the allocator
-  allocator_.reset();          // cached blocks back to the driver
+#ifdef MOE_HAVE_CUDNN
+  attention_.reset();  // its plans and cuDNN handle, before the stream
+#endif
+  allocator_.reset();  // cached blocks back to the driver
   cublasDestroy(ctx_.blas);
   cudaStreamDestroy(ctx_.stream);
 }

@@ -171,6 +171,11 @@ template <typename T>
 __global__ void to_bf16_kernel(const T* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {
   MOE_GRID_STRIDE(i, rows * cols) out[i] = float_to_bf16(float(x[(i / cols) * ld + i % cols])).bits;
 }
+// bf16 bits back to the storage type (fused attention's outputs).
+template <typename T>
+__global__ void from_bf16_kernel(const uint16_t* x, T* out, int64_t n) {
+  MOE_GRID_STRIDE(i, n) out[i] = T(bf16_to_float(bf16{x[i]}));
+}
 template <typename T>
 __global__ void round_to_bf16_kernel(const T* x, int64_t rows, int64_t cols, int64_t ld, T* rounded) {
   MOE_GRID_STRIDE(i, rows * cols) rounded[i] = round_to_bf16(x[(i / cols) * ld + i % cols]);
