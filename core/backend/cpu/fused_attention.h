@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/backend/cpu/parallel_kernels.h"
+#include "core/backend/cpu/vector_math.h"
 #include "core/dtype.h"
 
 namespace moe::cpu {
@@ -31,10 +32,15 @@ void fused_head_forward(const AttentionShape& s, int64_t bh, const T* q, const T
   gemm_at(p, false, false, T_, s.Dh, T_, T(1), block, T_, v + off, D, T(0), out + off, D);
 }
 
-// Row i of P = exp(S - lse_i) over j <= i, zero after, in place on the scores.
+// Row i of P = exp(S - lse_i) over j <= i, zero after, in place on the scores; the exponentials all at once
+// (cpu/vector_math.h) in a buffer of the calling thread.
 template <typename T>
 void probabilities_row(T* row, int64_t i, int64_t T_, double lse) {
-  for (int64_t j = 0; j <= i; ++j) row[j] = T(std::exp(double(row[j]) - lse));
+  thread_local std::vector<double> e;
+  e.resize(size_t(i + 1));
+  for (int64_t j = 0; j <= i; ++j) e[size_t(j)] = double(row[j]) - lse;
+  exp_doubles(e.data(), e.data(), i + 1);
+  for (int64_t j = 0; j <= i; ++j) row[j] = T(e[size_t(j)]);
   for (int64_t j = i + 1; j < T_; ++j) row[j] = T(0);
 }
 

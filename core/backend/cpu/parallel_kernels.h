@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/backend/cpu/vector_math.h"
 #include "core/backend/ops.h"
 #include "core/dtype.h"
 
@@ -193,16 +194,18 @@ void grouped_gemm(const GemmInputs<T>& p, bool trans_a, bool trans_b, int64_t gr
 // ---- Causal attention (Ops::attention_forward / attention_backward) ---------------------------------
 
 // Row i of P (T x T) to the causal softmax of its first i + 1 entries, zero after. Each exponential is taken
-// once and kept in double in a buffer of the calling thread until the row is scaled. Returns the row's
-// log-sum-exp (the fused form's statistic).
+// once, all of a row's at once (cpu/vector_math.h), and kept in double in a buffer of the calling thread until
+// the row is scaled. Returns the row's log-sum-exp (the fused form's statistic).
 template <typename T>
 double causal_softmax_row(T* row, int64_t i, int64_t T_) {
   thread_local std::vector<double> e;
   e.resize(size_t(i + 1));
   double m = -INFINITY;
   for (int64_t j = 0; j <= i; ++j) m = std::max(m, double(row[j]));
+  for (int64_t j = 0; j <= i; ++j) e[size_t(j)] = double(row[j]) - m;
+  exp_doubles(e.data(), e.data(), i + 1);
   double s = 0;
-  for (int64_t j = 0; j <= i; ++j) s += e[size_t(j)] = std::exp(double(row[j]) - m);
+  for (int64_t j = 0; j <= i; ++j) s += e[size_t(j)];
   const double inv = 1.0 / s;
   for (int64_t j = 0; j <= i; ++j) row[j] = T(e[size_t(j)] * inv);
   for (int64_t j = i + 1; j < T_; ++j) row[j] = T(0);
