@@ -19,6 +19,7 @@
 
 #include "bench/gemm_blocks_bench.h"
 #include "bench/grouped_gemm_bench.h"
+#include "bench/memory_bound.h"
 #include "bench/sgemm_peak.h"
 #include "bench/timing.h"
 #include "bench_main.h"
@@ -262,6 +263,38 @@ std::vector<GroupedResult> measure_grouped(Backend& backend, const std::vector<M
   return results;
 }
 
+// The least fwd+bwd time memory bandwidth allows the experts where their weights and gradients exceed the
+// last-level cache (bench/memory_bound.h), over the dense layer's measured time: a floor under MoE / dense.
+nlohmann::json measure_memory_bounds(const std::vector<MoeResult>& results, int threads, const Options& o) {
+  const Bandwidth bandwidth = measure_read_bandwidth(threads, o.quick ? 2 : 5);
+  const double rate = bandwidth.bytes_per_s.median;
+  std::printf(
+      "memory bound: read bandwidth %.1f GB/s (median of %d sums over %lld MB; min %.1f, max %.1f), last-level\n"
+      "  cache %lld MB; where the experts' weights and gradients exceed it, a forward + backward moves the weights\n"
+      "  twice and the gradients in and out, at least that many bytes / bandwidth:\n",
+      rate * 1e-9, o.quick ? 2 : 5, (long long)(bandwidth.buffer_bytes >> 20), bandwidth.bytes_per_s.min * 1e-9,
+      bandwidth.bytes_per_s.max * 1e-9, (long long)(last_level_cache_bytes() >> 20));
+  nlohmann::json shapes = nlohmann::json::array();
+  for (const MoeResult& r : results) {
+    const MoeShape& s = r.shape;
+    if (s.capacity_factor > 0 || !experts_stream(s.experts, s.d_model, s.expert_hidden)) continue;
+    const double bytes = expert_stream_bytes(s.experts, s.d_model, s.expert_hidden), floor_s = bytes / rate;
+    const double floor_ratio = floor_s / r.dense.train_s.median;
+    std::printf("  E=%lld K=%lld: %.0f MB, at least %.1f ms = %.2f x the dense fwd+bwd (measured moe / dense %.2f)\n",
+                (long long)s.experts, (long long)s.top_k, bytes * 1e-6, floor_s * 1e3, floor_ratio, ratio_train(r));
+    shapes.push_back({{"experts", s.experts},
+                      {"top_k", s.top_k},
+                      {"bytes", bytes},
+                      {"floor_ms", floor_s * 1e3},
+                      {"floor_over_dense_forward_backward", floor_ratio}});
+  }
+  std::fflush(stdout);
+  return {{"read_bytes_per_s", summary_json(bandwidth.bytes_per_s, 1.0)},
+          {"buffer_bytes", bandwidth.buffer_bytes},
+          {"last_level_cache_bytes", last_level_cache_bytes()},
+          {"shapes", shapes}};
+}
+
 // The CPU backend's GEMM in blocks against one call OpenBLAS threads, at 1 and 2 threads
 // (bench/gemm_blocks_bench.h).
 nlohmann::json measure_gemm_blocks_section(Backend& backend, const Options& o) {
@@ -334,10 +367,12 @@ void run(Options o) {
   }
   print_table(results, peak);
   const std::vector<GroupedResult> grouped = measure_grouped(*backend, shapes, peak, o);
+  const nlohmann::json memory = measure_memory_bounds(results, backend->threads(), o);
   const std::string load_end = load_average();
   std::printf("load average %s at end\n", load_end.c_str());
   nlohmann::json out = to_json(o, backend->threads(), peak, results, load_start, load_end);
   for (const GroupedResult& r : grouped) out["grouped_gemm"].push_back(grouped_json(r, peak));
+  out["memory_bound"] = memory;
   if (o.quick) out["gemm_blocks"] = measure_gemm_blocks_section(*backend, o);
   std::printf("%s\n", out.dump().c_str());
 }
