@@ -256,8 +256,8 @@ std::vector<GroupedResult> measure_grouped(Backend& backend, const std::vector<M
   std::vector<GroupedResult> results;
   for (const MoeShape& s : shapes) {
     if (s.capacity_factor > 0) continue;
-    results.push_back(
-        measure_grouped_gemm(backend, {s.d_model, s.expert_hidden, s.tokens, s.experts, s.top_k}, o.warmup, o.reps));
+    results.push_back(measure_grouped_gemm(backend, {s.d_model, s.expert_hidden, s.tokens, s.experts, s.top_k}, peak.n,
+                                           o.warmup, o.reps));
     print_grouped(results.back(), peak);
   }
   return results;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,8 @@ struct GroupedResult {
   int64_t max_rows = 0;
   double flops = 0;                // of the nine calls
   Summary grouped_s, one_group_s;  // seconds for the nine calls
+  int64_t sgemm_n = 0;             // the square sgemm timed in each repetition beside them
+  Summary grouped_over_sgemm;      // per repetition: the grouped rate / that sgemm's rate
 };
 
 // Row offsets of E blocks holding N K assignments drawn uniformly at random (deterministic).
@@ -51,7 +54,11 @@ struct ExpertOperands {
   }
 };
 
-inline GroupedResult measure_grouped_gemm(Backend& backend, const GroupedShape& s, int warmup, int reps) {
+// Each repetition also times one square sgemm of size sgemm_n (the peak's size): on a machine whose speed
+// changes from minute to minute, the ratio of rates taken seconds apart is steadier than one to a peak measured
+// before.
+inline GroupedResult measure_grouped_gemm(Backend& backend, const GroupedShape& s, int64_t sgemm_n, int warmup,
+                                          int reps) {
   const int64_t D = s.d_model, F = s.expert_hidden, E = s.experts, R = s.tokens * s.top_k;
   const std::vector<int64_t> off = random_row_offsets(E, R, 99), whole = {0, R};
   ExpertOperands x;
@@ -63,16 +70,27 @@ inline GroupedResult measure_grouped_gemm(Backend& backend, const GroupedShape& 
   GroupedExperts<float> experts(backend, D, F);
   experts.bind(x.w1.data(), x.w3.data(), x.w2.data(), x.dw1.data(), x.dw3.data(), x.dw2.data());
   experts.resize(x.acts, R);
-  std::vector<double> grouped, one;
-  for (int i = 0; i < warmup + reps; ++i) {  // alternating, so that a change of load hits both alike
+  std::vector<float> a(size_t(sgemm_n * sgemm_n)), b(a.size()), c(a.size());
+  fill_uniform(a, 1);
+  fill_uniform(b, 2);
+  const double flops = 9.0 * 2.0 * double(R) * double(D) * double(F), sgemm_flops = 2.0 * std::pow(double(sgemm_n), 3);
+  std::vector<double> grouped, one, ratio;
+  for (int i = 0; i < warmup + reps; ++i) {  // alternating, so that a change of load hits all three alike
     const Stopwatch g;
     x.run(experts, off);
     const double grouped_s = g.seconds();
     const Stopwatch o;
     x.run(experts, whole);  // one block: expert 0's weights for every row
-    if (i >= warmup) grouped.push_back(grouped_s), one.push_back(o.seconds());
+    const double one_s = o.seconds();
+    const Stopwatch m;
+    backend.ops<float>().gemm(false, false, sgemm_n, sgemm_n, sgemm_n, 1.0f, a.data(), sgemm_n, b.data(), sgemm_n, 0.0f,
+                              c.data(), sgemm_n);
+    const double sgemm_s = m.seconds();
+    if (i < warmup) continue;
+    grouped.push_back(grouped_s), one.push_back(one_s);
+    ratio.push_back((flops / grouped_s) / (sgemm_flops / sgemm_s));
   }
-  GroupedResult r{s, 0, 9.0 * 2.0 * double(R) * double(D) * double(F), summarize(grouped), summarize(one)};
+  GroupedResult r{s, 0, flops, summarize(grouped), summarize(one), sgemm_n, summarize(ratio)};
   for (int64_t e = 0; e < E; ++e) r.max_rows = std::max(r.max_rows, off[size_t(e) + 1] - off[size_t(e)]);
   return r;
 }
@@ -81,10 +99,12 @@ inline void print_grouped(const GroupedResult& r, const SgemmPeak& peak) {
   const double grouped = r.flops / r.grouped_s.median * 1e-9, one = r.flops / r.one_group_s.median * 1e-9;
   std::printf(
       "  E=%lld K=%lld (%lld rows, at most %lld per expert): grouped %6.1f GFLOP/s = %.2f x peak;  one group "
-      "%6.1f GFLOP/s = %.2f x peak;  grouped / one group time %.2f\n",
+      "%6.1f GFLOP/s = %.2f x peak;  grouped / one group time %.2f;  grouped / the n=%lld sgemm beside it %.2f "
+      "(min %.2f, max %.2f)\n",
       (long long)r.shape.experts, (long long)r.shape.top_k, (long long)(r.shape.tokens * r.shape.top_k),
       (long long)r.max_rows, grouped, grouped / peak.gflops, one, one / peak.gflops,
-      r.grouped_s.median / r.one_group_s.median);
+      r.grouped_s.median / r.one_group_s.median, (long long)r.sgemm_n, r.grouped_over_sgemm.median,
+      r.grouped_over_sgemm.min, r.grouped_over_sgemm.max);
   std::fflush(stdout);
 }
 
@@ -98,7 +118,9 @@ inline nlohmann::json grouped_json(const GroupedResult& r, const SgemmPeak& peak
           {"one_group_ms", summary_json(r.one_group_s, 1e3)},
           {"grouped_ratio_to_sgemm_peak", r.flops / r.grouped_s.median * 1e-9 / peak.gflops},
           {"one_group_ratio_to_sgemm_peak", r.flops / r.one_group_s.median * 1e-9 / peak.gflops},
-          {"grouped_over_one_group", r.grouped_s.median / r.one_group_s.median}};
+          {"grouped_over_one_group", r.grouped_s.median / r.one_group_s.median},
+          {"interleaved_sgemm_n", r.sgemm_n},
+          {"grouped_over_interleaved_sgemm", summary_json(r.grouped_over_sgemm, 1.0)}};
 }
 
 }  // namespace moe::bench
