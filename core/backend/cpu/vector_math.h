@@ -111,38 +111,41 @@ inline void exp_of_negated_floats(const float* x, float* out, int64_t n) {
 #endif
 }
 
-// The float SwiGLU over n (n small: a block of one thread); the scalar forms are the CpuOps<double> formulas.
+// f(i, sig) for i < n with sig = 1 / (1 + exp(-a[i])), the exponentials 4 at a time in blocks of 256.
+template <typename F>
+void for_each_sigmoid(const float* a, int64_t n, F&& f) {
+  float e[256];
+  for (int64_t first = 0; first < n; first += 256) {
+    const int64_t m = n - first < 256 ? n - first : 256;
+    exp_of_negated_floats(a + first, e, m);
+    for (int64_t j = 0; j < m; ++j) f(first + j, 1.0f / (1.0f + e[j]));
+  }
+}
+
+// The float SwiGLU without AVX2: the CpuOps<double> formulas, exp through exp_of_negated_floats.
+inline void swiglu_forward_scalar(const float* a, const float* b, float* h, int64_t n) {
+  for_each_sigmoid(a, n, [&](int64_t i, float sig) { h[i] = a[i] * sig * b[i]; });
+}
+inline void swiglu_backward_scalar(const float* a, const float* b, const float* dh, float* da, float* db, int64_t n) {
+  for_each_sigmoid(a, n, [&](int64_t i, float sig) {
+    const float silu = a[i] * sig;
+    db[i] = dh[i] * silu;
+    da[i] = dh[i] * b[i] * sig * (1.0f + a[i] * (1.0f - sig));
+  });
+}
+
+// The float SwiGLU over n (n small: a block of one thread), in the CPU's best form.
 inline void swiglu_forward_floats(const float* a, const float* b, float* h, int64_t n) {
 #if defined(__x86_64__)
   if (cpu_has_avx2()) return swiglu_forward_avx2(a, b, h, n);
 #endif
-  float e[256];
-  for (int64_t first = 0; first < n; first += 256) {
-    const int64_t m = n - first < 256 ? n - first : 256;
-    exp_of_negated_floats(a + first, e, m);
-    for (int64_t j = 0; j < m; ++j) {
-      const int64_t i = first + j;
-      const float sig = 1.0f / (1.0f + e[j]);
-      h[i] = a[i] * sig * b[i];
-    }
-  }
+  swiglu_forward_scalar(a, b, h, n);
 }
-
 inline void swiglu_backward_floats(const float* a, const float* b, const float* dh, float* da, float* db, int64_t n) {
 #if defined(__x86_64__)
   if (cpu_has_avx2()) return swiglu_backward_avx2(a, b, dh, da, db, n);
 #endif
-  float e[256];
-  for (int64_t first = 0; first < n; first += 256) {
-    const int64_t m = n - first < 256 ? n - first : 256;
-    exp_of_negated_floats(a + first, e, m);
-    for (int64_t j = 0; j < m; ++j) {
-      const int64_t i = first + j;
-      const float sig = 1.0f / (1.0f + e[j]), silu = a[i] * sig;
-      db[i] = dh[i] * silu;
-      da[i] = dh[i] * b[i] * sig * (1.0f + a[i] * (1.0f - sig));
-    }
-  }
+  swiglu_backward_scalar(a, b, dh, da, db, n);
 }
 
 }  // namespace moe::cpu
