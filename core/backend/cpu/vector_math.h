@@ -1,12 +1,12 @@
 // exp of many values at once through glibc's vector math library (libmvec), for the CPU backend's hot loops:
-// the SwiGLU's float kernels and the attention softmax's double exponentials. On x86-64 with AVX2: libmvec's
-// 8-wide expf / 4-wide exp (_ZGVdN8v_expf, _ZGVdN4v_exp) and AVX2 arithmetic; on other x86-64 the SSE forms
-// (_ZGVbN4v_expf, _ZGVbN2v_exp) and scalar arithmetic; elsewhere std::exp. libmvec's exp are within 4 ulp.
-// Every value goes through the same vector call, the tail padded, so a value's result does not depend on where
-// it sits in the array or on how threads split it: the same bits at any thread count (the bits may differ
-// between CPUs, as OpenBLAS's kernels do). The AVX2 arithmetic is written without FMA, in the scalar form's
-// order, so that only exp differs between the two x86-64 forms. Scalar exp was most of the SwiGLU's time and a
-// tenth of a training step's (docs/bench.md "Against PyTorch").
+// the SwiGLU's float kernels and the double exponentials of attention's softmax and of the cross-entropy. On
+// x86-64 with AVX2: libmvec's 8-wide expf / 4-wide exp (_ZGVdN8v_expf, _ZGVdN4v_exp) and AVX2 arithmetic; on
+// other x86-64 the SSE forms (_ZGVbN4v_expf, _ZGVbN2v_exp) and scalar arithmetic; elsewhere std::exp. libmvec's
+// exp are within 4 ulp. Every value goes through the same vector call, the tail padded, so a value's result does
+// not depend on where it sits in the array or on how threads split it: the same bits at any thread count (the
+// bits may differ between CPUs, as OpenBLAS's kernels do). The AVX2 arithmetic is written without FMA, in the
+// scalar form's order, so that only exp differs between the two x86-64 forms. Scalar expf was most of the
+// SwiGLU's time (docs/bench.md "After the vectorised exponentials and the beta-0 GEMMs").
 #pragma once
 
 #include <cmath>
