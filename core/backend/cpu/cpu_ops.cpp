@@ -219,7 +219,7 @@ class CpuOps final : public Ops<T> {
     for (int64_t i = 0; i < N; ++i) {
       const T* z = logits + i * V;
       T* d = dlogits + i * V;
-      const double* e = row_exps(z, log_sum_exp(z, V), V);
+      const double* e = cpu::exp_shifted(z, log_sum_exp(z, V), V);
       for (int64_t j = 0; j < V; ++j) d[j] = T(e[j] * double(scale));
       d[targets[i]] -= scale;
     }
@@ -238,7 +238,7 @@ class CpuOps final : public Ops<T> {
                       int64_t N, int64_t V) override {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      const double* e = row_exps(logits + n * V, row_max[n], V);
+      const double* e = cpu::exp_shifted(logits + n * V, row_max[n], V);
       double s = 0;
       for (int64_t v = 0; v < V; ++v) s += e[v];
       sums[n] = s;
@@ -250,7 +250,7 @@ class CpuOps final : public Ops<T> {
                                T* dlogits, int64_t N, int64_t V) override {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      const double* e = row_exps(logits + n * V, double(lse[n]), V);
+      const double* e = cpu::exp_shifted(logits + n * V, double(lse[n]), V);
       for (int64_t v = 0; v < V; ++v) dlogits[n * V + v] = T(e[v] * double(scale));
       const int64_t t = int64_t(targets[n]) - first;
       if (t >= 0 && t < V) dlogits[n * V + t] -= scale;
@@ -372,19 +372,10 @@ class CpuOps final : public Ops<T> {
   }
   RopeTable rope_;
 
-  // exp(z[j] - shift) in double for j < V, all at once (cpu/vector_math.h), in a buffer of the calling thread
-  // that the next call overwrites.
-  static const double* row_exps(const T* z, double shift, int64_t V) {
-    thread_local std::vector<double> e;
-    e.resize(size_t(V));
-    for (int64_t j = 0; j < V; ++j) e[size_t(j)] = double(z[j]) - shift;
-    cpu::exp_doubles(e.data(), e.data(), V);
-    return e.data();
-  }
   static double log_sum_exp(const T* z, int64_t V) {
     double m = -INFINITY;
     for (int64_t j = 0; j < V; ++j) m = std::max(m, double(z[j]));
-    const double* e = row_exps(z, m, V);
+    const double* e = cpu::exp_shifted(z, m, V);
     double s = 0;
     for (int64_t j = 0; j < V; ++j) s += e[j];
     return m + std::log(s);

@@ -33,14 +33,11 @@ void fused_head_forward(const AttentionShape& s, int64_t bh, const T* q, const T
 }
 
 // Row i of P = exp(S - lse_i) over j <= i, zero after, in place on the scores; the exponentials all at once
-// (cpu/vector_math.h) in a buffer of the calling thread.
+// (cpu/vector_math.h).
 template <typename T>
 void probabilities_row(T* row, int64_t i, int64_t T_, double lse) {
-  thread_local std::vector<double> e;
-  e.resize(size_t(i + 1));
-  for (int64_t j = 0; j <= i; ++j) e[size_t(j)] = double(row[j]) - lse;
-  exp_doubles(e.data(), e.data(), i + 1);
-  for (int64_t j = 0; j <= i; ++j) row[j] = T(e[size_t(j)]);
+  const double* e = exp_shifted(row, lse, i + 1);
+  for (int64_t j = 0; j <= i; ++j) row[j] = T(e[j]);
   for (int64_t j = i + 1; j < T_; ++j) row[j] = T(0);
 }
 

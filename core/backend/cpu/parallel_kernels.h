@@ -211,16 +211,13 @@ void grouped_gemm(const GemmInputs<T>& p, bool trans_a, bool trans_b, int64_t gr
 // the row is scaled. Returns the row's log-sum-exp (the fused form's statistic).
 template <typename T>
 double causal_softmax_row(T* row, int64_t i, int64_t T_) {
-  thread_local std::vector<double> e;
-  e.resize(size_t(i + 1));
   double m = -INFINITY;
   for (int64_t j = 0; j <= i; ++j) m = std::max(m, double(row[j]));
-  for (int64_t j = 0; j <= i; ++j) e[size_t(j)] = double(row[j]) - m;
-  exp_doubles(e.data(), e.data(), i + 1);
+  const double* e = exp_shifted(row, m, i + 1);
   double s = 0;
-  for (int64_t j = 0; j <= i; ++j) s += e[size_t(j)];
+  for (int64_t j = 0; j <= i; ++j) s += e[j];
   const double inv = 1.0 / s;
-  for (int64_t j = 0; j <= i; ++j) row[j] = T(e[size_t(j)] * inv);
+  for (int64_t j = 0; j <= i; ++j) row[j] = T(e[j] * inv);
   for (int64_t j = i + 1; j < T_; ++j) row[j] = T(0);
   return m + std::log(s);
 }

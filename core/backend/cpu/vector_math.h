@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -93,6 +94,17 @@ inline void exp_doubles(const double* x, double* out, int64_t n) {
 #else
   for (int64_t i = 0; i < n; ++i) out[i] = std::exp(x[i]);
 #endif
+}
+
+// exp(x[j] - shift) in double for j < n, all at once, in a buffer of the calling thread that its next call
+// overwrites: a softmax row's exponentials.
+template <typename T>
+const double* exp_shifted(const T* x, double shift, int64_t n) {
+  thread_local std::vector<double> e;
+  e.resize(size_t(n));
+  for (int64_t j = 0; j < n; ++j) e[size_t(j)] = double(x[j]) - shift;
+  exp_doubles(e.data(), e.data(), n);
+  return e.data();
 }
 
 // out[i] = exp(-x[i]) for i < n: 4 at a time on x86-64.
