@@ -15,8 +15,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
+#include "core/backend/cpu/small_gemm.h"
 #include "core/backend/cpu/vector_math.h"
 #include "core/backend/ops.h"
 #include "core/dtype.h"
@@ -166,6 +168,23 @@ void gemm_at(const GemmInputs<T>& in, bool ta, bool tb, int64_t M, int64_t N, in
   blas_gemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
 }
 
+// A GEMM of one expert group of `rows` rows, as `in` says: the small-group kernels (cpu/small_gemm.h) for a float
+// group of at most kSmallGemmRows rows where they run, one thread; otherwise gemm_at. A function of the shape.
+template <typename T>
+void group_gemm_at(const GemmInputs<T>& in, int64_t rows, bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha,
+                   const T* A, int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (rows <= kSmallGemmRows && small_gemm_available()) {
+      thread_local std::vector<T> a_buffer, b_buffer;
+      const bool bf16 = in.precision == GemmPrecision::Bf16;
+      const T* a = bf16 ? in.operand(A, ta ? K : M, ta ? M : K, lda, a_buffer) : A;
+      const T* b = bf16 ? in.operand(B, tb ? N : K, tb ? K : N, ldb, b_buffer) : B;
+      if (small_gemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc)) return;
+    }
+  }
+  gemm_at(in, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 // ---- Grouped GEMM (Ops::grouped_gemm) ----------------------------------------------------------------
 
 // Group g of a grouped GEMM as one BLAS call (see Ops::grouped_gemm for the operand layout).
@@ -174,9 +193,10 @@ void grouped_gemm_group(const GemmInputs<T>& p, bool trans_a, bool trans_b, int6
                         int64_t N, int64_t K, T alpha, const T* A, const T* B, T beta, T* C) {
   const int64_t r0 = row_offset[g], m = row_offset[g + 1] - r0;
   if (!trans_a)
-    gemm_at(p, false, trans_b, m, N, K, alpha, A + r0 * K, K, B + g * K * N, trans_b ? K : N, beta, C + r0 * N, N);
+    group_gemm_at(p, m, false, trans_b, m, N, K, alpha, A + r0 * K, K, B + g * K * N, trans_b ? K : N, beta, C + r0 * N,
+                  N);
   else
-    gemm_at(p, true, false, K, N, m, alpha, A + r0 * K, K, B + r0 * N, N, beta, C + g * K * N, N);
+    group_gemm_at(p, m, true, false, K, N, m, alpha, A + r0 * K, K, B + r0 * N, N, beta, C + g * K * N, N);
 }
 
 // Groups too large to share: more rows than an even share of the threads' work. These run first, one at a

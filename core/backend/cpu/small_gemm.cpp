@@ -1,0 +1,373 @@
+// The small-group expert GEMM kernels (small_gemm.h): AVX2 and FMA on x86-64, compiled for those instructions
+// (#pragma GCC target) and chosen at run time, so the binary still runs on any x86-64.
+//
+// One micro-kernel serves the three forms: a tile of R <= 6 rows by 16 columns of C held in 12 registers,
+// the reduction streamed through a packed "a" block (reduction-major, R values per step) and a packed "b" panel
+// (reduction-major, 16 values per step). Each form packs differently:
+// - A B (the forward, B the weights K x N): B is packed in slabs of kSlab whole rows, read in memory order, the
+//   next slab prefetched while the current one is used; partial sums wait in a buffer between slabs;
+// - A B^T (the input gradient, B the weights N x K): 16 rows of B at a time, contiguous, transposed by 8 x 8
+//   blocks in registers, the next 16 rows prefetched;
+// - A^T B (the weight gradient C, K x N, with K large and the reduction over the group's few rows): the small
+//   operands are packed once and C is read and written once, each tile's lines prefetched a few tiles ahead.
+#include "core/backend/cpu/small_gemm.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace moe::cpu {
+
+#if defined(__x86_64__)
+
+// Everything in this namespace is compiled for AVX2 and FMA; only small_gemm() below, outside it, runs before the
+// CPU has been asked whether it has them.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+
+namespace {
+
+constexpr int64_t kW = 16;          // columns of a tile (two 8-float registers)
+constexpr int64_t kRows = 6;        // rows of a tile at most
+constexpr int64_t kSlab = 64;       // rows of B per slab in the A B form
+constexpr int64_t kTilesAhead = 8;  // how far ahead the A^T B form prefetches C
+
+// A buffer of the calling thread, 64-byte aligned, at least n floats; slot tells the buffers apart.
+float* scratch(int slot, int64_t n) {
+  thread_local std::vector<float> buffers[3];
+  std::vector<float>& v = buffers[slot];
+  if (v.size() < size_t(n + 16)) v.resize(size_t(n + 16));
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63));
+}
+
+// Rows are cut into blocks of at most kRows, as even as they go: block b is [first(b), first(b + 1)).
+struct RowBlocks {
+  int64_t count;
+  std::vector<int64_t> starts;
+  explicit RowBlocks(int64_t m) : count((m + kRows - 1) / kRows), starts(size_t(count + 1)) {
+    for (int64_t b = 0; b <= count; ++b) starts[size_t(b)] = b * m / count;
+  }
+  int64_t first(int64_t b) const { return starts[size_t(b)]; }
+  int height(int64_t b) const { return int(starts[size_t(b + 1)] - starts[size_t(b)]); }
+};
+
+void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+
+// Lines of `rows` rows of `floats` floats, `ld` floats apart, asked for a few at a time in memory order (no
+// division per line: its cost would match the tile's).
+struct Prefetcher {
+  const char* row = nullptr;
+  int64_t rows = 0, row_lines = 0, ld_bytes = 0, line = 0;
+  Prefetcher() = default;
+  Prefetcher(const float* p, int64_t rows_, int64_t floats, int64_t ld)
+      : row(reinterpret_cast<const char*>(p)), rows(rows_), row_lines((floats * 4 + 63) / 64), ld_bytes(ld * 4) {}
+  int64_t total() const { return rows * row_lines; }
+  void issue(int64_t n) {
+    for (; n > 0 && rows > 0; --n) {
+      prefetch(row + line * 64);
+      if (++line == row_lines) line = 0, row += ld_bytes, --rows;
+    }
+  }
+};
+
+// Where a tile's chain of sums starts and ends: init (zeros where null) and out, each R rows of 16 floats, their
+// rows ld_init and ld_out floats apart.
+struct TileIo {
+  const float* init;
+  int64_t ld_init;
+  float* out;
+  int64_t ld_out;
+};
+
+#define MOE_TILE_ROW(i)                                   \
+  if constexpr (R > i) {                                  \
+    const __m256 a = _mm256_broadcast_ss(ap + k * R + i); \
+    c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0);            \
+    c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1);            \
+  }
+#define MOE_TILE_LOAD(i)                                     \
+  if constexpr (R > i) {                                     \
+    c##i##0 = _mm256_loadu_ps(io.init + i * io.ld_init);     \
+    c##i##1 = _mm256_loadu_ps(io.init + i * io.ld_init + 8); \
+  }
+#define MOE_TILE_STORE(i)                                  \
+  if constexpr (R > i) {                                   \
+    _mm256_storeu_ps(io.out + i * io.ld_out, c##i##0);     \
+    _mm256_storeu_ps(io.out + i * io.ld_out + 8, c##i##1); \
+  }
+
+// out (R x 16) = init + the sum over k < K of ap[k] (R values) times bp[k] (16 values), one fused multiply-add
+// per k in order. The accumulators are named registers (an array of them gets spilled to the stack).
+template <int R>
+void tile(const float* ap, const float* bp, int64_t K, const TileIo& io) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+         c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  if (io.init) {
+    MOE_TILE_LOAD(0) MOE_TILE_LOAD(1) MOE_TILE_LOAD(2) MOE_TILE_LOAD(3) MOE_TILE_LOAD(4) MOE_TILE_LOAD(5)
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 b0 = _mm256_load_ps(bp + k * kW), b1 = _mm256_load_ps(bp + k * kW + 8);
+    MOE_TILE_ROW(0) MOE_TILE_ROW(1) MOE_TILE_ROW(2) MOE_TILE_ROW(3) MOE_TILE_ROW(4) MOE_TILE_ROW(5)
+  }
+  MOE_TILE_STORE(0) MOE_TILE_STORE(1) MOE_TILE_STORE(2) MOE_TILE_STORE(3) MOE_TILE_STORE(4) MOE_TILE_STORE(5)
+}
+#undef MOE_TILE_ROW
+#undef MOE_TILE_LOAD
+#undef MOE_TILE_STORE
+
+void run_tile(int R, const float* ap, const float* bp, int64_t K, const TileIo& io) {
+  switch (R) {
+    case 1:
+      return tile<1>(ap, bp, K, io);
+    case 2:
+      return tile<2>(ap, bp, K, io);
+    case 3:
+      return tile<3>(ap, bp, K, io);
+    case 4:
+      return tile<4>(ap, bp, K, io);
+    case 5:
+      return tile<5>(ap, bp, K, io);
+    default:
+      return tile<6>(ap, bp, K, io);
+  }
+}
+
+// C (R rows x w <= 16 columns) = alpha t + beta C; beta = 0 does not read C.
+void finish(const float* t, int R, int64_t w, float alpha, float beta, float* C, int64_t ldc) {
+  const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+  for (int r = 0; r < R; ++r) {
+    float* out = C + r * ldc;
+    const float* s = t + r * kW;
+    if (w < kW) {
+      for (int64_t x = 0; x < w; ++x) out[x] = beta == 0.f ? alpha * s[x] : alpha * s[x] + beta * out[x];
+      continue;
+    }
+    __m256 x0 = _mm256_mul_ps(va, _mm256_load_ps(s)), x1 = _mm256_mul_ps(va, _mm256_load_ps(s + 8));
+    if (beta != 0.f) {
+      x0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(out), x0);
+      x1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(out + 8), x1);
+    }
+    _mm256_storeu_ps(out, x0);
+    _mm256_storeu_ps(out + 8, x1);
+  }
+}
+
+// How a tile of w columns at C (R rows, ldc apart) ends. Where alpha is 1, beta 0 or 1 and the tile is whole,
+// the chain runs in C itself: it starts from C's value (beta 1) or zero, and its last step stores into C.
+// Otherwise it ends in t and finish() applies alpha and beta. A function of the shape and of alpha and beta.
+struct TileEnd {
+  float alpha, beta;
+  float* C;
+  int64_t ldc, w;
+  bool direct() const { return w == kW && alpha == 1.f && (beta == 0.f || beta == 1.f); }
+  const float* init() const { return direct() && beta == 1.f ? C : nullptr; }
+  // The last part of the chain: from `from` (ld floats apart; null: init()) to C.
+  void run(int R, const float* ap, const float* bp, int64_t K, const float* from, int64_t ld, float* t) const {
+    if (!from) from = init(), ld = ldc;
+    if (direct()) return run_tile(R, ap, bp, K, {from, ld, C, ldc});
+    run_tile(R, ap, bp, K, {from, ld, t, kW});
+    finish(t, R, w, alpha, beta, C, ldc);
+  }
+};
+
+// 16 values of row `src` from column c0 (w <= 16 of them, zeros after) to dst.
+inline void copy16(const float* src, int64_t w, float* dst) {
+  if (w == kW) {
+    _mm256_store_ps(dst, _mm256_loadu_ps(src));
+    _mm256_store_ps(dst + 8, _mm256_loadu_ps(src + 8));
+    return;
+  }
+  for (int64_t c = 0; c < kW; ++c) dst[c] = c < w ? src[c] : 0.f;
+}
+
+// ---- packing ----------------------------------------------------------------------------------------
+
+// Rows [i0, i0 + R) of A (rows x K) transposed into ap (K x R): the "a" block of the A B and A B^T forms.
+void pack_rows(const float* A, int64_t lda, int64_t K, int64_t i0, int R, float* ap) {
+  for (int r = 0; r < R; ++r) {
+    const float* a = A + (i0 + r) * lda;
+    for (int64_t k = 0; k < K; ++k) ap[k * R + r] = a[k];
+  }
+}
+
+// Columns [i0, i0 + R) of A (m x lda) into ap (m x R): the "a" block of the A^T B form.
+void pack_columns(const float* A, int64_t lda, int64_t m, int64_t i0, int R, float* ap) {
+  for (int64_t r = 0; r < m; ++r)
+    for (int i = 0; i < R; ++i) ap[r * R + i] = A[r * lda + i0 + i];
+}
+
+// Rows [k0, k0 + kc) of B (all N columns) into panels: panel p (columns 16 p ...) at bp + p kc 16.
+void pack_slab(const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_t N, float* bp) {
+  const int64_t panels = (N + kW - 1) / kW;
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const float* row = B + (k0 + kk) * ldb;
+    for (int64_t p = 0; p < panels; ++p) copy16(row + p * kW, std::min(kW, N - p * kW), bp + (p * kc + kk) * kW);
+  }
+}
+
+// dst (8 x 8, leading dimension ldd) = the transpose of src (8 x 8, leading dimension ld).
+void transpose8(const float* src, int64_t ld, float* dst, int64_t ldd) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld);
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    r[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+
+// Rows [n0, n0 + 16) of B (N x K) transposed into bp (K x 16), zeros past row N.
+void pack_transposed(const float* B, int64_t ldb, int64_t K, int64_t n0, int64_t N, float* bp) {
+  const int64_t w = std::min(kW, N - n0), k8 = w == kW ? K / 8 * 8 : 0;
+  for (int64_t k = 0; k < k8; k += 8) {
+    transpose8(B + n0 * ldb + k, ldb, bp + k * kW, kW);
+    transpose8(B + (n0 + 8) * ldb + k, ldb, bp + k * kW + 8, kW);
+  }
+  for (int64_t k = k8; k < K; ++k)
+    for (int64_t c = 0; c < kW; ++c) bp[k * kW + c] = c < w ? B[(n0 + c) * ldb + k] : 0.f;
+}
+
+// B (m x N) into panels: panel p (m x 16) at bp + p m 16.
+void pack_panels(const float* B, int64_t ldb, int64_t m, int64_t N, float* bp) {
+  const int64_t panels = (N + kW - 1) / kW;
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t r = 0; r < m; ++r) copy16(B + r * ldb + p * kW, std::min(kW, N - p * kW), bp + (p * m + r) * kW);
+}
+
+// ---- the three forms ----------------------------------------------------------------------------------
+
+// C (m x N) = alpha A (m x K) B (K x N) + beta C.
+void gemm_nn(int64_t m, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+             float beta, float* C, int64_t ldc) {
+  const RowBlocks blocks(m);
+  const int64_t panels = (N + kW - 1) / kW, tiles = panels * blocks.count;
+  float* ap = scratch(0, m * K);
+  float* bp = scratch(1, std::min(kSlab, K) * panels * kW);
+  float* partial = scratch(2, m * panels * kW);  // sums between slabs: tile (b, p) at (first(b) panels + p R) 16
+  for (int64_t b = 0; b < blocks.count; ++b)
+    pack_rows(A, lda, K, blocks.first(b), blocks.height(b), ap + blocks.first(b) * K);
+  alignas(32) float t[kRows * kW];
+  for (int64_t k0 = 0; k0 < K; k0 += kSlab) {
+    const int64_t kc = std::min(kSlab, K - k0);
+    const bool first = k0 == 0, last = k0 + kc == K;
+    pack_slab(B, ldb, k0, kc, N, bp);
+    Prefetcher next;
+    if (!last) next = Prefetcher(B + (k0 + kc) * ldb, std::min(kSlab, K - k0 - kc), N, ldb);
+    const int64_t per_tile = (next.total() + tiles - 1) / tiles;
+    for (int64_t p = 0; p < panels; ++p)
+      for (int64_t b = 0; b < blocks.count; ++b) {
+        next.issue(per_tile);
+        const int R = blocks.height(b);
+        const int64_t i0 = blocks.first(b);
+        const TileEnd end{alpha, beta, C + i0 * ldc + p * kW, ldc, std::min(kW, N - p * kW)};
+        float* sums = partial + (i0 * panels + p * R) * kW;
+        const float* a = ap + i0 * K + k0 * R;
+        if (last)
+          end.run(R, a, bp + p * kc * kW, kc, first ? nullptr : sums, kW, t);
+        else
+          run_tile(R, a, bp + p * kc * kW, kc, {first ? end.init() : sums, first ? ldc : kW, sums, kW});
+      }
+  }
+}
+
+// C (m x N) = alpha A (m x K) B^T + beta C, B (N x K).
+void gemm_nt(int64_t m, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+             float beta, float* C, int64_t ldc) {
+  const RowBlocks blocks(m);
+  const int64_t panels = (N + kW - 1) / kW;
+  float* ap = scratch(0, m * K);
+  float* bp = scratch(1, K * kW);
+  for (int64_t b = 0; b < blocks.count; ++b)
+    pack_rows(A, lda, K, blocks.first(b), blocks.height(b), ap + blocks.first(b) * K);
+  alignas(32) float t[kRows * kW];
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t n0 = p * kW, w = std::min(kW, N - n0);
+    pack_transposed(B, ldb, K, n0, N, bp);
+    Prefetcher next;
+    if (p + 1 < panels) next = Prefetcher(B + (n0 + kW) * ldb, std::min(kW, N - n0 - kW), K, ldb);
+    const int64_t per_tile = (next.total() + blocks.count - 1) / blocks.count;
+    for (int64_t b = 0; b < blocks.count; ++b) {
+      next.issue(per_tile);
+      const int64_t i0 = blocks.first(b);
+      const TileEnd end{alpha, beta, C + i0 * ldc + n0, ldc, w};
+      end.run(blocks.height(b), ap + i0 * K, bp, K, nullptr, 0, t);
+    }
+  }
+}
+
+// C (M x N) = alpha A^T B + beta C, A (m x M), B (m x N): the reduction over the m rows.
+void gemm_tn(int64_t m, int64_t M, int64_t N, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+             float beta, float* C, int64_t ldc) {
+  const RowBlocks blocks(M);
+  const int64_t panels = (N + kW - 1) / kW;
+  float* ap = scratch(0, m * M);
+  float* bp = scratch(1, m * panels * kW);
+  for (int64_t b = 0; b < blocks.count; ++b)
+    pack_columns(A, lda, m, blocks.first(b), blocks.height(b), ap + blocks.first(b) * m);
+  pack_panels(B, ldb, m, N, bp);
+  alignas(32) float t[kRows * kW];
+  int64_t ahead_b = kTilesAhead / panels, ahead_p = kTilesAhead % panels;  // the tile whose C lines are asked for
+  for (int64_t b = 0; b < blocks.count; ++b)
+    for (int64_t p = 0; p < panels; ++p) {
+      if (ahead_b < blocks.count) {
+        for (int64_t i = blocks.first(ahead_b); i < blocks.first(ahead_b + 1); ++i)
+          prefetch(C + i * ldc + ahead_p * kW);
+        if (++ahead_p == panels) ahead_p = 0, ++ahead_b;
+      }
+      const int64_t i0 = blocks.first(b);
+      const TileEnd end{alpha, beta, C + i0 * ldc + p * kW, ldc, std::min(kW, N - p * kW)};
+      end.run(blocks.height(b), ap + i0 * m, bp + p * m * kW, m, nullptr, 0, t);
+    }
+}
+
+}  // namespace
+
+#pragma GCC pop_options
+
+namespace {
+bool cpu_has_avx2_fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+}  // namespace
+
+bool small_gemm_available() { return cpu_has_avx2_fma(); }
+
+bool small_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (!cpu_has_avx2_fma() || (ta && tb) || K == 0) return false;
+  if (M == 0 || N == 0) return true;
+  if (ta)
+    gemm_tn(K, M, N, alpha, A, lda, B, ldb, beta, C, ldc);
+  else if (tb)
+    gemm_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    gemm_nn(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  return true;
+}
+
+#else  // not x86-64: OpenBLAS serves every group
+
+bool small_gemm_available() { return false; }
+
+bool small_gemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float,
+                float*, int64_t) {
+  return false;
+}
+
+#endif
+
+}  // namespace moe::cpu
