@@ -1,6 +1,6 @@
 // The config schema: one entry per dotted key (type, default, allowed values, one-line doc), the check of
-// one value against its entry, and the nearest-key suggestion for unknown keys. It knows nothing of
-// files, --set or the rules between keys (launch/config.cpp); it only judges one key at a time.
+// one value against its entry, and the nearest-key suggestion for unknown keys. It knows nothing of files,
+// --set or the rules between keys (launch/config.cpp, launch/config_rules.cpp); it only judges one key at a time.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 // reproduce metrics.jsonl bit for bit (docs/design.md, invariant 3), full recomputation changes no bit, the
 // run directory holds what docs/cli.md promises, a tiny model learns, and bad input writes nothing.
 // Not here: the command line and exit codes (tests/cli/test_bad_input.sh), the config rules one by one
-// (test_config.cpp), the model's math (tests/core).
+// (test_config_rules.cpp), the model's math (tests/core).
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
