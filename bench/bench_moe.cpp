@@ -6,6 +6,7 @@
 // one dense GEMM, combine. Prints human-readable lines, then one line of JSON with every figure. It
 // measures; it asserts nothing about speed. Not a profiler: it cannot split the layer's time by phase.
 // --gemm-blocks measures only what the CPU backend's thread-count-invariant GEMM costs (bench/gemm_blocks_bench.h).
+// --small-gemm measures only the small-group expert kernels against OpenBLAS (bench/small_gemm_bench.h).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -21,6 +22,7 @@
 #include "bench/grouped_gemm_bench.h"
 #include "bench/memory_bound.h"
 #include "bench/sgemm_peak.h"
+#include "bench/small_gemm_bench.h"
 #include "bench/timing.h"
 #include "bench_main.h"
 #include "core/backend/backend.h"
@@ -39,6 +41,7 @@ struct Options {
   int sgemm_reps = 5;
   bool quick = false;
   bool gemm_blocks = false;              // only the GEMM blocks section
+  bool small_gemm = false;               // only the small-group kernels section
   std::vector<int64_t> experts, top_ks;  // empty: the default sweep (8, 32, 64 x 1, 2, 4)
 };
 
@@ -313,8 +316,35 @@ nlohmann::json measure_gemm_blocks_section(Backend& backend, const Options& o) {
   return out;
 }
 
+// The small-group expert kernels against OpenBLAS, one expert per call, weights from memory, at 1 and 2 threads
+// (bench/small_gemm_bench.h).
+nlohmann::json measure_small_gemm_section(Backend& backend, const Options& o) {
+  const int reps = o.quick ? 2 : 2 * o.reps;
+  std::printf(
+      "small-group expert GEMMs: GFLOP/s of the CPU backend's kernels for groups of at most %lld rows (%s) / of\n"
+      "  single-threaded OpenBLAS calls = the kernels' speed over OpenBLAS's; every expert once per sweep, the\n"
+      "  experts' weights 64 MB in all (256 KB with --quick); median of %d sweeps, the four interleaved:\n",
+      (long long)cpu::kSmallGemmRows,
+      cpu::small_gemm_available() ? "used above for those groups" : "not available here: OpenBLAS both ways", reps);
+  nlohmann::json out = nlohmann::json::array();
+  for (const SmallGemmShape& s : small_gemm_shapes(o.quick)) {
+    const SmallGemmResult r = measure_small_gemm(backend, s, reps, o.quick);
+    print_small_gemm(r);
+    std::fflush(stdout);
+    out.push_back(small_gemm_json(r));
+  }
+  return out;
+}
+
 void run(Options o) {
   const std::unique_ptr<Backend> backend = make_cpu_backend(o.threads);
+  if (o.small_gemm) {
+    std::printf("bench_moe --small-gemm: load average %s at start\n", load_average().c_str());
+    const nlohmann::json small = measure_small_gemm_section(*backend, o);
+    std::printf("load average %s at end\n%s\n", load_average().c_str(),
+                nlohmann::json{{"small_gemm", small}}.dump().c_str());
+    return;
+  }
   if (o.gemm_blocks) {
     std::printf("bench_moe --gemm-blocks: load average %s at start\n", load_average().c_str());
     const nlohmann::json blocks = measure_gemm_blocks_section(*backend, o);
@@ -374,6 +404,7 @@ void run(Options o) {
   for (const GroupedResult& r : grouped) out["grouped_gemm"].push_back(grouped_json(r, peak));
   out["memory_bound"] = memory;
   if (o.quick) out["gemm_blocks"] = measure_gemm_blocks_section(*backend, o);
+  if (o.quick) out["small_gemm"] = measure_small_gemm_section(*backend, o);
   std::printf("%s\n", out.dump().c_str());
 }
 
@@ -403,5 +434,8 @@ int main(int argc, char** argv) {
   app.add_flag("--gemm-blocks", options.gemm_blocks,
                "Only the cost of the GEMM's thread-count-invariant blocks against one threaded OpenBLAS call, at the "
                "model's shapes, at 1 and 2 threads");
+  app.add_flag("--small-gemm", options.small_gemm,
+               "Only the small-group expert GEMM kernels against OpenBLAS, one expert per call with the weights "
+               "coming from memory, at 1 and 2 threads");
   return moe::bench::parse_and_run(app, argc, argv, "bench_moe", [&] { moe::bench::run(options); });
 }
