@@ -155,48 +155,44 @@ struct GemmInputs {
   }
 };
 
-// A GEMM as `in` says: Fp32 is blas_gemm; Bf16 runs it on operands rounded to bf16 (the products of two bf16
-// values are exact in fp32, so only the order of the fp32 sums is the BLAS's). Rounded activations live in
-// buffers of the calling thread, kept for its next call.
+// A GEMM on its operands as given: the small-group kernels (cpu/small_gemm.h, one thread) for a float expert group
+// of at most kSmallGemmRows rows (group_rows; 0 for a GEMM that is not an expert group) where they run, otherwise
+// blas_gemm. A function of the shape.
+template <typename T>
+void gemm_kernel(int64_t group_rows, bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                 int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>)
+    if (group_rows > 0 && group_rows <= kSmallGemmRows &&
+        small_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+      return;
+  blas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// A GEMM as `in` says: Fp32 reads its operands as stored; Bf16 runs it on operands rounded to bf16 (the products
+// of two bf16 values are exact in fp32, so only the order of the fp32 sums is the kernel's). Rounded activations
+// live in buffers of the calling thread, kept for its next call. group_rows: see gemm_kernel.
 template <typename T>
 void gemm_at(const GemmInputs<T>& in, bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
-             int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
-  if (in.precision == GemmPrecision::Fp32) return blas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+             int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc, int64_t group_rows = 0) {
+  if (in.precision == GemmPrecision::Fp32)
+    return gemm_kernel(group_rows, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   thread_local std::vector<T> a_buffer, b_buffer;
   const T* a = in.operand(A, ta ? K : M, ta ? M : K, lda, a_buffer);
   const T* b = in.operand(B, tb ? N : K, tb ? K : N, ldb, b_buffer);
-  blas_gemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
-}
-
-// A GEMM of one expert group of `rows` rows, as `in` says: the small-group kernels (cpu/small_gemm.h) for a float
-// group of at most kSmallGemmRows rows where they run, one thread; otherwise gemm_at. A function of the shape.
-template <typename T>
-void group_gemm_at(const GemmInputs<T>& in, int64_t rows, bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha,
-                   const T* A, int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (rows <= kSmallGemmRows && small_gemm_available()) {
-      thread_local std::vector<T> a_buffer, b_buffer;
-      const bool bf16 = in.precision == GemmPrecision::Bf16;
-      const T* a = bf16 ? in.operand(A, ta ? K : M, ta ? M : K, lda, a_buffer) : A;
-      const T* b = bf16 ? in.operand(B, tb ? N : K, tb ? K : N, ldb, b_buffer) : B;
-      if (small_gemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc)) return;
-    }
-  }
-  gemm_at(in, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_kernel(group_rows, ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
 }
 
 // ---- Grouped GEMM (Ops::grouped_gemm) ----------------------------------------------------------------
 
-// Group g of a grouped GEMM as one BLAS call (see Ops::grouped_gemm for the operand layout).
+// Group g of a grouped GEMM as one GEMM (see Ops::grouped_gemm for the operand layout).
 template <typename T>
 void grouped_gemm_group(const GemmInputs<T>& p, bool trans_a, bool trans_b, int64_t g, const int64_t* row_offset,
                         int64_t N, int64_t K, T alpha, const T* A, const T* B, T beta, T* C) {
   const int64_t r0 = row_offset[g], m = row_offset[g + 1] - r0;
   if (!trans_a)
-    group_gemm_at(p, m, false, trans_b, m, N, K, alpha, A + r0 * K, K, B + g * K * N, trans_b ? K : N, beta, C + r0 * N,
-                  N);
+    gemm_at(p, false, trans_b, m, N, K, alpha, A + r0 * K, K, B + g * K * N, trans_b ? K : N, beta, C + r0 * N, N, m);
   else
-    group_gemm_at(p, m, true, false, K, N, m, alpha, A + r0 * K, K, B + r0 * N, N, beta, C + g * K * N, N);
+    gemm_at(p, true, false, K, N, m, alpha, A + r0 * K, K, B + r0 * N, N, beta, C + g * K * N, N, m);
 }
 
 // Groups too large to share: more rows than an even share of the threads' work. These run first, one at a

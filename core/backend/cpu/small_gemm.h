@@ -25,7 +25,7 @@ bool small_gemm_available();
 // C = alpha op(A) op(B) + beta C, row-major, BLAS's arguments; beta = 0 does not read C. The three forms of a
 // grouped GEMM: (ta, tb) = (false, false), (false, true) with M the group's rows, and (true, false) with K the
 // group's rows (the weight gradient C (M x N) = A^T B). Returns false, having done nothing, where the kernels
-// do not run here (small_gemm_available() false) or for (true, true).
+// do not run here (small_gemm_available() false), for (true, true), and for K = 0 (C = beta C, left to BLAS).
 bool small_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
