@@ -1,9 +1,8 @@
 // GEMM blocks, as bench_moe --gemm-blocks measures them: what the CPU backend's GEMM (core/backend/cpu/
 // parallel_kernels.h blas_gemm: fixed blocks of rows or columns of C, one single-threaded OpenBLAS call each, so
 // the bits do not depend on the thread count) costs against one OpenBLAS call that OpenBLAS threads itself, on
-// the model's GEMM shapes (forward x W, input gradient dY W^T, weight gradient X^T dY), at 1 and 2 threads.
-// Each repetition times both ways at both thread counts in turn, so a busy moment of the machine falls on all
-// four; the medians are reported.
+// the model's GEMM shapes (forward x W, input gradient dY W^T, weight gradient X^T dY), at 1 and 2 threads
+// (bench/two_ways.h).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "bench/timing.h"
+#include "bench/two_ways.h"
 #include "core/backend/backend.h"
 #include "core/backend/cpu/parallel_kernels.h"
 
@@ -36,16 +36,13 @@ inline std::vector<GemmBlocksShape> gemm_blocks_shapes(bool quick) {
 
 struct GemmBlocksResult {
   GemmBlocksShape shape;
-  Summary blocked_s[2], one_call_s[2];  // seconds per GEMM at 1 and 2 threads
+  TwoWays seconds;  // per GEMM: the blocks first, one call second
 };
 
-inline double gemm_gflops(const GemmBlocksShape& s, const Summary& t) {
-  return 2.0 * double(s.M) * double(s.N) * double(s.K) / t.median * 1e-9;
-}
+inline double gemm_flops(const GemmBlocksShape& s) { return 2.0 * double(s.M) * double(s.N) * double(s.K); }
 
 // Times both ways at 1 and 2 threads, interleaved, reps times; the backend is left at `threads` afterwards.
 inline GemmBlocksResult measure_gemm_blocks(Backend& backend, const GemmBlocksShape& s, int reps) {
-  const int threads = backend.threads();
   std::vector<float> A(size_t(s.M * s.K), 0.5f), B(size_t(s.K * s.N), 0.25f), C(size_t(s.M * s.N), 0.0f);
   const int64_t lda = s.trans_a ? s.M : s.K, ldb = s.trans_b ? s.K : s.N;
   // Calls per sample: about 10^8 multiply-adds, so a sample lasts milliseconds.
@@ -60,37 +57,19 @@ inline GemmBlocksResult measure_gemm_blocks(Backend& backend, const GemmBlocksSh
     }
     return watch.seconds() / double(calls);
   };
-  std::vector<double> blocked[2], one_call[2];
-  for (int rep = 0; rep < reps + 1; ++rep)  // the first round warms up
-    for (int t = 0; t < 2; ++t) {
-      backend.set_threads(t + 1);
-      const double b = time(true), o = time(false);
-      if (rep > 0) blocked[t].push_back(b), one_call[t].push_back(o);
-    }
-  backend.set_threads(threads);
-  GemmBlocksResult r{s, {}, {}};
-  for (int t = 0; t < 2; ++t) r.blocked_s[t] = summarize(blocked[t]), r.one_call_s[t] = summarize(one_call[t]);
-  return r;
+  return {s, time_two_ways(backend, reps, time)};
 }
 
 inline void print_gemm_blocks(const GemmBlocksResult& r) {
   const GemmBlocksShape& s = r.shape;
   std::printf("  %-24s %5lld x %5lld x %5lld", s.name, (long long)s.M, (long long)s.N, (long long)s.K);
-  for (int t = 0; t < 2; ++t)
-    std::printf("  %dt: %6.1f / %6.1f GFLOP/s = %.2f", t + 1, gemm_gflops(s, r.blocked_s[t]),
-                gemm_gflops(s, r.one_call_s[t]), r.one_call_s[t].median / r.blocked_s[t].median);
-  std::printf("\n");
+  print_two_ways(r.seconds, gemm_flops(s));
 }
 
 inline nlohmann::json gemm_blocks_json(const GemmBlocksResult& r) {
   const GemmBlocksShape& s = r.shape;
   nlohmann::json j = {{"name", s.name}, {"M", s.M}, {"N", s.N}, {"K", s.K}};
-  for (int t = 0; t < 2; ++t) {
-    const std::string key = std::to_string(t + 1) + "_threads";
-    j[key] = {{"blocked_gflops", gemm_gflops(s, r.blocked_s[t])},
-              {"one_call_gflops", gemm_gflops(s, r.one_call_s[t])},
-              {"blocked_over_one_call", r.one_call_s[t].median / r.blocked_s[t].median}};
-  }
+  two_ways_json(r.seconds, gemm_flops(s), "blocked_gflops", "one_call_gflops", "blocked_over_one_call", j);
   return j;
 }
 

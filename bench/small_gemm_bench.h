@@ -3,8 +3,8 @@
 // three forms of an expert's GEMMs (forward x W, input gradient dY W^T, weight gradient X^T dY), for groups of 16
 // to 192 rows, at 1 and 2 threads. Each repetition sweeps many experts whose weights together exceed the
 // last-level cache, one expert per call and the experts shared among threads as the grouped GEMM shares them, so
-// the weights come from memory as they do at 64 experts top-1. Each repetition times both ways at both thread
-// counts in turn; the medians are reported.
+// the weights come from memory as they do at 64 experts top-1. Both ways at both thread counts in turn
+// (bench/two_ways.h).
 #pragma once
 
 #include <omp.h>
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench/timing.h"
+#include "bench/two_ways.h"
 #include "core/backend/backend.h"
 #include "core/backend/cpu/parallel_kernels.h"
 #include "core/backend/cpu/small_gemm.h"
@@ -46,12 +47,12 @@ inline std::vector<SmallGemmShape> small_gemm_shapes(bool quick) {
 struct SmallGemmResult {
   SmallGemmShape shape;
   int64_t experts = 0;
-  Summary small_s[2], blas_s[2];  // seconds per sweep of all experts at 1 and 2 threads
+  TwoWays seconds;  // per sweep of all experts: the kernels first, OpenBLAS second
 };
 
-inline double small_gemm_gflops(const SmallGemmResult& r, const Summary& t) {
+inline double small_gemm_flops(const SmallGemmResult& r) {
   const SmallGemmShape& s = r.shape;
-  return 2.0 * double(r.experts) * double(s.M) * double(s.N) * double(s.K) / t.median * 1e-9;
+  return 2.0 * double(r.experts) * double(s.M) * double(s.N) * double(s.K);
 }
 
 // The operands of `experts` experts, the weights (or weight gradients) 64 MB in all unless quick.
@@ -69,7 +70,6 @@ struct SmallGemmOperands {
 
 // Times both ways at 1 and 2 threads, interleaved, reps times; the backend is left at its thread count.
 inline SmallGemmResult measure_small_gemm(Backend& backend, const SmallGemmShape& s, int reps, bool quick) {
-  const int threads = backend.threads();
   SmallGemmOperands op(s, quick);
   const int64_t lda = s.trans_a ? s.M : s.K, ldb = s.trans_b ? s.K : s.N;
   const float beta = s.trans_a ? 1.0f : 0.0f;  // the weight gradients accumulate
@@ -84,38 +84,20 @@ inline SmallGemmResult measure_small_gemm(Backend& backend, const SmallGemmShape
     }
     return watch.seconds();
   };
-  std::vector<double> small[2], blas[2];
-  for (int rep = 0; rep < reps + 1; ++rep)  // the first round warms up
-    for (int t = 0; t < 2; ++t) {
-      backend.set_threads(t + 1);
-      const double k = sweep(true), o = sweep(false);
-      if (rep > 0) small[t].push_back(k), blas[t].push_back(o);
-    }
-  backend.set_threads(threads);
-  SmallGemmResult r{s, op.experts, {}, {}};
-  for (int t = 0; t < 2; ++t) r.small_s[t] = summarize(small[t]), r.blas_s[t] = summarize(blas[t]);
-  return r;
+  return {s, op.experts, time_two_ways(backend, reps, sweep)};
 }
 
 inline void print_small_gemm(const SmallGemmResult& r) {
   const SmallGemmShape& s = r.shape;
   std::printf("  %-8s %3lld rows  %4lld x %4lld x %4lld", s.name, (long long)s.rows, (long long)s.M, (long long)s.N,
               (long long)s.K);
-  for (int t = 0; t < 2; ++t)
-    std::printf("  %dt: %6.1f / %6.1f GFLOP/s = %.2f", t + 1, small_gemm_gflops(r, r.small_s[t]),
-                small_gemm_gflops(r, r.blas_s[t]), r.blas_s[t].median / r.small_s[t].median);
-  std::printf("\n");
+  print_two_ways(r.seconds, small_gemm_flops(r));
 }
 
 inline nlohmann::json small_gemm_json(const SmallGemmResult& r) {
   const SmallGemmShape& s = r.shape;
   nlohmann::json j = {{"name", s.name}, {"rows", s.rows}, {"M", s.M}, {"N", s.N}, {"K", s.K}, {"experts", r.experts}};
-  for (int t = 0; t < 2; ++t) {
-    const std::string key = std::to_string(t + 1) + "_threads";
-    j[key] = {{"small_gflops", small_gemm_gflops(r, r.small_s[t])},
-              {"openblas_gflops", small_gemm_gflops(r, r.blas_s[t])},
-              {"small_over_openblas", r.blas_s[t].median / r.small_s[t].median}};
-  }
+  two_ways_json(r.seconds, small_gemm_flops(r), "small_gflops", "openblas_gflops", "small_over_openblas", j);
   return j;
 }
 
