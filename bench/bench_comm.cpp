@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bench/timing.h"
+#include "core/backend/cpu/blas_kernels.h"
 #include "core/error.h"
 #include "parallel/mpi_communicator.h"
 
@@ -484,6 +485,7 @@ void run(Options o, MpiCommunicator& comm) {
 }  // namespace moe::bench
 
 int main(int argc, char** argv) {
+  moe::cpu::choose_blas_kernels(argv);  // the kernels users get (core/backend/cpu/blas_kernels.h)
   moe::bench::Options options;
   CLI::App app{
       "bench_comm: nccl-tests-style bandwidth of all-reduce, all-to-allv (blocking and nonblocking) and isend/irecv "

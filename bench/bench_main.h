@@ -1,15 +1,19 @@
 // The end of every benchmark's main(): parse the command line, run, and map the outcome to the exit codes
-// of the `moe` program (0 success, 2 bad command line, 1 anything else).
+// of the `moe` program (0 success, 2 bad command line, 1 anything else). Like `moe`, a benchmark runs the
+// OpenBLAS kernels this CPU has (core/backend/cpu/blas_kernels.h): it measures what users get.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
 
+#include "core/backend/cpu/blas_kernels.h"
+
 namespace moe::bench {
 
 template <typename Run>
 int parse_and_run(CLI::App& app, int argc, char** argv, const char* name, Run run) {
+  cpu::choose_blas_kernels(argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

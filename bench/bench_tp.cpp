@@ -28,6 +28,7 @@
 #include "bench/sgemm_peak.h"
 #include "bench/timing.h"
 #include "core/backend/backend.h"
+#include "core/backend/cpu/blas_kernels.h"
 #include "core/error.h"
 #include "core/model.h"
 #include "core/moe_layer.h"
@@ -538,6 +539,7 @@ void run(Options o, MpiCommunicator& world) {
 }  // namespace moe::bench
 
 int main(int argc, char** argv) {
+  moe::cpu::choose_blas_kernels(argv);  // the kernels users get (core/backend/cpu/blas_kernels.h)
   moe::bench::Options o;
   moe::bench::BenchShape& s = o.shape;
   CLI::App app{

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backend/cpu/blas_kernels.h"
 #include "core/error.h"
 #include "core/host.h"
 #include "launch/ckpt_command.h"
@@ -132,6 +133,9 @@ int report(const moe::Error& e, int rank, int size) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First: where OpenBLAS did not recognise this CPU, this executes the program again with the kernels the CPU
+  // has (core/backend/cpu/blas_kernels.h).
+  moe::cpu::choose_blas_kernels(argv);
   CLI::App app{
       "moe: train mixture-of-experts language models, from one laptop to a GPU cluster.\n"
       "Run `moe SUBCOMMAND --help` for the options of each subcommand.",

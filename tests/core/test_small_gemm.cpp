@@ -1,13 +1,15 @@
 // The small-group expert GEMM kernels (core/backend/cpu/small_gemm.h) against a double reference, in each of their
-// three forms, over the edges of their tiles (rows not a multiple of 6, columns not of 16, reductions not of 8 or of
-// a slab), leading dimensions wider than the matrices, alpha and beta, and beta = 0 over a C of NaN. Then the
-// property the ops' determinism rests on: the same bits for the same inputs wherever they lie in memory, and the
-// grouped GEMM of the CPU backend the same bits at 1, 2 and 3 threads with its groups in these kernels.
+// three forms and each instruction set the CPU has, over the edges of their tiles (rows not a multiple of 6 or 12,
+// columns not of 16 or 32, reductions not of 8 or of a slab), leading dimensions wider than the matrices, alpha and
+// beta, and beta = 0 over a C of NaN. Then the properties the ops' determinism rests on: the same bits for the same
+// inputs wherever they lie in memory and in either instruction set, and the grouped GEMM of the CPU backend the
+// same bits at 1, 2 and 3 threads with its groups in these kernels.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -36,8 +38,16 @@ std::vector<float> filled(int64_t n, int64_t salt, int64_t offset = 0) {
   return x;
 }
 
-// Runs one case through small_gemm and checks it against double; returns C.
-std::vector<float> check(const Case& c, int64_t offset = 0) {
+// The instruction sets whose kernels run here.
+std::vector<SmallGemmIsa> isas() {
+  std::vector<SmallGemmIsa> here;
+  for (const SmallGemmIsa isa : {SmallGemmIsa::Avx2, SmallGemmIsa::Avx512})
+    if (small_gemm_available(isa)) here.push_back(isa);
+  return here;
+}
+
+// Runs one case through the kernels of `isa` and checks it against double; returns C.
+std::vector<float> check(const Case& c, SmallGemmIsa isa, int64_t offset = 0) {
   const int64_t a_rows = c.ta ? c.K : c.M, a_cols = c.ta ? c.M : c.K;
   const int64_t b_rows = c.tb ? c.N : c.K, b_cols = c.tb ? c.K : c.N;
   const int64_t lda = a_cols + c.pad, ldb = b_cols + c.pad, ldc = c.N + c.pad;
@@ -46,7 +56,7 @@ std::vector<float> check(const Case& c, int64_t offset = 0) {
                                        : filled(c.M * ldc + offset, 3, offset);
   const std::vector<float> C0 = C;
   const float *a = A.data() + offset, *b = B.data() + offset;
-  EXPECT_TRUE(small_gemm(c.ta, c.tb, c.M, c.N, c.K, c.alpha, a, lda, b, ldb, c.beta, C.data() + offset, ldc));
+  EXPECT_TRUE(small_gemm_on(isa, c.ta, c.tb, c.M, c.N, c.K, c.alpha, a, lda, b, ldb, c.beta, C.data() + offset, ldc));
   for (int64_t i = 0; i < c.M; ++i)
     for (int64_t j = 0; j < c.N; ++j) {
       double sum = 0, size = 0;
@@ -59,8 +69,8 @@ std::vector<float> check(const Case& c, int64_t offset = 0) {
       const double want = c.alpha * sum + c.beta * c0;
       const double tol = 2e-7 * (double(c.K) + 2) * (std::abs(c.alpha) * size + std::abs(c.beta * c0)) + 1e-30;
       const double got = C[size_t(offset + i * ldc + j)];
-      EXPECT_NEAR(got, want, tol) << "ta " << c.ta << " tb " << c.tb << " M " << c.M << " N " << c.N << " K " << c.K
-                                  << " at (" << i << ", " << j << ")";
+      EXPECT_NEAR(got, want, tol) << small_gemm_isa_name(isa) << " ta " << c.ta << " tb " << c.tb << " M " << c.M
+                                  << " N " << c.N << " K " << c.K << " at (" << i << ", " << j << ")";
       if (::testing::Test::HasFailure()) return C;
     }
   // Outside the matrix (the leading dimensions' padding) nothing is written.
@@ -77,15 +87,16 @@ TEST(SmallGemm, EveryFormMatchesDoubleOverTileEdges) {
   for (const bool ta : {false, true})
     for (const bool tb : {false, true}) {
       if (ta && tb) continue;
-      for (const int64_t rows : {1, 5, 6, 7, 13, 32, 64})
-        for (const int64_t other : {1, 15, 16, 17, 48})
-          for (const int64_t reduction : {1, 7, 8, 63, 64, 65, 130}) {
-            // The group's rows are M for A B and A B^T, the reduction K for A^T B.
-            const Case c = ta ? Case{ta, tb, other + reduction, other, rows, 1.f, 0.f, 0}
-                              : Case{ta, tb, rows, other, reduction, 1.f, 0.f, 0};
-            check(c);
-            if (HasFailure()) return;
-          }
+      for (const int64_t rows : {1, 5, 6, 7, 12, 13, 25, 32, 64})
+        for (const int64_t other : {1, 15, 16, 17, 31, 32, 33, 48, 56})
+          for (const int64_t reduction : {1, 7, 8, 63, 64, 65, 130})
+            for (const SmallGemmIsa isa : isas()) {
+              // The group's rows are M for A B and A B^T, the reduction K for A^T B.
+              const Case c = ta ? Case{ta, tb, other + reduction, other, rows, 1.f, 0.f, 0}
+                                : Case{ta, tb, rows, other, reduction, 1.f, 0.f, 0};
+              check(c, isa);
+              if (HasFailure()) return;
+            }
     }
 }
 
@@ -96,10 +107,11 @@ TEST(SmallGemm, AlphaBetaAndLeadingDimensions) {
     for (const bool tb : {false, true}) {
       if (ta && tb) continue;
       for (const float alpha : alphas)
-        for (const float beta : betas) {
-          check({ta, tb, ta ? 40 : 11, 33, ta ? 9 : 70, alpha, beta, 5});
-          if (HasFailure()) return;
-        }
+        for (const float beta : betas)
+          for (const SmallGemmIsa isa : isas()) {
+            check({ta, tb, ta ? 40 : 11, 33, ta ? 9 : 70, alpha, beta, 5}, isa);
+            if (HasFailure()) return;
+          }
     }
 }
 
@@ -109,12 +121,36 @@ TEST(SmallGemm, TheSameBitsWhereverTheOperandsLie) {
     for (const bool tb : {false, true}) {
       if (ta && tb) continue;
       const Case c{ta, tb, ta ? 50 : 23, 37, ta ? 19 : 90, 1.f, 1.f, 3};
-      const std::vector<float> first = check(c);
+      const SmallGemmIsa isa = isas().back();
+      const std::vector<float> first = check(c, isa);
       for (const int64_t offset : {1, 3, 8}) {
-        const std::vector<float> moved = check(c, offset);
+        const std::vector<float> moved = check(c, isa, offset);
         ASSERT_EQ(moved.size(), first.size());
         for (size_t i = 0; i < first.size(); ++i) ASSERT_EQ(moved[i], first[i]) << "offset " << offset << " at " << i;
       }
+    }
+}
+
+// AVX-512 and AVX2 give the same bits: every output element is the same chain of fused multiply-adds, and each
+// panel's chain starts and ends alike (in C, or in a buffer finished with alpha and beta) in both.
+TEST(SmallGemm, BothInstructionSetsGiveTheSameBits) {
+  if (!small_gemm_available(SmallGemmIsa::Avx512)) GTEST_SKIP() << "no AVX-512 here";
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true}) {
+      if (ta && tb) continue;
+      for (const int64_t rows : {3, 12, 32, 43})
+        for (const int64_t other : {16, 40, 64, 70})
+          for (const float alpha : {1.f, 0.75f})
+            for (const float beta : {0.f, 1.f, -0.5f}) {
+              const Case c = ta ? Case{ta, tb, other + 9, other, rows, alpha, beta, 2}
+                                : Case{ta, tb, rows, other, 130, alpha, beta, 2};
+              const std::vector<float> wide = check(c, SmallGemmIsa::Avx512), narrow = check(c, SmallGemmIsa::Avx2);
+              ASSERT_EQ(wide.size(), narrow.size());
+              for (size_t i = 0; i < wide.size(); ++i)  // bit for bit: the padding of a beta-0 case is NaN in both
+                ASSERT_EQ(std::memcmp(&wide[i], &narrow[i], sizeof(float)), 0)
+                    << "ta " << ta << " tb " << tb << " rows " << rows << " other " << other << " alpha " << alpha
+                    << " beta " << beta << " at " << i;
+            }
     }
 }
 

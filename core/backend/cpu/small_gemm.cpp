@@ -1,19 +1,25 @@
-// The small-group expert GEMM kernels (small_gemm.h): AVX2 and FMA on x86-64, compiled for those instructions
-// (#pragma GCC target) and chosen at run time, so the binary still runs on any x86-64.
+// The small-group expert GEMM kernels (small_gemm.h) on x86-64: the tiles in AVX2 with FMA and in AVX-512, each
+// compiled for its instructions (#pragma GCC target) and chosen at run time, so the binary still runs on any x86-64;
+// the packing and the loops over tiles are shared, compiled for AVX2.
 //
-// One micro-kernel serves the three forms: a tile of R <= 6 rows by 16 columns of C held in 12 registers,
-// the reduction streamed through a packed "a" block (reduction-major, R values per step) and a packed "b" panel
-// (reduction-major, 16 values per step). Each form packs differently:
+// A tile is R rows by P panels of 16 columns of C, held in registers: the AVX2 tile up to 6 rows of one panel
+// (12 ymm registers), the AVX-512 tile up to 12 rows of two panels (24 zmm registers). The reduction streams
+// through a packed "a" block (reduction-major, R values per step) and packed "b" panels (reduction-major, 16
+// values per step). Each form packs differently:
 // - A B (the forward, B the weights K x N): B is packed in slabs of kSlab whole rows, read in memory order, the
 //   next slab prefetched while the current one is used; partial sums wait in a buffer between slabs;
-// - A B^T (the input gradient, B the weights N x K): 16 rows of B at a time, contiguous, transposed by 8 x 8
-//   blocks in registers, the next 16 rows prefetched;
+// - A B^T (the input gradient, B the weights N x K): 16 P rows of B at a time, contiguous, transposed by 8 x 8
+//   blocks in registers, the next rows prefetched;
 // - A^T B (the weight gradient C, K x N, with K large and the reduction over the group's few rows): the small
 //   operands are packed once and C is read and written once, each tile's lines prefetched a few tiles ahead.
+// Whether a panel's chain runs in C itself or in a buffer finished with alpha and beta is decided panel by panel
+// alike in both sets (two panels share a tile only where both are whole), so both give the same bits.
 #include "core/backend/cpu/small_gemm.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -22,19 +28,153 @@
 
 namespace moe::cpu {
 
+const char* small_gemm_isa_name(SmallGemmIsa isa) { return isa == SmallGemmIsa::Avx512 ? "avx512" : "avx2"; }
+
 #if defined(__x86_64__)
 
-// Everything in this namespace is compiled for AVX2 and FMA; only small_gemm() below, outside it, runs before the
-// CPU has been asked whether it has them.
+namespace {
+
+constexpr int64_t kW = 16;          // columns of a panel
+constexpr int kMaxRows = 12;        // rows of a tile at most, in either set
+constexpr int kMaxPanels = 2;       // panels of a tile at most
+constexpr int64_t kSlab = 64;       // rows of B per slab in the A B form
+constexpr int64_t kTilesAhead = 8;  // how far ahead, in panels, the A^T B form prefetches C
+
+// Where a tile's chain of sums starts and ends: init (zeros where null) and out, each R rows of 16 P floats,
+// their rows ld_init and ld_out floats apart.
+struct TileIo {
+  const float* init;
+  int64_t ld_init;
+  float* out;
+  int64_t ld_out;
+};
+
+// out (R x 16 P) = init + the sum over k < K of ap[k] (R values) times panel q's bp[k] (16 values at
+// bp + q stride + 16 k), one fused multiply-add per k in order.
+using TileFn = void (*)(int R, int P, const float* ap, const float* bp, int64_t stride, int64_t K, const TileIo& io);
+
+// One instruction set's tiles: at most `rows` rows and `panels` panels.
+struct Kernels {
+  int rows, panels;
+  TileFn tile;
+};
+
+}  // namespace
+
+// ---- AVX-512 tiles ----------------------------------------------------------------------------------------
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+
+namespace {
+
+// The accumulators are named registers (an array of them gets spilled to the stack); MOE_Z_EACH applies a
+// row's macro to the 12 rows.
+#define MOE_Z_EACH(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11)
+#define MOE_Z_ROW(i)                                                \
+  if constexpr (R > i) {                                            \
+    const __m512 a = _mm512_set1_ps(ap[k * R + i]);                 \
+    c##i##0 = _mm512_fmadd_ps(a, b0, c##i##0);                      \
+    if constexpr (P > 1) c##i##1 = _mm512_fmadd_ps(a, b1, c##i##1); \
+  }
+#define MOE_Z_LOAD(i)                                                              \
+  if constexpr (R > i) {                                                           \
+    c##i##0 = _mm512_loadu_ps(io.init + i * io.ld_init);                           \
+    if constexpr (P > 1) c##i##1 = _mm512_loadu_ps(io.init + i * io.ld_init + kW); \
+  }
+#define MOE_Z_STORE(i)                                                           \
+  if constexpr (R > i) {                                                         \
+    _mm512_storeu_ps(io.out + i * io.ld_out, c##i##0);                           \
+    if constexpr (P > 1) _mm512_storeu_ps(io.out + i * io.ld_out + kW, c##i##1); \
+  }
+
+template <int R, int P>
+void tile_z(const float* ap, const float* bp, int64_t stride, int64_t K, const TileIo& io) {
+  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+         c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00,
+         c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00;
+  if (io.init) {
+    MOE_Z_EACH(MOE_Z_LOAD)
+  }
+  const float* bq = bp + stride;
+  for (int64_t k = 0; k < K; ++k) {
+    const __m512 b0 = _mm512_loadu_ps(bp + k * kW), b1 = P > 1 ? _mm512_loadu_ps(bq + k * kW) : b0;
+    MOE_Z_EACH(MOE_Z_ROW)
+  }
+  MOE_Z_EACH(MOE_Z_STORE)
+}
+#undef MOE_Z_EACH
+#undef MOE_Z_ROW
+#undef MOE_Z_LOAD
+#undef MOE_Z_STORE
+
+template <int P>
+void tile_z_rows(int R, const float* ap, const float* bp, int64_t stride, int64_t K, const TileIo& io) {
+  using Fn = void (*)(const float*, const float*, int64_t, int64_t, const TileIo&);
+  static constexpr Fn by_rows[kMaxRows] = {tile_z<1, P>, tile_z<2, P>,  tile_z<3, P>,  tile_z<4, P>,
+                                           tile_z<5, P>, tile_z<6, P>,  tile_z<7, P>,  tile_z<8, P>,
+                                           tile_z<9, P>, tile_z<10, P>, tile_z<11, P>, tile_z<12, P>};
+  by_rows[R - 1](ap, bp, stride, K, io);
+}
+
+void tile_avx512(int R, int P, const float* ap, const float* bp, int64_t stride, int64_t K, const TileIo& io) {
+  if (P > 1) return tile_z_rows<2>(R, ap, bp, stride, K, io);
+  tile_z_rows<1>(R, ap, bp, stride, K, io);
+}
+
+}  // namespace
+
+#pragma GCC pop_options
+
+// ---- AVX2 tiles, packing and the three forms --------------------------------------------------------------
+
+// Everything from here to the next pop_options is compiled for AVX2 and FMA; only the functions after it run before
+// the CPU has been asked whether it has them.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 
 namespace {
 
-constexpr int64_t kW = 16;          // columns of a tile (two 8-float registers)
-constexpr int64_t kRows = 6;        // rows of a tile at most
-constexpr int64_t kSlab = 64;       // rows of B per slab in the A B form
-constexpr int64_t kTilesAhead = 8;  // how far ahead the A^T B form prefetches C
+#define MOE_TILE_ROW(i)                                   \
+  if constexpr (R > i) {                                  \
+    const __m256 a = _mm256_broadcast_ss(ap + k * R + i); \
+    c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0);            \
+    c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1);            \
+  }
+#define MOE_TILE_LOAD(i)                                     \
+  if constexpr (R > i) {                                     \
+    c##i##0 = _mm256_loadu_ps(io.init + i * io.ld_init);     \
+    c##i##1 = _mm256_loadu_ps(io.init + i * io.ld_init + 8); \
+  }
+#define MOE_TILE_STORE(i)                                  \
+  if constexpr (R > i) {                                   \
+    _mm256_storeu_ps(io.out + i * io.ld_out, c##i##0);     \
+    _mm256_storeu_ps(io.out + i * io.ld_out + 8, c##i##1); \
+  }
+
+// The AVX2 tile: R <= 6 rows of one panel.
+template <int R>
+void tile_y(const float* ap, const float* bp, int64_t K, const TileIo& io) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+         c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  if (io.init) {
+    MOE_TILE_LOAD(0) MOE_TILE_LOAD(1) MOE_TILE_LOAD(2) MOE_TILE_LOAD(3) MOE_TILE_LOAD(4) MOE_TILE_LOAD(5)
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 b0 = _mm256_load_ps(bp + k * kW), b1 = _mm256_load_ps(bp + k * kW + 8);
+    MOE_TILE_ROW(0) MOE_TILE_ROW(1) MOE_TILE_ROW(2) MOE_TILE_ROW(3) MOE_TILE_ROW(4) MOE_TILE_ROW(5)
+  }
+  MOE_TILE_STORE(0) MOE_TILE_STORE(1) MOE_TILE_STORE(2) MOE_TILE_STORE(3) MOE_TILE_STORE(4) MOE_TILE_STORE(5)
+}
+#undef MOE_TILE_ROW
+#undef MOE_TILE_LOAD
+#undef MOE_TILE_STORE
+
+void tile_avx2(int R, int, const float* ap, const float* bp, int64_t, int64_t K, const TileIo& io) {
+  using Fn = void (*)(const float*, const float*, int64_t, const TileIo&);
+  static constexpr Fn by_rows[6] = {tile_y<1>, tile_y<2>, tile_y<3>, tile_y<4>, tile_y<5>, tile_y<6>};
+  by_rows[R - 1](ap, bp, K, io);
+}
 
 // A buffer of the calling thread, 64-byte aligned, at least n floats; slot tells the buffers apart.
 float* scratch(int slot, int64_t n) {
@@ -44,15 +184,29 @@ float* scratch(int slot, int64_t n) {
   return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63));
 }
 
-// Rows are cut into blocks of at most kRows, as even as they go: block b is [first(b), first(b + 1)).
+// Rows are cut into blocks of at most `rows`, as even as they go: block b is [first(b), first(b + 1)).
 struct RowBlocks {
   int64_t count;
   std::vector<int64_t> starts;
-  explicit RowBlocks(int64_t m) : count((m + kRows - 1) / kRows), starts(size_t(count + 1)) {
+  RowBlocks(int64_t m, int rows) : count((m + rows - 1) / rows), starts(size_t(count + 1)) {
     for (int64_t b = 0; b <= count; ++b) starts[size_t(b)] = b * m / count;
   }
   int64_t first(int64_t b) const { return starts[size_t(b)]; }
   int height(int64_t b) const { return int(starts[size_t(b + 1)] - starts[size_t(b)]); }
+};
+
+// The columns of C cut into tiles of whole panels: panels(t) panels from panel first(t). Two panels share a
+// tile (where the set has two) only where both are whole, so a panel's treatment never depends on the set.
+struct ColumnTiles {
+  std::vector<int64_t> starts;  // the first panel of each tile, then the panel count
+  ColumnTiles(int64_t N, int per_tile) {
+    const int64_t panels = (N + kW - 1) / kW;
+    for (int64_t p = 0; p < panels; p += (per_tile > 1 && (p + 2) * kW <= N) ? 2 : 1) starts.push_back(p);
+    starts.push_back(panels);
+  }
+  int64_t count() const { return int64_t(starts.size()) - 1; }
+  int64_t first(int64_t t) const { return starts[size_t(t)]; }
+  int panels(int64_t t) const { return int(starts[size_t(t + 1)] - starts[size_t(t)]); }
 };
 
 void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
@@ -74,103 +228,45 @@ struct Prefetcher {
   }
 };
 
-// Where a tile's chain of sums starts and ends: init (zeros where null) and out, each R rows of 16 floats, their
-// rows ld_init and ld_out floats apart.
-struct TileIo {
-  const float* init;
-  int64_t ld_init;
-  float* out;
-  int64_t ld_out;
-};
-
-#define MOE_TILE_ROW(i)                                   \
-  if constexpr (R > i) {                                  \
-    const __m256 a = _mm256_broadcast_ss(ap + k * R + i); \
-    c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0);            \
-    c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1);            \
-  }
-#define MOE_TILE_LOAD(i)                                     \
-  if constexpr (R > i) {                                     \
-    c##i##0 = _mm256_loadu_ps(io.init + i * io.ld_init);     \
-    c##i##1 = _mm256_loadu_ps(io.init + i * io.ld_init + 8); \
-  }
-#define MOE_TILE_STORE(i)                                  \
-  if constexpr (R > i) {                                   \
-    _mm256_storeu_ps(io.out + i * io.ld_out, c##i##0);     \
-    _mm256_storeu_ps(io.out + i * io.ld_out + 8, c##i##1); \
-  }
-
-// out (R x 16) = init + the sum over k < K of ap[k] (R values) times bp[k] (16 values), one fused multiply-add
-// per k in order. The accumulators are named registers (an array of them gets spilled to the stack).
-template <int R>
-void tile(const float* ap, const float* bp, int64_t K, const TileIo& io) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
-         c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-  if (io.init) {
-    MOE_TILE_LOAD(0) MOE_TILE_LOAD(1) MOE_TILE_LOAD(2) MOE_TILE_LOAD(3) MOE_TILE_LOAD(4) MOE_TILE_LOAD(5)
-  }
-  for (int64_t k = 0; k < K; ++k) {
-    const __m256 b0 = _mm256_load_ps(bp + k * kW), b1 = _mm256_load_ps(bp + k * kW + 8);
-    MOE_TILE_ROW(0) MOE_TILE_ROW(1) MOE_TILE_ROW(2) MOE_TILE_ROW(3) MOE_TILE_ROW(4) MOE_TILE_ROW(5)
-  }
-  MOE_TILE_STORE(0) MOE_TILE_STORE(1) MOE_TILE_STORE(2) MOE_TILE_STORE(3) MOE_TILE_STORE(4) MOE_TILE_STORE(5)
-}
-#undef MOE_TILE_ROW
-#undef MOE_TILE_LOAD
-#undef MOE_TILE_STORE
-
-void run_tile(int R, const float* ap, const float* bp, int64_t K, const TileIo& io) {
-  switch (R) {
-    case 1:
-      return tile<1>(ap, bp, K, io);
-    case 2:
-      return tile<2>(ap, bp, K, io);
-    case 3:
-      return tile<3>(ap, bp, K, io);
-    case 4:
-      return tile<4>(ap, bp, K, io);
-    case 5:
-      return tile<5>(ap, bp, K, io);
-    default:
-      return tile<6>(ap, bp, K, io);
-  }
-}
-
-// C (R rows x w <= 16 columns) = alpha t + beta C; beta = 0 does not read C.
-void finish(const float* t, int R, int64_t w, float alpha, float beta, float* C, int64_t ldc) {
+// C (R rows x w columns) = alpha t + beta C, t's rows ldt apart; beta = 0 does not read C. Whole tiles (w = 16
+// P) in vectors, a partial panel (one, w < 16) element by element.
+void finish(const float* t, int64_t ldt, int R, int64_t w, bool whole, float alpha, float beta, float* C, int64_t ldc) {
   const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
   for (int r = 0; r < R; ++r) {
     float* out = C + r * ldc;
-    const float* s = t + r * kW;
-    if (w < kW) {
+    const float* s = t + r * ldt;
+    if (!whole) {
       for (int64_t x = 0; x < w; ++x) out[x] = beta == 0.f ? alpha * s[x] : alpha * s[x] + beta * out[x];
       continue;
     }
-    __m256 x0 = _mm256_mul_ps(va, _mm256_load_ps(s)), x1 = _mm256_mul_ps(va, _mm256_load_ps(s + 8));
-    if (beta != 0.f) {
-      x0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(out), x0);
-      x1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(out + 8), x1);
+    for (int64_t x = 0; x < w; x += 8) {
+      __m256 v = _mm256_mul_ps(va, _mm256_load_ps(s + x));
+      if (beta != 0.f) v = _mm256_fmadd_ps(vb, _mm256_loadu_ps(out + x), v);
+      _mm256_storeu_ps(out + x, v);
     }
-    _mm256_storeu_ps(out, x0);
-    _mm256_storeu_ps(out + 8, x1);
   }
 }
 
-// How a tile of w columns at C (R rows, ldc apart) ends. Where alpha is 1, beta 0 or 1 and the tile is whole,
-// the chain runs in C itself: it starts from C's value (beta 1) or zero, and its last step stores into C.
-// Otherwise it ends in t and finish() applies alpha and beta. A function of the shape and of alpha and beta.
+// How a tile of P panels, w columns at C (R rows, ldc apart), ends. Where alpha is 1, beta 0 or 1 and the
+// panels are whole, the chain runs in C itself: it starts from C's value (beta 1) or zero, and its last step stores
+// into C. Otherwise it ends in t and finish() applies alpha and beta. A function of the shape and of alpha and
+// beta, panel by panel.
 struct TileEnd {
+  const Kernels& kn;
   float alpha, beta;
   float* C;
   int64_t ldc, w;
-  bool direct() const { return w == kW && alpha == 1.f && (beta == 0.f || beta == 1.f); }
+  int P;
+  bool whole() const { return w == kW * P; }
+  bool direct() const { return whole() && alpha == 1.f && (beta == 0.f || beta == 1.f); }
   const float* init() const { return direct() && beta == 1.f ? C : nullptr; }
   // The last part of the chain: from `from` (ld floats apart; null: init()) to C.
-  void run(int R, const float* ap, const float* bp, int64_t K, const float* from, int64_t ld, float* t) const {
+  void run(int R, const float* ap, const float* bp, int64_t stride, int64_t K, const float* from, int64_t ld,
+           float* t) const {
     if (!from) from = init(), ld = ldc;
-    if (direct()) return run_tile(R, ap, bp, K, {from, ld, C, ldc});
-    run_tile(R, ap, bp, K, {from, ld, t, kW});
-    finish(t, R, w, alpha, beta, C, ldc);
+    if (direct()) return kn.tile(R, P, ap, bp, stride, K, {from, ld, C, ldc});
+    kn.tile(R, P, ap, bp, stride, K, {from, ld, t, kW * P});
+    finish(t, kW * P, R, w, whole(), alpha, beta, C, ldc);
   }
 };
 
@@ -250,16 +346,17 @@ void pack_panels(const float* B, int64_t ldb, int64_t m, int64_t N, float* bp) {
 // ---- the three forms ----------------------------------------------------------------------------------
 
 // C (m x N) = alpha A (m x K) B (K x N) + beta C.
-void gemm_nn(int64_t m, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
-             float beta, float* C, int64_t ldc) {
-  const RowBlocks blocks(m);
-  const int64_t panels = (N + kW - 1) / kW, tiles = panels * blocks.count;
+void gemm_nn(const Kernels& kn, int64_t m, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+             const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const RowBlocks blocks(m, kn.rows);
+  const ColumnTiles columns(N, kn.panels);
+  const int64_t panels = (N + kW - 1) / kW, tiles = columns.count() * blocks.count, ldp = panels * kW;
   float* ap = scratch(0, m * K);
   float* bp = scratch(1, std::min(kSlab, K) * panels * kW);
-  float* partial = scratch(2, m * panels * kW);  // sums between slabs: tile (b, p) at (first(b) panels + p R) 16
+  float* partial = scratch(2, m * ldp);  // sums between slabs, m x ldp
   for (int64_t b = 0; b < blocks.count; ++b)
     pack_rows(A, lda, K, blocks.first(b), blocks.height(b), ap + blocks.first(b) * K);
-  alignas(32) float t[kRows * kW];
+  alignas(64) float t[kMaxRows * kW * kMaxPanels];
   for (int64_t k0 = 0; k0 < K; k0 += kSlab) {
     const int64_t kc = std::min(kSlab, K - k0);
     const bool first = k0 == 0, last = k0 + kc == K;
@@ -267,70 +364,89 @@ void gemm_nn(int64_t m, int64_t N, int64_t K, float alpha, const float* A, int64
     Prefetcher next;
     if (!last) next = Prefetcher(B + (k0 + kc) * ldb, std::min(kSlab, K - k0 - kc), N, ldb);
     const int64_t per_tile = (next.total() + tiles - 1) / tiles;
-    for (int64_t p = 0; p < panels; ++p)
+    for (int64_t c = 0; c < columns.count(); ++c)
       for (int64_t b = 0; b < blocks.count; ++b) {
         next.issue(per_tile);
-        const int R = blocks.height(b);
-        const int64_t i0 = blocks.first(b);
-        const TileEnd end{alpha, beta, C + i0 * ldc + p * kW, ldc, std::min(kW, N - p * kW)};
-        float* sums = partial + (i0 * panels + p * R) * kW;
-        const float* a = ap + i0 * K + k0 * R;
+        const int R = blocks.height(b), P = columns.panels(c);
+        const int64_t i0 = blocks.first(b), n0 = columns.first(c) * kW;
+        const TileEnd end{kn, alpha, beta, C + i0 * ldc + n0, ldc, std::min(kW * P, N - n0), P};
+        float* sums = partial + i0 * ldp + n0;
+        const float *a = ap + i0 * K + k0 * R, *b_panels = bp + columns.first(c) * kc * kW;
         if (last)
-          end.run(R, a, bp + p * kc * kW, kc, first ? nullptr : sums, kW, t);
+          end.run(R, a, b_panels, kc * kW, kc, first ? nullptr : sums, ldp, t);
         else
-          run_tile(R, a, bp + p * kc * kW, kc, {first ? end.init() : sums, first ? ldc : kW, sums, kW});
+          kn.tile(R, P, a, b_panels, kc * kW, kc, {first ? end.init() : sums, first ? ldc : ldp, sums, ldp});
       }
   }
 }
 
 // C (m x N) = alpha A (m x K) B^T + beta C, B (N x K).
-void gemm_nt(int64_t m, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
-             float beta, float* C, int64_t ldc) {
-  const RowBlocks blocks(m);
-  const int64_t panels = (N + kW - 1) / kW;
+void gemm_nt(const Kernels& kn, int64_t m, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+             const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const RowBlocks blocks(m, kn.rows);
+  const ColumnTiles columns(N, kn.panels);
   float* ap = scratch(0, m * K);
-  float* bp = scratch(1, K * kW);
+  float* bp = scratch(1, K * kW * kMaxPanels);
   for (int64_t b = 0; b < blocks.count; ++b)
     pack_rows(A, lda, K, blocks.first(b), blocks.height(b), ap + blocks.first(b) * K);
-  alignas(32) float t[kRows * kW];
-  for (int64_t p = 0; p < panels; ++p) {
-    const int64_t n0 = p * kW, w = std::min(kW, N - n0);
-    pack_transposed(B, ldb, K, n0, N, bp);
+  alignas(64) float t[kMaxRows * kW * kMaxPanels];
+  for (int64_t c = 0; c < columns.count(); ++c) {
+    const int P = columns.panels(c);
+    const int64_t n0 = columns.first(c) * kW, w = std::min(kW * P, N - n0), next0 = n0 + kW * P;
+    for (int q = 0; q < P; ++q) pack_transposed(B, ldb, K, n0 + q * kW, N, bp + q * K * kW);
     Prefetcher next;
-    if (p + 1 < panels) next = Prefetcher(B + (n0 + kW) * ldb, std::min(kW, N - n0 - kW), K, ldb);
+    if (next0 < N) next = Prefetcher(B + next0 * ldb, std::min(kW * kn.panels, N - next0), K, ldb);
     const int64_t per_tile = (next.total() + blocks.count - 1) / blocks.count;
     for (int64_t b = 0; b < blocks.count; ++b) {
       next.issue(per_tile);
       const int64_t i0 = blocks.first(b);
-      const TileEnd end{alpha, beta, C + i0 * ldc + n0, ldc, w};
-      end.run(blocks.height(b), ap + i0 * K, bp, K, nullptr, 0, t);
+      const TileEnd end{kn, alpha, beta, C + i0 * ldc + n0, ldc, w, P};
+      end.run(blocks.height(b), ap + i0 * K, bp, K * kW, K, nullptr, 0, t);
     }
   }
 }
 
 // C (M x N) = alpha A^T B + beta C, A (m x M), B (m x N): the reduction over the m rows.
-void gemm_tn(int64_t m, int64_t M, int64_t N, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
-             float beta, float* C, int64_t ldc) {
-  const RowBlocks blocks(M);
+void gemm_tn(const Kernels& kn, int64_t m, int64_t M, int64_t N, float alpha, const float* A, int64_t lda,
+             const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const RowBlocks blocks(M, kn.rows);
+  const ColumnTiles columns(N, kn.panels);
   const int64_t panels = (N + kW - 1) / kW;
   float* ap = scratch(0, m * M);
   float* bp = scratch(1, m * panels * kW);
   for (int64_t b = 0; b < blocks.count; ++b)
     pack_columns(A, lda, m, blocks.first(b), blocks.height(b), ap + blocks.first(b) * m);
   pack_panels(B, ldb, m, N, bp);
-  alignas(32) float t[kRows * kW];
-  int64_t ahead_b = kTilesAhead / panels, ahead_p = kTilesAhead % panels;  // the tile whose C lines are asked for
+  alignas(64) float t[kMaxRows * kW * kMaxPanels];
+  int64_t ahead_b = kTilesAhead / panels, ahead_p = kTilesAhead % panels;  // the panel whose C lines are asked for
   for (int64_t b = 0; b < blocks.count; ++b)
-    for (int64_t p = 0; p < panels; ++p) {
-      if (ahead_b < blocks.count) {
+    for (int64_t c = 0; c < columns.count(); ++c) {
+      const int P = columns.panels(c);
+      for (int q = 0; q < P && ahead_b < blocks.count; ++q) {
         for (int64_t i = blocks.first(ahead_b); i < blocks.first(ahead_b + 1); ++i)
           prefetch(C + i * ldc + ahead_p * kW);
         if (++ahead_p == panels) ahead_p = 0, ++ahead_b;
       }
-      const int64_t i0 = blocks.first(b);
-      const TileEnd end{alpha, beta, C + i0 * ldc + p * kW, ldc, std::min(kW, N - p * kW)};
-      end.run(blocks.height(b), ap + i0 * m, bp + p * m * kW, m, nullptr, 0, t);
+      const int64_t i0 = blocks.first(b), n0 = columns.first(c) * kW;
+      const TileEnd end{kn, alpha, beta, C + i0 * ldc + n0, ldc, std::min(kW * P, N - n0), P};
+      end.run(blocks.height(b), ap + i0 * m, bp + columns.first(c) * m * kW, m * kW, m, nullptr, 0, t);
     }
+}
+
+constexpr Kernels kAvx2{6, 1, tile_avx2};
+constexpr Kernels kAvx512{kMaxRows, kMaxPanels, tile_avx512};
+
+bool run_form(const Kernels& kn, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+              int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if ((ta && tb) || K == 0) return false;
+  if (M == 0 || N == 0) return true;
+  if (ta)
+    gemm_tn(kn, K, M, N, alpha, A, lda, B, ldb, beta, C, ldc);
+  else if (tb)
+    gemm_nt(kn, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    gemm_nn(kn, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  return true;
 }
 
 }  // namespace
@@ -338,30 +454,51 @@ void gemm_tn(int64_t m, int64_t M, int64_t N, float alpha, const float* A, int64
 #pragma GCC pop_options
 
 namespace {
-bool cpu_has_avx2_fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
+
+bool cpu_has(SmallGemmIsa isa) {
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
+  return isa == SmallGemmIsa::Avx512 ? avx512 : avx2;
 }
+
+// The set small_gemm() runs: the widest here, or AVX2 where MOE_SMALL_GEMM=avx2 (a knob for measurements:
+// docs/bench.md "Small-group expert GEMMs").
+SmallGemmIsa chosen_isa() {
+  static const SmallGemmIsa isa = [] {
+    const char* asked = std::getenv("MOE_SMALL_GEMM");
+    if (asked && std::strcmp(asked, "avx2") == 0) return SmallGemmIsa::Avx2;
+    return cpu_has(SmallGemmIsa::Avx512) ? SmallGemmIsa::Avx512 : SmallGemmIsa::Avx2;
+  }();
+  return isa;
+}
+
 }  // namespace
 
-bool small_gemm_available() { return cpu_has_avx2_fma(); }
+bool small_gemm_available(SmallGemmIsa isa) { return cpu_has(isa); }
+bool small_gemm_available() { return cpu_has(SmallGemmIsa::Avx2); }
+const char* small_gemm_isa_in_use() { return small_gemm_available() ? small_gemm_isa_name(chosen_isa()) : nullptr; }
+
+bool small_gemm_on(SmallGemmIsa isa, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (!cpu_has(isa)) return false;
+  return run_form(isa == SmallGemmIsa::Avx512 ? kAvx512 : kAvx2, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
 
 bool small_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (!cpu_has_avx2_fma() || (ta && tb) || K == 0) return false;
-  if (M == 0 || N == 0) return true;
-  if (ta)
-    gemm_tn(K, M, N, alpha, A, lda, B, ldb, beta, C, ldc);
-  else if (tb)
-    gemm_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  else
-    gemm_nn(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  return true;
+  return small_gemm_on(chosen_isa(), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 #else  // not x86-64: OpenBLAS serves every group
 
+bool small_gemm_available(SmallGemmIsa) { return false; }
 bool small_gemm_available() { return false; }
+const char* small_gemm_isa_in_use() { return nullptr; }
+
+bool small_gemm_on(SmallGemmIsa, bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                   int64_t, float, float*, int64_t) {
+  return false;
+}
 
 bool small_gemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float,
                 float*, int64_t) {

@@ -1,0 +1,72 @@
+// OpenBLAS's kernel set for this CPU (blas_kernels.h).
+#include "core/backend/cpu/blas_kernels.h"
+
+#include <cblas.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+namespace moe::cpu {
+
+namespace {
+constexpr const char* kCoreVariable = "OPENBLAS_CORETYPE";
+constexpr const char* kFallbackVariable = "MOE_BLAS_FALLBACK";
+
+// "OpenBLAS 0.3.21" from openblas_get_config()'s "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ...".
+std::string openblas_version() {
+  const std::string config = openblas_get_config();
+  const size_t end = config.find(' ', config.find(' ') + 1);
+  return config.substr(0, end);
+}
+}  // namespace
+
+CpuVectors cpu_vectors() {
+  CpuVectors v;
+#if defined(__x86_64__)
+  // libgcc's answers include the operating system's: AVX-512 only where it saves the zmm registers (XCR0).
+  v.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  v.avx512 = v.avx2_fma && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vl");
+#endif
+  return v;
+}
+
+std::string better_blas_core(const std::string& chosen, const CpuVectors& cpu) {
+  // Only OpenBLAS's fallback for a CPU it does not know: a CPU it recognised keeps the kernels chosen for it,
+  // even where a wider set would run (OpenBLAS may have reasons, and the user can still set the variable).
+  if (chosen != "Prescott") return "";
+  if (cpu.avx512) return "SkylakeX";
+  if (cpu.avx2_fma) return "Haswell";
+  return "";
+}
+
+std::string blas_core() { return openblas_get_corename(); }
+
+void choose_blas_kernels(char** argv) {
+  if (std::getenv(kCoreVariable)) return;
+  const std::string chosen = blas_core();
+  const std::string better = better_blas_core(chosen, cpu_vectors());
+  if (better.empty()) return;
+  setenv(kCoreVariable, better.c_str(), 1);
+  setenv(kFallbackVariable, chosen.c_str(), 1);
+  execv("/proc/self/exe", argv);
+  // Not executed again (no /proc, say): run on the kernels loaded, and let the startup line say which.
+  unsetenv(kCoreVariable);
+  unsetenv(kFallbackVariable);
+}
+
+std::string blas_kernels_description() {
+  std::string text = "OpenBLAS " + blas_core() + " kernels";
+  const char* fallback = std::getenv(kFallbackVariable);
+  const char* core = std::getenv(kCoreVariable);
+  if (fallback && core)
+    text += std::string(" (") + kCoreVariable + "=" + core + ": " + openblas_version() +
+            " does not know this CPU and chose " + fallback + ")";
+  else if (core)
+    text += std::string(" (") + kCoreVariable + "=" + core + ")";
+  return text;
+}
+
+}  // namespace moe::cpu

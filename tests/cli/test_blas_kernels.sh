@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The OpenBLAS kernels `moe train` runs (core/backend/cpu/blas_kernels.h, docs/design.md "BLAS kernels"): never
+# OpenBLAS's generic Prescott set on a CPU with AVX2 (where the library does not know the CPU, the program runs
+# again with OPENBLAS_CORETYPE set), the startup line and the manifest name the same set, and a variable the user
+# set is kept as it is.
+#
+# Usage: test_blas_kernels.sh MOE_BINARY SOURCE_DIR
+set -u
+if [ $# -ne 2 ]; then
+  echo "usage: $0 MOE_BINARY SOURCE_DIR" >&2
+  exit 2
+fi
+moe=$1
+config="$2/configs/tiny.json"
+unset OMPI_COMM_WORLD_SIZE PMI_SIZE PMIX_SIZE OMPI_COMM_WORLD_LOCAL_SIZE MPI_LOCALNRANKS OPENBLAS_CORETYPE \
+  MOE_BLAS_FALLBACK
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+small=(--set train.steps=1 --set model.d_model=32 --set model.layers=1 --set model.heads=2
+       --set model.ffn_hidden=32 --set train.seq_len=16 --set train.global_batch=2 --set train.micro_batch=1
+       --set train.eval_sequences=2 --set train.threads=1 --resume none --overwrite)
+
+passed=0
+failed=0
+check() {  # check NAME CONDITION-EXIT-CODE [DETAIL]
+  if [ "$2" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL [$1] ${3:-}"; fi
+}
+
+# The kernel set named by the startup line of a run in $work/$1 (its output in $work/$1.out).
+run_train() {
+  "$moe" train --config "$config" "${small[@]}" --run-dir "$work/$1" >"$work/$1.out" 2>&1
+  echo $?
+}
+
+rc=$(run_train plain)
+check "plain run exits 0" "$rc" "exit $rc: $(cat "$work/plain.out")"
+line=$(grep -o 'CPU GEMMs: OpenBLAS [A-Za-z0-9]* kernels.*' "$work/plain.out")
+core=$(echo "$line" | awk '{print $4}')
+[ -n "$core" ]
+check "the startup line names the kernels" $? "$(cat "$work/plain.out")"
+
+flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+if [[ $flags == *" avx2 "* && $flags == *" fma "* ]]; then
+  [ "$core" != Prescott ]
+  check "no generic kernels on a CPU with AVX2" $? "$line"
+fi
+if [[ $line == *"does not know this CPU"* ]]; then
+  [[ $line == *"OPENBLAS_CORETYPE=$core:"*"chose Prescott)"* ]]
+  check "a replaced fallback is explained" $? "$line"
+fi
+
+grep -q "\"openblas\": *\"[^\"]* $core " "$work/plain/manifest.json"
+check "manifest.json names the same kernels" $? "$(grep openblas "$work/plain/manifest.json")"
+
+# The user's choice stands, and is said to be theirs.
+if [[ $flags == *" avx2 "* && $flags == *" fma "* ]]; then
+  rc=$(OPENBLAS_CORETYPE=Haswell run_train chosen)
+  check "run with OPENBLAS_CORETYPE exits 0" "$rc" "$(cat "$work/chosen.out")"
+  grep -q 'CPU GEMMs: OpenBLAS Haswell kernels (OPENBLAS_CORETYPE=Haswell);' "$work/chosen.out"
+  check "the user's OPENBLAS_CORETYPE is kept" $? "$(grep 'CPU GEMMs' "$work/chosen.out")"
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
