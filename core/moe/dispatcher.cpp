@@ -109,9 +109,11 @@ void ExpertDispatcher<T>::finish_combine(RowsInFlight<T>& rows) {
   rows.handle.reset();
 }
 
-// The blocking forms reuse one staging buffer across calls.
+// The blocking forms reuse one staging buffer across calls. With one rank the rows arrive from one source, so the
+// expert-major order is the tokens' own: one copy, without the staging buffer and the reordering copy.
 template <typename T>
 void ExpertDispatcher<T>::dispatch(const ExchangePlan& p, const T* token_rows, T* expert_rows, int64_t width) {
+  if (ep_size_ == 1) return backend_.copy(expert_rows, token_rows, size_t(p.received * width) * sizeof(T));
   RowsInFlight<T> rows;
   rows.staging = std::move(buffer_);
   start_dispatch(p, token_rows, width, rows);
@@ -121,6 +123,7 @@ void ExpertDispatcher<T>::dispatch(const ExchangePlan& p, const T* token_rows, T
 
 template <typename T>
 void ExpertDispatcher<T>::combine(const ExchangePlan& p, const T* expert_rows, T* token_rows, int64_t width) {
+  if (ep_size_ == 1) return backend_.copy(token_rows, expert_rows, size_t(p.received * width) * sizeof(T));
   RowsInFlight<T> rows;
   rows.staging = std::move(buffer_);
   start_combine(p, expert_rows, token_rows, width, rows);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/backend/cpu/vector_math.h"
 #include "core/error.h"
 
 namespace moe {
@@ -14,6 +15,37 @@ namespace {
 constexpr double kMinGateSum = 1e-6;
 constexpr double kMinLogArg = 1e-30;
 constexpr int64_t kMaxExperts = 1024;
+
+// The per-token parts of the router's losses run on the host, one token's row of E values at a time, the rows
+// shared among the threads (each row's results are its own, so the same bits at any thread count) and the
+// exponentials and logarithms of a row taken at once (cpu::map_doubles). With 64 experts they were scalar calls,
+// 2048 x 320 a layer's forward and backward: as long as a third of the layer's expert GEMMs (docs/bench.md
+// "The router's losses").
+
+// The log-sum-exp of a row z (E values), exp(z - max) left in e.
+template <typename T>
+double row_lse(const T* z, int64_t E, double* e) {
+  double m = -INFINITY, s = 0;
+  for (int64_t i = 0; i < E; ++i) m = std::max(m, double(z[i]));
+  for (int64_t i = 0; i < E; ++i) e[i] = double(z[i]) - m;
+  cpu::exp_doubles(e, e, E);
+  for (int64_t i = 0; i < E; ++i) s += e[i];
+  return m + std::log(s);
+}
+
+// log max(p, kMinLogArg) of a row p (E values) into lp.
+template <typename T>
+void row_log(const T* p, int64_t E, double* lp) {
+  for (int64_t i = 0; i < E; ++i) lp[i] = std::max(double(p[i]), kMinLogArg);
+  cpu::log_doubles(lp, lp, E);
+}
+
+// A buffer of the calling thread: two rows of E doubles.
+double* row_buffer(int64_t E) {
+  thread_local std::vector<double> buffer;
+  buffer.resize(size_t(2 * E));
+  return buffer.data();
+}
 
 template <typename T>
 void softmax_backward(const T* p, const T* g, double tau, T* dz, int64_t E) {
@@ -173,21 +205,26 @@ void Router<T>::select(const FfnContext& context, const T* scores, const T* host
 template <typename T>
 void Router<T>::losses(const FfnContext& context, const T* logits, const T* scores, Routing<T>& r, int64_t N) const {
   const int64_t E = s_.num_experts;
+  // Each token's log-sum-exp (z-loss) and score entropy, the rows among the threads; then the sums in token order.
+  std::vector<double> lse(static_cast<size_t>(N)), entropy(static_cast<size_t>(N));
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    double* e = row_buffer(E);
+    double* lp = e + E;
+    lse[size_t(n)] = row_lse(logits + n * E, E, e);
+    const T* p = scores + n * E;
+    row_log(p, E, lp);
+    double h = 0;
+    for (int64_t i = 0; i < E; ++i) h -= double(p[i]) * lp[i];
+    entropy[size_t(n)] = h;
+  }
   std::vector<double> P(static_cast<size_t>(E), 0.0);
   double zsum = 0, hsum = 0;
   for (int64_t n = 0; n < N; ++n) {
-    const T* z = logits + n * E;
     const T* p = scores + n * E;
-    double m = -INFINITY, s = 0, h = 0;
-    for (int64_t e = 0; e < E; ++e) m = std::max(m, double(z[e]));
-    for (int64_t e = 0; e < E; ++e) s += std::exp(double(z[e]) - m);
-    const double lse = m + std::log(s);
-    zsum += lse * lse;
-    for (int64_t e = 0; e < E; ++e) {
-      P[e] += double(p[e]);
-      h -= double(p[e]) * std::log(std::max(double(p[e]), kMinLogArg));
-    }
-    hsum += h;
+    zsum += lse[size_t(n)] * lse[size_t(n)];
+    for (int64_t e = 0; e < E; ++e) P[e] += double(p[e]);
+    hsum += entropy[size_t(n)];
   }
   double aux = 0, death = 0, P_sum = 0, log_P = 0;
   for (int64_t e = 0; e < E; ++e) {
@@ -281,20 +318,24 @@ void Router<T>::loss_backward(const FfnContext& context, const Routing<T>& r, co
     for (int64_t e = 0; e < E; ++e)
       warmup[e] = s_.coef_warmup * inv_n * (1.0 / S - 1.0 / (double(E) * std::max(P[e], kMinLogArg)));
   }
+  // Each token's row of dp and dz is its own: the rows among the threads.
+#pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const T* z = logits + n * E;
     const T* p = scores + n * E;
-    double m = -INFINITY, s = 0;
-    for (int64_t e = 0; e < E; ++e) m = std::max(m, double(z[e]));
-    for (int64_t e = 0; e < E; ++e) s += std::exp(double(z[e]) - m);
-    const double lse = m + std::log(s);
+    double* ez = row_buffer(E);  // exp(z - lse)
+    double* lp = ez + E;         // log p
+    const double lse = row_lse(z, E, ez);
+    for (int64_t e = 0; e < E; ++e) ez[e] = double(z[e]) - lse;
+    cpu::exp_doubles(ez, ez, E);
+    row_log(p, E, lp);
     for (int64_t e = 0; e < E; ++e) {
       double g = s_.coef_aux * double(E) * double(r.f[e]) * inv_n;
-      g += s_.coef_entropy * inv_n * (std::log(std::max(double(p[e]), kMinLogArg)) + 1.0);
+      g += s_.coef_entropy * inv_n * (lp[e] + 1.0);
       if (P[e] < s_.death_floor) g -= s_.coef_death * inv_n;
       if (warming) g += warmup[e];
       dp[n * E + e] += T(rs * g);
-      dz[n * E + e] += T(rs * s_.coef_z * 2.0 * lse * std::exp(double(z[e]) - lse) * inv_n);
+      dz[n * E + e] += T(rs * s_.coef_z * 2.0 * lse * ez[e] * inv_n);
     }
   }
 }

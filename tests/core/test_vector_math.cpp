@@ -1,6 +1,6 @@
-// The CPU backend's many-at-a-time exponentials (core/backend/cpu/vector_math.h): every form (AVX2 where the CPU
-// has it, the SSE form, the portable one) within a few ulp of double, and a value's result independent of where it
-// sits in the array, which is what makes the ops' bits independent of how threads split them.
+// The CPU backend's many-at-a-time exponentials and logarithms (core/backend/cpu/vector_math.h): every form (AVX2
+// where the CPU has it, the SSE form, the portable one) within a few ulp of double, and a value's result independent
+// of where it sits in the array, which is what makes the ops' bits independent of how threads split them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -32,6 +32,21 @@ TEST(VectorMath, ExpDoublesWithinFourUlpOfStdExpAtEveryPosition) {
     std::vector<double> tail(x.size() - size_t(shift));
     exp_doubles(x.data() + shift, tail.data(), int64_t(tail.size()));
     for (size_t i = 0; i < tail.size(); ++i) ASSERT_EQ(tail[i], e[i + size_t(shift)]) << "shift " << shift;
+  }
+}
+
+TEST(VectorMath, LogDoublesWithinFourUlpOfStdLogAtEveryPosition) {
+  const std::vector<double> x = inputs(1001, 1e-30, 4.0);
+  std::vector<double> l(x.size());
+  log_doubles(x.data(), l.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = std::log(x[i]);
+    EXPECT_LE(std::abs(l[i] - want), 4 * std::abs(want) * 2.2205e-16 + 1e-300) << "x = " << x[i];
+  }
+  for (int64_t shift = 1; shift <= 5; ++shift) {
+    std::vector<double> tail(x.size() - size_t(shift));
+    log_doubles(x.data() + shift, tail.data(), int64_t(tail.size()));
+    for (size_t i = 0; i < tail.size(); ++i) ASSERT_EQ(tail[i], l[i + size_t(shift)]) << "shift " << shift;
   }
 }
 

@@ -1,8 +1,8 @@
 // The CPU bodies of the MoE and optimizer ops of core/backend/ops.h (router scores, top-k, row moves,
 // AdamW), as plain functions the CPU backend calls. Each row (or element) is computed by one thread in a
-// fixed order, so results do not depend on the thread count. The arithmetic is exactly the one the
-// router, the MoE layer and AdamW did on the host before these were ops: routing decisions and
-// training runs are bit for bit what they were.
+// fixed order, so results do not depend on the thread count. The arithmetic is the one the router, the MoE
+// layer and AdamW did on the host before these were ops, but for the softmax's exponentials, taken a row at a
+// time through libmvec (cpu/vector_math.h) since 64 experts made the scalar calls a large part of the router.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/backend/cpu/vector_math.h"
 #include "core/philox.h"
 
 namespace moe::cpu {
@@ -41,8 +42,10 @@ void softmax_rows(const T* z, const double* noise, double tau, T* p, int64_t N, 
       scaled_row(z + n * E, noise ? noise + n * E : nullptr, tau, row.data(), E);
       double m = -INFINITY, sum = 0;
       for (int64_t e = 0; e < E; ++e) m = std::max(m, row[e]);
-      for (int64_t e = 0; e < E; ++e) sum += std::exp(row[e] - m);
-      for (int64_t e = 0; e < E; ++e) p[n * E + e] = T(std::exp(row[e] - m) / sum);
+      for (int64_t e = 0; e < E; ++e) row[e] -= m;
+      exp_doubles(row.data(), row.data(), E);
+      for (int64_t e = 0; e < E; ++e) sum += row[e];
+      for (int64_t e = 0; e < E; ++e) p[n * E + e] = T(row[e] / sum);
     }
   }
 }

@@ -1,12 +1,13 @@
-// exp of many values at once through glibc's vector math library (libmvec), for the CPU backend's hot loops:
-// the SwiGLU's float kernels and the double exponentials of attention's softmax and of the cross-entropy. On
-// x86-64 with AVX2: libmvec's 8-wide expf / 4-wide exp (_ZGVdN8v_expf, _ZGVdN4v_exp) and AVX2 arithmetic; on
-// other x86-64 the SSE forms (_ZGVbN4v_expf, _ZGVbN2v_exp) and scalar arithmetic; elsewhere std::exp. libmvec's
-// exp are within 4 ulp. Every value goes through the same vector call, the tail padded, so a value's result does
-// not depend on where it sits in the array or on how threads split it: the same bits at any thread count (the
-// bits may differ between CPUs, as OpenBLAS's kernels do). The AVX2 arithmetic is written without FMA, in the
-// scalar form's order, so that only exp differs between the two x86-64 forms. Scalar expf was most of the
-// SwiGLU's time (docs/bench.md "After the vectorised exponentials and the beta-0 GEMMs").
+// exp (and log) of many values at once through glibc's vector math library (libmvec), for the CPU's hot loops:
+// the SwiGLU's float kernels, the double exponentials of attention's softmax and of the cross-entropy, and the
+// router's losses on the host (core/moe/router.cpp). On x86-64 with AVX2: libmvec's 8-wide expf / 4-wide exp and
+// log (_ZGVdN8v_expf, _ZGVdN4v_exp, _ZGVdN4v_log) and AVX2 arithmetic; on other x86-64 the SSE forms
+// (_ZGVbN4v_expf, _ZGVbN2v_exp, _ZGVbN2v_log) and scalar arithmetic; elsewhere std::exp and std::log. libmvec's
+// exp and log are within 4 ulp. Every value goes through the same vector call, the tail padded, so a value's result
+// does not depend on where it sits in the array or on how threads split it: the same bits at any thread count (the bits
+// may differ between CPUs, as OpenBLAS's kernels do). The AVX2 arithmetic is written without FMA, in the scalar form's
+// order, so that only exp differs between the two x86-64 forms. Scalar expf was most of the SwiGLU's time
+// (docs/bench.md "After the vectorised exponentials and the beta-0 GEMMs").
 #pragma once
 
 #include <cmath>
@@ -19,9 +20,14 @@ extern "C" __m128 _ZGVbN4v_expf(__m128 x);  // NOLINT: glibc's libmvec, the x86-
 extern "C" __attribute__((target("avx2"))) __m256 _ZGVdN8v_expf(__m256 x);   // NOLINT
 extern "C" __m128d _ZGVbN2v_exp(__m128d x);                                  // NOLINT
 extern "C" __attribute__((target("avx2"))) __m256d _ZGVdN4v_exp(__m256d x);  // NOLINT
+extern "C" __m128d _ZGVbN2v_log(__m128d x);                                  // NOLINT
+extern "C" __attribute__((target("avx2"))) __m256d _ZGVdN4v_log(__m256d x);  // NOLINT
 #endif
 
 namespace moe::cpu {
+
+// The double functions taken many at a time (map_doubles).
+enum class DoubleFn { Exp, Log };
 
 #if defined(__x86_64__)
 inline bool cpu_has_avx2() {
@@ -73,28 +79,39 @@ __attribute__((target("avx2"))) inline void swiglu_backward_avx2(const float* a,
   }
 }
 
-__attribute__((target("avx2"))) inline void exp_doubles_avx2(const double* x, double* out, int64_t n) {
+__attribute__((target("avx2"))) inline __m256d four_doubles(DoubleFn f, __m256d x) {
+  return f == DoubleFn::Exp ? _ZGVdN4v_exp(x) : _ZGVdN4v_log(x);
+}
+inline __m128d two_doubles(DoubleFn f, __m128d x) { return f == DoubleFn::Exp ? _ZGVbN2v_exp(x) : _ZGVbN2v_log(x); }
+
+// out[i] = f(x[i]) for i < n, 4 at a time, the tail padded with ones.
+__attribute__((target("avx2"))) inline void map_doubles_avx2(DoubleFn f, const double* x, double* out, int64_t n) {
   int64_t i = 0;
-  for (; i + 4 <= n; i += 4) _mm256_storeu_pd(out + i, _ZGVdN4v_exp(_mm256_loadu_pd(x + i)));
+  for (; i + 4 <= n; i += 4) _mm256_storeu_pd(out + i, four_doubles(f, _mm256_loadu_pd(x + i)));
   if (i == n) return;
-  alignas(32) double in[4] = {0, 0, 0, 0}, result[4];
+  alignas(32) double in[4] = {1, 1, 1, 1}, result[4];
   for (int64_t j = i; j < n; ++j) in[j - i] = x[j];
-  _mm256_store_pd(result, _ZGVdN4v_exp(_mm256_load_pd(in)));
+  _mm256_store_pd(result, four_doubles(f, _mm256_load_pd(in)));
   for (int64_t j = i; j < n; ++j) out[j] = result[j - i];
 }
 #endif
 
-// out[i] = exp(x[i]) for i < n (out may be x).
-inline void exp_doubles(const double* x, double* out, int64_t n) {
+// out[i] = f(x[i]) for i < n (out may be x): 4 at a time with AVX2, 2 with SSE, std::exp or std::log elsewhere.
+inline void map_doubles(DoubleFn f, const double* x, double* out, int64_t n) {
 #if defined(__x86_64__)
-  if (cpu_has_avx2()) return exp_doubles_avx2(x, out, n);
+  if (cpu_has_avx2()) return map_doubles_avx2(f, x, out, n);
   int64_t i = 0;
-  for (; i + 2 <= n; i += 2) _mm_storeu_pd(out + i, _ZGVbN2v_exp(_mm_loadu_pd(x + i)));
-  if (i < n) out[i] = _mm_cvtsd_f64(_ZGVbN2v_exp(_mm_set_pd(0.0, x[i])));
+  for (; i + 2 <= n; i += 2) _mm_storeu_pd(out + i, two_doubles(f, _mm_loadu_pd(x + i)));
+  if (i < n) out[i] = _mm_cvtsd_f64(two_doubles(f, _mm_set_pd(1.0, x[i])));
 #else
-  for (int64_t i = 0; i < n; ++i) out[i] = std::exp(x[i]);
+  for (int64_t i = 0; i < n; ++i) out[i] = f == DoubleFn::Exp ? std::exp(x[i]) : std::log(x[i]);
 #endif
 }
+
+// out[i] = exp(x[i]) for i < n (out may be x).
+inline void exp_doubles(const double* x, double* out, int64_t n) { map_doubles(DoubleFn::Exp, x, out, n); }
+// out[i] = log(x[i]) for i < n (out may be x).
+inline void log_doubles(const double* x, double* out, int64_t n) { map_doubles(DoubleFn::Log, x, out, n); }
 
 // exp(x[j] - shift) in double for j < n, all at once, in a buffer of the calling thread that its next call
 // overwrites: a softmax row's exponentials.
