@@ -6,8 +6,9 @@
 // (12 ymm registers), the AVX-512 tile up to 12 rows of two panels (24 zmm registers). The reduction streams
 // through a packed "a" block (reduction-major, R values per step) and packed "b" panels (reduction-major, 16
 // values per step). Each form packs differently:
-// - A B (the forward, B the weights K x N): B is packed in slabs of kSlab whole rows, read in memory order, the
-//   next slab prefetched while the current one is used; partial sums wait in a buffer between slabs;
+// - A B (the forward, B the weights K x N): B is taken in slabs of kSlab whole rows, read in memory order, the
+//   next slab prefetched while the current one is used (packed into panels for the AVX2 tile; the AVX-512 tile
+//   reads whole panels in place); partial sums wait in a buffer between slabs;
 // - A B^T (the input gradient, B the weights N x K): 16 P rows of B at a time, contiguous, transposed by 8 x 8
 //   blocks in registers, the next rows prefetched;
 // - A^T B (the weight gradient C, K x N, with K large and the reduction over the group's few rows): the small
@@ -49,9 +50,16 @@ struct TileIo {
   int64_t ld_out;
 };
 
-// out (R x 16 P) = init + the sum over k < K of ap[k] (R values) times panel q's bp[k] (16 values at
-// bp + q stride + 16 k), one fused multiply-add per k in order.
-using TileFn = void (*)(int R, int P, const float* ap, const float* bp, int64_t stride, int64_t K, const TileIo& io);
+// Where a tile's "b" values lie: panel q's 16 values of step k at p + q stride + k ldk (packed: stride a panel's
+// size, ldk 16; read in place from a row-major matrix: stride 16, ldk its leading dimension).
+struct Panels {
+  const float* p;
+  int64_t stride, ldk;
+};
+
+// out (R x 16 P) = init + the sum over k < K of ap[k] (R values) times panel q's 16 values of step k, one fused
+// multiply-add per k in order. The AVX2 tile takes packed panels only.
+using TileFn = void (*)(int R, int P, const float* ap, const Panels& b, int64_t K, const TileIo& io);
 
 // One instruction set's tiles: at most `rows` rows and `panels` panels.
 struct Kernels {
@@ -89,16 +97,17 @@ namespace {
   }
 
 template <int R, int P>
-void tile_z(const float* ap, const float* bp, int64_t stride, int64_t K, const TileIo& io) {
+void tile_z(const float* ap, const Panels& b, int64_t K, const TileIo& io) {
   __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
          c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00,
          c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00;
   if (io.init) {
     MOE_Z_EACH(MOE_Z_LOAD)
   }
-  const float* bq = bp + stride;
+  const float *bp = b.p, *bq = b.p + b.stride;
+  const int64_t ldk = b.ldk;
   for (int64_t k = 0; k < K; ++k) {
-    const __m512 b0 = _mm512_loadu_ps(bp + k * kW), b1 = P > 1 ? _mm512_loadu_ps(bq + k * kW) : b0;
+    const __m512 b0 = _mm512_loadu_ps(bp + k * ldk), b1 = P > 1 ? _mm512_loadu_ps(bq + k * ldk) : b0;
     MOE_Z_EACH(MOE_Z_ROW)
   }
   MOE_Z_EACH(MOE_Z_STORE)
@@ -109,17 +118,17 @@ void tile_z(const float* ap, const float* bp, int64_t stride, int64_t K, const T
 #undef MOE_Z_STORE
 
 template <int P>
-void tile_z_rows(int R, const float* ap, const float* bp, int64_t stride, int64_t K, const TileIo& io) {
-  using Fn = void (*)(const float*, const float*, int64_t, int64_t, const TileIo&);
+void tile_z_rows(int R, const float* ap, const Panels& b, int64_t K, const TileIo& io) {
+  using Fn = void (*)(const float*, const Panels&, int64_t, const TileIo&);
   static constexpr Fn by_rows[kMaxRows] = {tile_z<1, P>, tile_z<2, P>,  tile_z<3, P>,  tile_z<4, P>,
                                            tile_z<5, P>, tile_z<6, P>,  tile_z<7, P>,  tile_z<8, P>,
                                            tile_z<9, P>, tile_z<10, P>, tile_z<11, P>, tile_z<12, P>};
-  by_rows[R - 1](ap, bp, stride, K, io);
+  by_rows[R - 1](ap, b, K, io);
 }
 
-void tile_avx512(int R, int P, const float* ap, const float* bp, int64_t stride, int64_t K, const TileIo& io) {
-  if (P > 1) return tile_z_rows<2>(R, ap, bp, stride, K, io);
-  tile_z_rows<1>(R, ap, bp, stride, K, io);
+void tile_avx512(int R, int P, const float* ap, const Panels& b, int64_t K, const TileIo& io) {
+  if (P > 1) return tile_z_rows<2>(R, ap, b, K, io);
+  tile_z_rows<1>(R, ap, b, K, io);
 }
 
 }  // namespace
@@ -170,10 +179,10 @@ void tile_y(const float* ap, const float* bp, int64_t K, const TileIo& io) {
 #undef MOE_TILE_LOAD
 #undef MOE_TILE_STORE
 
-void tile_avx2(int R, int, const float* ap, const float* bp, int64_t, int64_t K, const TileIo& io) {
+void tile_avx2(int R, int, const float* ap, const Panels& b, int64_t K, const TileIo& io) {
   using Fn = void (*)(const float*, const float*, int64_t, const TileIo&);
   static constexpr Fn by_rows[6] = {tile_y<1>, tile_y<2>, tile_y<3>, tile_y<4>, tile_y<5>, tile_y<6>};
-  by_rows[R - 1](ap, bp, K, io);
+  by_rows[R - 1](ap, b.p, K, io);
 }
 
 // A buffer of the calling thread, 64-byte aligned, at least n floats; slot tells the buffers apart.
@@ -261,11 +270,10 @@ struct TileEnd {
   bool direct() const { return whole() && alpha == 1.f && (beta == 0.f || beta == 1.f); }
   const float* init() const { return direct() && beta == 1.f ? C : nullptr; }
   // The last part of the chain: from `from` (ld floats apart; null: init()) to C.
-  void run(int R, const float* ap, const float* bp, int64_t stride, int64_t K, const float* from, int64_t ld,
-           float* t) const {
+  void run(int R, const float* ap, const Panels& b, int64_t K, const float* from, int64_t ld, float* t) const {
     if (!from) from = init(), ld = ldc;
-    if (direct()) return kn.tile(R, P, ap, bp, stride, K, {from, ld, C, ldc});
-    kn.tile(R, P, ap, bp, stride, K, {from, ld, t, kW * P});
+    if (direct()) return kn.tile(R, P, ap, b, K, {from, ld, C, ldc});
+    kn.tile(R, P, ap, b, K, {from, ld, t, kW * P});
     finish(t, kW * P, R, w, whole(), alpha, beta, C, ldc);
   }
 };
@@ -351,8 +359,10 @@ void gemm_nn(const Kernels& kn, int64_t m, int64_t N, int64_t K, float alpha, co
   const RowBlocks blocks(m, kn.rows);
   const ColumnTiles columns(N, kn.panels);
   const int64_t panels = (N + kW - 1) / kW, tiles = columns.count() * blocks.count, ldp = panels * kW;
+  // The AVX-512 tile reads whole panels of B where they lie (its rows ldb apart), the AVX2 one packed copies.
+  const bool in_place = kn.panels > 1 && N % kW == 0;
   float* ap = scratch(0, m * K);
-  float* bp = scratch(1, std::min(kSlab, K) * panels * kW);
+  float* bp = in_place ? nullptr : scratch(1, std::min(kSlab, K) * panels * kW);
   float* partial = scratch(2, m * ldp);  // sums between slabs, m x ldp
   for (int64_t b = 0; b < blocks.count; ++b)
     pack_rows(A, lda, K, blocks.first(b), blocks.height(b), ap + blocks.first(b) * K);
@@ -360,7 +370,7 @@ void gemm_nn(const Kernels& kn, int64_t m, int64_t N, int64_t K, float alpha, co
   for (int64_t k0 = 0; k0 < K; k0 += kSlab) {
     const int64_t kc = std::min(kSlab, K - k0);
     const bool first = k0 == 0, last = k0 + kc == K;
-    pack_slab(B, ldb, k0, kc, N, bp);
+    if (!in_place) pack_slab(B, ldb, k0, kc, N, bp);
     Prefetcher next;
     if (!last) next = Prefetcher(B + (k0 + kc) * ldb, std::min(kSlab, K - k0 - kc), N, ldb);
     const int64_t per_tile = (next.total() + tiles - 1) / tiles;
@@ -371,11 +381,13 @@ void gemm_nn(const Kernels& kn, int64_t m, int64_t N, int64_t K, float alpha, co
         const int64_t i0 = blocks.first(b), n0 = columns.first(c) * kW;
         const TileEnd end{kn, alpha, beta, C + i0 * ldc + n0, ldc, std::min(kW * P, N - n0), P};
         float* sums = partial + i0 * ldp + n0;
-        const float *a = ap + i0 * K + k0 * R, *b_panels = bp + columns.first(c) * kc * kW;
+        const float* a = ap + i0 * K + k0 * R;
+        const Panels b_panels =
+            in_place ? Panels{B + k0 * ldb + n0, kW, ldb} : Panels{bp + columns.first(c) * kc * kW, kc * kW, kW};
         if (last)
-          end.run(R, a, b_panels, kc * kW, kc, first ? nullptr : sums, ldp, t);
+          end.run(R, a, b_panels, kc, first ? nullptr : sums, ldp, t);
         else
-          kn.tile(R, P, a, b_panels, kc * kW, kc, {first ? end.init() : sums, first ? ldc : ldp, sums, ldp});
+          kn.tile(R, P, a, b_panels, kc, {first ? end.init() : sums, first ? ldc : ldp, sums, ldp});
       }
   }
 }
@@ -401,7 +413,7 @@ void gemm_nt(const Kernels& kn, int64_t m, int64_t N, int64_t K, float alpha, co
       next.issue(per_tile);
       const int64_t i0 = blocks.first(b);
       const TileEnd end{kn, alpha, beta, C + i0 * ldc + n0, ldc, w, P};
-      end.run(blocks.height(b), ap + i0 * K, bp, K * kW, K, nullptr, 0, t);
+      end.run(blocks.height(b), ap + i0 * K, {bp, K * kW, kW}, K, nullptr, 0, t);
     }
   }
 }
@@ -429,7 +441,7 @@ void gemm_tn(const Kernels& kn, int64_t m, int64_t M, int64_t N, float alpha, co
       }
       const int64_t i0 = blocks.first(b), n0 = columns.first(c) * kW;
       const TileEnd end{kn, alpha, beta, C + i0 * ldc + n0, ldc, std::min(kW * P, N - n0), P};
-      end.run(blocks.height(b), ap + i0 * m, bp + columns.first(c) * m * kW, m * kW, m, nullptr, 0, t);
+      end.run(blocks.height(b), ap + i0 * m, {bp + columns.first(c) * m * kW, m * kW, kW}, m, nullptr, 0, t);
     }
 }
 
