@@ -282,20 +282,24 @@ nlohmann::json measure_memory_bounds(const std::vector<MoeResult>& results, int 
   const double rate = bandwidth.bytes_per_s.median;
   std::printf(
       "memory bound: read bandwidth %.1f GB/s (median of %d sums over %lld MB; min %.1f, max %.1f), last-level\n"
-      "  cache %lld MB; where the experts' weights and gradients exceed it, a forward + backward moves the weights\n"
-      "  twice and the gradients in and out, at least that many bytes / bandwidth:\n",
+      "  cache %lld MB; a forward + backward moves the experts' weights twice and their gradients in and out, at\n"
+      "  least that many bytes / bandwidth where they come from memory (where they fit the cache, only if it does\n"
+      "  not keep them: a cache shared with other tenants, say):\n",
       rate * 1e-9, o.quick ? 2 : 5, (long long)(bandwidth.buffer_bytes >> 20), bandwidth.bytes_per_s.min * 1e-9,
       bandwidth.bytes_per_s.max * 1e-9, (long long)(last_level_cache_bytes() >> 20));
   nlohmann::json shapes = nlohmann::json::array();
   for (const MoeResult& r : results) {
     const MoeShape& s = r.shape;
-    if (s.capacity_factor > 0 || !experts_stream(s.experts, s.d_model, s.expert_hidden)) continue;
+    if (s.capacity_factor > 0) continue;
+    const bool streams = experts_stream(s.experts, s.d_model, s.expert_hidden);
     const double bytes = expert_stream_bytes(s.experts, s.d_model, s.expert_hidden), floor_s = bytes / rate;
     const double floor_ratio = floor_s / r.dense.train_s.median;
-    std::printf("  E=%lld K=%lld: %.0f MB, at least %.1f ms = %.2f x the dense fwd+bwd (measured moe / dense %.2f)\n",
-                (long long)s.experts, (long long)s.top_k, bytes * 1e-6, floor_s * 1e3, floor_ratio, ratio_train(r));
+    std::printf("  E=%lld K=%lld: %.0f MB%s, %.1f ms = %.2f x the dense fwd+bwd (measured moe / dense %.2f)\n",
+                (long long)s.experts, (long long)s.top_k, bytes * 1e-6, streams ? "" : " (fit the cache)",
+                floor_s * 1e3, floor_ratio, ratio_train(r));
     shapes.push_back({{"experts", s.experts},
                       {"top_k", s.top_k},
+                      {"fit_cache", !streams},
                       {"bytes", bytes},
                       {"floor_ms", floor_s * 1e3},
                       {"floor_over_dense_forward_backward", floor_ratio}});
