@@ -4,8 +4,8 @@
 //
 // A tile is R rows by P panels of 16 columns of C, held in registers: the AVX2 tile up to 6 rows of one panel
 // (12 ymm registers), the AVX-512 tile up to 12 rows of two panels (24 zmm registers). The reduction streams
-// through a packed "a" block (reduction-major, R values per step) and packed "b" panels (reduction-major, 16
-// values per step). Each form packs differently:
+// through a packed "a" block (reduction-major, R values per step) and "b" panels (reduction-major, 16 values per
+// step; packed, or read in place where B's rows hold them). Each form packs differently:
 // - A B (the forward, B the weights K x N): B is taken in slabs of kSlab whole rows, read in memory order, the
 //   next slab prefetched while the current one is used (packed into panels for the AVX2 tile; the AVX-512 tile
 //   reads whole panels in place); partial sums wait in a buffer between slabs;
