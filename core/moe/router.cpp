@@ -18,33 +18,28 @@ constexpr int64_t kMaxExperts = 1024;
 
 // The per-token parts of the router's losses run on the host, one token's row of E values at a time, the rows
 // shared among the threads (each row's results are its own, so the same bits at any thread count) and the
-// exponentials and logarithms of a row taken at once (cpu::map_doubles). With 64 experts they were scalar calls,
-// 2048 x 320 a layer's forward and backward: as long as a third of the layer's expert GEMMs (docs/bench.md
-// "The router's losses").
+// exponentials and logarithms of a row taken at once (cpu::exp_shifted, cpu::log_doubles). With 64 experts they were
+// scalar calls, 2048 x 320 a layer's forward and backward: as long as a third of the layer's expert GEMMs
+// (docs/bench.md "The router's losses").
 
-// The log-sum-exp of a row z (E values), exp(z - max) left in e.
+// The log-sum-exp of a row z (E values).
 template <typename T>
-double row_lse(const T* z, int64_t E, double* e) {
+double row_lse(const T* z, int64_t E) {
   double m = -INFINITY, s = 0;
   for (int64_t i = 0; i < E; ++i) m = std::max(m, double(z[i]));
-  for (int64_t i = 0; i < E; ++i) e[i] = double(z[i]) - m;
-  cpu::exp_doubles(e, e, E);
+  const double* e = cpu::exp_shifted(z, m, E);
   for (int64_t i = 0; i < E; ++i) s += e[i];
   return m + std::log(s);
 }
 
-// log max(p, kMinLogArg) of a row p (E values) into lp.
+// log max(p, kMinLogArg) of a row p (E values), in a buffer of the calling thread that its next call overwrites.
 template <typename T>
-void row_log(const T* p, int64_t E, double* lp) {
-  for (int64_t i = 0; i < E; ++i) lp[i] = std::max(double(p[i]), kMinLogArg);
-  cpu::log_doubles(lp, lp, E);
-}
-
-// A buffer of the calling thread: two rows of E doubles.
-double* row_buffer(int64_t E) {
-  thread_local std::vector<double> buffer;
-  buffer.resize(size_t(2 * E));
-  return buffer.data();
+const double* row_log(const T* p, int64_t E) {
+  thread_local std::vector<double> lp;
+  lp.resize(size_t(E));
+  for (int64_t i = 0; i < E; ++i) lp[size_t(i)] = std::max(double(p[i]), kMinLogArg);
+  cpu::log_doubles(lp.data(), lp.data(), E);
+  return lp.data();
 }
 
 template <typename T>
@@ -209,11 +204,9 @@ void Router<T>::losses(const FfnContext& context, const T* logits, const T* scor
   std::vector<double> lse(static_cast<size_t>(N)), entropy(static_cast<size_t>(N));
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    double* e = row_buffer(E);
-    double* lp = e + E;
-    lse[size_t(n)] = row_lse(logits + n * E, E, e);
+    lse[size_t(n)] = row_lse(logits + n * E, E);
     const T* p = scores + n * E;
-    row_log(p, E, lp);
+    const double* lp = row_log(p, E);
     double h = 0;
     for (int64_t i = 0; i < E; ++i) h -= double(p[i]) * lp[i];
     entropy[size_t(n)] = h;
@@ -323,12 +316,9 @@ void Router<T>::loss_backward(const FfnContext& context, const Routing<T>& r, co
   for (int64_t n = 0; n < N; ++n) {
     const T* z = logits + n * E;
     const T* p = scores + n * E;
-    double* ez = row_buffer(E);  // exp(z - lse)
-    double* lp = ez + E;         // log p
-    const double lse = row_lse(z, E, ez);
-    for (int64_t e = 0; e < E; ++e) ez[e] = double(z[e]) - lse;
-    cpu::exp_doubles(ez, ez, E);
-    row_log(p, E, lp);
+    const double lse = row_lse(z, E);
+    const double* ez = cpu::exp_shifted(z, lse, E);  // exp(z - lse)
+    const double* lp = row_log(p, E);
     for (int64_t e = 0; e < E; ++e) {
       double g = s_.coef_aux * double(E) * double(r.f[e]) * inv_n;
       g += s_.coef_entropy * inv_n * (lp[e] + 1.0);

@@ -42,10 +42,9 @@ void softmax_rows(const T* z, const double* noise, double tau, T* p, int64_t N, 
       scaled_row(z + n * E, noise ? noise + n * E : nullptr, tau, row.data(), E);
       double m = -INFINITY, sum = 0;
       for (int64_t e = 0; e < E; ++e) m = std::max(m, row[e]);
-      for (int64_t e = 0; e < E; ++e) row[e] -= m;
-      exp_doubles(row.data(), row.data(), E);
-      for (int64_t e = 0; e < E; ++e) sum += row[e];
-      for (int64_t e = 0; e < E; ++e) p[n * E + e] = T(row[e] / sum);
+      const double* ex = exp_shifted(row.data(), m, E);
+      for (int64_t e = 0; e < E; ++e) sum += ex[e];
+      for (int64_t e = 0; e < E; ++e) p[n * E + e] = T(ex[e] / sum);
     }
   }
 }
