@@ -206,12 +206,6 @@ void print_table(const std::vector<MoeResult>& results, const SgemmPeak& peak) {
   std::fflush(stdout);
 }
 
-// Which kernels run the GEMMs: OpenBLAS's set, and the small-group kernels' instruction set.
-std::string kernels_text() {
-  const char* small = cpu::small_gemm_isa_in_use();
-  return cpu::blas_kernels_description() + "; small groups: " + (small ? small : "OpenBLAS");
-}
-
 nlohmann::json timing_json(const LayerTiming& t, const SgemmPeak& peak) {
   return {{"forward_flops", t.forward_flops},
           {"forward_ms", summary_json(t.forward_s, 1e3)},
@@ -245,7 +239,7 @@ nlohmann::json to_json(const Options& o, int threads, const SgemmPeak& peak, con
   return {{"bench", "moe"},
           {"threads", threads},
           {"hardware_threads", int(std::thread::hardware_concurrency())},
-          {"kernels", kernels_text()},
+          {"kernels", cpu::cpu_gemm_kernels_description()},
           {"quick", o.quick},
           {"reps", o.reps},
           {"warmup", o.warmup},
@@ -353,7 +347,7 @@ void run(Options o) {
   const std::unique_ptr<Backend> backend = make_cpu_backend(o.threads);
   if (o.small_gemm) {
     std::printf("bench_moe --small-gemm: load average %s at start; %s\n", load_average().c_str(),
-                kernels_text().c_str());
+                cpu::cpu_gemm_kernels_description().c_str());
     const nlohmann::json small = measure_small_gemm_section(*backend, o);
     std::printf("load average %s at end\n%s\n", load_average().c_str(),
                 nlohmann::json{{"small_gemm", small}}.dump().c_str());
@@ -390,7 +384,8 @@ void run(Options o) {
   const std::string load_start = load_average();
   std::printf("bench_moe: %d threads (%u hardware threads), load average %s at start%s\n  GEMMs: %s\n",
               backend->threads(), std::thread::hardware_concurrency(), load_start.c_str(),
-              o.quick ? "; --quick: sizes too small to mean anything" : "", kernels_text().c_str());
+              o.quick ? "; --quick: sizes too small to mean anything" : "",
+              cpu::cpu_gemm_kernels_description().c_str());
   std::printf(
       "sgemm peak: Ops<float>::gemm of the CPU backend (OpenBLAS), square n x n x n, 2 n^3 FLOPs, median of %d reps:\n",
       o.sgemm_reps);

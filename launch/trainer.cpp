@@ -13,7 +13,6 @@
 
 #include "checkpoint/checkpointer.h"
 #include "core/backend/cpu/blas_kernels.h"
-#include "core/backend/cpu/small_gemm.h"
 #include "core/backend/cpu/thread_policy.h"
 #include "core/backend/cuda_backend.h"
 #include "core/backend/memory_check.h"
@@ -456,12 +455,7 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
                 std::to_string(t.tokens_per_step()) + " tokens on " + layout_text(t) + ", " + tc.precision +
                 " GEMMs, " + std::to_string(t.threads) + " threads per rank (waiting: " +
                 cpu::wait_policy_description() + "); run directory " + t.paths.run_dir);
-  if (tc.device == "cpu") {
-    const char* small = cpu::small_gemm_isa_in_use();
-    progress.note("CPU GEMMs: " + cpu::blas_kernels_description() + "; expert groups of at most " +
-                  std::to_string(cpu::kSmallGemmRows) +
-                  " rows: " + (small ? std::string(small) + " kernels of our own" : std::string("OpenBLAS")));
-  }
+  if (tc.device == "cpu") progress.note("CPU GEMMs: " + cpu::cpu_gemm_kernels_description());
   const GridSizes& sizes = t.grid.sizes();
   const StageEstimate memory = largest_stage_estimate(t.config, sizes.tp, sizes.dp, sizes.ep);
   progress.note("memory per rank" +

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/backend/cpu/blas_kernels.h"
+#include "core/backend/cpu/small_gemm.h"
 
 namespace moe::cpu {
 namespace {
@@ -51,6 +52,12 @@ TEST(BlasKernels, CpuVectorsAgreeWithProcCpuinfo) {
 TEST(BlasKernels, DescriptionNamesTheKernelsRunning) {
   const std::string text = blas_kernels_description();
   EXPECT_EQ(text.rfind("OpenBLAS " + blas_core() + " kernels", 0), 0u) << text;
+  // The startup line's whole description: OpenBLAS's part, then who runs the small expert groups.
+  const std::string gemms = cpu_gemm_kernels_description();
+  EXPECT_EQ(gemms.rfind(text + "; expert groups of at most ", 0), 0u) << gemms;
+  const char* small = small_gemm_isa_in_use();
+  EXPECT_NE(gemms.find(small ? std::string(small) + " kernels of our own" : std::string("OpenBLAS")), std::string::npos)
+      << gemms;
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/backend/cpu/small_gemm.h"
+
 namespace moe::cpu {
 
 namespace {
@@ -20,18 +22,6 @@ std::string openblas_version() {
   return config.substr(0, end);
 }
 }  // namespace
-
-CpuVectors cpu_vectors() {
-  CpuVectors v;
-#if defined(__x86_64__)
-  // libgcc's answers include the operating system's: AVX-512 only where it saves the zmm registers (XCR0).
-  v.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  v.avx512 = v.avx2_fma && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
-             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("avx512vl");
-#endif
-  return v;
-}
 
 std::string better_blas_core(const std::string& chosen, const CpuVectors& cpu) {
   // Only OpenBLAS's fallback for a CPU it does not know: a CPU it recognised keeps the kernels chosen for it,
@@ -67,6 +57,12 @@ std::string blas_kernels_description() {
   else if (core)
     text += std::string(" (") + kCoreVariable + "=" + core + ")";
   return text;
+}
+
+std::string cpu_gemm_kernels_description() {
+  const char* small = small_gemm_isa_in_use();
+  return blas_kernels_description() + "; expert groups of at most " + std::to_string(kSmallGemmRows) +
+         " rows: " + (small ? std::string(small) + " kernels of our own" : std::string("OpenBLAS"));
 }
 
 }  // namespace moe::cpu

@@ -12,14 +12,9 @@
 
 #include <string>
 
-namespace moe::cpu {
+#include "core/backend/cpu/cpu_vectors.h"
 
-// The vector instructions this CPU has and the operating system enables.
-struct CpuVectors {
-  bool avx2_fma = false;  // AVX2 and FMA
-  bool avx512 = false;    // AVX-512 F, CD, BW, DQ and VL: what OpenBLAS's SkylakeX kernels use
-};
-CpuVectors cpu_vectors();
+namespace moe::cpu {
 
 // The kernel set to ask OpenBLAS for (OPENBLAS_CORETYPE's value) where it chose `chosen` on a CPU with `cpu`:
 // "SkylakeX" or "Haswell" where it fell back to its generic "Prescott" set on a CPU with AVX-512 or AVX2;
@@ -35,9 +30,13 @@ std::string blas_core();
 // the kernels it has).
 void choose_blas_kernels(char** argv);
 
-// For the startup line: the kernel set, and where choose_blas_kernels() chose it, why. "OpenBLAS SkylakeX
-// kernels (OPENBLAS_CORETYPE; OpenBLAS 0.3.21 does not know this CPU and chose Prescott)", "OpenBLAS Zen
-// kernels".
+// The kernel set, and where choose_blas_kernels() chose it, why: "OpenBLAS SkylakeX kernels
+// (OPENBLAS_CORETYPE=SkylakeX: OpenBLAS 0.3.21 does not know this CPU and chose Prescott)", "OpenBLAS Zen kernels".
 std::string blas_kernels_description();
+
+// What runs the CPU backend's float GEMMs, for the startup line and the benchmarks: blas_kernels_description(),
+// then the small-group expert kernels' instruction set (small_gemm.h): "...; expert groups of at most 64 rows:
+// avx512 kernels of our own".
+std::string cpu_gemm_kernels_description();
 
 }  // namespace moe::cpu

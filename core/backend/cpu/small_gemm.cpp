@@ -23,6 +23,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/backend/cpu/cpu_vectors.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -468,9 +470,8 @@ bool run_form(const Kernels& kn, bool ta, bool tb, int64_t M, int64_t N, int64_t
 namespace {
 
 bool cpu_has(SmallGemmIsa isa) {
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  static const bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
-  return isa == SmallGemmIsa::Avx512 ? avx512 : avx2;
+  const CpuVectors v = cpu_vectors();
+  return isa == SmallGemmIsa::Avx512 ? v.avx512 : v.avx2_fma;
 }
 
 // The set small_gemm() runs: the widest here, or AVX2 where MOE_SMALL_GEMM=avx2 (a knob for measurements:

@@ -21,7 +21,8 @@ namespace moe::cpu {
 // docs/bench.md "Small-group expert GEMMs").
 constexpr int64_t kSmallGemmRows = 64;
 
-// The kernels' instruction sets: AVX2 with FMA (tiles of 6 rows by 16 columns), AVX-512 F (12 rows by 32).
+// The kernels' instruction sets: AVX2 with FMA (tiles of 6 rows by 16 columns), AVX-512 (12 rows by 32; run
+// where the CPU has F, CD, BW, DQ and VL, cpu_vectors.h, though the tiles use F alone).
 enum class SmallGemmIsa { Avx2, Avx512 };
 const char* small_gemm_isa_name(SmallGemmIsa isa);
 
