@@ -63,10 +63,14 @@ struct Panels {
 // multiply-add per k in order. The AVX2 tile takes packed panels only.
 using TileFn = void (*)(int R, int P, const float* ap, const Panels& b, int64_t K, const TileIo& io);
 
-// One instruction set's tiles: at most `rows` rows and `panels` panels.
+// Rows [n0, n0 + 16) of B (N x K) transposed into bp (K x 16), zeros past row N: the "b" panel of the A B^T form.
+using PackTransposedFn = void (*)(const float* B, int64_t ldb, int64_t K, int64_t n0, int64_t N, float* bp);
+
+// One instruction set's tiles (at most `rows` rows and `panels` panels) and its transposing pack.
 struct Kernels {
   int rows, panels;
   TileFn tile;
+  PackTransposedFn pack_transposed;
 };
 
 }  // namespace
@@ -131,6 +135,46 @@ void tile_z_rows(int R, const float* ap, const Panels& b, int64_t K, const TileI
 void tile_avx512(int R, int P, const float* ap, const Panels& b, int64_t K, const TileIo& io) {
   if (P > 1) return tile_z_rows<2>(R, ap, b, K, io);
   tile_z_rows<1>(R, ap, b, K, io);
+}
+
+// GCC 12 warns of the unset first operand its headers give unmasked AVX-512 shuffles (_mm512_undefined_ps).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// The 16 x 16 block at src (rows ld floats apart) transposed into dst (16 rows of 16, contiguous, 64-byte
+// aligned): pairs of rows interleaved, then groups of four within each 128-bit lane, then the lanes.
+void transpose16(const float* src, int64_t ld, float* dst) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * ld);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // lane L of r[4 i + j]: column 4 L + j of rows 4 i ... 4 i + 3
+    r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512 even_a = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88),
+                 odd_a = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
+    const __m512 even_b = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88),
+                 odd_b = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+    _mm512_store_ps(dst + (0 + j) * kW, _mm512_shuffle_f32x4(even_a, even_b, 0x88));
+    _mm512_store_ps(dst + (4 + j) * kW, _mm512_shuffle_f32x4(odd_a, odd_b, 0x88));
+    _mm512_store_ps(dst + (8 + j) * kW, _mm512_shuffle_f32x4(even_a, even_b, 0xDD));
+    _mm512_store_ps(dst + (12 + j) * kW, _mm512_shuffle_f32x4(odd_a, odd_b, 0xDD));
+  }
+}
+#pragma GCC diagnostic pop
+
+// PackTransposedFn by 16 x 16 blocks in registers (a partial panel, and the last K % 16 steps, by element).
+void pack_transposed_avx512(const float* B, int64_t ldb, int64_t K, int64_t n0, int64_t N, float* bp) {
+  const int64_t w = std::min(kW, N - n0), k16 = w == kW ? K / kW * kW : 0;
+  for (int64_t k = 0; k < k16; k += kW) transpose16(B + n0 * ldb + k, ldb, bp + k * kW);
+  for (int64_t k = k16; k < K; ++k)
+    for (int64_t c = 0; c < kW; ++c) bp[k * kW + c] = c < w ? B[(n0 + c) * ldb + k] : 0.f;
 }
 
 }  // namespace
@@ -335,7 +379,7 @@ void transpose8(const float* src, int64_t ld, float* dst, int64_t ldd) {
   }
 }
 
-// Rows [n0, n0 + 16) of B (N x K) transposed into bp (K x 16), zeros past row N.
+// PackTransposedFn by 8 x 8 blocks in registers.
 void pack_transposed(const float* B, int64_t ldb, int64_t K, int64_t n0, int64_t N, float* bp) {
   const int64_t w = std::min(kW, N - n0), k8 = w == kW ? K / 8 * 8 : 0;
   for (int64_t k = 0; k < k8; k += 8) {
@@ -407,7 +451,7 @@ void gemm_nt(const Kernels& kn, int64_t m, int64_t N, int64_t K, float alpha, co
   for (int64_t c = 0; c < columns.count(); ++c) {
     const int P = columns.panels(c);
     const int64_t n0 = columns.first(c) * kW, w = std::min(kW * P, N - n0), next0 = n0 + kW * P;
-    for (int q = 0; q < P; ++q) pack_transposed(B, ldb, K, n0 + q * kW, N, bp + q * K * kW);
+    for (int q = 0; q < P; ++q) kn.pack_transposed(B, ldb, K, n0 + q * kW, N, bp + q * K * kW);
     Prefetcher next;
     if (next0 < N) next = Prefetcher(B + next0 * ldb, std::min(kW * kn.panels, N - next0), K, ldb);
     const int64_t per_tile = (next.total() + blocks.count - 1) / blocks.count;
@@ -447,8 +491,8 @@ void gemm_tn(const Kernels& kn, int64_t m, int64_t M, int64_t N, float alpha, co
     }
 }
 
-constexpr Kernels kAvx2{6, 1, tile_avx2};
-constexpr Kernels kAvx512{kMaxRows, kMaxPanels, tile_avx512};
+constexpr Kernels kAvx2{6, 1, tile_avx2, pack_transposed};
+constexpr Kernels kAvx512{kMaxRows, kMaxPanels, tile_avx512, pack_transposed_avx512};
 
 bool run_form(const Kernels& kn, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
