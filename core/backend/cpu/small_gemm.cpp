@@ -40,7 +40,7 @@ namespace {
 constexpr int64_t kW = 16;          // columns of a panel
 constexpr int kMaxRows = 12;        // rows of a tile at most, in either set
 constexpr int kMaxPanels = 2;       // panels of a tile at most
-constexpr int64_t kSlab = 64;       // rows of B per slab in the A B form
+constexpr int64_t kSlab = 32;       // rows of B per slab in the A B form (docs/bench.md "Weights from memory")
 constexpr int64_t kTilesAhead = 8;  // how far ahead, in panels, the A^T B form prefetches C
 
 // Where a tile's chain of sums starts and ends: init (zeros where null) and out, each R rows of 16 P floats,
