@@ -359,22 +359,19 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
   host_dw_.assign(size_t(N * K), T(0));
 
   // Routed experts, mirrored: un-weight at the token side, dispatch the output gradients to the experts
-  // (the shared experts' backward computing meanwhile: it writes dx, which otherwise starts at zero), expert
-  // backward per block, combine the input gradients back (the fallback's backward computing meanwhile),
-  // scatter them to the tokens, then the fallback's.
+  // (the shared experts' backward computing meanwhile: it writes dx), expert backward per block, combine the
+  // input gradients back (the fallback's backward computing meanwhile), sum them into the tokens' dx (or write
+  // it, without shared experts), then the fallback's.
   uncombine(st, dy, v.yp, dyp, host_dw_);
   dispatch_beside(st.exchange, dyp, dye, [&] {
-    if (shared_)
-      shared_->backward(context, x, dy, dx, v.shared_acts, nullptr, sub, N);
-    else
-      ops_.fill(dx, T(0), N * D);
+    if (shared_) shared_->backward(context, x, dy, dx, v.shared_acts, nullptr, sub, N);
   });
   experts_.backward(st.exchange.local_offset, st.experts, dye, es, dxe);
   const bool fallback = fallback_ && Mf > 0;
   combine_beside(st.exchange, dxe, dxp, [&] {
     if (fallback) fallback_backward(context, st, v, dy, host_dw_, sub);
   });
-  ops_.combine_rows(dxp, st.slot_row.template data<int32_t>(), nullptr, dx, N, K, D, true);
+  ops_.combine_rows(dxp, st.slot_row.template data<int32_t>(), nullptr, dx, N, K, D, shared_ != nullptr);
   if (fallback)
     ops_.scatter_add_rows(sub + Mf * D, st.fallback_token_rows.template data<int32_t>(), nullptr, dx, Mf, D);
 

@@ -62,25 +62,42 @@ void sigmoid_rows(const T* z, const double* noise, double tau, T* p, int64_t N, 
   }
 }
 
-// Partial sorts under a strict total order (key descending, then index ascending) select exactly what
-// a full stable sort would.
+// The K best of a row under a strict total order (key descending, then index ascending), which selects exactly
+// what a full stable sort would: few of them (K <= kTopkInsertion) by insertion into a sorted list while the row is
+// read in index order (an equal key never displaces an earlier index), more by a partial sort.
+constexpr int64_t kTopkInsertion = 8;
+
 template <typename T>
 void topk_rows(const T* p, const float* bias, const uint8_t* mask, int32_t* index, int64_t N, int64_t E, int64_t K) {
 #pragma omp parallel
   {
     std::vector<int32_t> order(static_cast<size_t>(E));
+    std::vector<double> best(static_cast<size_t>(std::min(K, E)));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const T* row = p + n * E;
-      int64_t available = 0;
-      for (int32_t e = 0; e < E; ++e)
-        if (!mask || !mask[e]) order[size_t(available++)] = e;
-      const int64_t take = std::min(K, available);
       auto key = [&](int32_t e) { return double(row[e]) + (bias ? double(bias[e]) : 0.0); };
-      std::partial_sort(order.begin(), order.begin() + take, order.begin() + available, [&](int32_t a, int32_t b) {
-        const double ka = key(a), kb = key(b);
-        return ka > kb || (ka == kb && a < b);
-      });
+      int64_t take = 0;
+      if (K > 0 && K <= kTopkInsertion) {
+        for (int32_t e = 0; e < E; ++e) {
+          if (mask && mask[e]) continue;
+          const double k = key(e);
+          if (take == K && !(k > best[size_t(K - 1)])) continue;
+          int64_t j = take < K ? take++ : K - 1;
+          for (; j > 0 && k > best[size_t(j - 1)]; --j)
+            best[size_t(j)] = best[size_t(j - 1)], order[size_t(j)] = order[size_t(j - 1)];
+          best[size_t(j)] = k, order[size_t(j)] = e;
+        }
+      } else {
+        int64_t available = 0;
+        for (int32_t e = 0; e < E; ++e)
+          if (!mask || !mask[e]) order[size_t(available++)] = e;
+        take = std::min(K, available);
+        std::partial_sort(order.begin(), order.begin() + take, order.begin() + available, [&](int32_t a, int32_t b) {
+          const double ka = key(a), kb = key(b);
+          return ka > kb || (ka == kb && a < b);
+        });
+      }
       int32_t* out = index + n * K;
       for (int64_t j = 0; j < K; ++j) out[j] = j < take ? order[size_t(j)] : -1;
     }
