@@ -45,10 +45,19 @@ check "the startup line names the kernels" $? "$(cat "$work/plain.out")"
 grep -q "\"openblas\": *\"[^\"]* $core " "$work/plain/manifest.json"
 check "manifest.json names the same kernels" $? "$(grep openblas "$work/plain/manifest.json")"
 
+avx512=$avx2  # AVX-512 as the program counts it (cpu_vectors.h): F, CD, BW, DQ and VL, with AVX2 and FMA
+for f in avx512f avx512cd avx512bw avx512dq avx512vl; do [[ $flags == *" $f "* ]] || avx512=0; done
+
 if [ -n "${OPENBLAS_CORETYPE:-}" ]; then
-  # The environment's choice stands, and is said to be the variable's.
-  [[ $line == *"(OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE);"* && $line != *"does not know"* ]]
+  # The environment's choice stands, and is said to be the variable's; a set narrower than the CPU's vectors is
+  # said to leave them unused.
+  kept="(OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"
+  [[ ($line == *"$kept)"* || $line == *"$kept; "*) && $line != *"does not know"* ]]
   check "the environment's OPENBLAS_CORETYPE is kept" $? "$line"
+  if ((avx512)) && [[ $core == Haswell || $core == Zen ]]; then
+    [[ $line == *"(OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE; this CPU has AVX-512, which these kernels do not use);"* ]]
+    check "an AVX2 set on an AVX-512 CPU is said to leave AVX-512 unused" $? "$line"
+  fi
 else
   if ((avx2)); then
     [ "$core" != Prescott ]
@@ -62,8 +71,11 @@ else
   if ((avx2)); then
     rc=$(OPENBLAS_CORETYPE=Haswell run_train chosen)
     check "run with OPENBLAS_CORETYPE exits 0" "$rc" "$(cat "$work/chosen.out")"
-    grep -q 'CPU GEMMs: OpenBLAS Haswell kernels (OPENBLAS_CORETYPE=Haswell);' "$work/chosen.out"
-    check "the user's OPENBLAS_CORETYPE is kept" $? "$(grep 'CPU GEMMs' "$work/chosen.out")"
+    note=""
+    ((avx512)) && note="; this CPU has AVX-512, which these kernels do not use"
+    grep -qF "CPU GEMMs: OpenBLAS Haswell kernels (OPENBLAS_CORETYPE=Haswell$note);" "$work/chosen.out"
+    check "the user's OPENBLAS_CORETYPE is kept (and what it leaves unused said)" $? \
+      "$(grep 'CPU GEMMs' "$work/chosen.out")"
   fi
 fi
 

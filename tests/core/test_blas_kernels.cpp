@@ -25,6 +25,22 @@ TEST(BlasKernels, OnlyTheFallbackIsReplacedAndByTheWidestSetTheCpuRuns) {
   }
 }
 
+// A set the user asked for that leaves the CPU's widest vectors unused is said to.
+TEST(BlasKernels, ANarrowerSetThanTheCpuRunsIsNamed) {
+  const CpuVectors none{false, false}, avx2{true, false}, avx512{true, true};
+  for (const char* wide : {"SkylakeX", "Cooperlake", "SapphireRapids"}) {
+    EXPECT_EQ(unused_vectors_note(wide, avx512), "") << wide;
+    EXPECT_EQ(unused_vectors_note(wide, avx2), "") << wide;
+  }
+  for (const char* avx2_set : {"Haswell", "Zen"}) {
+    EXPECT_EQ(unused_vectors_note(avx2_set, avx512), "this CPU has AVX-512, which these kernels do not use");
+    EXPECT_EQ(unused_vectors_note(avx2_set, avx2), "") << avx2_set;
+  }
+  EXPECT_EQ(unused_vectors_note("Sandybridge", avx2), "this CPU has AVX2, which these kernels do not use");
+  EXPECT_EQ(unused_vectors_note("Prescott", avx512), "this CPU has AVX-512, which these kernels do not use");
+  EXPECT_EQ(unused_vectors_note("Prescott", none), "");
+}
+
 #if defined(__x86_64__)
 // The flags line of /proc/cpuinfo, with a space on each side of every flag.
 std::string cpu_flags() {

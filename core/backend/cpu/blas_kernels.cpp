@@ -32,6 +32,15 @@ std::string better_blas_core(const std::string& chosen, const CpuVectors& cpu) {
   return "";
 }
 
+std::string unused_vectors_note(const std::string& core, const CpuVectors& cpu) {
+  // OpenBLAS's x86-64 sets by the widest vectors their kernels use (0.3.21's DYNAMIC_ARCH list).
+  const bool avx512 = core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids";
+  const bool avx2 = avx512 || core == "Haswell" || core == "Zen" || core == "Excavator";
+  if (cpu.avx512 && !avx512) return "this CPU has AVX-512, which these kernels do not use";
+  if (cpu.avx2_fma && !avx2) return "this CPU has AVX2, which these kernels do not use";
+  return "";
+}
+
 std::string blas_core() { return openblas_get_corename(); }
 
 void choose_blas_kernels(char** argv) {
@@ -54,8 +63,10 @@ std::string blas_kernels_description() {
   if (fallback && core)
     text += std::string(" (") + kCoreVariable + "=" + core + ": " + openblas_version() +
             " does not know this CPU and chose " + fallback + ")";
-  else if (core)
-    text += std::string(" (") + kCoreVariable + "=" + core + ")";
+  else if (core) {
+    const std::string note = unused_vectors_note(blas_core(), cpu_vectors());
+    text += std::string(" (") + kCoreVariable + "=" + core + (note.empty() ? "" : "; " + note) + ")";
+  }
   return text;
 }
 

@@ -21,6 +21,12 @@ namespace moe::cpu {
 // empty where its choice stands (it recognised the CPU, or the CPU has nothing better).
 std::string better_blas_core(const std::string& chosen, const CpuVectors& cpu);
 
+// Where a kernel set the user asked for (OPENBLAS_CORETYPE) is narrower than the CPU's vectors, what it leaves
+// unused: "this CPU has AVX-512, which these kernels do not use" for a set below SkylakeX on a CPU with AVX-512
+// ("... AVX2 ..." below Haswell on one with AVX2); empty otherwise. A machine's environment may set the variable for
+// every program (docs/design.md "BLAS kernels"); GEMMs on a narrower set ran at about half the speed there.
+std::string unused_vectors_note(const std::string& core, const CpuVectors& cpu);
+
 // The kernel set OpenBLAS runs in this process (openblas_get_corename).
 std::string blas_core();
 
@@ -31,7 +37,9 @@ std::string blas_core();
 void choose_blas_kernels(char** argv);
 
 // The kernel set, and where choose_blas_kernels() chose it, why: "OpenBLAS SkylakeX kernels
-// (OPENBLAS_CORETYPE=SkylakeX: OpenBLAS 0.3.21 does not know this CPU and chose Prescott)", "OpenBLAS Zen kernels".
+// (OPENBLAS_CORETYPE=SkylakeX: OpenBLAS 0.3.21 does not know this CPU and chose Prescott)", "OpenBLAS Zen kernels";
+// where the user set the variable, its value and unused_vectors_note(): "OpenBLAS Haswell kernels
+// (OPENBLAS_CORETYPE=Haswell; this CPU has AVX-512, which these kernels do not use)".
 std::string blas_kernels_description();
 
 // What runs the CPU backend's float GEMMs, for the startup line and the benchmarks: blas_kernels_description(),
