@@ -9,8 +9,8 @@
 // - A B (the forward, B the weights K x N): B is taken in slabs of kSlab whole rows, read in memory order, the
 //   next slab prefetched while the current one is used (packed into panels for the AVX2 tile; the AVX-512 tile
 //   reads whole panels in place); partial sums wait in a buffer between slabs;
-// - A B^T (the input gradient, B the weights N x K): 16 P rows of B at a time, contiguous, transposed by 8 x 8
-//   blocks in registers, the next rows prefetched;
+// - A B^T (the input gradient, B the weights N x K): 16 P rows of B at a time, contiguous, transposed in registers
+//   (8 x 8 blocks in AVX2, 16 x 16 in AVX-512), the next rows prefetched;
 // - A^T B (the weight gradient C, K x N, with K large and the reduction over the group's few rows): the small
 //   operands are packed once and C is read and written once, each tile's lines prefetched a few tiles ahead.
 // Whether a panel's chain runs in C itself or in a buffer finished with alpha and beta is decided panel by panel
