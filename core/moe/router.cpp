@@ -18,19 +18,9 @@ constexpr int64_t kMaxExperts = 1024;
 
 // The per-token parts of the router's losses run on the host, one token's row of E values at a time, the rows
 // shared among the threads (each row's results are its own, so the same bits at any thread count) and the
-// exponentials and logarithms of a row taken at once (cpu::exp_shifted, cpu::log_doubles). With 64 experts they were
-// scalar calls, 2048 x 320 a layer's forward and backward: as long as a third of the layer's expert GEMMs
-// (docs/bench.md "The router's losses").
-
-// The log-sum-exp of a row z (E values).
-template <typename T>
-double row_lse(const T* z, int64_t E) {
-  double m = -INFINITY, s = 0;
-  for (int64_t i = 0; i < E; ++i) m = std::max(m, double(z[i]));
-  const double* e = cpu::exp_shifted(z, m, E);
-  for (int64_t i = 0; i < E; ++i) s += e[i];
-  return m + std::log(s);
-}
+// exponentials and logarithms of a row taken at once (cpu::log_sum_exp, cpu::exp_shifted, cpu::log_doubles). With 64
+// experts they were scalar calls, 2048 x 320 a layer's forward and backward: as long as a third of the layer's expert
+// GEMMs (docs/bench.md "The router's losses").
 
 // log max(p, kMinLogArg) of a row p (E values), in a buffer of the calling thread that its next call overwrites.
 template <typename T>
@@ -204,7 +194,7 @@ void Router<T>::losses(const FfnContext& context, const T* logits, const T* scor
   std::vector<double> lse(static_cast<size_t>(N)), entropy(static_cast<size_t>(N));
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    lse[size_t(n)] = row_lse(logits + n * E, E);
+    lse[size_t(n)] = cpu::log_sum_exp(logits + n * E, E);
     const T* p = scores + n * E;
     const double* lp = row_log(p, E);
     double h = 0;
@@ -316,7 +306,7 @@ void Router<T>::loss_backward(const FfnContext& context, const Routing<T>& r, co
   for (int64_t n = 0; n < N; ++n) {
     const T* z = logits + n * E;
     const T* p = scores + n * E;
-    const double lse = row_lse(z, E);
+    const double lse = cpu::log_sum_exp(z, E);
     const double* ez = cpu::exp_shifted(z, lse, E);  // exp(z - lse)
     const double* lp = row_log(p, E);
     for (int64_t e = 0; e < E; ++e) {

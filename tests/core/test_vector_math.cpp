@@ -3,6 +3,7 @@
 // of where it sits in the array, which is what makes the ops' bits independent of how threads split them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -96,6 +97,20 @@ void expect_swiglu_form(SwigluForward forward, SwigluBackward backward, const ch
       ASSERT_EQ(db2[size_t(i)], db[size_t(i + shift)]) << name << " shift " << shift;
     }
   }
+}
+
+// log sum exp of a row, shifted by its maximum: exact enough where the plain sum would overflow or underflow.
+TEST(VectorMath, LogSumExpOfARowAtAnyScale) {
+  for (const double offset : {0.0, 800.0, -800.0}) {
+    const std::vector<double> x = inputs(64, offset - 3.0, offset + 3.0);
+    double s = 0;
+    for (const double v : x) s += std::exp(v - offset);
+    const double want = offset + std::log(s);
+    EXPECT_NEAR(log_sum_exp(x.data(), int64_t(x.size())), want, 1e-12 * std::max(1.0, std::abs(want)))
+        << "offset " << offset;
+  }
+  const std::vector<float> f = {1.5f, -2.0f, 0.25f};  // a float row, in double
+  EXPECT_NEAR(log_sum_exp(f.data(), 3), std::log(std::exp(1.5) + std::exp(-2.0) + std::exp(0.25)), 1e-14);
 }
 
 TEST(VectorMath, SwigluFormsWithinRoundingOfDoubleAndIndependentOfPosition) {

@@ -208,7 +208,7 @@ class CpuOps final : public Ops<T> {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i) {
       const T* z = logits + i * V;
-      const double lse = log_sum_exp(z, V);
+      const double lse = cpu::log_sum_exp(z, V);
       losses[i] = T(lse - double(z[targets[i]]));
     }
   }
@@ -219,7 +219,7 @@ class CpuOps final : public Ops<T> {
     for (int64_t i = 0; i < N; ++i) {
       const T* z = logits + i * V;
       T* d = dlogits + i * V;
-      const double* e = cpu::exp_shifted(z, log_sum_exp(z, V), V);
+      const double* e = cpu::exp_shifted(z, cpu::log_sum_exp(z, V), V);
       for (int64_t j = 0; j < V; ++j) d[j] = T(e[j] * double(scale));
       d[targets[i]] -= scale;
     }
@@ -371,15 +371,6 @@ class CpuOps final : public Ops<T> {
     return rope_;
   }
   RopeTable rope_;
-
-  static double log_sum_exp(const T* z, int64_t V) {
-    double m = -INFINITY;
-    for (int64_t j = 0; j < V; ++j) m = std::max(m, double(z[j]));
-    const double* e = cpu::exp_shifted(z, m, V);
-    double s = 0;
-    for (int64_t j = 0; j < V; ++j) s += e[j];
-    return m + std::log(s);
-  }
 };
 
 // Host memory, work done when a call returns: the CPU stream has nothing to wait for.

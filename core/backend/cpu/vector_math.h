@@ -10,6 +10,7 @@
 // (docs/bench.md "After the vectorised exponentials and the beta-0 GEMMs").
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -122,6 +123,17 @@ const double* exp_shifted(const T* x, double shift, int64_t n) {
   for (int64_t j = 0; j < n; ++j) e[size_t(j)] = double(x[j]) - shift;
   exp_doubles(e.data(), e.data(), n);
   return e.data();
+}
+
+// log sum_j exp(x[j]) over j < n in double: the row's maximum, then its shifted exponentials (exp_shifted) summed in
+// order. The cross-entropy's and the router's z-loss's statistic.
+template <typename T>
+double log_sum_exp(const T* x, int64_t n) {
+  double m = -INFINITY, s = 0;
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, double(x[j]));
+  const double* e = exp_shifted(x, m, n);
+  for (int64_t j = 0; j < n; ++j) s += e[j];
+  return m + std::log(s);
 }
 
 // out[i] = exp(-x[i]) for i < n: 4 at a time on x86-64.
