@@ -1,8 +1,9 @@
 // The grouped expert GEMM, as bench_moe measures it: one MoE layer's experts alone (GroupedExperts, core/moe/
 // experts.h: nine grouped GEMM calls, three forward and six backward, and the SwiGLU between them) on E experts'
 // row blocks, against the sgemm peak and against the same experts run as one block of all the rows (one large
-// GEMM per call, the dense equivalent: same FLOPs, one weight). The rows per expert are those of N K assignments spread
-// at random over the experts, as a router spreads them early in training.
+// GEMM per call, the dense equivalent: same FLOPs, one weight); and the nine calls of the backend's grouped GEMM
+// op alone, without the SwiGLU. The rows per expert are those of N K assignments spread at random over the
+// experts, as a router spreads them early in training.
 #pragma once
 
 #include <algorithm>
@@ -27,9 +28,11 @@ struct GroupedResult {
   GroupedShape shape;
   int64_t max_rows = 0;
   double flops = 0;                // of the nine calls
-  Summary grouped_s, one_group_s;  // seconds for the nine calls
+  Summary grouped_s, one_group_s;  // seconds for the nine calls and the SwiGLU
   int64_t sgemm_n = 0;             // the square sgemm timed in each repetition beside them
   Summary grouped_over_sgemm;      // per repetition: the grouped rate / that sgemm's rate
+  Summary gemms_s;                 // seconds for the nine grouped GEMM calls alone
+  Summary gemms_over_sgemm;        // per repetition: the rate of the calls alone / that sgemm's rate
 };
 
 // Row offsets of E blocks holding N K assignments drawn uniformly at random (deterministic).
@@ -51,6 +54,23 @@ struct ExpertOperands {
     std::copy(xe.begin(), xe.end(), acts.xe.data<float>());
     experts.forward(off, acts, y.data());
     experts.backward(off, acts, dy.data(), scratch.data(), dx.data());
+  }
+
+  // GroupedExperts's nine calls of Ops::grouped_gemm (core/moe/experts.cpp) on the same operands, without the
+  // SwiGLU between them: the backend op on its own.
+  void run_gemms(Ops<float>& ops, const std::vector<int64_t>& off, int64_t D, int64_t F) {
+    const int64_t E = int64_t(off.size()) - 1, R = off.back();
+    float *a = acts.a.data<float>(), *b = acts.b.data<float>(), *h = acts.h.data<float>(), *x = acts.xe.data<float>();
+    float *dh = scratch.data(), *da = dh + R * F, *db = da + R * F;
+    ops.grouped_gemm(false, false, E, off.data(), F, D, 1.f, x, w1.data(), 0.f, a);
+    ops.grouped_gemm(false, false, E, off.data(), F, D, 1.f, x, w3.data(), 0.f, b);
+    ops.grouped_gemm(false, false, E, off.data(), D, F, 1.f, h, w2.data(), 0.f, y.data());
+    ops.grouped_gemm(true, false, E, off.data(), D, F, 1.f, h, dy.data(), 1.f, dw2.data());
+    ops.grouped_gemm(false, true, E, off.data(), F, D, 1.f, dy.data(), w2.data(), 0.f, dh);
+    ops.grouped_gemm(true, false, E, off.data(), F, D, 1.f, x, da, 1.f, dw1.data());
+    ops.grouped_gemm(true, false, E, off.data(), F, D, 1.f, x, db, 1.f, dw3.data());
+    ops.grouped_gemm(false, true, E, off.data(), D, F, 1.f, da, w1.data(), 0.f, dx.data());
+    ops.grouped_gemm(false, true, E, off.data(), D, F, 1.f, db, w3.data(), 1.f, dx.data());
   }
 };
 
@@ -74,11 +94,14 @@ inline GroupedResult measure_grouped_gemm(Backend& backend, const GroupedShape& 
   fill_uniform(a, 1);
   fill_uniform(b, 2);
   const double flops = 9.0 * 2.0 * double(R) * double(D) * double(F), sgemm_flops = 2.0 * std::pow(double(sgemm_n), 3);
-  std::vector<double> grouped, one, ratio;
-  for (int i = 0; i < warmup + reps; ++i) {  // alternating, so that a change of load hits all three alike
+  std::vector<double> grouped, one, gemms, ratio, gemms_ratio;
+  for (int i = 0; i < warmup + reps; ++i) {  // alternating, so that a change of load hits all four alike
     const Stopwatch g;
     x.run(experts, off);
     const double grouped_s = g.seconds();
+    const Stopwatch alone;
+    x.run_gemms(backend.ops<float>(), off, D, F);
+    const double gemms_s = alone.seconds();
     const Stopwatch o;
     x.run(experts, whole);  // one block: expert 0's weights for every row
     const double one_s = o.seconds();
@@ -87,10 +110,12 @@ inline GroupedResult measure_grouped_gemm(Backend& backend, const GroupedShape& 
                               c.data(), sgemm_n);
     const double sgemm_s = m.seconds();
     if (i < warmup) continue;
-    grouped.push_back(grouped_s), one.push_back(one_s);
+    grouped.push_back(grouped_s), one.push_back(one_s), gemms.push_back(gemms_s);
     ratio.push_back((flops / grouped_s) / (sgemm_flops / sgemm_s));
+    gemms_ratio.push_back((flops / gemms_s) / (sgemm_flops / sgemm_s));
   }
   GroupedResult r{s, 0, flops, summarize(grouped), summarize(one), sgemm_n, summarize(ratio)};
+  r.gemms_s = summarize(gemms), r.gemms_over_sgemm = summarize(gemms_ratio);
   for (int64_t e = 0; e < E; ++e) r.max_rows = std::max(r.max_rows, off[size_t(e) + 1] - off[size_t(e)]);
   return r;
 }
@@ -105,6 +130,11 @@ inline void print_grouped(const GroupedResult& r, const SgemmPeak& peak) {
       (long long)r.max_rows, grouped, grouped / peak.gflops, one, one / peak.gflops,
       r.grouped_s.median / r.one_group_s.median, (long long)r.sgemm_n, r.grouped_over_sgemm.median,
       r.grouped_over_sgemm.min, r.grouped_over_sgemm.max);
+  const double gemms = r.flops / r.gemms_s.median * 1e-9;
+  std::printf(
+      "    the nine grouped GEMM calls alone (no SwiGLU): %6.1f GFLOP/s = %.2f x peak;  / the sgemm beside them %.2f "
+      "(min %.2f, max %.2f)\n",
+      gemms, gemms / peak.gflops, r.gemms_over_sgemm.median, r.gemms_over_sgemm.min, r.gemms_over_sgemm.max);
   std::fflush(stdout);
 }
 
@@ -120,7 +150,10 @@ inline nlohmann::json grouped_json(const GroupedResult& r, const SgemmPeak& peak
           {"one_group_ratio_to_sgemm_peak", r.flops / r.one_group_s.median * 1e-9 / peak.gflops},
           {"grouped_over_one_group", r.grouped_s.median / r.one_group_s.median},
           {"interleaved_sgemm_n", r.sgemm_n},
-          {"grouped_over_interleaved_sgemm", summary_json(r.grouped_over_sgemm, 1.0)}};
+          {"grouped_over_interleaved_sgemm", summary_json(r.grouped_over_sgemm, 1.0)},
+          {"gemms_only_ms", summary_json(r.gemms_s, 1e3)},
+          {"gemms_only_ratio_to_sgemm_peak", r.flops / r.gemms_s.median * 1e-9 / peak.gflops},
+          {"gemms_only_over_interleaved_sgemm", summary_json(r.gemms_over_sgemm, 1.0)}};
 }
 
 }  // namespace moe::bench
