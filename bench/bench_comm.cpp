@@ -15,14 +15,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <exception>
-#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "bench/mpi_bench_main.h"
 #include "bench/timing.h"
-#include "core/backend/cpu/blas_kernels.h"
 #include "core/error.h"
 #include "parallel/mpi_communicator.h"
 
@@ -485,7 +483,6 @@ void run(Options o, MpiCommunicator& comm) {
 }  // namespace moe::bench
 
 int main(int argc, char** argv) {
-  moe::cpu::choose_blas_kernels(argv);  // the kernels users get (core/backend/cpu/blas_kernels.h)
   moe::bench::Options options;
   CLI::App app{
       "bench_comm: nccl-tests-style bandwidth of all-reduce, all-to-allv (blocking and nonblocking) and isend/irecv "
@@ -501,37 +498,6 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", options.warmup, "Untimed repetitions per size before measuring")
       ->check(CLI::Range(0, 100000));
   app.add_flag("--quick", options.quick, "1 KiB to 64 KiB, 3 repetitions: a smoke check, not a measurement");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    // Exit codes of the `moe` program (launch/main.cpp): 2 for bad input, 1 for anything else.
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  int rank = 0, size = 1;
-  try {
-    // Also without mpirun: then it is one rank, and every figure is that of a copy to itself.
-    moe::MpiCommunicator::initialize(&argc, &argv);
-    std::unique_ptr<moe::MpiCommunicator> world = moe::MpiCommunicator::world();
-    rank = world->rank(), size = world->size();
-    char host[MPI_MAX_PROCESSOR_NAME] = {};
-    int host_length = 0;
-    MPI_Get_processor_name(host, &host_length);
-    moe::set_error_context(rank, std::string(host, size_t(host_length)));
-    moe::bench::run(options, *world);
-  } catch (const moe::Error& e) {
-    // Bad options are found identically on every rank: one message, every rank exits 2.
-    if (e.kind() == moe::ErrorKind::BadInput) {
-      if (rank == 0) std::fprintf(stderr, "bench_comm: error: %s\n", e.message().c_str());
-      return 2;
-    }
-    std::fprintf(stderr, "bench_comm: internal error (%s, %s:%d): %s\n", moe::error_context().c_str(), e.file().c_str(),
-                 e.line(), e.message().c_str());
-    if (size > 1) moe::MpiCommunicator::abort(1);  // the other ranks may wait in a collective
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_comm: error (%s): %s\n", moe::error_context().c_str(), e.what());
-    if (size > 1) moe::MpiCommunicator::abort(1);
-    return 1;
-  }
-  return 0;
+  return moe::bench::parse_and_run_mpi(app, argc, argv, "bench_comm",
+                                       [&](moe::MpiCommunicator& world) { moe::bench::run(options, world); });
 }

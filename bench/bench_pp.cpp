@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/bench_main.h"
+#include "bench/mpi_bench_main.h"
 #include "bench/timing.h"
 #include "core/backend/backend.h"
 #include "core/error.h"
@@ -159,15 +159,14 @@ void print_table(const nlohmann::json& runs, int64_t P) {
   }
 }
 
-void run(const Options& o) {
-  auto world = MpiCommunicator::world();
+void run(const Options& o, MpiCommunicator& world) {
   std::unique_ptr<Backend> backend = make_cpu_backend(o.threads);
   nlohmann::json runs = nlohmann::json::array();
-  for (int64_t m : o.micro_batches) runs.push_back(measure_micro_batches(o, *backend, *world, m));
-  if (world->rank() != 0) return;
-  print_table(runs, world->size());
+  for (int64_t m : o.micro_batches) runs.push_back(measure_micro_batches(o, *backend, world, m));
+  if (world.rank() != 0) return;
+  print_table(runs, world.size());
   const nlohmann::json out = {{"benchmark", "bench_pp"},
-                              {"stages", world->size()},
+                              {"stages", world.size()},
                               {"layers_per_stage", o.layers_per_stage},
                               {"d_model", o.d_model},
                               {"seq_len", o.seq_len},
@@ -193,15 +192,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000));
   app.add_option("--threads", o.threads, "threads per rank")->check(CLI::Range(1, 256));
   app.add_flag("--quick", o.quick, "a small model and few steps: exercises every path in a second");
-  return moe::bench::parse_and_run(app, argc, argv, "bench_pp", [&] {
+  return moe::bench::parse_and_run_mpi(app, argc, argv, "bench_pp", [&](moe::MpiCommunicator& world) {
     if (o.quick) o.d_model = 32, o.seq_len = 16, o.micro_batches = {1, 4}, o.steps = 2, o.warmup = 1;
-    moe::MpiCommunicator::initialize(&argc, &argv);  // finalized at exit
-    try {
-      run(o);
-    } catch (...) {
-      // The other ranks may wait on this one's sends: end them all.
-      if (moe::MpiCommunicator::world()->size() > 1) moe::MpiCommunicator::abort(1);
-      throw;
-    }
+    run(o, world);
   });
 }

@@ -19,16 +19,15 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <exception>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "bench/mpi_bench_main.h"
 #include "bench/sgemm_peak.h"
 #include "bench/timing.h"
 #include "core/backend/backend.h"
-#include "core/backend/cpu/blas_kernels.h"
 #include "core/error.h"
 #include "core/model.h"
 #include "core/moe_layer.h"
@@ -539,7 +538,6 @@ void run(Options o, MpiCommunicator& world) {
 }  // namespace moe::bench
 
 int main(int argc, char** argv) {
-  moe::cpu::choose_blas_kernels(argv);  // the kernels users get (core/backend/cpu/blas_kernels.h)
   moe::bench::Options o;
   moe::bench::BenchShape& s = o.shape;
   CLI::App app{
@@ -560,35 +558,6 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--experts", s.experts, "Experts of each MoE layer (top-2)")->check(CLI::Range(2, 1 << 12));
   app.add_flag("--quick", o.quick, "Tiny sizes, 3 steps: a smoke check, not a measurement");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;  // exit codes of the `moe` program: 2 for bad input
-  }
-  int rank = 0, size = 1;
-  try {
-    moe::MpiCommunicator::initialize(&argc, &argv);  // without mpirun: one rank, tp 1 only
-    std::unique_ptr<moe::MpiCommunicator> world = moe::MpiCommunicator::world();
-    rank = world->rank(), size = world->size();
-    char host[MPI_MAX_PROCESSOR_NAME] = {};
-    int host_length = 0;
-    MPI_Get_processor_name(host, &host_length);
-    moe::set_error_context(rank, std::string(host, size_t(host_length)));
-    moe::bench::run(o, *world);
-  } catch (const moe::Error& e) {
-    // Bad sizes are found identically on every rank: one message, every rank exits 2.
-    if (e.kind() == moe::ErrorKind::BadInput) {
-      if (rank == 0) std::fprintf(stderr, "bench_tp: error: %s\n", e.message().c_str());
-      return 2;
-    }
-    std::fprintf(stderr, "bench_tp: internal error (%s, %s:%d): %s\n", moe::error_context().c_str(), e.file().c_str(),
-                 e.line(), e.message().c_str());
-    if (size > 1) moe::MpiCommunicator::abort(1);  // the other ranks may wait in a collective
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_tp: error (%s): %s\n", moe::error_context().c_str(), e.what());
-    if (size > 1) moe::MpiCommunicator::abort(1);
-    return 1;
-  }
-  return 0;
+  return moe::bench::parse_and_run_mpi(app, argc, argv, "bench_tp",
+                                       [&](moe::MpiCommunicator& world) { moe::bench::run(o, world); });
 }
