@@ -11,14 +11,20 @@
 
 namespace moe::bench {
 
-template <typename Run>
-int parse_and_run(CLI::App& app, int argc, char** argv, const char* name, Run run) {
+// The kernels, then the command line: -1 where it parsed, else the exit code (0 after --help, 2 for a bad one).
+inline int choose_kernels_and_parse(CLI::App& app, int argc, char** argv) {
   cpu::choose_blas_kernels(argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  return -1;
+}
+
+template <typename Run>
+int parse_and_run(CLI::App& app, int argc, char** argv, const char* name, Run run) {
+  if (const int code = choose_kernels_and_parse(app, argc, argv); code >= 0) return code;
   try {
     run();
   } catch (const std::exception& e) {

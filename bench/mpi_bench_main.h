@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-#include "core/backend/cpu/blas_kernels.h"
+#include "bench/bench_main.h"
 #include "core/error.h"
 #include "parallel/mpi_communicator.h"
 
@@ -21,12 +21,7 @@ namespace moe::bench {
 
 template <typename Run>
 int parse_and_run_mpi(CLI::App& app, int argc, char** argv, const char* name, Run run) {
-  cpu::choose_blas_kernels(argv);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (const int code = choose_kernels_and_parse(app, argc, argv); code >= 0) return code;
   int rank = 0, size = 1;
   try {
     MpiCommunicator::initialize(&argc, &argv);  // also without mpirun: one rank; finalized at exit
