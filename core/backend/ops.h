@@ -146,6 +146,41 @@ class Ops {
   virtual void grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K,
                             T alpha, const T* A, const T* B, T beta, T* C) = 0;
 
+  // The routed experts' SwiGLU MLPs (core/moe/experts.h): `groups` of them over the row blocks of row_offset
+  // (as grouped_gemm's), with weight stacks w1, w3 (groups, D, F) and w2 (groups, F, D) and their gradients.
+  struct ExpertMlp {
+    int64_t groups;
+    const int64_t* row_offset;
+    int64_t D, F;
+    const T *w1, *w3, *w2;
+    T *dw1, *dw3, *dw2;
+  };
+  // x: (rows, D). Writes a = x W1, b = x W3, h = silu(a) * b (rows, F) and y = h W2 (rows, D), block by block.
+  // This default is the grouped GEMMs and the SwiGLU over all blocks, op after op; a backend may instead run
+  // each block's whole sequence at once (the CPU backend, for small blocks), with the same bits.
+  virtual void expert_mlp_forward(const ExpertMlp& e, const T* x, T* a, T* b, T* h, T* y) {
+    const int64_t G = e.groups, D = e.D, F = e.F, first = e.row_offset[0], R = e.row_offset[G] - first;
+    const int64_t* off = e.row_offset;
+    grouped_gemm(false, false, G, off, F, D, T(1), x, e.w1, T(0), a);  // a = x W1
+    grouped_gemm(false, false, G, off, F, D, T(1), x, e.w3, T(0), b);  // b = x W3
+    swiglu_forward(a + first * F, b + first * F, h + first * F, R * F);
+    grouped_gemm(false, false, G, off, D, F, T(1), h, e.w2, T(0), y);  // y = h W2
+  }
+  // After expert_mlp_forward (x, a, b, h its operands and outputs); dy: (rows, D). dh, da, db: (rows, F)
+  // workspace; dx (rows, D) written; dw1, dw3, dw2 accumulate. Default: op after op, as above.
+  virtual void expert_mlp_backward(const ExpertMlp& e, const T* x, const T* a, const T* b, const T* h, const T* dy,
+                                   T* dh, T* da, T* db, T* dx) {
+    const int64_t G = e.groups, D = e.D, F = e.F, first = e.row_offset[0], R = e.row_offset[G] - first;
+    const int64_t* off = e.row_offset;
+    grouped_gemm(true, false, G, off, D, F, T(1), h, dy, T(1), e.dw2);  // dW2 += h^T dy
+    grouped_gemm(false, true, G, off, F, D, T(1), dy, e.w2, T(0), dh);  // dh = dy W2^T
+    swiglu_backward(a + first * F, b + first * F, dh + first * F, da + first * F, db + first * F, R * F);
+    grouped_gemm(true, false, G, off, F, D, T(1), x, da, T(1), e.dw1);  // dW1 += x^T da
+    grouped_gemm(true, false, G, off, F, D, T(1), x, db, T(1), e.dw3);  // dW3 += x^T db
+    grouped_gemm(false, true, G, off, D, F, T(1), da, e.w1, T(0), dx);  // dx = da W1^T
+    grouped_gemm(false, true, G, off, D, F, T(1), db, e.w3, T(1), dx);  //    + db W3^T
+  }
+
   // Standard Gumbel noise of one Philox stream (core/philox.h, RngStream with this key):
   // out[i] = gumbel(a = step, b = first_counter + i) for i < n, in double.
   virtual void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) = 0;

@@ -1,6 +1,6 @@
 // The routed experts of one rank: El SwiGLU MLPs, each applied to its contiguous block of rows
-// (expert-major), one GEMM per expert and matrix (grouped), the SwiGLU elementwise over all blocks at
-// once. Parameters are the layer's (E_local, D, F) / (E_local, F, D) stacks; no routing here.
+// (expert-major), through the backend's expert_mlp_forward / expert_mlp_backward (core/backend/ops.h: grouped
+// GEMMs and the SwiGLU). Parameters are the layer's (E_local, D, F) / (E_local, F, D) stacks; no routing here.
 #pragma once
 
 #include <cstddef>
@@ -35,6 +35,10 @@ class GroupedExperts {
   static int64_t scratch_size(int64_t R, int64_t hidden) { return 3 * R * hidden; }
 
  private:
+  typename Ops<T>::ExpertMlp mlp(const std::vector<int64_t>& offset) const {
+    return {int64_t(offset.size()) - 1, offset.data(), D_, F_, w1_, w3_, w2_, dw1_, dw3_, dw2_};
+  }
+
   Backend& backend_;
   Ops<T>& ops_;
   int64_t D_, F_;

@@ -147,6 +147,68 @@ TEST(CpuThreads, FusedAttentionIsTheSameAtAnyThreadCount) {
                                            [&](Backend& b) { return fused_attention_both_ways(b, B, 37, H, 8, p); });
 }
 
+// The routed experts' MLPs, forward then backward (ops.h expert_mlp_forward / expert_mlp_backward): a, b, h, y,
+// dh, da, db, dx and the accumulated dw1, dw3, dw2 one after the other. `fused`: the backend's own (the CPU
+// backend runs each small expert's whole sequence on one thread); otherwise Ops' default, op after op.
+template <typename T>
+std::vector<T> expert_mlps_both_ways(Backend& be, const std::vector<int64_t>& off, int64_t D, int64_t F, bool fused,
+                                     GemmPrecision precision) {
+  const int64_t G = int64_t(off.size()) - 1, R = off.back();
+  const auto w1 = random_values<T>(size_t(G * D * F), 21), w3 = random_values<T>(size_t(G * D * F), 22);
+  const auto w2 = random_values<T>(size_t(G * F * D), 23), x = random_values<T>(size_t(R * D), 24);
+  const auto dy = random_values<T>(size_t(R * D), 25), dw = random_values<T>(size_t(3 * G * D * F), 26);
+  std::vector<T> out(size_t(6 * R * F + 2 * R * D), T(0));
+  out.insert(out.end(), dw.begin(), dw.end());
+  T *a = out.data(), *b = a + R * F, *h = b + R * F, *dh = h + R * F, *da = dh + R * F, *db = da + R * F;
+  T *y = db + R * F, *dx = y + R * D, *dw1 = dx + R * D;
+  const typename Ops<T>::ExpertMlp e{
+      G, off.data(), D, F, w1.data(), w3.data(), w2.data(), dw1, dw1 + G * D * F, dw1 + 2 * G * D * F};
+  Ops<T>& o = be.ops<T>();
+  o.set_gemm_precision(precision);
+  if (fused) {
+    o.expert_mlp_forward(e, x.data(), a, b, h, y);
+    o.expert_mlp_backward(e, x.data(), a, b, h, dy.data(), dh, da, db, dx);
+  } else {
+    o.Ops<T>::expert_mlp_forward(e, x.data(), a, b, h, y);
+    o.Ops<T>::expert_mlp_backward(e, x.data(), a, b, h, dy.data(), dh, da, db, dx);
+  }
+  o.set_gemm_precision(GemmPrecision::Fp32);
+  return out;
+}
+
+// Expert blocks all small (one expert at a time) with empty ones, at the small-GEMM limit, no rows at all,
+// and one block too large (op after op on all threads).
+const std::vector<std::vector<int64_t>> kExpertBlocks = {
+    {0, 5, 5, 6, 19, 19, 40}, {0, 64, 64, 128, 130}, {0, 0, 0}, {0, 0, 1, 3}, {0, 100, 103, 110}};
+
+template <typename T>
+void expect_expert_mlps_as_op_after_op(GemmPrecision precision) {
+  for (size_t c = 0; c < kExpertBlocks.size(); ++c) {
+    const std::string what = std::string(sizeof(T) == 4 ? "float" : "double") +
+                             (precision == GemmPrecision::Bf16 ? " bf16" : "") + " blocks " + std::to_string(c);
+    const auto reference = [&](Backend& b) {
+      return expert_mlps_both_ways<T>(b, kExpertBlocks[c], 24, 40, false, precision);
+    };
+    const auto fused = [&](Backend& b) {
+      return expert_mlps_both_ways<T>(b, kExpertBlocks[c], 24, 40, true, precision);
+    };
+    const std::vector<T> want = reference(*make_cpu_backend(1));
+    for (int threads : {1, 2}) {
+      const std::vector<T> got = fused(*make_cpu_backend(threads));
+      ASSERT_EQ(got.size(), want.size()) << what;
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), sizeof(T) * want.size()))
+          << what << ": one expert at a time on " << threads << " threads differs from op after op";
+    }
+    expect_same_bits_at_any_thread_count<T>(what, fused);
+  }
+}
+
+TEST(CpuThreads, ExpertMlpsOneAtATimeAreOpAfterOp) {
+  expect_expert_mlps_as_op_after_op<float>(GemmPrecision::Fp32);
+  expect_expert_mlps_as_op_after_op<float>(GemmPrecision::Bf16);
+  expect_expert_mlps_as_op_after_op<double>(GemmPrecision::Fp32);
+}
+
 // The governor (core/backend/cpu/thread_policy.h): the whole cores this process used or nobody used, within
 // [1, max], after the same decision twice in a row.
 TEST(ThreadGovernor, FollowsTheCoresOtherProcessesLeave) {

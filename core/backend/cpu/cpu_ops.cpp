@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/backend/backend.h"
+#include "core/backend/cpu/expert_mlp.h"
 #include "core/backend/cpu/fused_attention.h"
 #include "core/backend/cpu/moe_kernels.h"
 #include "core/backend/cpu/parallel_kernels.h"
@@ -169,36 +170,18 @@ class CpuOps final : public Ops<T> {
                                   dq, dk, dv);
   }
 
-  // In blocks of kSwigluBlock; float through cpu/vector_math.h (exp 8 or 4 at a time), double as written.
+  // In blocks of kSwigluBlock (cpu/expert_mlp.h: float through cpu/vector_math.h, double as written).
   void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override {
 #pragma omp parallel for schedule(static)
-    for (int64_t first = 0; first < n; first += kSwigluBlock) {
-      const int64_t m = std::min(kSwigluBlock, n - first);
-      if constexpr (std::is_same_v<T, float>) {
-        cpu::swiglu_forward_floats(a + first, b + first, h + first, m);
-      } else {
-        for (int64_t i = first; i < first + m; ++i) {
-          const T sig = T(1) / (T(1) + std::exp(-a[i]));
-          h[i] = a[i] * sig * b[i];
-        }
-      }
-    }
+    for (int64_t first = 0; first < n; first += kSwigluBlock)
+      cpu::swiglu_forward_span(a + first, b + first, h + first, std::min(kSwigluBlock, n - first));
   }
 
   void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) override {
 #pragma omp parallel for schedule(static)
-    for (int64_t first = 0; first < n; first += kSwigluBlock) {
-      const int64_t m = std::min(kSwigluBlock, n - first);
-      if constexpr (std::is_same_v<T, float>) {
-        cpu::swiglu_backward_floats(a + first, b + first, dh + first, da + first, db + first, m);
-      } else {
-        for (int64_t i = first; i < first + m; ++i) {
-          const T sig = T(1) / (T(1) + std::exp(-a[i])), silu = a[i] * sig;
-          db[i] = dh[i] * silu;
-          da[i] = dh[i] * b[i] * sig * (T(1) + a[i] * (T(1) - sig));
-        }
-      }
-    }
+    for (int64_t first = 0; first < n; first += kSwigluBlock)
+      cpu::swiglu_backward_span(a + first, b + first, dh + first, da + first, db + first,
+                                std::min(kSwigluBlock, n - first));
   }
 
   void cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, int64_t N, int64_t V) override {
@@ -298,6 +281,16 @@ class CpuOps final : public Ops<T> {
                     T alpha, const T* A, const T* B, T beta, T* C) override {
     MOE_CHECK(!(trans_a && trans_b), "grouped gemm: trans_a with trans_b is not an expert shape");
     cpu::grouped_gemm(gemm_inputs(), trans_a, trans_b, groups, row_offset, N, K, alpha, A, B, beta, C);
+  }
+  void expert_mlp_forward(const typename Ops<T>::ExpertMlp& e, const T* x, T* a, T* b, T* h, T* y) override {
+    if (!cpu::experts_one_at_a_time(e.groups, e.row_offset)) return Ops<T>::expert_mlp_forward(e, x, a, b, h, y);
+    cpu::expert_mlp_forward(gemm_inputs(), e, x, a, b, h, y);
+  }
+  void expert_mlp_backward(const typename Ops<T>::ExpertMlp& e, const T* x, const T* a, const T* b, const T* h,
+                           const T* dy, T* dh, T* da, T* db, T* dx) override {
+    if (!cpu::experts_one_at_a_time(e.groups, e.row_offset))
+      return Ops<T>::expert_mlp_backward(e, x, a, b, h, dy, dh, da, db, dx);
+    cpu::expert_mlp_backward(gemm_inputs(), e, x, a, b, h, dy, dh, da, db, dx);
   }
   void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) override {
     cpu::gumbel_noise(key, step, first_counter, out, n);

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/backend/cpu/small_gemm.h"
@@ -195,6 +196,22 @@ void grouped_gemm_group(const GemmInputs<T>& p, bool trans_a, bool trans_b, int6
     gemm_at(p, true, false, K, N, m, alpha, A + r0 * K, K, B + r0 * N, N, beta, C + g * K * N, N, m);
 }
 
+// The non-empty groups of `order`, largest first (ties in order).
+inline std::vector<int64_t> largest_first(std::vector<int64_t> order, const int64_t* row_offset) {
+  const auto rows = [&](int64_t g) { return row_offset[g + 1] - row_offset[g]; };
+  order.erase(std::remove_if(order.begin(), order.end(), [&](int64_t g) { return rows(g) == 0; }), order.end());
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows(a) > rows(b); });
+  return order;
+}
+
+// f(g) for each group of `order`, one group per thread at a time, in that order.
+template <typename F>
+void run_groups(const std::vector<int64_t>& order, F&& f) {
+  const int64_t count = int64_t(order.size());
+#pragma omp parallel for schedule(dynamic, 1) if (count > 1)
+  for (int64_t i = 0; i < count; ++i) f(order[size_t(i)]);
+}
+
 // Groups too large to share: more rows than an even share of the threads' work. These run first, one at a
 // time on all threads; the rest run concurrently, one group per thread at a time, largest first.
 template <typename T>
@@ -211,13 +228,8 @@ void grouped_gemm(const GemmInputs<T>& p, bool trans_a, bool trans_b, int64_t gr
     else
       shared.push_back(g);
   }
-  std::stable_sort(shared.begin(), shared.end(), [&](int64_t a, int64_t b) {
-    return row_offset[a + 1] - row_offset[a] > row_offset[b + 1] - row_offset[b];
-  });
-  const int64_t count = int64_t(shared.size());
-#pragma omp parallel for schedule(dynamic, 1) if (count > 1)
-  for (int64_t i = 0; i < count; ++i)
-    grouped_gemm_group(p, trans_a, trans_b, shared[size_t(i)], row_offset, N, K, alpha, A, B, beta, C);
+  run_groups(largest_first(std::move(shared), row_offset),
+             [&](int64_t g) { grouped_gemm_group(p, trans_a, trans_b, g, row_offset, N, K, alpha, A, B, beta, C); });
 }
 
 // ---- Causal attention (Ops::attention_forward / attention_backward) ---------------------------------
