@@ -66,11 +66,19 @@ using TileFn = void (*)(int R, int P, const float* ap, const Panels& b, int64_t 
 // Rows [n0, n0 + 16) of B (N x K) transposed into bp (K x 16), zeros past row N: the "b" panel of the A B^T form.
 using PackTransposedFn = void (*)(const float* B, int64_t ldb, int64_t K, int64_t n0, int64_t N, float* bp);
 
-// One instruction set's tiles (at most `rows` rows and `panels` panels) and its transposing pack.
+// Rows [i0, i0 + R) of A (rows x K) transposed into ap (K x R): the "a" block of the A B and A B^T forms.
+using PackRowsFn = void (*)(const float* A, int64_t lda, int64_t K, int64_t i0, int R, float* ap);
+
+// Columns [i0, i0 + R) of A (m x lda) into ap (m x R): the "a" block of the A^T B form.
+using PackColumnsFn = void (*)(const float* A, int64_t lda, int64_t m, int64_t i0, int R, float* ap);
+
+// One instruction set's tiles (at most `rows` rows and `panels` panels) and its packing.
 struct Kernels {
   int rows, panels;
   TileFn tile;
   PackTransposedFn pack_transposed;
+  PackRowsFn pack_rows;
+  PackColumnsFn pack_columns;
 };
 
 }  // namespace
@@ -141,11 +149,12 @@ void tile_avx512(int R, int P, const float* ap, const Panels& b, int64_t K, cons
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// The 16 x 16 block at src (rows ld floats apart) transposed into dst (16 rows of 16, contiguous, 64-byte
-// aligned): pairs of rows interleaved, then groups of four within each 128-bit lane, then the lanes.
-void transpose16(const float* src, int64_t ld, float* dst) {
+// The 16 x 16 block at src (rows ld floats apart; rows from `rows` on read as zeros, not read) transposed into dst
+// (16 rows of 16, contiguous, 64-byte aligned): pairs of rows interleaved, then groups of four within each 128-bit
+// lane, then the lanes.
+void transpose16(const float* src, int64_t ld, float* dst, int rows = 16) {
   __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * ld);
+  for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
@@ -175,6 +184,27 @@ void pack_transposed_avx512(const float* B, int64_t ldb, int64_t K, int64_t n0, 
   for (int64_t k = 0; k < k16; k += kW) transpose16(B + n0 * ldb + k, ldb, bp + k * kW);
   for (int64_t k = k16; k < K; ++k)
     for (int64_t c = 0; c < kW; ++c) bp[k * kW + c] = c < w ? B[(n0 + c) * ldb + k] : 0.f;
+}
+
+// PackRowsFn by blocks of 16 steps: the R rows' 16 values transposed in registers, each step's R values stored
+// under a mask (the last K % 16 steps by element).
+void pack_rows_avx512(const float* A, int64_t lda, int64_t K, int64_t i0, int R, float* ap) {
+  const __mmask16 keep = __mmask16((1u << R) - 1);
+  const int64_t k16 = K / kW * kW;
+  alignas(64) float block[kW * kW];
+  for (int64_t k = 0; k < k16; k += kW) {
+    transpose16(A + i0 * lda + k, lda, block, R);
+    for (int64_t j = 0; j < kW; ++j) _mm512_mask_storeu_ps(ap + (k + j) * R, keep, _mm512_load_ps(block + j * kW));
+  }
+  for (int r = 0; r < R; ++r)
+    for (int64_t k = k16; k < K; ++k) ap[k * R + r] = A[(i0 + r) * lda + k];
+}
+
+// PackColumnsFn: each row's R values moved under a mask.
+void pack_columns_avx512(const float* A, int64_t lda, int64_t m, int64_t i0, int R, float* ap) {
+  const __mmask16 keep = __mmask16((1u << R) - 1);
+  for (int64_t r = 0; r < m; ++r)
+    _mm512_mask_storeu_ps(ap + r * R, keep, _mm512_maskz_loadu_ps(keep, A + r * lda + i0));
 }
 
 }  // namespace
@@ -336,7 +366,7 @@ inline void copy16(const float* src, int64_t w, float* dst) {
 
 // ---- packing ----------------------------------------------------------------------------------------
 
-// Rows [i0, i0 + R) of A (rows x K) transposed into ap (K x R): the "a" block of the A B and A B^T forms.
+// PackRowsFn by element.
 void pack_rows(const float* A, int64_t lda, int64_t K, int64_t i0, int R, float* ap) {
   for (int r = 0; r < R; ++r) {
     const float* a = A + (i0 + r) * lda;
@@ -344,7 +374,7 @@ void pack_rows(const float* A, int64_t lda, int64_t K, int64_t i0, int R, float*
   }
 }
 
-// Columns [i0, i0 + R) of A (m x lda) into ap (m x R): the "a" block of the A^T B form.
+// PackColumnsFn by element.
 void pack_columns(const float* A, int64_t lda, int64_t m, int64_t i0, int R, float* ap) {
   for (int64_t r = 0; r < m; ++r)
     for (int i = 0; i < R; ++i) ap[r * R + i] = A[r * lda + i0 + i];
@@ -411,7 +441,7 @@ void gemm_nn(const Kernels& kn, int64_t m, int64_t N, int64_t K, float alpha, co
   float* bp = in_place ? nullptr : scratch(1, std::min(kSlab, K) * panels * kW);
   float* partial = scratch(2, m * ldp);  // sums between slabs, m x ldp
   for (int64_t b = 0; b < blocks.count; ++b)
-    pack_rows(A, lda, K, blocks.first(b), blocks.height(b), ap + blocks.first(b) * K);
+    kn.pack_rows(A, lda, K, blocks.first(b), blocks.height(b), ap + blocks.first(b) * K);
   alignas(64) float t[kMaxRows * kW * kMaxPanels];
   for (int64_t k0 = 0; k0 < K; k0 += kSlab) {
     const int64_t kc = std::min(kSlab, K - k0);
@@ -446,7 +476,7 @@ void gemm_nt(const Kernels& kn, int64_t m, int64_t N, int64_t K, float alpha, co
   float* ap = scratch(0, m * K);
   float* bp = scratch(1, K * kW * kMaxPanels);
   for (int64_t b = 0; b < blocks.count; ++b)
-    pack_rows(A, lda, K, blocks.first(b), blocks.height(b), ap + blocks.first(b) * K);
+    kn.pack_rows(A, lda, K, blocks.first(b), blocks.height(b), ap + blocks.first(b) * K);
   alignas(64) float t[kMaxRows * kW * kMaxPanels];
   for (int64_t c = 0; c < columns.count(); ++c) {
     const int P = columns.panels(c);
@@ -473,7 +503,7 @@ void gemm_tn(const Kernels& kn, int64_t m, int64_t M, int64_t N, float alpha, co
   float* ap = scratch(0, m * M);
   float* bp = scratch(1, m * panels * kW);
   for (int64_t b = 0; b < blocks.count; ++b)
-    pack_columns(A, lda, m, blocks.first(b), blocks.height(b), ap + blocks.first(b) * m);
+    kn.pack_columns(A, lda, m, blocks.first(b), blocks.height(b), ap + blocks.first(b) * m);
   pack_panels(B, ldb, m, N, bp);
   alignas(64) float t[kMaxRows * kW * kMaxPanels];
   int64_t ahead_b = kTilesAhead / panels, ahead_p = kTilesAhead % panels;  // the panel whose C lines are asked for
@@ -491,8 +521,9 @@ void gemm_tn(const Kernels& kn, int64_t m, int64_t M, int64_t N, float alpha, co
     }
 }
 
-constexpr Kernels kAvx2{6, 1, tile_avx2, pack_transposed};
-constexpr Kernels kAvx512{kMaxRows, kMaxPanels, tile_avx512, pack_transposed_avx512};
+constexpr Kernels kAvx2{6, 1, tile_avx2, pack_transposed, pack_rows, pack_columns};
+constexpr Kernels kAvx512{kMaxRows,         kMaxPanels,         tile_avx512, pack_transposed_avx512,
+                          pack_rows_avx512, pack_columns_avx512};
 
 bool run_form(const Kernels& kn, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
