@@ -157,7 +157,7 @@ class Ops {
   };
   // x: (rows, D). Writes a = x W1, b = x W3, h = silu(a) * b (rows, F) and y = h W2 (rows, D), block by block.
   // This default is the grouped GEMMs and the SwiGLU over all blocks, op after op; a backend may instead run
-  // each block's whole sequence at once (the CPU backend, for small blocks), with the same bits.
+  // each block's whole sequence at once (the CPU backend does), with the same bits.
   virtual void expert_mlp_forward(const ExpertMlp& e, const T* x, T* a, T* b, T* h, T* y) {
     const int64_t G = e.groups, D = e.D, F = e.F, first = e.row_offset[0], R = e.row_offset[G] - first;
     const int64_t* off = e.row_offset;

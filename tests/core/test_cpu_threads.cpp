@@ -149,7 +149,7 @@ TEST(CpuThreads, FusedAttentionIsTheSameAtAnyThreadCount) {
 
 // The routed experts' MLPs, forward then backward (ops.h expert_mlp_forward / expert_mlp_backward): a, b, h, y,
 // dh, da, db, dx and the accumulated dw1, dw3, dw2 one after the other. `fused`: the backend's own (the CPU
-// backend runs each small expert's whole sequence on one thread); otherwise Ops' default, op after op.
+// backend runs each expert's whole sequence at once, on one thread or all); otherwise Ops' default, op after op.
 template <typename T>
 std::vector<T> expert_mlps_both_ways(Backend& be, const std::vector<int64_t>& off, int64_t D, int64_t F, bool fused,
                                      GemmPrecision precision) {
@@ -176,10 +176,12 @@ std::vector<T> expert_mlps_both_ways(Backend& be, const std::vector<int64_t>& of
   return out;
 }
 
-// Expert blocks all small (one expert at a time) with empty ones, at the small-GEMM limit, no rows at all,
-// and one block too large (op after op on all threads).
+// Expert blocks: small ones (the small-GEMM kernels) with empty ones, at the small-GEMM limit, no rows at all, one
+// block too large to share (alone on all threads, then the rest one per thread), and blocks above the small-GEMM
+// limit that still share the threads (OpenBLAS, one expert per thread).
 const std::vector<std::vector<int64_t>> kExpertBlocks = {
-    {0, 5, 5, 6, 19, 19, 40}, {0, 64, 64, 128, 130}, {0, 0, 0}, {0, 0, 1, 3}, {0, 100, 103, 110}};
+    {0, 5, 5, 6, 19, 19, 40}, {0, 64, 64, 128, 130},      {0, 0, 0}, {0, 0, 1, 3},
+    {0, 100, 103, 110},       {0, 90, 180, 270, 360, 450}};
 
 template <typename T>
 void expect_expert_mlps_as_op_after_op(GemmPrecision precision) {

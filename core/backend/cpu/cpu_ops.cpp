@@ -38,8 +38,6 @@ constexpr int64_t kMoveChunk = int64_t(1) << 14;
 
 template <typename T>
 class CpuOps final : public Ops<T> {
-  static constexpr int64_t kSwigluBlock = 256;  // elements a thread takes at a time
-
  public:
   CpuOps() { this->set_fused_attention(false); }
   const char* name() const override { return "cpu"; }
@@ -170,18 +168,11 @@ class CpuOps final : public Ops<T> {
                                   dq, dk, dv);
   }
 
-  // In blocks of kSwigluBlock (cpu/expert_mlp.h: float through cpu/vector_math.h, double as written).
-  void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override {
-#pragma omp parallel for schedule(static)
-    for (int64_t first = 0; first < n; first += kSwigluBlock)
-      cpu::swiglu_forward_span(a + first, b + first, h + first, std::min(kSwigluBlock, n - first));
-  }
+  // In blocks on all threads (cpu/expert_mlp.h: float through cpu/vector_math.h, double as written).
+  void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override { cpu::swiglu_forward_blocks(a, b, h, n); }
 
   void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) override {
-#pragma omp parallel for schedule(static)
-    for (int64_t first = 0; first < n; first += kSwigluBlock)
-      cpu::swiglu_backward_span(a + first, b + first, dh + first, da + first, db + first,
-                                std::min(kSwigluBlock, n - first));
+    cpu::swiglu_backward_blocks(a, b, dh, da, db, n);
   }
 
   void cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, int64_t N, int64_t V) override {
@@ -283,13 +274,10 @@ class CpuOps final : public Ops<T> {
     cpu::grouped_gemm(gemm_inputs(), trans_a, trans_b, groups, row_offset, N, K, alpha, A, B, beta, C);
   }
   void expert_mlp_forward(const typename Ops<T>::ExpertMlp& e, const T* x, T* a, T* b, T* h, T* y) override {
-    if (!cpu::experts_one_at_a_time(e.groups, e.row_offset)) return Ops<T>::expert_mlp_forward(e, x, a, b, h, y);
     cpu::expert_mlp_forward(gemm_inputs(), e, x, a, b, h, y);
   }
   void expert_mlp_backward(const typename Ops<T>::ExpertMlp& e, const T* x, const T* a, const T* b, const T* h,
                            const T* dy, T* dh, T* da, T* db, T* dx) override {
-    if (!cpu::experts_one_at_a_time(e.groups, e.row_offset))
-      return Ops<T>::expert_mlp_backward(e, x, a, b, h, dy, dh, da, db, dx);
     cpu::expert_mlp_backward(gemm_inputs(), e, x, a, b, h, dy, dh, da, db, dx);
   }
   void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) override {

@@ -1,12 +1,13 @@
-// The CPU backend's expert MLPs (Ops::expert_mlp_forward / expert_mlp_backward). Where every expert's block of
-// rows is small enough for the small-group kernels (at most kSmallGemmRows rows, whose GEMMs run on one thread
-// anyway), each expert's whole sequence, its GEMMs and its SwiGLU, runs on one thread, the experts shared among
-// the threads largest first, instead of one op over all the experts after another. The same calls on the same
-// operands, so the same bits (test_core_moe_ops compares the two); what changes is that a block's activations
-// are still in its thread's cache when the next op reads them, and that one parallel region replaces four in the
-// forward and seven in the backward. Larger blocks go op after op (Ops' default), their GEMMs on all threads.
+// The CPU backend's expert MLPs (Ops::expert_mlp_forward / expert_mlp_backward): each expert's whole sequence, its
+// GEMMs and its SwiGLU, one expert after another, instead of one op over all the experts after another. The experts
+// are scheduled as the grouped GEMM's groups are (parallel_kernels.h GroupSchedule): those too large to share run
+// one at a time with every op on all threads; the rest run concurrently, each expert's sequence on one thread,
+// largest first. The same calls on the same operands as op after op, so the same bits (test_core_cpu_threads
+// compares the two); what changes is that a block's activations are still in its thread's cache when the next op
+// reads them, and that one parallel region replaces four in the forward and seven in the backward.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -46,51 +47,68 @@ void swiglu_backward_span(const T* a, const T* b, const T* dh, T* da, T* db, int
   }
 }
 
-// Whether the experts run one at a time (see above): no block has more than kSmallGemmRows rows.
-inline bool experts_one_at_a_time(int64_t groups, const int64_t* row_offset) {
-  for (int64_t g = 0; g < groups; ++g)
-    if (row_offset[g + 1] - row_offset[g] > kSmallGemmRows) return false;
-  return true;
+// The SwiGLU over n in blocks of kSwigluBlock, the blocks shared among the threads where there are several here.
+constexpr int64_t kSwigluBlock = 256;
+
+template <typename T>
+void swiglu_forward_blocks(const T* a, const T* b, T* h, int64_t n) {
+#pragma omp parallel for schedule(static) if (usable_threads() > 1)
+  for (int64_t first = 0; first < n; first += kSwigluBlock)
+    swiglu_forward_span(a + first, b + first, h + first, std::min(kSwigluBlock, n - first));
 }
 
-// The experts' non-empty groups, largest first.
-inline std::vector<int64_t> expert_order(int64_t groups, const int64_t* row_offset) {
-  std::vector<int64_t> all(size_t(groups), 0);
-  for (int64_t g = 0; g < groups; ++g) all[size_t(g)] = g;
-  return largest_first(std::move(all), row_offset);
+template <typename T>
+void swiglu_backward_blocks(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) {
+#pragma omp parallel for schedule(static) if (usable_threads() > 1)
+  for (int64_t first = 0; first < n; first += kSwigluBlock)
+    swiglu_backward_span(a + first, b + first, dh + first, da + first, db + first, std::min(kSwigluBlock, n - first));
 }
 
-// Ops::expert_mlp_forward, one expert at a time (experts_one_at_a_time).
+// Expert g's forward over its block of rows: a = x W1, b = x W3, h = silu(a) * b, y = h W2. Outside a parallel
+// region each op takes all threads (the GEMMs by their blocks); inside one, the calling thread alone.
+template <typename T>
+void expert_forward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, int64_t g, const T* x, T* a, T* b,
+                    T* h, T* y) {
+  const int64_t D = e.D, F = e.F, first = e.row_offset[g] * F, n = (e.row_offset[g + 1] - e.row_offset[g]) * F;
+  const int64_t* off = e.row_offset;
+  grouped_gemm_group(p, false, false, g, off, F, D, T(1), x, e.w1, T(0), a);  // a = x W1
+  grouped_gemm_group(p, false, false, g, off, F, D, T(1), x, e.w3, T(0), b);  // b = x W3
+  swiglu_forward_blocks(a + first, b + first, h + first, n);
+  grouped_gemm_group(p, false, false, g, off, D, F, T(1), h, e.w2, T(0), y);  // y = h W2
+}
+
+// Expert g's backward (Ops::expert_mlp_backward), as expert_forward.
+template <typename T>
+void expert_backward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, int64_t g, const T* x, const T* a,
+                     const T* b, const T* h, const T* dy, T* dh, T* da, T* db, T* dx) {
+  const int64_t D = e.D, F = e.F, first = e.row_offset[g] * F, n = (e.row_offset[g + 1] - e.row_offset[g]) * F;
+  const int64_t* off = e.row_offset;
+  grouped_gemm_group(p, true, false, g, off, D, F, T(1), h, dy, T(1), e.dw2);  // dW2 += h^T dy
+  grouped_gemm_group(p, false, true, g, off, F, D, T(1), dy, e.w2, T(0), dh);  // dh = dy W2^T
+  swiglu_backward_blocks(a + first, b + first, dh + first, da + first, db + first, n);
+  grouped_gemm_group(p, true, false, g, off, F, D, T(1), x, da, T(1), e.dw1);  // dW1 += x^T da
+  grouped_gemm_group(p, true, false, g, off, F, D, T(1), x, db, T(1), e.dw3);  // dW3 += x^T db
+  grouped_gemm_group(p, false, true, g, off, D, F, T(1), da, e.w1, T(0), dx);  // dx = da W1^T
+  grouped_gemm_group(p, false, true, g, off, D, F, T(1), db, e.w3, T(1), dx);  //    + db W3^T
+}
+
+// Ops::expert_mlp_forward: the experts too large to share (GroupSchedule) one after another on all threads, then
+// the rest concurrently, each expert's whole sequence on one thread.
 template <typename T>
 void expert_mlp_forward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, const T* x, T* a, T* b, T* h,
                         T* y) {
-  const int64_t D = e.D, F = e.F;
-  const int64_t* off = e.row_offset;
-  run_groups(expert_order(e.groups, off), [&](int64_t g) {
-    const int64_t first = off[g] * F, n = (off[g + 1] - off[g]) * F;
-    grouped_gemm_group(p, false, false, g, off, F, D, T(1), x, e.w1, T(0), a);  // a = x W1
-    grouped_gemm_group(p, false, false, g, off, F, D, T(1), x, e.w3, T(0), b);  // b = x W3
-    swiglu_forward_span(a + first, b + first, h + first, n);
-    grouped_gemm_group(p, false, false, g, off, D, F, T(1), h, e.w2, T(0), y);  // y = h W2
-  });
+  const GroupSchedule s = schedule_groups(e.groups, e.row_offset);
+  for (int64_t g : s.alone) expert_forward(p, e, g, x, a, b, h, y);
+  run_groups(s.shared, [&](int64_t g) { expert_forward(p, e, g, x, a, b, h, y); });
 }
 
-// Ops::expert_mlp_backward, one expert at a time (experts_one_at_a_time).
+// Ops::expert_mlp_backward, as expert_mlp_forward.
 template <typename T>
 void expert_mlp_backward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, const T* x, const T* a,
                          const T* b, const T* h, const T* dy, T* dh, T* da, T* db, T* dx) {
-  const int64_t D = e.D, F = e.F;
-  const int64_t* off = e.row_offset;
-  run_groups(expert_order(e.groups, off), [&](int64_t g) {
-    const int64_t first = off[g] * F, n = (off[g + 1] - off[g]) * F;
-    grouped_gemm_group(p, true, false, g, off, D, F, T(1), h, dy, T(1), e.dw2);  // dW2 += h^T dy
-    grouped_gemm_group(p, false, true, g, off, F, D, T(1), dy, e.w2, T(0), dh);  // dh = dy W2^T
-    swiglu_backward_span(a + first, b + first, dh + first, da + first, db + first, n);
-    grouped_gemm_group(p, true, false, g, off, F, D, T(1), x, da, T(1), e.dw1);  // dW1 += x^T da
-    grouped_gemm_group(p, true, false, g, off, F, D, T(1), x, db, T(1), e.dw3);  // dW3 += x^T db
-    grouped_gemm_group(p, false, true, g, off, D, F, T(1), da, e.w1, T(0), dx);  // dx = da W1^T
-    grouped_gemm_group(p, false, true, g, off, D, F, T(1), db, e.w3, T(1), dx);  //    + db W3^T
-  });
+  const GroupSchedule s = schedule_groups(e.groups, e.row_offset);
+  for (int64_t g : s.alone) expert_backward(p, e, g, x, a, b, h, dy, dh, da, db, dx);
+  run_groups(s.shared, [&](int64_t g) { expert_backward(p, e, g, x, a, b, h, dy, dh, da, db, dx); });
 }
 
 }  // namespace moe::cpu

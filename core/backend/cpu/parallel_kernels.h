@@ -212,23 +212,31 @@ void run_groups(const std::vector<int64_t>& order, F&& f) {
   for (int64_t i = 0; i < count; ++i) f(order[size_t(i)]);
 }
 
-// Groups too large to share: more rows than an even share of the threads' work. These run first, one at a
-// time on all threads; the rest run concurrently, one group per thread at a time, largest first.
+// How the groups of a grouped op run. `alone`: those too large to share, with more rows than an even share of the
+// threads' work, one at a time on all threads, in index order. `shared`: the other non-empty ones, concurrently,
+// one group per thread at a time, largest first (run_groups).
+struct GroupSchedule {
+  std::vector<int64_t> alone, shared;
+};
+
+inline GroupSchedule schedule_groups(int64_t groups, const int64_t* row_offset) {
+  const int threads = usable_threads();
+  const int64_t rows = row_offset[groups] - row_offset[0];
+  GroupSchedule s;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t m = row_offset[g + 1] - row_offset[g];
+    if (m > 0) (threads == 1 || m * threads > rows ? s.alone : s.shared).push_back(g);
+  }
+  s.shared = largest_first(std::move(s.shared), row_offset);
+  return s;
+}
+
 template <typename T>
 void grouped_gemm(const GemmInputs<T>& p, bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset,
                   int64_t N, int64_t K, T alpha, const T* A, const T* B, T beta, T* C) {
-  const int threads = usable_threads();
-  const int64_t rows = row_offset[groups] - row_offset[0];
-  std::vector<int64_t> shared;  // the groups run concurrently
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t m = row_offset[g + 1] - row_offset[g];
-    if (m == 0) continue;
-    if (threads == 1 || m * threads > rows)
-      grouped_gemm_group(p, trans_a, trans_b, g, row_offset, N, K, alpha, A, B, beta, C);
-    else
-      shared.push_back(g);
-  }
-  run_groups(largest_first(std::move(shared), row_offset),
+  const GroupSchedule s = schedule_groups(groups, row_offset);
+  for (int64_t g : s.alone) grouped_gemm_group(p, trans_a, trans_b, g, row_offset, N, K, alpha, A, B, beta, C);
+  run_groups(s.shared,
              [&](int64_t g) { grouped_gemm_group(p, trans_a, trans_b, g, row_offset, N, K, alpha, A, B, beta, C); });
 }
 
