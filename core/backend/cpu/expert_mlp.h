@@ -11,10 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
-#include <vector>
 
 #include "core/backend/cpu/parallel_kernels.h"
-#include "core/backend/cpu/small_gemm.h"
 #include "core/backend/cpu/vector_math.h"
 #include "core/backend/ops.h"
 

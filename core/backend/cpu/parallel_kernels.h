@@ -16,7 +16,6 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "core/backend/cpu/small_gemm.h"
@@ -196,14 +195,6 @@ void grouped_gemm_group(const GemmInputs<T>& p, bool trans_a, bool trans_b, int6
     gemm_at(p, true, false, K, N, m, alpha, A + r0 * K, K, B + r0 * N, N, beta, C + g * K * N, N, m);
 }
 
-// The non-empty groups of `order`, largest first (ties in order).
-inline std::vector<int64_t> largest_first(std::vector<int64_t> order, const int64_t* row_offset) {
-  const auto rows = [&](int64_t g) { return row_offset[g + 1] - row_offset[g]; };
-  order.erase(std::remove_if(order.begin(), order.end(), [&](int64_t g) { return rows(g) == 0; }), order.end());
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows(a) > rows(b); });
-  return order;
-}
-
 // f(g) for each group of `order`, one group per thread at a time, in that order.
 template <typename F>
 void run_groups(const std::vector<int64_t>& order, F&& f) {
@@ -227,7 +218,8 @@ inline GroupSchedule schedule_groups(int64_t groups, const int64_t* row_offset) 
     const int64_t m = row_offset[g + 1] - row_offset[g];
     if (m > 0) (threads == 1 || m * threads > rows ? s.alone : s.shared).push_back(g);
   }
-  s.shared = largest_first(std::move(s.shared), row_offset);
+  const auto size = [&](int64_t g) { return row_offset[g + 1] - row_offset[g]; };
+  std::stable_sort(s.shared.begin(), s.shared.end(), [&](int64_t a, int64_t b) { return size(a) > size(b); });
   return s;
 }
 

@@ -1,6 +1,7 @@
 // The small-group expert GEMM kernels (small_gemm.h) on x86-64: the tiles in AVX2 with FMA and in AVX-512, each
 // compiled for its instructions (#pragma GCC target) and chosen at run time, so the binary still runs on any x86-64;
-// the packing and the loops over tiles are shared, compiled for AVX2.
+// the loops over tiles and the packing of the weights' slabs and panels are shared, compiled for AVX2 (the AVX-512
+// set packs a group's rows and columns and transposes the weights itself).
 //
 // A tile is R rows by P panels of 16 columns of C, held in registers: the AVX2 tile up to 6 rows of one panel
 // (12 ymm registers), the AVX-512 tile up to 12 rows of two panels (24 zmm registers). The reduction streams
