@@ -33,6 +33,8 @@ struct GroupedResult {
   Summary grouped_over_sgemm;      // per repetition: the grouped rate / that sgemm's rate
   Summary gemms_s;                 // seconds for the nine grouped GEMM calls alone
   Summary gemms_over_sgemm;        // per repetition: the rate of the calls alone / that sgemm's rate
+  int64_t chunk = 0;               // experts per call in the weights-in-cache run
+  Summary in_cache_s;              // seconds for the same blocks, each chunk on the first chunk's weights
 };
 
 // Row offsets of E blocks holding N K assignments drawn uniformly at random (deterministic).
@@ -54,6 +56,23 @@ struct ExpertOperands {
     std::copy(xe.begin(), xe.end(), acts.xe.data<float>());
     experts.forward(off, acts, y.data());
     experts.backward(off, acts, dy.data(), scratch.data(), dx.data());
+  }
+
+  // The same blocks `chunk` at a time, every chunk on the first `chunk` experts' weights (as many as there are
+  // threads): the same small-group work with the weights in cache, so that what the E experts' weights and
+  // gradients cost coming from memory stands apart from what the small groups cost.
+  void run_in_cache(GroupedExperts<float>& experts, const std::vector<int64_t>& off, int64_t chunk) {
+    std::copy(xe.begin(), xe.end(), acts.xe.data<float>());
+    const int64_t E = int64_t(off.size()) - 1;
+    std::vector<int64_t> part;
+    auto each_chunk = [&](auto&& f) {
+      for (int64_t first = 0; first < E; first += chunk) {
+        part.assign(off.begin() + first, off.begin() + std::min(first + chunk, E) + 1);
+        f(part);
+      }
+    };
+    each_chunk([&](const std::vector<int64_t>& p) { experts.forward(p, acts, y.data()); });
+    each_chunk([&](const std::vector<int64_t>& p) { experts.backward(p, acts, dy.data(), scratch.data(), dx.data()); });
   }
 
   // GroupedExperts's nine calls of Ops::grouped_gemm (core/moe/experts.cpp) on the same operands, without the
@@ -79,6 +98,7 @@ struct ExpertOperands {
 // before.
 inline GroupedResult measure_grouped_gemm(Backend& backend, const GroupedShape& s, int64_t sgemm_n, int warmup,
                                           int reps) {
+  const int64_t chunk = std::max(1, backend.threads());
   const int64_t D = s.d_model, F = s.expert_hidden, E = s.experts, R = s.tokens * s.top_k;
   const std::vector<int64_t> off = random_row_offsets(E, R, 99), whole = {0, R};
   ExpertOperands x;
@@ -94,8 +114,8 @@ inline GroupedResult measure_grouped_gemm(Backend& backend, const GroupedShape& 
   fill_uniform(a, 1);
   fill_uniform(b, 2);
   const double flops = 9.0 * 2.0 * double(R) * double(D) * double(F), sgemm_flops = 2.0 * std::pow(double(sgemm_n), 3);
-  std::vector<double> grouped, one, gemms, ratio, gemms_ratio;
-  for (int i = 0; i < warmup + reps; ++i) {  // alternating, so that a change of load hits all four alike
+  std::vector<double> grouped, one, gemms, ratio, gemms_ratio, in_cache;
+  for (int i = 0; i < warmup + reps; ++i) {  // alternating, so that a change of load hits all five alike
     const Stopwatch g;
     x.run(experts, off);
     const double grouped_s = g.seconds();
@@ -105,17 +125,21 @@ inline GroupedResult measure_grouped_gemm(Backend& backend, const GroupedShape& 
     const Stopwatch o;
     x.run(experts, whole);  // one block: expert 0's weights for every row
     const double one_s = o.seconds();
+    const Stopwatch ic;
+    x.run_in_cache(experts, off, chunk);
+    const double in_cache_s = ic.seconds();
     const Stopwatch m;
     backend.ops<float>().gemm(false, false, sgemm_n, sgemm_n, sgemm_n, 1.0f, a.data(), sgemm_n, b.data(), sgemm_n, 0.0f,
                               c.data(), sgemm_n);
     const double sgemm_s = m.seconds();
     if (i < warmup) continue;
-    grouped.push_back(grouped_s), one.push_back(one_s), gemms.push_back(gemms_s);
+    grouped.push_back(grouped_s), one.push_back(one_s), gemms.push_back(gemms_s), in_cache.push_back(in_cache_s);
     ratio.push_back((flops / grouped_s) / (sgemm_flops / sgemm_s));
     gemms_ratio.push_back((flops / gemms_s) / (sgemm_flops / sgemm_s));
   }
   GroupedResult r{s, 0, flops, summarize(grouped), summarize(one), sgemm_n, summarize(ratio)};
   r.gemms_s = summarize(gemms), r.gemms_over_sgemm = summarize(gemms_ratio);
+  r.chunk = chunk, r.in_cache_s = summarize(in_cache);
   for (int64_t e = 0; e < E; ++e) r.max_rows = std::max(r.max_rows, off[size_t(e) + 1] - off[size_t(e)]);
   return r;
 }
@@ -135,6 +159,12 @@ inline void print_grouped(const GroupedResult& r, const SgemmPeak& peak) {
       "    the nine grouped GEMM calls alone (no SwiGLU): %6.1f GFLOP/s = %.2f x peak;  / the sgemm beside them %.2f "
       "(min %.2f, max %.2f)\n",
       gemms, gemms / peak.gflops, r.gemms_over_sgemm.median, r.gemms_over_sgemm.min, r.gemms_over_sgemm.max);
+  std::printf(
+      "    the same blocks %lld experts at a time, every time on the first %lld experts' weights (in cache): / one "
+      "group "
+      "time %.2f;  grouped / in cache %.2f\n",
+      (long long)r.chunk, (long long)r.chunk, r.in_cache_s.median / r.one_group_s.median,
+      r.grouped_s.median / r.in_cache_s.median);
   std::fflush(stdout);
 }
 
@@ -153,7 +183,11 @@ inline nlohmann::json grouped_json(const GroupedResult& r, const SgemmPeak& peak
           {"grouped_over_interleaved_sgemm", summary_json(r.grouped_over_sgemm, 1.0)},
           {"gemms_only_ms", summary_json(r.gemms_s, 1e3)},
           {"gemms_only_ratio_to_sgemm_peak", r.flops / r.gemms_s.median * 1e-9 / peak.gflops},
-          {"gemms_only_over_interleaved_sgemm", summary_json(r.gemms_over_sgemm, 1.0)}};
+          {"gemms_only_over_interleaved_sgemm", summary_json(r.gemms_over_sgemm, 1.0)},
+          {"in_cache_chunk", r.chunk},
+          {"in_cache_ms", summary_json(r.in_cache_s, 1e3)},
+          {"in_cache_over_one_group", r.in_cache_s.median / r.one_group_s.median},
+          {"grouped_over_in_cache", r.grouped_s.median / r.in_cache_s.median}};
 }
 
 }  // namespace moe::bench

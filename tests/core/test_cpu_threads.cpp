@@ -5,6 +5,7 @@
 // or one head at a time with its rows split) computed at 1, 2, 3 and 4 threads, on shapes that take each
 // path, and compared bit for bit with 1 thread.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <array>
 #include <chrono>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "core/backend/backend.h"
+#include "core/backend/cpu/parallel_kernels.h"
 #include "core/backend/cpu/thread_policy.h"
 
 namespace moe {
@@ -177,11 +179,12 @@ std::vector<T> expert_mlps_both_ways(Backend& be, const std::vector<int64_t>& of
 }
 
 // Expert blocks: small ones (the small-GEMM kernels) with empty ones, at the small-GEMM limit, no rows at all, one
-// block too large to share (alone on all threads, then the rest one per thread), and blocks above the small-GEMM
-// limit that still share the threads (OpenBLAS, one expert per thread).
+// block too large to share (alone on all threads, then the rest one per thread), blocks above the small-GEMM
+// limit that still share the threads (OpenBLAS, one expert per thread), two small ones of unequal size (they
+// share), and one alone then a lone one (run on the calling thread, its ops on all threads).
 const std::vector<std::vector<int64_t>> kExpertBlocks = {
-    {0, 5, 5, 6, 19, 19, 40}, {0, 64, 64, 128, 130},      {0, 0, 0}, {0, 0, 1, 3},
-    {0, 100, 103, 110},       {0, 90, 180, 270, 360, 450}};
+    {0, 5, 5, 6, 19, 19, 40}, {0, 64, 64, 128, 130},       {0, 0, 0},   {0, 0, 1, 3},
+    {0, 100, 103, 110},       {0, 90, 180, 270, 360, 450}, {0, 40, 64}, {0, 100, 110}};
 
 template <typename T>
 void expect_expert_mlps_as_op_after_op(GemmPrecision precision) {
@@ -209,6 +212,32 @@ TEST(CpuThreads, ExpertMlpsOneAtATimeAreOpAfterOp) {
   expect_expert_mlps_as_op_after_op<float>(GemmPrecision::Fp32);
   expect_expert_mlps_as_op_after_op<float>(GemmPrecision::Bf16);
   expect_expert_mlps_as_op_after_op<double>(GemmPrecision::Fp32);
+}
+
+// Which groups run alone on all threads and which share them, at 2 threads; and where they run: a lone group on
+// the calling thread outside any region (inside an inactive one its ops would open nested teams), several in one
+// region, one per thread.
+TEST(CpuThreads, GroupsShareTheThreadsUnlessTooLargeAndNeverNest) {
+  omp_set_num_threads(2);
+  auto schedule = [](std::vector<int64_t> offset) {
+    return cpu::schedule_groups(int64_t(offset.size()) - 1, offset.data());
+  };
+  const cpu::GroupSchedule small = schedule({0, 40, 64});  // both within the small-group kernels: side by side
+  EXPECT_TRUE(small.alone.empty());
+  EXPECT_EQ(small.shared, (std::vector<int64_t>{0, 1}));
+  const cpu::GroupSchedule large = schedule({0, 100, 100, 110});  // 100 rows of 110: alone, then the 10 (no empty one)
+  EXPECT_EQ(large.alone, (std::vector<int64_t>{0}));
+  EXPECT_EQ(large.shared, (std::vector<int64_t>{2}));
+  const cpu::GroupSchedule even = schedule({0, 90, 180, 270});  // none above an even share
+  EXPECT_TRUE(even.alone.empty());
+  EXPECT_EQ(even.shared.size(), 3u);
+
+  std::vector<int> levels(8, -1);
+  cpu::run_groups({3}, [&](int64_t g) { levels[size_t(g)] = omp_get_level(); });
+  EXPECT_EQ(levels[3], 0) << "a lone group runs outside any parallel region";
+  cpu::run_groups({1, 2}, [&](int64_t g) { levels[size_t(g)] = omp_get_level(); });
+  EXPECT_EQ(levels[1], 1);
+  EXPECT_EQ(levels[2], 1);
 }
 
 // The governor (core/backend/cpu/thread_policy.h): the whole cores this process used or nobody used, within

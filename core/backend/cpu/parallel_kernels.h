@@ -195,17 +195,23 @@ void grouped_gemm_group(const GemmInputs<T>& p, bool trans_a, bool trans_b, int6
     gemm_at(p, true, false, K, N, m, alpha, A + r0 * K, K, B + r0 * N, N, beta, C + g * K * N, N, m);
 }
 
-// f(g) for each group of `order`, one group per thread at a time, in that order.
+// f(g) for each group of `order`, one group per thread at a time, in that order. A lone group runs on the calling
+// thread outside any region, so that its ops take every thread: a region whose `if` clause is false is inactive
+// (omp_in_parallel() is false inside it), and each region an op opened there would be a nested team, made anew
+// every time: a 40-row and a 24-row expert took 17 times as long as two of 32 rows.
 template <typename F>
 void run_groups(const std::vector<int64_t>& order, F&& f) {
   const int64_t count = int64_t(order.size());
-#pragma omp parallel for schedule(dynamic, 1) if (count > 1)
+  if (count == 1) return f(order[0]);
+#pragma omp parallel for schedule(dynamic, 1)
   for (int64_t i = 0; i < count; ++i) f(order[size_t(i)]);
 }
 
 // How the groups of a grouped op run. `alone`: those too large to share, with more rows than an even share of the
 // threads' work, one at a time on all threads, in index order. `shared`: the other non-empty ones, concurrently,
-// one group per thread at a time, largest first (run_groups).
+// one group per thread at a time, largest first (run_groups). A group of at most kSmallGemmRows rows always
+// shares: its GEMMs run on one thread wherever it runs (the small-group kernels), so alone it would leave the
+// other threads idle (a 40-row and a 24-row expert one after the other instead of side by side).
 struct GroupSchedule {
   std::vector<int64_t> alone, shared;
 };
@@ -216,7 +222,8 @@ inline GroupSchedule schedule_groups(int64_t groups, const int64_t* row_offset) 
   GroupSchedule s;
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t m = row_offset[g + 1] - row_offset[g];
-    if (m > 0) (threads == 1 || m * threads > rows ? s.alone : s.shared).push_back(g);
+    const bool alone = threads == 1 || (m * threads > rows && m > kSmallGemmRows);
+    if (m > 0) (alone ? s.alone : s.shared).push_back(g);
   }
   const auto size = [&](int64_t g) { return row_offset[g + 1] - row_offset[g]; };
   std::stable_sort(s.shared.begin(), s.shared.end(), [&](int64_t a, int64_t b) { return size(a) > size(b); });
