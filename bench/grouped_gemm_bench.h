@@ -160,8 +160,7 @@ inline void print_grouped(const GroupedResult& r, const SgemmPeak& peak) {
       "(min %.2f, max %.2f)\n",
       gemms, gemms / peak.gflops, r.gemms_over_sgemm.median, r.gemms_over_sgemm.min, r.gemms_over_sgemm.max);
   std::printf(
-      "    the same blocks %lld experts at a time, every time on the first %lld experts' weights (in cache): / one "
-      "group "
+      "    in cache (the same blocks %lld experts a call, each call on the first %lld experts' weights): / one group "
       "time %.2f;  grouped / in cache %.2f\n",
       (long long)r.chunk, (long long)r.chunk, r.in_cache_s.median / r.one_group_s.median,
       r.grouped_s.median / r.in_cache_s.median);

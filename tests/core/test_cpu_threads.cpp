@@ -218,6 +218,7 @@ TEST(CpuThreads, ExpertMlpsOneAtATimeAreOpAfterOp) {
 // the calling thread outside any region (inside an inactive one its ops would open nested teams), several in one
 // region, one per thread.
 TEST(CpuThreads, GroupsShareTheThreadsUnlessTooLargeAndNeverNest) {
+  const int threads_before = omp_get_max_threads();
   omp_set_num_threads(2);
   auto schedule = [](std::vector<int64_t> offset) {
     return cpu::schedule_groups(int64_t(offset.size()) - 1, offset.data());
@@ -238,6 +239,7 @@ TEST(CpuThreads, GroupsShareTheThreadsUnlessTooLargeAndNeverNest) {
   cpu::run_groups({1, 2}, [&](int64_t g) { levels[size_t(g)] = omp_get_level(); });
   EXPECT_EQ(levels[1], 1);
   EXPECT_EQ(levels[2], 1);
+  omp_set_num_threads(threads_before);
 }
 
 // The governor (core/backend/cpu/thread_policy.h): the whole cores this process used or nobody used, within

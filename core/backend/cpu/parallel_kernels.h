@@ -39,7 +39,9 @@ inline void blas_call(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double 
               alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
 
-// Threads the op may use: 1 inside a parallel region (no nesting), else the backend's count.
+// Threads the op may use: 1 inside a parallel region (no nesting), else the backend's count. An op must not run
+// inside an inactive region (an `if` clause that is false): omp_in_parallel() is false there, so its own regions
+// would be nested teams (see run_groups).
 inline int usable_threads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
 
 // Why OpenBLAS never threads a GEMM of ours. Its threaded level-3 driver (0.3.21, Debian 12's) gives other
