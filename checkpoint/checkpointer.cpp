@@ -403,6 +403,7 @@ void Checkpointer::commit(Job& job, bool wait) {
     m.layout = run_info_.value("layout", json::object());
     m.versions = run_info_.value("versions", json::object());
     m.data = run_info_.value("data", json());
+    m.run_id = run_info_.value("run_id", std::string());
     int64_t bytes = 0;
     for (const std::string& e : entries)
       for (const json& f : json::parse(e)) {
@@ -411,8 +412,13 @@ void Checkpointer::commit(Job& job, bool wait) {
       }
     for (size_t i = 0; i + 1 < job.chain.size(); ++i)
       m.chain_manifests.push_back(file_xxh64((fs::path(s_.root) / job.chain[i] / kManifestName).string()));
-    write_manifest(job.tmp_dir.string(), m);
     std::error_code ec;
+    try {
+      write_manifest(job.tmp_dir.string(), m);
+    } catch (const Error&) {
+      fs::remove_all(job.tmp_dir, ec);  // nothing half-written is left; the previous checkpoint stays the newest
+      throw;
+    }
     // Checkpoints after this step belong to a timeline this run abandoned (it resumed from an earlier
     // one): they are removed so that nothing newer than the run's own state is ever resumed.
     remove_later_than(s_.root, job.step);

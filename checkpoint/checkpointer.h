@@ -171,10 +171,12 @@ struct Resolved {
 std::optional<Resolved> verify_checkpoint(const std::string& dir, const std::vector<std::string>& replica_roots,
                                           std::string* why, const std::vector<TensorExpectation>* expected = nullptr);
 // The newest checkpoint under root (step-* directories, newest first) that verifies; notes say what
-// was skipped and why. nullopt when there is none.
+// was skipped and why. nullopt when there is none. With `run_id`, only checkpoints of that run (or of no
+// recorded run, written before run ids) are taken; another run's are skipped with a note.
 std::optional<Resolved> find_newest(const std::string& root, const std::vector<std::string>& replica_roots,
                                     std::vector<std::string>* notes,
-                                    const std::vector<TensorExpectation>* expected = nullptr);
+                                    const std::vector<TensorExpectation>* expected = nullptr,
+                                    const std::optional<std::string>& run_id = std::nullopt);
 // Committed checkpoint directories under root, newest step first.
 std::vector<std::string> list_checkpoints(const std::string& root);
 // Fills every piece's dst from the checkpoint (and its chain). BadInput when a range is not in it.
@@ -190,11 +192,13 @@ struct DistributedChoice {
   std::vector<std::string> notes;
 };
 // Each host's first rank (node_leader) verifies what its own root holds; all ranks agree on the newest
-// checkpoint whose every file (or its peer copy) is held by some host, along its whole chain.
+// checkpoint whose every file (or its peer copy) is held by some host, along its whole chain (`run_id` as for
+// find_newest).
 // Each host's files pass check_manifest, check_file and check_shard (verify.h) on that host.
 std::optional<DistributedChoice> find_newest_distributed(Communicator& world, const std::string& local_root,
                                                          bool node_leader, std::vector<std::string>* notes,
-                                                         const std::vector<TensorExpectation>* expected = nullptr);
+                                                         const std::vector<TensorExpectation>* expected = nullptr,
+                                                         const std::optional<std::string>& run_id = std::nullopt);
 // Every rank asks the holders for the ranges its pieces need; the holders read them and send them back.
 void load_pieces_distributed(Communicator& world, const DistributedChoice& choice, const std::vector<Piece>& pieces);
 

@@ -57,6 +57,7 @@ json to_json(const Manifest& m) {
             {"versions", m.versions},
             {"files", files}};
   if (!m.data.is_null()) j["data"] = m.data;
+  if (!m.run_id.empty()) j["run_id"] = m.run_id;
   return j;
 }
 
@@ -108,6 +109,7 @@ Manifest manifest_from_json(const json& j, const std::string& origin) {
     m.layout = j.value("layout", json::object());
     m.versions = j.value("versions", json::object());
     m.data = j.value("data", json());
+    m.run_id = j.value("run_id", std::string());
     for (const json& f : j.at("files")) m.files.push_back(file_entry_from_json(f, origin, m.format));
     if (m.chain.empty()) MOE_BAD_INPUT(origin << ": empty chain");
     return m;
@@ -132,8 +134,11 @@ void write_manifest(const std::string& dir, const Manifest& m) {
   const fs::path tmp = fs::path(dir) / (std::string(kManifestName) + ".tmp");
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << to_json(m).dump(1) << "\n";
-    if (!out) MOE_FAIL("cannot write " << tmp.string());
+    out << to_json(m).dump(1, ' ', false, json::error_handler_t::replace) << "\n";
+    out.flush();
+    if (!out)
+      MOE_RUN_FAILED("cannot write " << tmp.string() << " (is the disk full?); the checkpoint is not committed and "
+                                     << "the previous one stays the newest: free space, then resume");
   }
   fsync_path(tmp.string(), O_RDONLY);
   fs::rename(tmp, fs::path(dir) / kManifestName);

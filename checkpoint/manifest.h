@@ -54,6 +54,9 @@ struct Manifest {
   nlohmann::json versions;
   // Where the training data came from (launch: data_provenance); null in checkpoints written before it.
   nlohmann::json data;
+  // The run that wrote it (root.h); "" in checkpoints written before run ids. Only that run resumes it
+  // unless a user names it (--resume PATH).
+  std::string run_id;
   std::vector<FileEntry> files;
 };
 

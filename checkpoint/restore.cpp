@@ -34,10 +34,28 @@ std::vector<std::string> list_checkpoints(const std::string& root) {
   return dirs;
 }
 
+namespace {
+// Why a resume of run `run_id` passes over checkpoint m ("" when it does not).
+std::string other_run(const Manifest& m, const std::optional<std::string>& run_id) {
+  if (!run_id || m.run_id.empty() || m.run_id == *run_id) return "";
+  return "written by another run (run id " + m.run_id + "); name it with --resume PATH to start from it";
+}
+}  // namespace
+
 std::optional<Resolved> find_newest(const std::string& root, const std::vector<std::string>& replicas,
-                                    std::vector<std::string>* notes, const std::vector<TensorExpectation>* expected) {
+                                    std::vector<std::string>* notes, const std::vector<TensorExpectation>* expected,
+                                    const std::optional<std::string>& run_id) {
   for (const std::string& dir : list_checkpoints(root)) {
     std::string why;
+    try {
+      why = other_run(read_manifest(dir), run_id);
+    } catch (const Error&) {
+      // verify_checkpoint says what is wrong with it
+    }
+    if (!why.empty()) {
+      notes->push_back("skipped " + dir + ": " + why);
+      continue;
+    }
     std::optional<Resolved> r = verify_checkpoint(dir, replicas, &why, expected);
     if (r) {
       notes->insert(notes->end(), r->notes.begin(), r->notes.end());
@@ -233,7 +251,8 @@ json held_here(const std::string& local_root) {
 
 std::optional<DistributedChoice> find_newest_distributed(Communicator& world, const std::string& local_root,
                                                          bool node_leader, std::vector<std::string>* notes,
-                                                         const std::vector<TensorExpectation>* expected) {
+                                                         const std::vector<TensorExpectation>* expected,
+                                                         const std::optional<std::string>& run_id) {
   const json mine = node_leader ? held_here(local_root) : json::object();
   const std::vector<std::string> all = allgather_strings(world, mine.dump());
   std::vector<json> held;
@@ -252,6 +271,7 @@ std::optional<DistributedChoice> find_newest_distributed(Communicator& world, co
     c.dir_name = name;
     std::string why;
     const Manifest head = manifest_from_json(json::parse(manifest_text[name]), name);
+    why = other_run(head, run_id);
     for (size_t ci = 0; ci < head.chain.size() && why.empty(); ++ci) {
       const std::string& member = head.chain[ci];
       auto text = manifest_text.find(member);

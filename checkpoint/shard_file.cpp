@@ -63,6 +63,9 @@ class Hid {
 void init_hdf5() {
   static const bool once = [] {
     H5dont_atexit();  // fails harmlessly if HDF5 was started already
+    // A file names the filters its datasets need; HDF5 would load a plugin library for one it lacks. A
+    // checkpoint needs none (shuffle, deflate and Fletcher-32 are built in), so no file can make us load code.
+    H5PLset_loading_state(0);
     return true;
   }();
   (void)once;
@@ -352,8 +355,21 @@ void ShardWriter::close() {
 
 namespace {
 
-herr_t collect_hard_link(hid_t, const char* name, const H5L_info_t* info, void* client_data) {
-  if (info->type == H5L_TYPE_HARD) static_cast<std::vector<std::string>*>(client_data)->push_back(name);
+struct LinkList {
+  std::vector<std::string> hard;       // objects of the file itself
+  std::vector<std::string> elsewhere;  // soft, external and user-defined links, with their kind
+};
+
+herr_t collect_link(hid_t, const char* name, const H5L_info_t* info, void* client_data) {
+  auto* links = static_cast<LinkList*>(client_data);
+  if (info->type == H5L_TYPE_HARD) {
+    links->hard.push_back(name);
+  } else {
+    const char* kind = info->type == H5L_TYPE_SOFT       ? "a soft link"
+                       : info->type == H5L_TYPE_EXTERNAL ? "an external link"
+                                                         : "a user-defined link";
+    links->elsewhere.push_back(std::string(name) + " (" + kind + ")");
+  }
   return 0;
 }
 
@@ -379,11 +395,56 @@ std::vector<int64_t> read_int64_attribute(hid_t object, const char* key, const s
   return values;
 }
 
+[[noreturn]] void foreign_storage(const std::string& path, const std::string& name, const std::string& what) {
+  MOE_BAD_INPUT("dataset " << name << " of checkpoint shard " << path << " " << what
+                           << ": the writer stores every dataset in its own file, chunked, with a Fletcher-32 "
+                              "checksum and at most the shuffle and deflate filters; not a checkpoint written by "
+                              "this program, refused before reading it");
+}
+
+const char* layout_name(H5D_layout_t layout) {
+  if (layout == H5D_CONTIGUOUS) return "contiguous";
+  return layout == H5D_COMPACT ? "compact" : "unknown";
+}
+
+// Refuses every storage the writer does not produce, before a byte of the dataset is read: external raw data
+// files, virtual datasets (which read other files), contiguous or compact layouts, and filters other than
+// shuffle, deflate and Fletcher-32 (another filter could be a plugin to load; the checksum is required).
+void check_storage(hid_t dataset, const std::string& name, const std::string& path) {
+  Hid dcpl(H5Dget_create_plist(dataset), H5Pclose);
+  if (!dcpl.ok()) damaged(path, "cannot read the storage properties of dataset " + name, hdf5_error_detail());
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  if (layout == H5D_VIRTUAL) foreign_storage(path, name, "is a virtual dataset (its elements are in other files)");
+  const int externals = H5Pget_external_count(dcpl.get());
+  if (externals != 0)
+    foreign_storage(path, name, "keeps its bytes in " + std::to_string(externals) + " external file(s)");
+  if (layout != H5D_CHUNKED) foreign_storage(path, name, std::string("has the ") + layout_name(layout) + " layout");
+  const int filters = H5Pget_nfilters(dcpl.get());
+  if (filters < 0) damaged(path, "cannot list the filters of dataset " + name, hdf5_error_detail());
+  bool checksum = false;
+  for (int i = 0; i < filters; ++i) {
+    unsigned flags = 0, config = 0;
+    size_t values = 0;
+    char filter_name[64] = {};
+    const H5Z_filter_t id =
+        H5Pget_filter2(dcpl.get(), unsigned(i), &flags, &values, nullptr, sizeof filter_name, filter_name, &config);
+    if (id == H5Z_FILTER_FLETCHER32) {
+      checksum = true;
+    } else if (id != H5Z_FILTER_SHUFFLE && id != H5Z_FILTER_DEFLATE) {
+      foreign_storage(
+          path, name,
+          "uses filter " + std::to_string(id) + (filter_name[0] ? std::string(" (") + filter_name + ")" : ""));
+    }
+  }
+  if (!checksum) foreign_storage(path, name, "has no Fletcher-32 checksum");
+}
+
 DatasetInfo read_dataset_info(hid_t file, const std::string& name, const std::string& path) {
   DatasetInfo info;
   info.name = name;
   Hid dataset(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
   if (!dataset.ok()) damaged(path, "cannot open dataset " + name, hdf5_error_detail());
+  check_storage(dataset.get(), name, path);
 
   Hid type(H5Dget_type(dataset.get()), H5Tclose);
   if (!type.ok()) damaged(path, "cannot read the element type of dataset " + name, hdf5_error_detail());
@@ -465,10 +526,15 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
     MOE_BAD_INPUT("checkpoint shard " << path << " is not a readable HDF5 file (" << hdf5_error_detail()
                                       << "): it is truncated, damaged or not a checkpoint; resume from another one");
   try {
-    std::vector<std::string> names;
-    if (H5Lvisit(file_, H5_INDEX_NAME, H5_ITER_INC, collect_hard_link, &names) < 0)
+    LinkList links;
+    if (H5Lvisit(file_, H5_INDEX_NAME, H5_ITER_INC, collect_link, &links) < 0)
       damaged(path, "cannot list its contents", hdf5_error_detail());
-    for (const std::string& name : names) {
+    // A link to elsewhere (another file, or a path that may name one) is never followed: refused.
+    if (!links.elsewhere.empty())
+      MOE_BAD_INPUT("checkpoint shard " << path << " holds " << links.elsewhere.front()
+                                        << ": the writer makes no links, a checkpoint reads nothing outside its "
+                                           "own files; refused before following it");
+    for (const std::string& name : links.hard) {
       Hid object(H5Oopen(file_, name.c_str(), H5P_DEFAULT), H5Oclose);
       if (!object.ok()) damaged(path, "cannot open object " + name, hdf5_error_detail());
       if (H5Iget_type(object.get()) == H5I_DATASET) datasets_.push_back(read_dataset_info(file_, name, path));

@@ -105,6 +105,7 @@ void apply_override(const std::string& text, Entries& entries) {
   if (equals == std::string::npos)
     MOE_BAD_INPUT("--set '" << text << "': expected KEY=VALUE, e.g. --set train.steps=5");
   const std::string key = text.substr(0, equals), raw = text.substr(equals + 1);
+  check_utf8(text, "--set " + json(key).dump(-1, ' ', true, json::error_handler_t::replace));
   constexpr size_t kMaxShownChars = 100;  // a --set may be long; its message need not repeat all of it
   const std::string origin = "--set " + (text.size() > kMaxShownChars ? text.substr(0, kMaxShownChars) + "..." : text);
   const KeySpec* spec = config_schema::find_key(key);
@@ -248,6 +249,21 @@ json parse_rejecting_duplicates(const std::string& path, const std::string& text
 
 }  // namespace
 
+bool is_valid_utf8(const std::string& text) {
+  try {
+    (void)json(text).dump();  // the library's own check, the one that would fail when the run records it
+    return true;
+  } catch (const json::type_error&) {
+    return false;
+  }
+}
+
+void check_utf8(const std::string& text, const std::string& label) {
+  if (!is_valid_utf8(text))
+    MOE_BAD_INPUT(label << " is not valid UTF-8 (" << json(text).dump(-1, ' ', true, json::error_handler_t::replace)
+                        << "); the run records it as JSON text: use UTF-8 names");
+}
+
 double RouterConfig::tau_at(int64_t step) const {
   if (tau_schedule.empty()) return tau;
   if (step <= tau_schedule.front().step) return tau_schedule.front().tau;
@@ -323,7 +339,10 @@ or the `--set`) and what is expected.
 
 - Types are strict: an `integer` must be a JSON integer (`3.0` and `"3"` are errors); a `number`
   accepts integers too.
-- Values must be in range, and strings one of the allowed values.
+- Values must be in range, and strings one of the allowed values. Every `number` must also be one that
+  float32 holds (0, or a magnitude in [1.2e-38, 3.4e38]): the model computes in single precision, so
+  `moe.router.tau = 1e308` would become infinity and `1e-50` zero; both are refused by name.
+- Text (a `--set` value, a path, a source name) must be valid UTF-8: the run records it as JSON.
 - Unknown keys are errors at every level, and the nearest valid key is suggested; a section must be an
   object. A key may appear only once in a file.
 - Malformed JSON is reported with its line and column.

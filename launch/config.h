@@ -191,6 +191,10 @@ inline constexpr int64_t kMaxConfigDepth = 64;
 // else taken as a string), fills defaults and validates. Throws moe::Error(BadInput) naming the file;
 // a path that is not a regular file (a FIFO, a device, a directory) is refused without reading it.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides);
+// Whether `text` is valid UTF-8: what a run records as JSON (config values, paths, the command line) must be.
+bool is_valid_utf8(const std::string& text);
+// Refuses (BadInput naming `label`) text that is not valid UTF-8.
+void check_utf8(const std::string& text, const std::string& label);
 // The same from an already-parsed document (`origin` names it in messages).
 Config config_from_json(const nlohmann::json& document, const std::vector<std::string>& overrides,
                         const std::string& origin);

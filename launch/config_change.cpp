@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "launch/config_schema.h"
+#include "launch/run_files.h"
 
 namespace moe {
 namespace {
@@ -139,12 +140,15 @@ json changes_json(const std::vector<ConfigChange>& changes) {
 
 void append_config_history(const std::string& run_dir, const json& entry) {
   const std::string path = (std::filesystem::path(run_dir) / "config_history.jsonl").string();
-  std::FILE* f = std::fopen(path.c_str(), "a");
-  if (!f) MOE_FAIL("cannot open " << path << " for appending");
-  const std::string text = entry.dump() + "\n";
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
+  std::FILE* f = open_run_file(path, FileMode::Append);
+  try {
+    // The command line is the user's bytes; a name that is not UTF-8 is recorded with U+FFFD in its place.
+    write_all(f, entry.dump(-1, ' ', false, json::error_handler_t::replace) + "\n", path);
+  } catch (...) {
+    std::fclose(f);
+    throw;
+  }
   std::fclose(f);
-  if (!ok) MOE_FAIL("cannot write " << path);
 }
 
 }  // namespace moe

@@ -32,6 +32,15 @@ bool in_range(const Range& r, double v) {
   return above_min && below_max;
 }
 
+// Numbers reach the model in single precision: a value float32 cannot hold (a magnitude beyond about 3.4e38,
+// or so small that it would become 0) is refused, not turned into infinity or zero.
+bool fits_float(double v) {
+  const double magnitude = std::fabs(v);
+  return magnitude == 0 ||
+         (magnitude <= std::numeric_limits<float>::max() && magnitude >= std::numeric_limits<float>::min());
+}
+constexpr const char* kFloatHint = " (and 0 or a magnitude in [1.2e-38, 3.4e38], which float32 holds)";
+
 std::string format_bound(double v) {
   // Integral bounds in full (99999999, not 1e+08): they are what a user types.
   if (std::floor(v) == v && std::fabs(v) < 1e15) return std::to_string(int64_t(v));
@@ -188,9 +197,10 @@ json check_tau_schedule(const KeySpec& spec, const json& value, const std::strin
     const json &step = point["step"], &tau = point["tau"];
     if (!step.is_number_integer() || step.get<int64_t>() < 0)
       MOE_BAD_INPUT(where << ".step = " << show_value(step) << " (in " << origin << "): expected an integer >= 0");
-    if (!tau.is_number() || !std::isfinite(tau.get<double>()) || !in_range(spec.range, tau.get<double>()))
+    if (!tau.is_number() || !std::isfinite(tau.get<double>()) || !in_range(spec.range, tau.get<double>()) ||
+        !fits_float(tau.get<double>()))
       MOE_BAD_INPUT(where << ".tau = " << show_value(tau) << " (in " << origin << "): expected a number "
-                          << describe_range(spec.range));
+                          << describe_range(spec.range) << kFloatHint);
     if (i > 0 && step.get<int64_t>() <= out.back()["step"].get<int64_t>())
       MOE_BAD_INPUT(where << ".step = " << show_value(step) << " (in " << origin << "): expected a step above "
                           << out.back()["step"].get<int64_t>() << ", the previous point's: steps increase");
@@ -329,6 +339,7 @@ json check_value(const KeySpec& spec, const json& value, const std::string& orig
       if (!value.is_number() || !std::isfinite(value.get<double>())) bad_value(spec, spec.key, value, origin);
       const double v = value.get<double>();
       if (!in_range(spec.range, v)) bad_value(spec, spec.key, value, origin);
+      if (!fits_float(v)) bad_value(spec, spec.key, value, origin, kFloatHint);
       return v;
     }
     case KeyType::Boolean:

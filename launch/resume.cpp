@@ -3,9 +3,11 @@
 
 #include <algorithm>
 
+#include "checkpoint/root.h"
 #include "core/error.h"
 #include "launch/agree.h"
 #include "launch/run_dir.h"
+#include "parallel/strings.h"
 
 namespace moe {
 namespace {
@@ -49,13 +51,16 @@ std::optional<ckpt::Manifest> readable_manifest(const std::string& dir) {
 void choose_auto(const Trainer& t, ResumePoint& point) {
   const Config& config = t.config;
   const std::string root = t.paths.ckpt_root.string();
-  if (auto found = ckpt::find_newest(root, config.checkpoint.replicas, &point.notes, &point.expected)) {
+  if (auto found =
+          ckpt::find_newest(root, config.checkpoint.replicas, &point.notes, &point.expected, point.previous_run_id)) {
     point.dir = found->dir;
     check_checkpoint_fits(found->chain.back(), config, point.dir);
     return;
   }
   for (const std::string& dir : ckpt::list_checkpoints(root))
-    if (const auto newest = readable_manifest(dir)) return check_checkpoint_fits(*newest, config, dir);
+    if (const auto newest = readable_manifest(dir))
+      if (newest->run_id.empty() || newest->run_id == point.previous_run_id)
+        return check_checkpoint_fits(*newest, config, dir);
 }
 
 // `--resume PATH`: that checkpoint, verified against what the model needs, or a refusal naming the reason.
@@ -84,6 +89,35 @@ void check_fresh_start(const TrainOptions& options, const Trainer& t, const Resu
     if (why.empty()) throw;
     MOE_BAD_INPUT(e.message() << " (no checkpoint verifies" << why << ")");
   }
+}
+
+// "" when the run may write and delete in every checkpoint root this rank commits to, else why not.
+std::string roots_refusal(const Trainer& t, const std::string& run_id) {
+  const Config& config = t.config;
+  const bool committer = t.leader() || (config.checkpoint.node_local && t.paths.node_leader);
+  if (!committer) return "";
+  const std::string root = t.paths.ckpt_root.string();
+  const auto refusal = [&](const std::string& dir, const std::string& label) {
+    return ckpt::root_refusal(ckpt::view_root(dir), label + " (" + dir + ")", run_id,
+                              lies_inside(dir, t.paths.run_dir));
+  };
+  std::string why = refusal(root, "checkpoint.dir");
+  for (size_t i = 0; why.empty() && t.leader() && i < config.checkpoint.replicas.size(); ++i)
+    why = refusal(config.checkpoint.replicas[i], "checkpoint.replicas[" + std::to_string(i) + "]");
+  return why;
+}
+
+// Collective: the run directory's recorded id, and every host's checkpoint roots checked against it; the same
+// BadInput on every rank when any root is not the run's.
+void check_roots(Trainer& t, ResumePoint& point) {
+  Communicator& world = *t.groups.world;
+  on_rank0_agree(world, [&] {
+    check_checkpoint_placement(t.paths.run_dir, t.paths.ckpt_root.string(), t.config.checkpoint);
+    point.previous_run_id = recorded_run_id(t.paths.run_dir);
+  });
+  point.previous_run_id = broadcast_string(world, point.previous_run_id);
+  for (const std::string& why : allgather_strings(world, roots_refusal(t, point.previous_run_id)))
+    if (!why.empty()) MOE_BAD_INPUT(why);
 }
 
 // Rank 0's part: looks at the file system and verifies; `point` is filled on rank 0 only.
@@ -120,12 +154,16 @@ ResumePoint choose_resume(const TrainOptions& options, Trainer& t) {
                                  "hosts' own disks; use --resume auto (or none)");
   Communicator& world = *t.groups.world;
   ResumePoint point;
+  check_roots(t, point);
   point.expected = model_expectations(t);
   if (node_local && options.resume == "auto")  // collective: every host says what its disk holds
     point.distributed = ckpt::find_newest_distributed(world, t.paths.ckpt_root.string(), t.paths.node_leader,
-                                                      &point.notes, &point.expected);
+                                                      &point.notes, &point.expected, point.previous_run_id);
   on_rank0_agree(world, [&] { choose_on_rank0(options, t, point); });
   point.dir = broadcast_string(world, point.dir);
+  // A run keeps its id while it continues; a fresh start is a new run, whose checkpoints the old ones are not.
+  const bool continues = !point.dir.empty() && !point.previous_run_id.empty();
+  point.run_id = broadcast_string(world, continues ? point.previous_run_id : ckpt::new_run_id());
   return point;
 }
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "launch/run_files.h"
 #include "launch/train_setup.h"
 
 namespace moe {
@@ -59,22 +60,20 @@ double same_fraction(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 }
 
 RoutingProbe::RoutingProbe(std::string path, bool fresh, int64_t start_step) : path_(std::move(path)) {
-  std::vector<std::string> kept;
+  std::string kept;
   if (!fresh) {
-    std::ifstream in(path_);
-    for (std::string line; std::getline(in, line);) {
+    for_each_line(path_, [&](const std::string& line) {
       try {
         const json j = json::parse(line);
-        if (j.at("step").get<int64_t>() > start_step) continue;
+        if (j.at("step").get<int64_t>() > start_step) return;
         previous_ = j.at("top1").get<std::vector<std::vector<int32_t>>>();
-        kept.push_back(line);
+        kept += line + "\n";
       } catch (const std::exception&) {
         // A line cut by a crash: dropped.
       }
-    }
+    });
   }
-  std::ofstream out(path_, std::ios::trunc);
-  for (const std::string& line : kept) out << line << "\n";
+  replace_run_file(path_, kept);
 }
 
 std::vector<json> RoutingProbe::observe(int64_t step, const std::vector<std::vector<int32_t>>& top1) {
@@ -82,8 +81,14 @@ std::vector<json> RoutingProbe::observe(int64_t step, const std::vector<std::vec
   if (top1.empty()) return stability;
   for (size_t l = 0; l < top1.size(); ++l)
     stability.push_back(previous_.size() == top1.size() ? json(same_fraction(previous_[l], top1[l])) : json(nullptr));
-  std::ofstream out(path_, std::ios::app);
-  out << json{{"step", step}, {"top1", top1}}.dump() << "\n";
+  std::FILE* out = open_run_file(path_, FileMode::Append);
+  try {
+    write_all(out, json{{"step", step}, {"top1", top1}}.dump() + "\n", path_);
+  } catch (...) {
+    std::fclose(out);
+    throw;
+  }
+  std::fclose(out);
   previous_ = top1;
   return stability;
 }
@@ -128,14 +133,13 @@ json HealthMonitor::observe(const json& line) {
 }
 
 void HealthMonitor::replay(const std::string& metrics_path) {
-  std::ifstream in(metrics_path);
-  for (std::string line; std::getline(in, line);) {
+  for_each_line(metrics_path, [&](const std::string& line) {
     try {
       observe(json::parse(line));
     } catch (const std::exception&) {
       // A line cut by a crash was dropped when the file was reopened; nothing else is unreadable.
     }
-  }
+  });
 }
 
 std::string HealthMonitor::describe(const json& a) {

@@ -2,6 +2,7 @@
 #include "launch/run_dir.h"
 
 #include <cblas.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -19,6 +20,7 @@
 #include "core/error.h"
 #include "core/host.h"
 #include "launch/memory.h"
+#include "launch/run_files.h"
 #include "moe_version.h"
 
 namespace moe {
@@ -98,6 +100,65 @@ void check_run_dir_usable(const std::string& run_dir, bool overwrite) {
                              "again, or choose another --run-dir");
 }
 
+namespace {
+fs::path resolved(const std::string& path) {
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  return ec ? fs::absolute(path).lexically_normal() : p;
+}
+
+// Whether `inner` is `outer` or lies below it.
+bool at_or_below(const fs::path& inner, const fs::path& outer) {
+  auto a = inner.begin(), b = outer.begin();
+  for (; b != outer.end() && !b->empty(); ++a, ++b)
+    if (a == inner.end() || *a != *b) return false;
+  return true;
+}
+}  // namespace
+
+bool lies_inside(const std::string& path, const std::string& dir) {
+  const fs::path p = resolved(path), d = resolved(dir);
+  return p != d && at_or_below(p, d);
+}
+
+void check_checkpoint_placement(const std::string& run_dir, const std::string& checkpoint_root,
+                                const CheckpointConfig& checkpoint) {
+  const fs::path run = resolved(run_dir), root = resolved(checkpoint_root);
+  const auto check = [&](const fs::path& p, const std::string& key, const std::string& value) {
+    if (at_or_below(run, p))
+      MOE_BAD_INPUT(key << " = \"" << value << "\" is " << p.string()
+                        << (p == run ? ", the run directory itself"
+                                     : ", a directory that holds the run directory " + run.string())
+                        << "; checkpoints need a directory of their own (the default \"checkpoints\" lies inside the "
+                           "run directory)");
+  };
+  check(root, "checkpoint.dir", checkpoint.dir);
+  for (size_t i = 0; i < checkpoint.replicas.size(); ++i) {
+    const std::string key = "checkpoint.replicas[" + std::to_string(i) + "]";
+    const fs::path replica = resolved(checkpoint.replicas[i]);
+    check(replica, key, checkpoint.replicas[i]);
+    if (at_or_below(replica, root) || at_or_below(root, replica))
+      MOE_BAD_INPUT(key << " = \"" << checkpoint.replicas[i] << "\" overlaps checkpoint.dir (" << root.string()
+                        << "); a replica is a copy on another disk, in a directory of its own");
+  }
+}
+
+std::string recorded_run_id(const std::string& run_dir) {
+  constexpr off_t kMaxBytes = 1 << 24;
+  const std::string path = (fs::path(run_dir) / "manifest.json").string();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct stat st {};
+  std::string text;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= kMaxBytes) {
+    text.resize(size_t(st.st_size));
+    if (::read(fd, text.data(), text.size()) != ssize_t(text.size())) text.clear();
+  }
+  ::close(fd);
+  const nlohmann::json m = nlohmann::json::parse(text, nullptr, false);
+  return m.is_object() && m.contains("run_id") && m["run_id"].is_string() ? m["run_id"].get<std::string>() : "";
+}
+
 std::string config_hash(const Config& config) {
   const std::string canonical = config.resolved.dump();
   char hex[17];
@@ -117,22 +178,16 @@ nlohmann::json build_versions() {
   return v;
 }
 
-namespace {
-void write_file(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::trunc);
-  out << text;
-  if (!out) MOE_FAIL("cannot write " << path.string());
-}
-}  // namespace
-
 void write_run_files(const std::string& run_dir, const Config& config, const std::vector<std::string>& command_line,
-                     int threads, const RankGrid& grid, const nlohmann::json& start, const nlohmann::json& data) {
+                     int threads, const RankGrid& grid, const nlohmann::json& start, const nlohmann::json& data,
+                     const std::string& run_id) {
   std::error_code ec;
   fs::create_directories(run_dir, ec);
-  if (ec) MOE_FAIL("cannot create run directory " << run_dir << ": " << ec.message());
-  write_file(fs::path(run_dir) / "config.json", config.resolved.dump(2) + "\n");
+  if (ec) MOE_RUN_FAILED("cannot create run directory " << run_dir << ": " << ec.message());
+  replace_run_file((fs::path(run_dir) / "config.json").string(), config.resolved.dump(2) + "\n");
   nlohmann::json m;
   m["program"] = "moe";
+  if (!run_id.empty()) m["run_id"] = run_id;
   m["git_commit"] = MOE_GIT_COMMIT;
   m["config_hash"] = config_hash(config);
   m["created"] = utc_now();
@@ -149,22 +204,16 @@ void write_run_files(const std::string& run_dir, const Config& config, const std
   m["start"] = start;
   if (!data.is_null()) m["data"] = data;
   m["history"] = "config_history.jsonl";
-  write_file(fs::path(run_dir) / "manifest.json", m.dump(2) + "\n");
+  replace_run_file((fs::path(run_dir) / "manifest.json").string(),
+                   m.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  file_ = std::fopen(path.c_str(), "w");
-  if (!file_) MOE_FAIL("cannot open " << path << " for writing");
-}
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) { file_ = open_run_file(path, FileMode::Truncate); }
 
 MetricsWriter::~MetricsWriter() {
   if (file_) std::fclose(file_);
 }
 
-void MetricsWriter::write(const nlohmann::json& line) {
-  const std::string text = line.dump() + "\n";
-  if (std::fwrite(text.data(), 1, text.size(), file_) != text.size() || std::fflush(file_) != 0)
-    MOE_FAIL("cannot write " << path_);
-}
+void MetricsWriter::write(const nlohmann::json& line) { write_all(file_, line.dump() + "\n", path_); }
 
 }  // namespace moe

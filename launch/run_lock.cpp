@@ -65,9 +65,9 @@ void write_holder(int fd, const std::string& path, const std::string& command, c
                        {"command", command.empty() ? own_command_line() : command},
                        {"started", utc_now()},
                        {"token", token}};
-  const std::string text = holder.dump() + "\n";
+  const std::string text = holder.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != ssize_t(text.size()))
-    MOE_FAIL("cannot write the run lock " << path << ": " << std::strerror(errno));
+    MOE_RUN_FAILED("cannot write the run lock " << path << " (" << std::strerror(errno) << "; is the disk full?)");
   ::fsync(fd);
 }
 

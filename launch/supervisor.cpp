@@ -28,6 +28,7 @@
 #include "launch/config.h"
 #include "launch/heartbeat.h"
 #include "launch/job_processes.h"
+#include "launch/run_dir.h"
 #include "launch/run_lock.h"
 #include "parallel/rank_grid.h"
 
@@ -431,8 +432,8 @@ bool prepare_restart(Launch& l, const json& failure, int64_t* restarts, int64_t*
   // What the restart will most likely resume from, for the log (with node-local roots: host 0's view).
   std::string ckpt_dir = l.config.checkpoint.dir;
   for (size_t at; (at = ckpt_dir.find("{node}")) != std::string::npos;) ckpt_dir.replace(at, 6, "0");
-  const auto newest =
-      ckpt::find_newest((fs::path(l.run_dir) / ckpt_dir).string(), l.config.checkpoint.replicas, &notes);
+  const auto newest = ckpt::find_newest((fs::path(l.run_dir) / ckpt_dir).string(), l.config.checkpoint.replicas, &notes,
+                                        nullptr, recorded_run_id(l.run_dir));
   const int64_t resume_step = newest ? newest->chain.back().step : 0;
   const double backoff = std::min(60.0, fault.restart_backoff_s * std::pow(2.0, double(*restarts - 1)));
   l.events.add({{"event", "restart"},
@@ -507,6 +508,8 @@ std::string joined(const std::vector<std::string>& words) {
 
 int run_launch(const LaunchOptions& o) {
   // Everything checkable is checked before anything starts or is written.
+  check_utf8(o.config_path, "--config");
+  check_utf8(o.run_dir, "--run-dir");
   Config config = load_config(o.config_path, o.overrides);
   if (o.np < 1) MOE_BAD_INPUT("--np: expected a whole number of ranks >= 1, got " << o.np);
   if (!(o.term_grace_s >= 0) || !std::isfinite(o.term_grace_s))

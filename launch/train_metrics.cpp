@@ -4,6 +4,8 @@
 #include <cmath>
 #include <fstream>
 
+#include "launch/run_files.h"
+
 namespace moe {
 namespace {
 
@@ -54,16 +56,14 @@ std::unique_ptr<MetricsWriter> open_metrics(const std::string& run_dir, bool fre
   const std::string path = run_dir + "/metrics.jsonl";
   if (fresh) return std::make_unique<MetricsWriter>(path);
   std::vector<nlohmann::json> kept;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
+  for_each_line(path, [&](const std::string& line) {
     try {
       nlohmann::json j = nlohmann::json::parse(line);
       if (j.at("step").get<int64_t>() <= start_step) kept.push_back(std::move(j));
     } catch (const std::exception&) {
       // A line cut by a crash: dropped.
     }
-  }
-  in.close();
+  });
   auto metrics = std::make_unique<MetricsWriter>(path);
   for (const nlohmann::json& j : kept) metrics->write(j);
   return metrics;

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "checkpoint/checkpointer.h"
+#include "checkpoint/root.h"
 #include "core/backend/cpu/blas_kernels.h"
 #include "core/backend/cpu/thread_policy.h"
 #include "core/backend/cuda_backend.h"
@@ -63,17 +64,29 @@ void open_routing_health(const Trainer& t, RunOutputs& out, bool fresh, int64_t 
   if (!fresh) out.monitor->replay((dir / "metrics.jsonl").string());
 }
 
-// A fresh start removes old checkpoints (--overwrite: they must not be resumed later) and writes the run
-// files; a resume keeps metrics.jsonl up to the checkpoint's step.
+// The checkpoint roots this rank commits to (choose_resume found them the run's own): a fresh start deletes
+// the checkpoints the program wrote there (--overwrite: they must not be resumed later), and nothing else;
+// with checkpoints to write, each root is marked as this run's.
+void claim_checkpoint_roots(const Trainer& t, const ResumePoint& point) {
+  const CheckpointConfig& c = t.config.checkpoint;
+  std::vector<std::string> roots;
+  if (t.leader() || (c.node_local && t.paths.node_leader)) roots.push_back(t.paths.ckpt_root.string());
+  if (t.leader()) roots.insert(roots.end(), c.replicas.begin(), c.replicas.end());
+  const std::string run_dir = fs::absolute(t.paths.run_dir).lexically_normal().string();
+  for (const std::string& root : roots) {
+    if (point.dir.empty()) ckpt::clear_root(root);
+    if (c.every > 0) ckpt::write_owner(root, {point.run_id, run_dir});
+  }
+}
+
+// A fresh start clears the run's checkpoint roots and writes the run files; a resume keeps metrics.jsonl up
+// to the checkpoint's step.
 RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoint& point, int64_t start_step,
                         const std::vector<ConfigChange>& changes) {
   RunOutputs out;
   const bool fresh = point.dir.empty();
   const TrainPaths& paths = t.paths;
-  if (fresh && (t.leader() || (t.config.checkpoint.node_local && paths.node_leader))) {
-    std::error_code ec;
-    fs::remove_all(paths.ckpt_root, ec);  // this host's old checkpoints
-  }
+  claim_checkpoint_roots(t, point);
   if (t.leader()) {
     // config.json and manifest.json describe this start; config_history.jsonl keeps every start.
     const nlohmann::json start = {{"time", utc_now()},
@@ -82,7 +95,8 @@ RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoi
                                   {"changes", changes_json(changes)},
                                   {"allowed_changes", options.allow_config_change},
                                   {"command", options.command_line}};
-    write_run_files(paths.run_dir, t.config, options.command_line, t.threads, t.grid, start, t.data_provenance);
+    write_run_files(paths.run_dir, t.config, options.command_line, t.threads, t.grid, start, t.data_provenance,
+                    point.run_id);
     nlohmann::json entry = start;
     entry["config"] = t.config.resolved;
     append_config_history(paths.run_dir, entry);
@@ -98,7 +112,8 @@ RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoi
                                  {"ep", config.parallel.ep},
                                  {"zero", config.optim.zero}}},
                                {"versions", build_versions()},
-                               {"data", t.data_provenance}};
+                               {"data", t.data_provenance},
+                               {"run_id", point.run_id}};
   const bool leader = t.leader();
   ckpt::SaveSettings save{paths.ckpt_root.string(), config.checkpoint.keep,      config.checkpoint.full_every,
                           config.checkpoint.async,  config.checkpoint.replicas,  config.checkpoint.peer_copy,
@@ -112,6 +127,15 @@ RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoi
       });
   t.state.checkpointer = out.checkpointer.get();
   return out;
+}
+
+// What the run records as JSON (manifest.json, config_history.jsonl) must be UTF-8.
+void check_command_text(const TrainOptions& options) {
+  check_utf8(options.config_path, "--config");
+  check_utf8(options.run_dir, "--run-dir");
+  check_utf8(options.resume, "--resume");
+  for (size_t i = 0; i < options.command_line.size(); ++i)
+    check_utf8(options.command_line[i], "command-line argument " + std::to_string(i));
 }
 
 std::string layout_text(const Trainer& t) {
@@ -413,6 +437,7 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
   const StopSignals signals;  // from here on SIGTERM and SIGINT ask for a clean stop
   if (!world) world = std::make_unique<SelfCommunicator>("world");
   // Everything that can be refused is checked before anything is written, identically on every rank.
+  check_command_text(options);
   CheckedConfig checked = load_checked_config(options, world->size());
   TrainPaths paths = train_paths(options, checked.config, world->rank());
   const data::Corpus corpus = load_training_corpus(checked.config);
@@ -445,7 +470,9 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
 
   RunOutputs out = open_outputs(options, t, point, start_step, changes);
   Progress progress(t.leader() && !options.quiet, launcher_world_size() == 1 && !std::getenv("OMPI_COMM_WORLD_RANK"));
-  for (const std::string& note : point.notes) progress.note("checkpoint: " + note);
+  // Checkpoints passed over (damaged, another run's) are said whatever --quiet says, as save failures are.
+  if (t.leader())
+    for (const std::string& note : point.notes) std::fprintf(stderr, "moe: checkpoint: %s\n", note.c_str());
   if (!point.dir.empty()) progress.note("resuming from " + point.dir + " at step " + std::to_string(start_step));
   if (!changes.empty()) progress.note("settings changed since the checkpoint: " + describe_changes(changes));
   for (const std::string& line : data_changes) progress.note("data changed since the checkpoint: " + line);

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <random>
 #include <sstream>
@@ -435,6 +436,107 @@ TEST_F(ShardFileTest, MissingAndForeignFilesAreBadInput) {
   for (const std::string& file : {path("missing.h5"), path("text.h5"), path("empty.h5"), dir_.string()}) {
     const std::string message = error_message(ErrorKind::BadInput, [&] { ShardReader r(file); });
     EXPECT_NE(message.find(file), std::string::npos) << message;
+  }
+}
+
+// ---- Storage the writer never produces -----------------------------------------------------------------------
+// A forger can keep a dataset's bytes in another file (external raw storage, a virtual dataset, an external
+// link) or ask for a filter HDF5 would load as a plugin. The reader refuses each before reading a byte.
+
+// An HDF5 handle closed by `close` (the test's own, the library's is private to shard_file.cpp).
+struct H5 {
+  hid_t id;
+  herr_t (*close)(hid_t);
+  ~H5() {
+    if (id >= 0) close(id);
+  }
+};
+
+// Opens `file` for writing, lets `add` add one object to it, closes it.
+void add_to_file(const std::string& file, const std::function<void(hid_t)>& add) {
+  H5 f{H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose};
+  ASSERT_GE(f.id, 0) << file;
+  add(f.id);
+}
+
+// A 1-D dataset of 4 doubles named `name` with the creation properties `dcpl`.
+void add_dataset(hid_t file, const char* name, hid_t dcpl) {
+  const hsize_t n = 4;
+  const double values[4] = {1, 2, 3, 4};
+  H5 space{H5Screate_simple(1, &n, nullptr), H5Sclose};
+  H5 d{H5Dcreate2(file, name, H5T_IEEE_F64LE, space.id, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose};
+  ASSERT_GE(d.id, 0) << name;
+  if (H5Pget_layout(dcpl) != H5D_VIRTUAL) {
+    ASSERT_GE(H5Dwrite(d.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values), 0) << name;
+  }
+}
+
+TEST_F(ShardFileTest, StorageOutsideTheFileAndForeignFiltersAreRefused) {
+  const std::string secret = path("secret.bin"), other = path("other.h5");
+  write_bytes(secret, std::string(32, 'S'));
+  {
+    ShardWriter w(other);  // a file another dataset could map
+    const std::vector<double> v = {5, 6, 7, 8};
+    w.write("data", DType::F64, v.data(), {4}, {4}, 0);
+    w.close();
+  }
+  const hsize_t n = 4, chunk = 4;
+  struct Case {
+    std::string name, mention;
+    std::function<void(hid_t)> add;
+  };
+  const auto with_dcpl = [&](const char* name, const std::function<void(hid_t)>& set) {
+    return [=](hid_t file) {
+      H5 dcpl{H5Pcreate(H5P_DATASET_CREATE), H5Pclose};
+      set(dcpl.id);
+      add_dataset(file, name, dcpl.id);
+    };
+  };
+  const std::vector<Case> cases = {
+      {"params/external", "external file",
+       with_dcpl("params/external", [&](hid_t p) { ASSERT_GE(H5Pset_external(p, secret.c_str(), 0, 32), 0); })},
+      {"params/virtual", "virtual dataset",
+       with_dcpl("params/virtual",
+                 [&](hid_t p) {
+                   H5 space{H5Screate_simple(1, &n, nullptr), H5Sclose};
+                   ASSERT_GE(H5Pset_virtual(p, space.id, other.c_str(), "/data", space.id), 0);
+                 })},
+      {"params/contiguous", "contiguous layout", with_dcpl("params/contiguous", [](hid_t) {})},
+      {"params/compact", "compact layout",
+       with_dcpl("params/compact", [](hid_t p) { ASSERT_GE(H5Pset_layout(p, H5D_COMPACT), 0); })},
+      {"params/no_checksum", "no Fletcher-32 checksum",
+       with_dcpl("params/no_checksum", [&](hid_t p) { ASSERT_GE(H5Pset_chunk(p, 1, &chunk), 0); })},
+      {"params/scaleoffset", "filter",
+       with_dcpl("params/scaleoffset",
+                 [&](hid_t p) {
+                   ASSERT_GE(H5Pset_chunk(p, 1, &chunk), 0);
+                   ASSERT_GE(H5Pset_scaleoffset(p, H5Z_SO_FLOAT_DSCALE, 2), 0);
+                   ASSERT_GE(H5Pset_fletcher32(p), 0);
+                 })},
+      {"params/ext_link", "external link",
+       [&](hid_t file) {
+         ASSERT_GE(H5Lcreate_external(other.c_str(), "/data", file, "params/ext_link", H5P_DEFAULT, H5P_DEFAULT), 0);
+       }},
+      {"params/soft_link", "soft link",
+       [](hid_t file) {
+         ASSERT_GE(H5Lcreate_soft("/params/a", file, "params/soft_link", H5P_DEFAULT, H5P_DEFAULT), 0);
+       }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string file = path("forged.h5");
+    fs::remove(file);
+    {
+      ShardWriter w(file);
+      const std::vector<float> v = {1, 2, 3};
+      w.write("params/a", DType::F32, v.data(), {3}, {3}, 0);
+      w.close();
+    }
+    add_to_file(file, c.add);
+    const std::string message = error_message(ErrorKind::BadInput, [&] { ShardReader r(file); });
+    EXPECT_NE(message.find(file), std::string::npos) << message;
+    EXPECT_NE(message.find(c.name), std::string::npos) << message;
+    EXPECT_NE(message.find(c.mention), std::string::npos) << message;
   }
 }
 

@@ -305,6 +305,17 @@ expect=("300 characters" "at most 255")
 run_case "--run-dir with a 300-character name" 2 no_setup \
   "$moe" train --config "$config" "${small[@]}" --run-dir "run/$long_name"
 
+# Names the run records as JSON must be UTF-8: refused before anything is written, naming the option.
+expect=("--run-dir" "not valid UTF-8")
+run_case "--run-dir that is not UTF-8" 2 no_setup \
+  "$moe" train --config "$config" "${small[@]}" --run-dir "$(printf 'run\xff')"
+expect=("--set \"checkpoint.dir\"" "not valid UTF-8")
+run_case "a --set value that is not UTF-8" 2 no_setup \
+  "$moe" train --config "$config" "${small[@]}" --set "checkpoint.dir=$(printf 'c\xc3')"
+expect=("moe.router.tau" "float32")
+run_case "a temperature beyond float32" 2 no_setup \
+  "$moe" train --config "$config" "${small[@]}" --set moe.router.tau=1e308
+
 # A read-only file system refuses root too: a tmpfs mounted read-only in a mount namespace of the command's
 # own (nothing to unmount afterwards). Where mounting is not permitted, a directory without write
 # permission does for any other user; as root without mounts, the case cannot be made here.

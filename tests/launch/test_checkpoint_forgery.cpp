@@ -1,6 +1,8 @@
 // Forged checkpoints (docs/checkpoint.md, "What is verified"): consistent-looking, yet not what the run
 // needs. One process, in process (run_train), a tiny MoE model; the shared runs and checks are in
 // checkpoint_damage_harness.h.
+#include <hdf5.h>
+
 #include "checkpoint_damage_harness.h"
 
 namespace moe {
@@ -224,6 +226,76 @@ TEST(CheckpointForgery, FileNamesOutsideTheCheckpointAreRefused) {
     edit_manifest(ckpt_dir(run, 15), [&](json& m) { m["files"][0]["name"] = name; });
     expect_forgery_refused(run, "file name '" + name + "' points outside the checkpoint directory",
                            "file name outside the checkpoint");
+  }
+}
+
+// ---- Bytes kept outside the checkpoint ----------------------------------------------------------------------
+// The dataset's bytes moved to a file outside the checkpoint, the same values, the shard's checksum recomputed:
+// the values are right, so only the storage says what it is. HDF5 would read the outside file on every read.
+
+struct H5Handle {
+  hid_t id;
+  herr_t (*close)(hid_t);
+  ~H5Handle() {
+    if (id >= 0) close(id);
+  }
+};
+
+herr_t copy_attribute(hid_t from, const char* name, const H5A_info_t*, void* to) {
+  H5Handle a{H5Aopen(from, name, H5P_DEFAULT), H5Aclose};
+  H5Handle type{H5Aget_type(a.id), H5Tclose}, space{H5Aget_space(a.id), H5Sclose};
+  std::vector<uint8_t> bytes(H5Aget_storage_size(a.id));
+  H5Aread(a.id, type.id, bytes.data());
+  H5Handle b{H5Acreate2(*static_cast<hid_t*>(to), name, type.id, space.id, H5P_DEFAULT, H5P_DEFAULT), H5Aclose};
+  return H5Awrite(b.id, type.id, bytes.data());
+}
+
+// Replaces dataset `name` of `shard` by one whose elements live in `outside`: raw external storage
+// (`virtual_dataset` false) or a virtual dataset mapping an HDF5 file (true); its attributes are kept.
+void move_outside(const std::string& shard, const std::string& name, const std::string& outside, bool virtual_dataset) {
+  H5Handle file{H5Fopen(shard.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose};
+  ASSERT_GE(file.id, 0);
+  H5Handle old{H5Dopen2(file.id, name.c_str(), H5P_DEFAULT), H5Dclose};
+  H5Handle type{H5Dget_type(old.id), H5Tclose}, space{H5Dget_space(old.id), H5Sclose};
+  const hssize_t n = H5Sget_simple_extent_npoints(space.id);
+  std::vector<uint8_t> bytes(size_t(n) * H5Tget_size(type.id));
+  ASSERT_GE(H5Dread(old.id, type.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()), 0);
+  H5Handle dcpl{H5Pcreate(H5P_DATASET_CREATE), H5Pclose};
+  if (virtual_dataset) {
+    {
+      H5Handle source{H5Fcreate(outside.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose};
+      H5Handle d{H5Dcreate2(source.id, "data", type.id, space.id, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose};
+      ASSERT_GE(H5Dwrite(d.id, type.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()), 0);
+    }
+    ASSERT_GE(H5Pset_virtual(dcpl.id, space.id, outside.c_str(), "/data", space.id), 0);
+  } else {
+    write_text(outside, std::string(bytes.begin(), bytes.end()));
+    ASSERT_GE(H5Pset_external(dcpl.id, outside.c_str(), 0, hsize_t(bytes.size())), 0);
+  }
+  const std::string moved = name + "_moved";
+  {
+    H5Handle d{H5Dcreate2(file.id, moved.c_str(), type.id, space.id, H5P_DEFAULT, dcpl.id, H5P_DEFAULT), H5Dclose};
+    ASSERT_GE(d.id, 0);
+    if (!virtual_dataset) {
+      ASSERT_GE(H5Dwrite(d.id, type.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()), 0);
+    }
+    hid_t target = d.id;
+    ASSERT_GE(H5Aiterate2(old.id, H5_INDEX_NAME, H5_ITER_INC, nullptr, copy_attribute, &target), 0);
+  }
+  ASSERT_GE(H5Ldelete(file.id, name.c_str(), H5P_DEFAULT), 0);
+  ASSERT_GE(H5Lmove(file.id, moved.c_str(), file.id, name.c_str(), H5P_DEFAULT, H5P_DEFAULT), 0);
+}
+
+TEST(CheckpointForgery, BytesKeptOutsideTheCheckpointAreRefused) {
+  for (const bool virtual_dataset : {false, true}) {
+    SCOPED_TRACE(virtual_dataset ? "virtual dataset" : "external raw storage");
+    TempDir tmp("ckpt_forgery");
+    const std::string run = tmp / "run", outside = tmp / "outside.bin";
+    copy_base("sync", run);
+    move_outside(shard(run, 15), "params/embed.weight", outside, virtual_dataset);
+    rehash_in_manifest(ckpt_dir(run, 15), "rank-00000.h5");
+    const std::string mention = virtual_dataset ? "is a virtual dataset" : "external file";
+    expect_forgery_refused(run, mention, virtual_dataset ? "virtual dataset" : "external storage");
   }
 }
 

@@ -216,6 +216,38 @@ TEST(ConfigRanges, UnboundedNumbersTakeAnySign) {
   EXPECT_DOUBLE_EQ(c.moe.loss.entropy, -0.5);
 }
 
+// Numbers reach the model in float32: a value it cannot hold is refused, not turned into infinity or zero,
+// in a file, in a --set, and inside the temperature schedule; JSON beyond double range as well.
+TEST(ConfigRanges, NumbersBeyondFloatAreRefused) {
+  for (const double v : {1e308, 3.5e38, 1e-40, -1e39}) {
+    SCOPED_TRACE(v);
+    const std::string key = v < 0 ? "moe.loss.entropy" : "moe.router.tau";
+    expect_bad_input([&] { from(document_with(key, v)); }, {key, "float32"});
+    expect_bad_input([&] { from(json::object(), {key + "=" + json(v).dump()}); }, {key, "--set", "float32"});
+  }
+  expect_bad_input(
+      [] {
+        from(document_with("moe.router.tau_schedule", json::array({{{"step", 0}, {"tau", 1e300}}})));
+      },
+      {"moe.router.tau_schedule[0].tau", "float32"});
+  expect_bad_input([] { from(json::object(), {"optim.lr=1e400"}); }, {"optim.lr", "--set optim.lr=1e400"});
+  expect_bad_input([] { from(json::object(), {"train.steps=1e400"}); }, {"train.steps", "integer"});
+  expect_bad_input([] { from(json::object(), {"train.steps=123456789012345678901234567890"}); }, {"train.steps"});
+  // The edges float32 holds are taken.
+  EXPECT_DOUBLE_EQ(from(document_with("moe.router.tau", 3e38)).moe.router.tau, 3e38);
+  EXPECT_DOUBLE_EQ(from(document_with("moe.loss.entropy", 0.0)).moe.loss.entropy, 0.0);
+}
+
+// What a run records as JSON must be UTF-8: a --set value that is not is refused naming it.
+TEST(ConfigSet, TextThatIsNotUtf8IsRefused) {
+  expect_bad_input([] { from(json::object(), {"checkpoint.dir=ckpt\xff\xfe"}); },
+                   {"--set \"checkpoint.dir\"", "not valid UTF-8"});
+  expect_bad_input([] { from(json::object(), {"data.sources=[{\"name\": \"a\xc3\", \"path\": \"a.txt\"}]"}); },
+                   {"not valid UTF-8"});
+  EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));  // a surrogate half
+  EXPECT_TRUE(is_valid_utf8("caf\xc3\xa9 \xe2\x82\xac"));
+}
+
 TEST(ConfigKeys, UnknownKeySuggestsTheNearest) {
   expect_bad_input([] { from(document_with("train.stepz", 5)); },
                    {"unknown key 'train.stepz' in test.json; did you mean 'train.steps'?"});

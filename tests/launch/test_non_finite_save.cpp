@@ -103,7 +103,8 @@ TEST(NonFiniteSave, DivergedRunFailsWithoutCommittingTheStep) {
                                "checkpoint.keep=1", "checkpoint.full_every=1", "checkpoint.async=" + async});
       train_on(ranks, good, root.string(), 4);
       std::vector<std::string> diverging = good;
-      diverging.push_back("optim.lr=1e39");  // infinite in float: the update of step 5 makes the weights so
+      // lr * weight decay is infinite in float: the update of step 5 makes the weights so.
+      diverging.insert(diverging.end(), {"optim.lr=3e38", "optim.weight_decay=10"});
       if (async == "true") ::setenv("MOE_TEST_SNAPSHOT_DELAY_MS", "200", 1);
       std::string message;
       try {

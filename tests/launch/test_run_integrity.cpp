@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -205,7 +206,8 @@ TEST(RunIntegrity, NonFiniteStateIsNeverCommitted) {
   ASSERT_EQ(run(args, dir.path() / "first.txt"), 0) << read_text_if_any(dir.path() / "first.txt");
   ASSERT_NE(latest(run_dir).find("step-00000004"), std::string::npos);
   args = train_args(run_dir, good);
-  args.insert(args.end(), {"--set", "optim.lr=1e39"});  // infinite in float
+  args.insert(args.end(),
+              {"--set", "optim.lr=3e38", "--set", "optim.weight_decay=10"});  // lr * decay: infinite in float
   EXPECT_EQ(run(args, dir.path() / "diverged.txt"), 1);
   const std::string said = read_text_if_any(dir.path() / "diverged.txt");
   EXPECT_NE(said.find("not finite"), std::string::npos) << said;
@@ -244,6 +246,40 @@ TEST(RunIntegrity, FullDiskFailsTheRunInsteadOfEndingDone) {
   EXPECT_NE(said.find("could not be written"), std::string::npos) << said;
   EXPECT_NE(newest.find("step-00000002"), std::string::npos) << newest;
   EXPECT_EQ(verified, 0) << read_text_if_any(dir.path() / "v.txt");
+}
+
+// The run directory's own files on a full disk: a run that cannot write config.json, manifest.json or
+// metrics.jsonl stops with exit 1 naming the file and the disk ("moe: stopped"), never an internal error,
+// and leaves no temporary file. Needs permission to mount a tmpfs (skipped otherwise).
+TEST(RunIntegrity, FullDiskUnderTheRunDirectoryIsNamed) {
+  for (const int64_t free_kib : {0, 24}) {
+    SCOPED_TRACE(std::to_string(free_kib) + " KiB free");
+    TempDir dir("full-run-dir");
+    const fs::path disk = dir.path() / "disk";
+    fs::create_directories(disk);
+    if (::mount("tmpfs", disk.c_str(), "tmpfs", 0, "size=1m") != 0)
+      GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno) << ")";
+    {  // fill it, then free `free_kib`: the run's first files fit, its metrics lines soon do not
+      std::ofstream filler(disk / "filler", std::ios::binary);
+      const std::string block(4096, 'x');
+      while (filler.write(block.data(), block.size())) {
+      }
+    }
+    fs::resize_file(disk / "filler", fs::file_size(disk / "filler") - uint64_t(free_kib) * 1024);
+    const fs::path run_dir = disk / "run";
+    const int code = run(train_args(run_dir, {"train.steps=400", "checkpoint.every=0"}), dir.path() / "out.txt");
+    const std::string said = read_text_if_any(dir.path() / "out.txt");
+    std::vector<std::string> left;
+    for (const auto& e : fs::recursive_directory_iterator(disk))
+      if (e.path().extension() == ".tmp") left.push_back(e.path().string());
+    ::umount2(disk.c_str(), MNT_DETACH);
+    EXPECT_EQ(code, 1) << said;
+    EXPECT_NE(said.find("moe: stopped"), std::string::npos) << said;
+    EXPECT_EQ(said.find("internal error"), std::string::npos) << said;
+    EXPECT_NE(said.find(run_dir.string()), std::string::npos) << said;
+    EXPECT_NE(said.find("No space left on device"), std::string::npos) << said;
+    EXPECT_TRUE(left.empty()) << left.front();
+  }
 }
 
 // Resuming with other settings: a key that fixes what the checkpoint means is refused (exit 2, nothing
