@@ -33,7 +33,7 @@ struct Heatmap {
 // An <svg> with one <rect class="cell" data-row data-col data-value> per cell with a value.
 std::string heatmap_svg(const Heatmap& map);
 
-// Text escaped for HTML and XML.
+// Text escaped for HTML and XML, in text and in attributes (& < > " ').
 std::string escape(const std::string& text);
 // A number as the page shows it: %.4g; "" for a non-finite one.
 std::string format_number(double v);
