@@ -165,6 +165,11 @@ std::string line_chart_svg(const LineChart& c) {
       << joined(series.x, "%.17g") << "\" data-y=\"" << joined(series.y, "%.17g") << "\" points=\"" << points
       << "\" fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"1.5\"><title>" << escape(series.name)
       << "</title></polyline>";
+    // A polyline of one point draws nothing: a single point gets a marker.
+    if (series.x.size() == 1)
+      s << "<circle class=\"marker\" data-series=\"" << escape(series.name) << "\" cx=\""
+        << num(ex.map(series.x[0], kLeft, kWidth - kRight)) << "\" cy=\""
+        << num(ey.map(series.y[0], kHeight - kBottom, kTop)) << "\" r=\"3.5\" fill=\"" << colour << "\"/>";
     s << legend_entry(shown++, colour, series.name);
   }
   if (shown > kLegendRows)

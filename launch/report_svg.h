@@ -20,7 +20,8 @@ struct LineChart {
   std::string title, x_label, y_label;
   std::vector<Series> series;
 };
-// An <svg> with axes, ticks, a legend and one <polyline class="series"> per non-empty series.
+// An <svg> with axes, ticks, a legend and one <polyline class="series"> per non-empty series (and a
+// <circle class="marker"> for a series of one point, which a polyline alone would not show).
 std::string line_chart_svg(const LineChart& chart);
 
 struct Heatmap {

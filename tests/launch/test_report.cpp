@@ -195,6 +195,14 @@ TEST(Report, ASweepPageShowsTheGridHeatmapsTheTableAndEveryCell) {
   for (const char* id : {"summary", "heatmap-eval-loss", "heatmap-overflow", "chart-cells-loss", "chart-cells-eval"})
     EXPECT_NE(dom.find("id=\"" + std::string(id) + "\""), std::string::npos) << id;
   EXPECT_EQ(polylines(dom, "chart-cells-loss").size(), 4u);
+  // Each cell's eval curve is one point: drawn as a marker.
+  const size_t eval_from = dom.find("id=\"chart-cells-eval\"");
+  const std::string eval_part = dom.substr(eval_from, dom.find("</figure>", eval_from) - eval_from);
+  size_t markers = 0;
+  for (size_t at = eval_part.find("<circle class=\"marker\""); at != std::string::npos;
+       at = eval_part.find("<circle class=\"marker\"", at + 1))
+    ++markers;
+  EXPECT_EQ(markers, 4u);
   const std::regex cell("<rect class=\"cell\" data-row=\"(\\d)\" data-col=\"(\\d)\" data-value=\"([^\"]+)\"");
   const size_t from = dom.find("id=\"heatmap-eval-loss\"");
   const std::string part = dom.substr(from, dom.find("</figure>", from) - from);
