@@ -91,6 +91,14 @@ std::string ramp(double t) {
   return text;
 }
 
+// At most `most` bytes of `name`, cut at a character boundary (never inside a UTF-8 sequence) and marked by "~".
+std::string shortened(const std::string& name, size_t most) {
+  if (name.size() <= most) return name;
+  size_t cut = most - 1;
+  while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
+  return name.substr(0, cut) + "~";
+}
+
 // Legend rows that fit beside the plot; the series past them are drawn but not named.
 constexpr size_t kLegendRows = 18;
 std::string legend_entry(size_t row, const std::string& colour, const std::string& name) {
@@ -98,7 +106,7 @@ std::string legend_entry(size_t row, const std::string& colour, const std::strin
   const double y = kTop + 12 * double(row);
   return "<g class=\"legend\" font-size=\"10\"><rect x=\"" + num(kWidth - kRight + 10) + "\" y=\"" + num(y) +
          "\" width=\"12\" height=\"3\" fill=\"" + colour + "\"/><text x=\"" + num(kWidth - kRight + 26) + "\" y=\"" +
-         num(y + 5) + "\">" + escape(name.size() > 22 ? name.substr(0, 21) + "~" : name) + "</text></g>";
+         num(y + 5) + "\">" + escape(shortened(name, 22)) + "</text></g>";
 }
 
 }  // namespace
@@ -118,6 +126,9 @@ std::string escape(const std::string& text) {
         break;
       case '"':
         out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
         break;
       default:
         out += c;
@@ -154,6 +165,11 @@ std::string line_chart_svg(const LineChart& c) {
       << joined(series.x, "%.17g") << "\" data-y=\"" << joined(series.y, "%.17g") << "\" points=\"" << points
       << "\" fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"1.5\"><title>" << escape(series.name)
       << "</title></polyline>";
+    // A polyline of one point draws nothing: a single point gets a marker.
+    if (series.x.size() == 1)
+      s << "<circle class=\"marker\" data-series=\"" << escape(series.name) << "\" cx=\""
+        << num(ex.map(series.x[0], kLeft, kWidth - kRight)) << "\" cy=\""
+        << num(ey.map(series.y[0], kHeight - kBottom, kTop)) << "\" r=\"3.5\" fill=\"" << colour << "\"/>";
     s << legend_entry(shown++, colour, series.name);
   }
   if (shown > kLegendRows)

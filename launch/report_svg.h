@@ -20,7 +20,8 @@ struct LineChart {
   std::string title, x_label, y_label;
   std::vector<Series> series;
 };
-// An <svg> with axes, ticks, a legend and one <polyline class="series"> per non-empty series.
+// An <svg> with axes, ticks, a legend and one <polyline class="series"> per non-empty series (and a
+// <circle class="marker"> for a series of one point, which a polyline alone would not show).
 std::string line_chart_svg(const LineChart& chart);
 
 struct Heatmap {
@@ -33,7 +34,7 @@ struct Heatmap {
 // An <svg> with one <rect class="cell" data-row data-col data-value> per cell with a value.
 std::string heatmap_svg(const Heatmap& map);
 
-// Text escaped for HTML and XML.
+// Text escaped for HTML and XML, in text and in attributes (& < > " ').
 std::string escape(const std::string& text);
 // A number as the page shows it: %.4g; "" for a non-finite one.
 std::string format_number(double v);

@@ -1,11 +1,10 @@
 // `moe report` (launch/report.h): a run's page and a sweep's page. The plotted values against metrics.jsonl and
 // sweep.json, read back from the page's embedded data and from the SVG elements of the DOM as headless Chromium
-// (Debian's `chromium`) builds it: no console error, every chart present, each polyline's points an exact
-// affine image of the values it carries, a screenshot kept beside the test binary. A 10,000-step run's page
-// stays under 3 MB; a run still being written (a cut last line) is reported. The test skips the browser part
-// only when chromium is not installed (make deps installs it).
+// (Debian's `chromium`, started fully offline: report_harness.h) builds it: no console error, every chart present, each
+// polyline's points an exact affine image of the values it carries, a screenshot kept beside the test binary. A
+// 10,000-step run's page stays under 3 MB; a run still being written (a cut last line) is reported. The test skips the
+// browser part only when chromium is not installed (make deps installs it).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
@@ -18,21 +17,14 @@
 #include <string>
 #include <vector>
 
-#include "run_compare.h"
+#include "report_harness.h"
 
 namespace moe {
 namespace {
-using namespace test_support;
+using namespace report_test;
 using json = nlohmann::json;
 
 const std::string kConfig = std::string(MOE_SOURCE_DIR) + "/configs/tiny_moe.json";
-
-int shell(const std::string& command) {
-  const int status = std::system(command.c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
 
 // A real run: 12 steps, two MoE layers of 4 experts, a line per step, evaluations at 6 and 12.
 void train_run(const fs::path& run_dir) {
@@ -51,44 +43,6 @@ std::vector<json> read_lines(const fs::path& path) {
   std::ifstream in(path);
   for (std::string text; std::getline(in, text);) lines.push_back(json::parse(text));
   return lines;
-}
-
-// The JSON of <script type="application/json" id="moe-report-data"> in a page.
-json embedded_data(const std::string& html) {
-  const std::string open = "<script type=\"application/json\" id=\"moe-report-data\">";
-  const size_t from = html.find(open), to = html.find("</script>", from);
-  if (from == std::string::npos || to == std::string::npos) return json();
-  return json::parse(html.substr(from + open.size(), to - from - open.size()));
-}
-
-std::vector<double> numbers(const std::string& text) {
-  std::vector<double> out;
-  std::istringstream in(text);
-  for (double v; in >> v;) out.push_back(v);
-  return out;
-}
-
-// Every <polyline class="series"> of the chart with id `chart` in the DOM: name to (data-x, data-y, points).
-struct Drawn {
-  std::vector<double> x, y, px, py;
-};
-std::map<std::string, Drawn> polylines(const std::string& dom, const std::string& chart) {
-  std::map<std::string, Drawn> out;
-  const size_t from = dom.find("id=\"" + chart + "\""), to = dom.find("</figure>", from);
-  if (from == std::string::npos) return out;
-  const std::string part = dom.substr(from, to - from);
-  const std::regex line(
-      "<polyline class=\"series\" data-series=\"([^\"]*)\" data-x=\"([^\"]*)\" data-y=\"([^\"]*)\" "
-      "points=\"([^\"]*)\"");
-  for (std::sregex_iterator it(part.begin(), part.end(), line), end; it != end; ++it) {
-    Drawn d{numbers((*it)[2]), numbers((*it)[3]), {}, {}};
-    std::string points = (*it)[4];
-    std::replace(points.begin(), points.end(), ',', ' ');
-    const std::vector<double> xy = numbers(points);
-    for (size_t i = 0; i + 1 < xy.size(); i += 2) d.px.push_back(xy[i]), d.py.push_back(xy[i + 1]);
-    out[(*it)[1]] = d;
-  }
-  return out;
 }
 
 // The values a run's chart must show: (step, value) of a field of the training or evaluation lines.
@@ -116,24 +70,6 @@ void expect_drawn_affinely(const Drawn& d, const std::string& what) {
   EXPECT_LT(slope, 0) << what;
   for (size_t i = 0; i < d.y.size(); ++i)
     EXPECT_NEAR(d.py[i], d.py[lo] + slope * (d.y[i] - d.y[lo]), 0.011) << what << " point " << i;
-}
-
-std::string chromium() {
-  for (const char* path : {"/usr/bin/chromium", "/usr/bin/chromium-browser"})
-    if (fs::exists(path)) return path;
-  return "";
-}
-
-// Headless Chromium: the DOM after load (stdout) and the console (stderr).
-int browse(const std::string& browser, const fs::path& page, const std::string& action, const fs::path& out,
-           const fs::path& console) {
-  const std::string command = browser +
-                              " --headless --no-sandbox --disable-gpu --no-first-run --disable-extensions "
-                              "--disable-background-networking --enable-logging=stderr --v=0 --user-data-dir=" +
-                              quoted((out.parent_path() / "chromium-profile").string()) + " " + action + " " +
-                              quoted("file://" + fs::absolute(page).string()) + " > " + quoted(out.string()) + " 2> " +
-                              quoted(console.string());
-  return shell(command);
 }
 
 TEST(Report, ARunPageShowsMetricsJsonlInEveryChartAndChromiumRendersIt) {
@@ -259,6 +195,14 @@ TEST(Report, ASweepPageShowsTheGridHeatmapsTheTableAndEveryCell) {
   for (const char* id : {"summary", "heatmap-eval-loss", "heatmap-overflow", "chart-cells-loss", "chart-cells-eval"})
     EXPECT_NE(dom.find("id=\"" + std::string(id) + "\""), std::string::npos) << id;
   EXPECT_EQ(polylines(dom, "chart-cells-loss").size(), 4u);
+  // Each cell's eval curve is one point: drawn as a marker.
+  const size_t eval_from = dom.find("id=\"chart-cells-eval\"");
+  const std::string eval_part = dom.substr(eval_from, dom.find("</figure>", eval_from) - eval_from);
+  size_t markers = 0;
+  for (size_t at = eval_part.find("<circle class=\"marker\""); at != std::string::npos;
+       at = eval_part.find("<circle class=\"marker\"", at + 1))
+    ++markers;
+  EXPECT_EQ(markers, 4u);
   const std::regex cell("<rect class=\"cell\" data-row=\"(\\d)\" data-col=\"(\\d)\" data-value=\"([^\"]+)\"");
   const size_t from = dom.find("id=\"heatmap-eval-loss\"");
   const std::string part = dom.substr(from, dom.find("</figure>", from) - from);
@@ -311,6 +255,7 @@ TEST(Report, ALongRunsPageStaysSmallAndARunInProgressIsReported) {
   EXPECT_LE(lm["x"].size(), 1001u);
   EXPECT_EQ(lm["x"].back(), 10000) << "the last step is always kept";
   EXPECT_EQ(data["heatmaps"]["heatmap-load-layer-0"]["cols"].size(), 150u);
+  EXPECT_EQ(data["heatmaps"]["heatmap-load-layer-0"]["cols"].back(), "10000");
 }
 
 }  // namespace
