@@ -2,11 +2,11 @@
 #include "data/bpe.h"
 
 #include <algorithm>
-#include <fstream>
 #include <queue>
 #include <sstream>
 
 #include "core/error.h"
+#include "data/file_io.h"
 
 namespace moe::data {
 namespace {
@@ -160,11 +160,8 @@ BpeTokenizer BpeTokenizer::parse(const std::string& text, const std::string& ori
 }
 
 BpeTokenizer BpeTokenizer::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) MOE_BAD_INPUT(path << ": tokenizer file cannot be opened for reading");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse(text.str(), path);
+  // A regular file of bounded size: a FIFO or /dev/zero is refused, not read forever.
+  return parse(read_regular_file(path, uint64_t(256) << 20, path + " (tokenizer file)"), path);
 }
 
 void BpeTokenizer::encode_chunk(std::string_view chunk, std::vector<int32_t>& symbols) const {

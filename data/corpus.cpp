@@ -216,6 +216,13 @@ void validate_corpus(const Corpus& corpus, int64_t seq_len, int64_t vocab) {
                     << " token ids (end-of-document included); model.vocab is " << vocab
                     << "; set model.vocab >= " << source.origin.vocab);
   for (const Source& source : corpus.sources)
+    for (const Segment& seg : source.segments)
+      if (seg.tokens->max_token() >= vocab)
+        MOE_BAD_INPUT(describe(source.name, source.path)
+                      << ": tier " << seg.tier << " holds token id " << seg.tokens->max_token()
+                      << ", outside model.vocab " << vocab << " (ids 0.." << vocab - 1 << "); set model.vocab >= "
+                      << seg.tokens->max_token() + 1 << " or prepare the data with a smaller vocabulary");
+  for (const Source& source : corpus.sources)
     for (const std::vector<int32_t>* split : {&source.train, &source.heldout})
       for (const int32_t token : *split)
         if (token < 0 || token >= vocab)

@@ -1,6 +1,6 @@
 // The training text: named sources of tokens, each split into a train part and a held-out part
 // (its last heldout_fraction). Sources come from the embedded default corpus, from user text files
-// (byte tokens, held in memory) or from directories prepared by `moe prep` (memory-mapped shards).
+// (byte tokens, held in memory) or from directories prepared by `moe prep` (shards read as needed).
 // Not here: which sequence a step trains on (loader.h), reading the config (launch/).
 #pragma once
 
@@ -25,7 +25,7 @@ struct SourceSpec {
   double weight = 1.0;
 };
 
-// The tokens of one quality tier of a prepared source, memory-mapped. Its train split is tokens
+// The tokens of one quality tier of a prepared source, read from its shards as needed. Its train split is tokens
 // [0, train), its held-out split the next `heldout` tokens (the segment's last heldout_fraction).
 struct Segment {
   std::shared_ptr<const TokenStream> tokens;
@@ -71,7 +71,7 @@ std::span<const EmbeddedText> embedded_texts();
 Corpus embedded_corpus(double heldout_fraction);
 
 // One source per spec; each path a text file whose bytes are its tokens, or a prepared directory (see
-// SourceSpec). Prepared shards are verified (sizes and xxh64) before they are mapped. Throws BadInput,
+// SourceSpec). Prepared shards are verified (sizes, xxh64, token ids) when opened. Throws BadInput,
 // naming the source and path, for a missing, unreadable, empty or damaged file, a duplicate or empty
 // name, a weight that is not a positive number, or a heldout_fraction outside (0, 1).
 Corpus load_corpus(const std::vector<SourceSpec>& specs, double heldout_fraction);
@@ -89,7 +89,8 @@ nlohmann::json data_provenance(const Corpus& corpus);
 // held-out splits of at least seq_len + 1 tokens each (one sequence with its shifted targets).
 void validate_sources(const Corpus& corpus, int64_t seq_len);
 // validate_sources, plus vocab >= every source's vocabulary (256 for bytes; a prepared source's tokenizer
-// vocabulary) and every in-memory token below vocab. Throws BadInput.
+// vocabulary), every in-memory token below vocab and every prepared shard's largest token id (found when
+// it was verified) below vocab. Throws BadInput.
 void validate_corpus(const Corpus& corpus, int64_t seq_len, int64_t vocab);
 
 }  // namespace moe::data

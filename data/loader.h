@@ -27,7 +27,7 @@ std::vector<double> schedule_weights(const MixSchedule& schedule, int64_t step);
 
 class Loader {
  public:
-  // Copies the corpus (a few MB; prepared sources share their mapped shards), so a temporary corpus is
+  // Copies the corpus (a few MB; prepared sources share their opened shards), so a temporary corpus is
   // safe to pass. Throws BadInput when a split is shorter than seq_len + 1 tokens (validate_sources) or
   // the schedule does not give one weight per source.
   Loader(const Corpus& corpus, uint64_t seed, int64_t seq_len, MixSchedule schedule = {});

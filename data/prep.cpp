@@ -1,7 +1,6 @@
 // The prep pipeline (see prep.h).
 #include "data/prep.h"
 
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <chrono>
@@ -18,7 +17,9 @@
 
 #include "core/error.h"
 #include "data/bpe.h"
+#include "data/file_io.h"
 #include "data/prep_input.h"
+#include "data/prep_output.h"
 #include "data/quality.h"
 
 namespace moe::data {
@@ -77,12 +78,13 @@ void validate_tiers(const PrepSettings& s) {
   if (!(s.tier_weights[0] > 0)) MOE_BAD_INPUT("--tier-weights: the best tier's weight must be > 0");
 }
 
+// Largest tokenizer file read: a vocabulary of 2^20 merges takes a few tens of MB.
+constexpr uint64_t kMaxTokenizerFileBytes = uint64_t(256) << 20;
+
 Tokenizer load_tokenizer_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) MOE_BAD_INPUT("--tokenizer " << path << ": cannot be opened (expected train, byte or a tokenizer file)");
-  std::ostringstream text;
-  text << in.rdbuf();
-  Tokenizer t{"bpe", BpeTokenizer::parse(text.str(), "--tokenizer " + path), text.str()};
+  const std::string who = "--tokenizer " + path + " (train, byte or a tokenizer file)";
+  std::string text = read_regular_file(path, kMaxTokenizerFileBytes, who);
+  Tokenizer t{"bpe", BpeTokenizer::parse(text, "--tokenizer " + path), std::move(text)};
   return t;
 }
 
@@ -100,10 +102,7 @@ void validate_prep_settings(const PrepSettings& s) {
                                << "' is used by another input too; write NAME=PATH to give each its own");
     list_input_files(input.path);
   }
-  std::error_code ec;
-  if (s.out.empty()) MOE_BAD_INPUT("--out is empty; name a new directory");
-  if (fs::exists(s.out, ec))
-    MOE_BAD_INPUT("--out " << s.out << " exists; moe prep writes a new directory and overwrites nothing");
+  check_out_path(s.out);
   if (s.tokenizer != "train" && s.tokenizer != "byte") load_tokenizer_file(s.tokenizer);
   if (s.tokenizer == "train" && (s.vocab < kFirstMergeId || s.vocab > (int64_t(1) << 31) - 1))
     MOE_BAD_INPUT("--vocab " << s.vocab << ": expected an integer >= 257 (256 bytes and end-of-document) and < 2^31");
@@ -115,6 +114,8 @@ void validate_prep_settings(const PrepSettings& s) {
     MOE_BAD_INPUT("--shingle " << s.dedup.shingle_words << ": expected an integer in [1, 64]");
   if (s.shard_tokens < 1) MOE_BAD_INPUT("--shard-tokens " << s.shard_tokens << ": expected an integer >= 1");
   if (s.max_document_bytes < 1) MOE_BAD_INPUT("--max-document-bytes: expected an integer >= 1");
+  if (s.max_line_bytes < 1 || s.max_line_bytes > (int64_t(1) << 40))
+    MOE_BAD_INPUT("--max-line-bytes " << s.max_line_bytes << ": expected an integer in [1, 2^40]");
   validate_tiers(s);
 }
 
@@ -127,12 +128,17 @@ Tokenizer train_tokenizer(const PrepSettings& s, const std::vector<std::vector<s
   for (const std::vector<std::string>& source_files : files) {
     int64_t taken = 0;
     for (size_t f = 0; f < source_files.size() && taken < share; ++f) {
-      DocumentReader reader(source_files[f], s.max_document_bytes);
-      std::string doc;
-      while (taken < share && reader.next(doc)) {
-        if (int64_t(doc.size()) > share - taken) doc.resize(size_t(share - taken));
-        taken += int64_t(doc.size());
-        sample.push_back(std::move(doc));
+      try {
+        DocumentReader reader(source_files[f], s.max_document_bytes, s.max_line_bytes);
+        std::string doc;
+        while (taken < share && reader.next(doc)) {
+          if (int64_t(doc.size()) > share - taken) doc.resize(size_t(share - taken));
+          taken += int64_t(doc.size());
+          sample.push_back(std::move(doc));
+        }
+      } catch (const Error& e) {
+        // A file that cannot be read is counted (or refused) when the documents are read, not here.
+        if (e.kind() != ErrorKind::BadInput) throw;
       }
     }
   }
@@ -176,34 +182,94 @@ void push_batch(Pipeline& p, Batch& batch) {
   batch = Batch{};
 }
 
+// What the reader skipped, overall and per source, and the totals the bounds are shares of.
+struct InputTally {
+  SkippedInputs all;
+  std::vector<SkippedInputs> per_source;
+  int64_t files_total = 0, lines_total = 0;
+};
+
+[[noreturn]] void too_many_skipped(const std::string& what, int64_t count, int64_t total, const InputBound& bound,
+                                   const char* option, const std::vector<std::string>& named) {
+  std::string list;
+  for (const std::string& note : named) list += (list.empty() ? "" : "; ") + note;
+  if (count > int64_t(named.size())) list += "; and " + std::to_string(count - int64_t(named.size())) + " more";
+  MOE_BAD_INPUT(count << " of " << total << " " << what << " skipped, more than " << option << " " << bound.text()
+                      << " allows (" << bound.allowed(total) << "): " << list
+                      << ". Nothing was written: fix or remove them, or raise " << option
+                      << " (a count, or a percentage such as 1%)");
+}
+
+// Stops the preparation once more was skipped than the bounds allow. A percentage of lines can only be
+// judged once every line is read (`finished`); counts and files (whose total is known) at once.
+void check_skipped(const PrepSettings& s, const InputTally& t, bool finished) {
+  if (t.all.files > s.max_bad_files.allowed(t.files_total))
+    too_many_skipped("input files could not be read and were", t.all.files, t.files_total, s.max_bad_files,
+                     "--max-bad-files", t.all.named_files);
+  if ((finished || !s.max_bad_lines.percent) && t.all.lines > s.max_bad_lines.allowed(t.lines_total))
+    too_many_skipped("JSON Lines lines were", t.all.lines, t.lines_total, s.max_bad_lines, "--max-bad-lines",
+                     t.all.named_lines);
+}
+
+void skip_file(InputTally& t, size_t source, const std::string& note) {
+  t.all.add_file(note);
+  t.per_source[source].add_file(note);
+}
+
+// Counts what a file read whole skipped. A JSON Lines file none of whose lines is a document is not JSON
+// Lines at all (a JSON array, a binary file): one skipped file, not its lines.
+void tally_file(InputTally& t, size_t source, const DocumentReader& reader) {
+  const SkippedInputs& lines = reader.skipped();
+  if (lines.lines > 0 && reader.documents() == 0)
+    return skip_file(t, source, lines.named_lines.front() + " (and every other line: not JSON Lines)");
+  t.lines_total += reader.lines();
+  for (SkippedInputs* into : {&t.all, &t.per_source[source]}) {
+    for (const std::string& note : lines.named_lines)
+      if (into->named_lines.size() < SkippedInputs::kNamed) into->named_lines.push_back(note);
+    into->lines += lines.lines;
+  }
+}
+
 void read_inputs(Pipeline& p, const PrepSettings& s, const std::vector<std::vector<std::string>>& files,
-                 Counters& counters) {
+                 InputTally& tally, Counters& counters) {
   double read_s = 0;
   int64_t bytes_before = 0;
+  check_skipped(s, tally, false);  // the files that are not regular files, counted when listed
   for (size_t source = 0; source < files.size(); ++source) {
     Batch batch;
     batch.source = source;
     size_t batch_bytes = 0;
     for (const std::string& file : files[source]) {
       auto t0 = Clock::now();
-      DocumentReader reader(file, s.max_document_bytes);
-      std::string doc;
-      while (reader.next(doc)) {
-        read_s += seconds_since(t0);
-        batch_bytes += doc.size();
-        batch.documents.push_back(std::move(doc));
-        if (batch_bytes >= kBatchBytes) {
-          batch.bytes_done = bytes_before + reader.consumed();
-          push_batch(p, batch);
-          batch.source = source, batch_bytes = 0;
+      try {
+        DocumentReader reader(file, s.max_document_bytes, s.max_line_bytes);
+        std::string doc;
+        while (reader.next(doc)) {
+          read_s += seconds_since(t0);
+          batch_bytes += doc.size();
+          batch.documents.push_back(std::move(doc));
+          if (batch_bytes >= kBatchBytes) {
+            batch.bytes_done = bytes_before + reader.consumed();
+            push_batch(p, batch);
+            batch.source = source, batch_bytes = 0;
+          }
+          t0 = Clock::now();
         }
-        t0 = Clock::now();
+        tally_file(tally, source, reader);
+      } catch (const Error& e) {
+        // Unreadable or damaged: its documents read so far are kept, the rest skipped.
+        if (e.kind() != ErrorKind::BadInput) throw;
+        skip_file(tally, source, e.message());
       }
-      bytes_before += reader.consumed();
+      check_skipped(s, tally, false);
+      std::error_code ec;
+      const uintmax_t size = fs::file_size(file, ec);
+      if (!ec) bytes_before += int64_t(size);
     }
     batch.bytes_done = bytes_before;
     if (!batch.documents.empty()) push_batch(p, batch);
   }
+  check_skipped(s, tally, true);
   std::lock_guard<std::mutex> lock(counters.mutex);
   counters.timings.read += read_s;
 }
@@ -341,17 +407,21 @@ void consume(Pipeline& p, Writer& writer, const PrepSettings& s, int64_t bytes_t
 
 // Reader, workers and writer over the inputs; rethrows the first failure of any of them.
 void run_pipeline(const PrepSettings& s, const std::vector<std::vector<std::string>>& files, const Tokenizer& tokenizer,
-                  Writer& writer, Counters& counters, const std::function<void(const PrepProgress&)>& progress) {
+                  Writer& writer, InputTally& tally, Counters& counters,
+                  const std::function<void(const PrepProgress&)>& progress) {
   Pipeline p;
   p.max_in_flight = size_t(2 * s.threads + 2);
   int64_t bytes_total = 0;
   std::error_code ec;
   for (const auto& source_files : files)
-    for (const std::string& f : source_files) bytes_total += int64_t(fs::file_size(f, ec));
+    for (const std::string& f : source_files) {
+      const uintmax_t size = fs::file_size(f, ec);
+      if (!ec) bytes_total += int64_t(size);
+    }
   const Clock::time_point start = Clock::now();
   std::thread reader([&] {
     try {
-      read_inputs(p, s, files, counters);
+      read_inputs(p, s, files, tally, counters);
       std::lock_guard<std::mutex> lock(p.mutex);
       p.reading_finished = true;
       p.changed.notify_all();
@@ -393,6 +463,9 @@ nlohmann::json options_json(const PrepSettings& s) {
             {"tier_weights", s.tier_weights},
             {"drop_lowest_tier", s.drop_lowest_tier}}},
           {"max_document_bytes", s.max_document_bytes},
+          {"max_line_bytes", s.max_line_bytes},
+          {"max_bad_files", s.max_bad_files.text()},
+          {"max_bad_lines", s.max_bad_lines.text()},
           {"shard_tokens", s.shard_tokens}};
 }
 
@@ -403,23 +476,20 @@ void write_file(const fs::path& path, const std::string& bytes) {
   if (!out) MOE_RUN_FAILED("cannot write " << path.string() << "; is the disk full?");
 }
 
-// The output's directory while it is written; removed unless committed.
-struct PartialDir {
-  fs::path path;
-  bool committed = false;
-  ~PartialDir() {
-    std::error_code ec;
-    if (!committed) fs::remove_all(path, ec);
-  }
-};
-
 }  // namespace
 
 PrepResult run_prep(const PrepSettings& s, const std::function<void(const PrepProgress&)>& progress) {
   validate_prep_settings(s);
   const Clock::time_point start = Clock::now();
   std::vector<std::vector<std::string>> files;
-  for (const PrepInput& input : s.inputs) files.push_back(list_input_files(input.path));
+  InputTally tally;
+  tally.per_source.resize(s.inputs.size());
+  for (size_t i = 0; i < s.inputs.size(); ++i) {
+    std::vector<std::string> not_regular;
+    files.push_back(list_input_files(s.inputs[i].path, &not_regular));
+    tally.files_total += int64_t(files.back().size() + not_regular.size());
+    for (const std::string& note : not_regular) skip_file(tally, i, note);
+  }
   Counters counters;
   Tokenizer tokenizer{"byte", BpeTokenizer(), ""};
   if (s.tokenizer == "train") {
@@ -429,11 +499,7 @@ PrepResult run_prep(const PrepSettings& s, const std::function<void(const PrepPr
   } else if (s.tokenizer != "byte") {
     tokenizer = load_tokenizer_file(s.tokenizer);
   }
-  const fs::path out = fs::absolute(s.out);
-  fs::create_directories(out.parent_path());
-  PartialDir partial{out.parent_path() / (out.filename().string() + ".partial-" + std::to_string(::getpid()))};
-  fs::remove_all(partial.path);
-  fs::create_directory(partial.path);
+  OutputDir partial(s.out);
 
   PrepManifest manifest;
   manifest.tokenizer.kind = tokenizer.kind;
@@ -442,27 +508,33 @@ PrepResult run_prep(const PrepSettings& s, const std::function<void(const PrepPr
   if (tokenizer.kind == "bpe") {
     manifest.tokenizer.file = "tokenizer.bpe";
     manifest.tokenizer.xxh64 = XXH64(tokenizer.file_bytes.data(), tokenizer.file_bytes.size(), 0);
-    write_file(partial.path / manifest.tokenizer.file, tokenizer.file_bytes);
+    write_file(partial.path() / manifest.tokenizer.file, tokenizer.file_bytes);
   }
   manifest.token_bytes = manifest.tokenizer.vocab <= 65536 ? 2 : 4;
   manifest.options = options_json(s);
 
-  Writer writer{s, partial.path.string(), manifest.token_bytes, Deduplicator(s.dedup), {}, {}, {}, {}};
+  Writer writer{s, partial.path().string(), manifest.token_bytes, Deduplicator(s.dedup), {}, {}, {}, {}};
   for (size_t i = 0; i < s.inputs.size(); ++i) {
     writer.sources.emplace_back();
     writer.sources.back().name = s.inputs[i].name;
     writer.sources.back().inputs = files[i];
   }
-  run_pipeline(s, files, tokenizer, writer, counters, progress);
+  run_pipeline(s, files, tokenizer, writer, tally, counters, progress);
   writer.finish();
+  for (size_t i = 0; i < writer.sources.size(); ++i) {
+    writer.sources[i].skipped_files = tally.per_source[i].files;
+    writer.sources[i].skipped_lines = tally.per_source[i].lines;
+  }
   manifest.sources = writer.sources;
 
   PrepResult result;
   const std::string text = manifest_to_json(manifest).dump(2) + "\n";
-  write_file(partial.path / kPrepManifestName, text);
-  fs::rename(partial.path, out);
-  partial.committed = true;
+  write_file(partial.path() / kPrepManifestName, text);
+  partial.commit();
   result.manifest = std::move(manifest);
+  result.skipped = tally.all;
+  result.files_total = tally.files_total;
+  result.lines_total = tally.lines_total;
   result.manifest_xxh64 = XXH64(text.data(), text.size(), 0);
   result.timings = counters.timings;
   result.timings.dedup = writer.timings.dedup;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "data/dedup.h"
+#include "data/prep_input.h"
 #include "data/shards.h"
 
 namespace moe::data {
@@ -35,6 +36,9 @@ struct PrepSettings {
   bool drop_lowest_tier = false;                       // remove the lowest tier's documents instead
   int64_t shard_tokens = int64_t(1) << 27;             // tokens per shard file (256 MiB of uint16)
   int64_t max_document_bytes = int64_t(1) << 20;       // plain text is cut into documents of about this
+  int64_t max_line_bytes = kDefaultMaxLineBytes;       // longer JSON Lines lines are skipped unread
+  InputBound max_bad_files{0.1, true};                 // files that cannot be read, skipped up to this
+  InputBound max_bad_lines{0.1, true};                 // JSON Lines lines skipped up to this
 };
 
 struct PrepProgress {
@@ -51,6 +55,8 @@ struct PrepTimings {
 
 struct PrepResult {
   PrepManifest manifest;
+  SkippedInputs skipped;                     // over every source
+  int64_t files_total = 0, lines_total = 0;  // input files listed, non-blank JSON Lines lines read
   uint64_t manifest_xxh64 = 0;
   PrepTimings timings;
   int64_t bytes_in = 0;  // uncompressed document bytes read
@@ -61,7 +67,9 @@ struct PrepResult {
 void validate_prep_settings(const PrepSettings& settings);
 
 // Runs the pipeline into settings.out, which must not exist: the shards are written into a sibling
-// directory that is renamed to settings.out once the manifest is complete, and removed on failure.
+// directory that is renamed to settings.out once the manifest is complete, and removed on failure. Input
+// files that cannot be read and malformed JSON Lines lines are skipped and counted; past
+// settings.max_bad_files or max_bad_lines it stops with BadInput naming the first few, writing nothing.
 PrepResult run_prep(const PrepSettings& settings, const std::function<void(const PrepProgress&)>& progress = {});
 
 }  // namespace moe::data

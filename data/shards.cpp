@@ -1,6 +1,7 @@
 // Shards, their manifest, writing and verified reading (see shards.h).
 #include "data/shards.h"
 
+#include <fcntl.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -9,8 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <memory>
 
 #include "core/error.h"
 
@@ -89,6 +89,7 @@ json source_to_json(const PreparedSourceInfo& s) {
             {"near", s.removed.near},
             {"quality", s.removed.quality},
             {"empty", s.removed.empty}}},
+          {"skipped", {{"files", s.skipped_files}, {"lines", s.skipped_lines}}},
           {"documents", s.documents},
           {"tokens", s.tokens},
           {"segments", segments}};
@@ -105,6 +106,10 @@ PreparedSourceInfo source_from_json(const json& j, const std::string& where, con
                get<int64_t>(removed, "near", where + ".removed", path),
                get<int64_t>(removed, "quality", where + ".removed", path),
                get<int64_t>(removed, "empty", where + ".removed", path)};
+  if (j.contains("skipped")) {  // absent from manifests written before prep skipped anything
+    s.skipped_files = get<int64_t>(j.at("skipped"), "files", where + ".skipped", path);
+    s.skipped_lines = get<int64_t>(j.at("skipped"), "lines", where + ".skipped", path);
+  }
   s.documents = get<int64_t>(j, "documents", where, path);
   s.tokens = get<int64_t>(j, "tokens", where, path);
   const json& segments = field(j, "segments", where, path);
@@ -249,10 +254,30 @@ std::vector<ShardInfo> ShardWriter::finish() {
 
 // ---- Reading --------------------------------------------------------------------------------------------
 
-TokenStream::TokenStream(std::vector<MappedFile> shards, int32_t token_bytes)
-    : shards_(std::move(shards)), token_bytes_(token_bytes) {
+namespace {
+
+// Tokens at `bytes` (count of them, token_bytes each, little-endian) into out, in place: out may hold the
+// bytes themselves, as 2-byte tokens widen from the last down without overwriting any not yet read.
+void widen_tokens(const unsigned char* bytes, int64_t count, int32_t token_bytes, int32_t* out) {
+  for (int64_t i = count - 1; i >= 0; --i) {
+    if (token_bytes == 2) {
+      uint16_t t;
+      std::memcpy(&t, bytes + i * 2, 2);
+      out[i] = int32_t(t);
+    } else {
+      uint32_t t;
+      std::memcpy(&t, bytes + i * 4, 4);
+      out[i] = int32_t(t);
+    }
+  }
+}
+
+}  // namespace
+
+TokenStream::TokenStream(std::vector<ShardFile> shards, int32_t token_bytes, int64_t vocab, int64_t max_token)
+    : shards_(std::move(shards)), token_bytes_(token_bytes), vocab_(vocab), max_token_(max_token) {
   int64_t total = 0;
-  for (const MappedFile& f : shards_) ends_.push_back(total += int64_t(f.size()) / token_bytes_);
+  for (const ShardFile& f : shards_) ends_.push_back(total += int64_t(f.size()) / token_bytes_);
 }
 
 void TokenStream::read(int64_t offset, int64_t count, int32_t* out) const {
@@ -262,47 +287,105 @@ void TokenStream::read(int64_t offset, int64_t count, int32_t* out) const {
   while (count > 0) {
     const int64_t begin = shard == 0 ? 0 : ends_[shard - 1];
     const int64_t take = std::min(count, ends_[shard] - offset);
-    const unsigned char* p = shards_[shard].data() + (offset - begin) * token_bytes_;
-    for (int64_t i = 0; i < take; ++i) {
-      if (token_bytes_ == 2) {
-        uint16_t t;
-        std::memcpy(&t, p + i * 2, 2);
-        out[i] = int32_t(t);
-      } else {
-        uint32_t t;
-        std::memcpy(&t, p + i * 4, 4);
-        out[i] = int32_t(t);
-      }
-    }
+    // Read into out itself (4 bytes a token, at least token_bytes), then widen in place.
+    shards_[shard].read(uint64_t(offset - begin) * uint64_t(token_bytes_), size_t(take) * size_t(token_bytes_), out);
+    widen_tokens(reinterpret_cast<const unsigned char*>(out), take, token_bytes_, out);
+    for (int64_t i = 0; i < take; ++i)
+      if (uint32_t(out[i]) >= uint64_t(vocab_))
+        MOE_RUN_FAILED("shard " << shards_[shard].path() << " holds token id " << uint32_t(out[i]) << " at token "
+                                << offset - begin + i << ", outside the tokenizer's vocabulary 0.." << vocab_ - 1
+                                << "; it changed since it was verified (restore it or prepare the "
+                                << "data again)");
     out += take, offset += take, count -= take, ++shard;
   }
 }
 
 namespace {
 
-// The size and hash of one file of a shard, against the manifest's.
-void verify_file(const fs::path& file, uint64_t want_bytes, uint64_t want_hash, const std::string& dir) {
+// Largest manifest.json read: a manifest lists every input file, a few MB for hundreds of thousands.
+constexpr uint64_t kMaxManifestBytes = uint64_t(256) << 20;
+
+std::string shard_name(const ShardFile& f) { return fs::path(f.path()).filename().string(); }
+
+// Opens one file of a shard; BadInput saying it is missing when it is.
+ShardFile open_shard_file(const std::string& dir, const std::string& name) {
   std::error_code ec;
-  if (!fs::is_regular_file(file, ec))
-    MOE_BAD_INPUT("prepared data " << dir << ": shard file " << file.filename().string()
+  const fs::path path = fs::path(dir) / name;
+  if (!fs::exists(fs::symlink_status(path, ec)))
+    MOE_BAD_INPUT("prepared data " << dir << ": shard file " << name
                                    << " is missing; the directory is incomplete (prepare the data again)");
-  uint64_t bytes = 0;
-  const uint64_t hash = file_xxh64(file.string(), &bytes);
+  return ShardFile(path.string());
+}
+
+void check_size_and_hash(const ShardFile& f, uint64_t bytes, uint64_t want_bytes, uint64_t hash, uint64_t want_hash,
+                         const std::string& dir) {
   if (bytes != want_bytes)
-    MOE_BAD_INPUT("prepared data " << dir << ": shard file " << file.filename().string() << " has " << bytes
+    MOE_BAD_INPUT("prepared data " << dir << ": shard file " << shard_name(f) << " has " << bytes
                                    << " bytes; the manifest says " << want_bytes
                                    << " (damaged or truncated; prepare the data again)");
   if (hash != want_hash)
-    MOE_BAD_INPUT("prepared data " << dir << ": shard file " << file.filename().string() << " has xxh64 " << hex64(hash)
+    MOE_BAD_INPUT("prepared data " << dir << ": shard file " << shard_name(f) << " has xxh64 " << hex64(hash)
                                    << "; the manifest says " << hex64(want_hash)
                                    << " (damaged; prepare the data again)");
 }
 
-std::string read_whole(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+// Reads a token shard once through its descriptor: its size and xxh64 against the manifest's, and its
+// largest token id, which must be below the tokenizer's vocabulary. Returns that id (-1 when empty).
+int64_t verify_tokens(const ShardFile& f, const ShardInfo& shard, const PrepManifest& m, const std::string& dir) {
+  std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> state(XXH64_createState(), &XXH64_freeState);
+  XXH64_reset(state.get(), 0);
+  const uint64_t want_bytes = uint64_t(shard.tokens) * uint64_t(m.token_bytes);
+  if (f.size() != want_bytes) check_size_and_hash(f, f.size(), want_bytes, 0, 0, dir);
+  std::vector<int32_t> tokens(size_t(1) << 18);
+  int64_t max_token = -1;
+  for (uint64_t at = 0; at < f.size();) {
+    const size_t n = size_t(std::min<uint64_t>(tokens.size() * size_t(m.token_bytes), f.size() - at));
+    f.read(at, n, tokens.data());
+    XXH64_update(state.get(), tokens.data(), n);
+    widen_tokens(reinterpret_cast<const unsigned char*>(tokens.data()), int64_t(n) / m.token_bytes, m.token_bytes,
+                 tokens.data());
+    for (size_t i = 0; i < n / size_t(m.token_bytes); ++i)
+      max_token = std::max<int64_t>(max_token, uint32_t(tokens[i]));
+    at += n;
+  }
+  ::posix_fadvise(f.fd(), 0, 0, POSIX_FADV_DONTNEED);  // the pages read are the page cache's; they may go
+  check_size_and_hash(f, f.size(), want_bytes, XXH64_digest(state.get()), shard.xxh64, dir);
+  if (max_token >= m.tokenizer.vocab)
+    MOE_BAD_INPUT("prepared data " << dir << ": shard file " << shard_name(f) << " holds token id " << max_token
+                                   << "; the manifest's tokenizer has " << m.tokenizer.vocab << " ids (0.."
+                                   << m.tokenizer.vocab - 1
+                                   << "), so the manifest or the shard is damaged (prepare the data again)");
+  return max_token;
+}
+
+void check_tokenizer_fields(const PrepManifest& m, const std::string& path) {
+  if (m.tokenizer.vocab < 1 || m.tokenizer.vocab >= (int64_t(1) << 31))
+    MOE_BAD_INPUT(path << ": tokenizer.vocab is " << m.tokenizer.vocab << "; expected an integer in [1, 2^31)");
+  if (m.token_bytes == 2 && m.tokenizer.vocab > 65536)
+    MOE_BAD_INPUT(path << ": token_bytes is 2 but tokenizer.vocab is " << m.tokenizer.vocab << " (> 65536)");
+  if (m.tokenizer.eod < 0 || m.tokenizer.eod >= m.tokenizer.vocab)
+    MOE_BAD_INPUT(path << ": tokenizer.eod is " << m.tokenizer.eod << "; expected an id in [0, "
+                       << m.tokenizer.vocab - 1 << "]");
+}
+
+// The streams of one source: every shard opened, verified and checked against the tokenizer.
+std::vector<std::shared_ptr<const TokenStream>> open_source(const PreparedSourceInfo& source, const PrepManifest& m,
+                                                            const std::string& dir) {
+  std::vector<std::shared_ptr<const TokenStream>> streams;
+  for (const SegmentInfo& seg : source.segments) {
+    std::vector<ShardFile> files;
+    int64_t max_token = -1;
+    for (const ShardInfo& shard : seg.shards) {
+      files.push_back(open_shard_file(dir, shard.file));
+      max_token = std::max(max_token, verify_tokens(files.back(), shard, m, dir));
+      const ShardFile index = open_shard_file(dir, shard.index);
+      uint64_t bytes = 0;
+      const uint64_t hash = file_xxh64(index.path(), &bytes);
+      check_size_and_hash(index, bytes, uint64_t(shard.documents) * 8, hash, shard.index_xxh64, dir);
+    }
+    streams.push_back(std::make_shared<TokenStream>(std::move(files), m.token_bytes, m.tokenizer.vocab, max_token));
+  }
+  return streams;
 }
 
 }  // namespace
@@ -319,12 +402,13 @@ std::shared_ptr<const PreparedData> open_prepared(const std::string& dir, const 
                                    << " in it; expected a directory written by moe prep");
   auto data = std::make_shared<PreparedData>();
   data->dir = dir;
-  const std::string text = read_whole(manifest_path);
+  const std::string text = read_regular_file(manifest_path.string(), kMaxManifestBytes, manifest_path.string());
   data->manifest_xxh64 = XXH64(text.data(), text.size(), 0);
   const json document = json::parse(text, nullptr, false);
   if (document.is_discarded())
     MOE_BAD_INPUT(manifest_path.string() << ": not valid JSON; the manifest is damaged (prepare the data again)");
   data->manifest = manifest_from_json(document, manifest_path.string());
+  check_tokenizer_fields(data->manifest, manifest_path.string());
   const PrepManifest& m = data->manifest;
   for (const std::string& name : names) {
     const auto it =
@@ -336,17 +420,7 @@ std::shared_ptr<const PreparedData> open_prepared(const std::string& dir, const 
                                      << " (a data.sources entry naming a prepared directory takes the source of "
                                         "its name)");
     }
-    std::vector<std::shared_ptr<const TokenStream>> streams;
-    for (const SegmentInfo& seg : it->segments) {
-      std::vector<MappedFile> files;
-      for (const ShardInfo& shard : seg.shards) {
-        verify_file(fs::path(dir) / shard.file, uint64_t(shard.tokens) * uint64_t(m.token_bytes), shard.xxh64, dir);
-        verify_file(fs::path(dir) / shard.index, uint64_t(shard.documents) * 8, shard.index_xxh64, dir);
-        files.emplace_back((fs::path(dir) / shard.file).string());
-      }
-      streams.push_back(std::make_shared<TokenStream>(std::move(files), m.token_bytes));
-    }
-    data->streams.push_back(std::move(streams));
+    data->streams.push_back(open_source(*it, m, dir));
   }
   return data;
 }

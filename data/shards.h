@@ -1,6 +1,6 @@
 // Prepared data on disk (docs/data.md "Prepared data"): token shards, their document index and the
 // manifest that lists them with an xxh64 each. The writer used by `moe prep`, and the reader that
-// verifies a prepared directory and memory-maps its shards for the loader. Not here: tokenizing,
+// verifies a prepared directory and opens its shards for the loader. Not here: tokenizing,
 // deduplication and scoring (prep.h), sampling (loader.h).
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "data/mapped_file.h"
+#include "data/file_io.h"
 
 namespace moe::data {
 
@@ -42,8 +42,9 @@ struct PreparedSourceInfo {
   std::vector<std::string> inputs;  // the files read, in order
   int64_t documents_in = 0, bytes_in = 0;
   RemovedCounts removed;
-  int64_t documents = 0, tokens = 0;  // kept, end-of-document tokens included
-  std::vector<SegmentInfo> segments;  // one per tier that holds documents, best first
+  int64_t skipped_files = 0, skipped_lines = 0;  // inputs that could not be read (prep_input.h)
+  int64_t documents = 0, tokens = 0;             // kept, end-of-document tokens included
+  std::vector<SegmentInfo> segments;             // one per tier that holds documents, best first
 };
 
 struct TokenizerInfo {
@@ -90,21 +91,27 @@ class ShardWriter {
   std::vector<ShardInfo> done_;
 };
 
-// One segment's tokens, its shards mapped in order and read as one sequence.
+// One segment's tokens, its shards opened in order and read as one sequence (pread, not a map: a shard
+// truncated under a running job is an error naming it, not a SIGBUS).
 class TokenStream {
  public:
-  TokenStream(std::vector<MappedFile> shards, int32_t token_bytes);
+  // vocab: every token read is checked to be below it. max_token: the largest id in the shards, found when
+  // they were verified.
+  TokenStream(std::vector<ShardFile> shards, int32_t token_bytes, int64_t vocab, int64_t max_token);
   int64_t size() const { return ends_.empty() ? 0 : ends_.back(); }
-  // out: (count) tokens [offset, offset + count), which may span shards.
+  int64_t max_token() const { return max_token_; }
+  // out: (count) tokens [offset, offset + count), which may span shards. Throws RunFailed naming the shard
+  // when it has shrunk or holds an id >= vocab since it was verified.
   void read(int64_t offset, int64_t count, int32_t* out) const;
 
  private:
-  std::vector<MappedFile> shards_;
+  std::vector<ShardFile> shards_;
   std::vector<int64_t> ends_;  // ends_[i]: tokens in shards 0..i
   int32_t token_bytes_;
+  int64_t vocab_, max_token_;
 };
 
-// A prepared directory opened for training: its manifest, its hash, and the mapped shards of the
+// A prepared directory opened for training: its manifest, its hash, and the opened shards of the
 // sources asked for.
 struct PreparedData {
   std::string dir;
@@ -114,9 +121,10 @@ struct PreparedData {
   std::vector<std::vector<std::shared_ptr<const TokenStream>>> streams;
 };
 
-// Reads DIR/manifest.json, checks that every shard of the sources named in `names` has the size and
-// xxh64 the manifest gives (and its index too), then maps them. Throws BadInput naming the directory and
-// the damaged or missing file, or a name the manifest lacks (listing the ones it has).
+// Reads DIR/manifest.json, opens every shard of the sources named in `names` and checks that it has the
+// size and xxh64 the manifest gives (and its index too) and no token id at or above the tokenizer's
+// vocabulary. Throws BadInput naming the directory and the damaged or missing file, or a name the manifest
+// lacks (listing the ones it has).
 std::shared_ptr<const PreparedData> open_prepared(const std::string& dir, const std::vector<std::string>& names);
 
 // True when `path` is a directory holding a manifest.json (a prepared directory, not a text file).

@@ -76,6 +76,16 @@ class PrepProgressLine {
   double last_ = -1e9;
 };
 
+// "N files skipped: A; B; and K more" for what prep could not read, or nothing when nothing was skipped.
+void print_skipped(const char* what, int64_t count, int64_t total, const std::vector<std::string>& named) {
+  if (count == 0) return;
+  std::printf("  skipped %lld of %lld %s:", static_cast<long long>(count), static_cast<long long>(total), what);
+  for (const std::string& note : named) std::printf("\n    %s", note.c_str());
+  if (count > int64_t(named.size()))
+    std::printf("\n    and %lld more", static_cast<long long>(count - int64_t(named.size())));
+  std::printf("\n");
+}
+
 void print_summary(const data::PrepResult& r, const std::string& out_dir) {
   const data::PrepManifest& m = r.manifest;
   std::printf("moe prep: %s written in %.1f s: tokenizer %s (vocab %lld, xxh64 %s), manifest xxh64 %s\n",
@@ -94,6 +104,8 @@ void print_summary(const data::PrepResult& r, const std::string& out_dir) {
       std::printf(" %d: %lld documents (weight %g)", seg.tier, static_cast<long long>(seg.documents), seg.weight);
     std::printf("\n");
   }
+  print_skipped("input files (unreadable)", r.skipped.files, r.files_total, r.skipped.named_files);
+  print_skipped("JSON Lines lines (malformed or too long)", r.skipped.lines, r.lines_total, r.skipped.named_lines);
 }
 
 }  // namespace
@@ -140,6 +152,18 @@ CLI::App* add_prep_command(CLI::App& app, PrepOptions& o) {
   cmd->add_option("--max-document-bytes", s.max_document_bytes,
                   "Plain text files are cut into documents of about this many bytes (at a line end)")
       ->default_val(int64_t(1) << 20);
+  cmd->add_option("--max-line-bytes", s.max_line_bytes,
+                  "A JSON Lines line longer than this is skipped (and counted) without being read whole")
+      ->default_val(data::kDefaultMaxLineBytes);
+  cmd->add_option("--max-bad-files", o.max_bad_files,
+                  "Input files that cannot be read (not regular files, damaged gzip, not JSON Lines) are skipped "
+                  "and counted up to this many: a count, or a percentage of the files; past it prep stops and "
+                  "writes nothing")
+      ->default_val("0.1%");
+  cmd->add_option("--max-bad-lines", o.max_bad_lines,
+                  "Malformed or too long JSON Lines lines are skipped and counted up to this many: a count, or a "
+                  "percentage of the lines; past it prep stops and writes nothing")
+      ->default_val("0.1%");
   cmd->add_flag("--quiet", o.quiet, "No progress bar");
   return cmd;
 }
@@ -152,6 +176,8 @@ void run_prep_command(PrepOptions& o) {
   s.tokenizer_sample_bytes = int64_t(o.tokenizer_sample_mb * 1e6);
   s.tier_thresholds = parse_numbers(o.tier_thresholds, "--tier-thresholds");
   s.tier_weights = parse_numbers(o.tier_weights, "--tier-weights");
+  s.max_bad_files = data::parse_input_bound(o.max_bad_files, "--max-bad-files");
+  s.max_bad_lines = data::parse_input_bound(o.max_bad_lines, "--max-bad-lines");
   s.dedup.exact = !o.no_exact;
   s.dedup.near = !o.no_near;
   s.quality = !o.no_quality;
