@@ -1,6 +1,7 @@
 // Finding and ending the processes of one job on this host (/proc, kill, waitpid).
 #include "launch/job_processes.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -9,11 +10,14 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <thread>
+
+#include "core/error.h"
 
 namespace moe {
 namespace fs = std::filesystem;
@@ -53,7 +57,65 @@ bool environ_has(const std::string& environ, const std::string& entry, bool pref
 
 void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
 
+std::vector<char*> pointers(std::vector<std::string>& texts) {
+  std::vector<char*> out;
+  for (std::string& t : texts) out.push_back(t.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+// Between fork and exec only async-signal-safe calls. Reports exec's errno on `report` (close-on-exec).
+[[noreturn]] void exec_child(char* const* argv, char* const* envp, const TiedSpawn& how, pid_t parent, int report) {
+  ::setpgid(0, 0);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(SIGINT, &dfl, nullptr);
+  ::sigaction(SIGTERM, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::prctl(PR_SET_PDEATHSIG, how.death_signal, 0, 0, 0);
+  if (::getppid() != parent) ::_exit(128 + how.death_signal);  // the parent died before the line above
+  if (how.output_fd >= 0) ::dup2(how.output_fd, 1), ::dup2(how.output_fd, 2);
+  if (how.keep_fd >= 0) ::fcntl(how.keep_fd, F_SETFD, 0);  // this copy of the descriptor survives exec
+  ::execvpe(argv[0], argv, envp);
+  const int err = errno;
+  (void)!::write(report, &err, sizeof err);
+  ::_exit(127);
+}
+
 }  // namespace
+
+pid_t spawn_tied(const std::vector<std::string>& args, const std::vector<std::string>& env, const TiedSpawn& how) {
+  std::vector<std::string> arg_texts = args, env_texts = env;  // every allocation before fork
+  const std::vector<char*> argv = pointers(arg_texts), envp = pointers(env_texts);
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) MOE_FAIL("cannot start " << args[0] << ": pipe: " << std::strerror(errno));
+  const pid_t parent = ::getpid();
+  const pid_t child = ::fork();
+  if (child == 0) exec_child(argv.data(), envp.data(), how, parent, report[1]);
+  ::close(report[1]);
+  if (child < 0) {
+    ::close(report[0]);
+    MOE_FAIL("cannot start " << args[0] << ": fork: " << std::strerror(errno));
+  }
+  int err = 0;
+  ssize_t n = 0;
+  while ((n = ::read(report[0], &err, sizeof err)) < 0 && errno == EINTR) {
+  }
+  ::close(report[0]);
+  if (n == ssize_t(sizeof err)) {
+    ::waitpid(child, nullptr, 0);
+    MOE_BAD_INPUT("cannot start " << args[0] << ": " << std::strerror(err));
+  }
+  return child;
+}
+
+void die_with_parent(int sig, pid_t parent_at_start) {
+  ::prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0);
+  const pid_t now = ::getppid();
+  if (now != parent_at_start || now == 1) ::_exit(128 + sig);
+}
 
 void JobProcesses::become_subreaper() { ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); }
 

@@ -4,9 +4,13 @@
 // supervisor (which makes itself its descendants' subreaper, so orphans stay descendants) or carries the
 // job's heartbeat secret in its environment. The ranks among them (SIGTERM is forwarded to these) run
 // this program, carry OMPI_COMM_WORLD_RANK, or were heard by heartbeat. Processes on other hosts are
-// mpirun's to end. Not here: deciding when to end a job (launch/supervisor.cpp).
+// mpirun's to end. Children die with their supervisor: spawn_tied gives a child a parent-death signal (and
+// hands it the run lock's descriptor, so the lock lives as long as the job), and a rank started under a
+// supervisor dies with its mpirun (die_with_parent). Not here: deciding when to end a job
+// (launch/supervisor.cpp).
 #pragma once
 
+#include <signal.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -17,6 +21,24 @@
 #include <vector>
 
 namespace moe {
+
+// How spawn_tied starts a child.
+struct TiedSpawn {
+  int death_signal = SIGTERM;  // sent to the child when this process dies, however it dies (SIGKILL too)
+  int keep_fd = -1;            // a descriptor the child keeps open across exec (the run lock's), or -1
+  int output_fd = -1;          // the child's stdout and stderr, or -1 for ours
+};
+
+// Starts args[0] (searched in PATH) with `env`, in a process group of its own, with an empty signal mask
+// and SIGINT and SIGTERM at their defaults, and PR_SET_PDEATHSIG set between fork and exec; a child whose
+// parent died before that (getppid() no longer this process) exits at once. Returns its pid; BadInput
+// naming the program when it cannot be started (exec's errno, passed back through a close-on-exec pipe).
+pid_t spawn_tied(const std::vector<std::string>& args, const std::vector<std::string>& env, const TiedSpawn& how);
+
+// For a process started by another that must not outlive it (a rank under moe launch): `sig` when the
+// parent dies; when the parent already differs from `parent_at_start` (read first thing in main), or is
+// init, it died in between and this process exits now with 128 + sig.
+void die_with_parent(int sig, pid_t parent_at_start);
 
 class JobProcesses {
  public:

@@ -1,5 +1,6 @@
 // The `moe` program: parses the command line (CLI11) and runs a subcommand. The only place that turns
 // errors into exit codes: 0 success, 2 bad input (nothing written), 1 anything else (docs/cli.md).
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -15,6 +16,7 @@
 #include "core/error.h"
 #include "core/host.h"
 #include "launch/ckpt_command.h"
+#include "launch/job_processes.h"
 #include "launch/prep_command.h"
 #include "launch/report.h"
 #include "launch/supervisor.h"
@@ -133,6 +135,11 @@ int report(const moe::Error& e, int rank, int size) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const pid_t parent_at_start = ::getppid();
+  // A rank started by moe launch (its heartbeat secret in the environment) dies with the mpirun that started
+  // it: a supervisor killed with SIGKILL takes mpirun with it, and mpirun its ranks (launch/job_processes.h).
+  if (argc > 1 && std::string(argv[1]) == "train" && std::getenv("MOE_HEARTBEAT_SECRET"))
+    moe::die_with_parent(SIGKILL, parent_at_start);
   // First: where OpenBLAS did not recognise this CPU, this executes the program again with the kernels the CPU
   // has (core/backend/cpu/blas_kernels.h).
   moe::cpu::choose_blas_kernels(argv);

@@ -25,7 +25,29 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr int kAttempts = 20;  // a holder releasing (unlinking) between our open and our flock: try again
+constexpr int kAttempts = 20;               // a holder releasing (unlinking) between our open and our flock: try again
+constexpr off_t kMaxHolderBytes = 1 << 20;  // a holder's JSON is a few hundred bytes
+
+// The lock file opened without following a link and without blocking (a FIFO would wait for a writer), and
+// only when it is a regular file: anything else planted at the path is refused, naming it.
+int open_lock_file(const std::string& path, const std::string& option, const std::string& dir) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ELOOP)
+      MOE_BAD_INPUT(option << " " << dir << ": the lock file " << path
+                           << " is a symbolic link; a lock is never written through a link (remove it)");
+    MOE_BAD_INPUT(option << " " << dir << ": cannot open the lock file " << path << ": " << std::strerror(err)
+                         << (err == EISDIR ? " (a directory stands where the lock file goes; remove it)" : ""));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    MOE_BAD_INPUT(option << " " << dir << ": the lock file " << path
+                         << " is not a regular file (a FIFO, device or socket stands there; remove it)");
+  }
+  return fd;
+}
 
 std::string random_token() {
   unsigned char bytes[16] = {};
@@ -71,20 +93,31 @@ void write_holder(int fd, const std::string& path, const std::string& command, c
   ::fsync(fd);
 }
 
-[[noreturn]] void refuse(const std::string& run_dir, const std::string& path, const RunLockHolder& h) {
-  MOE_BAD_INPUT("run directory " << run_dir << " is in use by process " << h.pid << " on host " << h.host << " (since "
-                                 << h.started << ": " << h.command << "; lock " << path
-                                 << "). Wait for that run to end, stop it (kill " << h.pid << " on " << h.host
-                                 << "), or choose another --run-dir");
+[[noreturn]] void refuse(const std::string& run_dir, const std::string& path, const RunLockHolder& h,
+                         const std::string& option) {
+  MOE_BAD_INPUT((option == "--run-dir" ? "run directory " : option + " directory ")
+                << run_dir << " is in use by process " << h.pid << " on host " << h.host << " (since " << h.started
+                << ": " << h.command << "; lock " << path << "). Wait for that run to end, stop it (kill " << h.pid
+                << " on " << h.host << "), or choose another " << option);
 }
 
 }  // namespace
 
 std::optional<RunLockHolder> RunLock::read_holder(const std::string& run_dir) {
-  std::ifstream in(fs::path(run_dir) / ".lock");
-  if (!in) return std::nullopt;
+  // Never through a link and never blocking: a FIFO or directory planted as .lock names no holder.
+  const std::string path = (fs::path(run_dir) / ".lock").string();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  struct stat st {};
+  std::string text;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= kMaxHolderBytes) {
+    text.resize(size_t(st.st_size));
+    const ssize_t n = ::pread(fd, text.data(), text.size(), 0);
+    text.resize(n > 0 ? size_t(n) : 0);
+  }
+  ::close(fd);
   try {
-    const json j = json::parse(in);
+    const json j = json::parse(text);
     RunLockHolder h;
     h.host = j.value("host", ""), h.pid = j.value("pid", int64_t(0)), h.command = j.value("command", "");
     h.started = j.value("started", ""), h.token = j.value("token", "");
@@ -94,29 +127,33 @@ std::optional<RunLockHolder> RunLock::read_holder(const std::string& run_dir) {
   }
 }
 
-RunLock RunLock::acquire(const std::string& run_dir, const std::string& command) {
+RunLock RunLock::acquire(const std::string& run_dir, const std::string& command, const std::string& option) {
   RunLock lock;
   lock.path_ = (fs::path(run_dir) / ".lock").string();
   lock.created_dirs_ = missing_dirs(run_dir);
   std::error_code ec;
   fs::create_directories(run_dir, ec);
-  if (ec) MOE_BAD_INPUT("--run-dir " << run_dir << ": cannot be created (" << ec.message() << ")");
+  if (ec) MOE_BAD_INPUT(option << " " << run_dir << ": cannot be created (" << ec.message() << ")");
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
-    const int fd = ::open(lock.path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
-      MOE_BAD_INPUT("--run-dir " << run_dir << ": cannot open " << lock.path_ << ": " << std::strerror(errno));
+    int fd = -1;
+    try {
+      fd = open_lock_file(lock.path_, option, run_dir);
+    } catch (const Error&) {
+      lock.release(true);  // nothing left behind by a refusal
+      throw;
+    }
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       ::close(fd);
       if (err != EWOULDBLOCK) MOE_FAIL("cannot lock " << lock.path_ << ": " << std::strerror(err));
-      if (const auto holder = read_holder(run_dir)) refuse(run_dir, lock.path_, *holder);
+      if (const auto holder = read_holder(run_dir)) refuse(run_dir, lock.path_, *holder, option);
       ::usleep(10000);  // the holder is writing its name, or just released
       continue;
     }
     // The file we locked must still be the one at the path: a holder unlinks it when it releases.
     struct stat ours {
     }, at_path{};
-    if (::fstat(fd, &ours) != 0 || ::stat(lock.path_.c_str(), &at_path) != 0 || ours.st_ino != at_path.st_ino ||
+    if (::fstat(fd, &ours) != 0 || ::lstat(lock.path_.c_str(), &at_path) != 0 || ours.st_ino != at_path.st_ino ||
         ours.st_dev != at_path.st_dev) {
       ::close(fd);
       continue;
@@ -126,9 +163,9 @@ RunLock RunLock::acquire(const std::string& run_dir, const std::string& command)
     write_holder(fd, lock.path_, command, lock.token_);  // a stale holder's content is replaced
     return lock;
   }
-  MOE_BAD_INPUT("run directory " << run_dir << " is in use: " << lock.path_
-                                 << " is locked by a process that does not say who it is; wait for it to end, or "
-                                    "choose another --run-dir");
+  MOE_BAD_INPUT(run_dir << " is in use: " << lock.path_
+                        << " is locked by a process that does not say who it is; wait for it to end, or choose another "
+                        << option);
 }
 
 RunLock RunLock::acquire_or_inherit(const std::string& run_dir, const std::string& command) {

@@ -3,7 +3,9 @@
 // kernel drops it when the holder dies however it dies. The file names the holder as JSON (host, pid,
 // command, started, token). A file left by a dead holder is taken over. The supervisor hands its random
 // token to the ranks it starts (MOE_RUN_LOCK_TOKEN in their environment), and a rank that finds that
-// token in the file of a live holder runs under its supervisor's lock instead of refusing.
+// token in the file of a live holder runs under its supervisor's lock instead of refusing. A flock belongs
+// to the open file, not the process: the supervisor's mpirun inherits the descriptor, so the lock outlives
+// a supervisor killed with SIGKILL for as long as its job runs (launch/job_processes.h).
 // Not here: what a run directory holds, or whether it may be overwritten (launch/run_dir.h).
 #pragma once
 
@@ -29,8 +31,11 @@ class RunLock {
 
   // Takes RUN_DIR/.lock (creating RUN_DIR and its missing parents). When a live process holds it:
   // moe::Error(BadInput) naming the holder's host and pid, the run directory and what to do. `command`
-  // is recorded in the file; empty: this process's command line.
-  static RunLock acquire(const std::string& run_dir, const std::string& command = "");
+  // is recorded in the file; empty: this process's command line. `option` names the directory in messages
+  // (--run-dir, or moe sweep's --out). A .lock that is a symbolic link, a directory, a FIFO or anything but
+  // a regular file is refused (BadInput naming it): it is opened without following links or blocking.
+  static RunLock acquire(const std::string& run_dir, const std::string& command = "",
+                         const std::string& option = "--run-dir");
   // As acquire, except that when kTokenVariable is set and equals the token of the file, whose holder is
   // alive (or on another host, where its pid cannot be checked), the lock is its supervisor's and is
   // accepted without taking it: inherited() is true and nothing is written.
@@ -45,6 +50,9 @@ class RunLock {
   ~RunLock();  // release()
 
   bool held() const { return fd_ >= 0; }  // taken by this object and not released
+  // The locked descriptor (-1 when not held). A child that inherits a duplicate of it (the supervisor's
+  // mpirun) keeps the lock taken for as long as it lives, even past this process's death.
+  int descriptor() const { return fd_; }
   bool inherited() const { return inherited_; }
   const std::string& token() const { return token_; }  // this lock's (or, inherited, the supervisor's)
   const std::string& path() const { return path_; }    // RUN_DIR/.lock

@@ -5,7 +5,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -191,6 +190,7 @@ struct Launch {
   const LaunchOptions& options;
   const Config& config;
   std::string run_dir, self, secret = random_secret(), lock_token;
+  int lock_fd = -1;  // handed to mpirun (launch/run_lock.h)
   Listener listener;
   Events events;
   std::string rank_host = host_name();
@@ -224,9 +224,6 @@ pid_t spawn_job(Launch& l, int64_t attempt, int64_t np, const std::string& hostf
   for (const std::string& key : o.allow_config_change) args.insert(args.end(), {"--allow-config-change", key});
   if (o.allow_data_change) args.push_back("--allow-data-change");
   if (o.quiet) args.push_back("--quiet");
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
   std::vector<std::string> env_text;
   for (char** e = environ; *e; ++e)
     if (std::strncmp(*e, "MOE_HEARTBEAT_", 14) != 0 && std::strncmp(*e, "MOE_RUN_LOCK_TOKEN=", 19) != 0)
@@ -235,25 +232,14 @@ pid_t spawn_job(Launch& l, int64_t attempt, int64_t np, const std::string& hostf
   env_text.push_back("MOE_HEARTBEAT_SECRET=" + l.secret);
   env_text.push_back("MOE_LAUNCH_ATTEMPT=" + std::to_string(attempt));
   env_text.push_back(std::string(RunLock::kTokenVariable) + "=" + l.lock_token);  // the ranks run under our lock
-  std::vector<char*> envp;
-  for (std::string& e : env_text) envp.push_back(e.data());
-  envp.push_back(nullptr);
-
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  posix_spawnattr_setpgroup(&attr, 0);  // its own process group
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGINT), sigaddset(&defaults, SIGTERM);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  pid_t child = 0;
-  const int rc = posix_spawnp(&child, args[0].c_str(), nullptr, &attr, argv.data(), envp.data());
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) MOE_BAD_INPUT("cannot start " << args[0] << ": " << std::strerror(rc) << " (is OpenMPI installed?)");
-  return child;
+  // mpirun dies with us (SIGTERM: it ends its ranks, here and on other hosts) and holds our lock's
+  // descriptor, so the run directory stays locked until the job is gone even if we are killed.
+  try {
+    return spawn_tied(args, env_text, {.death_signal = SIGTERM, .keep_fd = l.lock_fd, .output_fd = -1});
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::BadInput) throw;
+    MOE_BAD_INPUT(e.message() << " (is OpenMPI installed?)");
+  }
 }
 
 // Reads every datagram waiting on the listener.
@@ -529,6 +515,7 @@ int run_launch(const LaunchOptions& o) {
   // The lock comes last, just before the first write: a launch refused above leaves nothing behind.
   RunLock lock = RunLock::acquire(run_dir, o.command_line.empty() ? "" : joined(o.command_line));
   l.lock_token = lock.token();
+  l.lock_fd = lock.descriptor();
   try {
     return supervise(l, lock);
   } catch (const Error& e) {

@@ -2,14 +2,17 @@
 #include "launch/sweep.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
 
 #include "core/error.h"
+#include "data/corpus.h"
 #include "launch/config.h"
 #include "launch/config_schema.h"
 #include "launch/supervisor.h"
+#include "launch/train_setup.h"
 
 namespace moe {
 namespace fs = std::filesystem;
@@ -17,7 +20,7 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr size_t kMaxCells = 10000;
+constexpr size_t kMaxCells = size_t(kMaxSweepCells);
 
 std::vector<std::string> split_values(const std::string& text) {
   std::vector<std::string> out;
@@ -65,13 +68,25 @@ void absolute_data_paths(json& base) {
   }
 }
 
+// The number of cells, checked against kMaxCells axis by axis, so that the product never overflows.
+size_t count_cells(const std::vector<GridAxis>& axes, int64_t seeds) {
+  size_t cells = size_t(seeds);
+  std::string shape = std::to_string(seeds) + " seed(s)";
+  for (const GridAxis& a : axes) {
+    cells *= a.values.size();
+    shape = std::to_string(a.values.size()) + " value(s) of " + a.key + " x " + shape;
+    if (cells > kMaxCells)
+      MOE_BAD_INPUT("--grid, --seeds: " << shape << " make more than " << kMaxCells << " cells; at most " << kMaxCells
+                                        << " are allowed (split the sweep)");
+  }
+  return cells;
+}
+
 void add_cells(SweepPlan& plan) {
   const std::vector<std::string> labels = axis_labels(plan.axes);
   size_t points = 1;
   for (const GridAxis& a : plan.axes) points *= a.values.size();
-  if (points * plan.seeds.size() > kMaxCells)
-    MOE_BAD_INPUT("the grid has " << points << " points times " << plan.seeds.size() << " seeds = "
-                                  << points * plan.seeds.size() << " cells; at most " << kMaxCells << " are allowed");
+  plan.cells.reserve(points * plan.seeds.size());
   for (size_t p = 0; p < points; ++p) {
     // The first axis varies slowest.
     std::vector<size_t> at(plan.axes.size());
@@ -112,12 +127,25 @@ void check_cells(const SweepPlan& plan) {
   }
 }
 
+// The content identity of the data every cell trains on: one data_provenance per distinct data section (a
+// --grid over data.* keys gives several), read from the files themselves as `moe train` reads them.
+json data_identity(const SweepPlan& plan) {
+  json out = json::array();
+  std::set<std::string> seen;
+  for (const SweepCell& cell : plan.cells) {
+    const Config config = config_from_json(plan.base, cell.overrides, "the base config with --grid");
+    if (!seen.insert(config.resolved["data"].dump()).second) continue;
+    out.push_back(data::data_provenance(load_training_corpus(config)));
+  }
+  return out;
+}
+
 }  // namespace
 
 json SweepPlan::identity() const {
   json grid = json::array();
   for (const GridAxis& a : axes) grid.push_back({{"key", a.key}, {"values", a.values}});
-  return {{"base", base}, {"grid", grid}, {"seeds", seeds}, {"np", np}};
+  return {{"base", base}, {"grid", grid}, {"seeds", seeds}, {"np", np}, {"data", data}};
 }
 
 GridAxis parse_grid_axis(const std::string& text) {
@@ -132,15 +160,21 @@ GridAxis parse_grid_axis(const std::string& text) {
     MOE_BAD_INPUT("--grid " << text << ": '" << axis.key << "' is not a config key"
                             << (near.empty() ? "" : "; did you mean '" + near + "'?") << " (docs/config.md)");
   }
-  std::set<std::string> seen;
-  for (const std::string& value : split_values(text.substr(eq + 1))) {
+  const std::string list = text.substr(eq + 1);
+  if (size_t(std::count(list.begin(), list.end(), ',')) >= kMaxCells)
+    MOE_BAD_INPUT("--grid " << axis.key << ": more than " << kMaxCells << " values; at most " << kMaxCells
+                            << " cells are allowed");
+  for (const std::string& value : split_values(list)) {
     if (value.empty())
       MOE_BAD_INPUT("--grid " << text << ": an empty value; expected " << config_schema::describe_expected(*spec)
                               << " for each value, separated by commas");
-    if (!seen.insert(value).second) MOE_BAD_INPUT("--grid " << text << ": the value " << value << " is listed twice");
-    json checked = config_schema::check_value(*spec, parse_value(value), "--grid " + text);
-    (void)checked;  // the cell's config is loaded from the value as written, like --set
-    axis.values.push_back(parse_value(value));
+    // Canonical: the value as the schema reads it (a number by value, an integer as an integer).
+    const json canonical = config_schema::check_value(*spec, parse_value(value), "--grid " + text);
+    for (size_t i = 0; i < axis.values.size(); ++i)
+      if (axis.values[i] == canonical)
+        MOE_BAD_INPUT("--grid " << axis.key << ": the values " << axis.texts[i] << " and " << value << " are equal ("
+                                << canonical.dump() << "); list each value once");
+    axis.values.push_back(canonical);
     axis.texts.push_back(value);
   }
   return axis;
@@ -149,6 +183,8 @@ GridAxis parse_grid_axis(const std::string& text) {
 SweepPlan make_sweep_plan(const SweepOptions& o) {
   if (o.grids.empty()) MOE_BAD_INPUT("moe sweep: at least one --grid KEY=V1,V2,... is needed");
   if (o.seeds < 1) MOE_BAD_INPUT("--seeds: expected a whole number >= 1, got " << o.seeds);
+  if (o.seeds > kMaxSweepCells)
+    MOE_BAD_INPUT("--seeds " << o.seeds << ": at most " << kMaxSweepCells << " (the most cells a sweep may have)");
   if (o.np < 1) MOE_BAD_INPUT("--np: expected a whole number of ranks >= 1, got " << o.np);
   if (o.concurrent < 1) MOE_BAD_INPUT("--concurrent: expected a whole number >= 1, got " << o.concurrent);
   SweepPlan plan;
@@ -163,7 +199,14 @@ SweepPlan make_sweep_plan(const SweepOptions& o) {
   }
   if (keys.count("train.seed") && o.seeds > 1)
     MOE_BAD_INPUT("--grid train.seed=... and --seeds " << o.seeds << " both choose seeds; use one of them");
+  count_cells(plan.axes, o.seeds);
   const int64_t first_seed = plan.base["train"]["seed"].get<int64_t>();
+  int64_t last_seed = 0;
+  if (__builtin_add_overflow(first_seed, o.seeds - 1, &last_seed))
+    MOE_BAD_INPUT("--seeds " << o.seeds << ": train.seed " << first_seed << " + " << o.seeds - 1
+                             << " is past the largest seed");
+  config_schema::check_value(*config_schema::find_key("train.seed"), last_seed,
+                             "--seeds " + std::to_string(o.seeds) + " (its last seed)");
   for (int64_t s = 0; s < o.seeds; ++s) plan.seeds.push_back(first_seed + s);
   add_cells(plan);
   if (keys.count("train.seed"))  // the axis chooses the seed: drop the default one
@@ -172,6 +215,7 @@ SweepPlan make_sweep_plan(const SweepOptions& o) {
       cell.seed = cell.params["train.seed"].get<int64_t>();
     }
   check_cells(plan);
+  plan.data = data_identity(plan);
   return plan;
 }
 
@@ -193,6 +237,9 @@ CLI::App* add_sweep_command(CLI::App& app, SweepOptions& o) {
   cmd->add_option("--mpirun-arg", o.mpirun_args, "An extra argument for mpirun (repeatable), as for moe launch");
   cmd->add_option("--out", o.out, "The sweep's directory (created; a rerun continues it)")->required();
   cmd->add_flag("--quiet", o.quiet, "Only the sweep's own progress lines");
+  cmd->add_flag("--allow-data-change", o.allow_data_change,
+                "Continue a sweep although its data changed (content hash of a source or tokenizer); its cells' "
+                "launches get --allow-data-change too");
   return cmd;
 }
 

@@ -27,11 +27,17 @@ struct SweepOptions {
   std::string out;
   std::vector<std::string> mpirun_args;
   bool quiet = false;
+  bool allow_data_change = false;  // continue a sweep whose data changed (and pass it to the cells' launches)
 };
 
 CLI::App* add_sweep_command(CLI::App& app, SweepOptions& options);
 
-// One axis of the grid: a config key and its values (as JSON, and as the user wrote them).
+// The most cells a sweep may have; --seeds, each axis's values and their product are checked against it
+// before anything is allocated for them.
+constexpr int64_t kMaxSweepCells = 10000;
+
+// One axis of the grid: a config key and its values (canonical: as the config schema reads them, so 0.5,
+// 0.50 and 5e-1 are one value, and a value listed twice is refused), and as the user wrote them.
 struct GridAxis {
   std::string key;
   std::vector<nlohmann::json> values;
@@ -50,7 +56,10 @@ struct SweepPlan {
   std::vector<int64_t> seeds;
   std::vector<SweepCell> cells;
   int64_t np = 1;
-  // What a rerun must match to continue this sweep's directory.
+  // The content identity of the cells' data: data::data_provenance (per source the xxh64 of its text or
+  // prepared manifest and of its tokenizer), one entry per distinct data section among the cells.
+  nlohmann::json data = nlohmann::json::array();
+  // What a rerun must match to continue this sweep's directory ("base", "grid", "seeds", "np", "data").
   nlohmann::json identity() const;
 };
 

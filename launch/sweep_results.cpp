@@ -1,6 +1,7 @@
 // Reading cells' figures and writing sweep.json and sweep.csv (launch/sweep_results.h).
 #include "launch/sweep_results.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -10,7 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "launch/json_files.h"
+#include "launch/sweep_files.h"
 
 namespace moe {
 namespace fs = std::filesystem;
@@ -52,7 +53,15 @@ double mean_of(const std::vector<double>& v) {
 json run_figures(const std::string& run_dir, int64_t steps) {
   json figures = json::object();
   std::map<std::string, std::vector<double>> series;
-  for (const json& line : read_json_lines(fs::path(run_dir) / "metrics.jsonl")) {
+  std::vector<json> lines;
+  for_each_line(fs::path(run_dir) / "metrics.jsonl", [&](const std::string& text) {
+    try {
+      lines.push_back(json::parse(text));
+    } catch (const std::exception&) {  // a line still being written
+    }
+  });
+  for (const json& line : lines) {
+    if (!line.is_object()) continue;
     const int64_t step = line.value("step", int64_t(0));
     if (line.contains("eval_loss")) {
       figures["eval_loss"] = line["eval_loss"];
@@ -69,10 +78,37 @@ json run_figures(const std::string& run_dir, int64_t steps) {
   }
   for (const auto& [key, values] : series)
     if (!values.empty()) figures[key] = mean_of(values);
-  const json manifest = read_json_file(fs::path(run_dir) / "manifest.json");
+  const json manifest = read_json_regular(fs::path(run_dir) / "manifest.json");
   if (manifest.is_object() && manifest.contains("memory") && manifest["memory"].contains("total"))
     figures["memory_estimate_bytes"] = manifest["memory"]["total"];
   return figures;
+}
+
+int64_t cell_steps(const SweepPlan& plan, const SweepCell& cell) {
+  const json& v = cell.params.contains("train.steps") ? cell.params["train.steps"] : plan.base["train"]["steps"];
+  return v.get<int64_t>();
+}
+
+std::string cell_results_problem(const std::string& out, const SweepPlan& plan, const SweepCell& cell) {
+  const fs::path dir = fs::path(out) / "cells" / cell.name;
+  const json config = read_json_regular(dir / "config.json");
+  if (!config.is_object()) return "its config.json is missing or unreadable";
+  for (const auto& [key, value] : cell.params.items()) {
+    std::string pointer = "/" + key;
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    if (config.value(json::json_pointer(pointer), json()) != value)
+      return "its config.json has " + key + " = " + config.value(json::json_pointer(pointer), json()).dump() +
+             ", not " + value.dump();
+  }
+  if (config.value(json::json_pointer("/train/seed"), json()) != cell.seed)
+    return "its config.json has another train.seed than " + std::to_string(cell.seed);
+  const int64_t steps = cell_steps(plan, cell);
+  const json figures = run_figures(dir.string(), steps);
+  if (!figures.contains("steps_done"))
+    return "its metrics.jsonl is missing, not a regular file, or holds no training line";
+  if (figures["steps_done"] != steps)
+    return "its metrics.jsonl ends at step " + figures["steps_done"].dump() + " of " + std::to_string(steps);
+  return "";
 }
 
 json average_figures(const std::vector<json>& figures) {
@@ -98,15 +134,15 @@ namespace {
 
 // Each cell's entry of sweep.json: its point, seed, status (from OUT/status/NAME.json) and figures.
 json cell_entry(const fs::path& out, const SweepPlan& plan, const SweepCell& cell) {
-  const int64_t steps = plan.base["train"]["steps"].get<int64_t>();
+  const int64_t steps = cell_steps(plan, cell);
   json entry = {{"name", cell.name},
                 {"run_dir", "cells/" + cell.name},
                 {"params", cell.params},
                 {"seed", cell.seed},
                 {"status", "pending"}};
-  const json status = read_json_file(out / "status" / (cell.name + ".json"));
+  const json status = read_json_regular(out / "status" / (cell.name + ".json"));
   if (status.is_object()) entry.update(status);
-  if (fs::exists(out / "cells" / cell.name / "metrics.jsonl")) {
+  if (entry_kind(out / "cells" / cell.name / "metrics.jsonl") == Entry::Regular) {
     json figures = run_figures((out / "cells" / cell.name).string(), steps);
     if (status.is_object() && status.contains("peak_rss_bytes")) figures["peak_rss_bytes"] = status["peak_rss_bytes"];
     entry["figures"] = figures;
@@ -168,16 +204,6 @@ std::string sweep_csv(const SweepPlan& plan, const json& doc) {
   return csv.str();
 }
 
-void write_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    if (!f) MOE_FAIL("cannot write " << tmp.string());
-  }
-  fs::rename(tmp, path);
-}
-
 }  // namespace
 
 void write_sweep_results(const std::string& out_dir, const SweepPlan& plan) {
@@ -207,8 +233,8 @@ void write_sweep_results(const std::string& out_dir, const SweepPlan& plan) {
                     {"cells", cells},
                     {"summary", summary},
                     {"base_config", "base_config.json"}};
-  write_atomically(out / "sweep.json", doc.dump(1) + "\n");
-  write_atomically(out / "sweep.csv", sweep_csv(plan, doc));
+  write_file_replacing(out / "sweep.json", doc.dump(1) + "\n");
+  write_file_replacing(out / "sweep.csv", sweep_csv(plan, doc));
 }
 
 }  // namespace moe

@@ -1,8 +1,12 @@
 // The run-directory lock (launch/run_lock.h): a second holder is refused with the first one's host and
 // pid, whether in another process (fork) or in the same one; a file left by a dead process is taken
 // over; a process carrying the holder's token (a supervisor's rank) inherits the lock; a refused or
-// released lock leaves no directory it created.
+// released lock leaves no directory it created; a .lock that is a symbolic link, a FIFO or a directory is
+// refused naming it (never followed, never waited on); the lock lives on in a child that inherited its
+// descriptor (spawn_tied), and a tied child dies with its parent even when the parent is killed with SIGKILL.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/host.h"
+#include "launch/job_processes.h"
 #include "launch/run_lock.h"
 #include "run_compare.h"
 
@@ -159,3 +164,116 @@ TEST(RunLock, ReleaseCanRemoveTheDirectoriesItCreated) {
 }
 
 }  // namespace
+
+namespace {
+
+// The BadInput message of acquiring `run`, or "" when it was taken.
+std::string refusal(const std::string& run) {
+  try {
+    RunLock::acquire(run);
+    return "";
+  } catch (const moe::Error& e) {
+    return e.kind() == moe::ErrorKind::BadInput ? e.message() : "not BadInput: " + e.message();
+  }
+}
+
+bool alive(pid_t pid) {
+  const std::string stat = moe::test_support::read_text_if_any("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
+}
+
+// True once `pid` is gone (or a zombie), polling up to `seconds`.
+bool gone_within(pid_t pid, double seconds) {
+  for (int i = 0; i < int(seconds * 50); ++i) {
+    if (!alive(pid)) return true;
+    ::usleep(20000);
+  }
+  return !alive(pid);
+}
+
+}  // namespace
+
+TEST(RunLock, ALockThatIsALinkAFifoOrADirectoryIsRefusedNamingIt) {
+  TempDir dir("lock-planted");
+  const std::string victim = (dir.path() / "victim.txt").string();
+  { std::ofstream(victim) << "precious\n"; }
+  for (const std::string kind : {"symlink", "dangling", "fifo", "directory"}) {
+    const std::string run = (dir.path() / kind).string();
+    fs::create_directories(run);
+    const std::string lock = run + "/.lock";
+    if (kind == "symlink") fs::create_symlink(victim, lock);
+    if (kind == "dangling") fs::create_symlink(dir.path() / "nowhere", lock);
+    if (kind == "fifo") ASSERT_EQ(::mkfifo(lock.c_str(), 0644), 0);
+    if (kind == "directory") fs::create_directories(lock);
+    const std::string message = refusal(run);  // a FIFO opened without O_NONBLOCK would hang here
+    EXPECT_NE(message.find(lock), std::string::npos) << kind << ": " << message;
+    EXPECT_EQ(message.find("not BadInput"), std::string::npos) << kind << ": " << message;
+    EXPECT_FALSE(RunLock::read_holder(run).has_value()) << kind;
+  }
+  EXPECT_EQ(moe::test_support::read_text_if_any(victim), "precious\n") << "nothing written through the link";
+  EXPECT_FALSE(fs::exists(dir.path() / "nowhere"));
+}
+
+namespace {
+
+// A supervisor in a child process: takes the lock of `run`, starts `sleep 30` tied to it with
+// `death_signal` and the lock's descriptor, and waits to be killed. Returns {supervisor, job}.
+std::pair<pid_t, pid_t> start_supervisor(const std::string& run, int death_signal) {
+  int pid_pipe[2];
+  if (::pipe(pid_pipe) != 0) return {0, 0};
+  const pid_t supervisor = ::fork();
+  if (supervisor == 0) {
+    RunLock lock = RunLock::acquire(run, "supervisor");
+    const pid_t job = moe::spawn_tied({"sleep", "30"}, {"PATH=/usr/bin:/bin"},
+                                      {.death_signal = death_signal, .keep_fd = lock.descriptor(), .output_fd = -1});
+    (void)!::write(pid_pipe[1], &job, sizeof job);
+    for (;;) ::pause();
+  }
+  pid_t job = 0;
+  if (::read(pid_pipe[0], &job, sizeof job) != ssize_t(sizeof job)) job = 0;
+  ::close(pid_pipe[0]), ::close(pid_pipe[1]);
+  return {supervisor, job};
+}
+
+}  // namespace
+
+// A supervisor killed with SIGKILL: its lock lives on in the job that inherited the descriptor (here a job
+// whose parent-death signal is harmless), and is free once the job is gone.
+TEST(RunLock, TheLockOutlivesASupervisorKilledOutrightWhileItsJobRuns) {
+  TempDir dir("lock-outlives");
+  const std::string run = (dir.path() / "run").string();
+  const auto [supervisor, job] = start_supervisor(run, SIGCONT);
+  ASSERT_GT(job, 0);
+  ::kill(supervisor, SIGKILL);
+  ::waitpid(supervisor, nullptr, 0);
+  ASSERT_TRUE(alive(job));
+  const std::string message = refusal(run);
+  EXPECT_NE(message.find("in use by process " + std::to_string(supervisor)), std::string::npos) << message;
+  ::kill(job, SIGKILL);
+  EXPECT_TRUE(gone_within(job, 10));
+  EXPECT_EQ(refusal(run), "") << "the lock is free once the job is gone";
+}
+
+// The parent-death signal: a job tied with SIGTERM ends when its supervisor is killed with SIGKILL.
+TEST(RunLock, ATiedJobDiesWithItsSupervisor) {
+  TempDir dir("lock-tied");
+  const std::string run = (dir.path() / "run").string();
+  const auto [supervisor, job] = start_supervisor(run, SIGTERM);
+  ASSERT_GT(job, 0);
+  ASSERT_TRUE(alive(job));
+  ::kill(supervisor, SIGKILL);
+  ::waitpid(supervisor, nullptr, 0);
+  EXPECT_TRUE(gone_within(job, 10)) << "the tied child outlived its parent";
+  EXPECT_EQ(refusal(run), "");
+}
+
+TEST(RunLock, ATiedChildThatCannotStartIsBadInputNamingTheProgram) {
+  try {
+    moe::spawn_tied({"/nonexistent/mpirun", "-np", "1"}, {}, {});
+    ADD_FAILURE() << "started";
+  } catch (const moe::Error& e) {
+    EXPECT_EQ(e.kind(), moe::ErrorKind::BadInput);
+    EXPECT_NE(e.message().find("/nonexistent/mpirun"), std::string::npos) << e.message();
+  }
+}
