@@ -380,8 +380,8 @@ const std::vector<SectionSpec>& sections() {
       {"data",
        "Training text. Each source is an object `{\"name\": ..., \"path\": ..., \"weight\": ...}`: `name` a non-empty "
        "string unique among the sources (it labels `eval_loss_by_source`), `path` a text file tokenized by bytes or a "
-       "directory written by `moe prep` (its source of that name, memory-mapped), `weight` its sampling weight, a "
-       "number > 0 (default 1)."},
+       "directory written by `moe prep` (its source of that name, read from its shards as needed), `weight` its "
+       "sampling weight, a number > 0 (default 1)."},
   };
   return table;
 }

@@ -114,7 +114,7 @@ CLI::App* add_prep_command(CLI::App& app, PrepOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "prep",
       "Prepare a corpus once: tokenize (byte-level BPE), drop exact and near duplicates, score quality into tiers, "
-      "and write memory-mapped token shards that data.sources[].path can name (docs/data.md).");
+      "and write token shards that data.sources[].path can name (docs/data.md).");
   data::PrepSettings& s = o.settings;
   cmd->add_option("--input", o.inputs,
                   "[NAME=]PATH: a text file, a JSON Lines file (.jsonl, \"text\" field), either gzipped or not, or a "

@@ -2,7 +2,6 @@
 #include "launch/run_dir.h"
 
 #include <cblas.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -144,18 +143,7 @@ void check_checkpoint_placement(const std::string& run_dir, const std::string& c
 }
 
 std::string recorded_run_id(const std::string& run_dir) {
-  constexpr off_t kMaxBytes = 1 << 24;
-  const std::string path = (fs::path(run_dir) / "manifest.json").string();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return "";
-  struct stat st {};
-  std::string text;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= kMaxBytes) {
-    text.resize(size_t(st.st_size));
-    if (::read(fd, text.data(), text.size()) != ssize_t(text.size())) text.clear();
-  }
-  ::close(fd);
-  const nlohmann::json m = nlohmann::json::parse(text, nullptr, false);
+  const nlohmann::json m = read_json_regular(fs::path(run_dir) / "manifest.json", int64_t(1) << 24);
   return m.is_object() && m.contains("run_id") && m["run_id"].is_string() ? m["run_id"].get<std::string>() : "";
 }
 

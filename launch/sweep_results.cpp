@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "launch/sweep_files.h"
+#include "launch/run_files.h"
 
 namespace moe {
 namespace fs = std::filesystem;
@@ -233,8 +233,8 @@ void write_sweep_results(const std::string& out_dir, const SweepPlan& plan) {
                     {"cells", cells},
                     {"summary", summary},
                     {"base_config", "base_config.json"}};
-  write_file_replacing(out / "sweep.json", doc.dump(1) + "\n");
-  write_file_replacing(out / "sweep.csv", sweep_csv(plan, doc));
+  replace_run_file(out / "sweep.json", doc.dump(1) + "\n");
+  replace_run_file(out / "sweep.csv", sweep_csv(plan, doc));
 }
 
 }  // namespace moe

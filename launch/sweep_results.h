@@ -30,7 +30,7 @@ int64_t cell_steps(const SweepPlan& plan, const SweepCell& cell);
 std::string cell_results_problem(const std::string& out, const SweepPlan& plan, const SweepCell& cell);
 
 // sweep.json and sweep.csv in `out`, each written under a new temporary name and renamed into place
-// (launch/sweep_files.h). Only regular files are read.
+// (launch/run_files.h). Only regular files are read.
 void write_sweep_results(const std::string& out, const SweepPlan& plan);
 
 }  // namespace moe

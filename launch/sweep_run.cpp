@@ -1,5 +1,5 @@
 // Running a sweep's cells under `moe launch` (launch/sweep.h): the sweep directory checked, locked for the
-// sweep's whole life (launch/run_lock.h) and written without following links (launch/sweep_files.h), the
+// sweep's whole life (launch/run_lock.h) and written without following links (launch/run_files.h), the
 // cells not yet finished (or whose results do not bear out their "done") started up to --concurrent at a
 // time, each in a process group of its own that dies with the sweep (a Ctrl-C reaches only the sweep, which
 // stops each cell cleanly with one SIGTERM; a sweep killed outright takes its cells with it), progress with
@@ -23,9 +23,9 @@
 #include "launch/job_processes.h"
 #include "launch/progress.h"
 #include "launch/run_dir.h"
+#include "launch/run_files.h"
 #include "launch/run_lock.h"
 #include "launch/sweep.h"
-#include "launch/sweep_files.h"
 #include "launch/sweep_results.h"
 
 extern char** environ;
@@ -137,8 +137,8 @@ void write_plan_files(const fs::path& out, const SweepPlan& plan) {
   make_real_dir(out / "cells", "the sweep's cells");
   make_real_dir(out / "logs", "the sweep's logs");
   make_real_dir(out / "status", "the sweep's status files");
-  write_file_replacing(out / "base_config.json", plan.base.dump(2) + "\n");
-  write_file_replacing(out / "sweep_plan.json", plan.identity().dump(1) + "\n");
+  replace_run_file(out / "base_config.json", plan.base.dump(2) + "\n");
+  replace_run_file(out / "sweep_plan.json", plan.identity().dump(1) + "\n");
 }
 
 struct Running {
@@ -166,7 +166,7 @@ pid_t start_cell(const SweepOptions& o, const fs::path& out, const SweepCell& ce
   if (o.quiet) args.push_back("--quiet");
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);
-  const int log = open_append_regular(out / "logs" / (cell.name + ".log"));
+  const int log = open_append_fd(out / "logs" / (cell.name + ".log"));
   try {
     const pid_t pid = spawn_tied(args, env, {.death_signal = SIGTERM, .keep_fd = -1, .output_fd = log});
     ::close(log);
@@ -190,7 +190,7 @@ void record_cell(const fs::path& out, const SweepPlan& plan, const SweepCell& ce
                  {"peak_rss_bytes", int64_t(usage.ru_maxrss) * 1024},
                  {"log", "logs/" + cell.name + ".log"}};
   if (!problem.empty()) status["problem"] = "moe launch ended with 0 but " + problem;
-  write_file_replacing(out / "status" / (cell.name + ".json"), status.dump() + "\n");
+  replace_run_file(out / "status" / (cell.name + ".json"), status.dump() + "\n");
 }
 
 bool cell_done(const fs::path& out, const SweepCell& cell) {

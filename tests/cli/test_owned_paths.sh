@@ -93,6 +93,19 @@ for extra in "" "--overwrite" "--resume none --overwrite"; do
   check "a's checkpoints kept ($extra)" test "$(ls shared_root)" = "$before"
 done
 
+# ---- A sweep axis over checkpoint.dir: the cells whose root is the sweep (or above) or another cell's fail with
+# exit 2; the sweep directory and the cell that owns the shared root keep everything. -----------------------------
+sweep_small=()
+for ((i = 0; i < ${#small[@]}; i += 2)); do [ "${small[i]}" = --set ] && sweep_small+=(--set "${small[i + 1]}"); done
+"$moe" sweep --config "$config" "${sweep_small[@]}" --quiet \
+  --grid "checkpoint.dir=$work/cell_root,../..,..,$work" --out sweep > sweep_out.txt 2>&1
+check "the sweep ran its cells" test -s sweep/sweep.json
+check "the sweep directory kept its plan" test -s sweep/sweep_plan.json
+check "the cell with a root of its own kept its checkpoints" test -d cell_root/step-00000004
+check "the cells with the sweep as their root wrote none there" test -z "$(ls -d sweep/step-* sweep/cells/step-* 2> /dev/null)"
+failed_cells=$(python3 -c 'import json; print(sum(c.get("status") == "failed" for c in json.load(open("sweep/sweep.json"))["cells"]))')
+check "three cells refused ($failed_cells)" test "$failed_cells" = 3
+
 # ---- Run a again: a resume keeps its id; --overwrite starts a new run and deletes only what is the program's. ----
 train a --set checkpoint.dir="$work/shared_root" --set train.steps=6
 check "a resumes ($err)" test "$rc" = 0
