@@ -102,8 +102,9 @@ void check_run_dir_usable(const std::string& run_dir, bool overwrite) {
 namespace {
 fs::path resolved(const std::string& path) {
   std::error_code ec;
-  const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
-  return ec ? fs::absolute(path).lexically_normal() : p;
+  fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  if (ec) p = fs::absolute(path).lexically_normal();
+  return p.has_filename() || p == p.root_path() ? p : p.parent_path();  // "/a/b/" -> "/a/b"
 }
 
 // Whether `inner` is `outer` or lies below it.

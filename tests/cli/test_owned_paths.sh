@@ -73,7 +73,7 @@ mkdir -p parent && echo "keep me" > parent/notes.txt
 for dir in "." ".." "$work/parent" "../.."; do
   for every in 2 0; do
     train parent/run --set checkpoint.dir="$dir" --set checkpoint.every=$every
-    refused "checkpoint.dir $dir, every $every" "checkpoint.dir" "holds the run directory"
+    refused "checkpoint.dir $dir, every $every" "checkpoint.dir" "the run directory"
     intact "$work/parent" "checkpoint.dir $dir"
   done
 done
