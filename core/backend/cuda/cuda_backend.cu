@@ -307,6 +307,9 @@ class CudaOps final : public Ops<T> {
   size_t rounded_bytes_ = 0;
   uint64_t rounded_version_ = ~uint64_t(0);
   static constexpr size_t kOperandBytes = sizeof(T) == 4 ? 2 : sizeof(T);  // per element of a rounded operand
+  // cuBLAS refused the grouped bf16 GEMM into fp32 (its grouped Ex lists no such type combination): from then on
+  // one GEMM per expert, without asking again.
+  bool grouped_bf16_refused_ = false;
   void grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const void* A, const void* B, T beta, T* C);
 
   template <typename Kernel, typename... Args>
@@ -532,11 +535,16 @@ void CudaOps<T>::grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const v
     host_pointers[P + i] = a + plan.second_offset[i] * int64_t(kOperandBytes);
     host_pointers[2 * P + i] = C + plan.c_offset[i];
   }
-  Workspace pointers(*ctx_.allocator, host_pointers.size() * sizeof(void*));
-  MOE_CUDA_CHECK(cudaMemcpyAsync(pointers.ptr, host_pointers.data(), host_pointers.size() * sizeof(void*),
-                                 cudaMemcpyHostToDevice, ctx_.stream));
-  const void* const* device = static_cast<const void* const*>(pointers.ptr);
+  // The device array of operand pointers the grouped calls read (the per-expert fallback needs none).
+  std::optional<Workspace> pointers;
+  auto device_pointers = [&] {
+    pointers.emplace(*ctx_.allocator, host_pointers.size() * sizeof(void*));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(pointers->ptr, host_pointers.data(), host_pointers.size() * sizeof(void*),
+                                   cudaMemcpyHostToDevice, ctx_.stream));
+    return static_cast<const void* const*>(pointers->ptr);
+  };
   if constexpr (sizeof(T) == 8) {
+    const void* const* device = device_pointers();
     MOE_CUBLAS_CHECK(grouped_call<T>(ctx_.blas, ta.data(), tb.data(), plan.m.data(), plan.n.data(), plan.k.data(),
                                      alphas.data(), reinterpret_cast<const T* const*>(device), plan.ld_first.data(),
                                      reinterpret_cast<const T* const*>(device + P), plan.ld_second.data(), betas.data(),
@@ -544,19 +552,23 @@ void CudaOps<T>::grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const v
                                      int(P), sizes.data()));
     return;
   } else {
-    const cublasStatus_t grouped =
-        cublasGemmGroupedBatchedEx(ctx_.blas, ta.data(), tb.data(), plan.m.data(), plan.n.data(), plan.k.data(),
-                                   alphas.data(), device, CUDA_R_16BF, plan.ld_first.data(), device + P, CUDA_R_16BF,
-                                   plan.ld_second.data(), betas.data(), const_cast<void* const*>(device + 2 * P),
-                                   CUDA_R_32F, plan.ld_c.data(), int(P), sizes.data(), CUBLAS_COMPUTE_32F);
-    if (grouped == CUBLAS_STATUS_SUCCESS) return;
-    if (grouped != CUBLAS_STATUS_NOT_SUPPORTED && grouped != CUBLAS_STATUS_INVALID_VALUE)
-      MOE_RUN_FAILED("cublasGemmGroupedBatchedEx: " << cublasGetStatusString(grouped));
-    static bool said = false;
-    if (!said)
-      std::fprintf(stderr, "moe: this cuBLAS has no grouped bf16 GEMM into fp32 (%s); one GEMM per expert instead\n",
-                   cublasGetStatusString(grouped));
-    said = true;
+    if (!grouped_bf16_refused_) {
+      const void* const* device = device_pointers();
+      const cublasStatus_t grouped =
+          cublasGemmGroupedBatchedEx(ctx_.blas, ta.data(), tb.data(), plan.m.data(), plan.n.data(), plan.k.data(),
+                                     alphas.data(), device, CUDA_R_16BF, plan.ld_first.data(), device + P, CUDA_R_16BF,
+                                     plan.ld_second.data(), betas.data(), const_cast<void* const*>(device + 2 * P),
+                                     CUDA_R_32F, plan.ld_c.data(), int(P), sizes.data(), CUBLAS_COMPUTE_32F);
+      if (grouped == CUBLAS_STATUS_SUCCESS) return;
+      if (grouped != CUBLAS_STATUS_NOT_SUPPORTED && grouped != CUBLAS_STATUS_INVALID_VALUE)
+        MOE_RUN_FAILED("cublasGemmGroupedBatchedEx: " << cublasGetStatusString(grouped));
+      grouped_bf16_refused_ = true;
+      static bool said = false;
+      if (!said)
+        std::fprintf(stderr, "moe: this cuBLAS has no grouped bf16 GEMM into fp32 (%s); one GEMM per expert instead\n",
+                     cublasGetStatusString(grouped));
+      said = true;
+    }
     for (size_t i = 0; i < P; ++i)
       MOE_CUBLAS_CHECK(cublasGemmEx(ctx_.blas, ta[i], tb[i], plan.m[i], plan.n[i], plan.k[i], &alpha, host_pointers[i],
                                     CUDA_R_16BF, plan.ld_first[i], host_pointers[P + i], CUDA_R_16BF, plan.ld_second[i],
