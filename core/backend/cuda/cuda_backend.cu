@@ -8,7 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cub/cub.cuh>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -19,6 +22,7 @@
 #endif
 #include "core/backend/cuda/cuda_kernels.cuh"
 #include "core/backend/cuda/grouped_gemm_plan.h"
+#include "core/backend/cuda/host_wait.h"
 #include "core/backend/cuda/launch_config.h"
 #include "core/backend/cuda_backend.h"
 #include "core/error.h"
@@ -48,12 +52,59 @@ using cuda::row_launch;
 
 cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
+// The checks a host wait runs while it polls the stream (cuda_watch: a communicator's look at NCCL's asynchronous
+// errors, which throws to end the wait). Without any, as on one GPU, a wait simply blocks.
+class Watchers {
+ public:
+  uint64_t add(std::function<void()> check) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    checks_.emplace(next_, std::move(check));
+    return next_++;
+  }
+  void remove(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    checks_.erase(id);
+  }
+  // The stream's queued work done.
+  void wait(cudaStream_t stream) {
+    if (empty()) {
+      MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+      return;
+    }
+    auto done = [&] {
+      const cudaError_t status = cudaStreamQuery(stream);
+      if (status == cudaErrorNotReady) return false;
+      MOE_CUDA_CHECK(status);
+      return true;
+    };
+    cuda::wait_polling(done, [&] { run(); });
+  }
+
+ private:
+  bool empty() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return checks_.empty();
+  }
+  void run() {
+    std::vector<std::function<void()>> checks;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& [id, check] : checks_) checks.push_back(check);
+    }
+    for (const auto& check : checks) check();
+  }
+  std::mutex mutex_;
+  std::map<uint64_t, std::function<void()>> checks_;
+  uint64_t next_ = 1;
+};
+
 // What the ops share with their backend: the stream, the cuBLAS handle, and device workspace.
 struct CudaContext {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   CachingAllocator* allocator = nullptr;
   cuda::CudnnAttention* attention = nullptr;  // fused attention on cuDNN; null without it
+  Watchers* watchers = nullptr;               // every host wait for the stream goes through it
 };
 
 // Device workspace for one call, back to the allocator's cache when it goes (reuse is ordered on the stream).
@@ -240,7 +291,7 @@ class CudaOps final : public Ops<T> {
     if (rope_) ctx_.allocator->free(rope_);
     rope_ = ctx_.allocator->allocate(host.size() * sizeof(T));
     MOE_CUDA_CHECK(cudaMemcpyAsync(rope_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, ctx_.stream));
-    MOE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));  // the host vector goes when this returns
+    ctx_.watchers->wait(ctx_.stream);  // the host vector goes when this returns
     rope_seq_ = T_, rope_dh_ = Dh;
     return static_cast<const T*>(rope_);
   }
@@ -463,6 +514,7 @@ double CudaOps<T>::sum_squares(const T* x, int64_t n) {
   launch_rows(row_launch(chunks, kChunk), cuda::sum_squares_chunks_kernel<T>, x, n, kChunk, d, chunks);
   launch(LaunchConfig{1, 1}, cuda::sum_in_order_kernel, d, chunks, d + chunks);
   double total = 0;
+  ctx_.watchers->wait(ctx_.stream);  // the partials done; then the copy of one value waits for nothing else
   MOE_CUDA_CHECK(cudaMemcpyAsync(&total, d + chunks, sizeof(double), cudaMemcpyDeviceToHost, ctx_.stream));
   MOE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
   return total;
@@ -579,11 +631,12 @@ void CudaOps<T>::grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const v
 
 class CudaStream final : public Stream {
  public:
-  explicit CudaStream(cudaStream_t s) : stream_(s) {}
-  void synchronize() override { MOE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  CudaStream(cudaStream_t s, Watchers& watchers) : stream_(s), watchers_(watchers) {}
+  void synchronize() override { watchers_.wait(stream_); }
 
  private:
   cudaStream_t stream_;
+  Watchers& watchers_;
 };
 
 class CudaBackend final : public Backend {
@@ -598,6 +651,7 @@ class CudaBackend final : public Backend {
     copy_on_stream(dst, src, bytes, cudaMemcpyHostToDevice);
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    watchers_.wait(ctx_.stream);  // the queued work first, interruptibly: the pageable copy itself blocks
     copy_on_stream(dst, src, bytes, cudaMemcpyDeviceToHost);
   }
   void copy(void* dst, const void* src, size_t bytes) override {
@@ -605,6 +659,8 @@ class CudaBackend final : public Backend {
   }
   Stream& stream() override { return *stream_object_; }
   cudaStream_t native_stream() const { return ctx_.stream; }
+  CachingAllocator& allocator() { return *allocator_; }
+  Watchers& watchers() { return watchers_; }
   int64_t allocated_bytes() const override { return allocator_->stats().in_use; }
   int64_t peak_bytes() const override { return allocator_->stats().peak_in_use; }
 
@@ -623,6 +679,7 @@ class CudaBackend final : public Backend {
     if (bytes > 0 && dst != src) MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, ctx_.stream));
   }
   int device_ = 0, threads_ = 1;
+  Watchers watchers_;
   CudaContext ctx_;
   std::unique_ptr<CachingAllocator> allocator_;
 #ifdef MOE_HAVE_CUDNN
@@ -648,11 +705,12 @@ CudaBackend::CudaBackend(int device) : device_(device) {
                                                                            },
                                                                            [](void* p, size_t) { cudaFree(p); }});
   ctx_.allocator = allocator_.get();
+  ctx_.watchers = &watchers_;
 #ifdef MOE_HAVE_CUDNN
   attention_ = std::make_unique<cuda::CudnnAttention>(ctx_.stream, *allocator_);
   ctx_.attention = attention_.get();
 #endif
-  stream_object_ = std::make_unique<CudaStream>(ctx_.stream);
+  stream_object_ = std::make_unique<CudaStream>(ctx_.stream, watchers_);
   f32_ = std::make_unique<CudaOps<float>>(ctx_);
   f64_ = std::make_unique<CudaOps<double>>(ctx_);
 }
@@ -699,10 +757,32 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
   return std::make_unique<CudaBackend>(device);
 }
 
-void* cuda_stream_of(Backend& backend) {
+namespace {
+
+CudaBackend& cuda_backend_of(Backend& backend, const char* what) {
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);
-  if (!cuda) MOE_BAD_INPUT("the " << backend.name() << " backend has no CUDA stream");
-  return static_cast<void*>(cuda->native_stream());
+  if (!cuda) MOE_BAD_INPUT("the " << backend.name() << " backend has no CUDA " << what);
+  return *cuda;
 }
+
+}  // namespace
+
+void* cuda_stream_of(Backend& backend) {
+  return static_cast<void*>(cuda_backend_of(backend, "stream").native_stream());
+}
+
+uint64_t cuda_begin_side_work(Backend& backend) {
+  return cuda_backend_of(backend, "memory").allocator().begin_side_work();
+}
+
+void cuda_end_side_work(Backend& backend, uint64_t ticket) {
+  cuda_backend_of(backend, "memory").allocator().end_side_work(ticket);
+}
+
+uint64_t cuda_watch(Backend& backend, std::function<void()> check) {
+  return cuda_backend_of(backend, "stream").watchers().add(std::move(check));
+}
+
+void cuda_unwatch(Backend& backend, uint64_t id) { cuda_backend_of(backend, "stream").watchers().remove(id); }
 
 }  // namespace moe
