@@ -65,6 +65,11 @@ class Watchers {
     std::lock_guard<std::mutex> lock(mutex_);
     checks_.erase(id);
   }
+  // The stream's queued work done, first, where a copy that blocks by itself follows: only with checks to run, so
+  // that one GPU's downloads wait once, as before.
+  void wait_if_watched(cudaStream_t stream) {
+    if (!empty()) wait(stream);
+  }
   // The stream's queued work done.
   void wait(cudaStream_t stream) {
     if (empty()) {
@@ -514,7 +519,7 @@ double CudaOps<T>::sum_squares(const T* x, int64_t n) {
   launch_rows(row_launch(chunks, kChunk), cuda::sum_squares_chunks_kernel<T>, x, n, kChunk, d, chunks);
   launch(LaunchConfig{1, 1}, cuda::sum_in_order_kernel, d, chunks, d + chunks);
   double total = 0;
-  ctx_.watchers->wait(ctx_.stream);  // the partials done; then the copy of one value waits for nothing else
+  ctx_.watchers->wait_if_watched(ctx_.stream);  // the partials, interruptibly; then the copy waits for nothing
   MOE_CUDA_CHECK(cudaMemcpyAsync(&total, d + chunks, sizeof(double), cudaMemcpyDeviceToHost, ctx_.stream));
   MOE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
   return total;
@@ -651,7 +656,7 @@ class CudaBackend final : public Backend {
     copy_on_stream(dst, src, bytes, cudaMemcpyHostToDevice);
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
-    watchers_.wait(ctx_.stream);  // the queued work first, interruptibly: the pageable copy itself blocks
+    watchers_.wait_if_watched(ctx_.stream);  // the queued work first, interruptibly: the pageable copy blocks
     copy_on_stream(dst, src, bytes, cudaMemcpyDeviceToHost);
   }
   void copy(void* dst, const void* src, size_t bytes) override {
