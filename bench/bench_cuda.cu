@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <vector>
 
 #include "bench/bench_main.h"
@@ -54,6 +55,25 @@ double median_seconds(int reps, const std::function<void()>& f) {
   return t[t.size() / 2];
 }
 
+// n values at `device` drawn from N(0, 1) (a tile of 2^20 host-drawn values, repeated), in bf16 or fp32: GEMMs
+// on zeros or constants time optimistically (an H200 ran 894 TFLOP/s on zeros, 788 on random data). Everything
+// queued before is waited for (a backend zero-fills its buffers on its own stream), and so is the fill.
+void fill_random(void* device, int64_t n, bool bf16) {
+  MOE_CHECK(cudaDeviceSynchronize() == cudaSuccess, "the device failed before the benchmark's fill");
+  std::mt19937_64 gen(20261204);
+  std::normal_distribution<float> normal;
+  const int64_t tile = std::min<int64_t>(n, int64_t(1) << 20), bytes = bf16 ? 2 : 4;
+  std::vector<float> f32(static_cast<size_t>(tile));
+  for (float& x : f32) x = normal(gen);
+  std::vector<__nv_bfloat16> b16(f32.begin(), f32.end());
+  const void* host = bf16 ? static_cast<const void*>(b16.data()) : static_cast<const void*>(f32.data());
+  for (int64_t at = 0; at < n; at += tile)
+    MOE_CHECK(cudaMemcpy(static_cast<char*>(device) + at * bytes, host, size_t(std::min(tile, n - at) * bytes),
+                         cudaMemcpyHostToDevice) == cudaSuccess,
+              "copying the benchmark's random operands to the device");
+  MOE_CHECK(cudaDeviceSynchronize() == cudaSuccess, "the device failed in the benchmark's fill");
+}
+
 // cuBLAS GEMM of n^3 in `type` (bf16 or fp32 storage, fp32 accumulation): FLOP/s.
 double cublas_peak(int64_t n, cudaDataType_t type, int reps) {
   const size_t bytes = size_t(n * n) * (type == CUDA_R_16BF ? 2 : 4);
@@ -61,14 +81,17 @@ double cublas_peak(int64_t n, cudaDataType_t type, int reps) {
   if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess ||
       cudaMalloc(&c, bytes) != cudaSuccess)
     MOE_RUN_FAILED("cannot allocate three " << n << "^2 matrices");
-  cudaMemset(a, 0x3c, bytes), cudaMemset(b, 0x3c, bytes);  // small nonzero values, not zeros
+  fill_random(a, n * n, type == CUDA_R_16BF), fill_random(b, n * n, type == CUDA_R_16BF);
   cublasHandle_t h;
   cublasCreate(&h);
   const float alpha = 1, beta = 0;
   const int m = int(n);
+  // A refused call would time as nothing and give a huge peak (and so a tiny MFU): it fails the benchmark.
   const double s = median_seconds(reps, [&] {
-    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &alpha, a, type, m, b, type, m, &beta, c, type, m,
-                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    const cublasStatus_t status = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &alpha, a, type, m, b, type, m,
+                                               &beta, c, type, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (status != CUBLAS_STATUS_SUCCESS)
+      MOE_RUN_FAILED("cublasGemmEx of " << n << "^3 for the peak: " << cublasGetStatusString(status));
   });
   cublasDestroy(h);
   cudaFree(a), cudaFree(b), cudaFree(c);
@@ -81,7 +104,8 @@ struct OpFigures {
 
 // Through the backend's ops at `precision` (fp32, or bf16 GEMMs of fp32 storage as train.precision = bf16 runs
 // them, the operands' rounding included): one projection, the experts' first GEMM grouped, and a dense GEMM of
-// the grouped one's FLOPs.
+// the grouped one's FLOPs. The operands are random, and the weights are the parameters' memory, so that in bf16 the
+// grouped call reads their rounded copy as training does, instead of rounding the whole stack on every call.
 OpFigures backend_gemms(const Options& o, GemmPrecision precision) {
   const std::unique_ptr<Backend> b = make_cuda_backend(0);
   Ops<float>& ops = b->ops<float>();
@@ -89,6 +113,8 @@ OpFigures backend_gemms(const Options& o, GemmPrecision precision) {
   const int64_t N = o.tokens, D = o.d_model, F = o.expert_hidden, E = o.experts, rows = N * o.top_k;
   Buffer x = b->allocate(DType::F32, rows * D), w = b->allocate(DType::F32, E * D * F),
          y = b->allocate(DType::F32, rows * F);
+  fill_random(x.data<float>(), rows * D, false), fill_random(w.data<float>(), E * D * F, false);
+  ops.set_parameter_memory(w.data<float>(), E * D * F);
   OpFigures f;
   const double proj = median_seconds(o.reps, [&] {
     ops.gemm(false, false, N, F, D, 1.f, x.data<float>(), D, w.data<float>(), F, 0.f, y.data<float>(), F);

@@ -9,6 +9,9 @@
 #   bench/device_check.sh run [OUT_DIR]      on the GPU machine, from the repository root with .device carried:
 #                                            unpacks, finds cuBLAS in the machine's Python wheels, runs the
 #                                            checks and writes OUT_DIR/device_check.json (OUT_DIR: $OUT or .)
+#   bench/device_check.sh libpath [ROOT]     prints the LD_LIBRARY_PATH `run` sets (ROOT: the unpacked pack)
+#   bench/device_check.sh versions           prints, as JSON, the cuBLAS, cuDNN, NCCL and NVRTC that this library
+#                                            path loads: each one's version and file (no device needed)
 #
 # What it checks: the device is seen; the CUDA backend's host-side tests; NCCL on one rank (every collective,
 # grouped sends and receives); the op conformance suites with the cuda backend beside the cpu one (every op
@@ -67,13 +70,84 @@ for p in nvidia.__path__:
         print(os.path.dirname(found[0])); break" 2>/dev/null || true
 }
 
+# The packed libraries, then cuBLAS, the CUDA runtime, cuDNN (fused attention) and NCCL from the wheels; and NVRTC
+# with its builtins, which cuDNN 9 opens at run time for its runtime-fused engines (the SDPA flash engines among
+# them): without it cuDNN refuses the fused attention graphs. cuDNN's engine libraries open from its directory.
+library_path() {
+  local root=$1
+  echo "$root/lib:$(wheel_lib nvidia.cublas):$(wheel_lib nvidia.cuda_runtime):$(wheel_file_dir 'libcudnn.so.9'):$(wheel_file_dir 'libcublas.so.*'):$(wheel_file_dir 'libnccl.so.*'):$(wheel_file_dir 'libnvrtc.so.*'):$(wheel_file_dir 'libnvrtc-builtins.so.*'):${LD_LIBRARY_PATH:-}"
+}
+
+# The runtime libraries the current LD_LIBRARY_PATH (and the system's) loads, as JSON: each one's version as its
+# own API reports it and the file the loader chose. They may differ from the headers the build used (a GPU
+# machine's wheels are PyTorch's), so the device check records them beside its figures.
+versions() {
+  python3 - <<'PY'
+import ctypes, json, os
+
+def loaded_file(stem):
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith(stem):
+                return path
+    return None
+
+def probe(sonames, read):
+    errors = []
+    for soname in sonames:
+        try:
+            lib = ctypes.CDLL(soname)
+        except OSError as e:
+            errors.append(str(e))
+            continue
+        try:
+            version = read(lib)
+        except (AttributeError, RuntimeError) as e:  # an older library without the call, or the call failed
+            return {"error": "%s: %s" % (soname, e), "file": loaded_file(soname.split(".so")[0] + ".so")}
+        return {"version": version, "file": loaded_file(soname.split(".so")[0] + ".so")}
+    return {"error": "; ".join(errors)}
+
+def out_ints(fn, count):
+    values = [ctypes.c_int() for _ in range(count)]
+    status = fn(*[ctypes.byref(v) for v in values])
+    if status != 0:
+        raise RuntimeError("status %d" % status)
+    return [v.value for v in values]
+
+def cublas(lib):  # libraryPropertyType: MAJOR_VERSION 0, MINOR_VERSION 1, PATCH_LEVEL 2
+    return ".".join(str(out_ints(lambda v: lib.cublasGetProperty(k, v), 1)[0]) for k in (0, 1, 2))
+
+def cudnn(lib):
+    lib.cudnnGetVersion.restype = ctypes.c_size_t
+    v = lib.cudnnGetVersion()  # major * 10000 + minor * 100 + patch since cuDNN 9
+    return "%d.%d.%d" % (v // 10000, v % 10000 // 100, v % 100)
+
+def nccl(lib):
+    v = out_ints(lib.ncclGetVersion, 1)[0]  # major * 10000 + minor * 100 + patch since NCCL 2.9
+    return "%d.%d.%d" % (v // 10000, v % 10000 // 100, v % 100)
+
+def nvrtc(lib):
+    return "%d.%d" % tuple(out_ints(lib.nvrtcVersion, 2))
+
+print(json.dumps({
+    "cublas": probe(["libcublas.so.13", "libcublas.so.12"], cublas),
+    "cudnn": probe(["libcudnn.so.9"], cudnn),
+    "nccl": probe(["libnccl.so.2"], nccl),
+    "nvrtc": probe(["libnvrtc.so.13", "libnvrtc.so.12"], nvrtc),
+}))
+PY
+}
+
 run() {
   local out=${1:-${OUT:-.}}
   local root=/tmp/moe-device
   mkdir -p "$out" && rm -rf "$root" && mkdir -p "$root"
   tar -C "$root" -xJf .device/pack.tar.xz
-  # cuDNN (fused attention) and NCCL from the wheels too; cuDNN's engine libraries are opened from its directory.
-  export LD_LIBRARY_PATH="$root/lib:$(wheel_lib nvidia.cublas):$(wheel_lib nvidia.cuda_runtime):$(wheel_file_dir 'libcudnn.so.9'):$(wheel_file_dir 'libcublas.so.*'):$(wheel_file_dir 'libnccl.so.*'):${LD_LIBRARY_PATH:-}"
+  LD_LIBRARY_PATH=$(library_path "$root")
+  export LD_LIBRARY_PATH
+  echo "$LD_LIBRARY_PATH" > "$out/library_path.txt"
+  versions > "$out/runtime_libraries.json" 2>&1 || true
   export OMP_NUM_THREADS=8
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1 || true
   local status=()
@@ -113,6 +187,11 @@ run() {
 import json, os, sys
 out, commit, statuses = sys.argv[1], sys.argv[2], sys.argv[3:]
 report = {"commit": commit, "gpu": open(os.path.join(out, "gpu.txt")).read().strip(), "programs": {}}
+try:
+    report["runtime_libraries"] = json.load(open(os.path.join(out, "runtime_libraries.json")))
+except ValueError:
+    report["runtime_libraries"] = {"error": open(os.path.join(out, "runtime_libraries.json")).read()[-2000:]}
+report["library_path"] = open(os.path.join(out, "library_path.txt")).read().strip()
 for s in statuses:
     name, rc = s.split("=")
     entry = {"exit_code": int(rc)}
@@ -181,5 +260,7 @@ EOF
 case "${1:-}" in
   pack) shift; pack "$@" ;;
   run) shift; run "$@" ;;
-  *) echo "usage: bench/device_check.sh pack [BUILD_DIR] | run [OUT_DIR]" >&2; exit 2 ;;
+  libpath) shift; library_path "${1:-/tmp/moe-device}" ;;
+  versions) versions ;;
+  *) echo "usage: bench/device_check.sh pack [BUILD_DIR] | run [OUT_DIR] | libpath [ROOT] | versions" >&2; exit 2 ;;
 esac

@@ -17,4 +17,20 @@ void* cuda_stream_of(Backend& backend) {
   MOE_BAD_INPUT("the " << backend.name() << " backend has no CUDA stream: this build has no CUDA backend");
 }
 
+uint64_t cuda_begin_side_work(Backend& backend) {
+  MOE_BAD_INPUT("the " << backend.name() << " backend has no CUDA memory: this build has no CUDA backend");
+}
+
+void cuda_end_side_work(Backend& backend, uint64_t) {
+  MOE_BAD_INPUT("the " << backend.name() << " backend has no CUDA memory: this build has no CUDA backend");
+}
+
+uint64_t cuda_watch(Backend& backend, std::function<void()>) {
+  MOE_BAD_INPUT("the " << backend.name() << " backend has no CUDA stream: this build has no CUDA backend");
+}
+
+void cuda_unwatch(Backend& backend, uint64_t) {
+  MOE_BAD_INPUT("the " << backend.name() << " backend has no CUDA stream: this build has no CUDA backend");
+}
+
 }  // namespace moe

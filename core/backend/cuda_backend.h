@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "core/backend/backend.h"
@@ -21,5 +22,15 @@ std::unique_ptr<Backend> make_cuda_backend(int device);
 // The cudaStream_t a CUDA backend orders its work on (for communicators that must order theirs with it).
 // Throws moe::Error (BadInput) for any other backend.
 void* cuda_stream_of(Backend& backend);
+// Work a communicator does on a CUDA backend's memory from its own stream, from its issue until the backend's
+// stream is ordered after it: blocks freed in between are not handed out again before it ends
+// (core/backend/cuda/caching_allocator.h, begin_side_work). Throw moe::Error (BadInput) for any other backend.
+uint64_t cuda_begin_side_work(Backend& backend);
+void cuda_end_side_work(Backend& backend, uint64_t ticket);
+// A check the backend's host waits for its stream run while they poll it (a communicator's look at NCCL's
+// asynchronous errors): it throws to end the wait instead of leaving it blocked. cuda_unwatch removes it by the
+// id cuda_watch returned. Throw moe::Error (BadInput) for any other backend.
+uint64_t cuda_watch(Backend& backend, std::function<void()> check);
+void cuda_unwatch(Backend& backend, uint64_t id);
 
 }  // namespace moe

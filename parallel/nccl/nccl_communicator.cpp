@@ -5,9 +5,11 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <vector>
 
+#include "core/backend/cuda/host_wait.h"
 #include "core/backend/cuda_backend.h"
 #include "core/error.h"
 #include "parallel/nccl_plan.h"
@@ -45,17 +47,45 @@ ncclDataType_t nccl_type(DType dtype) {
   MOE_FAIL("no NCCL type for dtype " << int(dtype));
 }
 
+// Side work on the backend's memory (cuda_begin_side_work): begun when a request is made, ended once the compute
+// stream is ordered after it, so that the buffers it reads or writes are not handed out again before.
+class SideWork {
+ public:
+  explicit SideWork(Backend& backend) : backend_(backend), ticket_(cuda_begin_side_work(backend)) {}
+  ~SideWork() { end(); }
+  SideWork(const SideWork&) = delete;
+  SideWork& operator=(const SideWork&) = delete;
+  void end() noexcept {
+    if (ticket_ == 0) return;
+    try {
+      cuda_end_side_work(backend_, ticket_);
+    } catch (const std::exception&) {  // a ticket of this backend's allocator ends once: never here
+    }
+    ticket_ = 0;
+  }
+
+ private:
+  Backend& backend_;
+  uint64_t ticket_;
+};
+
 // Work on the communicator's stream, done when its event is: wait() orders the compute stream after it.
 class NcclRequest final : public Request {
  public:
-  NcclRequest(cudaStream_t compute, cudaEvent_t done) : compute_(compute), done_(done) {}
+  // check: the communicator's look at NCCL's asynchronous errors, while a test finds the work running.
+  NcclRequest(cudaStream_t compute, cudaEvent_t done, Backend& backend, std::function<void()> check)
+      : compute_(compute), done_(done), side_work_(backend), check_(std::move(check)) {}
   ~NcclRequest() override {
     if (!waited_) cudaStreamWaitEvent(compute_, done_, 0);
+    side_work_.end();
     cudaEventDestroy(done_);
   }
   bool test() override {
     const cudaError_t status = cudaEventQuery(done_);
-    if (status == cudaErrorNotReady) return false;
+    if (status == cudaErrorNotReady) {
+      check_();
+      return false;
+    }
     MOE_CUDART_CHECK(status);
     wait();
     return true;
@@ -63,11 +93,14 @@ class NcclRequest final : public Request {
   void wait() override {
     if (!waited_) MOE_CUDART_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
     waited_ = true;
+    side_work_.end();
   }
 
  private:
   cudaStream_t compute_;
   cudaEvent_t done_;
+  SideWork side_work_;
+  std::function<void()> check_;
   bool waited_ = false;
 };
 
@@ -96,8 +129,8 @@ class NcclCommunicator;
 // A send or receive of a batch: the batch is issued when the request is first tested or waited for.
 class NcclTransferRequest final : public Request {
  public:
-  NcclTransferRequest(NcclCommunicator& comm, std::shared_ptr<PendingBatch> batch)
-      : comm_(comm), batch_(std::move(batch)) {}
+  NcclTransferRequest(NcclCommunicator& comm, std::shared_ptr<PendingBatch> batch, Backend& backend)
+      : comm_(comm), batch_(std::move(batch)), side_work_(backend) {}
   ~NcclTransferRequest() override;
   bool test() override;
   void wait() override;
@@ -105,12 +138,13 @@ class NcclTransferRequest final : public Request {
  private:
   NcclCommunicator& comm_;
   std::shared_ptr<PendingBatch> batch_;
+  SideWork side_work_;
   bool waited_ = false;
 };
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(Communicator& control, cudaStream_t compute);
+  NcclCommunicator(Communicator& control, Backend& backend);
   ~NcclCommunicator() override;
   MOE_COMMUNICATOR_CONVENIENCE_FORMS;
 
@@ -169,20 +203,34 @@ class NcclCommunicator final : public Communicator {
   // Every rank's queued work, communication and compute, done; then the ranks meet on the control plane.
   void barrier() override {
     flush();
-    MOE_CUDART_CHECK(cudaStreamSynchronize(compute_));
-    MOE_CUDART_CHECK(cudaStreamSynchronize(stream_));
+    wait_for(compute_);
+    wait_for(stream_);
     control_.barrier();
   }
 
  private:
   friend class NcclTransferRequest;
+  // NCCL reports a failure inside a running collective (a peer that died, a network error) only through
+  // ncclCommGetAsyncError: the communicator is then aborted, so that its kernels end, and the wait that asked
+  // fails naming it. Run between the polls of every host wait for this communicator's or the backend's stream.
+  void check_async_error();
+  // A host wait for `stream` that checks for NCCL's asynchronous errors while it polls.
+  void wait_for(cudaStream_t stream) {
+    auto done = [&] {
+      const cudaError_t status = cudaStreamQuery(stream);
+      if (status == cudaErrorNotReady) return false;
+      MOE_CUDART_CHECK(status);
+      return true;
+    };
+    cuda::wait_polling(done, [&] { check_async_error(); });
+  }
   // Issues the pending point-to-point transfers as one NCCL group (nothing when there are none).
   void flush();
   cudaStream_t compute_stream() const { return compute_; }
   std::unique_ptr<Request> defer(bool send, void* data, int64_t count, DType dtype, int peer) {
     if (!pending_) pending_ = std::make_shared<PendingBatch>();
     pending_->transfers.push_back({send, data, size_t(count), nccl_type(dtype), peer});
-    return std::make_unique<NcclTransferRequest>(*this, pending_);
+    return std::make_unique<NcclTransferRequest>(*this, pending_, backend_);
   }
   // After the compute stream's queued work, the communicator's stream runs what follows.
   void follow_compute() {
@@ -195,14 +243,17 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Request> enqueue(const char* what, Issue issue) {
     flush();
     follow_compute();
+    check_async_error();
     MOE_NCCL_CHECK(issue(stream_), what << " on communicator '" << name_ << "'");
     cudaEvent_t done = nullptr;
     MOE_CUDART_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     MOE_CUDART_CHECK(cudaEventRecord(done, stream_));
-    return std::make_unique<NcclRequest>(compute_, done);
+    return std::make_unique<NcclRequest>(compute_, done, backend_, [this] { check_async_error(); });
   }
 
   Communicator& control_;
+  Backend& backend_;
+  uint64_t watch_ = 0;  // check_async_error among the backend's host waits
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
   std::shared_ptr<PendingBatch> pending_;  // transfers not yet issued
@@ -211,8 +262,13 @@ class NcclCommunicator final : public Communicator {
   std::string name_;
 };
 
-NcclCommunicator::NcclCommunicator(Communicator& control, cudaStream_t compute)
-    : control_(control), compute_(compute), rank_(control.rank()), size_(control.size()), name_(control.name()) {
+NcclCommunicator::NcclCommunicator(Communicator& control, Backend& backend)
+    : control_(control),
+      backend_(backend),
+      compute_(static_cast<cudaStream_t>(cuda_stream_of(backend))),
+      rank_(control.rank()),
+      size_(control.size()),
+      name_(control.name()) {
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
   if (rank_ == 0) MOE_NCCL_CHECK(ncclGetUniqueId(&id), "unique id for '" << name_ << "'");
@@ -220,21 +276,37 @@ NcclCommunicator::NcclCommunicator(Communicator& control, cudaStream_t compute)
   MOE_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_), "init of '" << name_ << "' (rank " << rank_ << ")");
   MOE_CUDART_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   MOE_CUDART_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  watch_ = cuda_watch(backend_, [this] { check_async_error(); });
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  cuda_unwatch(backend_, watch_);
   try {
     flush();
+    wait_for(stream_);
   } catch (const std::exception&) {  // a destructor does not throw; the job is failing already
   }
-  cudaStreamSynchronize(stream_);
-  ncclCommDestroy(comm_);
+  if (comm_) ncclCommDestroy(comm_);  // null once aborted
+  cudaStreamSynchronize(stream_);     // an aborted communicator's kernels end
   cudaEventDestroy(ready_);
   cudaStreamDestroy(stream_);
 }
 
+void NcclCommunicator::check_async_error() {
+  if (!comm_) MOE_RUN_FAILED("NCCL communicator '" << name_ << "' was aborted after an asynchronous error");
+  ncclResult_t async = ncclSuccess;
+  MOE_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async), "error query on communicator '" << name_ << "'");
+  if (async == ncclSuccess || async == ncclInProgress) return;
+  ncclCommAbort(comm_);
+  comm_ = nullptr;
+  MOE_RUN_FAILED("NCCL communicator '" << name_ << "' (rank " << rank_ << " of " << size_
+                                       << ") failed while its work ran: " << ncclGetErrorString(async)
+                                       << " (a peer may have died or lost its network); communicator aborted");
+}
+
 void NcclCommunicator::flush() {
   if (!pending_) return;
+  check_async_error();
   const std::shared_ptr<PendingBatch> batch = std::move(pending_);
   pending_.reset();
   follow_compute();
@@ -262,7 +334,10 @@ NcclTransferRequest::~NcclTransferRequest() {
 bool NcclTransferRequest::test() {
   if (!batch_->done) comm_.flush();
   const cudaError_t status = cudaEventQuery(batch_->done);
-  if (status == cudaErrorNotReady) return false;
+  if (status == cudaErrorNotReady) {
+    comm_.check_async_error();
+    return false;
+  }
   MOE_CUDART_CHECK(status);
   wait();
   return true;
@@ -273,6 +348,7 @@ void NcclTransferRequest::wait() {
   if (!batch_->done) comm_.flush();
   MOE_CUDART_CHECK(cudaStreamWaitEvent(comm_.compute_stream(), batch_->done, 0));
   waited_ = true;
+  side_work_.end();
 }
 
 // One NCCL group of sends and receives, one pair per peer (nccl_plan.h); this rank's own block is a copy.
@@ -325,7 +401,7 @@ void NcclCommunicator::sendrecv_bytes(const void* send, int64_t send_bytes, int 
 bool nccl_built() { return true; }
 
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& control, Backend& backend) {
-  return std::make_unique<NcclCommunicator>(control, static_cast<cudaStream_t>(cuda_stream_of(backend)));
+  return std::make_unique<NcclCommunicator>(control, backend);
 }
 
 }  // namespace moe

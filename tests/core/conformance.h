@@ -77,6 +77,13 @@ void expect_close(const std::string& what, const std::vector<double>& got, const
   EXPECT_LE(max_err / (max_ref + 1e-300), bound) << what << " (" << (sizeof(T) == 4 ? "f32" : "f64") << ")";
 }
 
+// How far two backends' Gumbel noise -log(-log(u)) may lie apart. CUDA's double log is within 1 ulp of the exact
+// value (CUDA C++ Programming Guide, mathematical functions), glibc's within about half an ulp, so each of the two
+// logs may differ by 2 ulp. The inner one's relative difference, at most 2^-51, becomes an absolute difference of
+// at most 2^-51 after the outer log, which adds its own 2 ulp of g: |g1 - g2| <= 2^-51 + 2^-51 |g| <=
+// 4 * 2^-52 * max(1, |g|). The CPU backend, the reference, must match the host's RngStream bit for bit.
+inline double gumbel_agreement_bound(double g) { return 4 * std::ldexp(1.0, -52) * std::max(1.0, std::abs(g)); }
+
 class Conformance : public ::testing::TestWithParam<BackendRow> {
  protected:
   void SetUp() override { backend_ = GetParam().make(); }

@@ -180,6 +180,42 @@ TEST(AttentionGraph, BackwardKeepsItsFp32PartsInAlignedWorkspace) {
   EXPECT_FALSE(g.tensor(kUidDQAccum).is_virtual);
 }
 
+// The compute type cudnn-frontend's SDPA nodes give each op: every matmul, reduction and arithmetic pointwise in
+// fp32 (the flash engines refuse a matmul computing in anything else), generated indices in int32, the mask's
+// comparison in bool. The interpreter below ignores compute types, so only this test sees them.
+GraphType frontend_compute(const GraphOp& op) {
+  if (op.kind != GraphOpKind::Pointwise) return GraphType::Fp32;
+  if (op.pointwise == PointwiseMode::GenIndex) return GraphType::Int32;
+  if (op.pointwise == PointwiseMode::CmpGe) return GraphType::Bool;
+  return GraphType::Fp32;
+}
+
+TEST(AttentionGraph, EveryOpComputesInTheTypeTheFrontendGivesIt) {
+  AttentionGraphShape accumulating = kShape, large{4, 4096, 32, 128, 0.088f, -1e30f};
+  accumulating.deterministic = false;
+  const struct {
+    const char* name;
+    AttentionGraph graph;
+    int matmuls;  // forward: Q K^T, P V; backward: Q K^T, dV, dP, dK, dQ
+  } graphs[] = {{"forward", attention_forward_graph(kShape), 2},
+                {"forward at Mixtral's shape", attention_forward_graph(large), 2},
+                {"deterministic backward", attention_backward_graph(kShape), 5},
+                {"accumulating backward", attention_backward_graph(accumulating), 5},
+                {"backward at Mixtral's shape", attention_backward_graph(large), 5}};
+  for (const auto& [name, g, expected_matmuls] : graphs) {
+    int matmuls = 0;
+    for (size_t i = 0; i < g.ops.size(); ++i) {
+      const GraphOp& op = g.ops[i];
+      matmuls += op.kind == GraphOpKind::Matmul;
+      EXPECT_EQ(int(op.compute), int(frontend_compute(op))) << name << ", op " << i << " (kind " << int(op.kind) << ")";
+      if (op.kind == GraphOpKind::Matmul) {
+        EXPECT_EQ(op.compute, GraphType::Fp32) << name << ", matmul op " << i;
+      }
+    }
+    EXPECT_EQ(matmuls, expected_matmuls) << name;
+  }
+}
+
 TEST(AttentionGraph, PlanKeysOrderByShape) {
   const AttentionPlanKey a{1, 128, 4, 64}, b{1, 128, 4, 128}, c{2, 128, 4, 64};
   EXPECT_TRUE(a < b && a < c && !(b < a));

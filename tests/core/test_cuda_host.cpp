@@ -9,6 +9,7 @@
 
 #include "core/backend/cuda/caching_allocator.h"
 #include "core/backend/cuda/grouped_gemm_plan.h"
+#include "core/backend/cuda/host_wait.h"
 #include "core/backend/cuda/launch_config.h"
 #include "core/backend/cuda_backend.h"
 #include "core/error.h"
@@ -90,6 +91,109 @@ TEST(CachingAllocator, EmptiesItsCacheAndRetriesBeforeFailing) {
   }
   EXPECT_THROW(a.free(reinterpret_cast<void*>(0x1234)), Error);  // not one of its blocks
   a.free(y);
+}
+
+// A block freed while a communicator's stream may still use it (side work outstanding) is not handed out again
+// until that work has ended; blocks freed before the side work began, or after it ended, are reused at once.
+TEST(CachingAllocator, ParksBlocksFreedWhileSideWorkIsOutstanding) {
+  FakeSource fake;
+  CachingAllocator a(fake.source());
+  void* before = a.allocate(1000);
+  a.free(before);  // no side work: cached at once
+  const uint64_t send = a.begin_side_work();
+  void* buffer = a.allocate(1000);
+  EXPECT_EQ(buffer, before);
+  a.free(buffer);  // freed while the send may still read it
+  EXPECT_EQ(a.stats().parked, 1024);
+  EXPECT_EQ(a.stats().cached, 0);
+  void* other = a.allocate(1000);  // must not be the parked block
+  EXPECT_NE(other, buffer);
+  EXPECT_EQ(fake.allocations, 2);
+  const uint64_t later = a.begin_side_work();  // began after the free: does not hold the parked block
+  a.end_side_work(send);
+  EXPECT_EQ(a.stats().parked, 0);
+  EXPECT_EQ(a.allocate(1000), buffer);  // reusable now
+  a.free(other);                        // `later` is outstanding: parked again
+  EXPECT_EQ(a.stats().parked, 1024);
+  a.end_side_work(later);
+  EXPECT_EQ(a.stats().parked, 0);
+  EXPECT_EQ(a.stats().cached, 1024);
+  EXPECT_THROW(a.end_side_work(later), Error);  // a ticket ends once
+  a.free(buffer);
+}
+
+// Overlapping side work: a block waits for every piece outstanding at its free, in whatever order they end.
+TEST(CachingAllocator, AParkedBlockWaitsForAllSideWorkOutstandingAtItsFree) {
+  FakeSource fake;
+  CachingAllocator a(fake.source());
+  const uint64_t first = a.begin_side_work(), second = a.begin_side_work();
+  void* x = a.allocate(600);
+  a.free(x);
+  a.end_side_work(second);
+  EXPECT_EQ(a.stats().parked, 1024);  // `first` still runs
+  EXPECT_NE(a.allocate(600), x);
+  a.end_side_work(first);
+  EXPECT_EQ(a.stats().parked, 0);
+  EXPECT_EQ(a.allocate(600), x);
+}
+
+// Out of memory with communication in flight: the cache is kept (giving it back would wait for the whole device),
+// the allocation fails with a message that says why; once the side work ends the cache is emptied and retried.
+// Parked blocks are given back on destruction like cached ones.
+TEST(CachingAllocator, KeepsItsCacheWhenOutOfMemoryDuringSideWork) {
+  FakeSource fake;
+  fake.limit = size_t(8) << 20;
+  {
+    CachingAllocator a(fake.source());
+    void* x = a.allocate(6 << 20);
+    a.free(x);  // 6 MiB cached
+    const uint64_t ticket = a.begin_side_work();
+    try {
+      a.allocate(4 << 20);
+      FAIL() << "the cache must not be emptied while side work is outstanding";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::RunFailed);
+      EXPECT_NE(e.message().find("communication in flight"), std::string::npos) << e.message();
+    }
+    EXPECT_EQ(fake.releases, 0);
+    void* small = a.allocate(1000);
+    a.free(small);  // parked
+    a.end_side_work(ticket);
+    void* y = a.allocate(4 << 20);  // now the cache goes back and the retry fits
+    EXPECT_NE(y, nullptr);
+    EXPECT_GE(fake.releases, 1);
+    a.begin_side_work();  // left outstanding: destruction gives everything back regardless
+    a.free(y);
+    EXPECT_EQ(a.stats().parked, 4 << 20);
+  }
+  EXPECT_TRUE(fake.live.empty());
+}
+
+// A host wait polls until the work is done, running the check between polls; a check that throws (NCCL's
+// asynchronous error found) ends the wait with its error instead of leaving it blocked.
+TEST(HostWait, ChecksBetweenPollsAndEndsWhenACheckThrows) {
+  int polls = 0, checks = 0;
+  cuda::wait_polling([&] { return ++polls > 5; }, [&] { ++checks; });
+  EXPECT_EQ(polls, 6);
+  EXPECT_EQ(checks, 5);
+  polls = 0, checks = 0;
+  cuda::wait_polling([&] { return ++polls > 0; }, [&] { ++checks; });
+  EXPECT_EQ(checks, 0);  // done at once: nothing checked
+  polls = 0, checks = 0;
+  auto never_done = [&] {
+    ++polls;
+    return false;
+  };
+  auto peer_died = [&] {
+    if (++checks == 3) MOE_RUN_FAILED("communicator 'dp' failed while its work ran");
+  };
+  try {
+    cuda::wait_polling(never_done, peer_died);
+    FAIL() << "a wait whose check throws must end";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("'dp'"), std::string::npos) << e.message();
+  }
+  EXPECT_EQ(polls, 3);  // no poll after the check gave up
 }
 
 // Runs a plan on the host as column-major GEMMs (what cuBLAS computes) and compares with the row-major

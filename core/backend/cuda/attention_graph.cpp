@@ -44,15 +44,27 @@ class GraphBuilder {
   Dims heads_t_dims() const { return {s_.B, s_.H, s_.Dh, s_.T}; }
   Dims heads_t_strides() const { return {s_.T * s_.H * s_.Dh, s_.Dh, 1, s_.H * s_.Dh}; }
 
-  void matmul(int64_t a, int64_t b, int64_t c) { g_.ops.push_back({GraphOpKind::Matmul, {}, {}, {}, -1, {a, b}, c}); }
+  // Designated initialisers only: a positional `{}` would value-initialise a member (compute = Bf16, the enum's
+  // zero) instead of taking its default, and cuDNN's fused engines refuse a matmul that does not compute in fp32.
+  void matmul(int64_t a, int64_t b, int64_t c) {
+    g_.ops.push_back({.kind = GraphOpKind::Matmul, .compute = GraphType::Fp32, .inputs = {a, b}, .output = c});
+  }
   void pointwise(PointwiseMode mode, std::vector<int64_t> in, int64_t out, GraphType compute = GraphType::Fp32,
                  int64_t axis = -1) {
-    g_.ops.push_back({GraphOpKind::Pointwise, mode, {}, compute, axis, std::move(in), out});
+    g_.ops.push_back({.kind = GraphOpKind::Pointwise,
+                      .pointwise = mode,
+                      .compute = compute,
+                      .axis = axis,
+                      .inputs = std::move(in),
+                      .output = out});
   }
   void reduction(ReductionMode mode, int64_t x, int64_t y) {
-    g_.ops.push_back({GraphOpKind::Reduction, {}, mode, GraphType::Fp32, -1, {x}, y});
+    g_.ops.push_back(
+        {.kind = GraphOpKind::Reduction, .reduction = mode, .compute = GraphType::Fp32, .inputs = {x}, .output = y});
   }
-  void reshape(int64_t x, int64_t y) { g_.ops.push_back({GraphOpKind::Reshape, {}, {}, {}, -1, {x}, y}); }
+  void reshape(int64_t x, int64_t y) {
+    g_.ops.push_back({.kind = GraphOpKind::Reshape, .compute = GraphType::Fp32, .inputs = {x}, .output = y});
+  }
 
   // x (scores) where row >= column, else the masked value: the causal mask as generated indices.
   int64_t causal_mask(int64_t x) {

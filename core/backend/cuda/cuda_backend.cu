@@ -8,7 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cub/cub.cuh>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -19,6 +22,7 @@
 #endif
 #include "core/backend/cuda/cuda_kernels.cuh"
 #include "core/backend/cuda/grouped_gemm_plan.h"
+#include "core/backend/cuda/host_wait.h"
 #include "core/backend/cuda/launch_config.h"
 #include "core/backend/cuda_backend.h"
 #include "core/error.h"
@@ -48,12 +52,64 @@ using cuda::row_launch;
 
 cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
+// The checks a host wait runs while it polls the stream (cuda_watch: a communicator's look at NCCL's asynchronous
+// errors, which throws to end the wait). Without any, as on one GPU, a wait simply blocks.
+class Watchers {
+ public:
+  uint64_t add(std::function<void()> check) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    checks_.emplace(next_, std::move(check));
+    return next_++;
+  }
+  void remove(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    checks_.erase(id);
+  }
+  // The stream's queued work done, first, where a copy that blocks by itself follows: only with checks to run, so
+  // that one GPU's downloads wait once, as before.
+  void wait_if_watched(cudaStream_t stream) {
+    if (!empty()) wait(stream);
+  }
+  // The stream's queued work done.
+  void wait(cudaStream_t stream) {
+    if (empty()) {
+      MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+      return;
+    }
+    auto done = [&] {
+      const cudaError_t status = cudaStreamQuery(stream);
+      if (status == cudaErrorNotReady) return false;
+      MOE_CUDA_CHECK(status);
+      return true;
+    };
+    cuda::wait_polling(done, [&] { run(); });
+  }
+
+ private:
+  bool empty() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return checks_.empty();
+  }
+  void run() {
+    std::vector<std::function<void()>> checks;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& [id, check] : checks_) checks.push_back(check);
+    }
+    for (const auto& check : checks) check();
+  }
+  std::mutex mutex_;
+  std::map<uint64_t, std::function<void()>> checks_;
+  uint64_t next_ = 1;
+};
+
 // What the ops share with their backend: the stream, the cuBLAS handle, and device workspace.
 struct CudaContext {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   CachingAllocator* allocator = nullptr;
   cuda::CudnnAttention* attention = nullptr;  // fused attention on cuDNN; null without it
+  Watchers* watchers = nullptr;               // every host wait for the stream goes through it
 };
 
 // Device workspace for one call, back to the allocator's cache when it goes (reuse is ordered on the stream).
@@ -240,7 +296,7 @@ class CudaOps final : public Ops<T> {
     if (rope_) ctx_.allocator->free(rope_);
     rope_ = ctx_.allocator->allocate(host.size() * sizeof(T));
     MOE_CUDA_CHECK(cudaMemcpyAsync(rope_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, ctx_.stream));
-    MOE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));  // the host vector goes when this returns
+    ctx_.watchers->wait(ctx_.stream);  // the host vector goes when this returns
     rope_seq_ = T_, rope_dh_ = Dh;
     return static_cast<const T*>(rope_);
   }
@@ -307,6 +363,9 @@ class CudaOps final : public Ops<T> {
   size_t rounded_bytes_ = 0;
   uint64_t rounded_version_ = ~uint64_t(0);
   static constexpr size_t kOperandBytes = sizeof(T) == 4 ? 2 : sizeof(T);  // per element of a rounded operand
+  // cuBLAS refused the grouped bf16 GEMM into fp32 (its grouped Ex lists no such type combination): from then on
+  // one GEMM per expert, without asking again.
+  bool grouped_bf16_refused_ = false;
   void grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const void* A, const void* B, T beta, T* C);
 
   template <typename Kernel, typename... Args>
@@ -460,6 +519,7 @@ double CudaOps<T>::sum_squares(const T* x, int64_t n) {
   launch_rows(row_launch(chunks, kChunk), cuda::sum_squares_chunks_kernel<T>, x, n, kChunk, d, chunks);
   launch(LaunchConfig{1, 1}, cuda::sum_in_order_kernel, d, chunks, d + chunks);
   double total = 0;
+  ctx_.watchers->wait_if_watched(ctx_.stream);  // the partials, interruptibly; then the copy waits for nothing
   MOE_CUDA_CHECK(cudaMemcpyAsync(&total, d + chunks, sizeof(double), cudaMemcpyDeviceToHost, ctx_.stream));
   MOE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
   return total;
@@ -532,11 +592,16 @@ void CudaOps<T>::grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const v
     host_pointers[P + i] = a + plan.second_offset[i] * int64_t(kOperandBytes);
     host_pointers[2 * P + i] = C + plan.c_offset[i];
   }
-  Workspace pointers(*ctx_.allocator, host_pointers.size() * sizeof(void*));
-  MOE_CUDA_CHECK(cudaMemcpyAsync(pointers.ptr, host_pointers.data(), host_pointers.size() * sizeof(void*),
-                                 cudaMemcpyHostToDevice, ctx_.stream));
-  const void* const* device = static_cast<const void* const*>(pointers.ptr);
+  // The device array of operand pointers the grouped calls read (the per-expert fallback needs none).
+  std::optional<Workspace> pointers;
+  auto device_pointers = [&] {
+    pointers.emplace(*ctx_.allocator, host_pointers.size() * sizeof(void*));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(pointers->ptr, host_pointers.data(), host_pointers.size() * sizeof(void*),
+                                   cudaMemcpyHostToDevice, ctx_.stream));
+    return static_cast<const void* const*>(pointers->ptr);
+  };
   if constexpr (sizeof(T) == 8) {
+    const void* const* device = device_pointers();
     MOE_CUBLAS_CHECK(grouped_call<T>(ctx_.blas, ta.data(), tb.data(), plan.m.data(), plan.n.data(), plan.k.data(),
                                      alphas.data(), reinterpret_cast<const T* const*>(device), plan.ld_first.data(),
                                      reinterpret_cast<const T* const*>(device + P), plan.ld_second.data(), betas.data(),
@@ -544,19 +609,23 @@ void CudaOps<T>::grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const v
                                      int(P), sizes.data()));
     return;
   } else {
-    const cublasStatus_t grouped =
-        cublasGemmGroupedBatchedEx(ctx_.blas, ta.data(), tb.data(), plan.m.data(), plan.n.data(), plan.k.data(),
-                                   alphas.data(), device, CUDA_R_16BF, plan.ld_first.data(), device + P, CUDA_R_16BF,
-                                   plan.ld_second.data(), betas.data(), const_cast<void* const*>(device + 2 * P),
-                                   CUDA_R_32F, plan.ld_c.data(), int(P), sizes.data(), CUBLAS_COMPUTE_32F);
-    if (grouped == CUBLAS_STATUS_SUCCESS) return;
-    if (grouped != CUBLAS_STATUS_NOT_SUPPORTED && grouped != CUBLAS_STATUS_INVALID_VALUE)
-      MOE_RUN_FAILED("cublasGemmGroupedBatchedEx: " << cublasGetStatusString(grouped));
-    static bool said = false;
-    if (!said)
-      std::fprintf(stderr, "moe: this cuBLAS has no grouped bf16 GEMM into fp32 (%s); one GEMM per expert instead\n",
-                   cublasGetStatusString(grouped));
-    said = true;
+    if (!grouped_bf16_refused_) {
+      const void* const* device = device_pointers();
+      const cublasStatus_t grouped =
+          cublasGemmGroupedBatchedEx(ctx_.blas, ta.data(), tb.data(), plan.m.data(), plan.n.data(), plan.k.data(),
+                                     alphas.data(), device, CUDA_R_16BF, plan.ld_first.data(), device + P, CUDA_R_16BF,
+                                     plan.ld_second.data(), betas.data(), const_cast<void* const*>(device + 2 * P),
+                                     CUDA_R_32F, plan.ld_c.data(), int(P), sizes.data(), CUBLAS_COMPUTE_32F);
+      if (grouped == CUBLAS_STATUS_SUCCESS) return;
+      if (grouped != CUBLAS_STATUS_NOT_SUPPORTED && grouped != CUBLAS_STATUS_INVALID_VALUE)
+        MOE_RUN_FAILED("cublasGemmGroupedBatchedEx: " << cublasGetStatusString(grouped));
+      grouped_bf16_refused_ = true;
+      static bool said = false;
+      if (!said)
+        std::fprintf(stderr, "moe: this cuBLAS has no grouped bf16 GEMM into fp32 (%s); one GEMM per expert instead\n",
+                     cublasGetStatusString(grouped));
+      said = true;
+    }
     for (size_t i = 0; i < P; ++i)
       MOE_CUBLAS_CHECK(cublasGemmEx(ctx_.blas, ta[i], tb[i], plan.m[i], plan.n[i], plan.k[i], &alpha, host_pointers[i],
                                     CUDA_R_16BF, plan.ld_first[i], host_pointers[P + i], CUDA_R_16BF, plan.ld_second[i],
@@ -567,11 +636,12 @@ void CudaOps<T>::grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const v
 
 class CudaStream final : public Stream {
  public:
-  explicit CudaStream(cudaStream_t s) : stream_(s) {}
-  void synchronize() override { MOE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  CudaStream(cudaStream_t s, Watchers& watchers) : stream_(s), watchers_(watchers) {}
+  void synchronize() override { watchers_.wait(stream_); }
 
  private:
   cudaStream_t stream_;
+  Watchers& watchers_;
 };
 
 class CudaBackend final : public Backend {
@@ -586,6 +656,7 @@ class CudaBackend final : public Backend {
     copy_on_stream(dst, src, bytes, cudaMemcpyHostToDevice);
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    watchers_.wait_if_watched(ctx_.stream);  // the queued work first, interruptibly: the pageable copy blocks
     copy_on_stream(dst, src, bytes, cudaMemcpyDeviceToHost);
   }
   void copy(void* dst, const void* src, size_t bytes) override {
@@ -593,6 +664,8 @@ class CudaBackend final : public Backend {
   }
   Stream& stream() override { return *stream_object_; }
   cudaStream_t native_stream() const { return ctx_.stream; }
+  CachingAllocator& allocator() { return *allocator_; }
+  Watchers& watchers() { return watchers_; }
   int64_t allocated_bytes() const override { return allocator_->stats().in_use; }
   int64_t peak_bytes() const override { return allocator_->stats().peak_in_use; }
 
@@ -611,6 +684,7 @@ class CudaBackend final : public Backend {
     if (bytes > 0 && dst != src) MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, ctx_.stream));
   }
   int device_ = 0, threads_ = 1;
+  Watchers watchers_;
   CudaContext ctx_;
   std::unique_ptr<CachingAllocator> allocator_;
 #ifdef MOE_HAVE_CUDNN
@@ -636,11 +710,12 @@ CudaBackend::CudaBackend(int device) : device_(device) {
                                                                            },
                                                                            [](void* p, size_t) { cudaFree(p); }});
   ctx_.allocator = allocator_.get();
+  ctx_.watchers = &watchers_;
 #ifdef MOE_HAVE_CUDNN
   attention_ = std::make_unique<cuda::CudnnAttention>(ctx_.stream, *allocator_);
   ctx_.attention = attention_.get();
 #endif
-  stream_object_ = std::make_unique<CudaStream>(ctx_.stream);
+  stream_object_ = std::make_unique<CudaStream>(ctx_.stream, watchers_);
   f32_ = std::make_unique<CudaOps<float>>(ctx_);
   f64_ = std::make_unique<CudaOps<double>>(ctx_);
 }
@@ -687,10 +762,32 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
   return std::make_unique<CudaBackend>(device);
 }
 
-void* cuda_stream_of(Backend& backend) {
+namespace {
+
+CudaBackend& cuda_backend_of(Backend& backend, const char* what) {
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);
-  if (!cuda) MOE_BAD_INPUT("the " << backend.name() << " backend has no CUDA stream");
-  return static_cast<void*>(cuda->native_stream());
+  if (!cuda) MOE_BAD_INPUT("the " << backend.name() << " backend has no CUDA " << what);
+  return *cuda;
 }
+
+}  // namespace
+
+void* cuda_stream_of(Backend& backend) {
+  return static_cast<void*>(cuda_backend_of(backend, "stream").native_stream());
+}
+
+uint64_t cuda_begin_side_work(Backend& backend) {
+  return cuda_backend_of(backend, "memory").allocator().begin_side_work();
+}
+
+void cuda_end_side_work(Backend& backend, uint64_t ticket) {
+  cuda_backend_of(backend, "memory").allocator().end_side_work(ticket);
+}
+
+uint64_t cuda_watch(Backend& backend, std::function<void()> check) {
+  return cuda_backend_of(backend, "stream").watchers().add(std::move(check));
+}
+
+void cuda_unwatch(Backend& backend, uint64_t id) { cuda_backend_of(backend, "stream").watchers().remove(id); }
 
 }  // namespace moe

@@ -1,7 +1,8 @@
 // Launch configurations of the CUDA backend's kernels, as plain arithmetic (no CUDA types) so that they are
 // tested without a GPU. Elementwise kernels use grid-stride loops: a grid capped at kMaxBlocks covers any n.
-// Row kernels run one block per row (rows beyond the grid's y limit are looped over by the kernel): a block of
-// up to 256 threads, a power of two no wider than the row needs, whose tree reductions have a fixed order.
+// Row kernels run one block per row (rows beyond kMaxBlocks are looped over by the kernel): a block of up to 256
+// threads, a power of two no wider than the row needs, whose tree reductions have a fixed order. Every launch
+// uses the x dimension only.
 #pragma once
 
 #include <algorithm>
@@ -14,7 +15,9 @@ struct LaunchConfig {
 };
 
 inline constexpr uint32_t kThreads = 256;
-inline constexpr uint32_t kMaxBlocks = 65535;  // also the y/z grid limit: one limit for every launch
+// Not the hardware's limit (x allows 2^31 - 1 blocks; 65535 is y's and z's): a cap of our own. 65535 blocks of 256
+// threads fill any current GPU many times over, and the grid-stride and row loops cover what lies beyond.
+inline constexpr uint32_t kMaxBlocks = 65535;
 
 // n independent elements, a grid-stride loop: at least one block, at most kMaxBlocks.
 inline LaunchConfig elementwise_launch(int64_t n) {
