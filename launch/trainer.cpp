@@ -94,9 +94,9 @@ RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoi
   RunOutputs out;
   const bool fresh = point.dir.empty();
   const TrainPaths& paths = t.paths;
+  if (t.leader()) check_tensorboard_dir(paths.run_dir);  // before anything is deleted or written
   claim_checkpoint_roots(t, point);
   if (t.leader()) {
-    check_tensorboard_dir(paths.run_dir);
     // config.json and manifest.json describe this start; config_history.jsonl keeps every start.
     const nlohmann::json start = {{"time", utc_now()},
                                   {"step", start_step},

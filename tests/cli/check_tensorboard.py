@@ -153,6 +153,10 @@ killed = compare("killed", load(tensorboard_dir("killed")), metrics(os.path.join
 check(killed["train/lr"][:3] == whole["train/lr"][:3], "killed: steps up to 4 are not the first start's")
 check(killed["train/lr"][3:] != whole["train/lr"][3:], "killed: steps after 4 are the dead start's")
 
+# Two ranks: one file, rank 0's lines.
+check(len(glob.glob(os.path.join(tensorboard_dir("two"), "*"))) == 1, "two ranks: not one file")
+compare("two ranks", load(tensorboard_dir("two")), metrics(os.path.join(WORK, "two")))
+
 # Cut or damaged inside a record: read up to the damage.
 first = sorted(glob.glob(os.path.join(tensorboard_dir("whole"), "events.out.tfevents.*")))[0]
 with open(first, "rb") as f:

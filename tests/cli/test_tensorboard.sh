@@ -8,7 +8,9 @@
 # - a run killed mid-write (its events file cut inside a record) and resumed from an earlier checkpoint with
 #   another learning rate is one monotone series holding the resumed run's values, not the dead start's;
 # - a file cut or damaged inside a record reads up to the damage;
-# - a sweep's cells are TensorBoard runs named by their grid point; train.tensorboard=false writes none.
+# - two ranks write one file, rank 0's;
+# - a sweep's cells are TensorBoard runs named by their grid point; train.tensorboard=false writes none;
+# - a fresh start removes only the events files; a link planted as RUN_DIR/tensorboard is refused.
 # When the environment cannot be made (no network) the test fails, unless MOE_TEST_OFFLINE=1 says this machine
 # is offline: then it is skipped (exit 77).
 #
@@ -80,6 +82,35 @@ train --run-dir killed --resume killed/checkpoints/step-00000004 --set optim.lr=
 train --run-dir off --set train.tensorboard=false --set train.steps=2
 if [ -e off/tensorboard ]; then
   echo "FAIL: train.tensorboard=false wrote off/tensorboard" >&2
+  exit 1
+fi
+# Two data-parallel ranks: rank 0 alone writes (one file, the lines of metrics.jsonl).
+mpirun=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --timeout 120)
+[ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
+"${mpirun[@]}" -np 2 "$moe" train --config "$config" "${small[@]}" --set parallel.dp=2 --set train.steps=4 \
+  --run-dir two > /dev/null
+# A fresh start (--overwrite) removes the events files of the run it replaces, and nothing else there.
+train --run-dir again --set train.steps=2
+echo mine > again/tensorboard/notes.txt
+train --run-dir again --set train.steps=2 --overwrite
+left=$(ls again/tensorboard | tr '\n' ' ')
+case "$left" in
+  "events.out.tfevents."*" notes.txt ") ;;
+  *)
+    echo "FAIL: after --overwrite again/tensorboard holds: $left" >&2
+    exit 1
+    ;;
+esac
+# A link planted as RUN_DIR/tensorboard: refused (exit 2, naming it) before anything is written.
+mkdir -p linked elsewhere
+ln -s "$work/elsewhere" linked/tensorboard
+set +e
+"$moe" train --config "$config" "${small[@]}" --run-dir linked > linked.out 2>&1
+rc=$?
+set -e
+if [ $rc -ne 2 ] || ! grep -q "linked/tensorboard" linked.out || [ -e linked/config.json ] \
+  || [ -n "$(ls -A elsewhere)" ]; then
+  echo "FAIL: a link at RUN_DIR/tensorboard: exit $rc, $(cat linked.out)" >&2
   exit 1
 fi
 # A sweep of two cells.
