@@ -21,10 +21,12 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 # Debian packages the build needs (docs/design.md); libopenblas-openmp-dev gives OpenBLAS on
 # the same OpenMP runtime as the rest of the code; chromium (headless) is the browser the report's test opens
 # `moe report`'s pages in; python3-h5py is what a test reads checkpoints with, as a user without this program
-# would (docs/checkpoint.md).
+# would (docs/checkpoint.md); libprotobuf-dev, protobuf-compiler and libboost-dev (Boost.CRC) write TensorBoard's
+# event files, and python3-venv makes the environment their test installs TensorBoard into (docs/design.md
+# "Dependencies").
 DEBIAN_PACKAGES := build-essential cmake libcli11-dev nlohmann-json3-dev libgtest-dev libopenblas-dev \
                    libopenblas-openmp-dev libxxhash-dev zlib1g-dev libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools \
-                   clang-format chromium python3-h5py
+                   clang-format chromium python3-h5py libprotobuf-dev protobuf-compiler libboost-dev python3-venv
 
 .PHONY: all deps configure build train test test-sanitize bench ablate clean
 

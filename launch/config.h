@@ -29,6 +29,7 @@ struct TrainConfig {
   int64_t threads = 0;         // 0: cores / ranks on this node
   bool adapt_threads = true;   // fewer threads while other processes take the cores
   bool trace = false;          // RUN_DIR/trace.json for steps [trace_from, trace_from + trace_steps)
+  bool tensorboard = true;     // RUN_DIR/tensorboard/: TensorBoard event files of the metrics lines
   int64_t trace_from = 2, trace_steps = 3;
 };
 

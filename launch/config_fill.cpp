@@ -60,6 +60,7 @@ void fill_train(FieldReader& r, Config& c) {
   c.train.eval_sequences = r.integer("train.eval_sequences");
   c.train.threads = r.integer("train.threads");
   c.train.adapt_threads = r.boolean("train.adapt_threads");
+  c.train.tensorboard = r.boolean("train.tensorboard");
 }
 
 void fill_model(FieldReader& r, Config& c) {

@@ -101,6 +101,9 @@ std::vector<KeySpec> train_keys() {
       integer("train.trace_from", 2, from_to(1, kMaxSteps), "the first step the trace records (1-based)"),
       integer("train.trace_steps", 3, from_to(1, 1000), "how many steps the trace records"),
       integer("train.log_every", 10, at_least(1), "write a metrics.jsonl line every this many steps"),
+      boolean("train.tensorboard", true,
+              "write the metrics lines as TensorBoard event files in RUN_DIR/tensorboard/ (rank 0; docs/metrics.md "
+              "\"TensorBoard\")"),
       integer("train.eval_every", 100, at_least(0),
               "evaluate on held-out data every this many steps; 0 = only at the end"),
       integer("train.eval_sequences", 8, at_least(1), "held-out sequences per data source per evaluation"),

@@ -30,6 +30,7 @@
 #include "launch/run_dir.h"
 #include "launch/run_lock.h"
 #include "launch/stop_signal.h"
+#include "launch/tensorboard.h"
 #include "launch/train_metrics.h"
 #include "launch/train_setup.h"
 #include "launch/train_step.h"
@@ -50,11 +51,18 @@ int env_int(const char* name, int fallback) {
 
 // What a run writes besides checkpoints, and its checkpointer.
 struct RunOutputs {
-  std::unique_ptr<MetricsWriter> metrics;  // rank 0
+  std::unique_ptr<MetricsWriter> metrics;          // rank 0
+  std::unique_ptr<TensorBoardWriter> tensorboard;  // rank 0, with train.tensorboard
   std::unique_ptr<ckpt::Checkpointer> checkpointer;
   std::unique_ptr<RoutingProbe> probe;     // rank 0
   std::unique_ptr<HealthMonitor> monitor;  // rank 0
 };
+
+// A metrics line to metrics.jsonl and, with train.tensorboard, to the events file, both flushed.
+void write_metrics(RunOutputs& out, const nlohmann::json& line) {
+  out.metrics->write(line);
+  if (out.tensorboard) out.tensorboard->write(line);
+}
 
 // Routing stability's reference and the monitor's state: a resumed run continues them from its kept lines.
 void open_routing_health(const Trainer& t, RunOutputs& out, bool fresh, int64_t start_step) {
@@ -86,6 +94,7 @@ RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoi
   RunOutputs out;
   const bool fresh = point.dir.empty();
   const TrainPaths& paths = t.paths;
+  if (t.leader()) check_tensorboard_dir(paths.run_dir);  // before anything is deleted or written
   claim_checkpoint_roots(t, point);
   if (t.leader()) {
     // config.json and manifest.json describe this start; config_history.jsonl keeps every start.
@@ -101,6 +110,8 @@ RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoi
     entry["config"] = t.config.resolved;
     append_config_history(paths.run_dir, entry);
     out.metrics = open_metrics(paths.run_dir, fresh, start_step);
+    if (fresh) clear_tensorboard(paths.run_dir);  // a fresh start's curves begin empty, as metrics.jsonl does
+    if (t.config.train.tensorboard) out.tensorboard = std::make_unique<TensorBoardWriter>(paths.run_dir, start_step);
     open_routing_health(t, out, fresh, start_step);
   }
   const Config& config = t.config;
@@ -221,7 +232,7 @@ void log_step(Loop& loop, int64_t done, const StepResult& r, double ckpt_stall) 
   nlohmann::json line = step_line(done, r, timing, done * t.tokens_per_step(), t.model_stats, t.config.moe.top_k);
   line["data"] = data_metrics(*t.loader, done - 1, tc.global_batch);
   add_routing_health(loop, line, top1);
-  loop.out.metrics->write(line);
+  write_metrics(loop.out, line);
   const double eta = elapsed_s / double(done - loop.resumed_step) * double(tc.steps - done);
   loop.progress.step(done, tc.steps, r.loss, r.lr, timing.tokens_per_s, eta,
                      t.model_stats.empty() ? -1 : r.dead_experts);
@@ -236,7 +247,7 @@ void maybe_evaluate(Loop& loop, int64_t done) {
   const auto span = loop.t.tracer.span("evaluation", "evaluation");
   const EvalResult ev = evaluate(loop.t);
   if (loop.t.leader()) {
-    loop.out.metrics->write(eval_line(done, ev));
+    write_metrics(loop.out, eval_line(done, ev));
     loop.progress.note(eval_text(done, ev));
   }
   loop.clock.interval_start = Clock::Steady::now();  // evaluation time does not count against throughput
