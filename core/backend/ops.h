@@ -131,6 +131,9 @@ class Ops {
   // y = a + b over n.
   virtual void add(const T* a, const T* b, T* y, int64_t n) = 0;
   virtual void copy(const T* x, T* y, int64_t n) = 0;
+  // y[r ldy + c] = x[r ldx + c] for r < rows, c < cols: a block of rows between strided matrices (a column block of
+  // a wider one), within the backend's memory.
+  virtual void copy_strided(const T* x, int64_t ldx, T* y, int64_t ldy, int64_t rows, int64_t cols) = 0;
   virtual void fill(T* y, T value, int64_t n) = 0;
   virtual void scale(T* y, T factor, int64_t n) = 0;
   // Sum of squares in double, in a fixed order (same result whatever the thread count).

@@ -245,6 +245,9 @@ class CpuOps final : public Ops<T> {
 #pragma omp parallel for schedule(static) if (n >= kParallelMove)
     for (int64_t c = 0; c < n; c += kMoveChunk) std::copy_n(x + c, std::min(kMoveChunk, n - c), y + c);
   }
+  void copy_strided(const T* x, int64_t ldx, T* y, int64_t ldy, int64_t rows, int64_t cols) override {
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(x + r * ldx, cols, y + r * ldy);
+  }
   void fill(T* y, T value, int64_t n) override {
 #pragma omp parallel for schedule(static) if (n >= kParallelMove)
     for (int64_t c = 0; c < n; c += kMoveChunk) std::fill_n(y + c, std::min(kMoveChunk, n - c), value);

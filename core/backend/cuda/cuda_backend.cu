@@ -180,6 +180,12 @@ class CudaOps final : public Ops<T> {
     if (n > 0 && x != y)
       MOE_CUDA_CHECK(cudaMemcpyAsync(y, x, size_t(n) * sizeof(T), cudaMemcpyDeviceToDevice, ctx_.stream));
   }
+  // One two-dimensional copy on the stream, device to device.
+  void copy_strided(const T* x, int64_t ldx, T* y, int64_t ldy, int64_t rows, int64_t cols) override {
+    if (rows == 0 || cols == 0) return;
+    MOE_CUDA_CHECK(cudaMemcpy2DAsync(y, size_t(ldy) * sizeof(T), x, size_t(ldx) * sizeof(T), size_t(cols) * sizeof(T),
+                                     size_t(rows), cudaMemcpyDeviceToDevice, ctx_.stream));
+  }
   void fill(T* y, T value, int64_t n) override { launch(elementwise_launch(n), cuda::fill_kernel<T>, y, value, n); }
   void scale(T* y, T factor, int64_t n) override { launch(elementwise_launch(n), cuda::scale_kernel<T>, y, factor, n); }
   double sum_squares(const T* x, int64_t n) override;
