@@ -14,9 +14,9 @@ namespace {
 // The forward of a region's input (gather_rows / copy_to_region) and the backward of its output
 // (reduce_scatter_rows / reduce_from_region) are this same move.
 template <typename T>
-const T* whole_rows(const TpContext& tp, const T* mine, T* full, int64_t N, int64_t D) {
+const T* whole_rows(Backend& backend, const TpContext& tp, const T* mine, T* full, int64_t N, int64_t D) {
   if (!tp.sequence_parallel) return mine;
-  tp::gather_rows_forward(*tp.comm, mine, full, tp.rows(N), D);
+  tp::gather_rows_forward(backend, *tp.comm, mine, full, tp.rows(N), D);
   return full;
 }
 
@@ -24,9 +24,9 @@ const T* whole_rows(const TpContext& tp, const T* mine, T* full, int64_t N, int6
 // under sequence parallelism; all-reduce in place without, `out` may be `partial`). The forward of a
 // region's output and the backward of its input.
 template <typename T>
-void summed_rows(const TpContext& tp, Ops<T>& ops, T* partial, T* out, int64_t N, int64_t D) {
+void summed_rows(Backend& backend, const TpContext& tp, Ops<T>& ops, T* partial, T* out, int64_t N, int64_t D) {
   if (tp.sequence_parallel) {
-    tp::reduce_scatter_rows_forward(*tp.comm, partial, out, tp.rows(N), D);
+    tp::reduce_scatter_rows_forward(backend, *tp.comm, partial, out, tp.rows(N), D);
     return;
   }
   tp::reduce_from_region_forward(*tp.comm, partial, N * D);
@@ -62,12 +62,12 @@ void TpAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) {
   const int64_t N = B * T_, R = tp_.rows(N), D = D_;
   backend_.reserve(work_, dtype_of<T>(), 2 * N * D + R * D);
   T* partial = work_.template data<T>();
-  const T* xg = whole_rows(tp_, x, partial + N * D, N, D);  // gathered again in backward, not kept
+  const T* xg = whole_rows(backend_, tp_, x, partial + N * D, N, D);  // gathered again in backward, not kept
   ops_.fill(partial, T(0), N * D);
   // this rank's heads' share of the output; the shard's scratch where backward has it
   inner_.forward(xg, partial, acts, scratch + wrapper_scratch(tp_, N, D), B);
   T* sum = tp_.sequence_parallel ? partial + 2 * N * D : partial;
-  summed_rows(tp_, ops_, partial, sum, N, D);
+  summed_rows(backend_, tp_, ops_, partial, sum, N, D);
   ops_.add_inplace(y, sum, R * D);
 }
 
@@ -75,9 +75,9 @@ template <typename T>
 void TpAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) {
   const int64_t N = B * T_, D = D_;
   T* dxg = tp_.sequence_parallel ? scratch + 2 * N * D : dx;
-  inner_.backward(whole_rows(tp_, x, scratch, N, D), whole_rows(tp_, dy, scratch + N * D, N, D), dxg, acts,
-                  scratch + wrapper_scratch(tp_, N, D), B);
-  summed_rows(tp_, ops_, dxg, dx, N, D);
+  inner_.backward(whole_rows(backend_, tp_, x, scratch, N, D), whole_rows(backend_, tp_, dy, scratch + N * D, N, D),
+                  dxg, acts, scratch + wrapper_scratch(tp_, N, D), B);
+  summed_rows(backend_, tp_, ops_, dxg, dx, N, D);
 }
 
 // ---- Dense MLP --------------------------------------------------------------------------------------
@@ -103,9 +103,9 @@ void TpMlp<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, Ffn
   // Without sequence parallelism y holds all N rows: the partial sums go there and are summed in place.
   if (sp) backend_.reserve(work_, dtype_of<T>(), 2 * N * D);
   T* partial = sp ? work_.template data<T>() : y;
-  const T* xg = whole_rows(tp_, x, partial + N * D, N, D);  // gathered again in backward, not kept
-  inner_.forward(context, xg, partial, acts, nullptr, N);   // this rank's hidden units' share
-  summed_rows(tp_, ops_, partial, y, N, D);
+  const T* xg = whole_rows(backend_, tp_, x, partial + N * D, N, D);  // gathered again in backward, not kept
+  inner_.forward(context, xg, partial, acts, nullptr, N);             // this rank's hidden units' share
+  summed_rows(backend_, tp_, ops_, partial, y, N, D);
 }
 
 template <typename T>
@@ -113,9 +113,10 @@ void TpMlp<T>::backward(const FfnContext& context, const T* x, const T* dy, T* d
                         int64_t R) {
   const int64_t N = tp_.tokens(R), D = D_;
   T* dxg = tp_.sequence_parallel ? scratch + 2 * N * D : dx;
-  inner_.backward(context, whole_rows(tp_, x, scratch, N, D), whole_rows(tp_, dy, scratch + N * D, N, D), dxg, acts,
-                  nullptr, scratch + wrapper_scratch(tp_, N, D), N);
-  summed_rows(tp_, ops_, dxg, dx, N, D);
+  inner_.backward(context, whole_rows(backend_, tp_, x, scratch, N, D),
+                  whole_rows(backend_, tp_, dy, scratch + N * D, N, D), dxg, acts, nullptr,
+                  scratch + wrapper_scratch(tp_, N, D), N);
+  summed_rows(backend_, tp_, ops_, dxg, dx, N, D);
 }
 
 // ---- A block of the rows for a token-split FFN ------------------------------------------------------
@@ -131,7 +132,7 @@ void TokenSplitFfn<T>::forward(const FfnContext& context, const T* x, T* y, T* a
   MOE_CHECK(R * tp_.size() == N, N << " tokens in blocks over " << tp_.size() << " tensor-parallel ranks");
   backend_.reserve(work_, dtype_of<T>(), R * D);
   inner_->forward(context, x + tp_.rank() * R * D, work_.template data<T>(), acts, slot, R);
-  tp::gather_rows_forward(tp_, work_.template data<T>(), y, R, D);
+  tp::gather_rows_forward(backend_, tp_, work_.template data<T>(), y, R, D);
 }
 
 template <typename T>
@@ -140,7 +141,8 @@ void TokenSplitFfn<T>::backward(const FfnContext& context, const T* x, const T* 
   const int64_t R = N / tp_.size(), D = width_, first = tp_.rank() * R * D;
   backend_.reserve(work_, dtype_of<T>(), R * D);
   inner_->backward(context, x + first, dy + first, work_.template data<T>(), acts, slot, scratch, R);
-  tp::gather_rows_forward(tp_, work_.template data<T>(), dx, R, D);  // the whole gradient: the blocks, gathered
+  tp::gather_rows_forward(backend_, tp_, work_.template data<T>(), dx, R,
+                          D);  // the whole gradient: the blocks, gathered
 }
 
 // ---- An MoE layer with its experts' hidden width split ---------------------------------------------
@@ -161,9 +163,9 @@ void ExpertTpFfn<T>::forward(const FfnContext& context, const T* x, T* y, T* act
   const bool sp = tp_.sequence_parallel;
   if (sp) backend_.reserve(work_, dtype_of<T>(), 2 * N * D);
   T* partial = sp ? work_.template data<T>() : y;  // without sequence parallelism y holds all N rows
-  const T* xg = whole_rows(tp_, x, partial + N * D, N, D);
+  const T* xg = whole_rows(backend_, tp_, x, partial + N * D, N, D);
   inner_->forward(context, xg, partial, acts, slot, N);
-  summed_rows(tp_, ops_, partial, y, N, D);
+  summed_rows(backend_, tp_, ops_, partial, y, N, D);
 }
 
 template <typename T>
@@ -171,9 +173,10 @@ void ExpertTpFfn<T>::backward(const FfnContext& context, const T* x, const T* dy
                               T* scratch, int64_t R) {
   const int64_t N = tp_.tokens(R), D = D_;
   T* dxg = tp_.sequence_parallel ? scratch + 2 * N * D : dx;
-  inner_->backward(context, whole_rows(tp_, x, scratch, N, D), whole_rows(tp_, dy, scratch + N * D, N, D), dxg, acts,
-                   slot, scratch + wrapper_scratch(tp_, N, D), N);
-  summed_rows(tp_, ops_, dxg, dx, N, D);
+  inner_->backward(context, whole_rows(backend_, tp_, x, scratch, N, D),
+                   whole_rows(backend_, tp_, dy, scratch + N * D, N, D), dxg, acts, slot,
+                   scratch + wrapper_scratch(tp_, N, D), N);
+  summed_rows(backend_, tp_, ops_, dxg, dx, N, D);
 }
 
 // ---- Vocabulary-parallel embedding ------------------------------------------------------------------
@@ -187,14 +190,14 @@ void VocabParallelEmbedding<T>::forward(const int32_t* tokens, T* x, int64_t N) 
   if (tp_.sequence_parallel) backend_.reserve(work_, dtype_of<T>(), N * D_);
   T* partial = tp_.sequence_parallel ? work_.template data<T>() : x;  // without, x holds all N rows
   inner_.forward(tokens, partial, N);
-  summed_rows(tp_, ops_, partial, x, N, D_);
+  summed_rows(backend_, tp_, ops_, partial, x, N, D_);
 }
 
 template <typename T>
 void VocabParallelEmbedding<T>::backward(const int32_t* tokens, const T* dx, int64_t N) {
   // The whole rows' gradient (without sequence parallelism every rank has it); each rank takes its block's.
   if (tp_.sequence_parallel) backend_.reserve(work_, dtype_of<T>(), N * D_);
-  inner_.backward(tokens, whole_rows(tp_, dx, work_.template data<T>(), N, D_), N);
+  inner_.backward(tokens, whole_rows(backend_, tp_, dx, work_.template data<T>(), N, D_), N);
 }
 
 // ---- Vocabulary-parallel head -----------------------------------------------------------------------
@@ -219,7 +222,7 @@ void VocabParallelHead<T>::bind(const ParamTable& table, T* params, T* grads) {
 template <typename T>
 void VocabParallelHead<T>::forward(const T* xo, const int32_t* targets, T* losses, T* acts, int64_t N) {
   if (tp_.sequence_parallel) backend_.reserve(work_, dtype_of<T>(), N * D_);
-  const T* xg = whole_rows(tp_, xo, work_.template data<T>(), N, D_);  // gathered again in backward
+  const T* xg = whole_rows(backend_, tp_, xo, work_.template data<T>(), N, D_);  // gathered again in backward
   T* logits = acts;
   T* lse = logits + N * Vl_;
   ops_.gemm(false, false, N, Vl_, D_, T(1), xg, D_, weight_, Vl_, T(0), logits, Vl_);
@@ -231,13 +234,13 @@ void VocabParallelHead<T>::backward(const T* xo, const int32_t* targets, T scale
                                     int64_t N) {
   const T* logits = acts;
   const T* lse = logits + N * Vl_;
-  T* dlogits = scratch;                                                  // (N, Vl)
-  T* dxg = scratch + N * Vl_;                                            // (N, D)
-  const T* xg = whole_rows(tp_, xo, scratch + N * Vl_ + N * D_, N, D_);  // (N, D) under sequence parallelism
+  T* dlogits = scratch;                                                            // (N, Vl)
+  T* dxg = scratch + N * Vl_;                                                      // (N, D)
+  const T* xg = whole_rows(backend_, tp_, xo, scratch + N * Vl_ + N * D_, N, D_);  // (N, D) under sequence parallelism
   tp::vocab_parallel_cross_entropy_backward(backend_, tp_.host(), logits, targets, lse, scale, dlogits, N, Vl_);
   ops_.gemm(true, false, D_, Vl_, N, T(1), xg, D_, dlogits, Vl_, T(1), grad_, Vl_);     // dW += xg^T dlogits
   ops_.gemm(false, true, N, D_, Vl_, T(1), dlogits, Vl_, weight_, Vl_, T(0), dxg, D_);  // partial dxg
-  summed_rows(tp_, ops_, dxg, dxo, N, D_);
+  summed_rows(backend_, tp_, ops_, dxg, dxo, N, D_);
 }
 
 // ---- The model's layout ----------------------------------------------------------------------------

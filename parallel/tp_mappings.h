@@ -13,8 +13,10 @@
 // blocks of N / tp rows, rank r holding block r; token-wise work (norms, residuals) runs on the block, and
 // gather_rows / reduce_scatter_rows move between the block and the full rows around the tensor-parallel
 // linears. Column blocks: a (N, C) tensor split into tp blocks of C / tp columns, rank r holding block r.
-// Buffers are float or double in the communicator's memory; a forward's output and a backward's input gradient may
-// not alias unless said.
+// Buffers are float or double in the communicator's memory, which is `backend`'s (host memory for the CPU backend):
+// every move that is not a collective is the backend's copy (device to device on a GPU), never the host's, and a
+// gather of column blocks stages them in the backend's memory. A forward's output and a backward's input gradient
+// may not alias unless said.
 //
 // What a gradient means on each rank follows from how the tensor is used: a *replicated* tensor (every rank
 // holds the same values, every rank then computes the same with it) has the same, whole gradient on every
@@ -26,6 +28,7 @@
 
 #include <cstdint>
 
+#include "core/backend/backend.h"
 #include "parallel/communicator.h"
 
 namespace moe::tp {
@@ -39,28 +42,30 @@ void reduce_from_region_forward(Communicator& tp, T* y, int64_t n);
 
 // local: (rows, width) this rank's block; full: (tp * rows, width), the blocks in rank order.
 template <typename T>
-void gather_rows_forward(Communicator& tp, const T* local, T* full, int64_t rows, int64_t width);
+void gather_rows_forward(Backend& backend, Communicator& tp, const T* local, T* full, int64_t rows, int64_t width);
 // dfull: (tp * rows, width) on every rank; dlocal: (rows, width) = sum over ranks of their dfull's block r.
 template <typename T>
-void gather_rows_backward(Communicator& tp, const T* dfull, T* dlocal, int64_t rows, int64_t width);
+void gather_rows_backward(Backend& backend, Communicator& tp, const T* dfull, T* dlocal, int64_t rows, int64_t width);
 // full: (tp * rows, width) partial sums; local: (rows, width) = block r of their sum.
 template <typename T>
-void reduce_scatter_rows_forward(Communicator& tp, const T* full, T* local, int64_t rows, int64_t width);
+void reduce_scatter_rows_forward(Backend& backend, Communicator& tp, const T* full, T* local, int64_t rows,
+                                 int64_t width);
 // dlocal: (rows, width); dfull: (tp * rows, width) = every rank's dlocal in rank order.
 template <typename T>
-void reduce_scatter_rows_backward(Communicator& tp, const T* dlocal, T* dfull, int64_t rows, int64_t width);
+void reduce_scatter_rows_backward(Backend& backend, Communicator& tp, const T* dlocal, T* dfull, int64_t rows,
+                                  int64_t width);
 
 // full: (rows, tp * cols); local: (rows, cols) = this rank's column block.
 template <typename T>
-void split_columns_forward(Communicator& tp, const T* full, T* local, int64_t rows, int64_t cols);
+void split_columns_forward(Backend& backend, Communicator& tp, const T* full, T* local, int64_t rows, int64_t cols);
 // dlocal: (rows, cols); dfull: (rows, tp * cols) with every rank's block in its columns.
 template <typename T>
-void split_columns_backward(Communicator& tp, const T* dlocal, T* dfull, int64_t rows, int64_t cols);
+void split_columns_backward(Backend& backend, Communicator& tp, const T* dlocal, T* dfull, int64_t rows, int64_t cols);
 // local: (rows, cols); full: (rows, tp * cols) with every rank's block in its columns.
 template <typename T>
-void gather_columns_forward(Communicator& tp, const T* local, T* full, int64_t rows, int64_t cols);
+void gather_columns_forward(Backend& backend, Communicator& tp, const T* local, T* full, int64_t rows, int64_t cols);
 // dfull: (rows, tp * cols); dlocal: (rows, cols) = this rank's column block of dfull.
 template <typename T>
-void gather_columns_backward(Communicator& tp, const T* dfull, T* dlocal, int64_t rows, int64_t cols);
+void gather_columns_backward(Backend& backend, Communicator& tp, const T* dfull, T* dlocal, int64_t rows, int64_t cols);
 
 }  // namespace moe::tp

@@ -131,6 +131,9 @@ class Ops {
   // y = a + b over n.
   virtual void add(const T* a, const T* b, T* y, int64_t n) = 0;
   virtual void copy(const T* x, T* y, int64_t n) = 0;
+  // y[r ldy + c] = x[r ldx + c] for r < rows, c < cols: a block of rows between strided matrices (a column block of
+  // a wider one), within the backend's memory.
+  virtual void copy_strided(const T* x, int64_t ldx, T* y, int64_t ldy, int64_t rows, int64_t cols) = 0;
   virtual void fill(T* y, T value, int64_t n) = 0;
   virtual void scale(T* y, T factor, int64_t n) = 0;
   // Sum of squares in double, in a fixed order (same result whatever the thread count).
@@ -206,6 +209,32 @@ class Ops {
                             int64_t D, bool accumulate) = 0;
   // out[r] = sum_d a[index[r], d] * b[r, d], accumulated in double. a: (*, D); b: (rows, D); out: (rows).
   virtual void row_dots(const T* a, const int32_t* index, const T* b, T* out, int64_t rows, int64_t D) = 0;
+
+  // ---- The router's backward (core/moe/router.h, docs/moe.md) ---------------------------------------
+  // Gate weights -> scores, per token n < N: dp[n, selected[n K + j]] += dw[n K + j] / denom[n] for raw gates;
+  // renormalised ones (w_j = p[e_j] / denom) add (dw_j - sum_i dw_i gate_i) / denom, the sum 0 where
+  // clamped[n] (a clamped denominator is a constant). selected < 0 is skipped. gate, selected, dw: (N, K);
+  // denom, clamped: (N); dp: (N, E), accumulates.
+  virtual void gate_backward(const T* gate, const int32_t* selected, const T* dw, const T* denom,
+                             const uint8_t* clamped, bool renormalised, T* dp, int64_t N, int64_t K, int64_t E) = 0;
+  // The router losses' coefficients (MODEL.md "Router losses"; docs/moe.md for the warm-up term), each
+  // gradient scaled by `scale` (the group's share of the step's loss).
+  struct RouterLossGrad {
+    double scale, coef_aux, coef_z, coef_entropy, coef_death, death_floor, coef_warmup;
+    bool warming;  // the warm-up term is on this step
+  };
+  // With P_e the column means of the scores and f (E) the top-k fractions: dp[n, e] += scale (coef_aux E f_e / N
+  // + coef_entropy (log max(p, 1e-30) + 1) / N - (P_e < floor) coef_death / N + warm-up); dz[n, e] += scale coef_z
+  // 2 lse_n softmax(z_n)_e / N. logits, scores, dp, dz: (N, E).
+  virtual void router_loss_backward(const T* logits, const T* scores, const T* f, const RouterLossGrad& c, T* dp, T* dz,
+                                    int64_t N, int64_t E) = 0;
+  // Scores -> logits: dz[n] += J(p_n)^T dp[n] / tau, J the softmax's Jacobian (or the sigmoid's, elementwise).
+  // With logits (a learned temperature), also *d_log_tau (one double, written) = -sum over rows
+  // [own_first, own_first + own_count) of that row's term times (z + noise) (noise: (N, E) or null); without,
+  // own_first, own_count and d_log_tau are not read. scores, dp, dz: (N, E).
+  virtual void score_backward(const T* scores, const T* dp, double tau, bool sigmoid, const T* logits,
+                              const double* noise, int64_t own_first, int64_t own_count, double* d_log_tau, T* dz,
+                              int64_t N, int64_t E) = 0;
 
   // ---- The optimizer ---------------------------------------------------------------------------
   // One AdamW update over n elements, decoupled weight decay (optim/adamw.h):

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/backend/cpu/router_kernels.h"
 #include "core/backend/cpu/vector_math.h"
 #include "core/error.h"
 
@@ -13,7 +14,7 @@ namespace {
 // Below this the renormalising sum of the selected scores is clamped (and treated as a constant), so
 // a sigmoid router cannot drive its scores towards zero to game the losses (docs/moe.md).
 constexpr double kMinGateSum = 1e-6;
-constexpr double kMinLogArg = 1e-30;
+constexpr double kMinLogArg = cpu::kRouterMinLogArg;
 constexpr int64_t kMaxExperts = 1024;
 
 // The per-token parts of the router's losses run on the host, one token's row of E values at a time, the rows
@@ -21,27 +22,6 @@ constexpr int64_t kMaxExperts = 1024;
 // exponentials and logarithms of a row taken at once (cpu::log_sum_exp, cpu::exp_shifted, cpu::log_doubles). With 64
 // experts they were scalar calls, 2048 x 320 a layer's forward and backward: as long as a third of the layer's expert
 // GEMMs (docs/bench.md "The router's losses").
-
-// log max(p, kMinLogArg) of a row p (E values), in a buffer of the calling thread that its next call overwrites.
-template <typename T>
-const double* row_log(const T* p, int64_t E) {
-  thread_local std::vector<double> lp;
-  lp.resize(size_t(E));
-  for (int64_t i = 0; i < E; ++i) lp[size_t(i)] = std::max(double(p[i]), kMinLogArg);
-  cpu::log_doubles(lp.data(), lp.data(), E);
-  return lp.data();
-}
-
-template <typename T>
-void softmax_backward(const T* p, const T* g, double tau, T* dz, int64_t E) {
-  double dot = 0;
-  for (int64_t e = 0; e < E; ++e) dot += double(p[e]) * g[e];
-  for (int64_t e = 0; e < E; ++e) dz[e] += T(double(p[e]) * (double(g[e]) - dot) / tau);
-}
-template <typename T>
-void sigmoid_backward(const T* p, const T* g, double tau, T* dz, int64_t E) {
-  for (int64_t e = 0; e < E; ++e) dz[e] += T(double(g[e]) * p[e] * (1.0 - double(p[e])) / tau);
-}
 
 // Gate weights w_j = p[e_j], or w_j = p[e_j] / sum of the selected scores (the sum clamped below).
 template <typename T>
@@ -61,20 +41,6 @@ void renormalised_gates(const T* p, const int32_t* selected, int64_t K, T* gate,
   for (int64_t i = 0; i < K; ++i)
     if (selected[i] >= 0) gate[i] = p[selected[i]] / *denom;
 }
-template <typename T>
-void raw_gates_backward(const T*, const int32_t* selected, const T* dw, T denom, bool, int64_t K, T* dp) {
-  for (int64_t j = 0; j < K; ++j)
-    if (selected[j] >= 0) dp[selected[j]] += T(double(dw[j]) / double(denom));
-}
-template <typename T>
-void renormalised_gates_backward(const T* gate, const int32_t* selected, const T* dw, T denom, bool clamped, int64_t K,
-                                 T* dp) {
-  double g = 0;  // a clamped sum is a constant
-  if (!clamped)
-    for (int64_t j = 0; j < K; ++j) g += double(dw[j]) * double(gate[j]);
-  for (int64_t j = 0; j < K; ++j)
-    if (selected[j] >= 0) dp[selected[j]] += T((double(dw[j]) - g) / double(denom));
-}
 }  // namespace
 
 template <typename T>
@@ -84,11 +50,10 @@ Router<T>::Router(Backend& backend, const MoeSettings& settings)
   gumbel_ = s_.noise == RouterNoise::Gumbel;
   const bool softmax = s_.score == RouterScore::Softmax;
   score_ = softmax ? &Ops<T>::softmax_rows : &Ops<T>::sigmoid_rows;
-  score_backward_ = softmax ? softmax_backward<T> : sigmoid_backward<T>;
+  sigmoid_ = !softmax;
   // Renormalising one selected expert would make its weight 1 and cut the router off (docs/moe.md).
-  const bool renormalise = s_.normalize && s_.top_k > 1;
-  gate_ = renormalise ? renormalised_gates<T> : raw_gates<T>;
-  gate_backward_ = renormalise ? renormalised_gates_backward<T> : raw_gates_backward<T>;
+  renormalise_ = s_.normalize && s_.top_k > 1;
+  gate_ = renormalise_ ? renormalised_gates<T> : raw_gates<T>;
   choices_ = reroutes(s_.overflow) ? s_.num_experts : s_.top_k;
   tau_ = s_.tau;
   bias_.assign(size_t(s_.num_experts), 0.0f);
@@ -196,7 +161,7 @@ void Router<T>::losses(const FfnContext& context, const T* logits, const T* scor
   for (int64_t n = 0; n < N; ++n) {
     lse[size_t(n)] = cpu::log_sum_exp(logits + n * E, E);
     const T* p = scores + n * E;
-    const double* lp = row_log(p, E);
+    const double* lp = cpu::router_row_log(p, E);
     double h = 0;
     for (int64_t i = 0; i < E; ++i) h -= double(p[i]) * lp[i];
     entropy[size_t(n)] = h;
@@ -237,9 +202,13 @@ template <typename T>
 void Router<T>::logits_backward(const FfnContext& context, const Routing<T>& r, const T* logits, const T* scores,
                                 const T* dw, T* dp, T* dz, int64_t N, int64_t own_first, int64_t own_count) const {
   const int64_t E = s_.num_experts, K = s_.top_k;
-  for (int64_t n = 0; n < N; ++n)  // gate weights -> scores
-    gate_backward_(r.gate.data() + n * K, r.selected.data() + n * K, dw + n * K, r.denom[n], r.denom_clamped[n], K,
-                   dp + n * E);
+  // The routing's host vectors go to the backend once; every loop over backend memory is an op.
+  gate_on_backend_ = backend_.upload(r.gate);
+  selected_on_backend_ = backend_.upload(r.selected);
+  denom_on_backend_ = backend_.upload(r.denom);
+  clamped_on_backend_ = backend_.upload(r.denom_clamped);
+  ops_.gate_backward(gate_on_backend_.data<T>(), selected_on_backend_.data<int32_t>(), dw, denom_on_backend_.data<T>(),
+                     clamped_on_backend_.data<uint8_t>(), renormalise_, dp, N, K, E);  // gate weights -> scores
   loss_backward(context, r, logits, scores, dp, dz, N);
   scores_backward(context, logits, scores, dp, dz, N, own_first, own_count < 0 ? N : own_count);
 }
@@ -253,22 +222,15 @@ void Router<T>::scores_backward(const FfnContext& context, const T* logits, cons
   bool clamped = false;
   const double tau = this->tau(&clamped);
   if (!s_.tau_learned) {
-    for (int64_t n = 0; n < N; ++n) score_backward_(scores + n * E, dp + n * E, tau, dz + n * E, E);
+    ops_.score_backward(scores, dp, tau, sigmoid_, nullptr, nullptr, 0, 0, nullptr, dz, N, E);
     return;
   }
   const double* noise = draw_noise(context, N);
-  std::vector<T> row(static_cast<size_t>(E));
-  double d_log_tau = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    std::fill(row.begin(), row.end(), T(0));
-    score_backward_(scores + n * E, dp + n * E, tau, row.data(), E);
-    for (int64_t e = 0; e < E; ++e) {
-      dz[n * E + e] += row[size_t(e)];
-      if (n >= own_first && n < own_first + own_count)
-        d_log_tau -= double(row[size_t(e)]) * (double(logits[n * E + e]) + (noise ? noise[n * E + e] : 0.0));
-    }
-  }
+  backend_.reserve(d_log_tau_, DType::F64, 1);
+  ops_.score_backward(scores, dp, tau, sigmoid_, logits, noise, own_first, own_count, d_log_tau_.data<double>(), dz, N,
+                      E);
   if (clamped) return;
+  const double d_log_tau = backend_.download(d_log_tau_.data<double>(), 1)[0];
   std::vector<T> grad = backend_.download(log_tau_grad_, 1);  // a parameter's gradient accumulates
   grad[0] += T(d_log_tau);
   backend_.copy_to_device(log_tau_grad_, grad.data(), 1);
@@ -287,37 +249,11 @@ void Router<T>::input_backward(const T* x, const T* dz, T* dx, int64_t N) const 
 template <typename T>
 void Router<T>::loss_backward(const FfnContext& context, const Routing<T>& r, const T* logits, const T* scores, T* dp,
                               T* dz, int64_t N) const {
-  const int64_t E = s_.num_experts;
-  const double rs = context.router_loss_scale, inv_n = 1.0 / double(N);
-  std::vector<double> P(static_cast<size_t>(E), 0.0);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t e = 0; e < E; ++e) P[e] += double(scores[n * E + e]) * inv_n;
-  // The warm-up term's d/dP_e = coef (1 / S - 1 / (E P_e)), each token's p_e entering P_e with 1/N.
-  std::vector<double> warmup(static_cast<size_t>(E), 0.0);
-  const bool warming = warming_up(context);
-  if (warming) {
-    double S = 0;
-    for (int64_t e = 0; e < E; ++e) S += P[e];
-    for (int64_t e = 0; e < E; ++e)
-      warmup[e] = s_.coef_warmup * inv_n * (1.0 / S - 1.0 / (double(E) * std::max(P[e], kMinLogArg)));
-  }
-  // Each token's row of dp and dz is its own: the rows among the threads.
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const T* z = logits + n * E;
-    const T* p = scores + n * E;
-    const double lse = cpu::log_sum_exp(z, E);
-    const double* ez = cpu::exp_shifted(z, lse, E);  // exp(z - lse)
-    const double* lp = row_log(p, E);
-    for (int64_t e = 0; e < E; ++e) {
-      double g = s_.coef_aux * double(E) * double(r.f[e]) * inv_n;
-      g += s_.coef_entropy * inv_n * (lp[e] + 1.0);
-      if (P[e] < s_.death_floor) g -= s_.coef_death * inv_n;
-      if (warming) g += warmup[e];
-      dp[n * E + e] += T(rs * g);
-      dz[n * E + e] += T(rs * s_.coef_z * 2.0 * lse * ez[e] * inv_n);
-    }
-  }
+  const typename Ops<T>::RouterLossGrad c{
+      context.router_loss_scale, s_.coef_aux, s_.coef_z, s_.coef_entropy, s_.coef_death, s_.death_floor, s_.coef_warmup,
+      warming_up(context)};
+  f_on_backend_ = backend_.upload(r.f);
+  ops_.router_loss_backward(logits, scores, f_on_backend_.data<T>(), c, dp, dz, N, s_.num_experts);
 }
 
 template <typename T>

@@ -70,12 +70,9 @@ class Router {
   // After an optimizer step, from the step's counts: the rule of `balance` (core/moe/settings.h, docs/moe.md).
   void update_bias(const std::vector<int64_t>& counts, const BiasBalance& balance);
 
-  // Strategies: the scores op (softmax or sigmoid rows); the scores' backward; gate weights and backward.
+  // Strategies: the scores op (softmax or sigmoid rows); gate weights (their backward is the gate_backward op).
   using ScoreOp = void (Ops<T>::*)(const T* z, const double* noise, double tau, T* p, int64_t N, int64_t E);
-  using ScoreBackwardFn = void (*)(const T* p, const T* dp, double tau, T* dz, int64_t E);
   using GateFn = void (*)(const T* p, const int32_t* selected, int64_t K, T* gate, T* denom, uint8_t* clamped);
-  using GateBackwardFn = void (*)(const T* gate, const int32_t* selected, const T* dw, T denom, bool clamped, int64_t K,
-                                  T* dp);
 
  private:
   // scores: in the backend's memory; host_scores: their copy on the host.
@@ -98,9 +95,9 @@ class Router {
   MoeSettings s_;
   bool gumbel_;  // noise in training
   ScoreOp score_;
-  ScoreBackwardFn score_backward_;
+  bool sigmoid_;      // sigmoid scores (else softmax)
+  bool renormalise_;  // gate weights renormalised over the selected experts
   GateFn gate_;
-  GateBackwardFn gate_backward_;
   int64_t choices_;  // K, or E when overflow reroutes down the preference row
   double tau_;       // the configured or scheduled temperature (not learned)
   const T* log_tau_ = nullptr;
@@ -110,6 +107,10 @@ class Router {
   // Backend workspace of one forward: noise (N, E), the balancing bias and the dropout mask (E), the
   // top-k of p alone (N, K) and the preference rows (N, W).
   mutable Buffer noise_, bias_on_backend_, mask_, plain_top_, preference_;
+  // Backend copies of one backward: the routing's gate weights, selections, denominators and their clamps
+  // (N, K), (N, K), (N), (N); the top-k fractions f (E); the learned temperature's gradient (1 double).
+  mutable Buffer gate_on_backend_, selected_on_backend_, denom_on_backend_, clamped_on_backend_, f_on_backend_,
+      d_log_tau_;
   T* grad_ = nullptr;
 };
 

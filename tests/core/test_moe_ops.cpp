@@ -1,10 +1,14 @@
 // The op conformance suite, MoE and optimizer ops: grouped GEMM, Gumbel noise, row softmax and sigmoid,
-// row top-k (with the router's tie rule), gather, scatter-add, combine, row dots, the AdamW update.
+// row top-k (with the router's tie rule), gather, scatter-add, combine, row dots, the router's backward (gate
+// weights, losses and scores, against the CPU reference in double), the AdamW update.
 // Every backend, fp32 and fp64, data through the backend's buffers, against references written
 // from the definitions in double; index results (top-k) compare exactly.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <numeric>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tests/core/conformance.h"
@@ -235,6 +239,96 @@ void adamw_cases(Backend& b) {
 TEST_P(Conformance, AdamWUpdate) {
   adamw_cases<float>(backend());
   adamw_cases<double>(backend());
+}
+
+// ---- The router's backward: each op on the backend in T against the CPU reference in double ------------
+
+// Router-shaped inputs: scores a softmax of the logits (positive, rows summing to 1), K selections per row with
+// some empty (-1), the gate weights and denominators of renormalised rows, every third one clamped.
+struct RouterCase {
+  static constexpr int64_t N = 37, E = 9, K = 3;
+  std::vector<double> logits, scores, dp, dz, dw, gate, denom, f, noise;
+  std::vector<int32_t> selected;
+  std::vector<uint8_t> clamped;
+  RouterCase() : logits(randn(N * E, "rz", 2.0)), dp(randn(N * E, "rdp")), dz(randn(N * E, "rdz")) {
+    dw = randn(N * K, "rdw"), noise = randn(N * E, "rnoise"), f = randn(E, "rf", 0.1);
+    for (double& v : f) v = std::abs(v);
+    for (int64_t n = 0; n < N; ++n) {
+      double m = -INFINITY, s = 0;
+      for (int64_t e = 0; e < E; ++e) m = std::max(m, logits[size_t(n * E + e)]);
+      for (int64_t e = 0; e < E; ++e) s += std::exp(logits[size_t(n * E + e)] - m);
+      for (int64_t e = 0; e < E; ++e) scores.push_back(std::exp(logits[size_t(n * E + e)] - m) / s);
+      double sum = 0;
+      for (int64_t j = 0; j < K; ++j) {
+        const int32_t e = (n + j * 4) % 5 == 4 ? -1 : int32_t((n * 7 + j * 2) % E);  // distinct within a row
+        selected.push_back(e);
+        if (e >= 0) sum += scores[size_t(n * E + e)];
+      }
+      clamped.push_back(n % 3 == 0);
+      denom.push_back(n % 3 == 0 ? 1e-6 : sum);
+      for (int64_t j = 0; j < K; ++j) {
+        const int32_t e = selected[size_t(n * K + j)];
+        gate.push_back(e >= 0 ? scores[size_t(n * E + e)] / denom.back() : 0.0);
+      }
+    }
+  }
+};
+
+// Runs `op` on backend b in T over the case's buffers and returns dp, dz and the temperature's gradient.
+template <typename T, typename Op>
+std::vector<std::vector<double>> router_run(Backend& b, const RouterCase& c, Op op) {
+  Buffer z = put<T>(b, c.logits), p = put<T>(b, c.scores), dp = put<T>(b, c.dp), dz = put<T>(b, c.dz);
+  Buffer dw = put<T>(b, c.dw), gate = put<T>(b, c.gate), denom = put<T>(b, c.denom), f = put<T>(b, c.f);
+  Buffer sel = put_index(b, c.selected), cl = b.upload(c.clamped), noise = b.upload(c.noise);
+  Buffer tau_grad = b.upload(std::vector<double>{0.0});
+  op(b.ops<T>(), z.data<T>(), p.data<T>(), dp.data<T>(), dz.data<T>(), dw.data<T>(), gate.data<T>(), denom.data<T>(),
+     f.data<T>(), sel.data<int32_t>(), cl.data<uint8_t>(), noise.data<double>(), tau_grad.data<double>());
+  return {get<T>(b, dp), get<T>(b, dz), b.download<double>(tau_grad)};
+}
+
+// Each of dp, dz and the temperature's gradient of `op` on the backend in T within bounds of the reference's.
+template <typename T, typename Op>
+void router_compare(Backend& b, const std::string& what, Op op) {
+  const RouterCase c;
+  const auto ref = router_run<double>(reference(), c, op), got = router_run<T>(b, c, op);
+  expect_close<T>(what + " dp", got[0], ref[0], RouterCase::N);
+  expect_close<T>(what + " dz", got[1], ref[1], RouterCase::N);
+  expect_close<T>(what + " d log tau", got[2], ref[2], RouterCase::N * RouterCase::E);
+}
+
+template <typename T>
+void router_backward_cases(Backend& b) {
+  constexpr int64_t N = RouterCase::N, E = RouterCase::E, K = RouterCase::K;
+  for (bool renormalised : {false, true})
+    router_compare<T>(
+        b, renormalised ? "renormalised gates" : "raw gates",
+        [&](auto& o, auto, auto, auto* dp, auto, auto* dw, auto* gate, auto* denom, auto, auto* sel, auto* cl, auto,
+            auto) { o.gate_backward(gate, sel, dw, denom, cl, renormalised, dp, N, K, E); });
+  for (bool warming : {false, true}) {
+    const typename Ops<T>::RouterLossGrad c{0.5, 0.01, 0.001, 0.02, 0.3, 0.12, 0.05, warming};
+    router_compare<T>(
+        b, warming ? "router losses (warm-up)" : "router losses",
+        [&](auto& o, auto* z, auto* p, auto* dp, auto* dz, auto, auto, auto, auto* f, auto, auto, auto, auto) {
+          using U = std::remove_pointer_t<decltype(dp)>;
+          const typename Ops<U>::RouterLossGrad cu{c.scale,      c.coef_aux,    c.coef_z,      c.coef_entropy,
+                                                   c.coef_death, c.death_floor, c.coef_warmup, c.warming};
+          o.router_loss_backward(z, p, f, cu, dp, dz, N, E);
+        });
+  }
+  for (bool sigmoid : {false, true})
+    for (bool learned : {false, true})
+      router_compare<T>(b,
+                        std::string(sigmoid ? "sigmoid" : "softmax") + (learned ? " scores, learned tau" : " scores"),
+                        [&](auto& o, auto* z, auto* p, auto* dp, auto* dz, auto, auto, auto, auto, auto, auto,
+                            auto* noise, auto* tau_grad) {
+                          o.score_backward(p, dp, 0.7, sigmoid, learned ? z : nullptr, learned ? noise : nullptr, 5, 20,
+                                           learned ? tau_grad : nullptr, dz, N, E);
+                        });
+}
+
+TEST_P(Conformance, RouterBackward) {
+  router_backward_cases<float>(backend());
+  router_backward_cases<double>(backend());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(backends()),

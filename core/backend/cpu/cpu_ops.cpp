@@ -20,6 +20,7 @@
 #include "core/backend/cpu/fused_attention.h"
 #include "core/backend/cpu/moe_kernels.h"
 #include "core/backend/cpu/parallel_kernels.h"
+#include "core/backend/cpu/router_kernels.h"
 #include "core/backend/cpu/thread_policy.h"
 #include "core/backend/cpu/vector_math.h"
 #include "core/backend/ops.h"
@@ -244,6 +245,9 @@ class CpuOps final : public Ops<T> {
 #pragma omp parallel for schedule(static) if (n >= kParallelMove)
     for (int64_t c = 0; c < n; c += kMoveChunk) std::copy_n(x + c, std::min(kMoveChunk, n - c), y + c);
   }
+  void copy_strided(const T* x, int64_t ldx, T* y, int64_t ldy, int64_t rows, int64_t cols) override {
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(x + r * ldx, cols, y + r * ldy);
+  }
   void fill(T* y, T value, int64_t n) override {
 #pragma omp parallel for schedule(static) if (n >= kParallelMove)
     for (int64_t c = 0; c < n; c += kMoveChunk) std::fill_n(y + c, std::min(kMoveChunk, n - c), value);
@@ -305,6 +309,18 @@ class CpuOps final : public Ops<T> {
   }
   void row_dots(const T* a, const int32_t* index, const T* b, T* out, int64_t rows, int64_t D) override {
     cpu::row_dots(a, index, b, out, rows, D);
+  }
+  void gate_backward(const T* gate, const int32_t* selected, const T* dw, const T* denom, const uint8_t* clamped,
+                     bool renormalised, T* dp, int64_t N, int64_t K, int64_t E) override {
+    cpu::gate_backward(gate, selected, dw, denom, clamped, renormalised, dp, N, K, E);
+  }
+  void router_loss_backward(const T* logits, const T* scores, const T* f, const typename Ops<T>::RouterLossGrad& c,
+                            T* dp, T* dz, int64_t N, int64_t E) override {
+    cpu::router_loss_backward(logits, scores, f, c, dp, dz, N, E);
+  }
+  void score_backward(const T* scores, const T* dp, double tau, bool sigmoid, const T* logits, const double* noise,
+                      int64_t own_first, int64_t own_count, double* d_log_tau, T* dz, int64_t N, int64_t E) override {
+    cpu::score_backward(scores, dp, tau, sigmoid, logits, noise, own_first, own_count, d_log_tau, dz, N, E);
   }
   void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const typename Ops<T>::AdamWStep& step) override {
     cpu::adamw_update(p, g, m, v, n, step);

@@ -236,6 +236,12 @@ class CudaOps final : public Ops<T> {
     if (n > 0 && x != y)
       MOE_CUDA_CHECK(cudaMemcpyAsync(y, x, size_t(n) * sizeof(T), cudaMemcpyDeviceToDevice, ctx_.stream));
   }
+  // One two-dimensional copy on the stream, device to device.
+  void copy_strided(const T* x, int64_t ldx, T* y, int64_t ldy, int64_t rows, int64_t cols) override {
+    if (rows == 0 || cols == 0) return;
+    MOE_CUDA_CHECK(cudaMemcpy2DAsync(y, size_t(ldy) * sizeof(T), x, size_t(ldx) * sizeof(T), size_t(cols) * sizeof(T),
+                                     size_t(rows), cudaMemcpyDeviceToDevice, ctx_.stream));
+  }
   void fill(T* y, T value, int64_t n) override { launch(elementwise_launch(n), cuda::fill_kernel<T>, y, value, n); }
   void scale(T* y, T factor, int64_t n) override { launch(elementwise_launch(n), cuda::scale_kernel<T>, y, factor, n); }
   double sum_squares(const T* x, int64_t n) override;
@@ -274,6 +280,21 @@ class CudaOps final : public Ops<T> {
     launch_rows(row_launch(rows, D), cuda::row_dots_kernel<T>, a, index, b, out, rows, D);
   }
 
+  void gate_backward(const T* gate, const int32_t* selected, const T* dw, const T* denom, const uint8_t* clamped,
+                     bool renormalised, T* dp, int64_t N, int64_t K, int64_t E) override {
+    launch(elementwise_launch(N), cuda::gate_backward_kernel<T>, gate, selected, dw, denom, clamped, renormalised, dp,
+           N, K, E);
+  }
+  void router_loss_backward(const T* logits, const T* scores, const T* f, const typename Ops<T>::RouterLossGrad& c,
+                            T* dp, T* dz, int64_t N, int64_t E) override;
+  void score_backward(const T* scores, const T* dp, double tau, bool sigmoid, const T* logits, const double* noise,
+                      int64_t own_first, int64_t own_count, double* d_log_tau, T* dz, int64_t N, int64_t E) override {
+    // Neither kernel reads dz, so the temperature's sum and the rows may run in either order.
+    if (logits)
+      launch(LaunchConfig{1, 1}, cuda::d_log_tau_kernel<T>, scores, dp, tau, sigmoid, logits, noise, own_first,
+             own_count, d_log_tau, E);
+    launch(elementwise_launch(N), cuda::score_backward_kernel<T>, scores, dp, tau, sigmoid, dz, N, E);
+  }
   void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const typename Ops<T>::AdamWStep& s) override {
     launch(elementwise_launch(n), cuda::adamw_kernel<T>, p, g, m, v, n, s.beta1, s.beta2, s.step_size, s.inv_bc2, s.eps,
            s.decay);
@@ -507,6 +528,18 @@ void CudaOps<T>::attention_backward_fused(const T* q, const T* k, const T* v, co
     for (int i = 0; i < 3; ++i) launch(elementwise_launch(n), cuda::from_bf16_kernel<T>, b[5 + i], outputs[i], n);
   }
 #endif
+}
+
+// The scores' column means first (E doubles of workspace, one thread per column), then one thread per row.
+template <typename T>
+void CudaOps<T>::router_loss_backward(const T* logits, const T* scores, const T* f,
+                                      const typename Ops<T>::RouterLossGrad& c, T* dp, T* dz, int64_t N, int64_t E) {
+  if (N == 0 || E == 0) return;
+  Workspace means(*ctx_.allocator, size_t(E) * sizeof(double));
+  double* P = static_cast<double*>(means.ptr);
+  launch(elementwise_launch(E), cuda::column_means_kernel<T>, scores, P, N, E);
+  launch(elementwise_launch(N), cuda::router_loss_backward_kernel<T>, logits, scores, f, P, c.scale, c.coef_aux,
+         c.coef_z, c.coef_entropy, c.coef_death, c.death_floor, c.coef_warmup, c.warming, dp, dz, N, E);
 }
 
 // Chunks of a fixed size whatever the device, each summed by one block, then the chunks in order.

@@ -447,6 +447,108 @@ __global__ void row_dots_kernel(const T* a, const int32_t* index, const T* b, T*
   }
 }
 
+// ---- the router's backward ---------------------------------------------------------------------------
+// One thread per token row, each row in the CPU reference's order (core/backend/cpu/router_kernels.h); only the
+// device's exp and log differ from the host's.
+
+template <typename T>
+__global__ void gate_backward_kernel(const T* gate, const int32_t* selected, const T* dw, const T* denom,
+                                     const uint8_t* clamped, bool renormalised, T* dp, int64_t N, int64_t K,
+                                     int64_t E) {
+  MOE_GRID_STRIDE(n, N) {
+    double g = 0;
+    if (renormalised && !clamped[n])
+      for (int64_t j = 0; j < K; ++j) g += double(dw[n * K + j]) * double(gate[n * K + j]);
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t e = selected[n * K + j];
+      if (e < 0) continue;
+      const double d = double(dw[n * K + j]);
+      dp[n * E + e] += T((renormalised ? d - g : d) / double(denom[n]));
+    }
+  }
+}
+
+// P_e = sum over rows of p[n, e] / N, rows in order: one thread per column.
+template <typename T>
+__global__ void column_means_kernel(const T* p, double* P, int64_t N, int64_t E) {
+  const double inv_n = 1.0 / double(N);
+  MOE_GRID_STRIDE(e, E) {
+    double s = 0;
+    for (int64_t n = 0; n < N; ++n) s += double(p[n * E + e]) * inv_n;
+    P[e] = s;
+  }
+}
+
+constexpr double kRouterMinLogArg = 1e-30;  // as the CPU reference
+
+template <typename T>
+__global__ void router_loss_backward_kernel(const T* logits, const T* scores, const T* f, const double* P, double scale,
+                                            double coef_aux, double coef_z, double coef_entropy, double coef_death,
+                                            double death_floor, double coef_warmup, bool warming, T* dp, T* dz,
+                                            int64_t N, int64_t E) {
+  const double inv_n = 1.0 / double(N);
+  double S = 0;
+  if (warming)
+    for (int64_t e = 0; e < E; ++e) S += P[e];
+  MOE_GRID_STRIDE(n, N) {
+    const T* z = logits + n * E;
+    const T* p = scores + n * E;
+    double m = -INFINITY, sum = 0;
+    for (int64_t e = 0; e < E; ++e) m = fmax(m, double(z[e]));
+    for (int64_t e = 0; e < E; ++e) sum += exp(double(z[e]) - m);
+    const double lse = m + log(sum);
+    for (int64_t e = 0; e < E; ++e) {
+      double g = coef_aux * double(E) * double(f[e]) * inv_n;
+      g += coef_entropy * inv_n * (log(fmax(double(p[e]), kRouterMinLogArg)) + 1.0);
+      if (P[e] < death_floor) g -= coef_death * inv_n;
+      if (warming) g += coef_warmup * inv_n * (1.0 / S - 1.0 / (double(E) * fmax(P[e], kRouterMinLogArg)));
+      dp[n * E + e] += T(scale * g);
+      dz[n * E + e] += T(scale * coef_z * 2.0 * lse * exp(double(z[e]) - lse) * inv_n);
+    }
+  }
+}
+
+// Row n's term of the scores' backward at column e (the CPU's score_row_backward); dot: the row's sum p . dp.
+template <typename T>
+__device__ inline T score_term(const T* p, const T* g, double tau, bool sigmoid, double dot, int64_t e) {
+  if (sigmoid) return T(double(g[e]) * p[e] * (1.0 - double(p[e])) / tau);
+  return T(double(p[e]) * (double(g[e]) - dot) / tau);
+}
+template <typename T>
+__device__ inline double score_dot(const T* p, const T* g, bool sigmoid, int64_t E) {
+  double dot = 0;
+  if (!sigmoid)
+    for (int64_t e = 0; e < E; ++e) dot += double(p[e]) * g[e];
+  return dot;
+}
+
+template <typename T>
+__global__ void score_backward_kernel(const T* scores, const T* dp, double tau, bool sigmoid, T* dz, int64_t N,
+                                      int64_t E) {
+  MOE_GRID_STRIDE(n, N) {
+    const T *p = scores + n * E, *g = dp + n * E;
+    const double dot = score_dot(p, g, sigmoid, E);
+    for (int64_t e = 0; e < E; ++e) dz[n * E + e] += score_term(p, g, tau, sigmoid, dot, e);
+  }
+}
+
+// The learned temperature's gradient over the own rows, in row order on one thread (the CPU's sum; a few
+// thousand rows of E values).
+template <typename T>
+__global__ void d_log_tau_kernel(const T* scores, const T* dp, double tau, bool sigmoid, const T* logits,
+                                 const double* noise, int64_t own_first, int64_t own_count, double* out, int64_t E) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double sum = 0;
+  for (int64_t n = own_first; n < own_first + own_count; ++n) {
+    const T *p = scores + n * E, *g = dp + n * E;
+    const double dot = score_dot(p, g, sigmoid, E);
+    for (int64_t e = 0; e < E; ++e)
+      sum -= double(score_term(p, g, tau, sigmoid, dot, e)) *
+             (double(logits[n * E + e]) + (noise ? noise[n * E + e] : 0.0));
+  }
+  *out = sum;
+}
+
 // ---- the optimizer -----------------------------------------------------------------------------------
 
 template <typename T>
