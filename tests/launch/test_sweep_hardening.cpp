@@ -205,7 +205,9 @@ TEST(SweepHardening, NothingPlantedIsWrittenThroughOrBlocksTheSweep) {
     if (existed) fs::rename(p.path, saved);
     if (p.kind == "symlink") fs::create_symlink(victim, p.path);
     if (p.kind == "dirlink") fs::create_directory_symlink(victim_dir, p.path);
-    if (p.kind == "fifo") ASSERT_EQ(::mkfifo(p.path.c_str(), 0644), 0);
+    if (p.kind == "fifo") {
+      ASSERT_EQ(::mkfifo(p.path.c_str(), 0644), 0);
+    }
     if (p.kind == "directory") fs::create_directories(p.path);
     const Ran ran = f.rerun();
     EXPECT_EQ(ran.code, 2) << p.what << ": " << ran.err;
