@@ -82,7 +82,7 @@ inline std::string chromium() {
 inline const char* const kOfflineFlags =
     "--disable-background-networking --disable-component-update --disable-sync --disable-quic "
     "--disable-default-apps --disable-domain-reliability --disable-client-side-phishing-detection --no-pings "
-    "--proxy-server=127.0.0.1:9 --host-resolver-rules='MAP * ~NOTFOUND'";
+    "--proxy-server=127.0.0.1:9 --host-resolver-rules=\"MAP * ~NOTFOUND\"";
 
 // Headless Chromium, offline: the DOM after load (stdout) and the console (stderr).
 inline int browse(const std::string& browser, const fs::path& page, const std::string& action, const fs::path& out,

@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/types.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <filesystem>
@@ -15,6 +18,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace moe::test_support {
 
@@ -93,6 +97,28 @@ inline std::string first_difference(const json& a, const json& b, const std::str
     return "";
   }
   return a == b ? "" : where + ": " + a.dump() + " vs " + b.dump();
+}
+
+// The live (not zombie) processes whose command line mentions `needle` (a run directory: every process of a
+// job has it).
+inline std::vector<pid_t> processes_mentioning(const std::string& needle) {
+  std::vector<pid_t> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = pid_t(std::atol(name.c_str()));
+    if (pid == ::getpid()) continue;
+    std::string cmdline = read_text_if_any(entry.path() / "cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(needle) == std::string::npos) continue;
+    // A zombie is already gone for every purpose but its parent's wait.
+    const std::string stat = read_text_if_any(entry.path() / "stat");
+    const size_t paren = stat.rfind(')');
+    if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z') continue;
+    found.push_back(pid);
+  }
+  return found;
 }
 
 }  // namespace moe::test_support

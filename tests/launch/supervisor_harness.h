@@ -77,27 +77,6 @@ inline std::vector<json> read_json_lines(const fs::path& path) {
   return out;
 }
 
-// Processes whose command line mentions `needle` (the run directory: every process of a job has it).
-inline std::vector<pid_t> processes_mentioning(const std::string& needle) {
-  std::vector<pid_t> found;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t pid = pid_t(std::atol(name.c_str()));
-    if (pid == ::getpid()) continue;
-    std::string cmdline = read_text_if_any(entry.path() / "cmdline");
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (cmdline.find(needle) == std::string::npos) continue;
-    // A zombie is already gone for every purpose but its parent's wait.
-    const std::string stat = read_text_if_any(entry.path() / "stat");
-    const size_t paren = stat.rfind(')');
-    if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z') continue;
-    found.push_back(pid);
-  }
-  return found;
-}
-
 // What the test saw of a launch while it ran: when each fault marker and each events.log line appeared.
 struct Observed {
   std::map<std::string, double> markers;  // RUN_DIR/faults/<name> -> first seen (steady seconds)

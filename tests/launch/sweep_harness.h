@@ -97,26 +97,6 @@ inline Ran run_moe(const std::vector<std::string>& args, const fs::path& log,
 
 inline bool has(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
-// The live (not zombie) processes whose command line mentions `needle`.
-inline std::vector<pid_t> processes_mentioning(const std::string& needle) {
-  std::vector<pid_t> found;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t pid = pid_t(std::atol(name.c_str()));
-    if (pid == ::getpid()) continue;
-    std::string cmdline = read_text_if_any(entry.path() / "cmdline");
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (cmdline.find(needle) == std::string::npos) continue;
-    const std::string stat = read_text_if_any(entry.path() / "stat");
-    const size_t paren = stat.rfind(')');
-    if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z') continue;
-    found.push_back(pid);
-  }
-  return found;
-}
-
 // True once no process mentions `needle`, polling up to `seconds`.
 inline bool all_gone_within(const std::string& needle, double seconds) {
   for (int i = 0; i < int(seconds * 20); ++i) {
