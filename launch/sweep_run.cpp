@@ -252,11 +252,11 @@ int stop_cells(const SweepOptions& o, const fs::path& out, const SweepPlan& plan
 // The cells to run: those not done, and those whose status says done but whose results do not bear it out
 // (said, and run again from step 0: `fresh`).
 std::vector<size_t> cells_to_run(const fs::path& out, const SweepPlan& plan, Tally& tally, std::set<size_t>& fresh) {
-  std::vector<size_t> todo;
+  std::vector<size_t> to_run;
   for (size_t i = 0; i < plan.cells.size(); ++i) {
     const SweepCell& cell = plan.cells[i];
     if (!cell_done(out, cell)) {
-      todo.push_back(i);
+      to_run.push_back(i);
       continue;
     }
     const std::string problem = cell_results_problem(out.string(), plan, cell);
@@ -266,10 +266,10 @@ std::vector<size_t> cells_to_run(const fs::path& out, const SweepPlan& plan, Tal
     }
     std::fprintf(stderr, "moe sweep: cell %s: its status says done, but %s; running it again from step 0\n",
                  cell.name.c_str(), problem.c_str());
-    todo.push_back(i);
+    to_run.push_back(i);
     fresh.insert(i);
   }
-  return todo;
+  return to_run;
 }
 
 int run_sweep(const SweepOptions& o) {
@@ -295,19 +295,19 @@ int run_sweep(const SweepOptions& o) {
   Tally tally;
   tally.total = plan.cells.size();
   std::set<size_t> fresh;
-  const std::vector<size_t> todo = cells_to_run(out, plan, tally, fresh);
+  const std::vector<size_t> to_run = cells_to_run(out, plan, tally, fresh);
   std::fprintf(stderr,
                "moe sweep: %zu cells (%zu grid points x %zu seeds), %zu already done, %zu to run, %lld at a time; "
                "results in %s/sweep.json\n",
-               tally.total, tally.total / plan.seeds.size(), plan.seeds.size(), tally.done, todo.size(),
+               tally.total, tally.total / plan.seeds.size(), plan.seeds.size(), tally.done, to_run.size(),
                static_cast<long long>(o.concurrent), o.out.c_str());
   write_sweep_results(o.out, plan);
   std::vector<Running> running;
   size_t next = 0;
-  while (next < todo.size() || !running.empty()) {
+  while (next < to_run.size() || !running.empty()) {
     if (g_sweep_signal) return stop_cells(o, out, plan, running, tally);
-    while (running.size() < size_t(o.concurrent) && next < todo.size() && !g_sweep_signal) {
-      const size_t cell = todo[next++];
+    while (running.size() < size_t(o.concurrent) && next < to_run.size() && !g_sweep_signal) {
+      const size_t cell = to_run[next++];
       running.push_back({start_cell(o, out, plan.cells[cell], self, fresh.count(cell) > 0), cell, now_s()});
     }
     if (!reap_one(o, out, plan, running, tally)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
