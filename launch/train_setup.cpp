@@ -179,12 +179,11 @@ bool device_memory_check_requested() {
 
 void attach_planes(ProcessGroups& groups, Backend& backend) {
   if (auto* checked = dynamic_cast<MemoryCheckBackend*>(&backend)) {
-    auto in = [checked](const void* p, size_t n) { return checked->owns(p, n); };
-    auto touches = [checked](const void* p, size_t n) { return checked->touches(p, n); };
-    attach_data_plane(groups, [&](Communicator& c) { return make_plane_check(Plane::Data, c, in, touches); });
+    const BackendMemoryView memory = memory_view(*checked);
+    attach_data_plane(groups, [&](Communicator& c) { return make_plane_check(Plane::Data, c, memory); });
     for (std::unique_ptr<Communicator>* c :
          {&groups.world, &groups.dp, &groups.ep, &groups.edp, &groups.tp, &groups.pp, &groups.etp, &groups.mp})
-      *c = make_plane_check(Plane::Control, std::move(*c), in, touches);
+      *c = make_plane_check(Plane::Control, std::move(*c), memory);
     return;
   }
   if (backend.memory_is_host()) return;

@@ -16,6 +16,7 @@
 
 #include "core/backend/backend.h"
 #include "core/backend/cuda_backend.h"
+#include "core/backend/memory_check.h"
 #include "core/philox.h"
 
 namespace moe::conformance {
@@ -26,7 +27,10 @@ struct BackendRow {
 };
 // The CUDA backend joins when this machine has a device (tests/core/test_cuda_host.cpp says when it does not).
 inline std::vector<BackendRow> backends() {
-  std::vector<BackendRow> rows = {{"cpu", [] { return make_cpu_backend(0); }}};
+  // "strict": the CPU backend behind the memory check (core/backend/memory_check.h), a device whose memory the
+  // host cannot touch: every op's pointers and extents as a GPU would take them.
+  std::vector<BackendRow> rows = {{"cpu", [] { return make_cpu_backend(0); }},
+                                  {"strict", [] { return make_memory_check_backend(0); }}};
   if (cuda_device_count() > 0) rows.push_back({"cuda", [] { return make_cuda_backend(0); }});
   return rows;
 }

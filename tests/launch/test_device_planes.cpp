@@ -3,8 +3,8 @@
 // CUDA backend runs) and both planes check what they carry: backend memory only over the data plane (NCCL on
 // GPUs), host memory only over the control plane (MPI). Data, expert, tensor (with and without sequence
 // parallelism, and over the experts' hidden width) and pipeline parallelism with ZeRO, the expert all-to-all's
-// overlap, the routing techniques and a checkpoint resume run so on 4 ranks, and give the same bits as the
-// plain CPU run. tests/launch/test_four_dimensions.cpp composes all four under the check on 8 ranks.
+// overlap, the routing techniques, noise, recompute, bf16 GEMMs and a checkpoint resume run so on 4 ranks, and give the
+// same bits as the plain CPU run. tests/launch/test_four_dimensions.cpp composes all four under the check on 8 ranks.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -59,6 +59,16 @@ TEST(DevicePlanes, RoutingTechniquesSharedExpertAndLatentAttention) {
        "optim.per_expert_clip=1.5", "moe.router.tau_learned=true", "moe.shared_experts=1", "model.attention=mla",
        "model.mla.kv_rank=8", "model.mla.q_rank=16", "model.mla.rope_dim=4"},
       "techniques");
+}
+
+// The rest of the router's choices (Gumbel noise, sigmoid scores, a scheduled temperature), full recompute and
+// bf16 GEMMs; then selective recompute under tensor parallelism.
+TEST(DevicePlanes, NoiseSigmoidScoresScheduledTauRecomputeAndBf16) {
+  expect_planes_keep_the_bits({"parallel.ep=2", "moe.router.noise=gumbel", "moe.router.score=sigmoid",
+                               R"(moe.router.tau_schedule=[{"step": 0, "tau": 1.5}, {"step": 4, "tau": 0.8}])",
+                               "train.recompute=full", "train.precision=bf16"},
+                              "noise_sigmoid_tau_recompute");
+  expect_planes_keep_the_bits({"parallel.tp=2", "train.recompute=selective"}, "tp2_selective");
 }
 
 TEST(DevicePlanes, PipelineStagesBesideDataAndExpertParallelism) {

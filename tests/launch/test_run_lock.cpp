@@ -204,7 +204,9 @@ TEST(RunLock, ALockThatIsALinkAFifoOrADirectoryIsRefusedNamingIt) {
     const std::string lock = run + "/.lock";
     if (kind == "symlink") fs::create_symlink(victim, lock);
     if (kind == "dangling") fs::create_symlink(dir.path() / "nowhere", lock);
-    if (kind == "fifo") ASSERT_EQ(::mkfifo(lock.c_str(), 0644), 0);
+    if (kind == "fifo") {
+      ASSERT_EQ(::mkfifo(lock.c_str(), 0644), 0);
+    }
     if (kind == "directory") fs::create_directories(lock);
     const std::string message = refusal(run);  // a FIFO opened without O_NONBLOCK would hang here
     EXPECT_NE(message.find(lock), std::string::npos) << kind << ": " << message;

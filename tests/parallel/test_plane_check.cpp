@@ -51,9 +51,7 @@ TEST(MemoryCheckBackend, ComputesWhatTheCpuBackendComputes) {
 TEST(PlaneCheck, DataPlaneCarriesBackendMemoryOnly) {
   const auto backend = make_memory_check_backend(1);
   SelfCommunicator self("dp");
-  auto owns = [&](const void* p, size_t n) { return backend->owns(p, n); };
-  auto touches = [&](const void* p, size_t n) { return backend->touches(p, n); };
-  const auto data = make_plane_check(Plane::Data, self, owns, touches);
+  const auto data = make_plane_check(Plane::Data, self, memory_view(*backend));
   Buffer rows = backend->allocate(DType::F32, 4), received = backend->allocate(DType::F32, 4);
   data->allreduce_sum(rows.data<float>(), 4);
   const int64_t counts[] = {4};
@@ -72,9 +70,8 @@ TEST(PlaneCheck, DataPlaneCarriesBackendMemoryOnly) {
 
 TEST(PlaneCheck, ControlPlaneCarriesHostMemoryOnly) {
   const auto backend = make_memory_check_backend(1);
-  auto owns = [&](const void* p, size_t n) { return backend->owns(p, n); };
-  auto touches = [&](const void* p, size_t n) { return backend->touches(p, n); };
-  const auto control = make_plane_check(Plane::Control, std::make_unique<SelfCommunicator>("ep"), owns, touches);
+  const auto control =
+      make_plane_check(Plane::Control, std::make_unique<SelfCommunicator>("ep"), memory_view(*backend));
   EXPECT_EQ(control->name(), "ep");
   std::vector<int64_t> counts(2, 3), received(2);
   control->alltoall(counts.data(), received.data(), 2);

@@ -13,6 +13,7 @@
 #include "core/backend/memory_check.h"
 #include "core/error.h"
 #include "parallel/mpi_communicator.h"
+#include "parallel/plane_check.h"
 #include "parallel/self_communicator.h"
 #include "parallel/tp_mappings.h"
 
@@ -112,37 +113,46 @@ TEST(TpMappings, SplitColumnsAndGatherColumnsAreAdjoint) {
   EXPECT_EQ(back, xs);
 }
 
-// Each mapping on backend buffers of the memory-checking backend against the same mapping on host vectors.
-void expect_mappings_through_backend(Communicator& tp) {
+// Each mapping on backend buffers of the memory-checking backend, over `group` as its data plane, against the
+// same mapping on host vectors.
+void expect_mappings_through_backend(Communicator& group) {
   const auto checked = make_memory_check_backend(1);
   Backend& b = *checked;
+  const auto plane = make_plane_check(Plane::Data, group, memory_view(*checked));
+  Communicator& tp = group;
   const int64_t P = tp.size(), local = kRows * kCols, full = P * local;
   const Vec x = values(local, 13, tp.rank()), xf = values(full, 14, tp.rank());
   auto on_backend = [&](const Vec& in, int64_t out_n, auto mapping) {
     Buffer bin = b.upload(in), bout = b.allocate(DType::F32, out_n);
-    mapping(b, bin.data<float>(), bout.data<float>());
+    mapping(b, *plane, bin.data<float>(), bout.data<float>());
     return b.download<float>(bout);
   };
   auto on_host = [&](const Vec& in, int64_t out_n, auto mapping) {
     Vec out(static_cast<size_t>(out_n));
-    mapping(cpu(), in.data(), out.data());
+    mapping(cpu(), group, in.data(), out.data());
     return out;
   };
   auto both = [&](const char* what, const Vec& in, int64_t out_n, auto mapping) {
     EXPECT_EQ(on_backend(in, out_n, mapping), on_host(in, out_n, mapping)) << what << " at tp " << P;
   };
-  both("gather_rows_forward", x, full,
-       [&](Backend& k, const float* i, float* o) { tp::gather_rows_forward(k, tp, i, o, kRows, kCols); });
-  both("gather_rows_backward", xf, local,
-       [&](Backend& k, const float* i, float* o) { tp::gather_rows_backward(k, tp, i, o, kRows, kCols); });
-  both("split_columns_forward", xf, local,
-       [&](Backend& k, const float* i, float* o) { tp::split_columns_forward(k, tp, i, o, kRows, kCols); });
-  both("split_columns_backward", x, full,
-       [&](Backend& k, const float* i, float* o) { tp::split_columns_backward(k, tp, i, o, kRows, kCols); });
-  both("gather_columns_forward", x, full,
-       [&](Backend& k, const float* i, float* o) { tp::gather_columns_forward(k, tp, i, o, kRows, kCols); });
-  both("gather_columns_backward", xf, local,
-       [&](Backend& k, const float* i, float* o) { tp::gather_columns_backward(k, tp, i, o, kRows, kCols); });
+  both("gather_rows_forward", x, full, [&](Backend& k, Communicator& c, const float* i, float* o) {
+    tp::gather_rows_forward(k, c, i, o, kRows, kCols);
+  });
+  both("gather_rows_backward", xf, local, [&](Backend& k, Communicator& c, const float* i, float* o) {
+    tp::gather_rows_backward(k, c, i, o, kRows, kCols);
+  });
+  both("split_columns_forward", xf, local, [&](Backend& k, Communicator& c, const float* i, float* o) {
+    tp::split_columns_forward(k, c, i, o, kRows, kCols);
+  });
+  both("split_columns_backward", x, full, [&](Backend& k, Communicator& c, const float* i, float* o) {
+    tp::split_columns_backward(k, c, i, o, kRows, kCols);
+  });
+  both("gather_columns_forward", x, full, [&](Backend& k, Communicator& c, const float* i, float* o) {
+    tp::gather_columns_forward(k, c, i, o, kRows, kCols);
+  });
+  both("gather_columns_backward", xf, local, [&](Backend& k, Communicator& c, const float* i, float* o) {
+    tp::gather_columns_backward(k, c, i, o, kRows, kCols);
+  });
 }
 
 TEST(TpMappings, MoveBackendMemoryThroughTheBackendAtOneRank) {

@@ -1,0 +1,435 @@
+// The ops of the memory-checking backend (core/backend/memory_check.h): each translates its backend pointers
+// from the shadow space (core/backend/shadow_memory.h) to the real storage and queues the CPU backend's op on
+// the backend's stream (core/backend/deferred_stream.h), so that only ops, never host code, touch backend
+// memory, and only after the host synchronises does it see their results. Ops that return a value to the host
+// (sum_squares) synchronise first, as on a GPU. Every pointer must lie inside one live buffer with
+// the op's extent to spare (a read or write past a buffer's end is refused, naming the op, as a GPU would fault
+// or silently corrupt). Host-side arguments (grouped GEMMs' row offsets) are read at the call. The GEMM precision,
+// the fused-attention switch and the parameters' memory are handed on before each op.
+#pragma once
+
+#include <functional>
+#include <type_traits>
+#include <vector>
+
+#include "core/backend/deferred_stream.h"
+#include "core/backend/ops.h"
+#include "core/backend/shadow_memory.h"
+
+namespace moe {
+
+template <typename T>
+class StrictOps final : public Ops<T> {
+ public:
+  // Starts with the inner ops' settings (the CPU backend's: no fused attention).
+  StrictOps(Ops<T>& inner, const ShadowMemory& shadow, DeferredStream& stream)
+      : inner_(inner), shadow_(shadow), stream_(stream) {
+    this->set_gemm_precision(inner.gemm_precision());
+    this->set_fused_attention(inner.fused_attention_allowed());
+  }
+  const char* name() const override { return inner_.name(); }
+
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+            int64_t ldb, T beta, T* C, int64_t ldc) override {
+    const char* op = "gemm";
+    const auto p0 = r(A, strided(ta ? K : M, ta ? M : K, lda), op);
+    const auto p1 = r(B, strided(tb ? N : K, tb ? K : N, ldb), op);
+    const auto p2 = r(C, strided(M, N, ldc), op);
+    run([=, this] { inner_.gemm(ta, tb, M, N, K, alpha, p0, lda, p1, ldb, beta, p2, ldc); });
+  }
+  void embedding_forward(const int32_t* tokens, const T* table, int64_t first, int64_t rows, T* out, int64_t N,
+                         int64_t D) override {
+    const char* op = "embedding_forward";
+    const auto p0 = r(tokens, N, op);
+    const auto p1 = r(table, rows * D, op);
+    const auto p2 = r(out, N * D, op);
+    run([=, this] { inner_.embedding_forward(p0, p1, first, rows, p2, N, D); });
+  }
+  void embedding_backward(const int32_t* tokens, const T* dout, int64_t first, int64_t rows, T* dtable, int64_t N,
+                          int64_t D) override {
+    const char* op = "embedding_backward";
+    const auto p0 = r(tokens, N, op);
+    const auto p1 = r(dout, N * D, op);
+    const auto p2 = r(dtable, rows * D, op);
+    run([=, this] { inner_.embedding_backward(p0, p1, first, rows, p2, N, D); });
+  }
+  void rmsnorm_forward(const T* x, const T* gain, T* y, T* rstd, int64_t N, int64_t D) override {
+    const char* op = "rmsnorm_forward";
+    const auto p0 = r(x, N * D, op);
+    const auto p1 = r(gain, D, op);
+    const auto p2 = r(y, N * D, op);
+    const auto p3 = r(rstd, N, op);
+    run([=, this] { inner_.rmsnorm_forward(p0, p1, p2, p3, N, D); });
+  }
+  void rmsnorm_backward(const T* x, const T* gain, const T* rstd, const T* dy, T* dx, T* dgain, int64_t N,
+                        int64_t D) override {
+    const char* op = "rmsnorm_backward";
+    const auto p0 = r(x, N * D, op);
+    const auto p1 = r(gain, D, op);
+    const auto p2 = r(rstd, N, op);
+    const auto p3 = r(dy, N * D, op);
+    const auto p4 = r(dx, N * D, op);
+    const auto p5 = r(dgain, D, op);
+    run([=, this] { inner_.rmsnorm_backward(p0, p1, p2, p3, p4, p5, N, D); });
+  }
+  void rope(T* x, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) override {
+    const auto p0 = r(x, B * T_ * H * Dh, "rope");
+    run([=, this] { inner_.rope(p0, B, T_, H, Dh, inverse); });
+  }
+  void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,
+                         int64_t Dh) override {
+    const char* op = "attention_forward";
+    const int64_t n = B * T_ * H * Dh;
+    const auto p0 = r(q, n, op);
+    const auto p1 = r(k, n, op);
+    const auto p2 = r(v, n, op);
+    const auto p3 = r(out, n, op);
+    const auto p4 = r(probs, B * H * T_ * T_, op);
+    run([=, this] { inner_.attention_forward(p0, p1, p2, p3, p4, B, T_, H, Dh); });
+  }
+  void attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq, T* dk, T* dv,
+                          T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) override {
+    const char* op = "attention_backward";
+    const int64_t n = B * T_ * H * Dh;
+    const auto p0 = r(q, n, op);
+    const auto p1 = r(k, n, op);
+    const auto p2 = r(v, n, op);
+    const auto p3 = r(probs, B * H * T_ * T_, op);
+    const auto p4 = r(dout, n, op);
+    const auto p5 = r(dq, n, op);
+    const auto p6 = r(dk, n, op);
+    const auto p7 = r(dv, n, op);
+    const auto p8 = r(scratch, T_ * T_, op);
+    run([=, this] { inner_.attention_backward(p0, p1, p2, p3, p4, p5, p6, p7, p8, B, T_, H, Dh); });
+  }
+  bool fused_attention_supported(int64_t B, int64_t T_, int64_t H, int64_t Dh) override {
+    stream_.synchronize();
+    apply(settings());
+    return inner_.fused_attention_supported(B, T_, H, Dh);
+  }
+  void attention_forward_fused(const T* q, const T* k, const T* v, T* out, T* stats, int64_t B, int64_t T_, int64_t H,
+                               int64_t Dh) override {
+    const char* op = "attention_forward_fused";
+    const int64_t n = B * T_ * H * Dh;
+    const auto p0 = r(q, n, op);
+    const auto p1 = r(k, n, op);
+    const auto p2 = r(v, n, op);
+    const auto p3 = r(out, n, op);
+    const auto p4 = r(stats, B * H * T_, op);
+    run([=, this] { inner_.attention_forward_fused(p0, p1, p2, p3, p4, B, T_, H, Dh); });
+  }
+  void attention_backward_fused(const T* q, const T* k, const T* v, const T* out, const T* stats, const T* dout, T* dq,
+                                T* dk, T* dv, int64_t B, int64_t T_, int64_t H, int64_t Dh) override {
+    const char* op = "attention_backward_fused";
+    const int64_t n = B * T_ * H * Dh;
+    const auto p0 = r(q, n, op);
+    const auto p1 = r(k, n, op);
+    const auto p2 = r(v, n, op);
+    const auto p3 = r(out, n, op);
+    const auto p4 = r(stats, B * H * T_, op);
+    const auto p5 = r(dout, n, op);
+    const auto p6 = r(dq, n, op);
+    const auto p7 = r(dk, n, op);
+    const auto p8 = r(dv, n, op);
+    run([=, this] { inner_.attention_backward_fused(p0, p1, p2, p3, p4, p5, p6, p7, p8, B, T_, H, Dh); });
+  }
+  void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override {
+    const char* op = "swiglu_forward";
+    const auto p0 = r(a, n, op);
+    const auto p1 = r(b, n, op);
+    const auto p2 = r(h, n, op);
+    run([=, this] { inner_.swiglu_forward(p0, p1, p2, n); });
+  }
+  void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) override {
+    const char* op = "swiglu_backward";
+    const auto p0 = r(a, n, op);
+    const auto p1 = r(b, n, op);
+    const auto p2 = r(dh, n, op);
+    const auto p3 = r(da, n, op);
+    const auto p4 = r(db, n, op);
+    run([=, this] { inner_.swiglu_backward(p0, p1, p2, p3, p4, n); });
+  }
+  void cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, int64_t N, int64_t V) override {
+    const char* op = "cross_entropy_forward";
+    const auto p0 = r(logits, N * V, op);
+    const auto p1 = r(targets, N, op);
+    const auto p2 = r(losses, N, op);
+    run([=, this] { inner_.cross_entropy_forward(p0, p1, p2, N, V); });
+  }
+  void cross_entropy_backward(const T* logits, const int32_t* targets, T scale, T* dlogits, int64_t N,
+                              int64_t V) override {
+    const char* op = "cross_entropy_backward";
+    const auto p0 = r(logits, N * V, op);
+    const auto p1 = r(targets, N, op);
+    const auto p2 = r(dlogits, N * V, op);
+    run([=, this] { inner_.cross_entropy_backward(p0, p1, scale, p2, N, V); });
+  }
+  void logits_row_max(const T* logits, int64_t N, int64_t V, double* row_max) override {
+    const char* op = "logits_row_max";
+    const auto p0 = r(logits, N * V, op);
+    const auto p1 = r(row_max, N, op);
+    run([=, this] { inner_.logits_row_max(p0, N, V, p1); });
+  }
+  void logits_sum_exp(const T* logits, const int32_t* targets, int64_t first, const double* row_max, double* sums,
+                      int64_t N, int64_t V) override {
+    const char* op = "logits_sum_exp";
+    const auto p0 = r(logits, N * V, op);
+    const auto p1 = r(targets, N, op);
+    const auto p2 = r(row_max, N, op);
+    const auto p3 = r(sums, 2 * N, op);
+    run([=, this] { inner_.logits_sum_exp(p0, p1, first, p2, p3, N, V); });
+  }
+  void logits_softmax_backward(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
+                               T* dlogits, int64_t N, int64_t V) override {
+    const char* op = "logits_softmax_backward";
+    const auto p0 = r(logits, N * V, op);
+    const auto p1 = r(targets, N, op);
+    const auto p2 = r(lse, N, op);
+    const auto p3 = r(dlogits, N * V, op);
+    run([=, this] { inner_.logits_softmax_backward(p0, p1, first, p2, scale, p3, N, V); });
+  }
+  void add_inplace(T* y, const T* x, int64_t n) override {
+    const auto p0 = r(y, n, "add_inplace");
+    const auto p1 = r(x, n, "add_inplace");
+    run([=, this] { inner_.add_inplace(p0, p1, n); });
+  }
+  void add(const T* a, const T* b, T* y, int64_t n) override {
+    const auto p0 = r(a, n, "add");
+    const auto p1 = r(b, n, "add");
+    const auto p2 = r(y, n, "add");
+    run([=, this] { inner_.add(p0, p1, p2, n); });
+  }
+  void copy(const T* x, T* y, int64_t n) override {
+    const auto p0 = r(x, n, "copy");
+    const auto p1 = r(y, n, "copy");
+    run([=, this] { inner_.copy(p0, p1, n); });
+  }
+  void copy_strided(const T* x, int64_t ldx, T* y, int64_t ldy, int64_t rows, int64_t cols) override {
+    const char* op = "copy_strided";
+    const auto p0 = r(x, strided(rows, cols, ldx), op);
+    const auto p1 = r(y, strided(rows, cols, ldy), op);
+    run([=, this] { inner_.copy_strided(p0, ldx, p1, ldy, rows, cols); });
+  }
+  void fill(T* y, T value, int64_t n) override {
+    const auto p0 = r(y, n, "fill");
+    run([=, this] { inner_.fill(p0, value, n); });
+  }
+  void scale(T* y, T factor, int64_t n) override {
+    const auto p0 = r(y, n, "scale");
+    run([=, this] { inner_.scale(p0, factor, n); });
+  }
+  double sum_squares(const T* x, int64_t n) override {
+    stream_.synchronize();
+    apply(settings());
+    return inner_.sum_squares(r(x, n, "sum_squares"), n);
+  }
+
+  void grouped_gemm(bool ta, bool tb, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K, T alpha,
+                    const T* A, const T* B, T beta, T* C) override {
+    const char* op = "grouped_gemm";
+    const int64_t rows = groups > 0 ? row_offset[groups] : 0;
+    const auto p0 = r(A, rows * K, op);
+    const auto p1 = r(B, ta ? rows * N : groups * K * N, op);
+    const auto p2 = r(C, ta ? groups * K * N : rows * N, op);
+    const std::vector<int64_t> offsets = host_offsets(groups, row_offset);
+    run([=, this] { inner_.grouped_gemm(ta, tb, groups, offsets.data(), N, K, alpha, p0, p1, beta, p2); });
+  }
+  void expert_mlp_forward(const typename Ops<T>::ExpertMlp& e, const T* x, T* a, T* b, T* h, T* y) override {
+    const char* op = "expert_mlp_forward";
+    const int64_t rows = e.groups > 0 ? e.row_offset[e.groups] : 0;
+    const auto p0 = real_weights(e, op);
+    const auto p1 = r(x, rows * e.D, op);
+    const auto p2 = r(a, rows * e.F, op);
+    const auto p3 = r(b, rows * e.F, op);
+    const auto p4 = r(h, rows * e.F, op);
+    const auto p5 = r(y, rows * e.D, op);
+    const std::vector<int64_t> offsets = host_offsets(e.groups, e.row_offset);
+    run([=, this] { inner_.expert_mlp_forward(with_offsets(p0, offsets), p1, p2, p3, p4, p5); });
+  }
+  void expert_mlp_backward(const typename Ops<T>::ExpertMlp& e, const T* x, const T* a, const T* b, const T* h,
+                           const T* dy, T* dh, T* da, T* db, T* dx) override {
+    const char* op = "expert_mlp_backward";
+    const int64_t rows = e.groups > 0 ? e.row_offset[e.groups] : 0, rf = rows * e.F, rd = rows * e.D;
+    const auto p0 = real_weights(e, op);
+    const auto p1 = r(x, rd, op);
+    const auto p2 = r(a, rf, op);
+    const auto p3 = r(b, rf, op);
+    const auto p4 = r(h, rf, op);
+    const auto p5 = r(dy, rd, op);
+    const auto p6 = r(dh, rf, op);
+    const auto p7 = r(da, rf, op);
+    const auto p8 = r(db, rf, op);
+    const auto p9 = r(dx, rd, op);
+    const std::vector<int64_t> offsets = host_offsets(e.groups, e.row_offset);
+    run([=, this] { inner_.expert_mlp_backward(with_offsets(p0, offsets), p1, p2, p3, p4, p5, p6, p7, p8, p9); });
+  }
+
+  void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) override {
+    const auto p0 = r(out, n, "gumbel_noise");
+    run([=, this] { inner_.gumbel_noise(key, step, first_counter, p0, n); });
+  }
+  void softmax_rows(const T* z, const double* noise, double tau, T* p, int64_t N, int64_t E) override {
+    const char* op = "softmax_rows";
+    const auto p0 = r(z, N * E, op);
+    const auto p1 = r(noise, N * E, op);
+    const auto p2 = r(p, N * E, op);
+    run([=, this] { inner_.softmax_rows(p0, p1, tau, p2, N, E); });
+  }
+  void sigmoid_rows(const T* z, const double* noise, double tau, T* p, int64_t N, int64_t E) override {
+    const char* op = "sigmoid_rows";
+    const auto p0 = r(z, N * E, op);
+    const auto p1 = r(noise, N * E, op);
+    const auto p2 = r(p, N * E, op);
+    run([=, this] { inner_.sigmoid_rows(p0, p1, tau, p2, N, E); });
+  }
+  void topk_rows(const T* p, const float* bias, const uint8_t* mask, int32_t* index, int64_t N, int64_t E,
+                 int64_t K) override {
+    const char* op = "topk_rows";
+    const auto p0 = r(p, N * E, op);
+    const auto p1 = r(bias, E, op);
+    const auto p2 = r(mask, E, op);
+    const auto p3 = r(index, N * K, op);
+    run([=, this] { inner_.topk_rows(p0, p1, p2, p3, N, E, K); });
+  }
+  // The rows a gather reads and a scatter writes are named by indices in backend memory: only the start of
+  // that operand is checked.
+  void gather_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) override {
+    const char* op = "gather_rows";
+    const auto p0 = r(src, 0, op);
+    const auto p1 = r(index, rows, op);
+    const auto p2 = r(scale, rows, op);
+    const auto p3 = r(dst, rows * D, op);
+    run([=, this] { inner_.gather_rows(p0, p1, p2, p3, rows, D); });
+  }
+  void scatter_add_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) override {
+    const char* op = "scatter_add_rows";
+    const auto p0 = r(src, rows * D, op);
+    const auto p1 = r(index, rows, op);
+    const auto p2 = r(scale, rows, op);
+    const auto p3 = r(dst, 0, op);
+    run([=, this] { inner_.scatter_add_rows(p0, p1, p2, p3, rows, D); });
+  }
+  void combine_rows(const T* src, const int32_t* index, const T* weight, T* dst, int64_t N, int64_t K, int64_t D,
+                    bool accumulate) override {
+    const char* op = "combine_rows";
+    const auto p0 = r(src, 0, op);
+    const auto p1 = r(index, N * K, op);
+    const auto p2 = r(weight, N * K, op);
+    const auto p3 = r(dst, N * D, op);
+    run([=, this] { inner_.combine_rows(p0, p1, p2, p3, N, K, D, accumulate); });
+  }
+  void row_dots(const T* a, const int32_t* index, const T* b, T* out, int64_t rows, int64_t D) override {
+    const char* op = "row_dots";
+    const auto p0 = r(a, 0, op);
+    const auto p1 = r(index, rows, op);
+    const auto p2 = r(b, rows * D, op);
+    const auto p3 = r(out, rows, op);
+    run([=, this] { inner_.row_dots(p0, p1, p2, p3, rows, D); });
+  }
+
+  void gate_backward(const T* gate, const int32_t* selected, const T* dw, const T* denom, const uint8_t* clamped,
+                     bool renormalised, T* dp, int64_t N, int64_t K, int64_t E) override {
+    const char* op = "gate_backward";
+    const auto p0 = r(gate, N * K, op);
+    const auto p1 = r(selected, N * K, op);
+    const auto p2 = r(dw, N * K, op);
+    const auto p3 = r(denom, N, op);
+    const auto p4 = r(clamped, N, op);
+    const auto p5 = r(dp, N * E, op);
+    run([=, this] { inner_.gate_backward(p0, p1, p2, p3, p4, renormalised, p5, N, K, E); });
+  }
+  void router_loss_backward(const T* logits, const T* scores, const T* f, const typename Ops<T>::RouterLossGrad& c,
+                            T* dp, T* dz, int64_t N, int64_t E) override {
+    const char* op = "router_loss_backward";
+    const auto p0 = r(logits, N * E, op);
+    const auto p1 = r(scores, N * E, op);
+    const auto p2 = r(f, E, op);
+    const auto p3 = r(dp, N * E, op);
+    const auto p4 = r(dz, N * E, op);
+    run([=, this] { inner_.router_loss_backward(p0, p1, p2, c, p3, p4, N, E); });
+  }
+  void score_backward(const T* scores, const T* dp, double tau, bool sigmoid, const T* logits, const double* noise,
+                      int64_t own_first, int64_t own_count, double* d_log_tau, T* dz, int64_t N, int64_t E) override {
+    const char* op = "score_backward";
+    const auto p0 = r(scores, N * E, op);
+    const auto p1 = r(dp, N * E, op);
+    const auto p2 = r(logits, N * E, op);
+    const auto p3 = r(noise, N * E, op);
+    const auto p4 = r(d_log_tau, logits ? 1 : 0, op);
+    const auto p5 = r(dz, N * E, op);
+    run([=, this] { inner_.score_backward(p0, p1, tau, sigmoid, p2, p3, own_first, own_count, p4, p5, N, E); });
+  }
+
+  void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const typename Ops<T>::AdamWStep& step) override {
+    const char* op = "adamw_update";
+    const auto p0 = r(p, n, op);
+    const auto p1 = r(g, n, op);
+    const auto p2 = r(m, n, op);
+    const auto p3 = r(v, n, op);
+    run([=, this] { inner_.adamw_update(p0, p1, p2, p3, n, step); });
+  }
+
+ private:
+  // Elements from the first of `rows` rows of `cols`, `ld` apart, to the last one's end.
+  static int64_t strided(int64_t rows, int64_t cols, int64_t ld) { return rows > 0 ? (rows - 1) * ld + cols : 0; }
+  template <typename P>
+  P* r(P* p, int64_t n, const char* op) const {
+    using Bare = std::remove_const_t<P>;
+    return static_cast<P*>(shadow_.real(const_cast<Bare*>(p), size_t(n > 0 ? n : 0) * sizeof(P), op));
+  }
+  typename Ops<T>::ExpertMlp real_weights(typename Ops<T>::ExpertMlp e, const char* op) const {
+    const int64_t n = e.groups * e.D * e.F;
+    e.w1 = r(e.w1, n, op), e.w3 = r(e.w3, n, op), e.w2 = r(e.w2, n, op);
+    e.dw1 = r(e.dw1, n, op), e.dw3 = r(e.dw3, n, op), e.dw2 = r(e.dw2, n, op);
+    return e;
+  }
+  // The row offsets as they are now (host memory the caller may change once the op is queued; the CUDA
+  // backend reads them at the call too).
+  static std::vector<int64_t> host_offsets(int64_t groups, const int64_t* row_offset) {
+    return groups > 0 ? std::vector<int64_t>(row_offset, row_offset + groups + 1) : std::vector<int64_t>{};
+  }
+  static typename Ops<T>::ExpertMlp with_offsets(typename Ops<T>::ExpertMlp e, const std::vector<int64_t>& offsets) {
+    e.row_offset = offsets.data();
+    return e;
+  }
+
+  // The settings callers make on these ops (GEMM precision, fused attention, the parameters' memory) when an op
+  // is queued, handed to the CPU backend's ops that do the work when it runs.
+  struct Settings {
+    GemmPrecision precision;
+    bool fused;
+    uint64_t version;
+    const T* parameters;  // the storage
+    int64_t count;
+  };
+  Settings settings() {
+    if (queued_version_ != this->parameter_version()) {
+      queued_version_ = this->parameter_version();
+      queued_parameters_ = r(this->parameter_memory(), this->parameter_count(), "the parameters' memory");
+    }
+    return {this->gemm_precision(), this->fused_attention_allowed(), queued_version_, queued_parameters_,
+            this->parameter_count()};
+  }
+  void apply(const Settings& s) {
+    inner_.set_gemm_precision(s.precision);
+    inner_.set_fused_attention(s.fused);
+    if (applied_version_ == s.version) return;
+    applied_version_ = s.version;
+    inner_.set_parameter_memory(s.parameters, s.count);
+  }
+  // Queues `op` on the stream, to run with the settings of now.
+  void run(std::function<void()> op) {
+    stream_.enqueue([this, s = settings(), op = std::move(op)] {
+      apply(s);
+      op();
+    });
+  }
+
+  Ops<T>& inner_;
+  const ShadowMemory& shadow_;
+  DeferredStream& stream_;
+  uint64_t queued_version_ = ~uint64_t(0), applied_version_ = ~uint64_t(0);
+  const T* queued_parameters_ = nullptr;
+};
+
+}  // namespace moe
