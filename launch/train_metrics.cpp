@@ -91,6 +91,8 @@ nlohmann::json step_line(int64_t done, const StepResult& r, const StepTiming& ti
           {"comm_wait_s", timing.comm_wait_s},
           {"ckpt_stall_s", timing.ckpt_stall_s},
           {"a2a_wait_s", timing.a2a_wait_s},
+          {"host_syncs", timing.host_syncs},
+          {"d2h_bytes", timing.d2h_bytes},
           {"threads", timing.threads},
           {"moe", moe}};
 }

@@ -22,6 +22,7 @@ std::unique_ptr<MetricsWriter> open_metrics(const std::string& run_dir, bool fre
 // The metrics line of a training step.
 struct StepTiming {
   double tokens_per_s = 0, elapsed_s = 0, comm_wait_s = 0, ckpt_stall_s = 0, a2a_wait_s = 0;
+  int64_t host_syncs = 0, d2h_bytes = 0;  // rank 0's over the step (Backend::host_traffic)
   int threads = 1;  // rank 0's CPU threads at the end of the step (train.adapt_threads may change them)
 };
 // moe_stats: every MoE layer's statistics of the step, the whole model's (Trainer::model_stats); top_k: the

@@ -178,8 +178,9 @@ struct Loop {
   FaultInjector faults;
   int64_t resumed_step = 0;
   Clock clock;
-  int64_t last_save_step = -1;  // the newest step a save was started for
-  double a2a_wait_s = 0;        // the last step's exposed expert all-to-all (this rank's)
+  int64_t last_save_step = -1;        // the newest step a save was started for
+  double a2a_wait_s = 0;              // the last step's exposed expert all-to-all (this rank's)
+  Backend::HostTraffic host_traffic;  // the last step's waits for the backend and bytes read back (this rank's)
   // train.adapt_threads on the CPU backend: the thread count follows the cores other processes leave free.
   std::optional<cpu::ThreadGovernor> governor;
   cpu::CoreUseMeter core_use;
@@ -228,6 +229,8 @@ void log_step(Loop& loop, int64_t done, const StepResult& r, double ckpt_stall) 
   timing.comm_wait_s = t.buckets->last_wait_seconds();
   timing.ckpt_stall_s = ckpt_stall;
   timing.a2a_wait_s = loop.a2a_wait_s;
+  timing.host_syncs = loop.host_traffic.syncs;
+  timing.d2h_bytes = loop.host_traffic.d2h_bytes;
   timing.threads = t.threads;
   nlohmann::json line = step_line(done, r, timing, done * t.tokens_per_step(), t.model_stats, t.config.moe.top_k);
   line["data"] = data_metrics(*t.loader, done - 1, tc.global_batch);
@@ -258,7 +261,10 @@ bool run_step(Loop& loop, int64_t step) {
   Trainer& t = loop.t;
   const Config& config = t.config;
   t.exchange->reset_blocked_seconds();
+  const Backend::HostTraffic before = t.model->backend().host_traffic();
   const StepResult r = train_step(t, step);
+  const Backend::HostTraffic after = t.model->backend().host_traffic();
+  loop.host_traffic = {after.syncs - before.syncs, after.d2h_bytes - before.d2h_bytes};
   loop.a2a_wait_s = t.exchange->blocked_seconds();
   loop.clock.interval_tokens += t.tokens_per_step();
   const int64_t done = step + 1;

@@ -6,6 +6,7 @@
 // host explicitly; the CPU backend is one implementation, not an assumption.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -88,11 +89,28 @@ class Backend {
   // Byte copies, ordered on stream(): host -> backend, backend -> host, within the backend. Pointers on
   // the backend side come from its buffers (with an offset).
   virtual void copy_to_device(void* device_dst, const void* host_src, size_t bytes) = 0;
-  virtual void copy_to_host(void* host_dst, const void* device_src, size_t bytes) = 0;
+  void copy_to_host(void* host_dst, const void* device_src, size_t bytes) {
+    d2h_bytes_ += int64_t(bytes);
+    copy_bytes_to_host(host_dst, device_src, bytes);
+  }
   virtual void copy(void* device_dst, const void* device_src, size_t bytes) = 0;
   // Returns when every copy and op queued so far has finished.
   virtual Stream& stream() = 0;
-  void synchronize() { stream().synchronize(); }
+  void synchronize() {
+    ++syncs_;
+    stream().synchronize();
+  }
+
+  // The host's waits for this backend and the bytes it read back, since the backend was made (docs/gpu.md "Host
+  // synchronisations"): each synchronize() (a download is one) and each op that returns a value to the host is a
+  // wait; d2h_bytes counts copy_to_host's bytes. Counted alike on every backend, so that a CPU run shows where a
+  // GPU run would wait. Safe to read from any thread.
+  struct HostTraffic {
+    int64_t syncs = 0, d2h_bytes = 0;
+  };
+  HostTraffic host_traffic() {
+    return {syncs_.load() + ops_f32().host_reads() + ops_f64().host_reads(), d2h_bytes_.load()};
+  }
 
   // Typed forms of the copies, in elements.
   template <typename T>
@@ -128,6 +146,7 @@ class Backend {
 
  protected:
   virtual void* allocate_bytes(size_t bytes) = 0;  // zero-filled
+  virtual void copy_bytes_to_host(void* host_dst, const void* device_src, size_t bytes) = 0;
   // `bytes`: what allocate_bytes was asked for when it returned `p`.
   virtual void free_bytes(void* p, size_t bytes) noexcept = 0;
   virtual Ops<float>& ops_f32() = 0;
@@ -135,6 +154,7 @@ class Backend {
 
  private:
   friend class Buffer;
+  std::atomic<int64_t> syncs_{0}, d2h_bytes_{0};
 };
 
 template <>

@@ -61,7 +61,7 @@ void MemoryCheckBackend::copy_to_device(void* device_dst, const void* host_src, 
       [dst, staged = std::vector<unsigned char>(src, src + bytes)] { std::memcpy(dst, staged.data(), staged.size()); });
 }
 
-void MemoryCheckBackend::copy_to_host(void* host_dst, const void* device_src, size_t bytes) {
+void MemoryCheckBackend::copy_bytes_to_host(void* host_dst, const void* device_src, size_t bytes) {
   if (bytes == 0) return;
   MOE_CHECK(owns(device_src, bytes) && !touches(host_dst, bytes),
             "copy_to_host of " << bytes << " bytes from " << device_src << " to " << host_dst

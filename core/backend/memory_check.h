@@ -37,9 +37,7 @@ class MemoryCheckBackend final : public Backend {
   int64_t peak_bytes() const override { return inner_->peak_bytes(); }
   // Each refuses (moe::Error) a backend side outside this backend's live buffers or a host side inside them.
   using Backend::copy_to_device;  // the typed forms, in elements
-  using Backend::copy_to_host;
   void copy_to_device(void* device_dst, const void* host_src, size_t bytes) override;
-  void copy_to_host(void* host_dst, const void* device_src, size_t bytes) override;
   void copy(void* device_dst, const void* device_src, size_t bytes) override;
   Stream& stream() override { return stream_; }
 
@@ -54,6 +52,7 @@ class MemoryCheckBackend final : public Backend {
 
  protected:
   void* allocate_bytes(size_t bytes) override;
+  void copy_bytes_to_host(void* host_dst, const void* device_src, size_t bytes) override;
   void free_bytes(void* p, size_t bytes) noexcept override;
   Ops<float>& ops_f32() override { return ops_f32_; }
   Ops<double>& ops_f64() override { return ops_f64_; }

@@ -7,6 +7,7 @@
 // written (=), except where an op says it accumulates (the residual stream).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 namespace moe {
@@ -136,8 +137,14 @@ class Ops {
   virtual void copy_strided(const T* x, int64_t ldx, T* y, int64_t ldy, int64_t rows, int64_t cols) = 0;
   virtual void fill(T* y, T value, int64_t n) = 0;
   virtual void scale(T* y, T factor, int64_t n) = 0;
-  // Sum of squares in double, in a fixed order (same result whatever the thread count).
-  virtual double sum_squares(const T* x, int64_t n) = 0;
+  // Sum of squares in double, in a fixed order (same result whatever the thread count). A value for the host: a
+  // wait for the backend, counted (host_reads).
+  double sum_squares(const T* x, int64_t n) {
+    ++host_reads_;
+    return sum_squares_to_host(x, n);
+  }
+  // The ops so far that returned a value to the host (Backend::host_traffic).
+  int64_t host_reads() const { return host_reads_.load(); }
 
   // ---- The MoE path ----------------------------------------------------------------------------
   // Grouped GEMM over experts: group g owns the rows [row_offset[g], row_offset[g + 1]) of the
@@ -244,7 +251,11 @@ class Ops {
   };
   virtual void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamWStep& step) = 0;
 
+ protected:
+  virtual double sum_squares_to_host(const T* x, int64_t n) = 0;  // sum_squares
+
  private:
+  std::atomic<int64_t> host_reads_{0};
   GemmPrecision gemm_precision_ = GemmPrecision::Fp32;
   bool fused_attention_ = true;
   const T* parameters_ = nullptr;

@@ -218,7 +218,7 @@ class StrictOps final : public Ops<T> {
     const auto p0 = r(y, n, "scale");
     run([=, this] { inner_.scale(p0, factor, n); });
   }
-  double sum_squares(const T* x, int64_t n) override {
+  double sum_squares_to_host(const T* x, int64_t n) override {
     stream_.synchronize();
     apply(settings());
     return inner_.sum_squares(r(x, n, "sum_squares"), n);

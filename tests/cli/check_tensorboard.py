@@ -14,7 +14,7 @@ from tensorboard.util import tensor_util
 WORK = sys.argv[1]
 # Machine-dependent fields: equal between two runs only in their steps.
 TIMING = {"train/tokens_per_s", "train/elapsed_s", "train/comm_wait_s", "train/ckpt_stall_s", "train/a2a_wait_s",
-          "train/threads"}
+          "train/threads", "train/host_syncs", "train/d2h_bytes"}
 failures = []
 
 

@@ -121,6 +121,24 @@ TEST(StrictDevice, TheHostSeesResultsOnlyAfterSynchronising) {
   EXPECT_EQ(backend->download<float>(a), (std::vector<float>{7, 8, 30, 40}));
 }
 
+// Backend::host_traffic counts the host's waits (synchronisations, downloads, ops that return a value) and the
+// bytes read back alike on the CPU backend and the checked one: what the host-synchronisation budget measures.
+TEST(StrictDevice, HostTrafficCountsWaitsAndBytesAlikeOnEveryBackend) {
+  for (const auto& backend : {make_cpu_backend(1), std::unique_ptr<Backend>(make_memory_check_backend(1))}) {
+    Buffer a = backend->upload(std::vector<float>{1, 2, 3});
+    const Backend::HostTraffic before = backend->host_traffic();
+    EXPECT_EQ(backend->download<float>(a).size(), 3u);
+    EXPECT_EQ(backend->ops<float>().sum_squares(a.data<float>(), 3), 14.0);
+    std::vector<double> part(1);
+    Buffer d = backend->upload(std::vector<double>{5});
+    backend->copy_to_host(part.data(), d.data<double>(), 1);
+    backend->synchronize();
+    const Backend::HostTraffic after = backend->host_traffic();
+    EXPECT_EQ(after.syncs - before.syncs, 3) << backend->name() << ": a download, a sum of squares, a synchronisation";
+    EXPECT_EQ(after.d2h_bytes - before.d2h_bytes, 3 * 4 + 8) << backend->name();
+  }
+}
+
 TEST(StrictDevice, TwoBackendsAtOnceKeepTheirOwnMemory) {
   const auto one = make_memory_check_backend(1), two = make_memory_check_backend(1);
   Buffer a = one->upload(std::vector<float>{1, 2}), b = two->upload(std::vector<float>{3, 4});

@@ -178,6 +178,11 @@ TEST(TrainerRunDirectory, MetricsLinesHaveTheContractFields) {
     EXPECT_GT(line.at("lr").get<double>(), 0.0) << line.dump();
     EXPECT_GE(line.at("grad_norm").get<double>(), 0.0) << line.dump();
     EXPECT_GE(line.at("tokens_per_s").get<double>(), 0.0) << line.dump();
+    // The host's waits for the backend: at least the loss read back after each micro-batch, and its bytes.
+    ASSERT_TRUE(line.contains("host_syncs") && line.at("host_syncs").is_number_integer()) << line.dump();
+    ASSERT_TRUE(line.contains("d2h_bytes") && line.at("d2h_bytes").is_number_integer()) << line.dump();
+    EXPECT_GE(line.at("host_syncs").get<int64_t>(), 1) << line.dump();
+    EXPECT_GE(line.at("d2h_bytes").get<int64_t>(), 4 * 16 * 4) << "the step's 4 x 16 token losses: " << line.dump();
   }
   EXPECT_EQ(training_steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}));
   EXPECT_EQ(eval_steps, (std::vector<int64_t>{6, 12}));

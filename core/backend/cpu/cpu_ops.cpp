@@ -257,7 +257,7 @@ class CpuOps final : public Ops<T> {
     for (int64_t i = 0; i < n; ++i) y[i] *= factor;
   }
 
-  double sum_squares(const T* x, int64_t n) override {
+  double sum_squares_to_host(const T* x, int64_t n) override {
     const int64_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
     std::vector<double> partial(size_t(std::max<int64_t>(chunks, 1)), 0.0);
 #pragma omp parallel for schedule(static)
@@ -390,7 +390,7 @@ class CpuBackend final : public Backend {
     openblas_set_num_threads(threads);
   }
   void copy_to_device(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
-  void copy_to_host(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
+  void copy_bytes_to_host(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
   Stream& stream() override { return stream_; }
   int64_t allocated_bytes() const override { return allocated_.load(std::memory_order_relaxed); }

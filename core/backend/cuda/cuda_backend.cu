@@ -244,7 +244,7 @@ class CudaOps final : public Ops<T> {
   }
   void fill(T* y, T value, int64_t n) override { launch(elementwise_launch(n), cuda::fill_kernel<T>, y, value, n); }
   void scale(T* y, T factor, int64_t n) override { launch(elementwise_launch(n), cuda::scale_kernel<T>, y, factor, n); }
-  double sum_squares(const T* x, int64_t n) override;
+  double sum_squares_to_host(const T* x, int64_t n) override;
 
   void grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K,
                     T alpha, const T* A, const T* B, T beta, T* C) override;
@@ -544,7 +544,7 @@ void CudaOps<T>::router_loss_backward(const T* logits, const T* scores, const T*
 
 // Chunks of a fixed size whatever the device, each summed by one block, then the chunks in order.
 template <typename T>
-double CudaOps<T>::sum_squares(const T* x, int64_t n) {
+double CudaOps<T>::sum_squares_to_host(const T* x, int64_t n) {
   constexpr int64_t kChunk = 4096;
   const int64_t chunks = std::max<int64_t>(1, (n + kChunk - 1) / kChunk);
   Workspace partial(*ctx_.allocator, size_t(chunks + 1) * sizeof(double));
@@ -688,7 +688,7 @@ class CudaBackend final : public Backend {
   void copy_to_device(void* dst, const void* src, size_t bytes) override {
     copy_on_stream(dst, src, bytes, cudaMemcpyHostToDevice);
   }
-  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+  void copy_bytes_to_host(void* dst, const void* src, size_t bytes) override {
     watchers_.wait_if_watched(ctx_.stream);  // the queued work first, interruptibly: the pageable copy blocks
     copy_on_stream(dst, src, bytes, cudaMemcpyDeviceToHost);
   }
