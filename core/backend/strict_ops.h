@@ -8,7 +8,9 @@
 // the fused-attention switch and the parameters' memory are handed on before each op.
 #pragma once
 
+#include <atomic>
 #include <functional>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -17,6 +19,104 @@
 #include "core/backend/shadow_memory.h"
 
 namespace moe {
+
+// The conformance suites' coverage (ggml's rule: an op without a case fails the suite). Every op of Ops is
+// overridden below (most are pure virtual, so a new op cannot be left out) and marks its id here when a
+// caller runs it on this backend; tests/core/test_op_coverage.cpp runs the suites and then asks which ids no
+// case reached.
+enum class OpId : int {
+  gemm,
+  embedding_forward,
+  embedding_backward,
+  rmsnorm_forward,
+  rmsnorm_backward,
+  rope,
+  attention_forward,
+  attention_backward,
+  fused_attention_supported,
+  attention_forward_fused,
+  attention_backward_fused,
+  swiglu_forward,
+  swiglu_backward,
+  cross_entropy_forward,
+  cross_entropy_backward,
+  logits_row_max,
+  logits_sum_exp,
+  logits_softmax_backward,
+  add_inplace,
+  add,
+  copy,
+  copy_strided,
+  fill,
+  scale,
+  sum_squares,
+  grouped_gemm,
+  expert_mlp_forward,
+  expert_mlp_backward,
+  gumbel_noise,
+  softmax_rows,
+  sigmoid_rows,
+  topk_rows,
+  gather_rows,
+  scatter_add_rows,
+  combine_rows,
+  row_dots,
+  gate_backward,
+  router_loss_backward,
+  score_backward,
+  adamw_update,
+  count
+};
+inline constexpr const char* kOpNames[] = {"gemm",
+                                           "embedding_forward",
+                                           "embedding_backward",
+                                           "rmsnorm_forward",
+                                           "rmsnorm_backward",
+                                           "rope",
+                                           "attention_forward",
+                                           "attention_backward",
+                                           "fused_attention_supported",
+                                           "attention_forward_fused",
+                                           "attention_backward_fused",
+                                           "swiglu_forward",
+                                           "swiglu_backward",
+                                           "cross_entropy_forward",
+                                           "cross_entropy_backward",
+                                           "logits_row_max",
+                                           "logits_sum_exp",
+                                           "logits_softmax_backward",
+                                           "add_inplace",
+                                           "add",
+                                           "copy",
+                                           "copy_strided",
+                                           "fill",
+                                           "scale",
+                                           "sum_squares",
+                                           "grouped_gemm",
+                                           "expert_mlp_forward",
+                                           "expert_mlp_backward",
+                                           "gumbel_noise",
+                                           "softmax_rows",
+                                           "sigmoid_rows",
+                                           "topk_rows",
+                                           "gather_rows",
+                                           "scatter_add_rows",
+                                           "combine_rows",
+                                           "row_dots",
+                                           "gate_backward",
+                                           "router_loss_backward",
+                                           "score_backward",
+                                           "adamw_update"};
+static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == size_t(OpId::count));
+inline std::atomic<bool> g_op_covered[size_t(OpId::count)];
+inline void covered(OpId id) { g_op_covered[size_t(id)].store(true, std::memory_order_relaxed); }
+// The ops no caller has run on a memory-checking backend in this process.
+inline std::vector<std::string> ops_not_covered() {
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < size_t(OpId::count); ++i)
+    if (!g_op_covered[i].load()) missing.push_back(kOpNames[i]);
+  return missing;
+}
 
 template <typename T>
 class StrictOps final : public Ops<T> {
@@ -31,6 +131,7 @@ class StrictOps final : public Ops<T> {
 
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
             int64_t ldb, T beta, T* C, int64_t ldc) override {
+    covered(OpId::gemm);
     const char* op = "gemm";
     const auto p0 = r(A, strided(ta ? K : M, ta ? M : K, lda), op);
     const auto p1 = r(B, strided(tb ? N : K, tb ? K : N, ldb), op);
@@ -39,6 +140,7 @@ class StrictOps final : public Ops<T> {
   }
   void embedding_forward(const int32_t* tokens, const T* table, int64_t first, int64_t rows, T* out, int64_t N,
                          int64_t D) override {
+    covered(OpId::embedding_forward);
     const char* op = "embedding_forward";
     const auto p0 = r(tokens, N, op);
     const auto p1 = r(table, rows * D, op);
@@ -47,6 +149,7 @@ class StrictOps final : public Ops<T> {
   }
   void embedding_backward(const int32_t* tokens, const T* dout, int64_t first, int64_t rows, T* dtable, int64_t N,
                           int64_t D) override {
+    covered(OpId::embedding_backward);
     const char* op = "embedding_backward";
     const auto p0 = r(tokens, N, op);
     const auto p1 = r(dout, N * D, op);
@@ -54,6 +157,7 @@ class StrictOps final : public Ops<T> {
     run([=, this] { inner_.embedding_backward(p0, p1, first, rows, p2, N, D); });
   }
   void rmsnorm_forward(const T* x, const T* gain, T* y, T* rstd, int64_t N, int64_t D) override {
+    covered(OpId::rmsnorm_forward);
     const char* op = "rmsnorm_forward";
     const auto p0 = r(x, N * D, op);
     const auto p1 = r(gain, D, op);
@@ -63,6 +167,7 @@ class StrictOps final : public Ops<T> {
   }
   void rmsnorm_backward(const T* x, const T* gain, const T* rstd, const T* dy, T* dx, T* dgain, int64_t N,
                         int64_t D) override {
+    covered(OpId::rmsnorm_backward);
     const char* op = "rmsnorm_backward";
     const auto p0 = r(x, N * D, op);
     const auto p1 = r(gain, D, op);
@@ -73,11 +178,13 @@ class StrictOps final : public Ops<T> {
     run([=, this] { inner_.rmsnorm_backward(p0, p1, p2, p3, p4, p5, N, D); });
   }
   void rope(T* x, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) override {
+    covered(OpId::rope);
     const auto p0 = r(x, B * T_ * H * Dh, "rope");
     run([=, this] { inner_.rope(p0, B, T_, H, Dh, inverse); });
   }
   void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,
                          int64_t Dh) override {
+    covered(OpId::attention_forward);
     const char* op = "attention_forward";
     const int64_t n = B * T_ * H * Dh;
     const auto p0 = r(q, n, op);
@@ -89,6 +196,7 @@ class StrictOps final : public Ops<T> {
   }
   void attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq, T* dk, T* dv,
                           T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) override {
+    covered(OpId::attention_backward);
     const char* op = "attention_backward";
     const int64_t n = B * T_ * H * Dh;
     const auto p0 = r(q, n, op);
@@ -103,12 +211,14 @@ class StrictOps final : public Ops<T> {
     run([=, this] { inner_.attention_backward(p0, p1, p2, p3, p4, p5, p6, p7, p8, B, T_, H, Dh); });
   }
   bool fused_attention_supported(int64_t B, int64_t T_, int64_t H, int64_t Dh) override {
+    covered(OpId::fused_attention_supported);
     stream_.synchronize();
     apply(settings());
     return inner_.fused_attention_supported(B, T_, H, Dh);
   }
   void attention_forward_fused(const T* q, const T* k, const T* v, T* out, T* stats, int64_t B, int64_t T_, int64_t H,
                                int64_t Dh) override {
+    covered(OpId::attention_forward_fused);
     const char* op = "attention_forward_fused";
     const int64_t n = B * T_ * H * Dh;
     const auto p0 = r(q, n, op);
@@ -120,6 +230,7 @@ class StrictOps final : public Ops<T> {
   }
   void attention_backward_fused(const T* q, const T* k, const T* v, const T* out, const T* stats, const T* dout, T* dq,
                                 T* dk, T* dv, int64_t B, int64_t T_, int64_t H, int64_t Dh) override {
+    covered(OpId::attention_backward_fused);
     const char* op = "attention_backward_fused";
     const int64_t n = B * T_ * H * Dh;
     const auto p0 = r(q, n, op);
@@ -134,6 +245,7 @@ class StrictOps final : public Ops<T> {
     run([=, this] { inner_.attention_backward_fused(p0, p1, p2, p3, p4, p5, p6, p7, p8, B, T_, H, Dh); });
   }
   void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override {
+    covered(OpId::swiglu_forward);
     const char* op = "swiglu_forward";
     const auto p0 = r(a, n, op);
     const auto p1 = r(b, n, op);
@@ -141,6 +253,7 @@ class StrictOps final : public Ops<T> {
     run([=, this] { inner_.swiglu_forward(p0, p1, p2, n); });
   }
   void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) override {
+    covered(OpId::swiglu_backward);
     const char* op = "swiglu_backward";
     const auto p0 = r(a, n, op);
     const auto p1 = r(b, n, op);
@@ -150,6 +263,7 @@ class StrictOps final : public Ops<T> {
     run([=, this] { inner_.swiglu_backward(p0, p1, p2, p3, p4, n); });
   }
   void cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, int64_t N, int64_t V) override {
+    covered(OpId::cross_entropy_forward);
     const char* op = "cross_entropy_forward";
     const auto p0 = r(logits, N * V, op);
     const auto p1 = r(targets, N, op);
@@ -158,6 +272,7 @@ class StrictOps final : public Ops<T> {
   }
   void cross_entropy_backward(const T* logits, const int32_t* targets, T scale, T* dlogits, int64_t N,
                               int64_t V) override {
+    covered(OpId::cross_entropy_backward);
     const char* op = "cross_entropy_backward";
     const auto p0 = r(logits, N * V, op);
     const auto p1 = r(targets, N, op);
@@ -165,6 +280,7 @@ class StrictOps final : public Ops<T> {
     run([=, this] { inner_.cross_entropy_backward(p0, p1, scale, p2, N, V); });
   }
   void logits_row_max(const T* logits, int64_t N, int64_t V, double* row_max) override {
+    covered(OpId::logits_row_max);
     const char* op = "logits_row_max";
     const auto p0 = r(logits, N * V, op);
     const auto p1 = r(row_max, N, op);
@@ -172,6 +288,7 @@ class StrictOps final : public Ops<T> {
   }
   void logits_sum_exp(const T* logits, const int32_t* targets, int64_t first, const double* row_max, double* sums,
                       int64_t N, int64_t V) override {
+    covered(OpId::logits_sum_exp);
     const char* op = "logits_sum_exp";
     const auto p0 = r(logits, N * V, op);
     const auto p1 = r(targets, N, op);
@@ -181,6 +298,7 @@ class StrictOps final : public Ops<T> {
   }
   void logits_softmax_backward(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
                                T* dlogits, int64_t N, int64_t V) override {
+    covered(OpId::logits_softmax_backward);
     const char* op = "logits_softmax_backward";
     const auto p0 = r(logits, N * V, op);
     const auto p1 = r(targets, N, op);
@@ -189,36 +307,43 @@ class StrictOps final : public Ops<T> {
     run([=, this] { inner_.logits_softmax_backward(p0, p1, first, p2, scale, p3, N, V); });
   }
   void add_inplace(T* y, const T* x, int64_t n) override {
+    covered(OpId::add_inplace);
     const auto p0 = r(y, n, "add_inplace");
     const auto p1 = r(x, n, "add_inplace");
     run([=, this] { inner_.add_inplace(p0, p1, n); });
   }
   void add(const T* a, const T* b, T* y, int64_t n) override {
+    covered(OpId::add);
     const auto p0 = r(a, n, "add");
     const auto p1 = r(b, n, "add");
     const auto p2 = r(y, n, "add");
     run([=, this] { inner_.add(p0, p1, p2, n); });
   }
   void copy(const T* x, T* y, int64_t n) override {
+    covered(OpId::copy);
     const auto p0 = r(x, n, "copy");
     const auto p1 = r(y, n, "copy");
     run([=, this] { inner_.copy(p0, p1, n); });
   }
   void copy_strided(const T* x, int64_t ldx, T* y, int64_t ldy, int64_t rows, int64_t cols) override {
+    covered(OpId::copy_strided);
     const char* op = "copy_strided";
     const auto p0 = r(x, strided(rows, cols, ldx), op);
     const auto p1 = r(y, strided(rows, cols, ldy), op);
     run([=, this] { inner_.copy_strided(p0, ldx, p1, ldy, rows, cols); });
   }
   void fill(T* y, T value, int64_t n) override {
+    covered(OpId::fill);
     const auto p0 = r(y, n, "fill");
     run([=, this] { inner_.fill(p0, value, n); });
   }
   void scale(T* y, T factor, int64_t n) override {
+    covered(OpId::scale);
     const auto p0 = r(y, n, "scale");
     run([=, this] { inner_.scale(p0, factor, n); });
   }
   double sum_squares_to_host(const T* x, int64_t n) override {
+    covered(OpId::sum_squares);
     stream_.synchronize();
     apply(settings());
     return inner_.sum_squares(r(x, n, "sum_squares"), n);
@@ -226,6 +351,7 @@ class StrictOps final : public Ops<T> {
 
   void grouped_gemm(bool ta, bool tb, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K, T alpha,
                     const T* A, const T* B, T beta, T* C) override {
+    covered(OpId::grouped_gemm);
     const char* op = "grouped_gemm";
     const int64_t rows = groups > 0 ? row_offset[groups] : 0;
     const auto p0 = r(A, rows * K, op);
@@ -235,6 +361,7 @@ class StrictOps final : public Ops<T> {
     run([=, this] { inner_.grouped_gemm(ta, tb, groups, offsets.data(), N, K, alpha, p0, p1, beta, p2); });
   }
   void expert_mlp_forward(const typename Ops<T>::ExpertMlp& e, const T* x, T* a, T* b, T* h, T* y) override {
+    covered(OpId::expert_mlp_forward);
     const char* op = "expert_mlp_forward";
     const int64_t rows = e.groups > 0 ? e.row_offset[e.groups] : 0;
     const auto p0 = real_weights(e, op);
@@ -248,6 +375,7 @@ class StrictOps final : public Ops<T> {
   }
   void expert_mlp_backward(const typename Ops<T>::ExpertMlp& e, const T* x, const T* a, const T* b, const T* h,
                            const T* dy, T* dh, T* da, T* db, T* dx) override {
+    covered(OpId::expert_mlp_backward);
     const char* op = "expert_mlp_backward";
     const int64_t rows = e.groups > 0 ? e.row_offset[e.groups] : 0, rf = rows * e.F, rd = rows * e.D;
     const auto p0 = real_weights(e, op);
@@ -265,10 +393,12 @@ class StrictOps final : public Ops<T> {
   }
 
   void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) override {
+    covered(OpId::gumbel_noise);
     const auto p0 = r(out, n, "gumbel_noise");
     run([=, this] { inner_.gumbel_noise(key, step, first_counter, p0, n); });
   }
   void softmax_rows(const T* z, const double* noise, double tau, T* p, int64_t N, int64_t E) override {
+    covered(OpId::softmax_rows);
     const char* op = "softmax_rows";
     const auto p0 = r(z, N * E, op);
     const auto p1 = r(noise, N * E, op);
@@ -276,6 +406,7 @@ class StrictOps final : public Ops<T> {
     run([=, this] { inner_.softmax_rows(p0, p1, tau, p2, N, E); });
   }
   void sigmoid_rows(const T* z, const double* noise, double tau, T* p, int64_t N, int64_t E) override {
+    covered(OpId::sigmoid_rows);
     const char* op = "sigmoid_rows";
     const auto p0 = r(z, N * E, op);
     const auto p1 = r(noise, N * E, op);
@@ -284,6 +415,7 @@ class StrictOps final : public Ops<T> {
   }
   void topk_rows(const T* p, const float* bias, const uint8_t* mask, int32_t* index, int64_t N, int64_t E,
                  int64_t K) override {
+    covered(OpId::topk_rows);
     const char* op = "topk_rows";
     const auto p0 = r(p, N * E, op);
     const auto p1 = r(bias, E, op);
@@ -294,6 +426,7 @@ class StrictOps final : public Ops<T> {
   // The rows a gather reads and a scatter writes are named by indices in backend memory: only the start of
   // that operand is checked.
   void gather_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) override {
+    covered(OpId::gather_rows);
     const char* op = "gather_rows";
     const auto p0 = r(src, 0, op);
     const auto p1 = r(index, rows, op);
@@ -302,6 +435,7 @@ class StrictOps final : public Ops<T> {
     run([=, this] { inner_.gather_rows(p0, p1, p2, p3, rows, D); });
   }
   void scatter_add_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) override {
+    covered(OpId::scatter_add_rows);
     const char* op = "scatter_add_rows";
     const auto p0 = r(src, rows * D, op);
     const auto p1 = r(index, rows, op);
@@ -311,6 +445,7 @@ class StrictOps final : public Ops<T> {
   }
   void combine_rows(const T* src, const int32_t* index, const T* weight, T* dst, int64_t N, int64_t K, int64_t D,
                     bool accumulate) override {
+    covered(OpId::combine_rows);
     const char* op = "combine_rows";
     const auto p0 = r(src, 0, op);
     const auto p1 = r(index, N * K, op);
@@ -319,6 +454,7 @@ class StrictOps final : public Ops<T> {
     run([=, this] { inner_.combine_rows(p0, p1, p2, p3, N, K, D, accumulate); });
   }
   void row_dots(const T* a, const int32_t* index, const T* b, T* out, int64_t rows, int64_t D) override {
+    covered(OpId::row_dots);
     const char* op = "row_dots";
     const auto p0 = r(a, 0, op);
     const auto p1 = r(index, rows, op);
@@ -329,6 +465,7 @@ class StrictOps final : public Ops<T> {
 
   void gate_backward(const T* gate, const int32_t* selected, const T* dw, const T* denom, const uint8_t* clamped,
                      bool renormalised, T* dp, int64_t N, int64_t K, int64_t E) override {
+    covered(OpId::gate_backward);
     const char* op = "gate_backward";
     const auto p0 = r(gate, N * K, op);
     const auto p1 = r(selected, N * K, op);
@@ -340,6 +477,7 @@ class StrictOps final : public Ops<T> {
   }
   void router_loss_backward(const T* logits, const T* scores, const T* f, const typename Ops<T>::RouterLossGrad& c,
                             T* dp, T* dz, int64_t N, int64_t E) override {
+    covered(OpId::router_loss_backward);
     const char* op = "router_loss_backward";
     const auto p0 = r(logits, N * E, op);
     const auto p1 = r(scores, N * E, op);
@@ -350,6 +488,7 @@ class StrictOps final : public Ops<T> {
   }
   void score_backward(const T* scores, const T* dp, double tau, bool sigmoid, const T* logits, const double* noise,
                       int64_t own_first, int64_t own_count, double* d_log_tau, T* dz, int64_t N, int64_t E) override {
+    covered(OpId::score_backward);
     const char* op = "score_backward";
     const auto p0 = r(scores, N * E, op);
     const auto p1 = r(dp, N * E, op);
@@ -361,6 +500,7 @@ class StrictOps final : public Ops<T> {
   }
 
   void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const typename Ops<T>::AdamWStep& step) override {
+    covered(OpId::adamw_update);
     const char* op = "adamw_update";
     const auto p0 = r(p, n, op);
     const auto p1 = r(g, n, op);

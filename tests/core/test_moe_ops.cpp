@@ -5,6 +5,7 @@
 // from the definitions in double; index results (top-k) compare exactly.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <string>
@@ -53,6 +54,51 @@ void grouped_gemm_cases(Backend& b) {
 TEST_P(Conformance, GroupedGemm) {
   grouped_gemm_cases<float>(backend());
   grouped_gemm_cases<double>(backend());
+}
+
+// The routed experts' SwiGLU MLPs, forward and backward, over the same expert blocks, against the reference in
+// double; the weight gradients accumulate onto what is there.
+template <typename T>
+void expert_mlp_cases(Backend& b) {
+  Backend& r = reference();
+  const int64_t G = int64_t(kOffsets.size()) - 1, rows = kOffsets.back(), D = 12, F = 20;
+  const auto X = randn(rows * D, "mx"), DY = randn(rows * D, "mdy"), W1 = randn(G * D * F, "w1", 0.3),
+             W3 = randn(G * D * F, "w3", 0.3), W2 = randn(G * F * D, "w2", 0.3), DW = randn(G * D * F, "dw");
+  auto run = [&](Backend& be, auto zero) {
+    using U = decltype(zero);
+    constexpr DType t = dtype_of<U>();
+    Buffer x = put<U>(be, X), dy = put<U>(be, DY), w1 = put<U>(be, W1), w3 = put<U>(be, W3), w2 = put<U>(be, W2);
+    Buffer dw1 = put<U>(be, DW), dw3 = put<U>(be, DW), dw2 = put<U>(be, DW);
+    Buffer a = be.allocate(t, rows * F), bb = be.allocate(t, rows * F), h = be.allocate(t, rows * F),
+           y = be.allocate(t, rows * D), dh = be.allocate(t, rows * F), da = be.allocate(t, rows * F),
+           db = be.allocate(t, rows * F), dx = be.allocate(t, rows * D);
+    const typename Ops<U>::ExpertMlp e{G,
+                                       kOffsets.data(),
+                                       D,
+                                       F,
+                                       w1.data<U>(),
+                                       w3.data<U>(),
+                                       w2.data<U>(),
+                                       dw1.data<U>(),
+                                       dw3.data<U>(),
+                                       dw2.data<U>()};
+    Ops<U>& o = be.ops<U>();
+    o.expert_mlp_forward(e, x.data<U>(), a.data<U>(), bb.data<U>(), h.data<U>(), y.data<U>());
+    o.expert_mlp_backward(e, x.data<U>(), a.data<U>(), bb.data<U>(), h.data<U>(), dy.data<U>(), dh.data<U>(),
+                          da.data<U>(), db.data<U>(), dx.data<U>());
+    return std::array<std::vector<double>, 6>{get<U>(be, h),   get<U>(be, y),   get<U>(be, dx),
+                                              get<U>(be, dw1), get<U>(be, dw3), get<U>(be, dw2)};
+  };
+  const auto got = run(b, T(0)), ref = run(r, 0.0);
+  const char* names[6] = {"expert mlp h",   "expert mlp y",   "expert mlp dx",
+                          "expert mlp dw1", "expert mlp dw3", "expert mlp dw2"};
+  const int64_t lengths[6] = {D, F, 2 * F, 21, 21, 21};  // the longest reduction behind each
+  for (int i = 0; i < 6; ++i) expect_close<T>(names[i], got[size_t(i)], ref[size_t(i)], lengths[i]);
+}
+
+TEST_P(Conformance, ExpertMlp) {
+  expert_mlp_cases<float>(backend());
+  expert_mlp_cases<double>(backend());
 }
 
 TEST_P(Conformance, GumbelNoiseIsThePhiloxStream) {

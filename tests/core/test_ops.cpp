@@ -77,9 +77,39 @@ void norm_cases(Backend& b) {
   EXPECT_NEAR(f.sum_squares(x.data<T>(), N * D), ss, 8 * eps<T>() * ss);
 }
 
+// add_inplace, add, copy, fill and scale: one rounding each at most, so exact against the same arithmetic in T
+// on the host.
+template <typename T>
+void elementwise_cases(Backend& b) {
+  const int64_t n = 1001;
+  const auto X = randn(n, "ex"), Y = randn(n, "ey");
+  std::vector<double> sum(X.size()), scaled(X.size());
+  for (size_t i = 0; i < X.size(); ++i) {
+    sum[i] = double(T(X[i]) + T(Y[i]));
+    scaled[i] = double(T(T(X[i]) + T(Y[i])) * T(-0.75));
+  }
+  Ops<T>& o = b.ops<T>();
+  Buffer x = put<T>(b, X), y = put<T>(b, Y), z = b.allocate(dtype_of<T>(), n);
+  o.add(x.data<T>(), y.data<T>(), z.data<T>(), n);
+  EXPECT_EQ(get<T>(b, z), sum) << "add";
+  o.add_inplace(y.data<T>(), x.data<T>(), n);
+  EXPECT_EQ(get<T>(b, y), sum) << "add_inplace";
+  o.scale(y.data<T>(), T(-0.75), n);
+  EXPECT_EQ(get<T>(b, y), scaled) << "scale";
+  o.copy(x.data<T>(), z.data<T>(), n);
+  EXPECT_EQ(get<T>(b, z), get<T>(b, x)) << "copy";
+  o.fill(z.data<T>() + 1, T(2.5), n - 2);
+  const std::vector<double> filled = get<T>(b, z);
+  EXPECT_EQ(filled.front(), double(T(X.front())));
+  EXPECT_EQ(filled.back(), double(T(X.back())));
+  for (int64_t i = 1; i < n - 1; ++i) ASSERT_EQ(filled[size_t(i)], 2.5) << "fill at " << i;
+}
+
 TEST_P(Conformance, NormsAndElementwise) {
   norm_cases<float>(backend());
   norm_cases<double>(backend());
+  elementwise_cases<float>(backend());
+  elementwise_cases<double>(backend());
 }
 
 // A strided block of rows copied within the backend: a column block out of a wider matrix, into one, and rows
@@ -130,6 +160,42 @@ void attention_cases(Backend& b) {
   const char* names[4] = {"attention forward", "attention backward dq", "attention backward dk",
                           "attention backward dv"};
   for (int i = 0; i < 4; ++i) expect_close<T>(names[i], got[size_t(i)], ref[size_t(i)], T_ * Dh);
+}
+
+// The fused form (FlashAttention-2's) where the backend offers it for the shape: its output, log-sum-exp and
+// gradients against the reference's fused form in double (which test_fused_attention.cpp holds to the plain form
+// and to finite differences). The CPU backend offers it once
+// allowed; the CUDA backend for fp32 storage under bf16 GEMMs only (tests/core/test_fused_attention.cpp).
+template <typename T>
+void fused_attention_cases(Backend& b) {
+  Backend& r = reference();
+  const int64_t B = 2, T_ = 17, H = 3, Dh = 8, n = B * T_ * H * Dh;
+  Ops<T>& o = b.ops<T>();
+  const bool allowed = o.fused_attention_allowed(), ref_allowed = r.ops<double>().fused_attention_allowed();
+  o.set_fused_attention(true);
+  r.ops<double>().set_fused_attention(true);
+  if (o.fused_attention_supported(B, T_, H, Dh)) {
+    const auto Q = randn(n, "q"), K = randn(n, "k"), V = randn(n, "v"), DO = randn(n, "do");
+    auto run = [&](Backend& be, auto zero) {
+      using U = decltype(zero);
+      constexpr DType t = dtype_of<U>();
+      Buffer q = put<U>(be, Q), k = put<U>(be, K), v = put<U>(be, V), dout = put<U>(be, DO);
+      Buffer out = be.allocate(t, n), stats = be.allocate(t, B * H * T_), dq = be.allocate(t, n),
+             dk = be.allocate(t, n), dv = be.allocate(t, n);
+      Ops<U>& u = be.ops<U>();
+      u.attention_forward_fused(q.data<U>(), k.data<U>(), v.data<U>(), out.data<U>(), stats.data<U>(), B, T_, H, Dh);
+      u.attention_backward_fused(q.data<U>(), k.data<U>(), v.data<U>(), out.data<U>(), stats.data<U>(), dout.data<U>(),
+                                 dq.data<U>(), dk.data<U>(), dv.data<U>(), B, T_, H, Dh);
+      return std::array<std::vector<double>, 5>{get<U>(be, out), get<U>(be, stats), get<U>(be, dq), get<U>(be, dk),
+                                                get<U>(be, dv)};
+    };
+    const auto got = run(b, T(0)), ref = run(r, 0.0);
+    const char* names[5] = {"fused attention forward", "fused attention log-sum-exp", "fused attention dq",
+                            "fused attention dk", "fused attention dv"};
+    for (int i = 0; i < 5; ++i) expect_close<T>(names[i], got[size_t(i)], ref[size_t(i)], T_ * Dh);
+  }
+  o.set_fused_attention(allowed);
+  r.ops<double>().set_fused_attention(ref_allowed);
 }
 
 template <typename T>
@@ -190,6 +256,8 @@ void vocab_block_cases(Backend& b) {
 TEST_P(Conformance, AttentionAndLoss) {
   attention_cases<float>(backend());
   attention_cases<double>(backend());
+  fused_attention_cases<float>(backend());
+  fused_attention_cases<double>(backend());
   loss_cases<float>(backend());
   loss_cases<double>(backend());
   vocab_block_cases<float>(backend());
