@@ -217,6 +217,21 @@ class Ops {
   // out[r] = sum_d a[index[r], d] * b[r, d], accumulated in double. a: (*, D); b: (rows, D); out: (rows).
   virtual void row_dots(const T* a, const int32_t* index, const T* b, T* out, int64_t rows, int64_t D) = 0;
 
+  // ---- The router's forward after the scores (core/moe/router.h, docs/moe.md) ----------------------
+  // Per token n < N: selected[n K + j] = preference[n W + j] for j < K (W >= K, the preference row's width), its
+  // score p[n, selected] in selected_score (0 where -1), and the gate weights: raw w_j = p[e_j] (denom 1), or
+  // renormalised w_j = p[e_j] / max(sum_i p[e_i], 1e-6), clamped[n] = 1 where the floor holds. scores: (N, E);
+  // preference: (N, W); selected, selected_score, gate: (N, K); denom, clamped: (N).
+  virtual void gate_weights(const T* scores, const int32_t* preference, int64_t W, bool renormalised, int32_t* selected,
+                            T* selected_score, T* gate, T* denom, uint8_t* clamped, int64_t N, int64_t E,
+                            int64_t K) = 0;
+  // f (E): the share of the N K entries of top (N, K) that name each expert (every entry names one).
+  virtual void expert_fractions(const int32_t* top, T* f, int64_t N, int64_t K, int64_t E) = 0;
+  // The sums behind the router losses' values (MODEL.md "Router losses"), over the rows in order, in double:
+  // out[e] = sum_n p[n, e] for e < E, out[E] = sum_n lse(z_n)^2, out[E + 1] = sum_n -sum_e p log max(p, 1e-30).
+  // logits, scores: (N, E); out: (E + 2).
+  virtual void router_loss_sums(const T* logits, const T* scores, double* out, int64_t N, int64_t E) = 0;
+
   // ---- The router's backward (core/moe/router.h, docs/moe.md) ---------------------------------------
   // Gate weights -> scores, per token n < N: dp[n, selected[n K + j]] += dw[n K + j] / denom[n] for raw gates;
   // renormalised ones (w_j = p[e_j] / denom) add (dw_j - sum_i dw_i gate_i) / denom, the sum 0 where

@@ -61,6 +61,9 @@ enum class OpId : int {
   scatter_add_rows,
   combine_rows,
   row_dots,
+  gate_weights,
+  expert_fractions,
+  router_loss_sums,
   gate_backward,
   router_loss_backward,
   score_backward,
@@ -103,6 +106,9 @@ inline constexpr const char* kOpNames[] = {"gemm",
                                            "scatter_add_rows",
                                            "combine_rows",
                                            "row_dots",
+                                           "gate_weights",
+                                           "expert_fractions",
+                                           "router_loss_sums",
                                            "gate_backward",
                                            "router_loss_backward",
                                            "score_backward",
@@ -463,6 +469,33 @@ class StrictOps final : public Ops<T> {
     run([=, this] { inner_.row_dots(p0, p1, p2, p3, rows, D); });
   }
 
+  void gate_weights(const T* scores, const int32_t* preference, int64_t W, bool renormalised, int32_t* selected,
+                    T* selected_score, T* gate, T* denom, uint8_t* clamped, int64_t N, int64_t E, int64_t K) override {
+    covered(OpId::gate_weights);
+    const char* op = "gate_weights";
+    const auto p0 = r(scores, N * E, op);
+    const auto p1 = r(preference, N * W, op);
+    const auto p2 = r(selected, N * K, op);
+    const auto p3 = r(selected_score, N * K, op);
+    const auto p4 = r(gate, N * K, op);
+    const auto p5 = r(denom, N, op);
+    const auto p6 = r(clamped, N, op);
+    run([=, this] { inner_.gate_weights(p0, p1, W, renormalised, p2, p3, p4, p5, p6, N, E, K); });
+  }
+  void expert_fractions(const int32_t* top, T* f, int64_t N, int64_t K, int64_t E) override {
+    covered(OpId::expert_fractions);
+    const auto p0 = r(top, N * K, "expert_fractions");
+    const auto p1 = r(f, E, "expert_fractions");
+    run([=, this] { inner_.expert_fractions(p0, p1, N, K, E); });
+  }
+  void router_loss_sums(const T* logits, const T* scores, double* out, int64_t N, int64_t E) override {
+    covered(OpId::router_loss_sums);
+    const char* op = "router_loss_sums";
+    const auto p0 = r(logits, N * E, op);
+    const auto p1 = r(scores, N * E, op);
+    const auto p2 = r(out, E + 2, op);
+    run([=, this] { inner_.router_loss_sums(p0, p1, p2, N, E); });
+  }
   void gate_backward(const T* gate, const int32_t* selected, const T* dw, const T* denom, const uint8_t* clamped,
                      bool renormalised, T* dp, int64_t N, int64_t K, int64_t E) override {
     covered(OpId::gate_backward);

@@ -6,41 +6,12 @@
 #include <string>
 
 #include "core/backend/cpu/router_kernels.h"
-#include "core/backend/cpu/vector_math.h"
 #include "core/error.h"
 
 namespace moe {
 namespace {
-// Below this the renormalising sum of the selected scores is clamped (and treated as a constant), so
-// a sigmoid router cannot drive its scores towards zero to game the losses (docs/moe.md).
-constexpr double kMinGateSum = 1e-6;
 constexpr double kMinLogArg = cpu::kRouterMinLogArg;
 constexpr int64_t kMaxExperts = 1024;
-
-// The per-token parts of the router's losses run on the host, one token's row of E values at a time, the rows
-// shared among the threads (each row's results are its own, so the same bits at any thread count) and the
-// exponentials and logarithms of a row taken at once (cpu::log_sum_exp, cpu::exp_shifted, cpu::log_doubles). With 64
-// experts they were scalar calls, 2048 x 320 a layer's forward and backward: as long as a third of the layer's expert
-// GEMMs (docs/bench.md "The router's losses").
-
-// Gate weights w_j = p[e_j], or w_j = p[e_j] / sum of the selected scores (the sum clamped below).
-template <typename T>
-void raw_gates(const T* p, const int32_t* selected, int64_t K, T* gate, T* denom, uint8_t* clamped) {
-  *denom = T(1), *clamped = 0;
-  for (int64_t i = 0; i < K; ++i)
-    if (selected[i] >= 0) gate[i] = p[selected[i]] / *denom;
-}
-template <typename T>
-void renormalised_gates(const T* p, const int32_t* selected, int64_t K, T* gate, T* denom, uint8_t* clamped) {
-  double sum = 0;
-  for (int64_t i = 0; i < K; ++i)
-    if (selected[i] >= 0) sum += double(p[selected[i]]);
-  *clamped = 0;
-  if (sum < kMinGateSum) sum = kMinGateSum, *clamped = 1;
-  *denom = T(sum);
-  for (int64_t i = 0; i < K; ++i)
-    if (selected[i] >= 0) gate[i] = p[selected[i]] / *denom;
-}
 }  // namespace
 
 template <typename T>
@@ -53,7 +24,6 @@ Router<T>::Router(Backend& backend, const MoeSettings& settings)
   sigmoid_ = !softmax;
   // Renormalising one selected expert would make its weight 1 and cut the router off (docs/moe.md).
   renormalise_ = s_.normalize && s_.top_k > 1;
-  gate_ = renormalise_ ? renormalised_gates<T> : raw_gates<T>;
   choices_ = reroutes(s_.overflow) ? s_.num_experts : s_.top_k;
   tau_ = s_.tau;
   bias_.assign(size_t(s_.num_experts), 0.0f);
@@ -98,23 +68,23 @@ void Router<T>::logits(const T* x, T* logits, int64_t N) const {
 template <typename T>
 void Router<T>::route(const FfnContext& context, const T* logits, T* scores, Routing<T>& r, int64_t N) const {
   const int64_t E = s_.num_experts;
-  // Scores p = score((z + g) / tau), g noise in training only.
+  // Scores p = score((z + g) / tau), g noise in training only; then the selection, its gate weights and the
+  // losses' sums as ops, and what the host plans with (the preference rows, selected scores, gate weights) read
+  // back after one wait (docs/gpu.md "Host synchronisations").
   const double* noise = draw_noise(context, N);
   r.tau = tau();
   (ops_.*score_)(logits, noise, r.tau, scores, N, E);
-  // The gate weights, the dispatch plan and the losses are worked out on the host from one copy of
-  // the logits and scores (docs/design.md "The backend seam": what still runs on the host).
-  const std::vector<T> host_logits = backend_.download(logits, N * E);
-  const std::vector<T> host_scores = backend_.download(scores, N * E);
-  select(context, scores, host_scores.data(), r, N);
-  losses(context, host_logits.data(), host_scores.data(), r, N);
+  select(context, scores, r, N);
+  backend_.reserve(loss_sums_, DType::F64, E + 2);
+  ops_.router_loss_sums(logits, scores, loss_sums_.data<double>(), N, E);
+  read_back(r, N);
+  losses(context, r, N);
 }
 
 // Expert dropout, then per token: top-k of p alone (for f), the preference row by p + b among the
 // unmasked experts (ties to the lower index), the selected experts and their gate weights.
 template <typename T>
-void Router<T>::select(const FfnContext& context, const T* scores, const T* host_scores, Routing<T>& r,
-                       int64_t N) const {
+void Router<T>::select(const FfnContext& context, const T* scores, Routing<T>& r, int64_t N) const {
   const int64_t E = s_.num_experts, K = s_.top_k, W = choices_;
   const RngStream dropout(context.seed, "moe.expert_dropout.layer" + std::to_string(s_.layer));
   r.expert_masked.assign(size_t(E), 0);
@@ -122,64 +92,54 @@ void Router<T>::select(const FfnContext& context, const T* scores, const T* host
     for (int64_t e = 0; e < E; ++e)
       r.expert_masked[e] = dropout.uniform(uint64_t(context.step), uint64_t(e)) < s_.expert_dropout;
   r.choices = W;
-  r.preference.assign(size_t(N * W), -1);
-  r.selected.assign(size_t(N * K), -1);
-  r.selected_score.assign(size_t(N * K), T(0));
-  r.gate.assign(size_t(N * K), T(0));
-  r.denom.assign(size_t(N), T(1));
-  r.denom_clamped.assign(size_t(N), 0);
-  r.f.assign(size_t(E), T(0));
-  // Top-k of p alone (for f), and the preference rows by p + b among the unmasked experts.
   backend_.reserve(plain_top_, DType::I32, N * K);
   backend_.reserve(preference_, DType::I32, N * W);
+  backend_.reserve(selected_score_, dtype_of<T>(), N * K);
+  backend_.reserve(r.selected_on_backend, DType::I32, N * K);
+  backend_.reserve(r.gate_on_backend, dtype_of<T>(), N * K);
+  backend_.reserve(r.denom_on_backend, dtype_of<T>(), N);
+  backend_.reserve(r.clamped_on_backend, DType::U8, N);
+  backend_.reserve(r.f_on_backend, dtype_of<T>(), E);
   bias_on_backend_ = backend_.upload(bias_);
   mask_ = backend_.upload(r.expert_masked);
   ops_.topk_rows(scores, nullptr, nullptr, plain_top_.data<int32_t>(), N, E, K);
   ops_.topk_rows(scores, bias_on_backend_.data<float>(), mask_.data<uint8_t>(), preference_.data<int32_t>(), N, E, W);
-  const std::vector<int32_t> plain = backend_.download(plain_top_.data<int32_t>(), N * K);
-  backend_.copy_to_host(r.preference.data(), preference_.data<int32_t>(), N * W);
-  backend_.synchronize();
-  for (int64_t i = 0; i < N * K; ++i) r.f[plain[size_t(i)]] += T(1);
-  for (int64_t n = 0; n < N; ++n) {
-    const T* p = host_scores + n * E;
-    int32_t* sel = r.selected.data() + n * K;
-    for (int64_t j = 0; j < K; ++j) {
-      sel[j] = r.preference[size_t(n * W + j)];
-      if (sel[j] >= 0) r.selected_score[n * K + j] = p[sel[j]];
-    }
-    gate_(p, sel, K, r.gate.data() + n * K, r.denom.data() + n, r.denom_clamped.data() + n);
-  }
-  for (int64_t e = 0; e < E; ++e) r.f[e] /= T(double(N * K));
+  ops_.expert_fractions(plain_top_.data<int32_t>(), r.f_on_backend.template data<T>(), N, K, E);
+  ops_.gate_weights(scores, preference_.data<int32_t>(), W, renormalise_,
+                    r.selected_on_backend.template data<int32_t>(), selected_score_.data<T>(),
+                    r.gate_on_backend.template data<T>(), r.denom_on_backend.template data<T>(),
+                    r.clamped_on_backend.template data<uint8_t>(), N, E, K);
 }
 
 template <typename T>
-void Router<T>::losses(const FfnContext& context, const T* logits, const T* scores, Routing<T>& r, int64_t N) const {
+void Router<T>::read_back(Routing<T>& r, int64_t N) const {
+  const int64_t E = s_.num_experts, K = s_.top_k, W = choices_;
+  r.preference.resize(size_t(N * W));
+  r.selected.resize(size_t(N * K));
+  r.selected_score.resize(size_t(N * K));
+  r.gate.resize(size_t(N * K));
+  r.f.resize(size_t(E));
+  host_sums_.resize(size_t(E + 2));
+  backend_.copy_to_host(r.preference.data(), preference_.data<int32_t>(), N * W);
+  backend_.copy_to_host(r.selected.data(), r.selected_on_backend.template data<int32_t>(), N * K);
+  backend_.copy_to_host(r.selected_score.data(), selected_score_.data<T>(), N * K);
+  backend_.copy_to_host(r.gate.data(), r.gate_on_backend.template data<T>(), N * K);
+  backend_.copy_to_host(r.f.data(), r.f_on_backend.template data<T>(), E);
+  backend_.copy_to_host(host_sums_.data(), loss_sums_.data<double>(), E + 2);
+  backend_.synchronize();
+}
+
+// The losses' values from the sums of router_loss_sums: P_e the column means, then each term (MODEL.md).
+template <typename T>
+void Router<T>::losses(const FfnContext& context, Routing<T>& r, int64_t N) const {
   const int64_t E = s_.num_experts;
-  // Each token's log-sum-exp (z-loss) and score entropy, the rows among the threads; then the sums in token order.
-  std::vector<double> lse(static_cast<size_t>(N)), entropy(static_cast<size_t>(N));
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    lse[size_t(n)] = cpu::log_sum_exp(logits + n * E, E);
-    const T* p = scores + n * E;
-    const double* lp = cpu::router_row_log(p, E);
-    double h = 0;
-    for (int64_t i = 0; i < E; ++i) h -= double(p[i]) * lp[i];
-    entropy[size_t(n)] = h;
-  }
-  std::vector<double> P(static_cast<size_t>(E), 0.0);
-  double zsum = 0, hsum = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    const T* p = scores + n * E;
-    zsum += lse[size_t(n)] * lse[size_t(n)];
-    for (int64_t e = 0; e < E; ++e) P[e] += double(p[e]);
-    hsum += entropy[size_t(n)];
-  }
+  const double zsum = host_sums_[size_t(E)], hsum = host_sums_[size_t(E + 1)];
   double aux = 0, death = 0, P_sum = 0, log_P = 0;
   for (int64_t e = 0; e < E; ++e) {
-    P[e] /= double(N);
-    aux += double(r.f[e]) * P[e];
-    death += std::max(0.0, s_.death_floor - P[e]);
-    P_sum += P[e], log_P += std::log(std::max(P[e], kMinLogArg));
+    const double P = host_sums_[size_t(e)] / double(N);
+    aux += double(r.f[e]) * P;
+    death += std::max(0.0, s_.death_floor - P);
+    P_sum += P, log_P += std::log(std::max(P, kMinLogArg));
   }
   // KL(u || P / sum P) = sum_e (1/E) log((1/E) / (P_e / S)) = log S - log E - mean_e log P_e.
   r.warmup = 0;
@@ -202,13 +162,10 @@ template <typename T>
 void Router<T>::logits_backward(const FfnContext& context, const Routing<T>& r, const T* logits, const T* scores,
                                 const T* dw, T* dp, T* dz, int64_t N, int64_t own_first, int64_t own_count) const {
   const int64_t E = s_.num_experts, K = s_.top_k;
-  // The routing's host vectors go to the backend once; every loop over backend memory is an op.
-  gate_on_backend_ = backend_.upload(r.gate);
-  selected_on_backend_ = backend_.upload(r.selected);
-  denom_on_backend_ = backend_.upload(r.denom);
-  clamped_on_backend_ = backend_.upload(r.denom_clamped);
-  ops_.gate_backward(gate_on_backend_.data<T>(), selected_on_backend_.data<int32_t>(), dw, denom_on_backend_.data<T>(),
-                     clamped_on_backend_.data<uint8_t>(), renormalise_, dp, N, K, E);  // gate weights -> scores
+  // The forward's selection and gate weights stay in the backend's memory (the routing's buffers).
+  ops_.gate_backward(r.gate_on_backend.template data<T>(), r.selected_on_backend.template data<int32_t>(), dw,
+                     r.denom_on_backend.template data<T>(), r.clamped_on_backend.template data<uint8_t>(), renormalise_,
+                     dp, N, K, E);  // gate weights -> scores
   loss_backward(context, r, logits, scores, dp, dz, N);
   scores_backward(context, logits, scores, dp, dz, N, own_first, own_count < 0 ? N : own_count);
 }
@@ -252,8 +209,7 @@ void Router<T>::loss_backward(const FfnContext& context, const Routing<T>& r, co
   const typename Ops<T>::RouterLossGrad c{
       context.router_loss_scale, s_.coef_aux, s_.coef_z, s_.coef_entropy, s_.coef_death, s_.death_floor, s_.coef_warmup,
       warming_up(context)};
-  f_on_backend_ = backend_.upload(r.f);
-  ops_.router_loss_backward(logits, scores, f_on_backend_.data<T>(), c, dp, dz, N, s_.num_experts);
+  ops_.router_loss_backward(logits, scores, r.f_on_backend.template data<T>(), c, dp, dz, N, s_.num_experts);
 }
 
 template <typename T>

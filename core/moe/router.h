@@ -18,15 +18,16 @@ namespace moe {
 // What the router decided for one routing group of N tokens, kept for the backward.
 template <typename T>
 struct Routing {
-  int64_t choices = 0;              // width of a preference row
-  std::vector<int32_t> preference;  // (N, choices): usable experts by p + b, best first, -1 after the last
-  std::vector<int32_t> selected;    // (N, K): the first K of each row
-  std::vector<T> selected_score;    // (N, K): p of each selected expert
-  std::vector<T> gate;              // (N, K): gate weight of each selected expert
-  std::vector<T> denom;             // (N): the renormalisation sum (1 when not renormalising)
-  std::vector<uint8_t> denom_clamped;
+  int64_t choices = 0;                 // width of a preference row
+  std::vector<int32_t> preference;     // (N, choices): usable experts by p + b, best first, -1 after the last
+  std::vector<int32_t> selected;       // (N, K): the first K of each row
+  std::vector<T> selected_score;       // (N, K): p of each selected expert
+  std::vector<T> gate;                 // (N, K): gate weight of each selected expert
   std::vector<uint8_t> expert_masked;  // (E): expert dropout of this step
   std::vector<T> f;                    // (E): top-k selection fractions of p alone (no gradient)
+  // Where the backward reads them, in the backend's memory: selected, gate and f as above; the renormalisation
+  // sums (N, 1 when not renormalising) and whether each was clamped (N).
+  Buffer selected_on_backend, gate_on_backend, f_on_backend, denom_on_backend, clamped_on_backend;
   // Router losses, coefficients applied (warmup: the warm-up term, 0 after the warm-up steps); the entropy sum
   // over tokens and the temperature in force, for the metrics.
   double aux = 0, z = 0, entropy = 0, death = 0, warmup = 0, entropy_sum = 0, tau = 1;
@@ -70,14 +71,15 @@ class Router {
   // After an optimizer step, from the step's counts: the rule of `balance` (core/moe/settings.h, docs/moe.md).
   void update_bias(const std::vector<int64_t>& counts, const BiasBalance& balance);
 
-  // Strategies: the scores op (softmax or sigmoid rows); gate weights (their backward is the gate_backward op).
+  // Strategy: the scores op (softmax or sigmoid rows).
   using ScoreOp = void (Ops<T>::*)(const T* z, const double* noise, double tau, T* p, int64_t N, int64_t E);
-  using GateFn = void (*)(const T* p, const int32_t* selected, int64_t K, T* gate, T* denom, uint8_t* clamped);
 
  private:
-  // scores: in the backend's memory; host_scores: their copy on the host.
-  void select(const FfnContext& context, const T* scores, const T* host_scores, Routing<T>& r, int64_t N) const;
-  void losses(const FfnContext& context, const T* logits, const T* scores, Routing<T>& r, int64_t N) const;
+  // Expert dropout, the preference rows, the selection and its gate weights, as backend ops (scores: (N, E)).
+  void select(const FfnContext& context, const T* scores, Routing<T>& r, int64_t N) const;
+  // The routing's host copies and the losses' values from the sums (E + 2) of router_loss_sums, after one wait.
+  void read_back(Routing<T>& r, int64_t N) const;
+  void losses(const FfnContext& context, Routing<T>& r, int64_t N) const;
   bool warming_up(const FfnContext& context) const {
     return context.training && s_.coef_warmup > 0 && context.step < s_.warmup_steps;
   }
@@ -97,20 +99,17 @@ class Router {
   ScoreOp score_;
   bool sigmoid_;      // sigmoid scores (else softmax)
   bool renormalise_;  // gate weights renormalised over the selected experts
-  GateFn gate_;
-  int64_t choices_;  // K, or E when overflow reroutes down the preference row
-  double tau_;       // the configured or scheduled temperature (not learned)
+  int64_t choices_;   // K, or E when overflow reroutes down the preference row
+  double tau_;        // the configured or scheduled temperature (not learned)
   const T* log_tau_ = nullptr;
   T* log_tau_grad_ = nullptr;
   std::vector<float> bias_;  // on the host: updated from the step's counts, saved in checkpoints
   const T* weight_ = nullptr;
   // Backend workspace of one forward: noise (N, E), the balancing bias and the dropout mask (E), the
-  // top-k of p alone (N, K) and the preference rows (N, W).
-  mutable Buffer noise_, bias_on_backend_, mask_, plain_top_, preference_;
-  // Backend copies of one backward: the routing's gate weights, selections, denominators and their clamps
-  // (N, K), (N, K), (N), (N); the top-k fractions f (E); the learned temperature's gradient (1 double).
-  mutable Buffer gate_on_backend_, selected_on_backend_, denom_on_backend_, clamped_on_backend_, f_on_backend_,
-      d_log_tau_;
+  // top-k of p alone (N, K), the preference rows (N, W), the selected scores (N, K) and the losses' sums (E + 2);
+  // of one backward: the learned temperature's gradient (1 double).
+  mutable Buffer noise_, bias_on_backend_, mask_, plain_top_, preference_, selected_score_, loss_sums_, d_log_tau_;
+  mutable std::vector<double> host_sums_;
   T* grad_ = nullptr;
 };
 

@@ -377,6 +377,66 @@ TEST_P(Conformance, RouterBackward) {
   router_backward_cases<double>(backend());
 }
 
+// The router's forward after the scores: the selection and its gate weights (raw and renormalised, a preference
+// row cut short by masked experts, a clamped sum), the top-k fractions (exact) and the losses' sums, against the
+// same arithmetic on the host and the reference in double.
+template <typename T>
+void router_forward_cases(Backend& b) {
+  const int64_t N = 23, E = 9, K = 3, W = E;
+  std::vector<double> scores = randn(N * E, "rp");
+  for (double& v : scores) v = 1.0 / (1.0 + std::exp(-3 * v));
+  for (int64_t e = 0; e < E; ++e) scores[size_t(5 * E + e)] = 1e-9;  // row 5: a sum under the floor
+  std::vector<int32_t> preference(static_cast<size_t>(N * W));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < W; ++j)  // a permutation per row; rows 7 and 8 cut short after one and two experts
+      preference[size_t(n * W + j)] = (n == 7 && j > 0) || (n == 8 && j > 1) ? -1 : int32_t((n * 5 + j * 4) % E);
+  const auto logits = randn(N * E, "rz", 3.0);
+  Buffer p = put<T>(b, scores), pref = put_index(b, preference), z = put<T>(b, logits);
+  for (const bool renorm : {false, true}) {
+    Buffer sel = b.allocate(DType::I32, N * K), ss = b.allocate(dtype_of<T>(), N * K),
+           gate = b.allocate(dtype_of<T>(), N * K), denom = b.allocate(dtype_of<T>(), N), cl = b.allocate(DType::U8, N);
+    b.ops<T>().gate_weights(p.data<T>(), pref.data<int32_t>(), W, renorm, sel.data<int32_t>(), ss.data<T>(),
+                            gate.data<T>(), denom.data<T>(), cl.data<uint8_t>(), N, E, K);
+    const std::vector<int32_t> got_sel = b.download<int32_t>(sel);
+    const std::vector<uint8_t> got_cl = b.download<uint8_t>(cl);
+    std::vector<double> want_ss, want_gate, want_denom;
+    for (int64_t n = 0; n < N; ++n) {
+      double sum = 0;
+      for (int64_t j = 0; j < K; ++j) {
+        const int32_t e = preference[size_t(n * W + j)];
+        ASSERT_EQ(got_sel[size_t(n * K + j)], e) << "token " << n << " choice " << j;
+        want_ss.push_back(e >= 0 ? double(T(scores[size_t(n * E + e)])) : 0.0);
+        if (e >= 0) sum += double(T(scores[size_t(n * E + e)]));
+      }
+      const bool clamp = renorm && sum < 1e-6;
+      EXPECT_EQ(got_cl[size_t(n)], clamp ? 1 : 0) << "token " << n;
+      want_denom.push_back(renorm ? double(T(clamp ? 1e-6 : sum)) : 1.0);
+      for (int64_t j = 0; j < K; ++j) want_gate.push_back(want_ss[size_t(n * K + j)] / want_denom.back());
+    }
+    EXPECT_EQ(get<T>(b, ss), want_ss) << "selected scores";
+    expect_close<T>(renorm ? "renormalised gate weights" : "raw gate weights", get<T>(b, gate), want_gate, K);
+    expect_close<T>("gate denominators", get<T>(b, denom), want_denom, K);
+  }
+  std::vector<int32_t> top(static_cast<size_t>(N * K));
+  std::vector<double> want_f(static_cast<size_t>(E), 0.0);
+  for (size_t i = 0; i < top.size(); ++i) top[i] = int32_t((i * i + 3) % size_t(E)), want_f[size_t(top[i])] += 1;
+  for (double& f : want_f) f = double(T(T(f) / T(double(N * K))));
+  Buffer t = put_index(b, top), f = b.allocate(dtype_of<T>(), E);
+  b.ops<T>().expert_fractions(t.data<int32_t>(), f.data<T>(), N, K, E);
+  EXPECT_EQ(get<T>(b, f), want_f) << "top-k fractions";
+  Backend& r = reference();
+  Buffer rp = put<double>(r, scores), rz = put<double>(r, logits);
+  Buffer sums = b.allocate(DType::F64, E + 2), rsums = r.allocate(DType::F64, E + 2);
+  b.ops<T>().router_loss_sums(z.data<T>(), p.data<T>(), sums.data<double>(), N, E);
+  r.ops<double>().router_loss_sums(rz.data<double>(), rp.data<double>(), rsums.data<double>(), N, E);
+  expect_close<T>("router losses' sums", b.download<double>(sums), r.download<double>(rsums), N * E);
+}
+
+TEST_P(Conformance, RouterForward) {
+  router_forward_cases<float>(backend());
+  router_forward_cases<double>(backend());
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(backends()),
                          [](const auto& info) { return info.param.name; });
 

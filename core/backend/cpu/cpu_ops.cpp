@@ -310,6 +310,16 @@ class CpuOps final : public Ops<T> {
   void row_dots(const T* a, const int32_t* index, const T* b, T* out, int64_t rows, int64_t D) override {
     cpu::row_dots(a, index, b, out, rows, D);
   }
+  void gate_weights(const T* scores, const int32_t* preference, int64_t W, bool renormalised, int32_t* selected,
+                    T* selected_score, T* gate, T* denom, uint8_t* clamped, int64_t N, int64_t E, int64_t K) override {
+    cpu::gate_weights(scores, preference, W, renormalised, selected, selected_score, gate, denom, clamped, N, E, K);
+  }
+  void expert_fractions(const int32_t* top, T* f, int64_t N, int64_t K, int64_t E) override {
+    cpu::expert_fractions(top, f, N, K, E);
+  }
+  void router_loss_sums(const T* logits, const T* scores, double* out, int64_t N, int64_t E) override {
+    cpu::router_loss_sums(logits, scores, out, N, E);
+  }
   void gate_backward(const T* gate, const int32_t* selected, const T* dw, const T* denom, const uint8_t* clamped,
                      bool renormalised, T* dp, int64_t N, int64_t K, int64_t E) override {
     cpu::gate_backward(gate, selected, dw, denom, clamped, renormalised, dp, N, K, E);

@@ -17,6 +17,10 @@ namespace moe::cpu {
 // The floor under a score before its logarithm (entropy, the warm-up term): the router's, docs/moe.md.
 constexpr double kRouterMinLogArg = 1e-30;
 
+// Below this the renormalising sum of the selected scores is clamped (and treated as a constant), so a sigmoid
+// router cannot drive its scores towards zero to game the losses (docs/moe.md).
+constexpr double kMinGateSum = 1e-6;
+
 // log max(p, kRouterMinLogArg) of a row p (E values), in a buffer of the calling thread that its next call
 // overwrites.
 template <typename T>
@@ -26,6 +30,63 @@ const double* router_row_log(const T* p, int64_t E) {
   for (int64_t i = 0; i < E; ++i) lp[size_t(i)] = std::max(double(p[i]), kRouterMinLogArg);
   log_doubles(lp.data(), lp.data(), E);
   return lp.data();
+}
+
+// The selected experts of each token, their scores and gate weights (Ops::gate_weights).
+template <typename T>
+void gate_weights(const T* scores, const int32_t* preference, int64_t W, bool renormalised, int32_t* selected,
+                  T* selected_score, T* gate, T* denom, uint8_t* clamped, int64_t N, int64_t E, int64_t K) {
+  for (int64_t n = 0; n < N; ++n) {
+    const T* p = scores + n * E;
+    int32_t* sel = selected + n * K;
+    double sum = 0;
+    for (int64_t j = 0; j < K; ++j) {
+      sel[j] = preference[n * W + j];
+      selected_score[n * K + j] = sel[j] >= 0 ? p[sel[j]] : T(0);
+      if (sel[j] >= 0) sum += double(p[sel[j]]);
+    }
+    clamped[n] = 0;
+    denom[n] = T(1);
+    if (renormalised) {
+      if (sum < kMinGateSum) sum = kMinGateSum, clamped[n] = 1;
+      denom[n] = T(sum);
+    }
+    for (int64_t j = 0; j < K; ++j) gate[n * K + j] = sel[j] >= 0 ? p[sel[j]] / denom[n] : T(0);
+  }
+}
+
+// The top-k fractions of each expert (Ops::expert_fractions): counted in T (exact), then divided.
+template <typename T>
+void expert_fractions(const int32_t* top, T* f, int64_t N, int64_t K, int64_t E) {
+  for (int64_t e = 0; e < E; ++e) f[e] = T(0);
+  for (int64_t i = 0; i < N * K; ++i) f[top[i]] += T(1);
+  for (int64_t e = 0; e < E; ++e) f[e] /= T(double(N * K));
+}
+
+// The router losses' sums (Ops::router_loss_sums): each row's log-sum-exp and entropy among the threads, then
+// the sums in row order.
+template <typename T>
+void router_loss_sums(const T* logits, const T* scores, double* out, int64_t N, int64_t E) {
+  std::vector<double> lse(static_cast<size_t>(N)), entropy(static_cast<size_t>(N));
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    lse[size_t(n)] = log_sum_exp(logits + n * E, E);
+    const T* p = scores + n * E;
+    const double* lp = router_row_log(p, E);
+    double h = 0;
+    for (int64_t i = 0; i < E; ++i) h -= double(p[i]) * lp[i];
+    entropy[size_t(n)] = h;
+  }
+  double* P = out;
+  for (int64_t e = 0; e < E; ++e) P[e] = 0;
+  double zsum = 0, hsum = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    const T* p = scores + n * E;
+    zsum += lse[size_t(n)] * lse[size_t(n)];
+    for (int64_t e = 0; e < E; ++e) P[e] += double(p[e]);
+    hsum += entropy[size_t(n)];
+  }
+  out[E] = zsum, out[E + 1] = hsum;
 }
 
 // Gate weights -> scores. Raw gates w_j = p[e_j] / denom; renormalised ones w_j = p[e_j] / sum (a clamped sum a

@@ -280,6 +280,17 @@ class CudaOps final : public Ops<T> {
     launch_rows(row_launch(rows, D), cuda::row_dots_kernel<T>, a, index, b, out, rows, D);
   }
 
+  void gate_weights(const T* scores, const int32_t* preference, int64_t W, bool renormalised, int32_t* selected,
+                    T* selected_score, T* gate, T* denom, uint8_t* clamped, int64_t N, int64_t E, int64_t K) override {
+    launch(elementwise_launch(N), cuda::gate_weights_kernel<T>, scores, preference, W, renormalised, selected,
+           selected_score, gate, denom, clamped, N, E, K);
+  }
+  void expert_fractions(const int32_t* top, T* f, int64_t N, int64_t K, int64_t E) override {
+    launch(elementwise_launch(E), cuda::expert_fractions_kernel<T>, top, f, N, K, E);
+  }
+  void router_loss_sums(const T* logits, const T* scores, double* out, int64_t N, int64_t E) override {
+    launch(elementwise_launch(E + 2), cuda::router_loss_sums_kernel<T>, logits, scores, out, N, E);
+  }
   void gate_backward(const T* gate, const int32_t* selected, const T* dw, const T* denom, const uint8_t* clamped,
                      bool renormalised, T* dp, int64_t N, int64_t K, int64_t E) override {
     launch(elementwise_launch(N), cuda::gate_backward_kernel<T>, gate, selected, dw, denom, clamped, renormalised, dp,

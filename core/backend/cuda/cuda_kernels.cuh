@@ -508,6 +508,71 @@ __global__ void router_loss_backward_kernel(const T* logits, const T* scores, co
   }
 }
 
+// ---- the router's forward after the scores (the CPU reference: core/backend/cpu/router_kernels.h) -----------
+
+constexpr double kMinGateSum = 1e-6;  // as the CPU reference
+
+// One thread per token: the selected experts, their scores and gate weights.
+template <typename T>
+__global__ void gate_weights_kernel(const T* scores, const int32_t* preference, int64_t W, bool renormalised,
+                                    int32_t* selected, T* selected_score, T* gate, T* denom, uint8_t* clamped,
+                                    int64_t N, int64_t E, int64_t K) {
+  MOE_GRID_STRIDE(n, N) {
+    const T* p = scores + n * E;
+    int32_t* sel = selected + n * K;
+    double sum = 0;
+    for (int64_t j = 0; j < K; ++j) {
+      sel[j] = preference[n * W + j];
+      selected_score[n * K + j] = sel[j] >= 0 ? p[sel[j]] : T(0);
+      if (sel[j] >= 0) sum += double(p[sel[j]]);
+    }
+    clamped[n] = 0;
+    denom[n] = T(1);
+    if (renormalised) {
+      if (sum < kMinGateSum) sum = kMinGateSum, clamped[n] = 1;
+      denom[n] = T(sum);
+    }
+    for (int64_t j = 0; j < K; ++j) gate[n * K + j] = sel[j] >= 0 ? p[sel[j]] / denom[n] : T(0);
+  }
+}
+
+// One thread per expert: its entries of top counted (exact), then the share.
+template <typename T>
+__global__ void expert_fractions_kernel(const int32_t* top, T* f, int64_t N, int64_t K, int64_t E) {
+  MOE_GRID_STRIDE(e, E) {
+    T count = 0;
+    for (int64_t i = 0; i < N * K; ++i)
+      if (top[i] == e) count += T(1);
+    f[e] = count / T(double(N * K));
+  }
+}
+
+// The router losses' sums, each in row order on one thread: threads e < E a column's sum of scores, thread E the
+// squared log-sum-exps, thread E + 1 the entropies (a few thousand rows of E values; the CPU's order).
+template <typename T>
+__global__ void router_loss_sums_kernel(const T* logits, const T* scores, double* out, int64_t N, int64_t E) {
+  MOE_GRID_STRIDE(i, E + 2) {
+    double sum = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      const T *z = logits + n * E, *p = scores + n * E;
+      if (i < E) {
+        sum += double(p[i]);
+      } else if (i == E) {
+        double m = -INFINITY, s = 0;
+        for (int64_t e = 0; e < E; ++e) m = fmax(m, double(z[e]));
+        for (int64_t e = 0; e < E; ++e) s += exp(double(z[e]) - m);
+        const double lse = m + log(s);
+        sum += lse * lse;
+      } else {
+        double h = 0;
+        for (int64_t e = 0; e < E; ++e) h -= double(p[e]) * log(fmax(double(p[e]), kRouterMinLogArg));
+        sum += h;
+      }
+    }
+    out[i] = sum;
+  }
+}
+
 // Row n's term of the scores' backward at column e (the CPU's score_row_backward); dot: the row's sum p . dp.
 template <typename T>
 __device__ inline T score_term(const T* p, const T* g, double tau, bool sigmoid, double dot, int64_t e) {
