@@ -58,7 +58,7 @@ class TokenGroup {
   // full (size * count) = every rank's local (count), in rank order; both in backend memory.
   virtual void allgather(const float* local, float* full, int64_t count) = 0;
   virtual void allgather(const double* local, double* full, int64_t count) = 0;
-  // data (count) = the sum over the ranks of their data, in place, in host memory.
+  // data (count) = the sum over the ranks of their data, in place, in backend memory.
   virtual void allreduce_sum(float* data, int64_t count) = 0;
   virtual void allreduce_sum(double* data, int64_t count) = 0;
 };

@@ -250,13 +250,17 @@ void MoeLayer<T>::plan(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
   if (s_.token_shards > 1) st.plan = restrict_plan(st.plan, K, st.first_token, N);
   st.fallback_token.clear();
   st.fallback_weight.clear();
+  st.fallback_pairs.clear();
   if (!uses_fallback(s_.overflow)) return;
   const T* gate = st.routing.gate.data() + st.first_token * K;
   for (int64_t n = 0; n < N; ++n) {
     double w = 0;
     bool any = false;
-    for (int64_t j = 0; j < K; ++j)
-      if (st.plan.fate[n * K + j] == SlotFate::Fallback) w += double(gate[n * K + j]), any = true;
+    for (int64_t j = 0; j < K; ++j) {
+      if (st.plan.fate[n * K + j] != SlotFate::Fallback) continue;
+      w += double(gate[n * K + j]), any = true;
+      st.fallback_pairs.push_back({int32_t(st.fallback_token.size()), int32_t(n * K + j)});
+    }
     if (any) st.fallback_token.push_back(int32_t(n)), st.fallback_weight.push_back(T(w));
   }
 }
@@ -278,6 +282,11 @@ void MoeLayer<T>::upload_plan(MoeSlot<T>& st, int64_t N) const {
   st.gate = backend_.upload(std::vector<T>(gate, gate + N * K));
   st.fallback_token_rows = backend_.upload(st.fallback_token);
   st.fallback_weights = backend_.upload(st.fallback_weight);
+  st.perm_slot_rows = backend_.upload(st.plan.perm_slot);
+  std::vector<int32_t> source, slot;
+  for (const auto& [row, s] : st.fallback_pairs) source.push_back(row), slot.push_back(s);
+  st.fallback_slot_source = backend_.upload(source);
+  st.fallback_slot = backend_.upload(slot);
 }
 
 template <typename T>
@@ -356,27 +365,28 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
   T* sub = (c += G * K);           // shared experts' or fallback's scratch (used one after the other)
   ops_.fill(dp, T(0), G * E);
   ops_.fill(dz, T(0), G * E);
-  host_dw_.assign(size_t(N * K), T(0));
+  ops_.fill(dw, T(0), G * K);
+  T* own_dw = dw + st.first_token * K;  // this rank's tokens' slots of the routing group
 
   // Routed experts, mirrored: un-weight at the token side, dispatch the output gradients to the experts
   // (the shared experts' backward computing meanwhile: it writes dx), expert backward per block, combine the
   // input gradients back (the fallback's backward computing meanwhile), sum them into the tokens' dx (or write
   // it, without shared experts), then the fallback's.
-  uncombine(st, dy, v.yp, dyp, host_dw_);
+  uncombine(st, dy, v.yp, dyp, own_dw);
   dispatch_beside(st.exchange, dyp, dye, [&] {
     if (shared_) shared_->backward(context, x, dy, dx, v.shared_acts, nullptr, sub, N);
   });
   experts_.backward(st.exchange.local_offset, st.experts, dye, es, dxe);
   const bool fallback = fallback_ && Mf > 0;
   combine_beside(st.exchange, dxe, dxp, [&] {
-    if (fallback) fallback_backward(context, st, v, dy, host_dw_, sub);
+    if (fallback) fallback_backward(context, st, v, dy, own_dw, sub);
   });
   ops_.combine_rows(dxp, st.slot_row.template data<int32_t>(), nullptr, dx, N, K, D, shared_ != nullptr);
   if (fallback)
     ops_.scatter_add_rows(sub + Mf * D, st.fallback_token_rows.template data<int32_t>(), nullptr, dx, Mf, D);
 
   // Split hidden width: each rank's expert outputs, so its gate-weight gradients, are partial sums.
-  if (s_.expert_tp > 1) group_->allreduce_sum(host_dw_.data(), N * K);
+  if (s_.expert_tp > 1) group_->allreduce_sum(own_dw, N * K);
   router_backward(context, st, x, v, dw, dp, dz, dx, N);
 }
 
@@ -385,10 +395,7 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
 template <typename T>
 void MoeLayer<T>::router_backward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v, T* dw,
                                   T* dp, T* dz, T* dx, int64_t N) {
-  const int64_t K = s_.top_k, E = s_.num_experts, G = group_tokens(N);
-  group_dw_.assign(size_t(G * K), T(0));
-  std::copy(host_dw_.begin(), host_dw_.end(), group_dw_.begin() + st.first_token * K);
-  backend_.copy_to_device(dw, group_dw_.data(), G * K);
+  const int64_t E = s_.num_experts, G = group_tokens(N);
   router_.logits_backward(context, st.routing, v.logits, v.scores, dw, dp, dz, G, st.first_token, N);
   // With expert tensor parallelism every rank computes the same whole router gradient; its share of the
   // input gradient is added by one rank to the partial sums.
@@ -396,36 +403,38 @@ void MoeLayer<T>::router_backward(const FfnContext& context, const MoeSlot<T>& s
 }
 
 template <typename T>
-void MoeLayer<T>::uncombine(const MoeSlot<T>& st, const T* dy, const T* yp, T* dyp, std::vector<T>& dw) {
+void MoeLayer<T>::uncombine(const MoeSlot<T>& st, const T* dy, const T* yp, T* dyp, T* dw) {
   const int64_t D = s_.d_model, M = st.plan.rows();
   const int32_t* perm_token = st.perm_token.template data<int32_t>();
   ops_.gather_rows(dy, perm_token, st.perm_gate.template data<T>(), dyp, M, D);
-  // dw of a slot = dy of its token . its expert's output: one value per permuted row, to the host.
+  // dw of a slot = dy of its token . its expert's output: one value per permuted row, into its slot (each slot
+  // at most once, onto zero).
   backend_.reserve(dots_, dtype_of<T>(), M);
   ops_.row_dots(dy, perm_token, yp, dots_.template data<T>(), M, D);
-  const std::vector<T> dots = backend_.download(dots_.template data<T>(), M);
-  for (int64_t r = 0; r < M; ++r) dw[size_t(st.plan.perm_slot[size_t(r)])] = dots[size_t(r)];
+  ops_.scatter_add_rows(dots_.template data<T>(), st.perm_slot_rows.template data<int32_t>(), nullptr, dw, M, 1);
 }
 
 // Dense fallback of overflowed assignments: its output's share to each overflowed assignment's gate weight,
 // and its input gradient dxf (Mf, D) at scratch + Mf * D, which the caller scatters into dx.
 template <typename T>
 void MoeLayer<T>::fallback_backward(const FfnContext& context, const MoeSlot<T>& st, const ActsView& v, const T* dy,
-                                    std::vector<T>& dw, T* scratch) {
-  const int64_t D = s_.d_model, K = s_.top_k, Mf = int64_t(st.fallback_token.size());
+                                    T* dw, T* scratch) {
+  const int64_t D = s_.d_model, Mf = int64_t(st.fallback_token.size());
   T* dyf = scratch;       // (Mf, D)
   T* dxf = dyf + Mf * D;  // (Mf, D)
   T* fbs = dxf + Mf * D;  // the fallback MLP's scratch
   const int32_t* tokens = st.fallback_token_rows.template data<int32_t>();
   ops_.gather_rows(dy, tokens, st.fallback_weights.template data<T>(), dyf, Mf, D);
+  // Each overflowed assignment's gate weight gets its token's dot of dy with the fallback's output (its slot
+  // has no routed row, so it was zero).
+  const int64_t Sf = int64_t(st.fallback_pairs.size());
   backend_.reserve(dots_, dtype_of<T>(), Mf);
+  backend_.reserve(fallback_dots_, dtype_of<T>(), Sf);
   ops_.row_dots(dy, tokens, v.yf, dots_.template data<T>(), Mf, D);
-  const std::vector<T> dots = backend_.download(dots_.template data<T>(), Mf);
-  for (int64_t i = 0; i < Mf; ++i) {
-    const int64_t n = st.fallback_token[size_t(i)];
-    for (int64_t j = 0; j < K; ++j)
-      if (st.plan.fate[size_t(n * K + j)] == SlotFate::Fallback) dw[size_t(n * K + j)] += dots[size_t(i)];
-  }
+  ops_.gather_rows(dots_.template data<T>(), st.fallback_slot_source.template data<int32_t>(), nullptr,
+                   fallback_dots_.template data<T>(), Sf, 1);
+  ops_.scatter_add_rows(fallback_dots_.template data<T>(), st.fallback_slot.template data<int32_t>(), nullptr, dw, Sf,
+                        1);
   fallback_->backward(context, v.xf, dyf, dxf, v.fallback_acts, nullptr, fbs, Mf);
 }
 

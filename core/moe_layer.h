@@ -31,6 +31,8 @@ struct MoeSlot final : FfnSlot {
   DispatchPlan plan;
   std::vector<int32_t> fallback_token;  // tokens computed by the dense fallback
   std::vector<T> fallback_weight;       // their summed overflowed gate weights
+  // Each overflowed assignment the fallback computes: its token's row among fallback_token, and its slot.
+  std::vector<std::pair<int32_t, int32_t>> fallback_pairs;
   ExchangePlan exchange;
   ExpertActs<T> experts;
   // A routing group split over ranks: `routing` is the whole group's, `plan` this rank's block's, whose
@@ -38,8 +40,10 @@ struct MoeSlot final : FfnSlot {
   int64_t first_token = 0;
   // The plan's indices and weights in the backend's memory, for the row-moving ops: token of each
   // permuted row and its gate weight (M); permuted row of each slot, -1 if none, and its gate (N K);
-  // the fallback's tokens and weights (Mf).
-  Buffer perm_token, perm_gate, slot_row, gate, fallback_token_rows, fallback_weights;
+  // the fallback's tokens and weights (Mf); the slot of each permuted row (M); for each overflowed assignment the
+  // dense fallback computed, its row among the fallback's tokens and its slot (both Sf).
+  Buffer perm_token, perm_gate, slot_row, gate, fallback_token_rows, fallback_weights, perm_slot_rows,
+      fallback_slot_source, fallback_slot;
 };
 
 template <typename T>
@@ -117,12 +121,13 @@ class MoeLayer final : public FeedForward<T> {
   void fallback_forward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v);
   // The plan's indices and weights to the backend.
   void upload_plan(MoeSlot<T>& st, int64_t N) const;
-  // dyp: (M, D) un-weighted output gradients in permuted order; dw: (N K) gate-weight gradients (host).
-  void uncombine(const MoeSlot<T>& st, const T* dy, const T* yp, T* dyp, std::vector<T>& dw);
+  // dyp: (M, D) un-weighted output gradients in permuted order; dw: (N K) gate-weight gradients of this rank's
+  // slots (backend memory, zeroed), each routed slot's written.
+  void uncombine(const MoeSlot<T>& st, const T* dy, const T* yp, T* dyp, T* dw);
   // The fallback's share of dw and its input gradient dxf (Mf, D), at the start of `scratch`; the caller
   // scatters dxf into dx.
-  void fallback_backward(const FfnContext& context, const MoeSlot<T>& st, const ActsView& v, const T* dy,
-                         std::vector<T>& dw, T* scratch);
+  void fallback_backward(const FfnContext& context, const MoeSlot<T>& st, const ActsView& v, const T* dy, T* dw,
+                         T* scratch);
   // The dispatcher's plan (the counts' exchange), dispatch and combine with `beside` (work independent of
   // what travels) run while the counts or rows travel (s_.overlap_exchange), else after the blocking
   // exchange. The same operations either way.
@@ -130,8 +135,8 @@ class MoeLayer final : public FeedForward<T> {
   void dispatch_beside(const ExchangePlan& p, const T* token_rows, T* expert_rows, const std::function<void()>& beside);
   void combine_beside(const ExchangePlan& p, const T* expert_rows, T* token_rows, const std::function<void()>& beside);
   void count_stats(const FfnContext& context, const MoeSlot<T>& st, int64_t N);
-  // Router backward of this rank's tokens: its gate-weight gradients (host_dw_) into the whole group's
-  // logits gradient (dw: (G K), dp, dz: (G, E) zeroed workspace), then dWg and dx from this rank's rows.
+  // Router backward of this rank's tokens: its gate-weight gradients (in dw: (G K), this rank's slots) into the
+  // whole group's logits gradient (dp, dz: (G, E) zeroed workspace), then dWg and dx from this rank's rows.
   void router_backward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v, T* dw, T* dp,
                        T* dz, T* dx, int64_t N);
   int64_t group_tokens(int64_t N) const { return N * s_.token_shards; }
@@ -150,8 +155,7 @@ class MoeLayer final : public FeedForward<T> {
   TokenGroup* group_ = nullptr;
 
   // Workspace of one forward or backward call (no micro-batch state), kept to avoid reallocating.
-  Buffer scratch_, token_rows_, expert_out_, dots_, local_logits_;
-  std::vector<T> host_dw_, group_dw_;
+  Buffer scratch_, token_rows_, expert_out_, dots_, fallback_dots_, local_logits_;
 };
 
 }  // namespace moe

@@ -120,8 +120,8 @@ class CommunicatorTokenGroup final : public TokenGroup {
   int rank() const override { return control_.rank(); }
   void allgather(const float* local, float* full, int64_t count) override { data_.allgather(local, full, count); }
   void allgather(const double* local, double* full, int64_t count) override { data_.allgather(local, full, count); }
-  void allreduce_sum(float* data, int64_t count) override { control_.allreduce_sum(data, count); }
-  void allreduce_sum(double* data, int64_t count) override { control_.allreduce_sum(data, count); }
+  void allreduce_sum(float* data, int64_t count) override { data_.allreduce_sum(data, count); }
+  void allreduce_sum(double* data, int64_t count) override { data_.allreduce_sum(data, count); }
 
  private:
   Communicator& control_;
