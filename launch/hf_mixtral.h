@@ -1,0 +1,50 @@
+// The Mixtral architecture of Hugging Face transformers (MixtralForCausalLM) as a map from this project's
+// parameters: which config keys it can express (the rest is refused, naming key and value), its config.json, and
+// each tensor of its checkpoint with the project tensor it comes from and how (transposed to (out, in), the
+// rotary rows of q and k reordered from interleaved pairs to halves, one expert of the (E, ...) tensor, the
+// router scaled by 1/tau). docs/interop.md has the mapping as a table. Not here: reading and writing files.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "launch/config.h"
+
+namespace moe {
+
+// One tensor of the exported model and how its values come from a checkpoint tensor.
+struct HfTensor {
+  enum class Op {
+    Copy,           // the same values, the same shape
+    Transpose,      // a (in, out) matrix as (out, in)
+    TransposeRope,  // Transpose, then each head's rows from interleaved rotary pairs (2i, 2i+1) to (i, i + Dh/2)
+    Expert,         // expert `expert` of an (E, in, out) tensor, as (out, in)
+  };
+  std::string name;                   // e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;         // its shape in the exported model
+  std::string source;                 // the checkpoint tensor, e.g. "params/layers.0.attn.wq"
+  std::vector<int64_t> source_shape;  // the global shape the source must have
+  Op op = Op::Copy;
+  int64_t expert = -1;  // Op::Expert
+  int64_t heads = 0;    // Op::TransposeRope
+  double scale = 1.0;   // every value multiplied by it (the router: 1 / tau)
+};
+
+struct HfModel {
+  nlohmann::json config;             // config.json, less "dtype" (the writer's choice)
+  nlohmann::json generation_config;  // generation_config.json
+  std::vector<HfTensor> tensors;     // in writing order: the tensors of one source consecutive
+  // Checkpoint parameters the exported model has no use for, with why (params/ tensors not in `tensors`).
+  std::vector<std::pair<std::string, std::string>> dropped;
+};
+
+// MixtralForCausalLM for `config`; `router_tau(layer)` is the temperature folded into layer's router.
+// BadInput naming the key and its value for what Mixtral cannot express.
+HfModel mixtral_model(const Config& config, const std::vector<double>& router_tau);
+
+// The exported tensor `t` (t.shape, row-major) from its source's values (t.source_shape, row-major).
+void fill_hf_tensor(const HfTensor& t, const float* source, float* out);
+
+}  // namespace moe
