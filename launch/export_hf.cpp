@@ -108,6 +108,20 @@ HfModel plan(const ExportHfOptions& o, const CheckpointModel& checkpoint) {
   return model;
 }
 
+// "2GB", "500MB", "64KiB", "1000": bytes.
+int64_t parse_size(const std::string& text) {
+  static const std::regex form(R"((\d{1,15})\s*(|B|KB|MB|GB|KiB|MiB|GiB))");
+  std::smatch m;
+  if (!std::regex_match(text, m, form) || std::stoll(m[1]) == 0)
+    MOE_BAD_INPUT("--max-shard-size " << text << ": expected a positive size such as 2GB, 500MB or 64KiB");
+  const std::map<std::string, int64_t> units = {{"", 1},          {"B", 1},           {"KB", 1000},
+                                                {"MB", 1000000},  {"GB", 1000000000}, {"KiB", 1 << 10},
+                                                {"MiB", 1 << 20}, {"GiB", 1 << 30}};
+  const int64_t n = std::stoll(m[1]), unit = units.at(m[2]);
+  if (n > (int64_t{1} << 50) / unit) MOE_BAD_INPUT("--max-shard-size " << text << ": too large");
+  return n * unit;
+}
+
 struct Shard {
   std::string file;
   std::vector<size_t> tensors;  // indices into HfModel::tensors
@@ -218,20 +232,22 @@ CLI::App* add_export_command(CLI::App& app, ExportHfOptions& o) {
   hf->add_option("--dtype", o.dtype, "Tensor dtype: fp32, or bf16 (rounded to nearest even)")
       ->default_val("fp32")
       ->check(CLI::IsMember({"fp32", "bf16"}));
-  hf->add_option("--max-shard-mb", o.max_shard_mb, "Start a new safetensors file past this many MiB")
-      ->default_val(2048)
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  hf->add_option("--max-shard-size", o.max_shard_size,
+                 "Start a new safetensors file where the next tensor would take one past this size: bytes, or with "
+                 "KB, MB, GB (powers of 1000) or KiB, MiB, GiB; a larger tensor gets a file of its own")
+      ->default_val("2GB");
   hf->add_flag("--overwrite", o.overwrite, "Replace a previous export in --out (refused when it holds any other file)");
   return hf;
 }
 
 void run_export_hf(const ExportHfOptions& o, std::ostream& log) {
   const auto start = std::chrono::steady_clock::now();
+  const int64_t max_shard_bytes = parse_size(o.max_shard_size);
   const OutState state = check_out(o);
   const CheckpointModel checkpoint = open_checkpoint_model(o.path, log);
   const HfModel model = plan(o, checkpoint);
   const bool bf16 = o.dtype == "bf16";
-  const std::vector<Shard> shards = shards_of(model, bf16 ? "BF16" : "F32", o.max_shard_mb << 20);
+  const std::vector<Shard> shards = shards_of(model, bf16 ? "BF16" : "F32", max_shard_bytes);
   const fs::path out = fs::path(o.out).lexically_normal();
   const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
   const fs::path partial = parent / ("." + out.filename().string() + ".partial-" + std::to_string(::getpid()));

@@ -18,12 +18,12 @@ class App;
 namespace moe {
 
 struct ExportHfOptions {
-  std::string path;             // a run directory, checkpoint root or checkpoint
-  std::string out;              // the directory to write
-  std::string arch = "auto";    // "auto" | "mixtral"
-  std::string dtype = "fp32";   // "fp32" | "bf16"
-  int64_t max_shard_mb = 2048;  // a new safetensors file past this many MiB
-  bool overwrite = false;       // replace an --out that holds a previous export
+  std::string path;                    // a run directory, checkpoint root or checkpoint
+  std::string out;                     // the directory to write
+  std::string arch = "auto";           // "auto" | "mixtral"
+  std::string dtype = "fp32";          // "fp32" | "bf16"
+  std::string max_shard_size = "2GB";  // a new safetensors file past this size: N, NKB, NMB, NGB (or KiB, MiB, GiB)
+  bool overwrite = false;              // replace an --out that holds a previous export
 };
 
 // Adds `export` (with its `hf` subcommand) to `app`. Returns the `hf` subcommand.

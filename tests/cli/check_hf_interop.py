@@ -1,0 +1,68 @@
+"""`moe export hf`'s directory loaded by transformers itself, against `moe logits` (tests/cli/test_hf_interop.sh).
+
+Usage: check_hf_interop.py EXPORT_DIR LOGITS_JSON TEXT_FILE [--bf16]
+
+- AutoModelForCausalLM.from_pretrained(EXPORT_DIR) is a MixtralForCausalLM; its logits on the tokens of
+  LOGITS_JSON agree with `moe logits`'s: fp32 max |a - b| / max |b| <= 1e-4 and KL(moe || hf) <= 1e-8 per
+  token; bf16 (--bf16, the weights rounded once, computed in fp32 here): max relative difference <= 2^-8 * 8.
+- model.generate(greedy, 32 new tokens) equals `moe logits --generate 32`'s "generated" (fp32 only).
+- AutoTokenizer.from_pretrained(EXPORT_DIR) encodes TEXT_FILE to its bytes and decodes them back to the text,
+  adding no special token.
+Exits 1 with the figures on any failure.
+"""
+
+import json
+import sys
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+def fail(message):
+    print("FAIL: " + message, file=sys.stderr)
+    sys.exit(1)
+
+
+def main():
+    export_dir, logits_json, text_file = sys.argv[1:4]
+    bf16 = "--bf16" in sys.argv[4:]
+    ours = json.load(open(logits_json))
+    model = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32)
+    model.eval()
+    if type(model).__name__ != "MixtralForCausalLM":
+        fail(f"transformers loaded a {type(model).__name__}, not a MixtralForCausalLM")
+    tokens = torch.tensor([ours["tokens"]])
+    with torch.no_grad():
+        theirs = model(tokens).logits[0].double()
+    expected = torch.tensor(ours["logits"], dtype=torch.float64)
+    if theirs.shape != expected.shape:
+        fail(f"logits of shape {tuple(theirs.shape)} from transformers, {tuple(expected.shape)} from moe logits")
+    relative = ((theirs - expected).abs().max() / expected.abs().max()).item()
+    p = torch.log_softmax(expected, -1)
+    q = torch.log_softmax(theirs, -1)
+    kl = (p.exp() * (p - q)).sum(-1).max().item()
+    bound, kl_bound = (2.0**-8 * 8, 1e-3) if bf16 else (1e-4, 1e-8)
+    print(f"logits: max relative difference {relative:.3e} (bound {bound:.1e}), max KL {kl:.3e} (bound {kl_bound:.0e})")
+    if not relative <= bound or not kl <= kl_bound:
+        fail(f"logits differ: max relative difference {relative:.3e}, KL {kl:.3e}")
+
+    if not bf16:
+        generated = model.generate(tokens, max_new_tokens=len(ours["generated"]), do_sample=False,
+                                   min_new_tokens=len(ours["generated"]), pad_token_id=0)
+        new = generated[0, tokens.shape[1]:].tolist()
+        print(f"greedy generation: {len(new)} tokens, equal: {new == ours['generated']}")
+        if new != ours["generated"]:
+            fail(f"greedy generation differs: transformers {new}, moe logits {ours['generated']}")
+
+    text = open(text_file, encoding="utf-8").read()
+    tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    ids = tokenizer(text)["input_ids"]
+    if ids != list(text.encode("utf-8")):
+        fail(f"the tokenizer encodes {len(ids)} ids, not the {len(text.encode('utf-8'))} bytes of the text")
+    if tokenizer.decode(ids) != text:
+        fail("the tokenizer's decode does not give the text back")
+    print(f"tokenizer: {len(ids)} ids, the bytes of the text, decoded back exactly")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# `moe export hf`'s directories loaded by transformers itself, installed from PyPI at the versions of
+# tests/requirements-hf.txt into a virtual environment VENV (made or remade only when missing or made from another
+# version of that file; `pip install --no-deps`, so exactly the pinned set):
+# - a small MoE model trained a few steps at tp 2 x ep 2 (4 ranks, router temperature 0.7 to fold) and one at
+#   pp 2 x ep 2 (a delta checkpoint on top) are exported; AutoModelForCausalLM loads a MixtralForCausalLM whose
+#   logits on held-out text agree with `moe logits` (fp32: max relative difference <= 1e-4, KL <= 1e-8), and
+#   greedy generation of 32 tokens gives the same tokens;
+# - the bf16 export agrees within bf16's rounding;
+# - AutoTokenizer encodes and decodes a corpus sample exactly as the byte tokenizer does.
+# When the environment cannot be made (no network) the test fails, unless MOE_TEST_OFFLINE=1 says this machine
+# is offline: then it is skipped (exit 77).
+#
+# Usage: test_hf_interop.sh MOE_BINARY SOURCE_DIR VENV
+set -eu
+
+if [ $# -ne 3 ]; then
+  echo "usage: $0 MOE_BINARY SOURCE_DIR VENV" >&2
+  exit 2
+fi
+moe=$1
+src=$2
+venv=$3
+requirements="$src/tests/requirements-hf.txt"
+config="$src/configs/tiny_moe.json"
+
+# Debian's python3 (python3-venv) first: a pyenv python3 may lack ensurepip.
+python=""
+for candidate in /usr/bin/python3 python3; do
+  if command -v "$candidate" > /dev/null && "$candidate" -c "import venv, ensurepip" 2> /dev/null; then
+    python=$candidate
+    break
+  fi
+done
+stamp="$venv/requirements.sha256"
+want=$(sha256sum "$requirements" | cut -d' ' -f1)
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2> /dev/null)" != "$want" ]; then
+  if [ -z "$python" ]; then
+    echo "FAIL: no python3 with venv and ensurepip to make $venv (Debian: apt-get install python3-venv)" >&2
+    exit 1
+  fi
+  rm -rf "$venv"
+  if ! { "$python" -m venv "$venv" \
+    && "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -r "$requirements"; } > "$venv.log" 2>&1; then
+    tail -5 "$venv.log" >&2
+    rm -rf "$venv"
+    if [ "${MOE_TEST_OFFLINE:-0}" = 1 ]; then
+      echo "skipped: MOE_TEST_OFFLINE=1 and transformers could not be installed from PyPI (log: $venv.log)"
+      exit 77
+    fi
+    echo "FAIL: could not install $requirements from PyPI into $venv (log: $venv.log); this test needs PyPI," \
+      "or set MOE_TEST_OFFLINE=1 on a machine without network to skip it" >&2
+    exit 1
+  fi
+  echo "$want" > "$stamp"
+fi
+unset OMPI_COMM_WORLD_SIZE PMI_SIZE PMIX_SIZE OMPI_COMM_WORLD_LOCAL_SIZE MPI_LOCALNRANKS
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/moe_hf_interop.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+small=(--set train.steps=4 --set model.d_model=32 --set model.layers=2 --set model.heads=2 --set model.ffn_hidden=32
+  --set moe.num_experts=4 --set moe.expert_hidden=32 --set train.seq_len=64 --set train.global_batch=4
+  --set train.micro_batch=1 --set train.eval_sequences=2 --set train.threads=1 --set checkpoint.every=2 --quiet)
+mpirun=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --timeout 300)
+[ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
+"${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set parallel.tp=2 --set parallel.ep=2 \
+  --set moe.router.tau=0.7 --run-dir tp2ep2 > /dev/null
+"${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set parallel.pp=2 --set parallel.ep=2 \
+  --set checkpoint.full_every=2 --run-dir pp2ep2 > /dev/null
+
+# Held-out text (the end of a corpus file, which data.heldout_fraction keeps out of training) for the logits, a
+# longer sample with non-ASCII text for the tokenizer.
+tail -n 1 "$src/data/corpus/prose.txt" | head -c 24 > prompt.txt
+{
+  tail -c 3000 "$src/data/corpus/prose.txt"
+  printf 'Ünïcödé, ☃ and 😀\n\ttabs  and  spaces\r\n'
+} > sample.txt
+
+check() { # RUN_DIR EXPORT_DIR [--bf16]
+  "$moe" logits "$1" --text-file prompt.txt --generate 32 --out "$2.json" 2> /dev/null
+  "$venv/bin/python" "$src/tests/cli/check_hf_interop.py" "$2" "$2.json" sample.txt "${@:3}"
+}
+# Several safetensors files (a layer's experts are 4 * 3 * 4 KiB): the index sends transformers to each.
+"$moe" export hf tp2ep2 --out tp2ep2-hf --max-shard-size 40KiB > /dev/null
+ls tp2ep2-hf/model-00001-of-0000[3-9].safetensors > /dev/null
+check tp2ep2 tp2ep2-hf
+"$moe" export hf pp2ep2 --out pp2ep2-hf > /dev/null
+check pp2ep2 pp2ep2-hf
+"$moe" export hf pp2ep2 --out pp2ep2-bf16 --dtype bf16 > /dev/null
+check pp2ep2 pp2ep2-bf16 --bf16
+echo "ok: exports loaded by transformers agree with moe logits"
