@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# `moe export hf` and `moe logits` against bad input, without transformers (docs/interop.md): a missing or
+# damaged checkpoint, config keys MixtralForCausalLM cannot express (each refused naming key and value), an
+# existing --out (refused unless --overwrite, which replaces only a previous export), bad options; each exits 2
+# with a message naming the key, file or value, and leaves the directory exactly as it was (no partial
+# directory either). Also what an export writes: the safetensors files parse (header length, JSON, offsets
+# covering the data exactly), the index names every tensor once, and fp32 and bf16 exports hold the same tensors.
+#
+# Usage: test_export_hf.sh MOE_BINARY SOURCE_DIR
+set -u
+
+if [ $# -ne 2 ]; then
+  echo "usage: $0 MOE_BINARY SOURCE_DIR" >&2
+  exit 2
+fi
+moe=$1
+config="$2/configs/tiny_moe.json"
+for tool in python3 sha256sum; do
+  command -v "$tool" > /dev/null || { echo "$tool not found" >&2; exit 1; }
+done
+unset OMPI_COMM_WORLD_SIZE PMI_SIZE PMIX_SIZE OMPI_COMM_WORLD_LOCAL_SIZE MPI_LOCALNRANKS
+
+small=(--set train.steps=2 --set model.d_model=32 --set model.layers=2 --set model.heads=2
+  --set model.ffn_hidden=32 --set moe.num_experts=4 --set moe.expert_hidden=32 --set train.seq_len=16
+  --set train.global_batch=2 --set train.micro_batch=1 --set train.eval_sequences=2 --set train.threads=1
+  --set checkpoint.every=2 --quiet)
+
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); }
+fail() {
+  failed=$((failed + 1))
+  echo "FAIL [$case_name] $1"
+}
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/moe_export_hf.XXXXXX") || { echo "mktemp -d failed" >&2; exit 1; }
+trap 'rm -rf "$work" "$work.before" "$work.stdout" "$work.stderr"' EXIT
+cd "$work" || exit 1
+
+snapshot() {
+  find . -printf '%y %p\n' | LC_ALL=C sort
+  find . -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum
+}
+
+# run_case NAME EXIT_CODE COMMAND...: asserts the exit code and that stderr holds every string of `expect_err`;
+# a case expecting exit 2 also that the directory is the same byte for byte afterwards.
+expect_err=()
+out="$work.stdout"
+err="$work.stderr"
+run_case() {
+  case_name=$1
+  local want_rc=$2
+  shift 2
+  snapshot > "$work.before"
+  "$@" > "$out" 2> "$err"
+  local rc=$?
+  if [ "$rc" = "$want_rc" ]; then pass; else fail "exit code $rc, expected $want_rc; stderr: $(cat "$err")"; fi
+  local needle
+  for needle in "${expect_err[@]}"; do
+    if grep -qF -- "$needle" "$err"; then pass; else fail "stderr lacks '$needle'; stderr: $(cat "$err")"; fi
+  done
+  if [ "$want_rc" = 2 ]; then
+    if diff <(snapshot) "$work.before" > /dev/null; then
+      pass
+    else
+      fail "the directory changed (something was written or overwritten):"
+      diff <(snapshot) "$work.before" | sed 's/^/    /'
+    fi
+  fi
+  expect_err=()
+}
+check() {
+  case_name=$1
+  shift
+  if "$@"; then pass; else fail "assertion failed: $*"; fi
+}
+train() { # RUN_DIR [--set ...]
+  local dir=$1
+  shift
+  "$moe" train --config "$config" "${small[@]}" "$@" --run-dir "$dir" > /dev/null 2> "$dir.err" \
+    || { echo "setup: training $dir failed: $(cat "$dir.err")"; exit 1; }
+  rm -f "$dir.err"
+}
+
+# ---- Setup: a run Mixtral expresses, and runs it cannot. ---------------------------------------------------------
+train good
+train shared --set moe.shared_experts=1
+train dense --set moe.every=2
+train sigmoid --set moe.router.score=sigmoid --set moe.router.normalize=false
+train unnormalised --set moe.router.normalize=false --set moe.top_k=2
+train biased --set moe.router.bias_balance.rate=0.001
+
+# ---- What a good export writes ------------------------------------------------------------------------------------
+run_case "export fp32" 0 "$moe" export hf good --out fp32 --max-shard-size 20KiB
+run_case "export bf16" 0 "$moe" export hf good/checkpoints/step-00000002 --out bf16 --dtype bf16
+case_name="safetensors files and index"
+if python3 - fp32 bf16 > "$out" 2>&1 << 'PY'; then pass; else fail "$(cat "$out")"; fi
+import json, os, struct, sys
+def tensors(d):
+    index = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+    names = {}
+    total = 0
+    for f in sorted(set(index["weight_map"].values())):
+        raw = open(os.path.join(d, f), "rb").read()
+        n = struct.unpack("<Q", raw[:8])[0]
+        header = json.loads(raw[8:8 + n])
+        assert (8 + n) % 8 == 0, f"{f}: data not 8-byte aligned"
+        header.pop("__metadata__")
+        spans = sorted(v["data_offsets"] for v in header.values())
+        assert spans[0][0] == 0 and spans[-1][1] == len(raw) - 8 - n, f"{f}: offsets do not cover the data"
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), f"{f}: gaps or overlaps"
+        for name, v in header.items():
+            assert index["weight_map"][name] == f and name not in names, name
+            names[name] = (v["dtype"], v["shape"])
+            total += v["data_offsets"][1] - v["data_offsets"][0]
+    assert set(names) == set(index["weight_map"]), "index and files disagree"
+    assert index["metadata"]["total_size"] == total, "total_size"
+    return names, len(set(index["weight_map"].values()))
+a, files = tensors(sys.argv[1])
+b, _ = tensors(sys.argv[2])
+assert files > 1, "expected several files at 20KiB"
+assert len(a) == 1 + 2 * (6 + 1 + 3 * 4) + 2, len(a)
+assert {k: v[1] for k, v in a.items()} == {k: v[1] for k, v in b.items()}
+assert {v[0] for v in a.values()} == {"F32"} and {v[0] for v in b.values()} == {"BF16"}
+assert a["model.layers.1.self_attn.q_proj.weight"][1] == [32, 32]
+assert a["model.layers.0.block_sparse_moe.experts.3.w2.weight"][1] == [32, 32]
+assert a["lm_head.weight"][1] == [256, 32]
+cfg = json.load(open(os.path.join(sys.argv[1], "config.json")))
+assert cfg["architectures"] == ["MixtralForCausalLM"] and cfg["num_local_experts"] == 4, cfg
+PY
+check "no partial directory left" test -z "$(ls -A | grep -E '^\.(fp32|bf16)\.(partial|old)-')"
+
+# ---- Missing and damaged checkpoints --------------------------------------------------------------------------------
+expect_err=("nowhere" "no such file or directory")
+run_case "missing checkpoint" 2 "$moe" export hf nowhere --out x
+mkdir -p empty_run
+expect_err=("empty_run")
+run_case "a directory that is no run" 2 "$moe" export hf empty_run --out x
+cp -a good damaged
+rank_file=$(ls damaged/checkpoints/step-00000002/rank-*.h5 | head -1)
+printf 'X' | dd of="$rank_file" bs=1 seek=100 count=1 conv=notrunc 2> /dev/null
+expect_err=("does not verify" "rank-")
+run_case "damaged checkpoint" 2 "$moe" export hf damaged --out x
+expect_err=("does not verify")
+run_case "logits of a damaged checkpoint" 2 "$moe" logits damaged --tokens 1,2,3 --out l.json
+
+# ---- What MixtralForCausalLM cannot express: refused naming the key and its value ----------------------------------
+expect_err=("moe.shared_experts = 1" "MixtralForCausalLM")
+run_case "shared experts" 2 "$moe" export hf shared --out x
+expect_err=("moe.every = 2")
+run_case "dense layers" 2 "$moe" export hf dense --out x
+expect_err=("moe.router.score = sigmoid")
+run_case "sigmoid scores" 2 "$moe" export hf sigmoid --out x
+expect_err=("moe.router.normalize = false")
+run_case "unnormalised gates" 2 "$moe" export hf unnormalised --out x
+expect_err=("moe.router.bias_balance.rate")
+run_case "balancing bias" 2 "$moe" export hf biased --out x
+expect_err=("--arch" "deepseek")
+run_case "unknown --arch" 2 "$moe" export hf good --out x --arch deepseek
+
+# ---- --out ---------------------------------------------------------------------------------------------------------
+mkdir -p mine
+echo notes > mine/notes.txt
+expect_err=("mine" "not empty" "--overwrite")
+run_case "a non-empty --out" 2 "$moe" export hf good --out mine
+expect_err=("notes.txt" "not a file an export writes")
+run_case "--overwrite of a directory that is not an export" 2 "$moe" export hf good --out mine --overwrite
+expect_err=("fp32" "not empty")
+run_case "a previous export without --overwrite" 2 "$moe" export hf good --out fp32
+echo x > afile
+expect_err=("afile" "not a directory")
+run_case "--out is a file" 2 "$moe" export hf good --out afile
+expect_err=("no/such" "does not exist")
+run_case "--out in a missing directory" 2 "$moe" export hf good --out no/such/dir
+expect_err=("--max-shard-size" "12XB")
+run_case "a bad --max-shard-size" 2 "$moe" export hf good --out x --max-shard-size 12XB
+expect_err=("--dtype")
+run_case "a bad --dtype" 2 "$moe" export hf good --out x --dtype fp16
+mkdir -p emptydir
+run_case "an empty --out" 0 "$moe" export hf good --out emptydir
+check "the empty --out holds the export" test -f emptydir/config.json
+before=$(sha256sum fp32/config.json)
+run_case "--overwrite of a previous export" 0 "$moe" export hf good --out fp32 --overwrite
+check "replaced by one shard" test "$(ls fp32/*.safetensors | wc -l)" = 1
+check "the config is the same" test "$(sha256sum fp32/config.json)" = "$before"
+check "no partial or old directory left" test -z "$(ls -A | grep -E '\.(partial|old)-')"
+
+# ---- moe logits ----------------------------------------------------------------------------------------------------
+run_case "logits of token ids" 0 "$moe" logits good --tokens "1, 2 3" --generate 2 --out l.json
+case_name="logits JSON"
+if python3 -c "
+import json; d = json.load(open('l.json'))
+assert d['tokens'] == [1, 2, 3] and len(d['logits']) == 3 and len(d['logits'][0]) == 256, d['tokens']
+assert d['step'] == 2 and len(d['generated']) == 2 and all(0 <= t < 256 for t in d['generated'])
+" 2> "$out"; then pass; else fail "$(cat "$out")"; fi
+run_case "logits of text on standard output" 0 "$moe" logits good --text "ab"
+check "two rows" python3 -c "import json,sys; d=json.load(open('$out')); assert d['tokens'] == [97, 98]"
+expect_err=("--tokens" "300" "model.vocab = 256")
+run_case "a token id past the vocabulary" 2 "$moe" logits good --tokens 1,300 --out l2.json
+expect_err=("--tokens" "x")
+run_case "a token that is no number" 2 "$moe" logits good --tokens 1,x --out l2.json
+expect_err=("exactly one of --tokens, --text and --text-file")
+run_case "two inputs" 2 "$moe" logits good --tokens 1 --text a --out l2.json
+expect_err=("exactly one of")
+run_case "no input" 2 "$moe" logits good --out l2.json
+expect_err=("--text-file" "nofile")
+run_case "a missing --text-file" 2 "$moe" logits good --text-file nofile --out l2.json
+expect_err=("--out" "does not exist")
+run_case "logits --out in a missing directory" 2 "$moe" logits good --tokens 1 --out no/such/l.json
+expect_err=("nowhere")
+run_case "logits of a missing checkpoint" 2 "$moe" logits nowhere --tokens 1
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
