@@ -1,12 +1,15 @@
 // Reading a trained model out of a checkpoint: see checkpoint_model.h.
 #include "launch/checkpoint_model.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "core/error.h"
+#include "data/file_io.h"
 #include "launch/ckpt_command.h"
 
 namespace moe {
@@ -75,9 +78,19 @@ ModelTokenizer model_tokenizer(const CheckpointModel& model) {
     if (!hash.empty() && xxh64 != hash)
       MOE_BAD_INPUT("checkpoint " << model.dir << ": its data sources were prepared with two BPE tokenizers (" << t.file
                                   << " and " << path << "/tokenizer.bpe); a model has one");
-    hash = xxh64, t.kind = "bpe", t.file = path + "/tokenizer.bpe";
+    hash = xxh64, t.kind = "bpe", t.file = path + "/tokenizer.bpe", t.xxh64 = xxh64;
   }
   return t;
+}
+
+data::BpeTokenizer load_model_bpe(const ModelTokenizer& tokenizer) {
+  const std::string text =
+      data::read_regular_file(tokenizer.file, uint64_t(256) << 20, tokenizer.file + " (tokenizer)");
+  const std::string now = data::hex64(XXH64(text.data(), text.size(), 0));
+  if (now != tokenizer.xxh64)
+    MOE_BAD_INPUT(tokenizer.file << " has xxh64 " << now << ", but the model was trained with a tokenizer of xxh64 "
+                                 << tokenizer.xxh64 << " there: it is not the model's tokenizer any more");
+  return data::BpeTokenizer::parse(text, tokenizer.file);
 }
 
 }  // namespace moe

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "checkpoint/checkpointer.h"
+#include "data/bpe.h"
 #include "launch/config.h"
 
 namespace moe {
@@ -48,7 +49,11 @@ double router_tau(const CheckpointModel& model, int64_t layer);
 struct ModelTokenizer {
   std::string kind = "byte";
   std::string file;
+  std::string xxh64;  // of the file, as the data provenance recorded it
 };
 ModelTokenizer model_tokenizer(const CheckpointModel& model);
+// The BPE of a "bpe" ModelTokenizer; BadInput naming the file when it is missing, not a tokenizer, or no longer
+// the file the model was trained with (its xxh64 changed).
+data::BpeTokenizer load_model_bpe(const ModelTokenizer& tokenizer);
 
 }  // namespace moe

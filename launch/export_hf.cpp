@@ -99,12 +99,6 @@ HfModel plan(const ExportHfOptions& o, const CheckpointModel& checkpoint) {
     if (tensor.rfind("params/", 0) == 0 && !used.count(tensor))
       MOE_BAD_INPUT("checkpoint " << checkpoint.dir << " holds " << tensor
                                   << ", which MixtralForCausalLM has no place for; nothing written");
-  const ModelTokenizer tokenizer = model_tokenizer(checkpoint);
-  if (tokenizer.kind != "byte")
-    MOE_BAD_INPUT("checkpoint " << checkpoint.dir << " was trained on data prepared with the BPE tokenizer "
-                                << tokenizer.file
-                                << "; exporting a BPE tokenizer is not implemented yet (only the byte tokenizer "
-                                   "of text sources); nothing written");
   return model;
 }
 
@@ -120,6 +114,24 @@ int64_t parse_size(const std::string& text) {
   const int64_t n = std::stoll(m[1]), unit = units.at(m[2]);
   if (n > (int64_t{1} << 50) / unit) MOE_BAD_INPUT("--max-shard-size " << text << ": too large");
   return n * unit;
+}
+
+// tokenizer.json and tokenizer_config.json of the model's tokenizer, made (and refused) before anything is written;
+// a BPE's end-of-document becomes the model's EOS token.
+struct ExportTokenizer {
+  json tokenizer, config;
+};
+ExportTokenizer export_tokenizer(const CheckpointModel& checkpoint, HfModel& model) {
+  const ModelTokenizer t = model_tokenizer(checkpoint);
+  if (t.kind == "byte") return {byte_tokenizer_json(), byte_tokenizer_config()};
+  const data::BpeTokenizer bpe = load_model_bpe(t);
+  if (bpe.vocab() > checkpoint.config.model.vocab)
+    MOE_BAD_INPUT(t.file << " has " << bpe.vocab()
+                         << " ids, more than model.vocab = " << checkpoint.config.model.vocab);
+  ExportTokenizer e{bpe_tokenizer_json(bpe, t.file), bpe_tokenizer_config()};
+  model.config["eos_token_id"] = data::kEndOfDocument;
+  model.generation_config["eos_token_id"] = data::kEndOfDocument;
+  return e;
 }
 
 struct Shard {
@@ -245,7 +257,8 @@ void run_export_hf(const ExportHfOptions& o, std::ostream& log) {
   const int64_t max_shard_bytes = parse_size(o.max_shard_size);
   const OutState state = check_out(o);
   const CheckpointModel checkpoint = open_checkpoint_model(o.path, log);
-  const HfModel model = plan(o, checkpoint);
+  HfModel model = plan(o, checkpoint);
+  const ExportTokenizer tokenizer = export_tokenizer(checkpoint, model);
   const bool bf16 = o.dtype == "bf16";
   const std::vector<Shard> shards = shards_of(model, bf16 ? "BF16" : "F32", max_shard_bytes);
   const fs::path out = fs::path(o.out).lexically_normal();
@@ -262,8 +275,8 @@ void run_export_hf(const ExportHfOptions& o, std::ostream& log) {
     config["dtype"] = bf16 ? "bfloat16" : "float32";
     write_json(partial / "config.json", config);
     write_json(partial / "generation_config.json", model.generation_config);
-    write_json(partial / "tokenizer.json", byte_tokenizer_json());
-    write_json(partial / "tokenizer_config.json", byte_tokenizer_config());
+    write_json(partial / "tokenizer.json", tokenizer.tokenizer);
+    write_json(partial / "tokenizer_config.json", tokenizer.config);
     publish(partial, out, state);
   } catch (...) {
     std::error_code ec;

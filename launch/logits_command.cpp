@@ -63,7 +63,7 @@ std::vector<int32_t> tokenize(const std::string& text, const CheckpointModel& ch
   const ModelTokenizer t = model_tokenizer(checkpoint);
   if (t.kind == "byte") return data::tokenize_bytes(text);
   std::vector<int32_t> ids;
-  data::BpeTokenizer::load(t.file).encode(text, ids);
+  load_model_bpe(t).encode(text, ids);
   return ids;
 }
 

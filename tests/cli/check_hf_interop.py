@@ -1,13 +1,14 @@
 """`moe export hf`'s directory loaded by transformers itself, against `moe logits` (tests/cli/test_hf_interop.sh).
 
-Usage: check_hf_interop.py EXPORT_DIR LOGITS_JSON TEXT_FILE [--bf16]
+Usage: check_hf_interop.py EXPORT_DIR LOGITS_JSON TEXT_FILE TEXT_JSON [--bf16]
 
 - AutoModelForCausalLM.from_pretrained(EXPORT_DIR) is a MixtralForCausalLM; its logits on the tokens of
   LOGITS_JSON agree with `moe logits`'s: fp32 max |a - b| / max |b| <= 1e-4 and KL(moe || hf) <= 1e-8 per
   token; bf16 (--bf16, the weights rounded once, computed in fp32 here): max relative difference <= 2^-8 * 8.
 - model.generate(greedy, 32 new tokens) equals `moe logits --generate 32`'s "generated" (fp32 only).
-- AutoTokenizer.from_pretrained(EXPORT_DIR) encodes TEXT_FILE to its bytes and decodes them back to the text,
-  adding no special token.
+- AutoTokenizer.from_pretrained(EXPORT_DIR) encodes TEXT_FILE to the ids the project's tokenizer gives it
+  (TEXT_JSON: `moe logits --text-file TEXT_FILE`'s "tokens"), adding no special token, and decodes them back to
+  the text.
 Exits 1 with the figures on any failure.
 """
 
@@ -24,8 +25,8 @@ def fail(message):
 
 
 def main():
-    export_dir, logits_json, text_file = sys.argv[1:4]
-    bf16 = "--bf16" in sys.argv[4:]
+    export_dir, logits_json, text_file, text_json = sys.argv[1:5]
+    bf16 = "--bf16" in sys.argv[5:]
     ours = json.load(open(logits_json))
     model = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32)
     model.eval()
@@ -54,14 +55,17 @@ def main():
         if new != ours["generated"]:
             fail(f"greedy generation differs: transformers {new}, moe logits {ours['generated']}")
 
-    text = open(text_file, encoding="utf-8").read()
+    text = open(text_file, encoding="utf-8", newline="").read()  # newline="": "\r\n" stays as it is
+    expected_ids = json.load(open(text_json))["tokens"]
     tokenizer = AutoTokenizer.from_pretrained(export_dir)
     ids = tokenizer(text)["input_ids"]
-    if ids != list(text.encode("utf-8")):
-        fail(f"the tokenizer encodes {len(ids)} ids, not the {len(text.encode('utf-8'))} bytes of the text")
+    if ids != expected_ids:
+        first = next((i for i, (a, b) in enumerate(zip(ids, expected_ids)) if a != b), min(len(ids), len(expected_ids)))
+        fail(f"the tokenizer encodes {len(ids)} ids, the project's {len(expected_ids)}; first difference at {first}: "
+             f"{ids[first:first + 5]} against {expected_ids[first:first + 5]}")
     if tokenizer.decode(ids) != text:
         fail("the tokenizer's decode does not give the text back")
-    print(f"tokenizer: {len(ids)} ids, the bytes of the text, decoded back exactly")
+    print(f"tokenizer: {len(ids)} ids, as the project's tokenizer gives them, decoded back exactly")
 
 
 if __name__ == "__main__":

@@ -89,6 +89,9 @@ train dense --set moe.every=2
 train sigmoid --set moe.router.score=sigmoid --set moe.router.normalize=false
 train unnormalised --set moe.router.normalize=false --set moe.top_k=2
 train biased --set moe.router.bias_balance.rate=0.001
+"$moe" prep --input "$2/data/corpus/prose.txt" --out prepared --tokenizer train --vocab 300 > /dev/null 2>&1 \
+  || { echo "setup: moe prep failed"; exit 1; }
+train bpe --set model.vocab=300 --set 'data.sources=[{"name": "prose", "path": "prepared"}]'
 
 # ---- What a good export writes ------------------------------------------------------------------------------------
 run_case "export fp32" 0 "$moe" export hf good --out fp32 --max-shard-size 20KiB
@@ -157,6 +160,22 @@ expect_err=("moe.router.bias_balance.rate")
 run_case "balancing bias" 2 "$moe" export hf biased --out x
 expect_err=("--arch" "deepseek")
 run_case "unknown --arch" 2 "$moe" export hf good --out x --arch deepseek
+
+# ---- The tokenizer a BPE model was trained with: exported only while it is that file -------------------------------
+run_case "export of a BPE model" 0 "$moe" export hf bpe --out bpe-hf
+check "its tokenizer has the merges and end-of-document" python3 -c "
+import json; t = json.load(open('bpe-hf/tokenizer.json'))
+assert len(t['model']['vocab']) == 300 and len(t['model']['merges']) == 43, len(t['model']['merges'])
+assert t['added_tokens'][0]['id'] == 256 and t['added_tokens'][0]['special']
+assert json.load(open('bpe-hf/config.json'))['eos_token_id'] == 256"
+cp prepared/tokenizer.bpe tokenizer.keep
+printf '\n' >> prepared/tokenizer.bpe
+expect_err=("prepared/tokenizer.bpe" "xxh64")
+run_case "a tokenizer changed since training" 2 "$moe" export hf bpe --out x
+rm prepared/tokenizer.bpe
+expect_err=("prepared/tokenizer.bpe")
+run_case "a tokenizer gone since training" 2 "$moe" export hf bpe --out x
+mv tokenizer.keep prepared/tokenizer.bpe
 
 # ---- --out ---------------------------------------------------------------------------------------------------------
 mkdir -p mine

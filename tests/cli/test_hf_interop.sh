@@ -7,7 +7,9 @@
 #   logits on held-out text agree with `moe logits` (fp32: max relative difference <= 1e-4, KL <= 1e-8), and
 #   greedy generation of 32 tokens gives the same tokens;
 # - the bf16 export agrees within bf16's rounding;
-# - AutoTokenizer encodes and decodes a corpus sample exactly as the byte tokenizer does.
+# - AutoTokenizer encodes and decodes a corpus sample exactly as the byte tokenizer does, and, for a model trained
+#   on data prepared with a learned BPE (moe prep, vocab 320) at ep 2, as that BPE does (its chunking included:
+#   runs longer than 64 bytes, white space before words, control bytes, non-ASCII text).
 # When the environment cannot be made (no network) the test fails, unless MOE_TEST_OFFLINE=1 says this machine
 # is offline: then it is skipped (exit 77).
 #
@@ -69,17 +71,27 @@ mpirun=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --time
 "${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set parallel.pp=2 --set parallel.ep=2 \
   --set checkpoint.full_every=2 --run-dir pp2ep2 > /dev/null
 
+"$moe" prep --input "$src/data/corpus/prose.txt" --out prepared --tokenizer train --vocab 320 > /dev/null
+"${mpirun[@]}" -np 2 "$moe" train --config "$config" "${small[@]}" --set parallel.ep=2 --set model.vocab=320 \
+  --set 'data.sources=[{"name": "prose", "path": "prepared"}]' --run-dir bpe > /dev/null
+
 # Held-out text (the end of a corpus file, which data.heldout_fraction keeps out of training) for the logits, a
-# longer sample with non-ASCII text for the tokenizer.
+# longer sample for the tokenizer: corpus text, non-ASCII text, runs of letters, digits, punctuation and white
+# space longer than a BPE chunk (64 bytes), control bytes.
 tail -n 1 "$src/data/corpus/prose.txt" | head -c 24 > prompt.txt
+long() { printf "$1%.0s" $(seq "$2"); }
 {
   tail -c 3000 "$src/data/corpus/prose.txt"
+  tail -c 1000 "$src/data/corpus/code.txt"
   printf 'Ünïcödé, ☃ and 😀\n\ttabs  and  spaces\r\n'
+  long a 70; printf ' '; long b 130; long ' ' 70; printf 'x'; long 1234567890 8; long '!' 90; printf '\n\n\n  \n x'
+  long ' ' 65; printf 'y \t z\001\002 ctl \177 end '; long w 64; printf '  '
 } > sample.txt
 
 check() { # RUN_DIR EXPORT_DIR [--bf16]
   "$moe" logits "$1" --text-file prompt.txt --generate 32 --out "$2.json" 2> /dev/null
-  "$venv/bin/python" "$src/tests/cli/check_hf_interop.py" "$2" "$2.json" sample.txt "${@:3}"
+  "$moe" logits "$1" --text-file sample.txt --out "$2.sample.json" 2> /dev/null
+  "$venv/bin/python" "$src/tests/cli/check_hf_interop.py" "$2" "$2.json" sample.txt "$2.sample.json" "${@:3}"
 }
 # Several safetensors files (a layer's experts are 4 * 3 * 4 KiB): the index sends transformers to each.
 "$moe" export hf tp2ep2 --out tp2ep2-hf --max-shard-size 40KiB > /dev/null
@@ -89,4 +101,6 @@ check tp2ep2 tp2ep2-hf
 check pp2ep2 pp2ep2-hf
 "$moe" export hf pp2ep2 --out pp2ep2-bf16 --dtype bf16 > /dev/null
 check pp2ep2 pp2ep2-bf16 --bf16
+"$moe" export hf bpe --out bpe-hf > /dev/null
+check bpe bpe-hf
 echo "ok: exports loaded by transformers agree with moe logits"
