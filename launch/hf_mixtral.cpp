@@ -2,6 +2,7 @@
 #include "launch/hf_mixtral.h"
 
 #include <cmath>
+#include <map>
 
 #include "core/error.h"
 
@@ -69,29 +70,39 @@ HfModel mixtral_model(const Config& c, const std::vector<double>& router_tau) {
   m.generation_config = {{"do_sample", false}, {"bos_token_id", nullptr}, {"eos_token_id", nullptr}};
 
   using Op = HfTensor::Op;
-  auto add = [&m](std::string name, std::vector<int64_t> shape, std::string source, std::vector<int64_t> source_shape,
-                  Op op, int64_t expert = -1, int64_t heads = 0, double scale = 1.0) {
-    m.tensors.push_back(
-        {std::move(name), std::move(shape), param(source), std::move(source_shape), op, expert, heads, scale});
+  struct Dim {
+    int64_t size;
+    const char* key;
   };
-  add("model.embed_tokens.weight", {V, D}, "embed.weight", {V, D}, Op::Copy);
+  const Dim v{V, "model.vocab"}, d{D, "model.d_model"}, e_{E, "moe.num_experts"}, f{F, "moe.expert_hidden"};
+  auto add = [&m](std::string name, const std::vector<Dim>& dims, std::string source, std::vector<int64_t> source_shape,
+                  Op op, int64_t expert = -1, int64_t heads = 0, double scale = 1.0) {
+    std::vector<int64_t> shape;
+    std::string keys;
+    for (const Dim& dim : dims)
+      shape.push_back(dim.size),
+          keys += (keys.empty() ? "" : ", ") + std::string(dim.key) + " = " + std::to_string(dim.size);
+    m.tensors.push_back({std::move(name), std::move(shape), param(source), std::move(source_shape), op, expert, heads,
+                         scale, "(" + keys + ")"});
+  };
+  add("model.embed_tokens.weight", {v, d}, "embed.weight", {V, D}, Op::Copy);
   for (int64_t l = 0; l < L; ++l) {
     const std::string hf = layer_name(l), p = "layers." + std::to_string(l);
-    add(hf + ".input_layernorm.weight", {D}, p + ".attn_norm.gain", {D}, Op::Copy);
-    add(hf + ".self_attn.q_proj.weight", {D, D}, p + ".attn.wq", {D, D}, Op::TransposeRope, -1, H);
-    add(hf + ".self_attn.k_proj.weight", {D, D}, p + ".attn.wk", {D, D}, Op::TransposeRope, -1, H);
-    add(hf + ".self_attn.v_proj.weight", {D, D}, p + ".attn.wv", {D, D}, Op::Transpose);
-    add(hf + ".self_attn.o_proj.weight", {D, D}, p + ".attn.wo", {D, D}, Op::Transpose);
-    add(hf + ".post_attention_layernorm.weight", {D}, p + ".ffn_norm.gain", {D}, Op::Copy);
+    add(hf + ".input_layernorm.weight", {d}, p + ".attn_norm.gain", {D}, Op::Copy);
+    add(hf + ".self_attn.q_proj.weight", {d, d}, p + ".attn.wq", {D, D}, Op::TransposeRope, -1, H);
+    add(hf + ".self_attn.k_proj.weight", {d, d}, p + ".attn.wk", {D, D}, Op::TransposeRope, -1, H);
+    add(hf + ".self_attn.v_proj.weight", {d, d}, p + ".attn.wv", {D, D}, Op::Transpose);
+    add(hf + ".self_attn.o_proj.weight", {d, d}, p + ".attn.wo", {D, D}, Op::Transpose);
+    add(hf + ".post_attention_layernorm.weight", {d}, p + ".ffn_norm.gain", {D}, Op::Copy);
     // The router's logits divided by tau: softmax(x Wg / tau) is softmax of x (Wg / tau).
-    add(hf + ".block_sparse_moe.gate.weight", {E, D}, p + ".ffn.router.weight", {D, E}, Op::Transpose, -1, 0,
+    add(hf + ".block_sparse_moe.gate.weight", {e_, d}, p + ".ffn.router.weight", {D, E}, Op::Transpose, -1, 0,
         1.0 / router_tau[size_t(l)]);
     for (const char* w : {"w1", "w3"})
       for (int64_t e = 0; e < E; ++e)
-        add(hf + ".block_sparse_moe.experts." + std::to_string(e) + "." + w + ".weight", {F, D},
+        add(hf + ".block_sparse_moe.experts." + std::to_string(e) + "." + w + ".weight", {f, d},
             p + ".ffn.experts." + w, {E, D, F}, Op::Expert, e);
     for (int64_t e = 0; e < E; ++e)
-      add(hf + ".block_sparse_moe.experts." + std::to_string(e) + ".w2.weight", {D, F}, p + ".ffn.experts.w2",
+      add(hf + ".block_sparse_moe.experts." + std::to_string(e) + ".w2.weight", {d, f}, p + ".ffn.experts.w2",
           {E, F, D}, Op::Expert, e);
     if (c.moe.router.tau_learned)
       m.dropped.push_back({param(p + ".ffn.tau.log_ratio"), "the learned router temperature, folded into gate.weight"});
@@ -101,8 +112,8 @@ HfModel mixtral_model(const Config& c, const std::vector<double>& router_tau) {
                              "the dense fallback of assignments over capacity: the exported model is dropless, "
                              "nothing overflows"});
   }
-  add("model.norm.weight", {D}, "out_norm.gain", {D}, Op::Copy);
-  add("lm_head.weight", {V, D}, "head.weight", {D, V}, Op::Transpose);
+  add("model.norm.weight", {d}, "out_norm.gain", {D}, Op::Copy);
+  add("lm_head.weight", {v, d}, "head.weight", {D, V}, Op::Transpose);
   return m;
 }
 
@@ -137,6 +148,79 @@ void fill_hf_tensor(const HfTensor& t, const float* source, float* out) {
       return;
     }
   }
+}
+
+void unfill_hf_tensor(const HfTensor& t, const float* values, float* source) {
+  const auto scale = float(t.scale);
+  switch (t.op) {
+    case HfTensor::Op::Copy: {
+      int64_t n = 1;
+      for (int64_t d : t.shape) n *= d;
+      for (int64_t i = 0; i < n; ++i) source[i] = values[i] / scale;
+      return;
+    }
+    case HfTensor::Op::Transpose:
+    case HfTensor::Op::Expert: {
+      const int64_t R = t.shape[0], C = t.shape[1];
+      float* s = source + (t.op == HfTensor::Op::Expert ? t.expert * R * C : 0);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c) s[c * R + r] = values[r * C + c] / scale;
+      return;
+    }
+    case HfTensor::Op::TransposeRope: {
+      const int64_t R = t.shape[0], C = t.shape[1], Dh = R / t.heads, half = Dh / 2;
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t h = r / Dh, j = r % Dh;
+        const int64_t column = h * Dh + (j < half ? 2 * j : 2 * (j - half) + 1);
+        for (int64_t c = 0; c < C; ++c) source[c * R + column] = values[r * C + c] / scale;
+      }
+      return;
+    }
+  }
+}
+
+void check_mixtral_config(const nlohmann::json& hf, const std::string& origin, const Config& c) {
+  if (!hf.is_object()) MOE_BAD_INPUT(origin << ": expected a JSON object");
+  const std::string type = hf.value("model_type", std::string());
+  if (type != "mixtral")
+    MOE_BAD_INPUT(origin << ": model_type = \"" << type << "\"; only mixtral (MixtralForCausalLM) is imported");
+  auto number = [&](const char* field, double fallback) {
+    const nlohmann::json v = hf.value(field, nlohmann::json());
+    if (v.is_null()) return fallback;
+    if (!v.is_number()) MOE_BAD_INPUT(origin << ": " << field << " = " << v.dump() << "; expected a number");
+    return v.get<double>();
+  };
+  auto same = [&](const char* field, double fallback, const char* key, int64_t value) {
+    const double hf_value = number(field, fallback);
+    if (hf_value != double(value))
+      MOE_BAD_INPUT(origin << ": " << field << " = " << hf_value << " but " << key << " = " << value
+                           << " in the config; they must agree");
+  };
+  same("vocab_size", -1, "model.vocab", c.model.vocab);
+  same("hidden_size", -1, "model.d_model", c.model.d_model);
+  same("num_hidden_layers", -1, "model.layers", c.model.layers);
+  same("num_attention_heads", -1, "model.heads", c.model.heads);
+  same("intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
+  same("num_local_experts", -1, "moe.num_experts", c.moe.num_experts);
+  same("num_experts_per_tok", -1, "moe.top_k", c.moe.top_k);
+  same("num_key_value_heads", number("num_attention_heads", -1), "model.heads (grouped-query attention is not built)",
+       c.model.heads);
+  same("head_dim", double(c.model.d_model / std::max<int64_t>(c.model.heads, 1)), "model.d_model / model.heads",
+       c.model.d_model / std::max<int64_t>(c.model.heads, 1));
+  auto refuse = [&](const std::string& what) {
+    MOE_BAD_INPUT(origin << ": " << what << "; this project's model computes only what docs/model.md says");
+  };
+  const nlohmann::json rope = hf.value("rope_parameters", nlohmann::json::object());
+  const double theta = rope.is_object() && rope.contains("rope_theta") ? rope["rope_theta"].get<double>()
+                                                                       : number("rope_theta", 10000.0);
+  if (theta != 10000.0) refuse("rope theta " + std::to_string(theta) + ", not 10000");
+  if (rope.is_object() && rope.value("rope_type", std::string("default")) != "default")
+    refuse("rope_type " + rope.value("rope_type", std::string()) + ", not default");
+  if (std::abs(number("rms_norm_eps", 1e-5) - 1e-5) > 1e-12)
+    refuse("rms_norm_eps " + std::to_string(number("rms_norm_eps", 0)) + ", not 1e-5");
+  if (hf.value("hidden_act", std::string("silu")) != "silu")
+    refuse("hidden_act " + hf.value("hidden_act", std::string()) + ", not silu");
+  if (hf.value("tie_word_embeddings", false)) refuse("tie_word_embeddings true: the output head is untied here");
 }
 
 }  // namespace moe

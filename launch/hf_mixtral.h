@@ -30,6 +30,7 @@ struct HfTensor {
   int64_t expert = -1;  // Op::Expert
   int64_t heads = 0;    // Op::TransposeRope
   double scale = 1.0;   // every value multiplied by it (the router: 1 / tau)
+  std::string keys;     // the config keys that make `shape`, e.g. "(moe.num_experts = 8, model.d_model = 512)"
 };
 
 struct HfModel {
@@ -46,5 +47,12 @@ HfModel mixtral_model(const Config& config, const std::vector<double>& router_ta
 
 // The exported tensor `t` (t.shape, row-major) from its source's values (t.source_shape, row-major).
 void fill_hf_tensor(const HfTensor& t, const float* source, float* out);
+// The inverse: the source's elements that `t` comes from, set from `t`'s values (divided by t.scale).
+void unfill_hf_tensor(const HfTensor& t, const float* values, float* source);
+
+// config.json of a MixtralForCausalLM checked against `config`: BadInput naming the config.json field, the key and
+// both values where they disagree, or what this project's model cannot compute (grouped-query attention, another
+// rotary base or norm epsilon, tied embeddings, another activation).
+void check_mixtral_config(const nlohmann::json& hf_config, const std::string& origin, const Config& config);
 
 }  // namespace moe

@@ -5,10 +5,12 @@ Usage: check_hf_interop.py EXPORT_DIR LOGITS_JSON TEXT_FILE TEXT_JSON [--bf16]
 - AutoModelForCausalLM.from_pretrained(EXPORT_DIR) is a MixtralForCausalLM; its logits on the tokens of
   LOGITS_JSON agree with `moe logits`'s: fp32 max |a - b| / max |b| <= 1e-4 and KL(moe || hf) <= 1e-8 per
   token; bf16 (--bf16, the weights rounded once, computed in fp32 here): max relative difference <= 2^-8 * 8.
+- the language-model loss of the tokens (mean cross-entropy of each next token) from transformers
+  (`labels=`) equals the one from `moe logits`'s logits within 1e-5 (fp32 only);
 - model.generate(greedy, 32 new tokens) equals `moe logits --generate 32`'s "generated" (fp32 only).
 - AutoTokenizer.from_pretrained(EXPORT_DIR) encodes TEXT_FILE to the ids the project's tokenizer gives it
   (TEXT_JSON: `moe logits --text-file TEXT_FILE`'s "tokens"), adding no special token, and decodes them back to
-  the text.
+  the text; TEXT_FILE "-" for a directory without a tokenizer (one transformers made).
 Exits 1 with the figures on any failure.
 """
 
@@ -48,13 +50,24 @@ def main():
         fail(f"logits differ: max relative difference {relative:.3e}, KL {kl:.3e}")
 
     if not bf16:
-        generated = model.generate(tokens, max_new_tokens=len(ours["generated"]), do_sample=False,
-                                   min_new_tokens=len(ours["generated"]), pad_token_id=0)
+        with torch.no_grad():
+            their_loss = model(tokens, labels=tokens).loss.item()
+        targets = tokens[0, 1:]
+        our_loss = torch.nn.functional.cross_entropy(expected[:-1], targets).item()
+        print(f"loss: transformers {their_loss:.8f}, moe logits {our_loss:.8f}")
+        if not abs(their_loss - our_loss) <= 1e-5:
+            fail(f"the language-model loss differs: transformers {their_loss}, moe logits {our_loss}")
+        # `moe logits --generate` does not stop at an end-of-text token: neither does this (a model transformers
+        # made has eos_token_id 2, and min_new_tokens would suppress that token instead of continuing through it).
+        model.generation_config.eos_token_id = None
+        generated = model.generate(tokens, max_new_tokens=len(ours["generated"]), do_sample=False, pad_token_id=0)
         new = generated[0, tokens.shape[1]:].tolist()
         print(f"greedy generation: {len(new)} tokens, equal: {new == ours['generated']}")
         if new != ours["generated"]:
             fail(f"greedy generation differs: transformers {new}, moe logits {ours['generated']}")
 
+    if text_file == "-":
+        return
     text = open(text_file, encoding="utf-8", newline="").read()  # newline="": "\r\n" stays as it is
     expected_ids = json.load(open(text_json))["tokens"]
     tokenizer = AutoTokenizer.from_pretrained(export_dir)

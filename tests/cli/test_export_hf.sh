@@ -204,6 +204,72 @@ check "replaced by one shard" test "$(ls fp32/*.safetensors | wc -l)" = 1
 check "the config is the same" test "$(sha256sum fp32/config.json)" = "$before"
 check "no partial or old directory left" test -z "$(ls -A | grep -E '\.(partial|old)-')"
 
+# ---- moe import hf: an export made a checkpoint again, byte for byte; hostile directories refused ----------------
+cfg=good/config.json  # the run's resolved config: the model to import into
+run_case "import of an export" 0 "$moe" import hf fp32 --config "$cfg" --out imported
+run_case "export of the import" 0 "$moe" export hf imported --out again
+for f in fp32/*; do
+  check "$(basename "$f") byte-identical after import and export" cmp -s "$f" "again/$(basename "$f")"
+done
+"$moe" logits good --tokens 5,6,7 2> /dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['logits'])" > a.txt
+"$moe" logits imported --tokens 5,6,7 2> /dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['logits'])" > b.txt
+check "the imported model's logits are the original's" cmp -s a.txt b.txt
+run_case "training continues from the import" 0 "$moe" train --config "$cfg" --run-dir imported --set train.steps=3 --quiet
+check "it resumed at step 0 and trained 3 steps" python3 -c "
+import json; lines = [json.loads(l) for l in open('imported/metrics.jsonl')]
+assert [l['step'] for l in lines if 'loss' in l][-1] == 3, lines"
+
+# Hostile copies of an export: each refused naming the file (and tensor), nothing written.
+edit_header() { # FILE PYTHON-EXPRESSION-ON-h: rewrites the header, same length (padded with spaces)
+  python3 - "$1" "$2" << 'PY'
+import json, struct, sys
+path, change = sys.argv[1], sys.argv[2]
+raw = open(path, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+exec(change)
+text = json.dumps(h, separators=(",", ":")).encode()
+assert len(text) <= n, "the edited header is longer"
+open(path, "wb").write(raw[:8] + text + b" " * (n - len(text)) + raw[8 + n:])
+PY
+}
+cp -a fp32 hostile
+truncate -s -10 hostile/model-00001-of-00001.safetensors
+expect_err=("hostile/model-00001-of-00001.safetensors" "truncated")
+run_case "import of a truncated safetensors file" 2 "$moe" import hf hostile --config "$cfg" --out x
+rm -rf hostile && cp -a fp32 hostile
+edit_header hostile/model-00001-of-00001.safetensors "h['lm_head.weight']['dtype'] = 'F16'"
+expect_err=("lm_head.weight" "F16" "hold 32768 bytes" "is 16384 bytes")
+run_case "import of a header that lies about a dtype" 2 "$moe" import hf hostile --config "$cfg" --out x
+rm -rf hostile && cp -a fp32 hostile
+edit_header hostile/model-00001-of-00001.safetensors \
+  "t = h['model.norm.weight']; t['data_offsets'] = [t['data_offsets'][0] + 4, t['data_offsets'][1] + 4]"
+expect_err=("model.norm.weight" "overlap or leave a gap")
+run_case "import of a header that lies about offsets" 2 "$moe" import hf hostile --config "$cfg" --out x
+rm -rf hostile && cp -a fp32 hostile
+printf '\377\377\377\377\377\377\0\0' | dd of=hostile/model-00001-of-00001.safetensors conv=notrunc 2> /dev/null
+expect_err=("header length")
+run_case "import of a header length past the file" 2 "$moe" import hf hostile --config "$cfg" --out x
+rm -rf hostile && cp -a fp32 hostile
+"$moe" export hf good --out sharded --max-shard-size 20KiB > /dev/null
+rm sharded/model-00002-of-*.safetensors
+expect_err=("model-00002-of-" "a shard is missing")
+run_case "import with a shard missing" 2 "$moe" import hf sharded --config "$cfg" --out x
+expect_err=("num_local_experts = 4" "moe.num_experts = 8")
+run_case "import into a config of another size" 2 "$moe" import hf fp32 --config "$cfg" --set moe.num_experts=8 \
+  --out x
+python3 -c "
+import json; c = json.load(open('hostile/config.json')); c['intermediate_size'] = 16
+json.dump(c, open('hostile/config.json', 'w'))"
+expect_err=("experts.0.w1.weight" "[32,32]" "[16,32]" "from (moe.expert_hidden = 16, model.d_model = 32)")
+run_case "import of a tensor of another shape" 2 "$moe" import hf hostile --config "$cfg" --set moe.expert_hidden=16 \
+  --out x
+expect_err=("moe.shared_experts = 1")
+run_case "import into a config Mixtral cannot express" 2 "$moe" import hf fp32 --config "$cfg" \
+  --set moe.shared_experts=1 --out x
+expect_err=("imported" "exists")
+run_case "import into an existing --out" 2 "$moe" import hf fp32 --config "$cfg" --out imported
+
 # ---- moe logits ----------------------------------------------------------------------------------------------------
 run_case "logits of token ids" 0 "$moe" logits good --tokens "1, 2 3" --generate 2 --out l.json
 case_name="logits JSON"

@@ -9,7 +9,9 @@
 # - the bf16 export agrees within bf16's rounding;
 # - AutoTokenizer encodes and decodes a corpus sample exactly as the byte tokenizer does, and, for a model trained
 #   on data prepared with a learned BPE (moe prep, vocab 320) at ep 2, as that BPE does (its chunking included:
-#   runs longer than 64 bytes, white space before words, control bytes, non-ASCII text).
+#   runs longer than 64 bytes, white space before words, control bytes, non-ASCII text);
+# - a Mixtral that transformers made and saved (random weights) is imported (moe import hf), trains here at
+#   tp 2 x ep 2, and its logits, language-model loss (within 1e-5) and greedy generation agree with transformers'.
 # When the environment cannot be made (no network) the test fails, unless MOE_TEST_OFFLINE=1 says this machine
 # is offline: then it is skipped (exit 77).
 #
@@ -103,4 +105,29 @@ check pp2ep2 pp2ep2-hf
 check pp2ep2 pp2ep2-bf16 --bf16
 "$moe" export hf bpe --out bpe-hf > /dev/null
 check bpe bpe-hf
+
+# A Mixtral that transformers itself made (random weights, saved as one model.safetensors), imported with the
+# tp 2 x ep 2 run's config (tau 0.7 folded back into the router), trained on from there at tp 2 x ep 2, and its
+# logits, loss and greedy generation from the import against transformers'.
+"$venv/bin/python" - << 'PY'
+import torch
+from transformers import MixtralConfig, MixtralForCausalLM
+torch.manual_seed(7)
+config = MixtralConfig(vocab_size=256, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                       num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+                       rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                       tie_word_embeddings=False)
+model = MixtralForCausalLM(config)
+with torch.no_grad():  # weights of the size training gives, so that routing and logits are not all alike
+    for p in model.parameters():
+        if p.dim() > 1:
+            p.normal_(0, 0.3)
+model.save_pretrained("made-by-transformers")
+PY
+"$moe" import hf made-by-transformers --config tp2ep2/config.json --out imported > /dev/null
+"$moe" logits imported --text-file prompt.txt --generate 32 --out imported.json 2> /dev/null
+"$venv/bin/python" "$src/tests/cli/check_hf_interop.py" made-by-transformers imported.json - -
+"${mpirun[@]}" -np 4 "$moe" train --config tp2ep2/config.json --run-dir imported --set train.steps=2 --quiet \
+  > /dev/null
+grep -q '"step":2' imported/metrics.jsonl || { echo "FAIL: the imported run did not train" >&2; exit 1; }
 echo "ok: exports loaded by transformers agree with moe logits"
