@@ -71,7 +71,8 @@ mpirun=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --time
 "${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set parallel.tp=2 --set parallel.ep=2 \
   --set moe.router.tau=0.7 --run-dir tp2ep2 > /dev/null
 "${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set parallel.pp=2 --set parallel.ep=2 \
-  --set checkpoint.full_every=2 --run-dir pp2ep2 > /dev/null
+  --set checkpoint.full_every=2 --set moe.router.tau_learned=true --set moe.router.tau=0.8 --set moe.overflow=dense \
+  --set moe.fallback_hidden=16 --run-dir pp2ep2 > /dev/null
 
 "$moe" prep --input "$src/data/corpus/prose.txt" --out prepared --tokenizer train --vocab 320 > /dev/null
 "${mpirun[@]}" -np 2 "$moe" train --config "$config" "${small[@]}" --set parallel.ep=2 --set model.vocab=320 \
