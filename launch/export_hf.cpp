@@ -19,6 +19,7 @@
 #include "launch/checkpoint_model.h"
 #include "launch/hf_mixtral.h"
 #include "launch/hf_tokenizer.h"
+#include "launch/output_dir.h"
 #include "launch/safetensors.h"
 
 namespace moe {
@@ -40,16 +41,8 @@ bool export_file_name(const std::string& name) {
 // What --out is now: absent, an empty directory, or one holding only a previous export's files (--overwrite).
 enum class OutState { Absent, Empty, PreviousExport };
 
-OutState check_out(const ExportHfOptions& o) {
-  if (o.out.empty()) MOE_BAD_INPUT("moe export hf: --out DIR is required");
+OutState check_out(const ExportHfOptions& o, const fs::path& out) {
   std::error_code ec;
-  const fs::path out(o.out);
-  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
-  if (!fs::is_directory(fs::status(parent, ec)))
-    MOE_BAD_INPUT("--out " << o.out << ": directory " << parent.string() << " does not exist");
-  if (::access(parent.c_str(), W_OK | X_OK) != 0)
-    MOE_BAD_INPUT("--out " << o.out << ": cannot write into " << parent.string() << " (" << std::strerror(errno)
-                           << ")");
   const fs::file_status status = fs::symlink_status(out, ec);
   if (!fs::exists(status)) return OutState::Absent;
   if (!fs::is_directory(status))
@@ -255,13 +248,13 @@ CLI::App* add_export_command(CLI::App& app, ExportHfOptions& o) {
 void run_export_hf(const ExportHfOptions& o, std::ostream& log) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t max_shard_bytes = parse_size(o.max_shard_size);
-  const OutState state = check_out(o);
+  const fs::path out = output_directory(o.out, "--out");
+  const OutState state = check_out(o, out);
   const CheckpointModel checkpoint = open_checkpoint_model(o.path, log);
   HfModel model = plan(o, checkpoint);
   const ExportTokenizer tokenizer = export_tokenizer(checkpoint, model);
   const bool bf16 = o.dtype == "bf16";
   const std::vector<Shard> shards = shards_of(model, bf16 ? "BF16" : "F32", max_shard_bytes);
-  const fs::path out = fs::path(o.out).lexically_normal();
   const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
   const fs::path partial = parent / ("." + out.filename().string() + ".partial-" + std::to_string(::getpid()));
   log << "exporting step " << checkpoint.step << " of " << checkpoint.dir << " as MixtralForCausalLM (" << o.dtype

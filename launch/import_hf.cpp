@@ -11,6 +11,7 @@
 #include "core/backend/backend.h"
 #include "core/error.h"
 #include "launch/hf_mixtral.h"
+#include "launch/output_dir.h"
 #include "launch/run_dir.h"
 #include "launch/safetensors.h"
 #include "launch/train_setup.h"
@@ -23,13 +24,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 void check_out(const std::string& out) {
-  if (out.empty()) MOE_BAD_INPUT("moe import hf: --out RUN_DIR is required");
   std::error_code ec;
-  const fs::path path(out);
-  const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  if (!fs::is_directory(fs::status(parent, ec)))
-    MOE_BAD_INPUT("--out " << out << ": directory " << parent.string() << " does not exist");
-  if (fs::exists(fs::symlink_status(path, ec)))
+  if (fs::exists(fs::symlink_status(output_directory(out, "--out"), ec)))
     MOE_BAD_INPUT("--out " << out << " exists; moe import hf makes a new run directory");
 }
 

@@ -195,6 +195,20 @@ expect_err=("--max-shard-size" "12XB")
 run_case "a bad --max-shard-size" 2 "$moe" export hf good --out x --max-shard-size 12XB
 expect_err=("--dtype")
 run_case "a bad --dtype" 2 "$moe" export hf good --out x --dtype fp16
+expect_err=("name the directory itself")
+run_case "--out ." 2 "$moe" export hf good --out .
+expect_err=("inside a checkpoint directory")
+run_case "--out inside a checkpoint" 2 "$moe" export hf good --out good/checkpoints/step-00000002/hf
+expect_err=("inside a checkpoint directory")
+run_case "import --out inside a checkpoint" 2 "$moe" import hf fp32 --config good/config.json \
+  --out good/checkpoints/step-00000002/run
+ln -s emptydir linked
+expect_err=("linked" "not a directory")
+run_case "--out is a symbolic link" 2 "$moe" export hf good --out linked
+rm linked
+run_case "--out with a trailing slash" 0 "$moe" export hf good --out slash/
+check "the trailing slash names the directory" test -f slash/config.json
+check "no partial directory inside it" test -z "$(ls -A slash | grep partial)"
 mkdir -p emptydir
 run_case "an empty --out" 0 "$moe" export hf good --out emptydir
 check "the empty --out holds the export" test -f emptydir/config.json
