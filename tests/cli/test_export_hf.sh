@@ -228,6 +228,56 @@ done
 "$moe" logits good --tokens 5,6,7 2> /dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['logits'])" > a.txt
 "$moe" logits imported --tokens 5,6,7 2> /dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['logits'])" > b.txt
 check "the imported model's logits are the original's" cmp -s a.txt b.txt
+# 16-bit weights widened exactly: the bf16 export, and the fp32 one rounded to F16 in one model.safetensors (no
+# index), imported and exported in fp32 hold exactly the 16-bit values.
+cat > tensors.py << 'PY'
+import json, os, struct, sys
+def tensors(d):
+    """name -> (dtype, shape, values as floats) of a model directory."""
+    index = os.path.join(d, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
+    out = {}
+    for f in files:
+        raw = open(os.path.join(d, f), "rb").read()
+        n = struct.unpack("<Q", raw[:8])[0]
+        for name, v in json.loads(raw[8:8 + n]).items():
+            if name == "__metadata__":
+                continue
+            b = raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
+            if v["dtype"] == "F32":
+                vals = struct.unpack("<%df" % (len(b) // 4), b)
+            elif v["dtype"] == "F16":
+                vals = struct.unpack("<%de" % (len(b) // 2), b)
+            else:  # BF16: the upper half of an fp32
+                vals = [struct.unpack("<f", b"\0\0" + b[i:i + 2])[0] for i in range(0, len(b), 2)]
+            out[name] = (v["dtype"], v["shape"], list(vals))
+    return out
+if sys.argv[1] == "to_f16":  # SRC DST: every tensor rounded to F16, one model.safetensors
+    src = tensors(sys.argv[2])
+    header, data = {}, b""
+    for name, (dtype, shape, vals) in sorted(src.items()):
+        b = struct.pack("<%de" % len(vals), *vals)
+        header[name] = {"dtype": "F16", "shape": shape, "data_offsets": [len(data), len(data) + len(b)]}
+        data += b
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    os.makedirs(sys.argv[3])
+    open(os.path.join(sys.argv[3], "model.safetensors"), "wb").write(struct.pack("<Q", len(text)) + text + data)
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        open(os.path.join(sys.argv[3], f), "w").write(open(os.path.join(sys.argv[2], f)).read())
+else:  # same A B: the same values under the same names
+    a, b = tensors(sys.argv[2]), tensors(sys.argv[3])
+    assert a.keys() == b.keys(), set(a) ^ set(b)
+    for name in a:
+        assert a[name][1] == b[name][1] and a[name][2] == b[name][2], name
+PY
+run_case "import of a bf16 export" 0 "$moe" import hf bf16 --config "$cfg" --out imported-bf16
+run_case "its fp32 export" 0 "$moe" export hf imported-bf16 --out bf16-widened
+check "the bf16 values widened exactly" python3 tensors.py same bf16 bf16-widened
+check "an F16 copy in one model.safetensors" python3 tensors.py to_f16 fp32 f16
+run_case "import of F16 tensors" 0 "$moe" import hf f16 --config "$cfg" --out imported-f16
+run_case "its fp32 export" 0 "$moe" export hf imported-f16 --out f16-widened
+check "the F16 values widened exactly" python3 tensors.py same f16 f16-widened
 run_case "training continues from the import" 0 "$moe" train --config "$cfg" --run-dir imported --set train.steps=3 --quiet
 check "it resumed at step 0 and trained 3 steps" python3 -c "
 import json; lines = [json.loads(l) for l in open('imported/metrics.jsonl')]
