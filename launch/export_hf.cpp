@@ -17,7 +17,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "launch/checkpoint_model.h"
-#include "launch/hf_mixtral.h"
+#include "launch/hf_architectures.h"
 #include "launch/hf_tokenizer.h"
 #include "launch/output_dir.h"
 #include "launch/safetensors.h"
@@ -75,12 +75,12 @@ std::vector<double> router_taus(const CheckpointModel& checkpoint) {
 // with its shape, every parameter of the checkpoint exported or dropped for a stated reason.
 HfModel plan(const ExportHfOptions& o, const CheckpointModel& checkpoint) {
   const Config& c = checkpoint.config;
-  if (o.arch != "auto" && o.arch != "mixtral") MOE_BAD_INPUT("--arch " << o.arch << ": expected auto or mixtral");
   // Checked first: a refusal names the config key, not a tensor the mapping would miss.
-  HfModel model = mixtral_model(c, std::vector<double>(size_t(c.model.layers), 1.0));
-  model = mixtral_model(c, router_taus(checkpoint));
+  HfModel model = hf_model(c, std::vector<double>(size_t(c.model.layers), 1.0), o.arch);
+  model = hf_model(c, router_taus(checkpoint), o.arch);
   std::set<std::string> used;
   for (const HfTensor& t : model.tensors) {
+    if (t.source.empty()) continue;  // a constant
     if (checkpoint.shape(t.source) != t.source_shape)
       MOE_BAD_INPUT("checkpoint " << checkpoint.dir << ": tensor " << t.source << " has shape "
                                   << json(checkpoint.shape(t.source)).dump() << " but its config makes it "
@@ -90,8 +90,8 @@ HfModel plan(const ExportHfOptions& o, const CheckpointModel& checkpoint) {
   for (const auto& [name, why] : model.dropped) used.insert(name);
   for (const auto& [tensor, info] : checkpoint.tensors)
     if (tensor.rfind("params/", 0) == 0 && !used.count(tensor))
-      MOE_BAD_INPUT("checkpoint " << checkpoint.dir << " holds " << tensor
-                                  << ", which MixtralForCausalLM has no place for; nothing written");
+      MOE_BAD_INPUT("checkpoint " << checkpoint.dir << " holds " << tensor << ", which " << model.architecture
+                                  << " has no place for; nothing written");
   return model;
 }
 
@@ -170,7 +170,8 @@ int64_t write_shards(const fs::path& dir, const std::vector<Shard>& shards, cons
     SafetensorsWriter writer((dir / shard.file).string(), shard.entries, {{"format", "pt"}});
     for (size_t i : shard.tensors) {
       const HfTensor& t = model.tensors[i];
-      if (t.source != source_name) source = read_tensor(checkpoint, t.source), source_name = t.source;
+      if (!t.source.empty() && t.source != source_name)
+        source = read_tensor(checkpoint, t.source), source_name = t.source;
       int64_t n = 1;
       for (int64_t d : t.shape) n *= d;
       values.resize(size_t(n));
@@ -225,7 +226,8 @@ CLI::App* add_export_command(CLI::App& app, ExportHfOptions& o) {
       "hf",
       "Write a Hugging Face model directory (safetensors shards and their index, config.json, "
       "generation_config.json, tokenizer.json) that transformers loads with AutoModelForCausalLM and AutoTokenizer. "
-      "MixtralForCausalLM: multi-head attention, softmax top-k routing, no shared experts; what it cannot express "
+      "MixtralForCausalLM (multi-head attention, softmax top-k routing, every layer MoE, no shared experts), else "
+      "Qwen2MoeForCausalLM (dense layers by moe.every, shared experts, unnormalised gates); what neither can express "
       "is refused (exit 2, nothing written). The exported model is the dropless evaluation model; tau is folded "
       "into the router.");
   hf->add_option("PATH", o.path,
@@ -233,7 +235,8 @@ CLI::App* add_export_command(CLI::App& app, ExportHfOptions& o) {
                  "newest checkpoint")
       ->required();
   hf->add_option("--out", o.out, "The directory to write (new or empty; see --overwrite)")->required();
-  hf->add_option("--arch", o.arch, "auto (from the config) or mixtral")->default_val("auto");
+  hf->add_option("--arch", o.arch, "auto (Mixtral when it expresses the config, else Qwen2-MoE), mixtral or qwen2_moe")
+      ->default_val("auto");
   hf->add_option("--dtype", o.dtype, "Tensor dtype: fp32, or bf16 (rounded to nearest even)")
       ->default_val("fp32")
       ->check(CLI::IsMember({"fp32", "bf16"}));
@@ -257,8 +260,8 @@ void run_export_hf(const ExportHfOptions& o, std::ostream& log) {
   const std::vector<Shard> shards = shards_of(model, bf16 ? "BF16" : "F32", max_shard_bytes);
   const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
   const fs::path partial = parent / ("." + out.filename().string() + ".partial-" + std::to_string(::getpid()));
-  log << "exporting step " << checkpoint.step << " of " << checkpoint.dir << " as MixtralForCausalLM (" << o.dtype
-      << ", " << model.tensors.size() << " tensors, " << shards.size() << " safetensors file(s))\n";
+  log << "exporting step " << checkpoint.step << " of " << checkpoint.dir << " as " << model.architecture << " ("
+      << o.dtype << ", " << model.tensors.size() << " tensors, " << shards.size() << " safetensors file(s))\n";
   int64_t data = 0;
   try {
     fs::create_directory(partial);

@@ -10,7 +10,7 @@
 #include "checkpoint/checkpointer.h"
 #include "core/backend/backend.h"
 #include "core/error.h"
-#include "launch/hf_mixtral.h"
+#include "launch/hf_architectures.h"
 #include "launch/output_dir.h"
 #include "launch/run_dir.h"
 #include "launch/safetensors.h"
@@ -80,6 +80,7 @@ void load_parameters(Trainer& t, const HfModel& model, const SafetensorsModel& f
   std::map<std::string, std::vector<const HfTensor*>> by_source;
   for (const HfTensor& h : model.tensors) by_source[h.source].push_back(&h);
   for (const auto& [source, parts] : by_source) {
+    if (source.empty()) continue;  // constants: checked by check_tensors
     const ParamSpec& spec = t.model->table().find(source.substr(std::string("params/").size()));
     std::vector<float> values(size_t(spec.numel));
     for (const HfTensor* h : parts) unfill_hf_tensor(*h, files.read_f32(h->name).data(), values.data());

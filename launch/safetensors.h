@@ -3,7 +3,7 @@
 // (https://github.com/huggingface/safetensors, "Format"). The writer streams: the header is fixed from the list of
 // tensors before any data, then each tensor is written as it comes, so memory is one tensor's. The reader checks the
 // whole header against the file before any tensor is read (a header that lies about offsets or dtypes, a truncated
-// file), then reads one tensor at a time. Not here: which tensors a model has (hf_mixtral.h).
+// file), then reads one tensor at a time. Not here: which tensors a model has (hf_architectures.h).
 #pragma once
 
 #include <cstddef>

@@ -2,7 +2,7 @@
 
 Usage: check_hf_interop.py EXPORT_DIR LOGITS_JSON TEXT_FILE TEXT_JSON [--bf16]
 
-- AutoModelForCausalLM.from_pretrained(EXPORT_DIR) is a MixtralForCausalLM; its logits on the tokens of
+- AutoModelForCausalLM.from_pretrained(EXPORT_DIR) is the architecture config.json names; its logits on the tokens of
   LOGITS_JSON agree with `moe logits`'s: fp32 max |a - b| / max |b| <= 1e-4 and KL(moe || hf) <= 1e-8 per
   token; bf16 (--bf16, the weights rounded once, computed in fp32 here): max relative difference <= 2^-8 * 8.
 - the language-model loss of the tokens (mean cross-entropy of each next token) from transformers
@@ -15,6 +15,7 @@ Exits 1 with the figures on any failure.
 """
 
 import json
+import os
 import sys
 
 import torch
@@ -32,8 +33,9 @@ def main():
     ours = json.load(open(logits_json))
     model = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32)
     model.eval()
-    if type(model).__name__ != "MixtralForCausalLM":
-        fail(f"transformers loaded a {type(model).__name__}, not a MixtralForCausalLM")
+    architecture = json.load(open(os.path.join(export_dir, "config.json")))["architectures"][0]
+    if type(model).__name__ != architecture:
+        fail(f"transformers loaded a {type(model).__name__}, not the {architecture} of config.json")
     tokens = torch.tensor([ours["tokens"]])
     with torch.no_grad():
         theirs = model(tokens).logits[0].double()

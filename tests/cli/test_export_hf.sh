@@ -148,16 +148,29 @@ expect_err=("does not verify")
 run_case "logits of a damaged checkpoint" 2 "$moe" logits damaged --tokens 1,2,3 --out l.json
 
 # ---- What MixtralForCausalLM cannot express: refused naming the key and its value ----------------------------------
-expect_err=("moe.shared_experts = 1" "MixtralForCausalLM")
-run_case "shared experts" 2 "$moe" export hf shared --out x
-expect_err=("moe.every = 2")
-run_case "dense layers" 2 "$moe" export hf dense --out x
-expect_err=("moe.router.score = sigmoid")
+# Mixtral refuses what it cannot express, naming key and value; auto then takes Qwen2-MoE where that expresses it.
+expect_err=("moe.shared_experts = 1" "MixtralForCausalLM cannot express it")
+run_case "shared experts as Mixtral" 2 "$moe" export hf shared --out x --arch mixtral
+expect_err=("moe.every = 2" "MixtralForCausalLM")
+run_case "dense layers as Mixtral" 2 "$moe" export hf dense --out x --arch mixtral
+expect_err=("moe.router.normalize = false" "MixtralForCausalLM")
+run_case "unnormalised gates as Mixtral" 2 "$moe" export hf unnormalised --out x --arch mixtral
+for run in shared dense unnormalised; do
+  run_case "$run as Qwen2-MoE (auto)" 0 "$moe" export hf "$run" --out "$run-hf"
+  check "$run-hf is a Qwen2MoeForCausalLM" grep -q '"Qwen2MoeForCausalLM"' "$run-hf/config.json"
+done
+check "the shared expert's gate is there, shut" python3 -c "
+import json; t = json.load(open('shared-hf/model.safetensors.index.json'))['weight_map']
+assert 'model.layers.1.mlp.shared_expert_gate.weight' in t and 'model.layers.0.mlp.shared_expert.down_proj.weight' in t"
+check "a dense layer's MLP in Qwen2-MoE" python3 -c "
+import json; t = json.load(open('dense-hf/model.safetensors.index.json'))['weight_map']
+assert 'model.layers.0.mlp.gate_proj.weight' in t and 'model.layers.1.mlp.gate.weight' in t"
+expect_err=("moe.router.score = sigmoid" "MixtralForCausalLM" "nor can Qwen2MoeForCausalLM")
 run_case "sigmoid scores" 2 "$moe" export hf sigmoid --out x
-expect_err=("moe.router.normalize = false")
-run_case "unnormalised gates" 2 "$moe" export hf unnormalised --out x
-expect_err=("moe.router.bias_balance.rate")
+expect_err=("moe.router.bias_balance.rate" "nor can Qwen2MoeForCausalLM")
 run_case "balancing bias" 2 "$moe" export hf biased --out x
+expect_err=("moe.router.bias_balance.rate" "Qwen2MoeForCausalLM cannot express it")
+run_case "balancing bias as Qwen2-MoE" 2 "$moe" export hf biased --out x --arch qwen2_moe
 expect_err=("--arch" "deepseek")
 run_case "unknown --arch" 2 "$moe" export hf good --out x --arch deepseek
 

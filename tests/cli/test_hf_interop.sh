@@ -7,6 +7,8 @@
 #   logits on held-out text agree with `moe logits` (fp32: max relative difference <= 1e-4, KL <= 1e-8), and
 #   greedy generation of 32 tokens gives the same tokens;
 # - the bf16 export agrees within bf16's rounding;
+# - the same for Qwen2MoeForCausalLM: a dense layer, a shared expert, unnormalised gates (tp 2 x ep 2), and a model
+#   without shared experts;
 # - AutoTokenizer encodes and decodes a corpus sample exactly as the byte tokenizer does, and, for a model trained
 #   on data prepared with a learned BPE (moe prep, vocab 320) at ep 2, as that BPE does (its chunking included:
 #   runs longer than 64 bytes, white space before words, control bytes, non-ASCII text);
@@ -74,6 +76,12 @@ mpirun=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --time
   --set checkpoint.full_every=2 --set moe.router.tau_learned=true --set moe.router.tau=0.8 --set moe.overflow=dense \
   --set moe.fallback_hidden=16 --run-dir pp2ep2 > /dev/null
 
+# Qwen2-MoE: a dense layer (moe.every 2), a shared expert, unnormalised gates, tau 0.9, at tp 2 x ep 2; and one
+# without shared experts (the shared expert of width 0).
+"${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set parallel.tp=2 --set parallel.ep=2 \
+  --set model.ffn_hidden=48 --set moe.every=2 --set moe.shared_experts=1 --set moe.router.normalize=false \
+  --set moe.router.tau=0.9 --run-dir qwen > /dev/null
+"$moe" train --config "$config" "${small[@]}" --set moe.router.normalize=false --run-dir qwen-unshared > /dev/null
 "$moe" prep --input "$src/data/corpus/prose.txt" --out prepared --tokenizer train --vocab 320 > /dev/null
 "${mpirun[@]}" -np 2 "$moe" train --config "$config" "${small[@]}" --set parallel.ep=2 --set model.vocab=320 \
   --set 'data.sources=[{"name": "prose", "path": "prepared"}]' --run-dir bpe > /dev/null
@@ -106,6 +114,10 @@ check pp2ep2 pp2ep2-hf
 check pp2ep2 pp2ep2-bf16 --bf16
 "$moe" export hf bpe --out bpe-hf > /dev/null
 check bpe bpe-hf
+"$moe" export hf qwen --out qwen-hf > /dev/null
+check qwen qwen-hf
+"$moe" export hf qwen-unshared --out qwen-unshared-hf > /dev/null
+check qwen-unshared qwen-unshared-hf
 
 # A Mixtral that transformers itself made (random weights, saved as one model.safetensors), imported with the
 # tp 2 x ep 2 run's config (tau 0.7 folded back into the router), trained on from there at tp 2 x ep 2, and its

@@ -1,8 +1,9 @@
-// The Mixtral architecture of Hugging Face transformers (MixtralForCausalLM) as a map from this project's
-// parameters: which config keys it can express (the rest is refused, naming key and value), its config.json, and
-// each tensor of its checkpoint with the project tensor it comes from and how (transposed to (out, in), the
-// rotary rows of q and k reordered from interleaved pairs to halves, one expert of the (E, ...) tensor, the
-// router scaled by 1/tau). docs/interop.md has the mapping as a table. Not here: reading and writing files.
+// Architectures of Hugging Face transformers as maps from this project's parameters: MixtralForCausalLM and
+// Qwen2MoeForCausalLM. For each: which config keys it can express (the rest is refused, naming key and value), its
+// config.json, and each tensor of its checkpoint with the project tensor it comes from and how (transposed to
+// (out, in), the rotary rows of q and k reordered from interleaved pairs to halves, one expert of the (E, ...)
+// tensor, the router scaled by 1/tau, a constant). docs/interop.md has the mappings as tables. Not here: reading and
+// writing files.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,7 @@ struct HfTensor {
     Transpose,      // a (in, out) matrix as (out, in)
     TransposeRope,  // Transpose, then each head's rows from interleaved rotary pairs (2i, 2i+1) to (i, i + Dh/2)
     Expert,         // expert `expert` of an (E, in, out) tensor, as (out, in)
+    Zeros,          // no source: all zero (a gate that must stay shut)
   };
   std::string name;                   // e.g. "model.layers.0.self_attn.q_proj.weight"
   std::vector<int64_t> shape;         // its shape in the exported model
@@ -34,6 +36,7 @@ struct HfTensor {
 };
 
 struct HfModel {
+  std::string architecture;          // "MixtralForCausalLM" | "Qwen2MoeForCausalLM"
   nlohmann::json config;             // config.json, less "dtype" (the writer's choice)
   nlohmann::json generation_config;  // generation_config.json
   std::vector<HfTensor> tensors;     // in writing order: the tensors of one source consecutive
@@ -41,9 +44,12 @@ struct HfModel {
   std::vector<std::pair<std::string, std::string>> dropped;
 };
 
-// MixtralForCausalLM for `config`; `router_tau(layer)` is the temperature folded into layer's router.
-// BadInput naming the key and its value for what Mixtral cannot express.
+// The architecture for `config`: `arch` "mixtral" or "qwen2_moe", or "auto": Mixtral when it expresses the config,
+// else Qwen2-MoE. `router_tau(layer)` is the temperature folded into the layer's router. BadInput naming the key and
+// its value for what the architecture cannot express.
+HfModel hf_model(const Config& config, const std::vector<double>& router_tau, const std::string& arch);
 HfModel mixtral_model(const Config& config, const std::vector<double>& router_tau);
+HfModel qwen2_moe_model(const Config& config, const std::vector<double>& router_tau);
 
 // The exported tensor `t` (t.shape, row-major) from its source's values (t.source_shape, row-major).
 void fill_hf_tensor(const HfTensor& t, const float* source, float* out);
