@@ -302,48 +302,72 @@ void unfill_hf_tensor(const HfTensor& t, const float* values, float* source) {
   }
 }
 
-void check_mixtral_config(const nlohmann::json& hf, const std::string& origin, const Config& c) {
+std::string check_hf_config(const nlohmann::json& hf, const std::string& origin, const Config& c) {
   if (!hf.is_object()) MOE_BAD_INPUT(origin << ": expected a JSON object");
-  const std::string type = hf.value("model_type", std::string());
-  if (type != "mixtral")
-    MOE_BAD_INPUT(origin << ": model_type = \"" << type << "\"; only mixtral (MixtralForCausalLM) is imported");
-  auto number = [&](const char* field, double fallback) {
+  auto text = [&](const char* field, const std::string& fallback) {
     const nlohmann::json v = hf.value(field, nlohmann::json());
     if (v.is_null()) return fallback;
-    if (!v.is_number()) MOE_BAD_INPUT(origin << ": " << field << " = " << v.dump() << "; expected a number");
-    return v.get<double>();
+    if (!v.is_string()) MOE_BAD_INPUT(origin << ": " << field << " = " << v.dump() << "; expected a string");
+    return v.get<std::string>();
   };
-  auto same = [&](const char* field, double fallback, const char* key, int64_t value) {
-    const double hf_value = number(field, fallback);
+  auto number = [&](const nlohmann::json& object, const char* field, double fallback) {
+    const nlohmann::json v = object.is_object() ? object.value(field, nlohmann::json()) : nlohmann::json();
+    if (v.is_null()) return fallback;
+    if (!v.is_number() && !v.is_boolean())
+      MOE_BAD_INPUT(origin << ": " << field << " = " << v.dump() << "; expected a number");
+    return v.is_boolean() ? double(v.get<bool>()) : v.get<double>();
+  };
+  auto same = [&](const char* field, double fallback, const std::string& key, int64_t value) {
+    const double hf_value = number(hf, field, fallback);
     if (hf_value != double(value))
       MOE_BAD_INPUT(origin << ": " << field << " = " << hf_value << " but " << key << " = " << value
                            << " in the config; they must agree");
   };
+  const std::string type = text("model_type", "");
+  if (type != "mixtral" && type != "qwen2_moe")
+    MOE_BAD_INPUT(origin << ": model_type = \"" << type
+                         << "\"; imported are mixtral (MixtralForCausalLM) and qwen2_moe (Qwen2MoeForCausalLM)");
+  const int64_t head_dim = c.model.d_model / std::max<int64_t>(c.model.heads, 1);
   same("vocab_size", -1, "model.vocab", c.model.vocab);
   same("hidden_size", -1, "model.d_model", c.model.d_model);
   same("num_hidden_layers", -1, "model.layers", c.model.layers);
   same("num_attention_heads", -1, "model.heads", c.model.heads);
-  same("intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
-  same("num_local_experts", -1, "moe.num_experts", c.moe.num_experts);
   same("num_experts_per_tok", -1, "moe.top_k", c.moe.top_k);
-  same("num_key_value_heads", number("num_attention_heads", -1), "model.heads (grouped-query attention is not built)",
-       c.model.heads);
-  same("head_dim", double(c.model.d_model / std::max<int64_t>(c.model.heads, 1)), "model.d_model / model.heads",
-       c.model.d_model / std::max<int64_t>(c.model.heads, 1));
+  same("num_key_value_heads", number(hf, "num_attention_heads", -1),
+       "model.heads (grouped-query attention is not built)", c.model.heads);
+  same("head_dim", double(head_dim), "model.d_model / model.heads", head_dim);
+  if (type == "mixtral") {
+    same("intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
+    same("num_local_experts", -1, "moe.num_experts", c.moe.num_experts);
+  } else {
+    if (c.moe.every > 1) same("intermediate_size", -1, "model.ffn_hidden", c.model.ffn_hidden);
+    same("moe_intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
+    same("shared_expert_intermediate_size", -1, "moe.shared_experts * moe.expert_hidden",
+         c.moe.shared_experts * c.moe.expert_hidden);
+    same("num_experts", -1, "moe.num_experts", c.moe.num_experts);
+    same("decoder_sparse_step", 1, "moe.every", c.moe.every);
+    same("norm_topk_prob", 0, "moe.router.normalize", c.moe.router.normalize);
+  }
   auto refuse = [&](const std::string& what) {
     MOE_BAD_INPUT(origin << ": " << what << "; this project's model computes only what docs/model.md says");
   };
   const nlohmann::json rope = hf.value("rope_parameters", nlohmann::json::object());
-  const double theta = rope.is_object() && rope.contains("rope_theta") ? rope["rope_theta"].get<double>()
-                                                                       : number("rope_theta", 10000.0);
-  if (theta != 10000.0) refuse("rope theta " + std::to_string(theta) + ", not 10000");
-  if (rope.is_object() && rope.value("rope_type", std::string("default")) != "default")
-    refuse("rope_type " + rope.value("rope_type", std::string()) + ", not default");
-  if (std::abs(number("rms_norm_eps", 1e-5) - 1e-5) > 1e-12)
-    refuse("rms_norm_eps " + std::to_string(number("rms_norm_eps", 0)) + ", not 1e-5");
-  if (hf.value("hidden_act", std::string("silu")) != "silu")
-    refuse("hidden_act " + hf.value("hidden_act", std::string()) + ", not silu");
-  if (hf.value("tie_word_embeddings", false)) refuse("tie_word_embeddings true: the output head is untied here");
+  if (number(rope, "rope_theta", number(hf, "rope_theta", 10000.0)) != 10000.0)
+    refuse("a rope theta of " + std::to_string(number(rope, "rope_theta", number(hf, "rope_theta", 0))) +
+           ", not 10000");
+  if (rope.is_object() && rope.value("rope_type", nlohmann::json("default")) != nlohmann::json("default"))
+    refuse("rope_type " + rope.value("rope_type", nlohmann::json()).dump() + ", not default");
+  if (std::abs(number(hf, "rms_norm_eps", 1e-5) - 1e-5) > 1e-12)
+    refuse("rms_norm_eps " + std::to_string(number(hf, "rms_norm_eps", 0)) + ", not 1e-5");
+  if (text("hidden_act", "silu") != "silu") refuse("hidden_act " + text("hidden_act", "") + ", not silu");
+  if (number(hf, "tie_word_embeddings", 0) != 0) refuse("tie_word_embeddings true: the output head is untied here");
+  if (number(hf, "qkv_bias", 0) != 0) refuse("qkv_bias true: q, k and v have no biases here");
+  if (number(hf, "use_sliding_window", 0) != 0)
+    refuse("use_sliding_window true: attention is over the whole sequence here");
+  const nlohmann::json only = hf.value("mlp_only_layers", nlohmann::json::array());
+  if (!only.is_array() || !only.empty())
+    refuse("mlp_only_layers " + only.dump() + ": dense layers follow moe.every here");
+  return type;
 }
 
 }  // namespace moe

@@ -56,9 +56,10 @@ void fill_hf_tensor(const HfTensor& t, const float* source, float* out);
 // The inverse: the source's elements that `t` comes from, set from `t`'s values (divided by t.scale).
 void unfill_hf_tensor(const HfTensor& t, const float* values, float* source);
 
-// config.json of a MixtralForCausalLM checked against `config`: BadInput naming the config.json field, the key and
-// both values where they disagree, or what this project's model cannot compute (grouped-query attention, another
-// rotary base or norm epsilon, tied embeddings, another activation).
-void check_mixtral_config(const nlohmann::json& hf_config, const std::string& origin, const Config& config);
+// config.json of a MixtralForCausalLM or Qwen2MoeForCausalLM checked against `config`; returns its model_type
+// ("mixtral" | "qwen2_moe"). BadInput naming the config.json field, the key and both values where they disagree, or
+// what this project's model cannot compute (grouped-query attention, another rotary base or norm epsilon, tied
+// embeddings, another activation, q/k/v biases, sliding windows).
+std::string check_hf_config(const nlohmann::json& hf_config, const std::string& origin, const Config& config);
 
 }  // namespace moe

@@ -47,7 +47,7 @@ void check_tensors(const HfModel& model, const SafetensorsModel& files, const st
   for (const HfTensor& t : model.tensors) {
     known.insert(t.name);
     if (!files.has(t.name))
-      MOE_BAD_INPUT(dir << " has no tensor " << t.name << ", which MixtralForCausalLM of the config has");
+      MOE_BAD_INPUT(dir << " has no tensor " << t.name << ", which " << model.architecture << " of the config has");
     const SafetensorsTensor& found = files.tensor(t.name);
     if (found.shape != t.shape)
       MOE_BAD_INPUT(dir << ": tensor " << t.name << " has shape " << json(found.shape).dump()
@@ -56,6 +56,18 @@ void check_tensors(const HfModel& model, const SafetensorsModel& files, const st
   for (const std::string& name : files.names())
     if (!known.count(name))
       MOE_BAD_INPUT(dir << " holds tensor " << name << ", which has no place in the config's model");
+}
+
+// A tensor the architecture has and this project's model has not must hold what leaves the forward unchanged:
+// Qwen2-MoE's shared-expert gate zero (sigmoid(0) = 1/2 for every token, undone by the doubled down projection).
+void check_constants(const HfModel& model, const SafetensorsModel& files, const std::string& dir) {
+  for (const HfTensor& t : model.tensors) {
+    if (!t.source.empty()) continue;
+    for (float v : files.read_f32(t.name))
+      if (v != 0.0f)
+        MOE_BAD_INPUT(dir << ": tensor " << t.name << " holds " << v
+                          << "; only zeros can be imported (this project's shared experts are not gated per token)");
+  }
 }
 
 // The serial trainer of the config (one rank; the checkpoint loads at any layout), which makes every tensor a
@@ -80,7 +92,7 @@ void load_parameters(Trainer& t, const HfModel& model, const SafetensorsModel& f
   std::map<std::string, std::vector<const HfTensor*>> by_source;
   for (const HfTensor& h : model.tensors) by_source[h.source].push_back(&h);
   for (const auto& [source, parts] : by_source) {
-    if (source.empty()) continue;  // constants: checked by check_tensors
+    if (source.empty()) continue;  // constants, checked by check_constants
     const ParamSpec& spec = t.model->table().find(source.substr(std::string("params/").size()));
     std::vector<float> values(size_t(spec.numel));
     for (const HfTensor* h : parts) unfill_hf_tensor(*h, files.read_f32(h->name).data(), values.data());
@@ -96,7 +108,8 @@ CLI::App* add_import_command(CLI::App& app, ImportHfOptions& o) {
   imp->require_subcommand(1);
   CLI::App* hf = imp->add_subcommand(
       "hf",
-      "Make RUN_DIR/checkpoints/step-00000000 from a Hugging Face MixtralForCausalLM directory (safetensors and "
+      "Make RUN_DIR/checkpoints/step-00000000 from a Hugging Face MixtralForCausalLM or Qwen2MoeForCausalLM "
+      "directory (safetensors and "
       "config.json), checked against --config; `moe train --config CONFIG --run-dir RUN_DIR` then continues from it "
       "at any layout (a fresh optimizer).");
   hf->add_option("DIR", o.dir, "The Hugging Face model directory")->required();
@@ -112,11 +125,14 @@ void run_import_hf(const ImportHfOptions& o, std::ostream& log) {
   check_out(o.out);
   const Config config = load_config(o.config_path, o.overrides);
   // What the model computes: tau folded back (the router is the gate times tau), refusals as for export.
+  // The architecture config.json names; what the config computes: tau folded back (the router is the gate times
+  // tau), refusals as for export.
+  const std::string arch = check_hf_config(read_hf_config(o.dir), (fs::path(o.dir) / "config.json").string(), config);
   const HfModel model =
-      mixtral_model(config, std::vector<double>(size_t(config.model.layers), config.moe.router.tau_at(0)));
-  check_mixtral_config(read_hf_config(o.dir), (fs::path(o.dir) / "config.json").string(), config);
+      hf_model(config, std::vector<double>(size_t(config.model.layers), config.moe.router.tau_at(0)), arch);
   const SafetensorsModel files(o.dir);
   check_tensors(model, files, o.dir);
+  check_constants(model, files, o.dir);
 
   const std::unique_ptr<Backend> backend = make_cpu_backend(0);
   const std::unique_ptr<Trainer> t = serial_trainer(o, *backend, o.out);

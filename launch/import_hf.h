@@ -1,11 +1,11 @@
-// `moe import hf DIR --config CONFIG --out RUN_DIR`: a Hugging Face MixtralForCausalLM directory (safetensors
-// shards and their index, config.json) as a checkpoint of this project, RUN_DIR/checkpoints/step-00000000, that
-// `moe train --config CONFIG --run-dir RUN_DIR` continues from (its newest checkpoint, resumed as any other) at
-// any layout. Every check comes before anything is written: config.json against CONFIG (each disagreeing size
-// named with its key and both values), every safetensors header against its file (truncation, offsets, dtypes),
-// every shard of the index present, every tensor present with the shape CONFIG makes (a mismatch names the
-// tensor, both shapes and the keys), no tensor without a place. The optimizer starts afresh (zero moments, step
-// 0), as do the routing statistics. docs/interop.md.
+// `moe import hf DIR --config CONFIG --out RUN_DIR`: a Hugging Face MixtralForCausalLM or Qwen2MoeForCausalLM
+// directory (safetensors shards and their index, config.json) as a checkpoint of this project,
+// RUN_DIR/checkpoints/step-00000000, that `moe train --config CONFIG --run-dir RUN_DIR` continues from (its newest
+// checkpoint, resumed as any other) at any layout. Every check comes before anything is written: config.json against
+// CONFIG (each disagreeing size named with its key and both values), a Qwen2-MoE shared-expert gate zero, every
+// safetensors header against its file (truncation, offsets, dtypes), every shard of the index present, every tensor
+// present with the shape CONFIG makes (a mismatch names the tensor, both shapes and the keys), no tensor without a
+// place. The optimizer starts afresh (zero moments, step 0), as do the routing statistics. docs/interop.md.
 #pragma once
 
 #include <ostream>

@@ -284,6 +284,35 @@ else:  # same A B: the same values under the same names
     for name in a:
         assert a[name][1] == b[name][1] and a[name][2] == b[name][2], name
 PY
+# Qwen2-MoE exports (a shared expert; a dense layer; unnormalised gates) imported and exported again: byte-identical.
+for run in shared dense unnormalised; do
+  run_case "import of the Qwen2-MoE export of $run" 0 "$moe" import hf "$run-hf" --config "$run/config.json" \
+    --out "$run-imported"
+  run_case "its export" 0 "$moe" export hf "$run-imported" --out "$run-again"
+  for f in "$run-hf"/*; do
+    check "$run: $(basename "$f") byte-identical after import and export" cmp -s "$f" "$run-again/$(basename "$f")"
+  done
+done
+cp -a shared-hf gated
+python3 - << 'PY'
+import glob, json, struct
+for path in glob.glob("gated/*.safetensors"):
+    raw = bytearray(open(path, "rb").read())
+    n = struct.unpack("<Q", raw[:8])[0]
+    t = json.loads(raw[8:8 + n]).get("model.layers.1.mlp.shared_expert_gate.weight")
+    if t:
+        raw[8 + n + t["data_offsets"][0]:8 + n + t["data_offsets"][0] + 4] = struct.pack("<f", 0.5)
+        open(path, "wb").write(raw)
+PY
+expect_err=("shared_expert_gate.weight" "0.5" "only zeros")
+run_case "import of a Qwen2-MoE whose shared expert is gated" 2 "$moe" import hf gated --config shared/config.json \
+  --out x
+python3 -c "
+import json; c = json.load(open('gated/config.json')); c['shared_expert_intermediate_size'] = 64
+json.dump(c, open('gated/config.json', 'w'))"
+expect_err=("shared_expert_intermediate_size = 64" "moe.shared_experts * moe.expert_hidden = 32")
+run_case "import of a Qwen2-MoE of another shared width" 2 "$moe" import hf gated --config shared/config.json \
+  --out x
 run_case "import of a bf16 export" 0 "$moe" import hf bf16 --config "$cfg" --out imported-bf16
 run_case "its fp32 export" 0 "$moe" export hf imported-bf16 --out bf16-widened
 check "the bf16 values widened exactly" python3 tensors.py same bf16 bf16-widened

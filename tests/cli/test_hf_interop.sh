@@ -13,7 +13,8 @@
 #   on data prepared with a learned BPE (moe prep, vocab 320) at ep 2, as that BPE does (its chunking included:
 #   runs longer than 64 bytes, white space before words, control bytes, non-ASCII text);
 # - a Mixtral that transformers made and saved (random weights) is imported (moe import hf), trains here at
-#   tp 2 x ep 2, and its logits, language-model loss (within 1e-5) and greedy generation agree with transformers'.
+#   tp 2 x ep 2, and its logits, language-model loss (within 1e-5) and greedy generation agree with transformers';
+#   so do those of a Qwen2-MoE transformers made (a dense layer, a shared expert whose gate is zero).
 # When the environment cannot be made (no network) the test fails, unless MOE_TEST_OFFLINE=1 says this machine
 # is offline: then it is skipped (exit 77).
 #
@@ -136,6 +137,20 @@ with torch.no_grad():  # weights of the size training gives, so that routing and
         if p.dim() > 1:
             p.normal_(0, 0.3)
 model.save_pretrained("made-by-transformers")
+# A Qwen2-MoE of the qwen run's shape; its shared expert's gate zero (what this project's ungated shared experts are).
+from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+config = Qwen2MoeConfig(vocab_size=256, hidden_size=32, intermediate_size=48, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, decoder_sparse_step=2,
+                        norm_topk_prob=False, qkv_bias=False, max_position_embeddings=64, rms_norm_eps=1e-5,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False)
+model = Qwen2MoeForCausalLM(config)
+with torch.no_grad():
+    for name, p in model.named_parameters():
+        if p.dim() > 1:
+            p.normal_(0, 0.3)
+    model.model.layers[1].mlp.shared_expert_gate.weight.zero_()
+model.save_pretrained("qwen-made-by-transformers")
 PY
 "$moe" import hf made-by-transformers --config tp2ep2/config.json --out imported > /dev/null
 "$moe" logits imported --text-file prompt.txt --generate 32 --out imported.json 2> /dev/null
@@ -143,4 +158,7 @@ PY
 "${mpirun[@]}" -np 4 "$moe" train --config tp2ep2/config.json --run-dir imported --set train.steps=2 --quiet \
   > /dev/null
 grep -q '"step":2' imported/metrics.jsonl || { echo "FAIL: the imported run did not train" >&2; exit 1; }
+"$moe" import hf qwen-made-by-transformers --config qwen/config.json --out qwen-imported > /dev/null
+"$moe" logits qwen-imported --text-file prompt.txt --generate 32 --out qwen-imported.json 2> /dev/null
+"$venv/bin/python" "$src/tests/cli/check_hf_interop.py" qwen-made-by-transformers qwen-imported.json - -
 echo "ok: exports loaded by transformers agree with moe logits"
