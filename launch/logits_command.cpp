@@ -23,7 +23,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr int64_t kMaxTokens = 1 << 16;  // one sequence on the CPU; its attention is (T, T) per head
+// One sequence on the CPU: the forward keeps (T, T) attention probabilities per head, 64 MiB a head at 4096.
+constexpr int64_t kMaxTokens = 4096;
 
 // "1,2,3" or "1 2 3" (or both separators): ids in [0, vocab).
 std::vector<int32_t> parse_tokens(const std::string& text, int64_t vocab) {

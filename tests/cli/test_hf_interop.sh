@@ -93,8 +93,8 @@ mpirun=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --time
 tail -n 1 "$src/data/corpus/prose.txt" | head -c 24 > prompt.txt
 long() { printf "$1%.0s" $(seq "$2"); }
 {
-  tail -c 3000 "$src/data/corpus/prose.txt"
-  tail -c 1000 "$src/data/corpus/code.txt"
+  tail -c 2000 "$src/data/corpus/prose.txt"
+  tail -c 600 "$src/data/corpus/code.txt"
   printf 'Ünïcödé, ☃ and 😀\n\ttabs  and  spaces\r\n'
   long a 70; printf ' '; long b 130; long ' ' 70; printf 'x'; long 1234567890 8; long '!' 90; printf '\n\n\n  \n x'
   long ' ' 65; printf 'y \t z\001\002 ctl \177 end '; long w 64; printf '  '
