@@ -124,6 +124,10 @@ CLI::App* add_import_command(CLI::App& app, ImportHfOptions& o) {
 void run_import_hf(const ImportHfOptions& o, std::ostream& log) {
   check_out(o.out);
   const Config config = load_config(o.config_path, o.overrides);
+  if (fs::path(config.checkpoint.dir).is_absolute() || config.checkpoint.dir.find("{node}") != std::string::npos)
+    MOE_BAD_INPUT("checkpoint.dir = " << config.checkpoint.dir
+                                      << ": moe import hf writes its checkpoint under --out; give a relative "
+                                         "checkpoint.dir without {node} (the run may change it when it continues)");
   // What the model computes: tau folded back (the router is the gate times tau), refusals as for export.
   // The architecture config.json names; what the config computes: tau folded back (the router is the gate times
   // tau), refusals as for export.

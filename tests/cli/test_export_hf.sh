@@ -373,6 +373,9 @@ run_case "import of a tensor of another shape" 2 "$moe" import hf hostile --conf
 expect_err=("moe.shared_experts = 1")
 run_case "import into a config Mixtral cannot express" 2 "$moe" import hf fp32 --config "$cfg" \
   --set moe.shared_experts=1 --out x
+expect_err=("checkpoint.dir = /tmp/elsewhere")
+run_case "import with an absolute checkpoint.dir" 2 "$moe" import hf fp32 --config "$cfg" \
+  --set checkpoint.dir=/tmp/elsewhere --out x
 expect_err=("imported" "exists")
 run_case "import into an existing --out" 2 "$moe" import hf fp32 --config "$cfg" --out imported
 
