@@ -232,6 +232,36 @@ HfModel qwen2_moe_model(const Config& c, const std::vector<double>& router_tau) 
   return m;
 }
 
+HfModel llama_upcycle_model(const Config& c) {
+  if (std::string why = common_refusal(c, "an upcycled LlamaForCausalLM"); !why.empty())
+    MOE_BAD_INPUT(why << "; nothing written");
+  if (c.moe.shared_experts != 0)
+    MOE_BAD_INPUT("moe.shared_experts = " << c.moe.shared_experts
+                                          << ": --upcycle makes every routed expert a copy of the dense MLP; a shared "
+                                             "expert copied too would count it twice; nothing written");
+  const int64_t D = c.model.d_model, E = c.moe.num_experts, F = c.moe.expert_hidden, Hd = c.model.ffn_hidden;
+  HfModel m;
+  m.architecture = "LlamaForCausalLM";
+  const Dim d{D, "model.d_model"}, f{F, "moe.expert_hidden"}, h{Hd, "model.ffn_hidden"};
+  add_decoder(m, c, [&](TensorList& list, int64_t l, const std::string& hf, const std::string& p) {
+    const std::string mlp = hf + ".mlp.";
+    if (l % c.moe.every != c.moe.every - 1) {  // a dense layer stays one
+      list.add(mlp + "gate_proj.weight", {h, d}, p + ".ffn.w1", {D, Hd}, Op::Transpose);
+      list.add(mlp + "up_proj.weight", {h, d}, p + ".ffn.w3", {D, Hd}, Op::Transpose);
+      list.add(mlp + "down_proj.weight", {d, h}, p + ".ffn.w2", {Hd, D}, Op::Transpose);
+      return;
+    }
+    // Sparse upcycling (Komatsuzaki et al.): each expert starts as the dense MLP. The router is not in the
+    // directory: it keeps the fresh initialisation of the config's seed.
+    for (int64_t e = 0; e < E; ++e) {
+      list.add(mlp + "gate_proj.weight", {f, d}, p + ".ffn.experts.w1", {E, D, F}, Op::Expert, e);
+      list.add(mlp + "up_proj.weight", {f, d}, p + ".ffn.experts.w3", {E, D, F}, Op::Expert, e);
+      list.add(mlp + "down_proj.weight", {d, f}, p + ".ffn.experts.w2", {E, F, D}, Op::Expert, e);
+    }
+  });
+  return m;
+}
+
 void fill_hf_tensor(const HfTensor& t, const float* source, float* out) {
   const auto scale = float(t.scale);
   switch (t.op) {
@@ -324,21 +354,25 @@ std::string check_hf_config(const nlohmann::json& hf, const std::string& origin,
                            << " in the config; they must agree");
   };
   const std::string type = text("model_type", "");
-  if (type != "mixtral" && type != "qwen2_moe")
+  if (type != "mixtral" && type != "qwen2_moe" && type != "llama")
     MOE_BAD_INPUT(origin << ": model_type = \"" << type
-                         << "\"; imported are mixtral (MixtralForCausalLM) and qwen2_moe (Qwen2MoeForCausalLM)");
+                         << "\"; imported are mixtral (MixtralForCausalLM), qwen2_moe (Qwen2MoeForCausalLM) and, "
+                            "with --upcycle, llama (LlamaForCausalLM)");
   const int64_t head_dim = c.model.d_model / std::max<int64_t>(c.model.heads, 1);
   same("vocab_size", -1, "model.vocab", c.model.vocab);
   same("hidden_size", -1, "model.d_model", c.model.d_model);
   same("num_hidden_layers", -1, "model.layers", c.model.layers);
   same("num_attention_heads", -1, "model.heads", c.model.heads);
-  same("num_experts_per_tok", -1, "moe.top_k", c.moe.top_k);
+  if (type != "llama") same("num_experts_per_tok", -1, "moe.top_k", c.moe.top_k);
   same("num_key_value_heads", number(hf, "num_attention_heads", -1),
        "model.heads (grouped-query attention is not built)", c.model.heads);
   same("head_dim", double(head_dim), "model.d_model / model.heads", head_dim);
   if (type == "mixtral") {
     same("intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
     same("num_local_experts", -1, "moe.num_experts", c.moe.num_experts);
+  } else if (type == "llama") {  // its MLP becomes every expert, and the dense layers' MLP
+    same("intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
+    if (c.moe.every > 1) same("intermediate_size", -1, "model.ffn_hidden", c.model.ffn_hidden);
   } else {
     if (c.moe.every > 1) same("intermediate_size", -1, "model.ffn_hidden", c.model.ffn_hidden);
     same("moe_intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
@@ -362,6 +396,8 @@ std::string check_hf_config(const nlohmann::json& hf, const std::string& origin,
   if (text("hidden_act", "silu") != "silu") refuse("hidden_act " + text("hidden_act", "") + ", not silu");
   if (number(hf, "tie_word_embeddings", 0) != 0) refuse("tie_word_embeddings true: the output head is untied here");
   if (number(hf, "qkv_bias", 0) != 0) refuse("qkv_bias true: q, k and v have no biases here");
+  if (number(hf, "attention_bias", 0) != 0) refuse("attention_bias true: the attention has no biases here");
+  if (number(hf, "mlp_bias", 0) != 0) refuse("mlp_bias true: the MLPs have no biases here");
   if (number(hf, "use_sliding_window", 0) != 0)
     refuse("use_sliding_window true: attention is over the whole sequence here");
   const nlohmann::json only = hf.value("mlp_only_layers", nlohmann::json::array());

@@ -50,6 +50,10 @@ struct HfModel {
 HfModel hf_model(const Config& config, const std::vector<double>& router_tau, const std::string& arch);
 HfModel mixtral_model(const Config& config, const std::vector<double>& router_tau);
 HfModel qwen2_moe_model(const Config& config, const std::vector<double>& router_tau);
+// For import with --upcycle: a dense LlamaForCausalLM's tensors into the config's MoE model, each MoE layer's every
+// expert a copy of the layer's MLP (a tensor of the directory then has several entries, one per expert), the router
+// not among them. BadInput for shared experts (they would add the MLP once more) and as for Qwen2-MoE.
+HfModel llama_upcycle_model(const Config& config);
 
 // The exported tensor `t` (t.shape, row-major) from its source's values (t.source_shape, row-major).
 void fill_hf_tensor(const HfTensor& t, const float* source, float* out);

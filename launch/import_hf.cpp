@@ -118,6 +118,9 @@ CLI::App* add_import_command(CLI::App& app, ImportHfOptions& o) {
       ->check(CLI::ExistingFile);
   hf->add_option("--set", o.overrides, "Override a config key (repeatable), as for moe train");
   hf->add_option("--out", o.out, "The run directory to create (it must not exist)")->required();
+  hf->add_flag("--upcycle", o.upcycle,
+               "DIR is a dense LlamaForCausalLM: every expert of each MoE layer starts as that layer's MLP, the "
+               "router as the config's seed initialises it (sparse upcycling)");
   return hf;
 }
 
@@ -132,8 +135,12 @@ void run_import_hf(const ImportHfOptions& o, std::ostream& log) {
   // The architecture config.json names; what the config computes: tau folded back (the router is the gate times
   // tau), refusals as for export.
   const std::string arch = check_hf_config(read_hf_config(o.dir), (fs::path(o.dir) / "config.json").string(), config);
+  if ((arch == "llama") != o.upcycle)
+    MOE_BAD_INPUT(o.dir << "/config.json: model_type = " << arch
+                        << (o.upcycle ? ": --upcycle takes a dense llama model" : ": a dense model needs --upcycle"));
   const HfModel model =
-      hf_model(config, std::vector<double>(size_t(config.model.layers), config.moe.router.tau_at(0)), arch);
+      o.upcycle ? llama_upcycle_model(config)
+                : hf_model(config, std::vector<double>(size_t(config.model.layers), config.moe.router.tau_at(0)), arch);
   const SafetensorsModel files(o.dir);
   check_tensors(model, files, o.dir);
   check_constants(model, files, o.dir);

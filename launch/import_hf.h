@@ -23,6 +23,7 @@ struct ImportHfOptions {
   std::string config_path;             // this project's config of the model to make
   std::vector<std::string> overrides;  // --set KEY=VALUE
   std::string out;                     // the run directory to create
+  bool upcycle = false;                // a dense LlamaForCausalLM into the config's MoE model
 };
 
 // Adds `import` (with its `hf` subcommand) to `app`. Returns the `hf` subcommand.

@@ -373,6 +373,20 @@ run_case "import of a tensor of another shape" 2 "$moe" import hf hostile --conf
 expect_err=("moe.shared_experts = 1")
 run_case "import into a config Mixtral cannot express" 2 "$moe" import hf fp32 --config "$cfg" \
   --set moe.shared_experts=1 --out x
+expect_err=("--upcycle takes a dense llama model")
+run_case "--upcycle of a Mixtral" 2 "$moe" import hf fp32 --upcycle --config "$cfg" --out x
+cp -a fp32 dense-claimed
+python3 -c "
+import json; c = json.load(open('dense-claimed/config.json')); c['model_type'] = 'llama'
+json.dump(c, open('dense-claimed/config.json', 'w'))"
+expect_err=("model_type = llama" "needs --upcycle")
+run_case "a dense model without --upcycle" 2 "$moe" import hf dense-claimed --config "$cfg" --out x
+expect_err=("moe.shared_experts = 1" "--upcycle")
+run_case "--upcycle into shared experts" 2 "$moe" import hf dense-claimed --upcycle --config "$cfg" \
+  --set moe.shared_experts=1 --out x
+expect_err=("has no tensor model.layers.0.mlp.gate_proj.weight")
+run_case "--upcycle of a directory without the dense MLP" 2 "$moe" import hf dense-claimed --upcycle --config "$cfg" \
+  --out x
 expect_err=("checkpoint.dir = /tmp/elsewhere")
 run_case "import with an absolute checkpoint.dir" 2 "$moe" import hf fp32 --config "$cfg" \
   --set checkpoint.dir=/tmp/elsewhere --out x
