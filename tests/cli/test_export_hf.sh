@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# `moe export hf` and `moe logits` against bad input, without transformers (docs/interop.md): a missing or
-# damaged checkpoint, config keys MixtralForCausalLM cannot express (each refused naming key and value), an
-# existing --out (refused unless --overwrite, which replaces only a previous export), bad options; each exits 2
-# with a message naming the key, file or value, and leaves the directory exactly as it was (no partial
-# directory either). Also what an export writes: the safetensors files parse (header length, JSON, offsets
-# covering the data exactly), the index names every tensor once, and fp32 and bf16 exports hold the same tensors.
+# `moe export hf`, `moe import hf` and `moe logits` without transformers (docs/interop.md):
+# - what an export writes: safetensors files that parse (header length, JSON, offsets tiling the data exactly), an
+#   index naming every tensor once, fp32 and bf16 holding the same tensors; Qwen2-MoE for what Mixtral cannot
+#   express; the BPE tokenizer of a prepared run;
+# - import of an export (Mixtral, three Qwen2-MoE) and export again: byte-identical; the same logits; training goes
+#   on from it; 16-bit weights widened exactly;
+# - bad input, each exit 2 with a message naming the key, file, tensor or value, the directory exactly as it was:
+#   missing or damaged checkpoints, keys no architecture can express, a BPE tokenizer changed or gone, an existing
+#   --out (--overwrite replaces only a previous export), bad options; for import a truncated file, headers lying
+#   about dtypes, offsets or their length, a missing shard, sizes that disagree, a tensor of another shape, a gated
+#   Qwen2-MoE shared expert, --upcycle misused; for logits bad ids and inputs.
 #
 # Usage: test_export_hf.sh MOE_BINARY SOURCE_DIR
 set -u
