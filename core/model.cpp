@@ -347,6 +347,13 @@ void Model<T>::set_context(bool training, int64_t step, int64_t first_sequence, 
 }
 
 template <typename T>
+const T* Model<T>::logits(int slot) const {
+  MOE_CHECK(slot >= 0 && slot < num_slots(), "micro-batch slot " << slot << "; the model has " << num_slots());
+  MOE_CHECK(dynamic_cast<const LmHead<T>*>(head_.get()), "logits of a model without the whole vocabulary's head");
+  return slots_[size_t(slot)].head_acts;
+}
+
+template <typename T>
 double Model<T>::router_loss(int slot) const {
   MOE_CHECK(slot >= 0 && slot < num_slots(), "micro-batch slot " << slot << "; the model has " << num_slots());
   double total = 0;

@@ -133,6 +133,9 @@ class Model {
   const T* input_grad(int slot) const { return slots_[size_t(slot)].input_grad.template data<T>(); }
   // Per-token losses of the forward in `slot`: (B*T), in the backend's memory (a stage with the head).
   const T* token_losses(int slot) const { return slots_[size_t(slot)].losses.template data<T>(); }
+  // The logits (B*T, V) of the forward in `slot`, in the backend's memory: a stage with the whole vocabulary's
+  // head (LmHead, whose activations they are; a vocabulary-parallel head holds only its block).
+  const T* logits(int slot) const;
   // Router losses of the forward in `slot`, summed over MoE layers (coefficients applied, unweighted).
   double router_loss(int slot) const;
   // The state layer `layer`'s FFN keeps for the micro-batch in `slot` (nullptr for a dense FFN).

@@ -577,4 +577,8 @@ void run_ckpt(const CkptOptions& o, std::ostream& out) {
   MOE_FAIL("moe ckpt: no action parsed");
 }
 
+std::string checkpoint_of_path(const std::string& path, std::ostream& out) {
+  return target_checkpoint(locate(path), out);
+}
+
 }  // namespace moe

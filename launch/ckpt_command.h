@@ -30,4 +30,8 @@ CLI::App* add_ckpt_command(CLI::App& app, CkptOptions& options);
 // checkpoint, a checkpoint that does not verify, or an --out that exists; nothing is written then.
 void run_ckpt(const CkptOptions& options, std::ostream& out);
 
+// The checkpoint directory PATH means, as the subcommands above take it: a checkpoint directory itself, or the
+// newest checkpoint of a run directory or checkpoint root (said on `out`). BadInput when there is none.
+std::string checkpoint_of_path(const std::string& path, std::ostream& out);
+
 }  // namespace moe

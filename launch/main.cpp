@@ -16,7 +16,10 @@
 #include "core/error.h"
 #include "core/host.h"
 #include "launch/ckpt_command.h"
+#include "launch/export_hf.h"
+#include "launch/import_hf.h"
 #include "launch/job_processes.h"
+#include "launch/logits_command.h"
 #include "launch/prep_command.h"
 #include "launch/report.h"
 #include "launch/supervisor.h"
@@ -155,6 +158,9 @@ int main(int argc, char** argv) {
       "Prep:   moe prep --input [NAME=]PATH... --out DIR [--tokenizer train|byte|FILE] [--vocab N]\n"
       "Sweep:  moe sweep --config BASE --grid KEY=V1,V2,... [--grid ...] [--seeds N] [--np N] --out DIR\n"
       "Report: moe report RUN_DIR|SWEEP_DIR [--out FILE.html]\n"
+      "Logits: moe logits PATH --tokens IDS|--text TEXT [--generate N] [--out FILE.json]\n"
+      "Export: moe export hf PATH --out DIR [--dtype fp32|bf16] [--overwrite] (a transformers model directory)\n"
+      "Import: moe import hf DIR --config FILE --out RUN_DIR (a transformers Mixtral as a checkpoint)\n"
       "Docs:   docs/cli.md (commands), docs/config.md (config keys), docs/metrics.md (metrics.jsonl),\n"
       "        docs/checkpoint.md (checkpoint layout)");
 
@@ -171,12 +177,19 @@ int main(int argc, char** argv) {
   CLI::App* sweep_cmd = moe::add_sweep_command(app, sweep);
   moe::ReportOptions report_options;
   CLI::App* report_cmd = moe::add_report_command(app, report_options);
+  moe::LogitsOptions logits;
+  CLI::App* logits_cmd = moe::add_logits_command(app, logits);
+  moe::ExportHfOptions export_hf;
+  CLI::App* export_hf_cmd = moe::add_export_command(app, export_hf);
+  moe::ImportHfOptions import_hf;
+  CLI::App* import_hf_cmd = moe::add_import_command(app, import_hf);
 
   // CLI11 reports a missing subcommand before an unknown one; name the unknown word instead.
   if (argc > 1 && argv[1][0] != '-' &&
       app.get_subcommands([&](CLI::App* sub) { return sub->get_name() == argv[1]; }).empty()) {
     std::fprintf(stderr,
-                 "moe: error: unknown subcommand '%s'; the subcommands are: train, launch, ckpt, prep, sweep, report "
+                 "moe: error: unknown subcommand '%s'; the subcommands are: train, launch, ckpt, prep, sweep, report, "
+                 "logits, export "
                  "(see moe --help)\n",
                  argv[1]);
     return kExitBadInput;
@@ -213,6 +226,12 @@ int main(int argc, char** argv) {
       moe::run_ckpt(ckpt, std::cout);
     } else if (prep_cmd->parsed()) {
       moe::run_prep_command(prep);
+    } else if (import_hf_cmd->parsed()) {
+      moe::run_import_hf(import_hf, std::cout);
+    } else if (export_hf_cmd->parsed()) {
+      moe::run_export_hf(export_hf, std::cout);
+    } else if (logits_cmd->parsed()) {
+      moe::run_logits(logits, std::cerr);
     } else if (report_cmd->parsed()) {
       moe::run_report(report_options);
     } else if (sweep_cmd->parsed()) {

@@ -68,6 +68,8 @@ void check_memory(const Config& config, const RankGrid& grid) {
                 << ", or spread the model over more ranks (parallel.tp, parallel.ep, optim.zero)");
 }
 
+}  // namespace
+
 MoeSettings moe_settings(const Config& config, int64_t layer) {
   const MoeConfig& m = config.moe;
   MoeSettings s;
@@ -91,6 +93,8 @@ MoeSettings moe_settings(const Config& config, int64_t layer) {
   s.death_floor = m.loss.death_floor;
   return s;
 }
+
+namespace {
 
 // Layer l is an MoE layer when l % moe.every == moe.every - 1 (docs/model.md), else a dense SwiGLU MLP;
 // over tp > 1 ranks both are split as parallel/tp_layers.h says.

@@ -51,6 +51,8 @@ bool device_memory_check_requested();
 // backend; checked communicators on both planes on the memory-checking backend; the groups themselves on the
 // CPU. Collective over every group.
 void attach_planes(ProcessGroups& groups, Backend& backend);
+// The MoE layer `layer` of the config, before the layout's share (ep, tp) is set: what every MoE layer computes.
+MoeSettings moe_settings(const Config& config, int64_t layer);
 // data.schedule with one weight per source of the corpus, in its order (names checked with the config).
 data::MixSchedule training_schedule(const Config& config, const data::Corpus& corpus);
 

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# `moe export hf`'s directories loaded by transformers itself, installed from PyPI at the versions of
+# tests/requirements-hf.txt into a virtual environment VENV (made or remade only when missing or made from another
+# version of that file; `pip install --no-deps`, so exactly the pinned set):
+# - a small MoE model trained a few steps at tp 2 x ep 2 (4 ranks, router temperature 0.7 to fold) and one at
+#   pp 2 x ep 2 (a delta checkpoint on top) are exported; AutoModelForCausalLM loads a MixtralForCausalLM whose
+#   logits on held-out text agree with `moe logits` (fp32: max relative difference <= 1e-4, KL <= 1e-8), and
+#   greedy generation of 32 tokens gives the same tokens;
+# - the bf16 export agrees within bf16's rounding;
+# - the same for Qwen2MoeForCausalLM: a dense layer, a shared expert, unnormalised gates (tp 2 x ep 2), and a model
+#   without shared experts;
+# - AutoTokenizer encodes and decodes a corpus sample exactly as the byte tokenizer does, and, for a model trained
+#   on data prepared with a learned BPE (moe prep, vocab 320) at ep 2, as that BPE does (its chunking included:
+#   runs longer than 64 bytes, white space before words, control bytes, non-ASCII text);
+# - a Mixtral that transformers made and saved (random weights) is imported (moe import hf), trains here at
+#   tp 2 x ep 2, and its logits, language-model loss (within 1e-5) and greedy generation agree with transformers';
+#   so do those of a Qwen2-MoE transformers made (a dense layer, a shared expert whose gate is zero), and of a dense
+#   Llama upcycled into the tp 2 x ep 2 run's MoE model (--upcycle: its function unchanged).
+# When the environment cannot be made (no network) the test fails, unless MOE_TEST_OFFLINE=1 says this machine
+# is offline: then it is skipped (exit 77).
+#
+# Usage: test_hf_interop.sh MOE_BINARY SOURCE_DIR VENV
+set -eu
+
+if [ $# -ne 3 ]; then
+  echo "usage: $0 MOE_BINARY SOURCE_DIR VENV" >&2
+  exit 2
+fi
+moe=$1
+src=$2
+venv=$3
+requirements="$src/tests/requirements-hf.txt"
+config="$src/configs/tiny_moe.json"
+
+# Debian's python3 (python3-venv) first: a pyenv python3 may lack ensurepip.
+python=""
+for candidate in /usr/bin/python3 python3; do
+  if command -v "$candidate" > /dev/null && "$candidate" -c "import venv, ensurepip" 2> /dev/null; then
+    python=$candidate
+    break
+  fi
+done
+stamp="$venv/requirements.sha256"
+want=$(sha256sum "$requirements" | cut -d' ' -f1)
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2> /dev/null)" != "$want" ]; then
+  if [ -z "$python" ]; then
+    echo "FAIL: no python3 with venv and ensurepip to make $venv (Debian: apt-get install python3-venv)" >&2
+    exit 1
+  fi
+  rm -rf "$venv"
+  if ! { "$python" -m venv "$venv" \
+    && "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -r "$requirements"; } > "$venv.log" 2>&1; then
+    tail -5 "$venv.log" >&2
+    rm -rf "$venv"
+    if [ "${MOE_TEST_OFFLINE:-0}" = 1 ]; then
+      echo "skipped: MOE_TEST_OFFLINE=1 and transformers could not be installed from PyPI (log: $venv.log)"
+      exit 77
+    fi
+    echo "FAIL: could not install $requirements from PyPI into $venv (log: $venv.log); this test needs PyPI," \
+      "or set MOE_TEST_OFFLINE=1 on a machine without network to skip it" >&2
+    exit 1
+  fi
+  echo "$want" > "$stamp"
+fi
+unset OMPI_COMM_WORLD_SIZE PMI_SIZE PMIX_SIZE OMPI_COMM_WORLD_LOCAL_SIZE MPI_LOCALNRANKS
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/moe_hf_interop.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+small=(--set train.steps=4 --set model.d_model=32 --set model.layers=2 --set model.heads=2 --set model.ffn_hidden=32
+  --set moe.num_experts=4 --set moe.expert_hidden=32 --set train.seq_len=64 --set train.global_batch=4
+  --set train.micro_batch=1 --set train.eval_sequences=2 --set train.threads=1 --set checkpoint.every=2 --quiet)
+mpirun=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --timeout 300)
+[ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
+"${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set parallel.tp=2 --set parallel.ep=2 \
+  --set moe.router.tau=0.7 --run-dir tp2ep2 > /dev/null
+"${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set parallel.pp=2 --set parallel.ep=2 \
+  --set checkpoint.full_every=2 --set moe.router.tau_learned=true --set moe.router.tau=0.8 --set moe.overflow=dense \
+  --set moe.fallback_hidden=16 --run-dir pp2ep2 > /dev/null
+
+# Qwen2-MoE: a dense layer (moe.every 2), a shared expert, unnormalised gates, tau 0.9, at tp 2 x ep 2; and one
+# without shared experts (the shared expert of width 0).
+"${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set parallel.tp=2 --set parallel.ep=2 \
+  --set model.ffn_hidden=48 --set moe.every=2 --set moe.shared_experts=1 --set moe.router.normalize=false \
+  --set moe.router.tau=0.9 --run-dir qwen > /dev/null
+"$moe" train --config "$config" "${small[@]}" --set moe.router.normalize=false --run-dir qwen-unshared > /dev/null
+"$moe" prep --input "$src/data/corpus/prose.txt" --out prepared --tokenizer train --vocab 320 > /dev/null
+"${mpirun[@]}" -np 2 "$moe" train --config "$config" "${small[@]}" --set parallel.ep=2 --set model.vocab=320 \
+  --set 'data.sources=[{"name": "prose", "path": "prepared"}]' --run-dir bpe > /dev/null
+
+# Held-out text (the end of a corpus file, which data.heldout_fraction keeps out of training) for the logits, a
+# longer sample for the tokenizer: corpus text, non-ASCII text, runs of letters, digits, punctuation and white
+# space longer than a BPE chunk (64 bytes), control bytes.
+tail -n 1 "$src/data/corpus/prose.txt" | head -c 24 > prompt.txt
+long() { printf "$1%.0s" $(seq "$2"); }
+{
+  tail -c 2000 "$src/data/corpus/prose.txt"
+  tail -c 600 "$src/data/corpus/code.txt"
+  printf 'Ünïcödé, ☃ and 😀\n\ttabs  and  spaces\r\n'
+  long a 70; printf ' '; long b 130; long ' ' 70; printf 'x'; long 1234567890 8; long '!' 90; printf '\n\n\n  \n x'
+  long ' ' 65; printf 'y \t z\001\002 ctl \177 end '; long w 64; printf '  '
+} > sample.txt
+
+check() { # RUN_DIR EXPORT_DIR [--bf16]
+  "$moe" logits "$1" --text-file prompt.txt --generate 32 --out "$2.json" 2> /dev/null
+  "$moe" logits "$1" --text-file sample.txt --out "$2.sample.json" 2> /dev/null
+  "$venv/bin/python" "$src/tests/cli/check_hf_interop.py" "$2" "$2.json" sample.txt "$2.sample.json" "${@:3}"
+}
+# Several safetensors files (a layer's experts are 4 * 3 * 4 KiB): the index sends transformers to each.
+"$moe" export hf tp2ep2 --out tp2ep2-hf --max-shard-size 40KiB > /dev/null
+ls tp2ep2-hf/model-00001-of-0000[3-9].safetensors > /dev/null
+check tp2ep2 tp2ep2-hf
+"$moe" export hf pp2ep2 --out pp2ep2-hf > /dev/null
+check pp2ep2 pp2ep2-hf
+"$moe" export hf pp2ep2 --out pp2ep2-bf16 --dtype bf16 > /dev/null
+check pp2ep2 pp2ep2-bf16 --bf16
+"$moe" export hf bpe --out bpe-hf > /dev/null
+check bpe bpe-hf
+"$moe" export hf qwen --out qwen-hf > /dev/null
+check qwen qwen-hf
+"$moe" export hf qwen-unshared --out qwen-unshared-hf > /dev/null
+check qwen-unshared qwen-unshared-hf
+
+# A Mixtral that transformers itself made (random weights, saved as one model.safetensors), imported with the
+# tp 2 x ep 2 run's config (tau 0.7 folded back into the router), trained on from there at tp 2 x ep 2, and its
+# logits, loss and greedy generation from the import against transformers'.
+"$venv/bin/python" - << 'PY'
+import torch
+from transformers import MixtralConfig, MixtralForCausalLM
+torch.manual_seed(7)
+config = MixtralConfig(vocab_size=256, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                       num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+                       rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                       tie_word_embeddings=False)
+model = MixtralForCausalLM(config)
+with torch.no_grad():  # weights of the size training gives, so that routing and logits are not all alike
+    for p in model.parameters():
+        if p.dim() > 1:
+            p.normal_(0, 0.3)
+model.save_pretrained("made-by-transformers")
+# A Qwen2-MoE of the qwen run's shape; its shared expert's gate zero (what this project's ungated shared experts are).
+from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+config = Qwen2MoeConfig(vocab_size=256, hidden_size=32, intermediate_size=48, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, decoder_sparse_step=2,
+                        norm_topk_prob=False, qkv_bias=False, max_position_embeddings=64, rms_norm_eps=1e-5,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False)
+model = Qwen2MoeForCausalLM(config)
+with torch.no_grad():
+    for name, p in model.named_parameters():
+        if p.dim() > 1:
+            p.normal_(0, 0.3)
+    model.model.layers[1].mlp.shared_expert_gate.weight.zero_()
+model.save_pretrained("qwen-made-by-transformers")
+# A dense Llama of the same width, to upcycle.
+from transformers import LlamaConfig, LlamaForCausalLM
+config = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False)
+model = LlamaForCausalLM(config)
+with torch.no_grad():
+    for p in model.parameters():
+        if p.dim() > 1:
+            p.normal_(0, 0.3)
+model.save_pretrained("llama-made-by-transformers")
+PY
+"$moe" import hf made-by-transformers --config tp2ep2/config.json --out imported > /dev/null
+"$moe" logits imported --text-file prompt.txt --generate 32 --out imported.json 2> /dev/null
+"$venv/bin/python" "$src/tests/cli/check_hf_interop.py" made-by-transformers imported.json - -
+"${mpirun[@]}" -np 4 "$moe" train --config tp2ep2/config.json --run-dir imported --set train.steps=2 --quiet \
+  > /dev/null
+grep -q '"step":2' imported/metrics.jsonl || { echo "FAIL: the imported run did not train" >&2; exit 1; }
+"$moe" import hf qwen-made-by-transformers --config qwen/config.json --out qwen-imported > /dev/null
+"$moe" logits qwen-imported --text-file prompt.txt --generate 32 --out qwen-imported.json 2> /dev/null
+"$venv/bin/python" "$src/tests/cli/check_hf_interop.py" qwen-made-by-transformers qwen-imported.json - -
+# Upcycled: every expert the layer's MLP and the gates renormalised to sum 1, so the MoE model computes the dense
+# Llama's function whatever the (freshly initialised) router chooses.
+"$moe" import hf llama-made-by-transformers --upcycle --config tp2ep2/config.json --out upcycled > /dev/null
+"$moe" logits upcycled --text-file prompt.txt --generate 32 --out upcycled.json 2> /dev/null
+"$venv/bin/python" "$src/tests/cli/check_hf_interop.py" llama-made-by-transformers upcycled.json - -
+echo "ok: exports loaded by transformers agree with moe logits"
