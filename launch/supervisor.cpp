@@ -18,6 +18,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -26,6 +27,7 @@
 #include "core/host.h"
 #include "launch/config.h"
 #include "launch/heartbeat.h"
+#include "launch/hosts.h"
 #include "launch/job_processes.h"
 #include "launch/run_dir.h"
 #include "launch/run_lock.h"
@@ -167,20 +169,21 @@ struct Listener {
   }
 };
 
-// The heartbeat listener: loopback (or fault.listen), an ephemeral port.
-void open_listener(const FaultConfig& fault, Listener* listener) {
+// The heartbeat listener at `address` (fault.listen, or where the hosts reach this machine: launch/hosts.h), an
+// ephemeral port.
+void open_listener(const std::string& address, Listener* listener) {
   listener->sock = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (listener->sock < 0) MOE_FAIL("cannot open the heartbeat socket: " << std::strerror(errno));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  if (inet_pton(AF_INET, fault.listen.c_str(), &addr.sin_addr) != 1)
-    MOE_BAD_INPUT("fault.listen = \"" << fault.listen << "\": expected an IPv4 address such as 127.0.0.1");
+  if (inet_pton(AF_INET, address.c_str(), &addr.sin_addr) != 1)
+    MOE_BAD_INPUT("fault.listen = \"" << address << "\": expected \"auto\" or an IPv4 address such as 127.0.0.1");
   if (::bind(listener->sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
-    MOE_BAD_INPUT("fault.listen = \"" << fault.listen << "\": cannot bind the heartbeat listener there ("
+    MOE_BAD_INPUT("fault.listen = \"" << address << "\": cannot bind the heartbeat listener there ("
                                       << std::strerror(errno) << ")");
   socklen_t len = sizeof addr;
   ::getsockname(listener->sock, reinterpret_cast<sockaddr*>(&addr), &len);
-  listener->addr = fault.listen + ":" + std::to_string(ntohs(addr.sin_port));
+  listener->addr = address + ":" + std::to_string(ntohs(addr.sin_port));
 }
 
 // What every attempt shares.
@@ -210,7 +213,13 @@ struct Attempt {
 pid_t spawn_job(Launch& l, int64_t attempt, int64_t np, const std::string& hostfile) {
   const LaunchOptions& o = l.options;
   std::vector<std::string> args = {o.mpirun, "-np", std::to_string(np)};
-  if (!hostfile.empty()) args.insert(args.end(), {"--hostfile", hostfile});
+  // Ranks on other hosts get only what mpirun passes (ssh gives their daemons a login's environment).
+  if (!hostfile.empty()) {
+    args.insert(args.end(), {"--hostfile", hostfile});
+    for (const char* name :
+         {"MOE_HEARTBEAT_ADDR", "MOE_HEARTBEAT_SECRET", "MOE_LAUNCH_ATTEMPT", RunLock::kTokenVariable})
+      args.insert(args.end(), {"-x", name});
+  }
   args.insert(args.end(), o.mpirun_args.begin(), o.mpirun_args.end());
   if (::geteuid() == 0 && std::find(args.begin(), args.end(), "--allow-run-as-root") == args.end())
     args.push_back("--allow-run-as-root");
@@ -468,6 +477,9 @@ int supervise(Launch& l, RunLock& lock) {
       return kExitBadInput;
     }
     l.events.open();
+    std::set<std::string> hosts_heard;
+    for (const auto& [rank, r] : a.ranks) hosts_heard.insert(r.host);
+    outcome["hosts_heard"] = hosts_heard;
     if (kind == "finished") {
       outcome.update({{"restarts", restarts}, {"step", a.max_step}, {"processes_left", end.left}});
       l.events.add(outcome);
@@ -500,11 +512,14 @@ int run_launch(const LaunchOptions& o) {
   if (o.np < 1) MOE_BAD_INPUT("--np: expected a whole number of ranks >= 1, got " << o.np);
   if (!(o.term_grace_s >= 0) || !std::isfinite(o.term_grace_s))
     MOE_BAD_INPUT("--term-grace-s: expected seconds >= 0, got " << o.term_grace_s);
-  if (!o.hostfile.empty()) read_hostfile(o.hostfile);
+  std::vector<std::string> host_names;
+  if (!o.hostfile.empty())
+    for (const HostSlots& h : read_hostfile(o.hostfile)) host_names.push_back(h.name);
   check_launch_layout(config, o.np);
+  const std::string listen = choose_listen_address(config.fault.listen, host_names, o.hostfile);
   const std::string run_dir = o.run_dir.empty() ? "runs/" + fs::path(o.config_path).stem().string() : o.run_dir;
   Launch l(o, config, run_dir);
-  open_listener(config.fault, &l.listener);
+  open_listener(listen, &l.listener);
   char self[4096] = {};
   if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) MOE_FAIL("cannot find this program's path");
   l.self = self;
