@@ -142,6 +142,7 @@ struct FaultConfig {
   bool shrink = false;
   double term_grace_s = 30;  // after SIGTERM/SIGINT: time a final checkpoint may take
   std::string listen;
+  double probe_timeout_s = 15;  // with --hostfile: every host probed within this before each start
   std::vector<FaultInjection> inject;
 };
 

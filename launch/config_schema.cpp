@@ -310,6 +310,9 @@ std::vector<KeySpec> fault_keys() {
       string("fault.listen", "auto",
              "address the supervisor's heartbeat listener binds to; \"auto\": loopback without remote hosts, else the "
              "address of this machine that the route to the --hostfile hosts leaves from"),
+      number("fault.probe_timeout_s", 15.0, above(0),
+             "with --hostfile: before every start and restart each host is probed (reachable, starts a process, has "
+             "the program and disk space) within this many seconds; a host that fails is left out"),
       faults("fault.inject",
              "faults to inject for tests and demonstrations: a list of {\"kind\": kill|hang|stop|exception|"
              "corrupt_checkpoint, \"rank\": int, \"step\": int}; each fires once in a run's life"),

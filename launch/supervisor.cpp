@@ -27,6 +27,7 @@
 #include "core/host.h"
 #include "launch/config.h"
 #include "launch/heartbeat.h"
+#include "launch/host_check.h"
 #include "launch/hosts.h"
 #include "launch/job_processes.h"
 #include "launch/run_dir.h"
@@ -196,6 +197,7 @@ struct Launch {
   int lock_fd = -1;  // handed to mpirun (launch/run_lock.h)
   Listener listener;
   Events events;
+  ProbeSpec probe;  // of the hostfile's hosts before every start
   std::string rank_host = host_name();
 };
 
@@ -444,16 +446,40 @@ bool prepare_restart(Launch& l, const json& failure, int64_t* restarts, int64_t*
   return true;
 }
 
+// With --hostfile, before every start: the hosts probed, the lost ones left out and replaced (launch/host_check.h),
+// and a new hostfile when the job's hosts changed. False when a lost host cannot be replaced (the job gives up).
+bool start_on_healthy_hosts(Launch& l, HostPool* pool, int64_t* np, std::string* hostfile, int64_t attempt) {
+  const PoolCheck check = check_pool(pool, np, l.probe, l.config, attempt);
+  for (const json& e : check.events) l.events.add(e);
+  if (!check.give_up.empty()) {
+    l.events.open();
+    l.events.add({{"event", "gave_up"}, {"reason", check.give_up}});
+    std::fprintf(stderr, "moe launch: giving up: %s\n", check.give_up.c_str());
+    return false;
+  }
+  if (!check.changed) return true;
+  *hostfile = (fs::path(l.run_dir) / "hostfile.active").string();
+  std::ofstream out(*hostfile, std::ios::trunc);
+  std::vector<std::string> names;
+  for (const HostSlots& h : pool->active) {
+    out << h.name << " slots=" << h.slots << "\n";
+    names.push_back(h.name);
+  }
+  l.events.add({{"event", "hosts"}, {"hosts", names}, {"np", *np}, {"hostfile", *hostfile}, {"attempt", attempt}});
+  return true;
+}
+
 // Attempts until one finishes (0), the ranks refuse the input (2), restarts run out (3) or a signal (128+).
 int supervise(Launch& l, RunLock& lock) {
   const LaunchOptions& o = l.options;
   int64_t np = o.np, restarts = 0;
   std::string hostfile = o.hostfile;
-  std::vector<HostSlots> hosts;
-  if (!hostfile.empty()) hosts = read_hostfile(hostfile);
+  HostPool pool;  // the job's hosts and the spares
+  if (!hostfile.empty()) pool = split_hosts(read_hostfile(hostfile), np);
   std::map<std::string, int64_t> failures_by_host;
   for (int64_t attempt = 0;; ++attempt) {
     if (g_signals) return stop_on_signal(l, nullptr, {{"attempt", attempt}, {"while", "between attempts"}});
+    if (!pool.active.empty() && !start_on_healthy_hosts(l, &pool, &np, &hostfile, attempt)) return kExitGaveUp;
     Attempt a;
     a.attempt = attempt, a.np = np;
     const pid_t mpirun = spawn_job(l, attempt, np, hostfile);
@@ -492,8 +518,19 @@ int supervise(Launch& l, RunLock& lock) {
     if (kind == "finished") return 0;
     if (g_signals) return stop_on_signal(l, nullptr, {{"attempt", attempt}, {"while", "ending a failed attempt"}});
     outcome["max_step"] = a.max_step;
-    if (!prepare_restart(l, outcome, &restarts, &np, &hostfile, &hosts, &failures_by_host)) return kExitGaveUp;
+    if (!prepare_restart(l, outcome, &restarts, &np, &hostfile, &pool.active, &failures_by_host)) return kExitGaveUp;
   }
+}
+
+// Probing a host: mpirun's remote shell, this program, and room where the run writes (checkpoint.dir when it is an
+// absolute path, as a node-local disk is, else the run directory).
+ProbeSpec probe_spec(const LaunchOptions& o, const Config& config, const std::string& run_dir,
+                     const std::string& self) {
+  constexpr int64_t kMinFreeBytes = int64_t(64) << 20;
+  const std::string ckpt = config.checkpoint.dir.substr(0, config.checkpoint.dir.find("{node}"));
+  const fs::path disk = fs::path(ckpt).is_absolute() ? fs::path(ckpt) : fs::absolute(run_dir);
+  const double timeout = config.fault.probe_timeout_s;
+  return {rsh_agent_command(o.mpirun_args, timeout), self, disk.string(), kMinFreeBytes, timeout};
 }
 
 std::string joined(const std::vector<std::string>& words) {
@@ -523,6 +560,7 @@ int run_launch(const LaunchOptions& o) {
   char self[4096] = {};
   if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) MOE_FAIL("cannot find this program's path");
   l.self = self;
+  l.probe = probe_spec(o, config, run_dir, l.self);
 
   ::signal(SIGINT, on_signal);
   ::signal(SIGTERM, on_signal);
