@@ -111,6 +111,10 @@ probe_s=$(events_of cut probe attempt seconds | tail -n 1)
 echo "[ figures ] link cut: detected in $detect_s s (heartbeat timeout $timeout_s s); training again about" \
   "$training_again s after the cut (1 s resolution); probe before the restart: $probe_s;" \
   "$(events_of cut restart resume_step steps_lost)"
+# As on a real cluster, the supervisor cannot reach the processes of a host cut off: they run on (until the link
+# heals and their connections fail), and the job went on without them.
+on_mh2=$(for p in $(cluster_host_pids mh2); do ps -o args= -p "$p"; done | grep -c "bin/moe train")
+check "cut: the cut host's ranks were left to mpirun, not killed by the supervisor ($on_mh2)" test "$on_mh2" -gt 0
 cluster_heal mh2
 
 # ---- A frozen host before the start: left out before anything starts. -----------------------------------------
