@@ -197,7 +197,8 @@ struct Launch {
   int lock_fd = -1;  // handed to mpirun (launch/run_lock.h)
   Listener listener;
   Events events;
-  ProbeSpec probe;  // of the hostfile's hosts before every start
+  ProbeSpec probe;            // of the hostfile's hosts before every start
+  bool remote_hosts = false;  // the hostfile names hosts other than this machine
   std::string rank_host = host_name();
 };
 
@@ -395,6 +396,13 @@ int stop_on_signal(Launch& l, JobProcesses* job, const json& where) {
 
 namespace {
 
+// The backoff before a restart, cut short by a signal; true (the restart goes ahead).
+bool sleep_backoff(double backoff) {
+  for (const double until = now_s() + backoff; now_s() < until && !g_signals;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return true;
+}
+
 // Between attempts: counts the restart, gives up past fault.max_restarts (false), shrinks the job when a
 // host failed twice, logs what the restart resumes from and sleeps the backoff (cut short by a signal).
 bool prepare_restart(Launch& l, const json& failure, int64_t* restarts, int64_t* np, std::string* hostfile,
@@ -426,24 +434,30 @@ bool prepare_restart(Launch& l, const json& failure, int64_t* restarts, int64_t*
     }
   }
   std::vector<std::string> notes;
+  const double backoff = std::min(60.0, fault.restart_backoff_s * std::pow(2.0, double(*restarts - 1)));
+  json restart = {{"event", "restart"}, {"restart", *restarts}, {"of", fault.max_restarts}, {"backoff_s", backoff}};
+  if (l.config.checkpoint.node_local && l.remote_hosts) {
+    // The hosts' own disks cannot be seen from here: the ranks choose (the first training event has the step).
+    restart.update(
+        {{"resume_from", nullptr},
+         {"resume_step", nullptr},
+         {"steps_lost", nullptr},
+         {"resume_note", "checkpoint.node_local on other hosts: the ranks choose from what their disks hold"}});
+    l.events.add(restart);
+    return sleep_backoff(backoff);
+  }
   // What the restart will most likely resume from, for the log (with node-local roots: host 0's view).
   std::string ckpt_dir = l.config.checkpoint.dir;
   for (size_t at; (at = ckpt_dir.find("{node}")) != std::string::npos;) ckpt_dir.replace(at, 6, "0");
   const auto newest = ckpt::find_newest((fs::path(l.run_dir) / ckpt_dir).string(), l.config.checkpoint.replicas, &notes,
                                         nullptr, recorded_run_id(l.run_dir));
   const int64_t resume_step = newest ? newest->chain.back().step : 0;
-  const double backoff = std::min(60.0, fault.restart_backoff_s * std::pow(2.0, double(*restarts - 1)));
-  l.events.add({{"event", "restart"},
-                {"restart", *restarts},
-                {"of", fault.max_restarts},
-                {"resume_from", newest ? json(newest->dir) : json(nullptr)},
-                {"resume_step", resume_step},
-                {"steps_lost", std::max<int64_t>(0, failure.value("max_step", int64_t(0)) - resume_step)},
-                {"backoff_s", backoff},
-                {"checkpoint_notes", notes}});
-  for (const double until = now_s() + backoff; now_s() < until && !g_signals;)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  return true;
+  restart.update({{"resume_from", newest ? json(newest->dir) : json(nullptr)},
+                  {"resume_step", resume_step},
+                  {"steps_lost", std::max<int64_t>(0, failure.value("max_step", int64_t(0)) - resume_step)},
+                  {"checkpoint_notes", notes}});
+  l.events.add(restart);
+  return sleep_backoff(backoff);
 }
 
 // With --hostfile, before every start: the hosts probed, the lost ones left out and replaced (launch/host_check.h),
@@ -561,6 +575,8 @@ int run_launch(const LaunchOptions& o) {
   if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) MOE_FAIL("cannot find this program's path");
   l.self = self;
   l.probe = probe_spec(o, config, run_dir, l.self);
+  l.remote_hosts =
+      std::any_of(host_names.begin(), host_names.end(), [](const std::string& h) { return !host_is_local(h); });
 
   ::signal(SIGINT, on_signal);
   ::signal(SIGTERM, on_signal);
