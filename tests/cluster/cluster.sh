@@ -16,6 +16,8 @@
 #   cluster_freeze HOST / cluster_thaw HOST  SIGSTOP / SIGCONT to every process of the host
 #   cluster_wipe_disk HOST      deletes everything on the host's node-local disk
 #   cluster_rate HOST RATE      limits the host's link both ways to RATE (tc tbf, e.g. 20mbit); "off" removes it
+#   cluster_partition A... -- B...   hosts A and hosts B no longer reach each other (each still reaches the
+#                               login node and its own group); cluster_unpartition removes every partition
 #   cluster_exec HOST CMD...    runs CMD on the host (through the agent, as mpirun's daemons are)
 #   cluster_down                ends every process of the hosts, deletes namespaces, links and directories
 #
@@ -177,6 +179,34 @@ cluster_rate() {
   # Both ways: what the bridge sends to the host, and what the host sends.
   tc qdisc replace dev "$veth" root tbf rate "$rate" burst 64kb latency 200ms &&
     ip netns exec "$ns" tc qdisc replace dev eth0 root tbf rate "$rate" burst 64kb latency 200ms
+}
+
+# Each host of one group discards what it sends to the other (blackhole routes in its namespace): the two groups
+# no longer reach each other, in either direction, while a rate limit on the link stays as it is.
+cluster_drop_to() {
+  local ns address
+  ns=$(cluster_host_var "$1" netns)
+  shift
+  for address in "$@"; do
+    ip -n "$ns" route replace blackhole "$address/32" || cluster_fail "ip route blackhole in $ns failed"
+  done
+}
+cluster_partition() {
+  local a=() b=() h side=a
+  for h in "$@"; do
+    if [ "$h" = -- ]; then side=b; elif [ $side = a ]; then a+=("$h"); else b+=("$h"); fi
+  done
+  [ ${#a[@]} -gt 0 ] && [ ${#b[@]} -gt 0 ] || cluster_fail "usage: cluster_partition HOST... -- HOST..."
+  local from_a=() from_b=()
+  for h in "${a[@]}"; do from_a+=("$(cluster_host_var "$h" address)"); done
+  for h in "${b[@]}"; do from_b+=("$(cluster_host_var "$h" address)"); done
+  for h in "${a[@]}"; do cluster_drop_to "$h" "${from_b[@]}"; done
+  for h in "${b[@]}"; do cluster_drop_to "$h" "${from_a[@]}"; done
+}
+cluster_unpartition() {
+  local dir
+  for dir in "$CLUSTER_DIR"/hosts/*/; do ip -n "$(cat "$dir/netns")" route flush type blackhole 2> /dev/null; done
+  return 0
 }
 
 cluster_exec() {

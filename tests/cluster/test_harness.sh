@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cluster harness itself (tests/cluster/cluster.sh): hosts with their own hostname, address, /dev/shm and
 # node-local disk; the rsh agent entering a host with a clean environment, and failing as ssh does when the
-# host is cut off or frozen; every fault operation (cut and heal, kill, freeze and thaw, disk wiped, rate
+# host is cut off or frozen; every fault operation (cut and heal, partition, kill, freeze and thaw, disk wiped, rate
 # limit); mpirun starting processes on the hosts through the agent; and cleanup leaving no namespace, link or
 # process behind when a test ends normally, fails, or is killed with SIGKILL.
 #
@@ -51,14 +51,15 @@ check "an unknown host: exit 255" test $? = 255
 check "an unknown host is named" grep -q "Could not resolve hostname nohost" err.txt
 rm -f err.txt
 
-# tcp_to ADDRESS PORT: a listener on mh2 (python3) and a connection to it from mh1.
+# tcp_ok [FROM [TO]]: a listener on TO (mh2; python3) and a connection to it from FROM (mh1).
 tcp_ok() {
-  cluster_exec mh2 "timeout 8 python3 -c 'import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, \
+  local from=${1:-mh1} to=${2:-mh2}
+  cluster_exec "$to" "timeout 8 python3 -c 'import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, \
     socket.SO_REUSEADDR, 1); s.bind((\"0.0.0.0\", 5999)); s.listen(); s.settimeout(6); c, _ = s.accept(); \
     print(c.recv(16).decode().strip())'" > tcp.txt 2> /dev/null &
   local listener=$! sent=1
   sleep 1
-  cluster_exec mh1 "timeout 3 bash -c 'echo hello > /dev/tcp/$CLUSTER_SUBNET.2/5999'" 2> /dev/null && sent=0
+  cluster_exec "$from" "timeout 3 bash -c 'echo hello > /dev/tcp/$CLUSTER_SUBNET.${to#mh}/5999'" 2> /dev/null && sent=0
   wait $listener
   [ $sent = 0 ] && [ "$(cat tcp.txt)" = hello ]
 }
@@ -76,6 +77,19 @@ check "cut: the agent fails with 255" test $? = 255
 check "cut: as a connect timeout" grep -q "Connection timed out (its link is down)" err.txt
 cluster_heal mh2
 check "healed: mh1 reaches mh2 again" tcp_ok
+
+# ---- Partition: {mh1} | {mh2, mh3}; the login node reaches every host. -----------------------------------------
+cluster_partition mh1 -- mh2 mh3
+tcp_fails() { ! tcp_ok "$@"; }
+check "partition: mh1 no longer reaches mh2" tcp_fails mh1 mh2
+check "partition: nor mh2 mh1" tcp_fails mh2 mh1
+check "partition: mh3 still reaches mh2" tcp_ok mh3 mh2
+check "partition: the login node still reaches mh1" test "$(cluster_exec mh1 hostname)" = mh1
+cluster_rate mh1 2mbit
+cluster_unpartition
+check "partition healed: mh1 reaches mh2 again" tcp_ok mh1 mh2
+check "partition healed: the rate limit stays" contains "$(tc qdisc show dev "$(cat "$CLUSTER_DIR/hosts/mh1/veth")")" "tbf"
+cluster_rate mh1 off
 
 # ---- Rate limit. ---------------------------------------------------------------------------------------------
 cluster_rate mh3 2mbit
