@@ -113,16 +113,33 @@ check "kill: no sleep left on mh1" test "$(host_procs mh1 | grep -c '^sleep 60[0
 check "kill: mh1 itself is up" test "$(cluster_exec mh1 hostname)" = mh1
 
 cluster_exec mh2 "sleep 602" &
-sleep 1
-sleep_pid=$(for p in $(cluster_host_pids mh2); do ps -o pid=,args= -p "$p"; done | awk '$2 == "sleep" && $3 == 602 {print $1}')
+for i in $(seq 1 100); do
+  sleep_pid=$(for p in $(cluster_host_pids mh2); do ps -o pid=,args= -p "$p"; done | awk '$2 == "sleep" && $3 == 602 {print $1}')
+  [ -n "$sleep_pid" ] && break
+  sleep 0.1
+done
 state() { awk '/^State:/ {print $2}' "/proc/$1/status"; }
+stopped() {  # a signal is delivered asynchronously: the state follows within moments
+  for i in $(seq 1 50); do
+    [ "$(state "$1")" = T ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
 cluster_freeze mh2
-check "freeze: the process is stopped" test "$(state "$sleep_pid")" = T
+check "freeze: the process is stopped ($sleep_pid)" stopped "$sleep_pid"
 cluster_exec mh2 true 2> err.txt
 check "freeze: the agent fails with 255" test $? = 255
 check "freeze: as a frozen host" grep -q "the host is frozen" err.txt
 cluster_thaw mh2
-check "thaw: the process runs again" test "$(state "$sleep_pid")" != T
+running() {
+  for i in $(seq 1 50); do
+    [ "$(state "$1")" != T ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+check "thaw: the process runs again" running "$sleep_pid"
 check "thaw: the agent reaches mh2" test "$(cluster_exec mh2 hostname)" = mh2
 cluster_kill mh2
 wait
