@@ -33,7 +33,7 @@ shared="$CLUSTER_DIR/shared"
 mkdir -p "$shared"
 cd "$shared" || exit 1
 
-timeout_s=3
+timeout_s=5
 small=(--set train.steps=60 --set model.d_model=32 --set model.layers=2 --set model.heads=2 --set model.ffn_hidden=64
        --set moe.expert_hidden=32 --set train.seq_len=32 --set train.global_batch=8 --set train.micro_batch=2
        --set train.log_every=1 --set train.eval_every=20 --set train.eval_sequences=4 --set train.threads=1
