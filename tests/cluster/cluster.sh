@@ -35,6 +35,12 @@ cluster_login() {
     echo "cluster: the cluster tests make network namespaces and need root (they run as $(id -un))" >&2
     exit 1
   fi
+  local err
+  if ! err=$(unshare --mount --propagation private true 2>&1); then
+    echo "cluster: cannot create a mount namespace (unshare: $err); the cluster tests need root with CAP_SYS_ADMIN" \
+      "and CAP_NET_ADMIN, as CI has" >&2
+    exit 1
+  fi
   export MOE_CLUSTER_LOGIN=1
   exec unshare --mount --propagation private bash "$@"
 }

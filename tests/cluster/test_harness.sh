@@ -150,9 +150,9 @@ cluster_exec mh1 "echo again > $CLUSTER_LOCAL/again"
 check "wipe: mh1 writes to its disk again" test -f "$CLUSTER_DIR/hosts/mh1/disk/again"
 
 # ---- mpirun starts its daemons through the agent. ------------------------------------------------------------
-ranks=$(mpirun --allow-run-as-root -np 6 --hostfile "$CLUSTER_HOSTFILE" sh -c 'echo $(hostname)' 2>&1 | sort | uniq -c |
+ranks=$(mpirun --allow-run-as-root -np 6 --hostfile "$CLUSTER_HOSTFILE" sh -c 'echo $(hostname)' 2> mpirun.err | sort | uniq -c |
   awk '{print $2 "x" $1}' | paste -sd' ')
-check "mpirun puts 2 ranks on each host ($ranks)" test "$ranks" = "mh1x2 mh2x2 mh3x2"
+check "mpirun puts 2 ranks on each host ($ranks; $(cat mpirun.err))" test "$ranks" = "mh1x2 mh2x2 mh3x2"
 
 # ---- Cleanup: a test that fails, and one killed with SIGKILL, leave nothing behind. -------------------------
 child="$CLUSTER_DIR/child.sh"
@@ -189,6 +189,19 @@ kill -KILL "$killed"
 wait "$killed" 2> /dev/null
 for i in $(seq 1 100); do left_behind "${made[@]}" && sleep 0.1 || break; done
 check "a test killed with SIGKILL leaves nothing behind (the reaper)" nothing_left "${made[@]}"
+
+# ---- Without the rights to make namespaces, a test fails saying why. ----------------------------------------------
+# (the cluster's directory is root's alone: the unprivileged test is given on the command line)
+env -u MOE_CLUSTER_LOGIN -u MOE_CLUSTER_DIR setpriv --reuid 65534 --regid 65534 --clear-groups \
+  bash -c 'cd /; source "$1/cluster.sh"; cluster_login "$0"; cluster_up 2' "$0" "$CLUSTER_SOURCE_DIR" > /dev/null 2> err.txt
+rc=$?
+check "not root: exit 1 (got $rc)" test $rc = 1
+check "not root: says so ($(cat err.txt))" grep -q "need root" err.txt
+env -u MOE_CLUSTER_LOGIN -u MOE_CLUSTER_DIR setpriv --bounding-set -sys_admin,-net_admin \
+  bash "$child" /dev/null fail > /dev/null 2> err.txt
+rc=$?
+check "root without CAP_SYS_ADMIN: exit 1 (got $rc)" test $rc = 1
+check "root without CAP_SYS_ADMIN: says why ($(cat err.txt))" grep -q "cannot create a mount namespace.*CAP_SYS_ADMIN" err.txt
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
