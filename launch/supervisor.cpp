@@ -32,6 +32,7 @@
 #include "launch/job_processes.h"
 #include "launch/run_dir.h"
 #include "launch/run_lock.h"
+#include "launch/slurm_hosts.h"
 #include "parallel/rank_grid.h"
 
 extern char** environ;
@@ -199,6 +200,7 @@ struct Launch {
   Events events;
   ProbeSpec probe;            // of the hostfile's hosts before every start
   bool remote_hosts = false;  // the hostfile names hosts other than this machine
+  std::string hostfile;       // --hostfile, or RUN_DIR/hostfile.slurm inside a Slurm allocation
   std::string rank_host = host_name();
 };
 
@@ -487,7 +489,7 @@ bool start_on_healthy_hosts(Launch& l, HostPool* pool, int64_t* np, std::string*
 int supervise(Launch& l, RunLock& lock) {
   const LaunchOptions& o = l.options;
   int64_t np = o.np, restarts = 0;
-  std::string hostfile = o.hostfile;
+  std::string hostfile = l.hostfile;
   HostPool pool;  // the job's hosts and the spares
   if (!hostfile.empty()) pool = split_hosts(read_hostfile(hostfile), np);
   std::map<std::string, int64_t> failures_by_host;
@@ -547,6 +549,23 @@ ProbeSpec probe_spec(const LaunchOptions& o, const Config& config, const std::st
   return {rsh_agent_command(o.mpirun_args, timeout), self, disk.string(), kMinFreeBytes, timeout};
 }
 
+std::map<std::string, std::string> environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string entry(*e);
+    const size_t eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  return env;
+}
+
+std::string write_hostfile(const fs::path& path, const std::vector<HostSlots>& hosts) {
+  std::ofstream out(path, std::ios::trunc);
+  for (const HostSlots& h : hosts) out << h.name << " slots=" << h.slots << "\n";
+  if (!out) MOE_FAIL("cannot write " << path.string());
+  return path.string();
+}
+
 std::string joined(const std::vector<std::string>& words) {
   std::string out;
   for (const std::string& w : words) out += (out.empty() ? "" : " ") + w;
@@ -563,11 +582,16 @@ int run_launch(const LaunchOptions& o) {
   if (o.np < 1) MOE_BAD_INPUT("--np: expected a whole number of ranks >= 1, got " << o.np);
   if (!(o.term_grace_s >= 0) || !std::isfinite(o.term_grace_s))
     MOE_BAD_INPUT("--term-grace-s: expected seconds >= 0, got " << o.term_grace_s);
+  std::vector<HostSlots> hosts;
+  if (!o.hostfile.empty()) hosts = read_hostfile(o.hostfile);
+  // Inside a Slurm allocation without --hostfile: the allocation's hosts (launch/slurm_hosts.h).
+  const auto slurm = o.hostfile.empty() ? slurm_hosts(environment()) : std::nullopt;
+  if (slurm) hosts = *slurm;
   std::vector<std::string> host_names;
-  if (!o.hostfile.empty())
-    for (const HostSlots& h : read_hostfile(o.hostfile)) host_names.push_back(h.name);
+  for (const HostSlots& h : hosts) host_names.push_back(h.name);
   check_launch_layout(config, o.np);
-  const std::string listen = choose_listen_address(config.fault.listen, host_names, o.hostfile);
+  const std::string listen =
+      choose_listen_address(config.fault.listen, host_names, slurm ? "(Slurm's SLURM_JOB_NODELIST)" : o.hostfile);
   const std::string run_dir = o.run_dir.empty() ? "runs/" + fs::path(o.config_path).stem().string() : o.run_dir;
   Launch l(o, config, run_dir);
   open_listener(listen, &l.listener);
@@ -584,6 +608,8 @@ int run_launch(const LaunchOptions& o) {
   // The lock comes last, just before the first write: a launch refused above leaves nothing behind.
   RunLock lock = RunLock::acquire(run_dir, o.command_line.empty() ? "" : joined(o.command_line));
   l.lock_token = lock.token();
+  l.hostfile = o.hostfile;
+  if (slurm) l.hostfile = write_hostfile(fs::path(run_dir) / "hostfile.slurm", *slurm);
   l.lock_fd = lock.descriptor();
   try {
     return supervise(l, lock);

@@ -3,7 +3,8 @@
 # hosts reach this machine (fault.listen "auto": the route's source address, or an address given), the ranks on
 # the hosts are heard, and the run finishes with exit 0 and no restart, with the losses of the same launch on one
 # host. Refused before anything starts (exit 2, the key or file named, no run directory made): a loopback
-# fault.listen with remote hosts, a host that does not resolve.
+# fault.listen with remote hosts, a host that does not resolve. Inside a Slurm allocation without --hostfile, the
+# allocation's hosts (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE) are used.
 #
 # Usage: test_launch_hosts.sh MOE_BINARY SOURCE_DIR (as root)
 set -u
@@ -87,6 +88,19 @@ check "2 hosts: 6 steps and 2 evaluations logged" test "$(losses hosts | wc -l)"
 launch explicit --hostfile "$CLUSTER_HOSTFILE" --set fault.listen="$CLUSTER_LOGIN_ADDRESS" --set train.steps=3
 check "fault.listen given: exit 0 (got $rc; $(tail -3 explicit.err))" test "$rc" = 0
 check "fault.listen given: bound there" contains "$(field explicit start listen)" "$CLUSTER_LOGIN_ADDRESS:"
+
+# ---- Inside a Slurm allocation, without --hostfile: the allocation's hosts. (Only the node list and the tasks per
+# node are set: without SLURM_JOB_ID OpenMPI itself does not look for srun, which this machine does not have.)
+SLURM_JOB_NODELIST="mh[1-2]" SLURM_TASKS_PER_NODE="2(x2)" launch slurm --set train.steps=3
+check "slurm: exit 0 (got $rc; $(tail -3 slurm.err))" test "$rc" = 0
+check "slurm: the allocation's hosts as the hostfile" test "$(field slurm start hostfile)" = "$shared/slurm/hostfile.slurm"
+check "slurm: mh1 and mh2, 2 slots each" test "$(cat slurm/hostfile.slurm | tr '\n' ' ')" = "mh1 slots=2 mh2 slots=2 "
+check "slurm: heard the ranks of both hosts" test "$(field slurm finished hosts_heard)" = "['mh1', 'mh2']"
+check "slurm: the listener on the address the hosts reach" contains "$(field slurm start listen)" "$CLUSTER_LOGIN_ADDRESS:"
+SLURM_JOB_NODELIST="mh[1-2" launch slurm_bad --set train.steps=3
+check "slurm: a malformed node list is refused (exit 2, got $rc)" test "$rc" = 2
+check "slurm: naming the variable" grep -q "SLURM_JOB_NODELIST" slurm_bad.err
+check "slurm: no run directory" test ! -e "$shared/slurm_bad"
 
 # ---- Refused before anything starts. -------------------------------------------------------------------------
 # refused NAME NEEDLE... : the last launch exited 2, named every needle, made no run directory.
