@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "core/error.h"
 #include "launch/config.h"
@@ -32,6 +33,30 @@ bool shrink_without(HostPool* pool, int64_t* np, const std::string& host, const 
   return false;
 }
 
+// A partition: hosts that passed the probe but do not reach each other. While two such hosts remain, the one that
+// reaches the fewest others (the later one in `names`' order on a tie: the job's first hosts are kept) is lost.
+void leave_out_partitioned(const std::vector<HostProbe>& probes, const std::vector<std::string>& names,
+                           std::map<std::string, std::string>* lost) {
+  std::map<std::string, std::set<std::string>> cut;  // both directions
+  for (const HostProbe& p : probes)
+    for (const std::string& peer : p.unreachable_peers)
+      if (p.ok && !lost->count(p.host) && !lost->count(peer)) cut[p.host].insert(peer), cut[peer].insert(p.host);
+  for (;;) {
+    std::string worst;
+    for (const std::string& h : names)
+      if (cut.count(h) && !cut[h].empty() && (worst.empty() || cut[h].size() >= cut[worst].size())) worst = h;
+    if (worst.empty()) return;
+    std::string peers;
+    for (const std::string& peer : cut[worst]) peers += (peers.empty() ? "" : ", ") + peer;
+    std::string errors;
+    for (const HostProbe& p : probes)
+      if (p.host == worst && !p.peer_errors.empty()) errors = ": " + p.peer_errors;
+    (*lost)[worst] = "cannot reach " + peers + " (a partition between the hosts" + errors + ")";
+    for (const std::string& peer : cut[worst]) cut[peer].erase(worst);
+    cut.erase(worst);
+  }
+}
+
 }  // namespace
 
 PoolCheck check_pool(HostPool* pool, int64_t* np, const ProbeSpec& spec, const Config& config, int64_t attempt) {
@@ -44,14 +69,17 @@ PoolCheck check_pool(HostPool* pool, int64_t* np, const ProbeSpec& spec, const C
   double longest = 0;
   for (const HostProbe& p : probes) {
     longest = std::max(longest, p.seconds);
-    if (p.ok) continue;
-    lost[p.host] = p.reason;
+    if (!p.ok) lost[p.host] = p.reason;
+  }
+  leave_out_partitioned(probes, names, &lost);
+  for (const HostProbe& p : probes) {
+    if (!lost.count(p.host)) continue;
     const bool active =
         std::any_of(pool->active.begin(), pool->active.end(), [&](const HostSlots& h) { return h.name == p.host; });
     check.events.push_back({{"event", "host_lost"},
                             {"host", p.host},
                             {"role", active ? "job" : "spare"},
-                            {"reason", p.reason},
+                            {"reason", lost[p.host]},
                             {"probe_s", p.seconds},
                             {"attempt", attempt}});
   }

@@ -7,8 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -40,11 +42,27 @@ std::string shell_quoted(const std::string& text) {
 
 // What runs on the host: the program's check, then the free space (df's available 1K blocks) of the nearest
 // existing directory of `disk`. The markers keep the answer apart from anything a login prints.
-std::string probe_command(const ProbeSpec& spec) {
+// Then, with bash (its /dev/tcp), a connection to each peer at once: connected or refused is reached; a timeout or
+// no route is not, twice in a row (a single failure right after a link came up is not a partition). The last
+// error comes back with the peer's name.
+std::string peers_command(const ProbeSpec& spec, const std::vector<std::string>& peers) {
+  if (!spec.check_peers || peers.empty()) return "";
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.2f", std::max(0.01, spec.timeout_s / 6));
+  std::string list;
+  for (const std::string& p : peers) list += " " + shell_quoted(p);
+  return " if command -v bash >/dev/null; then for h in" + list + "; do ( for try in 1 2; do r=$(timeout " +
+         std::string(seconds) +
+         " bash -c \"exec 3<>/dev/tcp/$h/22\" 2>&1); c=$?; case \"$c $r\" in 0\\ *|*refused*) exit 0;; esac; done; "
+         "echo MOE_PROBE_UNREACHABLE \"$h\" \"(exit $c: $(echo $r | tail -c 120))\" ) & done; wait; fi;";
+}
+
+std::string probe_command(const ProbeSpec& spec, const std::vector<std::string>& peers) {
   return "p=" + shell_quoted(spec.program) + "; d=" + shell_quoted(spec.disk) +
          "; if [ ! -x \"$p\" ] || [ -d \"$p\" ]; then echo MOE_PROBE_NO_PROGRAM; exit 3; fi; "
          "while [ ! -d \"$d\" ]; do d=$(dirname \"$d\"); done; "
-         "echo MOE_PROBE_FREE_KB $(df -Pk \"$d\" | tail -n 1 | awk '{print $4}') \"$d\"";
+         "echo MOE_PROBE_FREE_KB $(df -Pk \"$d\" | tail -n 1 | awk '{print $4}') \"$d\";" +
+         peers_command(spec, peers);
 }
 
 struct Running {
@@ -92,16 +110,23 @@ void judge(const ProbeSpec& spec, const Running& r, HostProbe* probe) {
   } else {
     probe->ok = true;
   }
+  std::istringstream lines(r.text);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("MOE_PROBE_UNREACHABLE ", 0) == 0) {
+      const std::string rest = line.substr(22);
+      probe->unreachable_peers.push_back(rest.substr(0, rest.find(' ')));
+      probe->peer_errors += (probe->peer_errors.empty() ? "" : "; ") + rest;
+    }
 }
 
-Running start_probe(const std::string& host, const ProbeSpec& spec) {
+Running start_probe(const std::string& host, const std::vector<std::string>& peers, const ProbeSpec& spec) {
   std::vector<std::string> args;
   if (host_is_local(host)) {
-    args = {"sh", "-c", probe_command(spec)};
+    args = {"sh", "-c", probe_command(spec, peers)};
   } else {
     args = spec.agent;
     args.push_back(host);
-    args.push_back(probe_command(spec));
+    args.push_back(probe_command(spec, peers));
   }
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);
@@ -155,7 +180,10 @@ std::vector<HostProbe> probe_hosts(const std::vector<std::string>& hosts, const 
   std::vector<HostProbe> probes(hosts.size());
   for (size_t i = 0; i < hosts.size(); ++i) {
     probes[i].host = hosts[i];
-    running.push_back(start_probe(hosts[i], spec));
+    std::vector<std::string> peers;
+    for (const std::string& h : hosts)
+      if (h != hosts[i]) peers.push_back(h);
+    running.push_back(start_probe(hosts[i], peers, spec));
   }
   for (;;) {
     bool all_done = true;

@@ -17,6 +17,9 @@ struct ProbeSpec {
   std::string disk;                // a directory (or, when it does not exist yet, its nearest existing parent)
   int64_t min_free_bytes = 0;      // on the file system of `disk`, on every host
   double timeout_s = 10;           // for all hosts together: a host not done by then fails
+  // Each host also tries a TCP connection to every other probed host (port 22, ssh's; a refusal counts as reached,
+  // since it came back), twice within a third of timeout_s, so that a partition between hosts is seen.
+  bool check_peers = true;
 };
 
 struct HostProbe {
@@ -24,6 +27,8 @@ struct HostProbe {
   bool ok = false;
   std::string reason;  // why it failed: unreachable, no answer within the time, program missing, disk full
   double seconds = 0;
+  std::vector<std::string> unreachable_peers;  // probed hosts this one could not reach (it may be fine itself)
+  std::string peer_errors;                     // what the connections to them said
 };
 
 // mpirun's remote shell, as OpenMPI chooses it: `--mca plm_rsh_agent X` among `mpirun_args`, else the
@@ -32,6 +37,7 @@ struct HostProbe {
 std::vector<std::string> rsh_agent_command(const std::vector<std::string>& mpirun_args, double timeout_s);
 
 // Probes every host at once; a host that is this machine (launch/hosts.h) is probed without the remote shell.
+// Each host's peers are the other hosts of `hosts`.
 std::vector<HostProbe> probe_hosts(const std::vector<std::string>& hosts, const ProbeSpec& spec);
 
 }  // namespace moe

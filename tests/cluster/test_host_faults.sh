@@ -4,7 +4,9 @@
 # - every process of mh2 killed: a failure on mh2, but mh2 passes the probe, so it is kept (no spare used);
 # - mh2 frozen: a hang on mh2, mh2 fails the probe ("frozen"), mh3 takes its place;
 # - node-local checkpoints (checkpoint.node_local, on each host's own disk, with peer copies) and mh2 cut off: mh3
-#   takes its place with an empty disk; what lived only on mh2's disk comes from the peer copies on mh1.
+#   takes its place with an empty disk; what lived only on mh2's disk comes from the peer copies on mh1;
+# - a partition, {mh1} | {mh2, mh3}, every host still reaching this machine: the probe's connections between the
+#   hosts find it, mh1 (reaching no other host) is left out and mh3 takes its place.
 # Prints what each recovery took.
 #
 # Usage: test_host_faults.sh MOE_BINARY SOURCE_DIR (as root)
@@ -59,6 +61,12 @@ for line in open(sys.argv[1]):
 ' "$shared/$1/metrics.jsonl"
 }
 logged() { cat "$shared/$1/metrics.jsonl" 2> /dev/null | wc -l; }
+same_losses() {  # same_losses NAME: NAME's losses are the reference's; else what differs, and NAME's events
+  [ "$(losses "$1")" = "$(losses reference)" ] && return 0
+  diff <(losses reference) <(losses "$1") | head -8
+  cut -c1-300 "$shared/$1/events.log"
+  return 1
+}
 
 # faulted NAME FAULT [LAUNCH_ARGS...]: moe launch across the hosts; FAULT (a command) once 12 steps are logged;
 # the exit code in $rc.
@@ -91,7 +99,7 @@ check "killed: a failure on mh2" contains "$(events_of killed crash host)$(event
 check "killed: mh2 passed the probe, nothing lost" test "$(events_of killed host_lost host | wc -l)" = 0
 check "killed: finished on mh1 and mh2 after 1 restart" \
   test "$(events_of killed finished restarts hosts_heard)" = '{"hosts_heard": ["mh1", "mh2"], "restarts": 1}'
-check "killed: the losses of the uninterrupted run, bit for bit" test "$(losses killed)" = "$(losses reference)"
+check "killed: the losses of the uninterrupted run, bit for bit" same_losses killed
 
 # ---- mh2 frozen: left out, mh3 takes its place. ---------------------------------------------------------------
 faulted frozen "cluster_freeze mh2"
@@ -101,7 +109,7 @@ check "frozen: mh2 lost as frozen" contains "$(events_of frozen host_lost host r
 check "frozen: mh3 took mh2's place" test "$(events_of frozen host_replaced host by)" = '{"by": "mh3", "host": "mh2"}'
 check "frozen: finished on mh1 and mh3 after 1 restart" \
   test "$(events_of frozen finished restarts hosts_heard)" = '{"hosts_heard": ["mh1", "mh3"], "restarts": 1}'
-check "frozen: the losses of the uninterrupted run, bit for bit" test "$(losses frozen)" = "$(losses reference)"
+check "frozen: the losses of the uninterrupted run, bit for bit" same_losses frozen
 cluster_thaw mh2
 cluster_kill mh2  # what was frozen: its connections are gone
 
@@ -121,8 +129,22 @@ check "node-local: the restart leaves the checkpoint to the ranks (none seen fro
   contains "$(events_of node_local restart resume_step resume_note)" "the ranks choose"
 check "node-local: resumed after step 0" python3 -c "import json, sys; sys.exit(not json.loads(sys.argv[1])['step'] > 5)" \
   "$(events_of node_local training attempt step | tail -n 1)"
-check "node-local: the losses of the uninterrupted run, bit for bit" test "$(losses node_local)" = "$(losses reference)"
+check "node-local: the losses of the uninterrupted run, bit for bit" same_losses node_local
 cluster_heal mh2
+cluster_kill mh2  # the ranks it ran when cut off, left to spin by the supervisor as on a real cluster: a reboot
+
+# ---- A partition between the hosts: mh1 on one side, mh2 and mh3 on the other. ----------------------------------
+# (checkpoint_timeout_s too: a checkpoint's collectives wait under that phase's timeout)
+faulted partition "cluster_partition mh1 -- mh2 mh3" --set fault.step_timeout_s=5 --set fault.checkpoint_timeout_s=10
+check "partition: exit 0 ($(tail -3 partition.err))" test $rc = 0
+lost=$(events_of partition host_lost host reason)
+check "partition: mh1 alone lost ($lost)" test "$(events_of partition host_lost host)" = '{"host": "mh1"}'
+check "partition: as cut off from mh2 and mh3" contains "$lost" "cannot reach mh2, mh3 (a partition between the hosts"
+check "partition: mh3 took mh1's place" test "$(events_of partition host_replaced host by)" = '{"by": "mh3", "host": "mh1"}'
+check "partition: finished on mh2 and mh3 after 1 restart" \
+  test "$(events_of partition finished restarts hosts_heard)" = '{"hosts_heard": ["mh2", "mh3"], "restarts": 1}'
+check "partition: the losses of the uninterrupted run, bit for bit" same_losses partition
+cluster_unpartition
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

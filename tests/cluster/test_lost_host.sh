@@ -117,6 +117,7 @@ echo "[ figures ] link cut: detected in $detect_s s (heartbeat timeout $timeout_
 on_mh2=$(for p in $(cluster_host_pids mh2); do ps -o args= -p "$p"; done | grep -c "bin/moe train")
 check "cut: the cut host's ranks were left to mpirun, not killed by the supervisor ($on_mh2)" test "$on_mh2" -gt 0
 cluster_heal mh2
+cluster_kill mh2  # those ranks: a reboot
 
 # ---- A frozen host before the start: left out before anything starts. -----------------------------------------
 cluster_freeze mh1
