@@ -313,6 +313,9 @@ std::vector<KeySpec> fault_keys() {
       number("fault.probe_timeout_s", 15.0, above(0),
              "with --hostfile: before every start and restart each host is probed (reachable, starts a process, has "
              "the program and disk space) within this many seconds; a host that fails is left out"),
+      boolean("fault.probe_peers", true,
+              "the probe also has each host open a TCP connection to every other (port 22, ssh's; refused counts as "
+              "reached), so that a partition between hosts is found; off where that port is silently dropped"),
       faults("fault.inject",
              "faults to inject for tests and demonstrations: a list of {\"kind\": kill|hang|stop|exception|"
              "corrupt_checkpoint, \"rank\": int, \"step\": int}; each fires once in a run's life"),

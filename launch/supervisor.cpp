@@ -546,7 +546,8 @@ ProbeSpec probe_spec(const LaunchOptions& o, const Config& config, const std::st
   const std::string ckpt = config.checkpoint.dir.substr(0, config.checkpoint.dir.find("{node}"));
   const fs::path disk = fs::path(ckpt).is_absolute() ? fs::path(ckpt) : fs::absolute(run_dir);
   const double timeout = config.fault.probe_timeout_s;
-  return {rsh_agent_command(o.mpirun_args, timeout), self, disk.string(), kMinFreeBytes, timeout};
+  return {
+      rsh_agent_command(o.mpirun_args, timeout), self, disk.string(), kMinFreeBytes, timeout, config.fault.probe_peers};
 }
 
 std::map<std::string, std::string> environment() {
