@@ -1,7 +1,8 @@
 // The job's hosts and its spares (launch/host_pool.h) and probing hosts (launch/host_probe.h): which hosts --np fills
 // and which are spares; a lost host's place taken by the first spare with enough slots, at its position and slot
 // count; lost spares dropped; no spare named. Probes through a stand-in remote shell: a healthy host, a program
-// missing, a full disk, a shell that fails (as ssh to a host cut off) and one that never answers (bounded time);
+// missing, a full disk, a shell that fails (as ssh to a host cut off) and one that never answers (bounded time),
+// hosts that do not reach each other (fault.probe_peers);
 // mpirun's remote shell found as OpenMPI finds it.
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -77,6 +78,19 @@ TEST(HostProbe, AHealthyHostPasses) {
   const auto probes = probe_hosts({kRemote, "localhost"}, spec_with(kHere));
   ASSERT_EQ(probes.size(), 2u);
   for (const HostProbe& p : probes) EXPECT_TRUE(p.ok) << p.host << ": " << p.reason;
+}
+
+TEST(HostProbe, HostsThatDoNotReachEachOtherAreNamedUnlessPeersAreOff) {
+  // This machine cannot reach TEST-NET-1 (no answer, or no route): its probe names it; the stand-in remote host
+  // reaches this machine (a refusal on port 22 is an answer).
+  ProbeSpec spec = spec_with(kHere);
+  spec.timeout_s = 3;
+  auto probes = probe_hosts({kRemote, "localhost"}, spec);
+  EXPECT_TRUE(probes[1].ok) << probes[1].reason;
+  EXPECT_EQ(probes[1].unreachable_peers, (std::vector<std::string>{kRemote})) << probes[1].peer_errors;
+  spec.check_peers = false;
+  probes = probe_hosts({kRemote, "localhost"}, spec);
+  EXPECT_TRUE(probes[1].unreachable_peers.empty());
 }
 
 TEST(HostProbe, AMissingProgramAndAFullDiskAreNamed) {
