@@ -22,11 +22,12 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 # the same OpenMP runtime as the rest of the code; chromium (headless) is the browser the report's test opens
 # `moe report`'s pages in; python3-h5py is what a test reads checkpoints with, as a user without this program
 # would (docs/checkpoint.md); libprotobuf-dev, protobuf-compiler and libboost-dev (Boost.CRC) write TensorBoard's
-# event files, and python3-venv makes the environment their test installs TensorBoard into (docs/design.md
-# "Dependencies").
+# event files, and python3-venv makes the environment their test installs TensorBoard into; iproute2 makes the
+# simulated hosts of tests/cluster (network namespaces, a bridge, tc) (docs/design.md "Dependencies").
 DEBIAN_PACKAGES := build-essential cmake libcli11-dev nlohmann-json3-dev libgtest-dev libopenblas-dev \
                    libopenblas-openmp-dev libxxhash-dev zlib1g-dev libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools \
-                   clang-format chromium python3-h5py libprotobuf-dev protobuf-compiler libboost-dev python3-venv
+                   clang-format chromium python3-h5py libprotobuf-dev protobuf-compiler libboost-dev python3-venv \
+                   iproute2
 
 .PHONY: all deps configure build train test test-sanitize bench ablate clean
 

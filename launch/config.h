@@ -142,6 +142,8 @@ struct FaultConfig {
   bool shrink = false;
   double term_grace_s = 30;  // after SIGTERM/SIGINT: time a final checkpoint may take
   std::string listen;
+  double probe_timeout_s = 15;  // with --hostfile: every host probed within this before each start
+  bool probe_peers = true;      // the probe also checks that the hosts reach each other
   std::vector<FaultInjection> inject;
 };
 

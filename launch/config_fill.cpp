@@ -172,6 +172,8 @@ void fill_fault(FieldReader& r, Config& c) {
   c.fault.shrink = r.boolean("fault.shrink");
   c.fault.term_grace_s = r.number("fault.term_grace_s");
   c.fault.listen = r.string("fault.listen");
+  c.fault.probe_timeout_s = r.number("fault.probe_timeout_s");
+  c.fault.probe_peers = r.boolean("fault.probe_peers");
   for (const json& f : r.at("fault.inject"))
     c.fault.inject.push_back({f["kind"].get<std::string>(), f["rank"].get<int64_t>(), f["step"].get<int64_t>()});
 }

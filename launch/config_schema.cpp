@@ -307,7 +307,15 @@ std::vector<KeySpec> fault_keys() {
              "after SIGTERM or SIGINT the step in progress finishes and a checkpoint of it is written when the "
              "last save took less than this many seconds (0: never); then the run exits 143 (SIGTERM), 130 (SIGINT) or "
              "138 (SIGUSR1)"),
-      string("fault.listen", "127.0.0.1", "address the supervisor's heartbeat listener binds to (loopback by default)"),
+      string("fault.listen", "auto",
+             "address the supervisor's heartbeat listener binds to; \"auto\": loopback without remote hosts, else the "
+             "address of this machine that the route to the --hostfile hosts leaves from"),
+      number("fault.probe_timeout_s", 15.0, above(0),
+             "with --hostfile: before every start and restart each host is probed (reachable, starts a process, has "
+             "the program and disk space) within this many seconds; a host that fails is left out"),
+      boolean("fault.probe_peers", true,
+              "the probe also has each host open a TCP connection to every other (port 22, ssh's; refused counts as "
+              "reached), so that a partition between hosts is found; off where that port is silently dropped"),
       faults("fault.inject",
              "faults to inject for tests and demonstrations: a list of {\"kind\": kill|hang|stop|exception|"
              "corrupt_checkpoint, \"rank\": int, \"step\": int}; each fires once in a run's life"),

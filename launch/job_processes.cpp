@@ -155,8 +155,15 @@ std::vector<JobProcesses::Proc> JobProcesses::scan() const {
       if (descendants.insert(it->second).second) todo.push_back(it->second);
   }
   std::vector<Proc> out;
+  std::error_code ns_ec;
+  const fs::path own_network = fs::read_symlink("/proc/self/ns/net", ns_ec);
   for (const auto& [pid, st] : all) {
     if (st.zombie || pid == ::getpid()) continue;
+    // A process in another network namespace is on another host (tests/cluster makes hosts so): mpirun's to end,
+    // as on a real cluster, where it would not even be visible here.
+    std::error_code its_ec;
+    const fs::path network = fs::read_symlink("/proc/" + std::to_string(pid) + "/ns/net", its_ec);
+    if (!ns_ec && !its_ec && network != own_network) continue;
     const std::string environ = read_all("/proc/" + std::to_string(pid) + "/environ");
     if (!descendants.count(pid) && !environ_has(environ, secret_entry_, false)) continue;
     std::error_code exe_ec;

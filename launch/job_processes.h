@@ -3,11 +3,11 @@
 // ranks still starting have sent no heartbeat. A process belongs to the job when it descends from the
 // supervisor (which makes itself its descendants' subreaper, so orphans stay descendants) or carries the
 // job's heartbeat secret in its environment. The ranks among them (SIGTERM is forwarded to these) run
-// this program, carry OMPI_COMM_WORLD_RANK, or were heard by heartbeat. Processes on other hosts are
-// mpirun's to end. Children die with their supervisor: spawn_tied gives a child a parent-death signal (and
-// hands it the run lock's descriptor, so the lock lives as long as the job), and a rank started under a
-// supervisor dies with its mpirun (die_with_parent). Not here: deciding when to end a job
-// (launch/supervisor.cpp).
+// this program, carry OMPI_COMM_WORLD_RANK, or were heard by heartbeat. Processes on other hosts (here: in
+// another network namespace, as the test cluster's hosts are) are mpirun's to end. Children die with their supervisor:
+// spawn_tied gives a child a parent-death signal (and hands it the run lock's descriptor, so the lock lives as long as
+// the job), and a rank started under a supervisor dies with its mpirun (die_with_parent). Not here: deciding when to
+// end a job (launch/supervisor.cpp).
 #pragma once
 
 #include <signal.h>

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -26,9 +27,12 @@
 #include "core/host.h"
 #include "launch/config.h"
 #include "launch/heartbeat.h"
+#include "launch/host_check.h"
+#include "launch/hosts.h"
 #include "launch/job_processes.h"
 #include "launch/run_dir.h"
 #include "launch/run_lock.h"
+#include "launch/slurm_hosts.h"
 #include "parallel/rank_grid.h"
 
 extern char** environ;
@@ -167,20 +171,21 @@ struct Listener {
   }
 };
 
-// The heartbeat listener: loopback (or fault.listen), an ephemeral port.
-void open_listener(const FaultConfig& fault, Listener* listener) {
+// The heartbeat listener at `address` (fault.listen, or where the hosts reach this machine: launch/hosts.h), an
+// ephemeral port.
+void open_listener(const std::string& address, Listener* listener) {
   listener->sock = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (listener->sock < 0) MOE_FAIL("cannot open the heartbeat socket: " << std::strerror(errno));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  if (inet_pton(AF_INET, fault.listen.c_str(), &addr.sin_addr) != 1)
-    MOE_BAD_INPUT("fault.listen = \"" << fault.listen << "\": expected an IPv4 address such as 127.0.0.1");
+  if (inet_pton(AF_INET, address.c_str(), &addr.sin_addr) != 1)
+    MOE_BAD_INPUT("fault.listen = \"" << address << "\": expected \"auto\" or an IPv4 address such as 127.0.0.1");
   if (::bind(listener->sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
-    MOE_BAD_INPUT("fault.listen = \"" << fault.listen << "\": cannot bind the heartbeat listener there ("
+    MOE_BAD_INPUT("fault.listen = \"" << address << "\": cannot bind the heartbeat listener there ("
                                       << std::strerror(errno) << ")");
   socklen_t len = sizeof addr;
   ::getsockname(listener->sock, reinterpret_cast<sockaddr*>(&addr), &len);
-  listener->addr = fault.listen + ":" + std::to_string(ntohs(addr.sin_port));
+  listener->addr = address + ":" + std::to_string(ntohs(addr.sin_port));
 }
 
 // What every attempt shares.
@@ -193,6 +198,9 @@ struct Launch {
   int lock_fd = -1;  // handed to mpirun (launch/run_lock.h)
   Listener listener;
   Events events;
+  ProbeSpec probe;            // of the hostfile's hosts before every start
+  bool remote_hosts = false;  // the hostfile names hosts other than this machine
+  std::string hostfile;       // --hostfile, or RUN_DIR/hostfile.slurm inside a Slurm allocation
   std::string rank_host = host_name();
 };
 
@@ -210,7 +218,13 @@ struct Attempt {
 pid_t spawn_job(Launch& l, int64_t attempt, int64_t np, const std::string& hostfile) {
   const LaunchOptions& o = l.options;
   std::vector<std::string> args = {o.mpirun, "-np", std::to_string(np)};
-  if (!hostfile.empty()) args.insert(args.end(), {"--hostfile", hostfile});
+  // Ranks on other hosts get only what mpirun passes (ssh gives their daemons a login's environment).
+  if (!hostfile.empty()) {
+    args.insert(args.end(), {"--hostfile", hostfile});
+    for (const char* name :
+         {"MOE_HEARTBEAT_ADDR", "MOE_HEARTBEAT_SECRET", "MOE_LAUNCH_ATTEMPT", RunLock::kTokenVariable})
+      args.insert(args.end(), {"-x", name});
+  }
   args.insert(args.end(), o.mpirun_args.begin(), o.mpirun_args.end());
   if (::geteuid() == 0 && std::find(args.begin(), args.end(), "--allow-run-as-root") == args.end())
     args.push_back("--allow-run-as-root");
@@ -384,6 +398,13 @@ int stop_on_signal(Launch& l, JobProcesses* job, const json& where) {
 
 namespace {
 
+// The backoff before a restart, cut short by a signal; true (the restart goes ahead).
+bool sleep_backoff(double backoff) {
+  for (const double until = now_s() + backoff; now_s() < until && !g_signals;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return true;
+}
+
 // Between attempts: counts the restart, gives up past fault.max_restarts (false), shrinks the job when a
 // host failed twice, logs what the restart resumes from and sleeps the backoff (cut short by a signal).
 bool prepare_restart(Launch& l, const json& failure, int64_t* restarts, int64_t* np, std::string* hostfile,
@@ -415,23 +436,52 @@ bool prepare_restart(Launch& l, const json& failure, int64_t* restarts, int64_t*
     }
   }
   std::vector<std::string> notes;
+  const double backoff = std::min(60.0, fault.restart_backoff_s * std::pow(2.0, double(*restarts - 1)));
+  json restart = {{"event", "restart"}, {"restart", *restarts}, {"of", fault.max_restarts}, {"backoff_s", backoff}};
+  if (l.config.checkpoint.node_local && l.remote_hosts) {
+    // The hosts' own disks cannot be seen from here: the ranks choose (the first training event has the step).
+    restart.update(
+        {{"resume_from", nullptr},
+         {"resume_step", nullptr},
+         {"steps_lost", nullptr},
+         {"resume_note", "checkpoint.node_local on other hosts: the ranks choose from what their disks hold"}});
+    l.events.add(restart);
+    return sleep_backoff(backoff);
+  }
   // What the restart will most likely resume from, for the log (with node-local roots: host 0's view).
   std::string ckpt_dir = l.config.checkpoint.dir;
   for (size_t at; (at = ckpt_dir.find("{node}")) != std::string::npos;) ckpt_dir.replace(at, 6, "0");
   const auto newest = ckpt::find_newest((fs::path(l.run_dir) / ckpt_dir).string(), l.config.checkpoint.replicas, &notes,
                                         nullptr, recorded_run_id(l.run_dir));
   const int64_t resume_step = newest ? newest->chain.back().step : 0;
-  const double backoff = std::min(60.0, fault.restart_backoff_s * std::pow(2.0, double(*restarts - 1)));
-  l.events.add({{"event", "restart"},
-                {"restart", *restarts},
-                {"of", fault.max_restarts},
-                {"resume_from", newest ? json(newest->dir) : json(nullptr)},
-                {"resume_step", resume_step},
-                {"steps_lost", std::max<int64_t>(0, failure.value("max_step", int64_t(0)) - resume_step)},
-                {"backoff_s", backoff},
-                {"checkpoint_notes", notes}});
-  for (const double until = now_s() + backoff; now_s() < until && !g_signals;)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  restart.update({{"resume_from", newest ? json(newest->dir) : json(nullptr)},
+                  {"resume_step", resume_step},
+                  {"steps_lost", std::max<int64_t>(0, failure.value("max_step", int64_t(0)) - resume_step)},
+                  {"checkpoint_notes", notes}});
+  l.events.add(restart);
+  return sleep_backoff(backoff);
+}
+
+// With --hostfile, before every start: the hosts probed, the lost ones left out and replaced (launch/host_check.h),
+// and a new hostfile when the job's hosts changed. False when a lost host cannot be replaced (the job gives up).
+bool start_on_healthy_hosts(Launch& l, HostPool* pool, int64_t* np, std::string* hostfile, int64_t attempt) {
+  const PoolCheck check = check_pool(pool, np, l.probe, l.config, attempt);
+  for (const json& e : check.events) l.events.add(e);
+  if (!check.give_up.empty()) {
+    l.events.open();
+    l.events.add({{"event", "gave_up"}, {"reason", check.give_up}});
+    std::fprintf(stderr, "moe launch: giving up: %s\n", check.give_up.c_str());
+    return false;
+  }
+  if (!check.changed) return true;
+  *hostfile = (fs::path(l.run_dir) / "hostfile.active").string();
+  std::ofstream out(*hostfile, std::ios::trunc);
+  std::vector<std::string> names;
+  for (const HostSlots& h : pool->active) {
+    out << h.name << " slots=" << h.slots << "\n";
+    names.push_back(h.name);
+  }
+  l.events.add({{"event", "hosts"}, {"hosts", names}, {"np", *np}, {"hostfile", *hostfile}, {"attempt", attempt}});
   return true;
 }
 
@@ -439,12 +489,13 @@ bool prepare_restart(Launch& l, const json& failure, int64_t* restarts, int64_t*
 int supervise(Launch& l, RunLock& lock) {
   const LaunchOptions& o = l.options;
   int64_t np = o.np, restarts = 0;
-  std::string hostfile = o.hostfile;
-  std::vector<HostSlots> hosts;
-  if (!hostfile.empty()) hosts = read_hostfile(hostfile);
+  std::string hostfile = l.hostfile;
+  HostPool pool;  // the job's hosts and the spares
+  if (!hostfile.empty()) pool = split_hosts(read_hostfile(hostfile), np);
   std::map<std::string, int64_t> failures_by_host;
   for (int64_t attempt = 0;; ++attempt) {
     if (g_signals) return stop_on_signal(l, nullptr, {{"attempt", attempt}, {"while", "between attempts"}});
+    if (!pool.active.empty() && !start_on_healthy_hosts(l, &pool, &np, &hostfile, attempt)) return kExitGaveUp;
     Attempt a;
     a.attempt = attempt, a.np = np;
     const pid_t mpirun = spawn_job(l, attempt, np, hostfile);
@@ -468,6 +519,9 @@ int supervise(Launch& l, RunLock& lock) {
       return kExitBadInput;
     }
     l.events.open();
+    std::set<std::string> hosts_heard;
+    for (const auto& [rank, r] : a.ranks) hosts_heard.insert(r.host);
+    outcome["hosts_heard"] = hosts_heard;
     if (kind == "finished") {
       outcome.update({{"restarts", restarts}, {"step", a.max_step}, {"processes_left", end.left}});
       l.events.add(outcome);
@@ -480,8 +534,37 @@ int supervise(Launch& l, RunLock& lock) {
     if (kind == "finished") return 0;
     if (g_signals) return stop_on_signal(l, nullptr, {{"attempt", attempt}, {"while", "ending a failed attempt"}});
     outcome["max_step"] = a.max_step;
-    if (!prepare_restart(l, outcome, &restarts, &np, &hostfile, &hosts, &failures_by_host)) return kExitGaveUp;
+    if (!prepare_restart(l, outcome, &restarts, &np, &hostfile, &pool.active, &failures_by_host)) return kExitGaveUp;
   }
+}
+
+// Probing a host: mpirun's remote shell, this program, and room where the run writes (checkpoint.dir when it is an
+// absolute path, as a node-local disk is, else the run directory).
+ProbeSpec probe_spec(const LaunchOptions& o, const Config& config, const std::string& run_dir,
+                     const std::string& self) {
+  constexpr int64_t kMinFreeBytes = int64_t(64) << 20;
+  const std::string ckpt = config.checkpoint.dir.substr(0, config.checkpoint.dir.find("{node}"));
+  const fs::path disk = fs::path(ckpt).is_absolute() ? fs::path(ckpt) : fs::absolute(run_dir);
+  const double timeout = config.fault.probe_timeout_s;
+  return {
+      rsh_agent_command(o.mpirun_args, timeout), self, disk.string(), kMinFreeBytes, timeout, config.fault.probe_peers};
+}
+
+std::map<std::string, std::string> environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string entry(*e);
+    const size_t eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  return env;
+}
+
+std::string write_hostfile(const fs::path& path, const std::vector<HostSlots>& hosts) {
+  std::ofstream out(path, std::ios::trunc);
+  for (const HostSlots& h : hosts) out << h.name << " slots=" << h.slots << "\n";
+  if (!out) MOE_FAIL("cannot write " << path.string());
+  return path.string();
 }
 
 std::string joined(const std::vector<std::string>& words) {
@@ -500,14 +583,25 @@ int run_launch(const LaunchOptions& o) {
   if (o.np < 1) MOE_BAD_INPUT("--np: expected a whole number of ranks >= 1, got " << o.np);
   if (!(o.term_grace_s >= 0) || !std::isfinite(o.term_grace_s))
     MOE_BAD_INPUT("--term-grace-s: expected seconds >= 0, got " << o.term_grace_s);
-  if (!o.hostfile.empty()) read_hostfile(o.hostfile);
+  std::vector<HostSlots> hosts;
+  if (!o.hostfile.empty()) hosts = read_hostfile(o.hostfile);
+  // Inside a Slurm allocation without --hostfile: the allocation's hosts (launch/slurm_hosts.h).
+  const auto slurm = o.hostfile.empty() ? slurm_hosts(environment()) : std::nullopt;
+  if (slurm) hosts = *slurm;
+  std::vector<std::string> host_names;
+  for (const HostSlots& h : hosts) host_names.push_back(h.name);
   check_launch_layout(config, o.np);
+  const std::string listen =
+      choose_listen_address(config.fault.listen, host_names, slurm ? "(Slurm's SLURM_JOB_NODELIST)" : o.hostfile);
   const std::string run_dir = o.run_dir.empty() ? "runs/" + fs::path(o.config_path).stem().string() : o.run_dir;
   Launch l(o, config, run_dir);
-  open_listener(config.fault, &l.listener);
+  open_listener(listen, &l.listener);
   char self[4096] = {};
   if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) MOE_FAIL("cannot find this program's path");
   l.self = self;
+  l.probe = probe_spec(o, config, run_dir, l.self);
+  l.remote_hosts =
+      std::any_of(host_names.begin(), host_names.end(), [](const std::string& h) { return !host_is_local(h); });
 
   ::signal(SIGINT, on_signal);
   ::signal(SIGTERM, on_signal);
@@ -515,6 +609,8 @@ int run_launch(const LaunchOptions& o) {
   // The lock comes last, just before the first write: a launch refused above leaves nothing behind.
   RunLock lock = RunLock::acquire(run_dir, o.command_line.empty() ? "" : joined(o.command_line));
   l.lock_token = lock.token();
+  l.hostfile = o.hostfile;
+  if (slurm) l.hostfile = write_hostfile(fs::path(run_dir) / "hostfile.slurm", *slurm);
   l.lock_fd = lock.descriptor();
   try {
     return supervise(l, lock);

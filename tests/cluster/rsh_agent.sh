@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The cluster harness's ssh (tests/cluster/cluster.sh): OpenMPI's rsh agent (OMPI_MCA_plm_rsh_agent) and the
+# way tests run a command on a host. Called as ssh is, `rsh_agent.sh [OPTIONS] HOST COMMAND...`: options are
+# ignored, the words of COMMAND are joined by spaces and run by sh on HOST, in HOST's namespaces (network,
+# hostname, mount), in the home directory, with a login's clean environment (PATH, HOME, USER, SHELL only:
+# what mpirun wants the ranks to have it must pass itself, as with ssh). As ssh fails, so does this: an
+# unknown host is exit 255 at once; a host cut off the network, frozen or gone is exit 255 after the connect
+# timeout (MOE_CLUSTER_CONNECT_TIMEOUT seconds, 5 by default).
+set -u
+
+while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
+if [ $# -lt 1 ]; then
+  echo "usage: $0 [OPTIONS] HOST COMMAND..." >&2
+  exit 255
+fi
+host=$1
+shift
+dir="${MOE_CLUSTER_DIR:-}/hosts/$host"
+if [ -z "${MOE_CLUSTER_DIR:-}" ] || [ ! -d "$dir" ]; then
+  echo "ssh: Could not resolve hostname $host: Name or service not known" >&2
+  exit 255
+fi
+
+unreachable() {
+  sleep "${MOE_CLUSTER_CONNECT_TIMEOUT:-5}"
+  echo "ssh: connect to host $host port 22: Connection timed out ($1)" >&2
+  exit 255
+}
+holder=$(cat "$dir/holder")
+veth=$(cat "$dir/veth")
+flags=$(cat "/sys/class/net/$veth/flags" 2> /dev/null) || unreachable "its link is gone"
+[ $((flags & 1)) = 1 ] || unreachable "its link is down"
+state=$(awk '/^State:/ {print $2}' "/proc/$holder/status" 2> /dev/null) || unreachable "the host is down"
+[ "$state" != T ] || unreachable "the host is frozen"
+
+exec nsenter --target "$holder" --net --uts --mount -- \
+  env -i PATH="$PATH" HOME="${HOME:-/root}" USER="$(id -un)" LOGNAME="$(id -un)" SHELL=/bin/sh \
+  sh -c 'cd "$HOME" 2>/dev/null; eval "$1"' sh "$*"
