@@ -40,16 +40,13 @@ sizes = {"full": [], "delta": []}
 raw = []  # a full checkpoint's elements in bytes, without HDF5's metadata or compression
 dtype_bytes = {"f32": 4, "f64": 8, "i64": 8}
 for mode in ("async", "sync"):
-    # A save's stall: its step's ckpt_stall_s (the staging and save(); sync: the whole save) plus the next
-    # step's (its update waiting for the snapshot, when the writer thread had not taken it yet, and for the
-    # ranks' agreement that it is finite).
+    # A save's stall: the next line's ckpt_stall_s (a save's step writes its line before the save): the staging
+    # and save() (sync: the whole save), and the next update's wait for the snapshot, when the writer thread had
+    # not taken it yet, and for the ranks' agreement that it is finite.
     held = {l["step"]: l.get("ckpt_stall_s", 0) for l in lines(mode)}
     stalls = [held[s] + held.get(s + 1, 0) for s in sorted(held) if s % every == 0 or s == max(held)]
-    waits = [held.get(s + 1, 0) for s in sorted(held) if s % every == 0 or s == max(held)]
     med = statistics.median(stalls)
-    print(f"{mode:>5}: median stall per save {med*1000:8.2f} ms = {med/step_s:6.3f} x a step  ({len(stalls)} saves; "
-          f"the next update's wait for the snapshot: median {statistics.median(waits)*1000:.2f} ms, "
-          f"max {max(waits)*1000:.2f} ms)")
+    print(f"{mode:>5}: median stall per save {med*1000:8.2f} ms = {med/step_s:6.3f} x a step  ({len(stalls)} saves)")
     if mode == "async": async_stall = med / step_s
     if mode != "sync": continue
     for d in sorted((out / mode / "checkpoints").glob("step-*")):

@@ -180,6 +180,7 @@ struct Loop {
   Clock clock;
   int64_t last_save_step = -1;        // the newest step a save was started for
   double a2a_wait_s = 0;              // the last step's exposed expert all-to-all (this rank's)
+  double ckpt_stall_s = 0;            // checkpoint stalls since the last metrics line
   Backend::HostTraffic host_traffic;  // the last step's waits for the backend and bytes read back (this rank's)
   // train.adapt_threads on the CPU backend: the thread count follows the cores other processes leave free.
   std::optional<cpu::ThreadGovernor> governor;
@@ -219,6 +220,7 @@ void log_step(Loop& loop, int64_t done, const StepResult& r, double ckpt_stall) 
   Trainer& t = loop.t;
   const TrainConfig& tc = t.config.train;
   if (!(done % tc.log_every == 0 || done == 1 || done == tc.steps)) return;
+  loop.ckpt_stall_s = 0;  // counted in this line
   const double interval_s = Clock::since(loop.clock.interval_start);
   const double elapsed_s = Clock::since(loop.clock.start);
   const std::vector<std::vector<int32_t>> top1 = probe_top1(t);  // every rank: a forward in lockstep
@@ -268,7 +270,11 @@ bool run_step(Loop& loop, int64_t step) {
   loop.a2a_wait_s = t.exchange->blocked_seconds();
   loop.clock.interval_tokens += t.tokens_per_step();
   const int64_t done = step + 1;
-  double ckpt_stall = r.ckpt_wait_s;  // the step's update waited for the last save's snapshot
+  // The step's line is written before its checkpoint is saved: a checkpoint a resumed run starts from never lies
+  // past the last line of metrics.jsonl (a run killed between the two kept the checkpoint and lost the line). The
+  // save's own stall is counted in the next line.
+  loop.ckpt_stall_s += r.ckpt_wait_s;  // the step's update waited for the last save's snapshot
+  log_step(loop, done, r, loop.ckpt_stall_s);
   if (ckpt::Checkpointer* ck = loop.out.checkpointer.get()) {
     ck->poll();
     if (done % config.checkpoint.every == 0 || done == config.train.steps) {
@@ -276,11 +282,11 @@ bool run_step(Loop& loop, int64_t step) {
       const auto span = t.tracer.span("checkpoint save (stall)", "checkpoint");
       const auto t0 = Clock::Steady::now();
       ck->save(done, checkpoint_pieces(t.state, true));
-      ckpt_stall += Clock::since(t0);  // the staging and the save (sync: its snapshot, finiteness check and write)
+      loop.ckpt_stall_s +=
+          Clock::since(t0);  // the staging and the save (sync: its snapshot, finiteness check and write)
       loop.last_save_step = done;
     }
   }
-  log_step(loop, done, r, ckpt_stall);
   maybe_evaluate(loop, done);
   adapt_threads(loop);
   for (const FaultInjection& f : config.fault.inject)  // the newest checkpoint must exist before it is corrupted
