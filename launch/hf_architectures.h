@@ -44,12 +44,16 @@ struct HfModel {
   std::vector<std::pair<std::string, std::string>> dropped;
 };
 
-// The architecture for `config`: `arch` "mixtral" or "qwen2_moe", or "auto": Mixtral when it expresses the config,
-// else Qwen2-MoE. `router_tau(layer)` is the temperature folded into the layer's router. BadInput naming the key and
-// its value for what the architecture cannot express.
+// The architecture for `config`: `arch` "mixtral", "qwen2_moe" or "glm4_moe", or "auto": the first of those three
+// that expresses the config. `router_tau(layer)` is the temperature folded into the layer's router. BadInput naming the
+// key and its value for what the architecture cannot express.
 HfModel hf_model(const Config& config, const std::vector<double>& router_tau, const std::string& arch);
 HfModel mixtral_model(const Config& config, const std::vector<double>& router_tau);
 HfModel qwen2_moe_model(const Config& config, const std::vector<double>& router_tau);
+// Glm4MoeForCausalLM: DeepSeek-V3's MoE block (sigmoid scores, e_score_correction_bias, shared experts, dense first
+// layers) behind multi-head attention. DeepseekV3ForCausalLM itself (--arch deepseek_v3) is refused: see
+// docs/interop.md.
+HfModel glm4_moe_model(const Config& config, const std::vector<double>& router_tau);
 // For import with --upcycle: a dense LlamaForCausalLM's tensors into the config's MoE model, each MoE layer's every
 // expert a copy of the layer's MLP (a tensor of the directory then has several entries, one per expert), the router
 // not among them. BadInput for shared experts (they would add the MLP once more) and as for Qwen2-MoE.

@@ -9,6 +9,8 @@
 # - the bf16 export agrees within bf16's rounding;
 # - the same for Qwen2MoeForCausalLM: a dense layer, a shared expert, unnormalised gates (tp 2 x ep 2), and a model
 #   without shared experts;
+# - the same for Glm4MoeForCausalLM (DeepSeek-V3's MoE block): sigmoid scores with a learned balancing bias, a
+#   dense first layer, a shared expert (tp 2 x ep 2), and top-1 routing;
 # - AutoTokenizer encodes and decodes a corpus sample exactly as the byte tokenizer does, and, for a model trained
 #   on data prepared with a learned BPE (moe prep, vocab 320) at ep 2, as that BPE does (its chunking included:
 #   runs longer than 64 bytes, white space before words, control bytes, non-ASCII text);
@@ -84,6 +86,13 @@ mpirun=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --time
   --set model.ffn_hidden=48 --set moe.every=2 --set moe.shared_experts=1 --set moe.router.normalize=false \
   --set moe.router.tau=0.9 --run-dir qwen > /dev/null
 "$moe" train --config "$config" "${small[@]}" --set moe.router.normalize=false --run-dir qwen-unshared > /dev/null
+# Glm4-MoE (DeepSeek-V3's MoE block): sigmoid scores with a learned balancing bias (e_score_correction_bias), a
+# dense first layer, a shared expert, tau 0.9, at tp 2 x ep 2; and top-1 (the gate the score itself) at ep 2.
+"${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set parallel.tp=2 --set parallel.ep=2 \
+  --set model.ffn_hidden=48 --set moe.every=2 --set moe.shared_experts=1 --set moe.router.score=sigmoid \
+  --set moe.router.bias_balance.rate=0.05 --set moe.router.tau=0.9 --run-dir glm > /dev/null
+"${mpirun[@]}" -np 2 "$moe" train --config "$config" "${small[@]}" --set parallel.ep=2 --set moe.top_k=1 \
+  --set moe.router.score=sigmoid --set moe.router.bias_balance.rate=0.05 --run-dir glm-top1 > /dev/null
 "$moe" prep --input "$src/data/corpus/prose.txt" --out prepared --tokenizer train --vocab 320 > /dev/null
 "${mpirun[@]}" -np 2 "$moe" train --config "$config" "${small[@]}" --set parallel.ep=2 --set model.vocab=320 \
   --set 'data.sources=[{"name": "prose", "path": "prepared"}]' --run-dir bpe > /dev/null
@@ -120,6 +129,11 @@ check bpe bpe-hf
 check qwen qwen-hf
 "$moe" export hf qwen-unshared --out qwen-unshared-hf > /dev/null
 check qwen-unshared qwen-unshared-hf
+"$moe" export hf glm --out glm-hf > /dev/null
+grep -q '"Glm4MoeForCausalLM"' glm-hf/config.json
+check glm glm-hf
+"$moe" export hf glm-top1 --out glm-top1-hf > /dev/null
+check glm-top1 glm-top1-hf
 
 # A Mixtral that transformers itself made (random weights, saved as one model.safetensors), imported with the
 # tp 2 x ep 2 run's config (tau 0.7 folded back into the router), trained on from there at tp 2 x ep 2, and its
