@@ -325,10 +325,12 @@ HfModel glm4_moe_model(const Config& c, const std::vector<double>& router_tau) {
       list.add(expert + "up_proj.weight", {f, d}, p + ".ffn.experts.w3", {E, D, F}, Op::Expert, e);
       list.add(expert + "down_proj.weight", {d, f}, p + ".ffn.experts.w2", {E, F, D}, Op::Expert, e);
     }
-    if (S == 0) return;  // n_shared_experts = 0: a shared MLP of width 0, without tensors
-    list.add(mlp + "shared_experts.gate_proj.weight", {s, d}, p + ".ffn.shared.w1", {D, S}, Op::Transpose);
-    list.add(mlp + "shared_experts.up_proj.weight", {s, d}, p + ".ffn.shared.w3", {D, S}, Op::Transpose);
-    list.add(mlp + "shared_experts.down_proj.weight", {d, s}, p + ".ffn.shared.w2", {S, D}, Op::Transpose);
+    // n_shared_experts = 0: transformers still builds a shared MLP, of width 0; its tensors are written, empty.
+    const bool shared = S > 0;
+    const Op op = shared ? Op::Transpose : Op::Zeros;
+    list.add(mlp + "shared_experts.gate_proj.weight", {s, d}, shared ? p + ".ffn.shared.w1" : "", {D, S}, op);
+    list.add(mlp + "shared_experts.up_proj.weight", {s, d}, shared ? p + ".ffn.shared.w3" : "", {D, S}, op);
+    list.add(mlp + "shared_experts.down_proj.weight", {d, s}, shared ? p + ".ffn.shared.w2" : "", {S, D}, op);
   });
   return m;
 }

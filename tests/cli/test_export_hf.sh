@@ -195,7 +195,9 @@ assert h[name]['shape'] == [4] and any(v != 0 for v in bias), bias
 assert 'model.layers.0.mlp.shared_experts.gate_proj.weight' not in t"
 check "Glm4-MoE unnormalised, without shared experts" python3 -c "
 import json; c = json.load(open('sigmoid-hf/config.json'))
-assert c['first_k_dense_replace'] == 0 and c['n_shared_experts'] == 0 and c['norm_topk_prob'] is False, c"
+assert c['first_k_dense_replace'] == 0 and c['n_shared_experts'] == 0 and c['norm_topk_prob'] is False, c
+t = json.load(open('sigmoid-hf/model.safetensors.index.json'))['weight_map']
+assert 'model.layers.0.mlp.shared_experts.down_proj.weight' in t  # width 0, so that transformers misses nothing"
 expect_err=("moe.every = 2" "Glm4MoeForCausalLM cannot express it" "dense layer 2 follows MoE layer 1")
 run_case "sigmoid scores, a dense layer after an MoE one" 2 "$moe" export hf glm-dense-last --out x
 expect_err=("model.attention = mha" "DeepseekV3ForCausalLM cannot express it" "latent attention")
