@@ -90,9 +90,11 @@ mpirun=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --time
 # dense first layer, a shared expert, tau 0.9, at tp 2 x ep 2; and top-1 (the gate the score itself) at ep 2.
 "${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set parallel.tp=2 --set parallel.ep=2 \
   --set model.ffn_hidden=48 --set moe.every=2 --set moe.shared_experts=1 --set moe.router.score=sigmoid \
-  --set moe.router.bias_balance.rate=0.05 --set moe.router.tau=0.9 --run-dir glm > /dev/null
+  --set moe.router.bias_balance.rate=0.05 --set moe.router.bias_balance.rule=proportional --set moe.router.tau=0.9 \
+  --run-dir glm > /dev/null
 "${mpirun[@]}" -np 2 "$moe" train --config "$config" "${small[@]}" --set parallel.ep=2 --set moe.top_k=1 \
-  --set moe.router.score=sigmoid --set moe.router.bias_balance.rate=0.05 --run-dir glm-top1 > /dev/null
+  --set moe.router.score=sigmoid --set moe.router.bias_balance.rate=0.05 --set moe.router.bias_balance.rule=proportional \
+  --run-dir glm-top1 > /dev/null
 "$moe" prep --input "$src/data/corpus/prose.txt" --out prepared --tokenizer train --vocab 320 > /dev/null
 "${mpirun[@]}" -np 2 "$moe" train --config "$config" "${small[@]}" --set parallel.ep=2 --set model.vocab=320 \
   --set 'data.sources=[{"name": "prose", "path": "prepared"}]' --run-dir bpe > /dev/null
@@ -133,6 +135,18 @@ check qwen-unshared qwen-unshared-hf
 grep -q '"Glm4MoeForCausalLM"' glm-hf/config.json
 check glm glm-hf
 "$moe" export hf glm-top1 --out glm-top1-hf > /dev/null
+# The bias is learned (the proportional rule: the sign rule's +-rate steps can cancel to 0 in a few steps), so
+# the selection by score + bias is what is compared.
+for dir in glm-hf glm-top1-hf; do
+  "$venv/bin/python" -c "
+import sys, torch
+from safetensors.torch import load_file
+import json, os
+d = sys.argv[1]
+files = set(json.load(open(os.path.join(d, 'model.safetensors.index.json')))['weight_map'].values())
+biases = [t for f in files for n, t in load_file(os.path.join(d, f)).items() if n.endswith('e_score_correction_bias')]
+assert biases and all(b.abs().max() > 0 for b in biases), biases" "$dir"
+done
 check glm-top1 glm-top1-hf
 
 # A Mixtral that transformers itself made (random weights, saved as one model.safetensors), imported with the
