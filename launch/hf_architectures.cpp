@@ -457,10 +457,10 @@ std::string check_hf_config(const nlohmann::json& hf, const std::string& origin,
                            << " in the config; they must agree");
   };
   const std::string type = text("model_type", "");
-  if (type != "mixtral" && type != "qwen2_moe" && type != "llama")
+  if (type != "mixtral" && type != "qwen2_moe" && type != "glm4_moe" && type != "llama")
     MOE_BAD_INPUT(origin << ": model_type = \"" << type
-                         << "\"; imported are mixtral (MixtralForCausalLM), qwen2_moe (Qwen2MoeForCausalLM) and, "
-                            "with --upcycle, llama (LlamaForCausalLM)");
+                         << "\"; imported are mixtral (MixtralForCausalLM), qwen2_moe (Qwen2MoeForCausalLM), "
+                            "glm4_moe (Glm4MoeForCausalLM) and, with --upcycle, llama (LlamaForCausalLM)");
   const int64_t head_dim = c.model.d_model / std::max<int64_t>(c.model.heads, 1);
   same("vocab_size", -1, "model.vocab", c.model.vocab);
   same("hidden_size", -1, "model.d_model", c.model.d_model);
@@ -476,6 +476,27 @@ std::string check_hf_config(const nlohmann::json& hf, const std::string& origin,
   } else if (type == "llama") {  // its MLP becomes every expert, and the dense layers' MLP
     same("intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
     if (c.moe.every > 1) same("intermediate_size", -1, "model.ffn_hidden", c.model.ffn_hidden);
+  } else if (type == "glm4_moe") {
+    int64_t first_moe = c.model.layers;
+    for (int64_t l = c.model.layers - 1; l >= 0 && l % c.moe.every == c.moe.every - 1; --l) first_moe = l;
+    if (first_moe > 0) same("intermediate_size", -1, "model.ffn_hidden", c.model.ffn_hidden);
+    same("moe_intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
+    same("n_routed_experts", -1, "moe.num_experts", c.moe.num_experts);
+    same("n_shared_experts", 1, "moe.shared_experts", c.moe.shared_experts);
+    same("first_k_dense_replace", 1, "the first MoE layer of moe.every", first_moe);
+    same("norm_topk_prob", 1, "moe.router.normalize (with moe.top_k > 1)", c.moe.router.normalize && c.moe.top_k > 1);
+    same("n_group", 1, "1 (a plain top-k)", 1);
+    same("topk_group", 1, "1 (a plain top-k)", 1);
+    if (number(hf, "routed_scaling_factor", 1.0) != 1.0)
+      MOE_BAD_INPUT(origin << ": routed_scaling_factor = " << number(hf, "routed_scaling_factor", 1.0)
+                           << "; this project's gates are not scaled (1 expected)");
+    const nlohmann::json rope = hf.value("rope_parameters", nlohmann::json::object());
+    if (number(rope, "partial_rotary_factor", number(hf, "partial_rotary_factor", 0.5)) != 1.0)
+      MOE_BAD_INPUT(origin << ": partial_rotary_factor = "
+                           << number(rope, "partial_rotary_factor", number(hf, "partial_rotary_factor", 0.5))
+                           << "; this project rotates the whole head (1 expected)");
+    if (number(hf, "use_qk_norm", 0) != 0)
+      MOE_BAD_INPUT(origin << ": use_qk_norm true; q and k are not normalised here");
   } else {
     if (c.moe.every > 1) same("intermediate_size", -1, "model.ffn_hidden", c.model.ffn_hidden);
     same("moe_intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);

@@ -320,6 +320,25 @@ else:  # same A B: the same values under the same names
         assert a[name][1] == b[name][1] and a[name][2] == b[name][2], name
 PY
 # Qwen2-MoE exports (a shared expert; a dense layer; unnormalised gates) imported and exported again: byte-identical.
+# So are Glm4-MoE exports (the balancing bias, a shared expert and a dense first layer; none of those).
+for run in glm sigmoid; do
+  run_case "import of the Glm4-MoE export of $run" 0 "$moe" import hf "$run-hf" --config "$run/config.json" \
+    --out "$run-imported"
+  run_case "its export" 0 "$moe" export hf "$run-imported" --out "$run-again"
+  for f in "$run-hf"/*; do
+    check "$run: $(basename "$f") byte-identical after import and export" cmp -s "$f" "$run-again/$(basename "$f")"
+  done
+done
+expect_err=("first_k_dense_replace = 1" "moe.every")
+run_case "import of a Glm4-MoE with a dense first layer into a config without" 2 "$moe" import hf glm-hf \
+  --config glm/config.json --set moe.every=1 --out x
+expect_err=("partial_rotary_factor")
+cp -a glm-hf glm-partial
+python3 -c "
+import json; c = json.load(open('glm-partial/config.json')); c['rope_parameters']['partial_rotary_factor'] = 0.5
+json.dump(c, open('glm-partial/config.json', 'w'))"
+run_case "import of a Glm4-MoE rotating half of each head" 2 "$moe" import hf glm-partial --config glm/config.json \
+  --out x
 for run in shared dense unnormalised; do
   run_case "import of the Qwen2-MoE export of $run" 0 "$moe" import hf "$run-hf" --config "$run/config.json" \
     --out "$run-imported"

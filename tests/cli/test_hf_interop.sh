@@ -16,7 +16,8 @@
 #   runs longer than 64 bytes, white space before words, control bytes, non-ASCII text);
 # - a Mixtral that transformers made and saved (random weights) is imported (moe import hf), trains here at
 #   tp 2 x ep 2, and its logits, language-model loss (within 1e-5) and greedy generation agree with transformers';
-#   so do those of a Qwen2-MoE transformers made (a dense layer, a shared expert whose gate is zero), and of a dense
+#   so do those of a Qwen2-MoE transformers made (a dense layer, a shared expert whose gate is zero), of a Glm4-MoE
+#   (a dense first layer, a shared expert, a random balancing bias), and of a dense
 #   Llama upcycled into the tp 2 x ep 2 run's MoE model (--upcycle: its function unchanged).
 # When the environment cannot be made (no network) the test fails, unless MOE_TEST_OFFLINE=1 says this machine
 # is offline: then it is skipped (exit 77).
@@ -180,6 +181,23 @@ with torch.no_grad():
             p.normal_(0, 0.3)
     model.model.layers[1].mlp.shared_expert_gate.weight.zero_()
 model.save_pretrained("qwen-made-by-transformers")
+# A Glm4-MoE of the glm run's shape (a dense first layer, a shared expert), with a random balancing bias.
+from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+config = Glm4MoeConfig(vocab_size=256, hidden_size=32, intermediate_size=48, moe_intermediate_size=32,
+                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                       n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
+                       norm_topk_prob=True, n_group=1, topk_group=1, routed_scaling_factor=1.0, use_qk_norm=False,
+                       max_position_embeddings=64, rms_norm_eps=1e-5, num_nextn_predict_layers=0,
+                       partial_rotary_factor=1.0,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+                       tie_word_embeddings=False)
+model = Glm4MoeForCausalLM(config)
+with torch.no_grad():
+    for name, p in model.named_parameters():
+        if p.dim() > 1:
+            p.normal_(0, 0.3)
+    model.model.layers[1].mlp.gate.e_score_correction_bias.normal_(0, 0.3)
+model.save_pretrained("glm-made-by-transformers")
 # A dense Llama of the same width, to upcycle.
 from transformers import LlamaConfig, LlamaForCausalLM
 config = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -201,6 +219,9 @@ grep -q '"step":2' imported/metrics.jsonl || { echo "FAIL: the imported run did 
 "$moe" import hf qwen-made-by-transformers --config qwen/config.json --out qwen-imported > /dev/null
 "$moe" logits qwen-imported --text-file prompt.txt --generate 32 --out qwen-imported.json 2> /dev/null
 "$venv/bin/python" "$src/tests/cli/check_hf_interop.py" qwen-made-by-transformers qwen-imported.json - -
+"$moe" import hf glm-made-by-transformers --config glm/config.json --out glm-imported > /dev/null
+"$moe" logits glm-imported --text-file prompt.txt --generate 32 --out glm-imported.json 2> /dev/null
+"$venv/bin/python" "$src/tests/cli/check_hf_interop.py" glm-made-by-transformers glm-imported.json - -
 # Upcycled: every expert the layer's MLP and the gates renormalised to sum 1, so the MoE model computes the dense
 # Llama's function whatever the (freshly initialised) router chooses.
 "$moe" import hf llama-made-by-transformers --upcycle --config tp2ep2/config.json --out upcycled > /dev/null
