@@ -1,9 +1,9 @@
-// Architectures of Hugging Face transformers as maps from this project's parameters: MixtralForCausalLM and
-// Qwen2MoeForCausalLM. For each: which config keys it can express (the rest is refused, naming key and value), its
-// config.json, and each tensor of its checkpoint with the project tensor it comes from and how (transposed to
-// (out, in), the rotary rows of q and k reordered from interleaved pairs to halves, one expert of the (E, ...)
-// tensor, the router scaled by 1/tau, a constant). docs/interop.md has the mappings as tables. Not here: reading and
-// writing files.
+// Architectures of Hugging Face transformers as maps from this project's parameters: MixtralForCausalLM,
+// Qwen2MoeForCausalLM and Glm4MoeForCausalLM. For each: which config keys it can express (the rest is refused, naming
+// key and value), its config.json, and each tensor of its checkpoint with the project tensor it comes from and how
+// (transposed to (out, in), the rotary rows of q and k reordered from interleaved pairs to halves, one expert of the
+// (E, ...) tensor, the router scaled by 1/tau, a constant). docs/interop.md has the mappings as tables. Not here:
+// reading and writing files.
 #pragma once
 
 #include <cstdint>
@@ -64,10 +64,11 @@ void fill_hf_tensor(const HfTensor& t, const float* source, float* out);
 // The inverse: the source's elements that `t` comes from, set from `t`'s values (divided by t.scale).
 void unfill_hf_tensor(const HfTensor& t, const float* values, float* source);
 
-// config.json of a MixtralForCausalLM or Qwen2MoeForCausalLM checked against `config`; returns its model_type
-// ("mixtral" | "qwen2_moe"). BadInput naming the config.json field, the key and both values where they disagree, or
-// what this project's model cannot compute (grouped-query attention, another rotary base or norm epsilon, tied
-// embeddings, another activation, q/k/v biases, sliding windows).
+// config.json of a MixtralForCausalLM, Qwen2MoeForCausalLM, Glm4MoeForCausalLM or (for --upcycle) LlamaForCausalLM
+// checked against `config`; returns its model_type ("mixtral" | "qwen2_moe" | "glm4_moe" | "llama"). BadInput naming
+// the config.json field, the key and both values where they disagree, or what this project's model cannot compute
+// (grouped-query attention, another rotary base or norm epsilon, tied embeddings, another activation, q/k/v biases,
+// sliding windows, partial rotary, q/k norms, scaled or group-limited gates).
 std::string check_hf_config(const nlohmann::json& hf_config, const std::string& origin, const Config& config);
 
 }  // namespace moe
