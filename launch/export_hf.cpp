@@ -227,15 +227,18 @@ CLI::App* add_export_command(CLI::App& app, ExportHfOptions& o) {
       "Write a Hugging Face model directory (safetensors shards and their index, config.json, "
       "generation_config.json, tokenizer.json) that transformers loads with AutoModelForCausalLM and AutoTokenizer. "
       "MixtralForCausalLM (multi-head attention, softmax top-k routing, every layer MoE, no shared experts), else "
-      "Qwen2MoeForCausalLM (dense layers by moe.every, shared experts, unnormalised gates); what neither can express "
-      "is refused (exit 2, nothing written). The exported model is the dropless evaluation model; tau is folded "
+      "Qwen2MoeForCausalLM (dense layers by moe.every, shared experts, unnormalised gates), else Glm4MoeForCausalLM "
+      "(sigmoid scores with the balancing bias, shared experts, dense first layers); what none can express is refused "
+      "(exit 2, nothing written). The exported model is the dropless evaluation model; tau is folded "
       "into the router.");
   hf->add_option("PATH", o.path,
                  "A run directory, a checkpoint root or one checkpoint directory; a run directory or root means its "
                  "newest checkpoint")
       ->required();
   hf->add_option("--out", o.out, "The directory to write (new or empty; see --overwrite)")->required();
-  hf->add_option("--arch", o.arch, "auto (Mixtral when it expresses the config, else Qwen2-MoE), mixtral or qwen2_moe")
+  hf->add_option("--arch", o.arch,
+                 "auto (the first of Mixtral, Qwen2-MoE and GLM-4-MoE that expresses the config), mixtral, "
+                 "qwen2_moe, glm4_moe or deepseek_v3 (always refused: docs/interop.md)")
       ->default_val("auto");
   hf->add_option("--dtype", o.dtype, "Tensor dtype: fp32, or bf16 (rounded to nearest even)")
       ->default_val("fp32")

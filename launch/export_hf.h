@@ -20,7 +20,7 @@ namespace moe {
 struct ExportHfOptions {
   std::string path;                    // a run directory, checkpoint root or checkpoint
   std::string out;                     // the directory to write
-  std::string arch = "auto";           // "auto" | "mixtral"
+  std::string arch = "auto";           // "auto" | "mixtral" | "qwen2_moe" | "glm4_moe" | "deepseek_v3"
   std::string dtype = "fp32";          // "fp32" | "bf16"
   std::string max_shard_size = "2GB";  // a new safetensors file past this size: N, NKB, NMB, NGB (or KiB, MiB, GiB)
   bool overwrite = false;              // replace an --out that holds a previous export

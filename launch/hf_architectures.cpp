@@ -1,5 +1,5 @@
-// MixtralForCausalLM and Qwen2MoeForCausalLM as maps from this project's parameters: see hf_architectures.h and
-// docs/interop.md.
+// MixtralForCausalLM, Qwen2MoeForCausalLM and Glm4MoeForCausalLM as maps from this project's parameters: see
+// hf_architectures.h and docs/interop.md.
 #include "launch/hf_architectures.h"
 
 #include <algorithm>
@@ -58,6 +58,7 @@ struct Dim {
 class TensorList {
  public:
   explicit TensorList(HfModel& m) : m_(m) {}
+  HfTensor& back() { return m_.tensors.back(); }
   void add(std::string name, const std::vector<Dim>& dims, const std::string& source, std::vector<int64_t> source_shape,
            HfTensor::Op op, int64_t expert = -1, int64_t heads = 0, double scale = 1.0) {
     std::vector<int64_t> shape;
@@ -136,15 +137,57 @@ nlohmann::json decoder_config(const Config& c) {
 // SwiGLU MLP; every MoE layer has one shared expert gated by sigmoid(x . g).
 std::string qwen2_moe_refusal(const Config& c) { return common_refusal(c, "Qwen2MoeForCausalLM"); }
 
+// GLM-4.5's Glm4MoeForCausalLM: the same attention (with partial_rotary_factor 1, no q/k norms, no biases) and
+// DeepSeek-V3's MoE block: sigmoid scores, the balancing bias as e_score_correction_bias, shared experts, the first
+// first_k_dense_replace layers dense. The group-limited selection is a plain top-k with n_group = topk_group = 1.
+std::string glm4_moe_refusal(const Config& c) {
+  const std::string arch = "Glm4MoeForCausalLM";
+  const MoeConfig& m = c.moe;
+  if (c.model.attention != "mha")
+    return refusal("model.attention", c.model.attention, arch,
+                   "its attention is multi-head attention with rotary q and k");
+  if (m.num_experts < 2)
+    return refusal("moe.num_experts", std::to_string(m.num_experts), arch,
+                   "its group-limited selection needs at least 2 experts");
+  if (m.router.score != "sigmoid")
+    return refusal("moe.router.score", m.router.score, arch, "its router scores are sigmoids");
+  // Its layers are dense before first_k_dense_replace and MoE from there: the MoE layers must be a suffix.
+  int64_t first = c.model.layers;
+  for (int64_t l = c.model.layers - 1; l >= 0 && l % m.every == m.every - 1; --l) first = l;
+  for (int64_t l = 0; l < first; ++l)
+    if (l % m.every == m.every - 1)
+      return refusal("moe.every", std::to_string(m.every), arch,
+                     "its MoE layers are the last ones (first_k_dense_replace), here dense layer " +
+                         std::to_string(first - 1) + " follows MoE layer " + std::to_string(l));
+  return "";
+}
+
+// DeepseekV3ForCausalLM's attention is always multi-head latent attention with an RMSNorm on the key/value latent
+// (kv_a_layernorm), which neither attention of this project computes: refused for every config.
+std::string deepseek_v3_refusal(const Config& c) {
+  if (c.model.attention == "mla")
+    return refusal("model.attention", "mla", "DeepseekV3ForCausalLM",
+                   "its latent attention normalises the key/value latent (kv_a_layernorm, an RMSNorm) and this "
+                   "project's does not");
+  return refusal("model.attention", c.model.attention, "DeepseekV3ForCausalLM",
+                 "its attention is multi-head latent attention, with one rotary key shared by all heads");
+}
+
 }  // namespace
 
 HfModel hf_model(const Config& c, const std::vector<double>& router_tau, const std::string& arch) {
   if (arch == "mixtral") return mixtral_model(c, router_tau);
   if (arch == "qwen2_moe") return qwen2_moe_model(c, router_tau);
-  if (arch != "auto") MOE_BAD_INPUT("--arch " << arch << ": expected auto, mixtral or qwen2_moe");
+  if (arch == "glm4_moe") return glm4_moe_model(c, router_tau);
+  if (arch == "deepseek_v3") MOE_BAD_INPUT(deepseek_v3_refusal(c) << "; nothing written");
+  if (arch != "auto")
+    MOE_BAD_INPUT("--arch " << arch << ": expected auto, mixtral, qwen2_moe, glm4_moe or deepseek_v3");
   if (mixtral_refusal(c).empty()) return mixtral_model(c, router_tau);
   if (qwen2_moe_refusal(c).empty()) return qwen2_moe_model(c, router_tau);
+  if (glm4_moe_refusal(c).empty()) return glm4_moe_model(c, router_tau);
   MOE_BAD_INPUT(mixtral_refusal(c) << "; nor can Qwen2MoeForCausalLM (" << qwen2_moe_refusal(c)
+                                   << "), nor Glm4MoeForCausalLM (" << glm4_moe_refusal(c)
+                                   << "), nor DeepseekV3ForCausalLM (" << deepseek_v3_refusal(c)
                                    << "); nothing written");
 }
 
@@ -228,6 +271,66 @@ HfModel qwen2_moe_model(const Config& c, const std::vector<double>& router_tau) 
     list.add(mlp + "shared_expert.down_proj.weight", {d, s}, shared ? p + ".ffn.shared.w2" : "", {S, D},
              shared ? Op::Transpose : Op::Zeros, -1, 0, 2.0);
     list.add(mlp + "shared_expert_gate.weight", {one, d}, "", {}, Op::Zeros);
+  });
+  return m;
+}
+
+HfModel glm4_moe_model(const Config& c, const std::vector<double>& router_tau) {
+  if (std::string why = glm4_moe_refusal(c); !why.empty()) MOE_BAD_INPUT(why << "; nothing written");
+  const int64_t D = c.model.d_model, E = c.moe.num_experts, F = c.moe.expert_hidden, Hd = c.model.ffn_hidden;
+  const int64_t S = c.moe.shared_experts * F;  // our shared experts are one SwiGLU MLP of this width
+  MOE_CHECK(int64_t(router_tau.size()) == c.model.layers, router_tau.size() << " router temperatures");
+  int64_t first_moe = c.model.layers;
+  for (int64_t l = c.model.layers - 1; l >= 0 && l % c.moe.every == c.moe.every - 1; --l) first_moe = l;
+  HfModel m;
+  m.architecture = "Glm4MoeForCausalLM";
+  m.config = decoder_config(c);
+  // top_k = 1 gates by the score itself here (no renormalisation), as norm_topk_prob false does.
+  m.config.update(
+      {{"architectures", {"Glm4MoeForCausalLM"}},
+       {"model_type", "glm4_moe"},
+       {"intermediate_size", Hd},
+       {"moe_intermediate_size", F},
+       {"n_routed_experts", E},
+       {"n_shared_experts", c.moe.shared_experts},
+       {"first_k_dense_replace", first_moe},
+       {"norm_topk_prob", c.moe.router.normalize && c.moe.top_k > 1},
+       {"routed_scaling_factor", 1.0},
+       {"n_group", 1},
+       {"topk_group", 1},
+       {"use_qk_norm", false},
+       {"attention_bias", false},
+       {"partial_rotary_factor", 1.0},
+       {"num_nextn_predict_layers", 0},
+       {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 1.0}}}});
+  m.generation_config = {{"do_sample", false}, {"bos_token_id", nullptr}, {"eos_token_id", nullptr}};
+  const Dim d{D, "model.d_model"}, e_{E, "moe.num_experts"}, f{F, "moe.expert_hidden"}, h{Hd, "model.ffn_hidden"},
+      s{S, "moe.shared_experts * moe.expert_hidden"};
+  add_decoder(m, c, [&](TensorList& list, int64_t l, const std::string& hf, const std::string& p) {
+    const std::string mlp = hf + ".mlp.";
+    if (l < first_moe) {  // a dense layer
+      list.add(mlp + "gate_proj.weight", {h, d}, p + ".ffn.w1", {D, Hd}, Op::Transpose);
+      list.add(mlp + "up_proj.weight", {h, d}, p + ".ffn.w3", {D, Hd}, Op::Transpose);
+      list.add(mlp + "down_proj.weight", {d, h}, p + ".ffn.w2", {Hd, D}, Op::Transpose);
+      return;
+    }
+    list.add(mlp + "gate.weight", {e_, d}, p + ".ffn.router.weight", {D, E}, Op::Transpose, -1, 0,
+             1.0 / router_tau[size_t(l)]);
+    // The balancing bias: added to the scores for the selection only, in both.
+    list.add(mlp + "gate.e_score_correction_bias", {e_}, "", {E}, Op::Copy);
+    list.back().source = "moe/" + p + ".ffn.balancing_bias";
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string expert = mlp + "experts." + std::to_string(e) + ".";
+      list.add(expert + "gate_proj.weight", {f, d}, p + ".ffn.experts.w1", {E, D, F}, Op::Expert, e);
+      list.add(expert + "up_proj.weight", {f, d}, p + ".ffn.experts.w3", {E, D, F}, Op::Expert, e);
+      list.add(expert + "down_proj.weight", {d, f}, p + ".ffn.experts.w2", {E, F, D}, Op::Expert, e);
+    }
+    // n_shared_experts = 0: transformers still builds a shared MLP, of width 0; its tensors are written, empty.
+    const bool shared = S > 0;
+    const Op op = shared ? Op::Transpose : Op::Zeros;
+    list.add(mlp + "shared_experts.gate_proj.weight", {s, d}, shared ? p + ".ffn.shared.w1" : "", {D, S}, op);
+    list.add(mlp + "shared_experts.up_proj.weight", {s, d}, shared ? p + ".ffn.shared.w3" : "", {D, S}, op);
+    list.add(mlp + "shared_experts.down_proj.weight", {d, s}, shared ? p + ".ffn.shared.w2" : "", {S, D}, op);
   });
   return m;
 }
@@ -354,10 +457,10 @@ std::string check_hf_config(const nlohmann::json& hf, const std::string& origin,
                            << " in the config; they must agree");
   };
   const std::string type = text("model_type", "");
-  if (type != "mixtral" && type != "qwen2_moe" && type != "llama")
+  if (type != "mixtral" && type != "qwen2_moe" && type != "glm4_moe" && type != "llama")
     MOE_BAD_INPUT(origin << ": model_type = \"" << type
-                         << "\"; imported are mixtral (MixtralForCausalLM), qwen2_moe (Qwen2MoeForCausalLM) and, "
-                            "with --upcycle, llama (LlamaForCausalLM)");
+                         << "\"; imported are mixtral (MixtralForCausalLM), qwen2_moe (Qwen2MoeForCausalLM), "
+                            "glm4_moe (Glm4MoeForCausalLM) and, with --upcycle, llama (LlamaForCausalLM)");
   const int64_t head_dim = c.model.d_model / std::max<int64_t>(c.model.heads, 1);
   same("vocab_size", -1, "model.vocab", c.model.vocab);
   same("hidden_size", -1, "model.d_model", c.model.d_model);
@@ -373,6 +476,27 @@ std::string check_hf_config(const nlohmann::json& hf, const std::string& origin,
   } else if (type == "llama") {  // its MLP becomes every expert, and the dense layers' MLP
     same("intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
     if (c.moe.every > 1) same("intermediate_size", -1, "model.ffn_hidden", c.model.ffn_hidden);
+  } else if (type == "glm4_moe") {
+    int64_t first_moe = c.model.layers;
+    for (int64_t l = c.model.layers - 1; l >= 0 && l % c.moe.every == c.moe.every - 1; --l) first_moe = l;
+    if (first_moe > 0) same("intermediate_size", -1, "model.ffn_hidden", c.model.ffn_hidden);
+    same("moe_intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
+    same("n_routed_experts", -1, "moe.num_experts", c.moe.num_experts);
+    same("n_shared_experts", 1, "moe.shared_experts", c.moe.shared_experts);
+    same("first_k_dense_replace", 1, "the first MoE layer of moe.every", first_moe);
+    same("norm_topk_prob", 1, "moe.router.normalize (with moe.top_k > 1)", c.moe.router.normalize && c.moe.top_k > 1);
+    same("n_group", 1, "1 (a plain top-k)", 1);
+    same("topk_group", 1, "1 (a plain top-k)", 1);
+    if (number(hf, "routed_scaling_factor", 1.0) != 1.0)
+      MOE_BAD_INPUT(origin << ": routed_scaling_factor = " << number(hf, "routed_scaling_factor", 1.0)
+                           << "; this project's gates are not scaled (1 expected)");
+    const nlohmann::json rope = hf.value("rope_parameters", nlohmann::json::object());
+    if (number(rope, "partial_rotary_factor", number(hf, "partial_rotary_factor", 0.5)) != 1.0)
+      MOE_BAD_INPUT(origin << ": partial_rotary_factor = "
+                           << number(rope, "partial_rotary_factor", number(hf, "partial_rotary_factor", 0.5))
+                           << "; this project rotates the whole head (1 expected)");
+    if (number(hf, "use_qk_norm", 0) != 0)
+      MOE_BAD_INPUT(origin << ": use_qk_norm true; q and k are not normalised here");
   } else {
     if (c.moe.every > 1) same("intermediate_size", -1, "model.ffn_hidden", c.model.ffn_hidden);
     same("moe_intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);

@@ -1,9 +1,9 @@
-// Architectures of Hugging Face transformers as maps from this project's parameters: MixtralForCausalLM and
-// Qwen2MoeForCausalLM. For each: which config keys it can express (the rest is refused, naming key and value), its
-// config.json, and each tensor of its checkpoint with the project tensor it comes from and how (transposed to
-// (out, in), the rotary rows of q and k reordered from interleaved pairs to halves, one expert of the (E, ...)
-// tensor, the router scaled by 1/tau, a constant). docs/interop.md has the mappings as tables. Not here: reading and
-// writing files.
+// Architectures of Hugging Face transformers as maps from this project's parameters: MixtralForCausalLM,
+// Qwen2MoeForCausalLM and Glm4MoeForCausalLM. For each: which config keys it can express (the rest is refused, naming
+// key and value), its config.json, and each tensor of its checkpoint with the project tensor it comes from and how
+// (transposed to (out, in), the rotary rows of q and k reordered from interleaved pairs to halves, one expert of the
+// (E, ...) tensor, the router scaled by 1/tau, a constant). docs/interop.md has the mappings as tables. Not here:
+// reading and writing files.
 #pragma once
 
 #include <cstdint>
@@ -44,12 +44,16 @@ struct HfModel {
   std::vector<std::pair<std::string, std::string>> dropped;
 };
 
-// The architecture for `config`: `arch` "mixtral" or "qwen2_moe", or "auto": Mixtral when it expresses the config,
-// else Qwen2-MoE. `router_tau(layer)` is the temperature folded into the layer's router. BadInput naming the key and
-// its value for what the architecture cannot express.
+// The architecture for `config`: `arch` "mixtral", "qwen2_moe" or "glm4_moe", or "auto": the first of those three
+// that expresses the config. `router_tau(layer)` is the temperature folded into the layer's router. BadInput naming the
+// key and its value for what the architecture cannot express.
 HfModel hf_model(const Config& config, const std::vector<double>& router_tau, const std::string& arch);
 HfModel mixtral_model(const Config& config, const std::vector<double>& router_tau);
 HfModel qwen2_moe_model(const Config& config, const std::vector<double>& router_tau);
+// Glm4MoeForCausalLM: DeepSeek-V3's MoE block (sigmoid scores, e_score_correction_bias, shared experts, dense first
+// layers) behind multi-head attention. DeepseekV3ForCausalLM itself (--arch deepseek_v3) is refused: see
+// docs/interop.md.
+HfModel glm4_moe_model(const Config& config, const std::vector<double>& router_tau);
 // For import with --upcycle: a dense LlamaForCausalLM's tensors into the config's MoE model, each MoE layer's every
 // expert a copy of the layer's MLP (a tensor of the directory then has several entries, one per expert), the router
 // not among them. BadInput for shared experts (they would add the MLP once more) and as for Qwen2-MoE.
@@ -60,10 +64,11 @@ void fill_hf_tensor(const HfTensor& t, const float* source, float* out);
 // The inverse: the source's elements that `t` comes from, set from `t`'s values (divided by t.scale).
 void unfill_hf_tensor(const HfTensor& t, const float* values, float* source);
 
-// config.json of a MixtralForCausalLM or Qwen2MoeForCausalLM checked against `config`; returns its model_type
-// ("mixtral" | "qwen2_moe"). BadInput naming the config.json field, the key and both values where they disagree, or
-// what this project's model cannot compute (grouped-query attention, another rotary base or norm epsilon, tied
-// embeddings, another activation, q/k/v biases, sliding windows).
+// config.json of a MixtralForCausalLM, Qwen2MoeForCausalLM, Glm4MoeForCausalLM or (for --upcycle) LlamaForCausalLM
+// checked against `config`; returns its model_type ("mixtral" | "qwen2_moe" | "glm4_moe" | "llama"). BadInput naming
+// the config.json field, the key and both values where they disagree, or what this project's model cannot compute
+// (grouped-query attention, another rotary base or norm epsilon, tied embeddings, another activation, q/k/v biases,
+// sliding windows, partial rotary, q/k norms, scaled or group-limited gates).
 std::string check_hf_config(const nlohmann::json& hf_config, const std::string& origin, const Config& config);
 
 }  // namespace moe

@@ -92,7 +92,14 @@ void load_parameters(Trainer& t, const HfModel& model, const SafetensorsModel& f
   std::map<std::string, std::vector<const HfTensor*>> by_source;
   for (const HfTensor& h : model.tensors) by_source[h.source].push_back(&h);
   for (const auto& [source, parts] : by_source) {
-    if (source.empty()) continue;  // constants, checked by check_constants
+    if (source.empty()) continue;        // constants, checked by check_constants
+    if (source.rfind("moe/", 0) == 0) {  // a layer's balancing bias (Glm4-MoE's e_score_correction_bias)
+      for (MoeLayer<float>* layer : t.moe_layers)
+        if (source == "moe/" + layer->param_prefix() + ".balancing_bias")
+          for (const HfTensor* h : parts)
+            unfill_hf_tensor(*h, files.read_f32(h->name).data(), layer->balancing_bias().data());
+      continue;
+    }
     const ParamSpec& spec = t.model->table().find(source.substr(std::string("params/").size()));
     std::vector<float> values(size_t(spec.numel));
     for (const HfTensor* h : parts) unfill_hf_tensor(*h, files.read_f32(h->name).data(), values.data());
@@ -108,8 +115,8 @@ CLI::App* add_import_command(CLI::App& app, ImportHfOptions& o) {
   imp->require_subcommand(1);
   CLI::App* hf = imp->add_subcommand(
       "hf",
-      "Make RUN_DIR/checkpoints/step-00000000 from a Hugging Face MixtralForCausalLM or Qwen2MoeForCausalLM "
-      "directory (safetensors and "
+      "Make RUN_DIR/checkpoints/step-00000000 from a Hugging Face MixtralForCausalLM, Qwen2MoeForCausalLM or "
+      "Glm4MoeForCausalLM directory (safetensors and "
       "config.json), checked against --config; `moe train --config CONFIG --run-dir RUN_DIR` then continues from it "
       "at any layout (a fresh optimizer).");
   hf->add_option("DIR", o.dir, "The Hugging Face model directory")->required();

@@ -94,6 +94,9 @@ train dense --set moe.every=2
 train sigmoid --set moe.router.score=sigmoid --set moe.router.normalize=false
 train unnormalised --set moe.router.normalize=false --set moe.top_k=2
 train biased --set moe.router.bias_balance.rate=0.001
+train glm --set moe.router.score=sigmoid --set moe.router.bias_balance.rate=0.01 --set moe.shared_experts=1 \
+  --set moe.every=2 --set model.ffn_hidden=48
+train glm-dense-last --set moe.router.score=sigmoid --set moe.every=2 --set model.layers=3
 "$moe" prep --input "$2/data/corpus/prose.txt" --out prepared --tokenizer train --vocab 300 > /dev/null 2>&1 \
   || { echo "setup: moe prep failed"; exit 1; }
 train bpe --set model.vocab=300 --set 'data.sources=[{"name": "prose", "path": "prepared"}]'
@@ -170,8 +173,35 @@ assert 'model.layers.1.mlp.shared_expert_gate.weight' in t and 'model.layers.0.m
 check "a dense layer's MLP in Qwen2-MoE" python3 -c "
 import json; t = json.load(open('dense-hf/model.safetensors.index.json'))['weight_map']
 assert 'model.layers.0.mlp.gate_proj.weight' in t and 'model.layers.1.mlp.gate.weight' in t"
-expect_err=("moe.router.score = sigmoid" "MixtralForCausalLM" "nor can Qwen2MoeForCausalLM")
-run_case "sigmoid scores" 2 "$moe" export hf sigmoid --out x
+# Sigmoid scores: Glm4MoeForCausalLM (DeepSeek-V3's MoE block), the balancing bias as e_score_correction_bias, the
+# dense first layers as first_k_dense_replace, unnormalised gates as norm_topk_prob false.
+expect_err=("moe.router.score = sigmoid" "MixtralForCausalLM cannot express it")
+run_case "sigmoid scores as Mixtral" 2 "$moe" export hf sigmoid --out x --arch mixtral
+for run in sigmoid glm; do
+  run_case "$run as Glm4-MoE (auto)" 0 "$moe" export hf "$run" --out "$run-hf"
+  check "$run-hf is a Glm4MoeForCausalLM" grep -q '"Glm4MoeForCausalLM"' "$run-hf/config.json"
+done
+check "Glm4-MoE: the bias, the shared expert, the dense first layer" python3 -c "
+import json, struct
+t = json.load(open('glm-hf/model.safetensors.index.json'))['weight_map']
+c = json.load(open('glm-hf/config.json'))
+assert c['first_k_dense_replace'] == 1 and c['n_shared_experts'] == 1 and c['norm_topk_prob'] is True, c
+assert c['n_group'] == 1 and c['topk_group'] == 1 and c['routed_scaling_factor'] == 1.0, c
+assert 'model.layers.0.mlp.gate_proj.weight' in t and 'model.layers.1.mlp.shared_experts.down_proj.weight' in t
+name = 'model.layers.1.mlp.gate.e_score_correction_bias'
+f = open('glm-hf/' + t[name], 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n))
+a, b = h[name]['data_offsets']; f.seek(8 + n + a); bias = struct.unpack('<4f', f.read(b - a))
+assert h[name]['shape'] == [4] and any(v != 0 for v in bias), bias
+assert 'model.layers.0.mlp.shared_experts.gate_proj.weight' not in t"
+check "Glm4-MoE unnormalised, without shared experts" python3 -c "
+import json; c = json.load(open('sigmoid-hf/config.json'))
+assert c['first_k_dense_replace'] == 0 and c['n_shared_experts'] == 0 and c['norm_topk_prob'] is False, c
+t = json.load(open('sigmoid-hf/model.safetensors.index.json'))['weight_map']
+assert 'model.layers.0.mlp.shared_experts.down_proj.weight' in t  # width 0, so that transformers misses nothing"
+expect_err=("moe.every = 2" "Glm4MoeForCausalLM cannot express it" "dense layer 2 follows MoE layer 1")
+run_case "sigmoid scores, a dense layer after an MoE one" 2 "$moe" export hf glm-dense-last --out x
+expect_err=("model.attention = mha" "DeepseekV3ForCausalLM cannot express it" "latent attention")
+run_case "DeepSeek-V3 of multi-head attention" 2 "$moe" export hf glm --out x --arch deepseek_v3
 expect_err=("moe.router.bias_balance.rate" "nor can Qwen2MoeForCausalLM")
 run_case "balancing bias" 2 "$moe" export hf biased --out x
 expect_err=("moe.router.bias_balance.rate" "Qwen2MoeForCausalLM cannot express it")
@@ -290,6 +320,25 @@ else:  # same A B: the same values under the same names
         assert a[name][1] == b[name][1] and a[name][2] == b[name][2], name
 PY
 # Qwen2-MoE exports (a shared expert; a dense layer; unnormalised gates) imported and exported again: byte-identical.
+# So are Glm4-MoE exports (the balancing bias, a shared expert and a dense first layer; none of those).
+for run in glm sigmoid; do
+  run_case "import of the Glm4-MoE export of $run" 0 "$moe" import hf "$run-hf" --config "$run/config.json" \
+    --out "$run-imported"
+  run_case "its export" 0 "$moe" export hf "$run-imported" --out "$run-again"
+  for f in "$run-hf"/*; do
+    check "$run: $(basename "$f") byte-identical after import and export" cmp -s "$f" "$run-again/$(basename "$f")"
+  done
+done
+expect_err=("first_k_dense_replace = 1" "moe.every")
+run_case "import of a Glm4-MoE with a dense first layer into a config without" 2 "$moe" import hf glm-hf \
+  --config glm/config.json --set moe.every=1 --out x
+expect_err=("partial_rotary_factor")
+cp -a glm-hf glm-partial
+python3 -c "
+import json; c = json.load(open('glm-partial/config.json')); c['rope_parameters']['partial_rotary_factor'] = 0.5
+json.dump(c, open('glm-partial/config.json', 'w'))"
+run_case "import of a Glm4-MoE rotating half of each head" 2 "$moe" import hf glm-partial --config glm/config.json \
+  --out x
 for run in shared dense unnormalised; do
   run_case "import of the Qwen2-MoE export of $run" 0 "$moe" import hf "$run-hf" --config "$run/config.json" \
     --out "$run-imported"

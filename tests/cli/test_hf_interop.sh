@@ -9,12 +9,15 @@
 # - the bf16 export agrees within bf16's rounding;
 # - the same for Qwen2MoeForCausalLM: a dense layer, a shared expert, unnormalised gates (tp 2 x ep 2), and a model
 #   without shared experts;
+# - the same for Glm4MoeForCausalLM (DeepSeek-V3's MoE block): sigmoid scores with a learned balancing bias, a
+#   dense first layer, a shared expert (tp 2 x ep 2), and top-1 routing;
 # - AutoTokenizer encodes and decodes a corpus sample exactly as the byte tokenizer does, and, for a model trained
 #   on data prepared with a learned BPE (moe prep, vocab 320) at ep 2, as that BPE does (its chunking included:
 #   runs longer than 64 bytes, white space before words, control bytes, non-ASCII text);
 # - a Mixtral that transformers made and saved (random weights) is imported (moe import hf), trains here at
 #   tp 2 x ep 2, and its logits, language-model loss (within 1e-5) and greedy generation agree with transformers';
-#   so do those of a Qwen2-MoE transformers made (a dense layer, a shared expert whose gate is zero), and of a dense
+#   so do those of a Qwen2-MoE transformers made (a dense layer, a shared expert whose gate is zero), of a Glm4-MoE
+#   (a dense first layer, a shared expert, a random balancing bias), and of a dense
 #   Llama upcycled into the tp 2 x ep 2 run's MoE model (--upcycle: its function unchanged).
 # When the environment cannot be made (no network) the test fails, unless MOE_TEST_OFFLINE=1 says this machine
 # is offline: then it is skipped (exit 77).
@@ -84,6 +87,15 @@ mpirun=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --time
   --set model.ffn_hidden=48 --set moe.every=2 --set moe.shared_experts=1 --set moe.router.normalize=false \
   --set moe.router.tau=0.9 --run-dir qwen > /dev/null
 "$moe" train --config "$config" "${small[@]}" --set moe.router.normalize=false --run-dir qwen-unshared > /dev/null
+# Glm4-MoE (DeepSeek-V3's MoE block): sigmoid scores with a learned balancing bias (e_score_correction_bias), a
+# dense first layer, a shared expert, tau 0.9, at tp 2 x ep 2; and top-1 (the gate the score itself) at ep 2.
+"${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set parallel.tp=2 --set parallel.ep=2 \
+  --set model.ffn_hidden=48 --set moe.every=2 --set moe.shared_experts=1 --set moe.router.score=sigmoid \
+  --set moe.router.bias_balance.rate=0.05 --set moe.router.bias_balance.rule=proportional --set moe.router.tau=0.9 \
+  --run-dir glm > /dev/null
+"${mpirun[@]}" -np 2 "$moe" train --config "$config" "${small[@]}" --set parallel.ep=2 --set moe.top_k=1 \
+  --set moe.router.score=sigmoid --set moe.router.bias_balance.rate=0.05 --set moe.router.bias_balance.rule=proportional \
+  --run-dir glm-top1 > /dev/null
 "$moe" prep --input "$src/data/corpus/prose.txt" --out prepared --tokenizer train --vocab 320 > /dev/null
 "${mpirun[@]}" -np 2 "$moe" train --config "$config" "${small[@]}" --set parallel.ep=2 --set model.vocab=320 \
   --set 'data.sources=[{"name": "prose", "path": "prepared"}]' --run-dir bpe > /dev/null
@@ -120,6 +132,23 @@ check bpe bpe-hf
 check qwen qwen-hf
 "$moe" export hf qwen-unshared --out qwen-unshared-hf > /dev/null
 check qwen-unshared qwen-unshared-hf
+"$moe" export hf glm --out glm-hf > /dev/null
+grep -q '"Glm4MoeForCausalLM"' glm-hf/config.json
+check glm glm-hf
+"$moe" export hf glm-top1 --out glm-top1-hf > /dev/null
+# The bias is learned (the proportional rule: the sign rule's +-rate steps can cancel to 0 in a few steps), so
+# the selection by score + bias is what is compared.
+for dir in glm-hf glm-top1-hf; do
+  "$venv/bin/python" -c "
+import sys, torch
+from safetensors.torch import load_file
+import json, os
+d = sys.argv[1]
+files = set(json.load(open(os.path.join(d, 'model.safetensors.index.json')))['weight_map'].values())
+biases = [t for f in files for n, t in load_file(os.path.join(d, f)).items() if n.endswith('e_score_correction_bias')]
+assert biases and all(b.abs().max() > 0 for b in biases), biases" "$dir"
+done
+check glm-top1 glm-top1-hf
 
 # A Mixtral that transformers itself made (random weights, saved as one model.safetensors), imported with the
 # tp 2 x ep 2 run's config (tau 0.7 folded back into the router), trained on from there at tp 2 x ep 2, and its
@@ -152,6 +181,23 @@ with torch.no_grad():
             p.normal_(0, 0.3)
     model.model.layers[1].mlp.shared_expert_gate.weight.zero_()
 model.save_pretrained("qwen-made-by-transformers")
+# A Glm4-MoE of the glm run's shape (a dense first layer, a shared expert), with a random balancing bias.
+from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+config = Glm4MoeConfig(vocab_size=256, hidden_size=32, intermediate_size=48, moe_intermediate_size=32,
+                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                       n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
+                       norm_topk_prob=True, n_group=1, topk_group=1, routed_scaling_factor=1.0, use_qk_norm=False,
+                       max_position_embeddings=64, rms_norm_eps=1e-5, num_nextn_predict_layers=0,
+                       partial_rotary_factor=1.0,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+                       tie_word_embeddings=False)
+model = Glm4MoeForCausalLM(config)
+with torch.no_grad():
+    for name, p in model.named_parameters():
+        if p.dim() > 1:
+            p.normal_(0, 0.3)
+    model.model.layers[1].mlp.gate.e_score_correction_bias.normal_(0, 0.3)
+model.save_pretrained("glm-made-by-transformers")
 # A dense Llama of the same width, to upcycle.
 from transformers import LlamaConfig, LlamaForCausalLM
 config = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -173,6 +219,9 @@ grep -q '"step":2' imported/metrics.jsonl || { echo "FAIL: the imported run did 
 "$moe" import hf qwen-made-by-transformers --config qwen/config.json --out qwen-imported > /dev/null
 "$moe" logits qwen-imported --text-file prompt.txt --generate 32 --out qwen-imported.json 2> /dev/null
 "$venv/bin/python" "$src/tests/cli/check_hf_interop.py" qwen-made-by-transformers qwen-imported.json - -
+"$moe" import hf glm-made-by-transformers --config glm/config.json --out glm-imported > /dev/null
+"$moe" logits glm-imported --text-file prompt.txt --generate 32 --out glm-imported.json 2> /dev/null
+"$venv/bin/python" "$src/tests/cli/check_hf_interop.py" glm-made-by-transformers glm-imported.json - -
 # Upcycled: every expert the layer's MLP and the gates renormalised to sum 1, so the MoE model computes the dense
 # Llama's function whatever the (freshly initialised) router chooses.
 "$moe" import hf llama-made-by-transformers --upcycle --config tp2ep2/config.json --out upcycled > /dev/null
