@@ -11,15 +11,12 @@
 #include <vector>
 
 #include "core/backend/cpu/vector_math.h"
+#include "core/moe/gate_weights.h"
 
 namespace moe::cpu {
 
 // The floor under a score before its logarithm (entropy, the warm-up term): the router's, docs/moe.md.
 constexpr double kRouterMinLogArg = 1e-30;
-
-// Below this the renormalising sum of the selected scores is clamped (and treated as a constant), so a sigmoid
-// router cannot drive its scores towards zero to game the losses (docs/moe.md).
-constexpr double kMinGateSum = 1e-6;
 
 // log max(p, kRouterMinLogArg) of a row p (E values), in a buffer of the calling thread that its next call
 // overwrites.
@@ -36,23 +33,9 @@ const double* router_row_log(const T* p, int64_t E) {
 template <typename T>
 void gate_weights(const T* scores, const int32_t* preference, int64_t W, bool renormalised, int32_t* selected,
                   T* selected_score, T* gate, T* denom, uint8_t* clamped, int64_t N, int64_t E, int64_t K) {
-  for (int64_t n = 0; n < N; ++n) {
-    const T* p = scores + n * E;
-    int32_t* sel = selected + n * K;
-    double sum = 0;
-    for (int64_t j = 0; j < K; ++j) {
-      sel[j] = preference[n * W + j];
-      selected_score[n * K + j] = sel[j] >= 0 ? p[sel[j]] : T(0);
-      if (sel[j] >= 0) sum += double(p[sel[j]]);
-    }
-    clamped[n] = 0;
-    denom[n] = T(1);
-    if (renormalised) {
-      if (sum < kMinGateSum) sum = kMinGateSum, clamped[n] = 1;
-      denom[n] = T(sum);
-    }
-    for (int64_t j = 0; j < K; ++j) gate[n * K + j] = sel[j] >= 0 ? p[sel[j]] / denom[n] : T(0);
-  }
+  for (int64_t n = 0; n < N; ++n)
+    token_gate_weights(scores + n * E, preference + n * W, renormalised, selected + n * K, selected_score + n * K,
+                       gate + n * K, denom + n, clamped + n, K);
 }
 
 // The top-k fractions of each expert (Ops::expert_fractions): counted in T (exact), then divided.

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/moe/gate_weights.h"
 #include "core/philox.h"
 
 namespace moe::cuda {
@@ -510,29 +511,14 @@ __global__ void router_loss_backward_kernel(const T* logits, const T* scores, co
 
 // ---- the router's forward after the scores (the CPU reference: core/backend/cpu/router_kernels.h) -----------
 
-constexpr double kMinGateSum = 1e-6;  // as the CPU reference
-
-// One thread per token: the selected experts, their scores and gate weights.
+// One thread per token: the selected experts, their scores and gate weights (core/moe/gate_weights.h).
 template <typename T>
 __global__ void gate_weights_kernel(const T* scores, const int32_t* preference, int64_t W, bool renormalised,
                                     int32_t* selected, T* selected_score, T* gate, T* denom, uint8_t* clamped,
                                     int64_t N, int64_t E, int64_t K) {
   MOE_GRID_STRIDE(n, N) {
-    const T* p = scores + n * E;
-    int32_t* sel = selected + n * K;
-    double sum = 0;
-    for (int64_t j = 0; j < K; ++j) {
-      sel[j] = preference[n * W + j];
-      selected_score[n * K + j] = sel[j] >= 0 ? p[sel[j]] : T(0);
-      if (sel[j] >= 0) sum += double(p[sel[j]]);
-    }
-    clamped[n] = 0;
-    denom[n] = T(1);
-    if (renormalised) {
-      if (sum < kMinGateSum) sum = kMinGateSum, clamped[n] = 1;
-      denom[n] = T(sum);
-    }
-    for (int64_t j = 0; j < K; ++j) gate[n * K + j] = sel[j] >= 0 ? p[sel[j]] / denom[n] : T(0);
+    token_gate_weights(scores + n * E, preference + n * W, renormalised, selected + n * K, selected_score + n * K,
+                       gate + n * K, denom + n, clamped + n, K);
   }
 }
 
