@@ -9,16 +9,7 @@
 set -u
 source "$(dirname "$0")/cluster.sh"
 cluster_login "$0" "$@"
-
-passed=0
-failed=0
-check() {  # check DESCRIPTION COMMAND...: the command must succeed
-  local what=$1
-  shift
-  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)) && echo "FAIL: $what"; fi
-}
-contains() { [[ "$1" == *"$2"* ]]; }
-lacks() { [[ "$1" != *"$2"* ]]; }
+source "$(dirname "$0")/checks.sh"
 
 cluster_up 3 2
 export MOE_CLUSTER_CONNECT_TIMEOUT=1
@@ -203,5 +194,4 @@ rc=$?
 check "root without CAP_SYS_ADMIN: exit 1 (got $rc)" test $rc = 1
 check "root without CAP_SYS_ADMIN: says why ($(cat err.txt))" grep -q "cannot create a mount namespace.*CAP_SYS_ADMIN" err.txt
 
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+checks_summary

@@ -13,21 +13,8 @@
 set -u
 source "$(dirname "$0")/cluster.sh"
 cluster_login "$0" "$@"
-if [ $# -ne 2 ]; then
-  echo "usage: $0 MOE_BINARY SOURCE_DIR" >&2
-  exit 2
-fi
-moe=$(realpath "$1")
-config=$(realpath "$2/configs/tiny_moe.json")
-
-passed=0
-failed=0
-check() {  # check DESCRIPTION COMMAND...: the command must succeed
-  local what=$1
-  shift
-  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)) && echo "FAIL: $what"; fi
-}
-contains() { [[ "$1" == *"$2"* ]]; }
+source "$(dirname "$0")/checks.sh"
+training_test_args "$0" "$@"
 
 cluster_up 3 2
 export MOE_CLUSTER_CONNECT_TIMEOUT=2
@@ -146,5 +133,4 @@ check "partition: finished on mh2 and mh3 after 1 restart" \
 check "partition: the losses of the uninterrupted run, bit for bit" same_losses partition
 cluster_unpartition
 
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+checks_summary

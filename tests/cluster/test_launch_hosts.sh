@@ -10,21 +10,8 @@
 set -u
 source "$(dirname "$0")/cluster.sh"
 cluster_login "$0" "$@"
-if [ $# -ne 2 ]; then
-  echo "usage: $0 MOE_BINARY SOURCE_DIR" >&2
-  exit 2
-fi
-moe=$(realpath "$1")
-config=$(realpath "$2/configs/tiny_moe.json")
-
-passed=0
-failed=0
-check() {  # check DESCRIPTION COMMAND...: the command must succeed
-  local what=$1
-  shift
-  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)) && echo "FAIL: $what"; fi
-}
-contains() { [[ "$1" == *"$2"* ]]; }
+source "$(dirname "$0")/checks.sh"
+training_test_args "$0" "$@"
 
 cluster_up 2 2
 shared="$CLUSTER_DIR/shared"
@@ -123,5 +110,4 @@ launch local_only --hostfile local_hosts.txt --set train.steps=2
 check "a hostfile of this machine only: exit 0 (got $rc; $(tail -3 local_only.err))" test "$rc" = 0
 check "a hostfile of this machine only: listens on loopback" contains "$(field local_only start listen)" "127.0.0.1:"
 
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+checks_summary

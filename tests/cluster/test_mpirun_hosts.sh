@@ -10,20 +10,8 @@
 set -u
 source "$(dirname "$0")/cluster.sh"
 cluster_login "$0" "$@"
-if [ $# -ne 2 ]; then
-  echo "usage: $0 MOE_BINARY SOURCE_DIR" >&2
-  exit 2
-fi
-moe=$(realpath "$1")
-config=$(realpath "$2/configs/tiny_moe.json")
-
-passed=0
-failed=0
-check() {  # check DESCRIPTION COMMAND...: the command must succeed
-  local what=$1
-  shift
-  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)) && echo "FAIL: $what"; fi
-}
+source "$(dirname "$0")/checks.sh"
+training_test_args "$0" "$@"
 
 cluster_up 4 2
 shared="$CLUSTER_DIR/shared"
@@ -99,5 +87,4 @@ done
 differ() { ! cmp -s "$1" "$2"; }
 check "tp 2 x ep 2 differs from dp 4 x ep 2 in the last bits (the comparison can fail)" differ one_host.txt one_tp.txt
 
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+checks_summary
