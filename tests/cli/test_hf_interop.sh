@@ -35,36 +35,8 @@ venv=$3
 requirements="$src/tests/requirements-hf.txt"
 config="$src/configs/tiny_moe.json"
 
-# Debian's python3 (python3-venv) first: a pyenv python3 may lack ensurepip.
-python=""
-for candidate in /usr/bin/python3 python3; do
-  if command -v "$candidate" > /dev/null && "$candidate" -c "import venv, ensurepip" 2> /dev/null; then
-    python=$candidate
-    break
-  fi
-done
-stamp="$venv/requirements.sha256"
-want=$(sha256sum "$requirements" | cut -d' ' -f1)
-if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2> /dev/null)" != "$want" ]; then
-  if [ -z "$python" ]; then
-    echo "FAIL: no python3 with venv and ensurepip to make $venv (Debian: apt-get install python3-venv)" >&2
-    exit 1
-  fi
-  rm -rf "$venv"
-  if ! { "$python" -m venv "$venv" \
-    && "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -r "$requirements"; } > "$venv.log" 2>&1; then
-    tail -5 "$venv.log" >&2
-    rm -rf "$venv"
-    if [ "${MOE_TEST_OFFLINE:-0}" = 1 ]; then
-      echo "skipped: MOE_TEST_OFFLINE=1 and transformers could not be installed from PyPI (log: $venv.log)"
-      exit 77
-    fi
-    echo "FAIL: could not install $requirements from PyPI into $venv (log: $venv.log); this test needs PyPI," \
-      "or set MOE_TEST_OFFLINE=1 on a machine without network to skip it" >&2
-    exit 1
-  fi
-  echo "$want" > "$stamp"
-fi
+source "$(dirname "$0")/pinned_venv.sh"
+pinned_venv "$venv" "$requirements" transformers --no-deps
 unset OMPI_COMM_WORLD_SIZE PMI_SIZE PMIX_SIZE OMPI_COMM_WORLD_LOCAL_SIZE MPI_LOCALNRANKS
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/moe_hf_interop.XXXXXX")

@@ -1,0 +1,38 @@
+# pinned_venv VENV REQUIREMENTS WHAT [PIP_OPTION...]: a virtual environment at VENV holding REQUIREMENTS (pinned
+# versions, tests/requirements-*.txt), made with Debian's python3 (python3-venv) when missing or made from
+# another version of the file (VENV/requirements.sha256). When it cannot be made (no network) the calling test
+# fails, unless MOE_TEST_OFFLINE=1 says this machine is offline: then it is skipped (exit 77). WHAT names the
+# packages in the messages; PIP_OPTIONs go to pip install (e.g. --no-deps). Sourced by the tests that need one.
+pinned_venv() {
+  local venv=$1 requirements=$2 what=$3
+  shift 3
+  # Debian's python3 (python3-venv) first: a pyenv python3 may lack ensurepip.
+  local python="" candidate
+  for candidate in /usr/bin/python3 python3; do
+    if command -v "$candidate" > /dev/null && "$candidate" -c "import venv, ensurepip" 2> /dev/null; then
+      python=$candidate
+      break
+    fi
+  done
+  local stamp="$venv/requirements.sha256" want
+  want=$(sha256sum "$requirements" | cut -d' ' -f1)
+  [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2> /dev/null)" = "$want" ] && return 0
+  if [ -z "$python" ]; then
+    echo "FAIL: no python3 with venv and ensurepip to make $venv (Debian: apt-get install python3-venv)" >&2
+    exit 1
+  fi
+  rm -rf "$venv"
+  if ! { "$python" -m venv "$venv" \
+    && "$venv/bin/pip" install -q --disable-pip-version-check "$@" -r "$requirements"; } > "$venv.log" 2>&1; then
+    tail -5 "$venv.log" >&2
+    rm -rf "$venv"
+    if [ "${MOE_TEST_OFFLINE:-0}" = 1 ]; then
+      echo "skipped: MOE_TEST_OFFLINE=1 and $what could not be installed from PyPI (log: $venv.log)"
+      exit 77
+    fi
+    echo "FAIL: could not install $requirements from PyPI into $venv (log: $venv.log); this test needs PyPI," \
+      "or set MOE_TEST_OFFLINE=1 on a machine without network to skip it" >&2
+    exit 1
+  fi
+  echo "$want" > "$stamp"
+}
