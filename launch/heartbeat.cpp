@@ -140,20 +140,31 @@ HeartbeatSender::~HeartbeatSender() {
   stop_ = true;
   if (thread_.joinable()) thread_.join();
   if (socket_ >= 0) {
-    // The last word, whether or not the thread's next beat would have come: the supervisor counts a run as
-    // finished only when a rank has reported its last step.
-    if (finished) {
-      const std::string message =
-          encode_heartbeat(secret_, {attempt_, rank_, int64_t(::getpid()), step_, phase_, host_});
-      ::send(socket_, message.data(), message.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-    }
+    // The last word once more, after the thread's last beat: the supervisor counts a run as finished only when
+    // a rank has reported its last step.
+    if (finished) send({attempt_, rank_, int64_t(::getpid()), step_, phase_, host_});
     ::close(socket_);
   }
 }
 
+void HeartbeatSender::send(const Heartbeat& beat) {
+  if (socket_ < 0) return;
+  const std::string message = encode_heartbeat(secret_, beat);
+  ::send(socket_, message.data(), message.size(), MSG_DONTWAIT | MSG_NOSIGNAL);  // best effort
+}
+
 void HeartbeatSender::set(Phase phase, int64_t step, const char* operation) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  phase_ = phase, step_ = step, operation_ = operation, since_ = now_s();
+  Heartbeat beat;
+  bool changed = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    changed = phase != phase_;
+    phase_ = phase, step_ = step, operation_ = operation, since_ = now_s();
+    beat = {attempt_, rank_, int64_t(::getpid()), step_, phase_, host_};
+  }
+  // A new phase is reported at once: a phase shorter than the interval (the steps between two checkpoint saves)
+  // would otherwise often fall between two beats, and the supervisor would not hear that training began.
+  if (changed) send(beat);
 }
 
 void HeartbeatSender::run() {
@@ -168,10 +179,7 @@ void HeartbeatSender::run() {
       operation = operation_;
       stalled = now_s() - since_;
     }
-    if (socket_ >= 0) {
-      const std::string message = encode_heartbeat(secret_, beat);
-      ::send(socket_, message.data(), message.size(), MSG_DONTWAIT | MSG_NOSIGNAL);  // best effort
-    }
+    send(beat);
     const double limit = phase_timeout(fault_, beat.phase);
     if (stalled > limit) {
       std::fprintf(stderr,

@@ -49,10 +49,12 @@ class HeartbeatSender {
   HeartbeatSender(const HeartbeatSender&) = delete;
   HeartbeatSender& operator=(const HeartbeatSender&) = delete;
   // The main thread's progress: each call restarts the watchdog's clock.
+  // A change of phase is sent at once.
   void set(Phase phase, int64_t step, const char* operation);
 
  private:
   void run();
+  void send(const Heartbeat& beat);
   int64_t rank_;
   std::string host_;
   FaultConfig fault_;
