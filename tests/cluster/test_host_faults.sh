@@ -5,6 +5,8 @@
 # - mh2 frozen: a hang on mh2, mh2 fails the probe ("frozen"), mh3 takes its place;
 # - node-local checkpoints (checkpoint.node_local, on each host's own disk, with peer copies) and mh2 cut off: mh3
 #   takes its place with an empty disk; what lived only on mh2's disk comes from the peer copies on mh1;
+# - node-local checkpoints and mh2's disk wiped as all its processes are killed: mh2 is kept, and what lived only on
+#   its disk comes from the peer copies on mh1;
 # - a partition, {mh1} | {mh2, mh3}, every host still reaching this machine: the probe's connections between the
 #   hosts find it, mh1 (reaching no other host) is left out and mh3 takes its place.
 # Prints what each recovery took.
@@ -72,7 +74,8 @@ faulted() {
   wait $launcher
   rc=$?
   echo "[ figures ] $name: $(events_of "$name" crash reason host detect_s)$(events_of "$name" hang reason host detect_s)" \
-    "$(events_of "$name" probe attempt seconds | tail -n 1) $(events_of "$name" restart resume_step steps_lost)"
+    "$(events_of "$name" probe attempt seconds | tail -n 1) $(events_of "$name" restart resume_step steps_lost)" \
+    "$(events_of "$name" training attempt step time_to_train_s | tail -n 1)"
 }
 
 timeout 300 "$moe" launch --np 4 "${mpi_small[@]}" --config "$config" "${small[@]}" --run-dir "$shared/reference" \
@@ -119,6 +122,21 @@ check "node-local: resumed after step 0" python3 -c "import json, sys; sys.exit(
 check "node-local: the losses of the uninterrupted run, bit for bit" same_losses node_local
 cluster_heal mh2
 cluster_kill mh2  # the ranks it ran when cut off, left to spin by the supervisor as on a real cluster: a reboot
+
+# ---- mh2's disk lost with every process of mh2: mh2 is kept, its shards come from their peer copies. -----------
+disk_lost() { cluster_wipe_disk mh2 && cluster_kill mh2; }
+node_local[${#node_local[@]} - 1]="checkpoint.dir=$CLUSTER_LOCAL/ckpt_disk"
+faulted disk_lost disk_lost "${node_local[@]}"
+check "disk lost: exit 0 ($(tail -3 disk_lost.err))" test $rc = 0
+check "disk lost: mh2 passed the probe and was kept" test "$(events_of disk_lost host_lost host | wc -l)" = 0
+check "disk lost: finished on mh1 and mh2 after 1 restart" \
+  test "$(events_of disk_lost finished restarts hosts_heard)" = '{"hosts_heard": ["mh1", "mh2"], "restarts": 1}'
+check "disk lost: mh2's shards came from their peer copies on mh1" \
+  grep -q "rank-00002.h5 is on no host; using the peer copy held by rank 0" disk_lost.err
+check "disk lost: resumed after step 5" python3 -c "import json, sys; sys.exit(not json.loads(sys.argv[1])['step'] > 5)" \
+  "$(events_of disk_lost training attempt step | tail -n 1)"
+check "disk lost: mh2's disk holds checkpoints again" test "$(ls "$CLUSTER_DIR/hosts/mh2/disk/ckpt_disk" | grep -c step-)" -gt 0
+check "disk lost: the losses of the uninterrupted run, bit for bit" same_losses disk_lost
 
 # ---- A partition between the hosts: mh1 on one side, mh2 and mh3 on the other. ----------------------------------
 # (checkpoint_timeout_s too: a checkpoint's collectives wait under that phase's timeout)
