@@ -23,11 +23,12 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 # `moe report`'s pages in; python3-h5py is what a test reads checkpoints with, as a user without this program
 # would (docs/checkpoint.md); libprotobuf-dev, protobuf-compiler and libboost-dev (Boost.CRC) write TensorBoard's
 # event files, and python3-venv makes the environment their test installs TensorBoard into; iproute2 makes the
-# simulated hosts of tests/cluster (network namespaces, a bridge, tc) (docs/design.md "Dependencies").
+# simulated hosts of tests/cluster (network namespaces, a bridge, tc), on which slurm-wlm and munge run the Slurm
+# example for real (docs/design.md "Dependencies").
 DEBIAN_PACKAGES := build-essential cmake libcli11-dev nlohmann-json3-dev libgtest-dev libopenblas-dev \
                    libopenblas-openmp-dev libxxhash-dev zlib1g-dev libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools \
                    clang-format chromium python3-h5py libprotobuf-dev protobuf-compiler libboost-dev python3-venv \
-                   iproute2
+                   iproute2 slurm-wlm munge
 
 .PHONY: all deps configure build train test test-sanitize bench ablate clean
 

@@ -573,6 +573,18 @@ std::string joined(const std::vector<std::string>& words) {
   return out;
 }
 
+// Inside a Slurm allocation OpenMPI starts its daemons with srun, one job step per attempt. A step that spanned a
+// lost host stays "completing" until Slurm declares that host down (SlurmdTimeout, minutes), and holds its
+// resources meanwhile, so the restart's srun would wait for it: the steps are allowed to overlap (srun --overlap,
+// passed by OpenMPI's plm_slurm_args, kept if the user set it).
+void allow_overlapping_steps() {
+  const char* args = std::getenv("OMPI_MCA_plm_slurm_args");
+  std::string value = args ? args : "";
+  if (value.find("--overlap") != std::string::npos) return;
+  value += std::string(value.empty() ? "" : " ") + "--overlap";
+  ::setenv("OMPI_MCA_plm_slurm_args", value.c_str(), 1);
+}
+
 }  // namespace
 
 int run_launch(const LaunchOptions& o) {
@@ -610,7 +622,10 @@ int run_launch(const LaunchOptions& o) {
   RunLock lock = RunLock::acquire(run_dir, o.command_line.empty() ? "" : joined(o.command_line));
   l.lock_token = lock.token();
   l.hostfile = o.hostfile;
-  if (slurm) l.hostfile = write_hostfile(fs::path(run_dir) / "hostfile.slurm", *slurm);
+  if (slurm) {
+    l.hostfile = write_hostfile(fs::path(run_dir) / "hostfile.slurm", *slurm);
+    allow_overlapping_steps();
+  }
   l.lock_fd = lock.descriptor();
   try {
     return supervise(l, lock);

@@ -27,9 +27,11 @@ unreachable() {
   exit 255
 }
 holder=$(cat "$dir/holder")
-veth=$(cat "$dir/veth")
-flags=$(cat "/sys/class/net/$veth/flags" 2> /dev/null) || unreachable "its link is gone"
-[ $((flags & 1)) = 1 ] || unreachable "its link is down"
+# The link as the host sees it (its end of the veth has no carrier when the bridge's end is down), read in the
+# host's namespaces: the agent runs on the login node and on the hosts (a probe from a Slurm batch host) alike.
+carrier=$(nsenter --target "$holder" --net --mount cat /sys/class/net/eth0/carrier 2> /dev/null) ||
+  unreachable "its link is gone"
+[ "$carrier" = 1 ] || unreachable "its link is down"
 state=$(awk '/^State:/ {print $2}' "/proc/$holder/status" 2> /dev/null) || unreachable "the host is down"
 [ "$state" != T ] || unreachable "the host is frozen"
 
