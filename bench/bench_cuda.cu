@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench/bench_main.h"
+#include "core/backend/cuda/cuda_check.h"
 #include "core/backend/cuda_backend.h"
 #include "core/error.h"
 
@@ -59,7 +60,7 @@ double median_seconds(int reps, const std::function<void()>& f) {
 // on zeros or constants time optimistically (an H200 ran 894 TFLOP/s on zeros, 788 on random data). Everything
 // queued before is waited for (a backend zero-fills its buffers on its own stream), and so is the fill.
 void fill_random(void* device, int64_t n, bool bf16) {
-  MOE_CHECK(cudaDeviceSynchronize() == cudaSuccess, "the device failed before the benchmark's fill");
+  MOE_CUDA_CHECK(cudaDeviceSynchronize());  // what was queued before the fill
   std::mt19937_64 gen(20261204);
   std::normal_distribution<float> normal;
   const int64_t tile = std::min<int64_t>(n, int64_t(1) << 20), bytes = bf16 ? 2 : 4;
@@ -68,10 +69,9 @@ void fill_random(void* device, int64_t n, bool bf16) {
   std::vector<__nv_bfloat16> b16(f32.begin(), f32.end());
   const void* host = bf16 ? static_cast<const void*>(b16.data()) : static_cast<const void*>(f32.data());
   for (int64_t at = 0; at < n; at += tile)
-    MOE_CHECK(cudaMemcpy(static_cast<char*>(device) + at * bytes, host, size_t(std::min(tile, n - at) * bytes),
-                         cudaMemcpyHostToDevice) == cudaSuccess,
-              "copying the benchmark's random operands to the device");
-  MOE_CHECK(cudaDeviceSynchronize() == cudaSuccess, "the device failed in the benchmark's fill");
+    MOE_CUDA_CHECK(cudaMemcpy(static_cast<char*>(device) + at * bytes, host, size_t(std::min(tile, n - at) * bytes),
+                              cudaMemcpyHostToDevice));
+  MOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 // cuBLAS GEMM of n^3 in `type` (bf16 or fp32 storage, fp32 accumulation): FLOP/s.
@@ -83,15 +83,13 @@ double cublas_peak(int64_t n, cudaDataType_t type, int reps) {
     MOE_RUN_FAILED("cannot allocate three " << n << "^2 matrices");
   fill_random(a, n * n, type == CUDA_R_16BF), fill_random(b, n * n, type == CUDA_R_16BF);
   cublasHandle_t h;
-  cublasCreate(&h);
+  MOE_CUBLAS_CHECK(cublasCreate(&h));
   const float alpha = 1, beta = 0;
   const int m = int(n);
   // A refused call would time as nothing and give a huge peak (and so a tiny MFU): it fails the benchmark.
   const double s = median_seconds(reps, [&] {
-    const cublasStatus_t status = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &alpha, a, type, m, b, type, m,
-                                               &beta, c, type, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (status != CUBLAS_STATUS_SUCCESS)
-      MOE_RUN_FAILED("cublasGemmEx of " << n << "^3 for the peak: " << cublasGetStatusString(status));
+    MOE_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &alpha, a, type, m, b, type, m, &beta, c, type,
+                                  m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   });
   cublasDestroy(h);
   cudaFree(a), cudaFree(b), cudaFree(c);

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/backend/cuda/cuda_check.h"
 #include "core/backend/cuda/host_wait.h"
 #include "core/backend/cuda_backend.h"
 #include "core/error.h"
@@ -16,18 +17,6 @@
 
 namespace moe {
 namespace {
-
-#define MOE_NCCL_CHECK(call, what)                                                                        \
-  do {                                                                                                    \
-    const ncclResult_t moe_nccl_status_ = (call);                                                         \
-    if (moe_nccl_status_ != ncclSuccess)                                                                  \
-      MOE_FAIL("NCCL " << what << " failed: " << ncclGetErrorString(moe_nccl_status_) << " [" #call "]"); \
-  } while (0)
-#define MOE_CUDART_CHECK(call)                                                                            \
-  do {                                                                                                    \
-    const cudaError_t moe_cuda_status_ = (call);                                                          \
-    if (moe_cuda_status_ != cudaSuccess) MOE_FAIL(#call << ": " << cudaGetErrorString(moe_cuda_status_)); \
-  } while (0)
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
@@ -86,12 +75,12 @@ class NcclRequest final : public Request {
       check_();
       return false;
     }
-    MOE_CUDART_CHECK(status);
+    MOE_CUDA_CHECK(status);
     wait();
     return true;
   }
   void wait() override {
-    if (!waited_) MOE_CUDART_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+    if (!waited_) MOE_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
     waited_ = true;
     side_work_.end();
   }
@@ -219,7 +208,7 @@ class NcclCommunicator final : public Communicator {
     auto done = [&] {
       const cudaError_t status = cudaStreamQuery(stream);
       if (status == cudaErrorNotReady) return false;
-      MOE_CUDART_CHECK(status);
+      MOE_CUDA_CHECK(status);
       return true;
     };
     cuda::wait_polling(done, [&] { check_async_error(); });
@@ -234,8 +223,8 @@ class NcclCommunicator final : public Communicator {
   }
   // After the compute stream's queued work, the communicator's stream runs what follows.
   void follow_compute() {
-    MOE_CUDART_CHECK(cudaEventRecord(ready_, compute_));
-    MOE_CUDART_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    MOE_CUDA_CHECK(cudaEventRecord(ready_, compute_));
+    MOE_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
   }
   // Runs `issue` on the communicator's stream after the compute stream's queued work and after the pending
   // transfers; the request completes with it.
@@ -246,8 +235,8 @@ class NcclCommunicator final : public Communicator {
     check_async_error();
     MOE_NCCL_CHECK(issue(stream_), what << " on communicator '" << name_ << "'");
     cudaEvent_t done = nullptr;
-    MOE_CUDART_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    MOE_CUDART_CHECK(cudaEventRecord(done, stream_));
+    MOE_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    MOE_CUDA_CHECK(cudaEventRecord(done, stream_));
     return std::make_unique<NcclRequest>(compute_, done, backend_, [this] { check_async_error(); });
   }
 
@@ -274,8 +263,8 @@ NcclCommunicator::NcclCommunicator(Communicator& control, Backend& backend)
   if (rank_ == 0) MOE_NCCL_CHECK(ncclGetUniqueId(&id), "unique id for '" << name_ << "'");
   control.broadcast(reinterpret_cast<uint8_t*>(&id), int64_t(sizeof id), 0);
   MOE_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_), "init of '" << name_ << "' (rank " << rank_ << ")");
-  MOE_CUDART_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  MOE_CUDART_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  MOE_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
   watch_ = cuda_watch(backend_, [this] { check_async_error(); });
 }
 
@@ -319,8 +308,8 @@ void NcclCommunicator::flush() {
   const ncclResult_t end = ncclGroupEnd();
   MOE_NCCL_CHECK(status != ncclSuccess ? status : end, batch->transfers.size()
                                                            << " sends and receives on communicator '" << name_ << "'");
-  MOE_CUDART_CHECK(cudaEventCreateWithFlags(&batch->done, cudaEventDisableTiming));
-  MOE_CUDART_CHECK(cudaEventRecord(batch->done, stream_));
+  MOE_CUDA_CHECK(cudaEventCreateWithFlags(&batch->done, cudaEventDisableTiming));
+  MOE_CUDA_CHECK(cudaEventRecord(batch->done, stream_));
 }
 
 NcclTransferRequest::~NcclTransferRequest() {
@@ -338,7 +327,7 @@ bool NcclTransferRequest::test() {
     comm_.check_async_error();
     return false;
   }
-  MOE_CUDART_CHECK(status);
+  MOE_CUDA_CHECK(status);
   wait();
   return true;
 }
@@ -346,7 +335,7 @@ bool NcclTransferRequest::test() {
 void NcclTransferRequest::wait() {
   if (waited_) return;
   if (!batch_->done) comm_.flush();
-  MOE_CUDART_CHECK(cudaStreamWaitEvent(comm_.compute_stream(), batch_->done, 0));
+  MOE_CUDA_CHECK(cudaStreamWaitEvent(comm_.compute_stream(), batch_->done, 0));
   waited_ = true;
   side_work_.end();
 }

@@ -20,6 +20,7 @@
 #ifdef MOE_HAVE_CUDNN
 #include "core/backend/cuda/cudnn_attention.h"
 #endif
+#include "core/backend/cuda/cuda_check.h"
 #include "core/backend/cuda/cuda_kernels.cuh"
 #include "core/backend/cuda/grouped_gemm_plan.h"
 #include "core/backend/cuda/host_wait.h"
@@ -32,19 +33,6 @@ namespace cuda {
 class CudnnAttention;  // cudnn_attention.h, where cuDNN is built
 }
 namespace {
-
-#define MOE_CUDA_CHECK(call)                                                                          \
-  do {                                                                                                \
-    const cudaError_t moe_status_ = (call);                                                           \
-    if (moe_status_ != cudaSuccess) MOE_RUN_FAILED(#call << ": " << cudaGetErrorString(moe_status_)); \
-  } while (0)
-#define MOE_CUBLAS_CHECK(call)                                                                                     \
-  do {                                                                                                             \
-    const cublasStatus_t moe_status_ = (call);                                                                     \
-    if (moe_status_ != CUBLAS_STATUS_SUCCESS) MOE_RUN_FAILED(#call << ": " << cublasGetStatusString(moe_status_)); \
-  } while (0)
-// After a kernel launch: a bad configuration shows here, an error while running at the next synchronisation.
-#define MOE_CUDA_LAUNCHED() MOE_CUDA_CHECK(cudaGetLastError())
 
 using cuda::elementwise_launch;
 using cuda::LaunchConfig;
