@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/backend/fused_attention.h"
+
 namespace moe {
 
 struct TrainConfig {
@@ -22,7 +24,8 @@ struct TrainConfig {
   std::string device = "cpu";      // "cpu" | "cuda"
   std::string precision = "fp32";  // "fp32" | "bf16": what GEMMs read their operands as
   std::string recompute;           // "none" | "selective" | "full"
-  int64_t recompute_layers = -1;   // recompute applies to layers [0, recompute_layers); -1: every layer
+  FusedAttention fused_attention = FusedAttention::Deterministic;
+  int64_t recompute_layers = -1;  // recompute applies to layers [0, recompute_layers); -1: every layer
   int64_t log_every = 0;
   int64_t eval_every = 0;      // 0: no periodic evaluation (a final one still runs)
   int64_t eval_sequences = 0;  // held-out sequences per data source per evaluation

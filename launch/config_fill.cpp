@@ -52,6 +52,10 @@ void fill_train(FieldReader& r, Config& c) {
   c.train.precision = r.string("train.precision");
   c.train.recompute = r.string("train.recompute");
   c.train.recompute_layers = r.integer("train.recompute_layers");
+  const std::string fused = r.string("train.fused_attention");
+  c.train.fused_attention = fused == "off"                ? FusedAttention::Off
+                            : fused == "nondeterministic" ? FusedAttention::Nondeterministic
+                                                          : FusedAttention::Deterministic;
   c.train.trace = r.boolean("train.trace");
   c.train.trace_from = r.integer("train.trace_from");
   c.train.trace_steps = r.integer("train.trace_steps");

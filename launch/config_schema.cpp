@@ -95,6 +95,11 @@ std::vector<KeySpec> train_keys() {
       integer("train.recompute_layers", -1, at_least(-1),
               "train.recompute applies to the blocks of index below this, the others keep everything; -1 = every "
               "block; at most model.layers"),
+      choice("train.fused_attention", "deterministic", {"deterministic", "nondeterministic", "off"},
+             "the fused attention where it runs (train.device = `cuda` with train.precision = `bf16`: cuDNN's "
+             "graphs, docs/gpu.md): `deterministic` (dQ written directly, dS held in workspace: a run repeats bit "
+             "for bit), `nondeterministic` (dQ accumulated with atomic adds: less workspace, bits vary from run to "
+             "run), or `off` (the plain attention everywhere); no effect elsewhere"),
       boolean("train.trace", false,
               "write RUN_DIR/trace.json, a timeline of every rank's forward, backward, communication waits and "
               "optimizer for a few steps, in the Chrome Trace Event format (Perfetto, chrome://tracing)"),

@@ -35,7 +35,7 @@ struct Sizes {
   double capacity_factor;
   bool gumbel, reroute;
   bool mla;         // model.attention = mla (tp = 1)
-  bool fused;       // MhaAttention on cuDNN's fused attention: train.device = cuda with bf16 GEMMs
+  bool fused;       // MhaAttention on cuDNN's fused attention: train.device = cuda with bf16 GEMMs, not turned off
   double C, Cq, R;  // its latent widths and rotary width
 };
 
@@ -59,7 +59,8 @@ Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) 
   s.capacity_factor = moe.capacity_factor;
   s.gumbel = moe.router.noise == "gumbel", s.reroute = moe.overflow_has("reroute");
   s.mla = m.attention == "mla";
-  s.fused = !s.mla && c.train.device == "cuda" && c.train.precision == "bf16";
+  s.fused = !s.mla && c.train.device == "cuda" && c.train.precision == "bf16" &&
+            c.train.fused_attention != FusedAttention::Off;
   s.C = double(m.mla_kv_rank), s.Cq = double(m.mla_q_rank), s.R = double(m.mla_rope_dim);
   return s;
 }

@@ -447,7 +447,8 @@ std::unique_ptr<Backend> make_backend(const TrainOptions& options) {
   const Config config = load_config(options.config_path, options.overrides);
   if (config.train.device != "cuda")
     return device_memory_check_requested() ? make_memory_check_backend(0) : make_cpu_backend(0);
-  return make_cuda_backend(launcher_local_rank() % std::max(1, cuda_device_count()));
+  return make_cuda_backend(launcher_local_rank() % std::max(1, cuda_device_count()),
+                           CudaOptions{config.train.fused_attention});
 }
 }  // namespace
 

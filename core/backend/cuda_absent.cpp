@@ -7,7 +7,7 @@ namespace moe {
 bool cuda_backend_built() { return false; }
 int cuda_device_count() { return 0; }
 int64_t cuda_device_memory_bytes(int) { return 0; }
-std::unique_ptr<Backend> make_cuda_backend(int) {
+std::unique_ptr<Backend> make_cuda_backend(int, const CudaOptions&) {
   MOE_BAD_INPUT(
       "train.device = \"cuda\", but this build has no CUDA backend: build it where nvcc is found "
       "(cmake -DMOE_CUDA=ON), or set train.device = \"cpu\"");

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "core/backend/backend.h"
+#include "core/backend/fused_attention.h"
 
 namespace moe {
 
@@ -16,9 +17,13 @@ bool cuda_backend_built();
 int cuda_device_count();
 // Bytes of memory of `device` (0-based): 0 without the backend or the device.
 int64_t cuda_device_memory_bytes(int device);
+// What the config chooses for the CUDA backend.
+struct CudaOptions {
+  FusedAttention fused_attention = FusedAttention::Deterministic;  // train.fused_attention
+};
 // The backend on `device` (0-based). Throws moe::Error (BadInput) when this build has no CUDA backend or the
 // device does not exist.
-std::unique_ptr<Backend> make_cuda_backend(int device);
+std::unique_ptr<Backend> make_cuda_backend(int device, const CudaOptions& options = {});
 // The cudaStream_t a CUDA backend orders its work on (for communicators that must order theirs with it).
 // Throws moe::Error (BadInput) for any other backend.
 void* cuda_stream_of(Backend& backend);

@@ -88,7 +88,7 @@ class Ops {
   //        CPU training keeps the plain form, its bits and the README's losses).
   //   CUDA: cuDNN's fused flash attention, for fp32 storage under bf16 GEMMs (its operands rounded to bf16, as
   //        the plain form's products read them); no where cuDNN refuses the shape (said once on stderr), for
-  //        fp32 GEMMs, fp64, or with MOE_CUDNN_ATTENTION=0.
+  //        fp32 GEMMs, fp64, or with train.fused_attention = "off".
   virtual bool fused_attention_supported(int64_t B, int64_t T_, int64_t H, int64_t Dh) {
     (void)B, (void)T_, (void)H, (void)Dh;
     return false;

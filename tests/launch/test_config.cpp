@@ -99,6 +99,15 @@ TEST(ConfigLoad, FileValuesAndOverrides) {
   std::filesystem::remove(path);
 }
 
+TEST(ConfigLoad, ChoicesTheBackendTakesArriveParsed) {
+  EXPECT_EQ(from(json::object()).train.fused_attention, FusedAttention::Deterministic);
+  EXPECT_EQ(from(document_with("train.fused_attention", "nondeterministic")).train.fused_attention,
+            FusedAttention::Nondeterministic);
+  EXPECT_EQ(from(document_with("train.fused_attention", "off")).train.fused_attention, FusedAttention::Off);
+  expect_bad_input([] { from(document_with("train.fused_attention", "fast")); },
+                   {"train.fused_attention", "\"fast\"", "\"deterministic\", \"nondeterministic\", \"off\""});
+}
+
 TEST(ConfigTypes, IntegersMustBeJsonIntegers) {
   expect_bad_input([] { from(document_with("train.steps", 3.0)); }, {"train.steps", "3.0", "integer", "test.json"});
   expect_bad_input([] { from(document_with("train.steps", "3")); }, {"train.steps", "\"3\"", "integer"});

@@ -98,6 +98,7 @@ struct CudaContext {
   CachingAllocator* allocator = nullptr;
   cuda::CudnnAttention* attention = nullptr;  // fused attention on cuDNN; null without it
   Watchers* watchers = nullptr;               // every host wait for the stream goes through it
+  FusedAttention fused_attention = FusedAttention::Deterministic;
 };
 
 // Device workspace for one call, back to the allocator's cache when it goes (reuse is ordered on the stream).
@@ -124,7 +125,7 @@ class CudaOps final : public Ops<T> {
  public:
   explicit CudaOps(const CudaContext& ctx) : ctx_(ctx) {
 #ifdef MOE_HAVE_CUDNN
-    cudnn_enabled_ = cuda::cudnn_attention_enabled_by_environment();
+    cudnn_enabled_ = ctx.fused_attention != FusedAttention::Off;
 #endif
   }
   ~CudaOps() override {
@@ -401,7 +402,7 @@ class CudaOps final : public Ops<T> {
   }
 
   CudaContext ctx_;
-  bool cudnn_enabled_ = false;  // MOE_CUDNN_ATTENTION is not "0"
+  bool cudnn_enabled_ = false;  // train.fused_attention is not "off"
 };
 
 // GemmPrecision::Bf16: both operands rounded into packed workspace, then cuBLAS with bf16 inputs, fp32
@@ -678,7 +679,7 @@ class CudaStream final : public Stream {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device);
+  CudaBackend(int device, const CudaOptions& options);
   ~CudaBackend() override;
   const char* name() const override { return "cuda"; }
   bool memory_is_host() const override { return false; }
@@ -727,8 +728,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CudaOps<double>> f64_;
 };
 
-CudaBackend::CudaBackend(int device) : device_(device) {
+CudaBackend::CudaBackend(int device, const CudaOptions& options) : device_(device) {
   MOE_CUDA_CHECK(cudaSetDevice(device));
+  ctx_.fused_attention = options.fused_attention;
   MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
   MOE_CUBLAS_CHECK(cublasCreate(&ctx_.blas));
   MOE_CUBLAS_CHECK(cublasSetStream(ctx_.blas, ctx_.stream));
@@ -744,7 +746,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   ctx_.allocator = allocator_.get();
   ctx_.watchers = &watchers_;
 #ifdef MOE_HAVE_CUDNN
-  attention_ = std::make_unique<cuda::CudnnAttention>(ctx_.stream, *allocator_);
+  attention_ = std::make_unique<cuda::CudnnAttention>(ctx_.stream, *allocator_,
+                                                      options.fused_attention != FusedAttention::Nondeterministic);
   ctx_.attention = attention_.get();
 #endif
   stream_object_ = std::make_unique<CudaStream>(ctx_.stream, watchers_);
@@ -786,12 +789,12 @@ int64_t cuda_device_memory_bytes(int device) {
   return int64_t(prop.totalGlobalMem);
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
+std::unique_ptr<Backend> make_cuda_backend(int device, const CudaOptions& options) {
   const int count = cuda_device_count();
   if (count == 0) MOE_BAD_INPUT("train.device = \"cuda\", but this machine has no CUDA device (or no driver for one)");
   if (device < 0 || device >= count)
     MOE_BAD_INPUT("CUDA device " << device << " does not exist: this process sees " << count);
-  return std::make_unique<CudaBackend>(device);
+  return std::make_unique<CudaBackend>(device, options);
 }
 
 namespace {

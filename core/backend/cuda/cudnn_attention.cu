@@ -306,16 +306,8 @@ void say_refused_once(const AttentionPlanKey& s, const std::string& why) {
 
 }  // namespace
 
-bool cudnn_attention_enabled_by_environment() {
-  const char* v = std::getenv("MOE_CUDNN_ATTENTION");
-  return !(v && std::strcmp(v, "0") == 0);
-}
-
-CudnnAttention::CudnnAttention(cudaStream_t stream, CachingAllocator& allocator)
-    : stream_(stream), allocator_(allocator) {
-  const char* v = std::getenv("MOE_CUDNN_ATTENTION");
-  deterministic_ = !(v && std::strcmp(v, "nondeterministic") == 0);
-}
+CudnnAttention::CudnnAttention(cudaStream_t stream, CachingAllocator& allocator, bool deterministic)
+    : stream_(stream), allocator_(allocator), deterministic_(deterministic) {}
 
 CudnnAttention::~CudnnAttention() {
   plans_.clear();

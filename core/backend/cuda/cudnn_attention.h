@@ -6,9 +6,9 @@
 //
 // Where cuDNN refuses a graph (no engine for it, not on this device, any error while building) the shape is
 // marked unsupported and the refusal said once on stderr with cuDNN's status; the layers then keep the plain
-// attention. MOE_CUDNN_ATTENTION=0 refuses every shape without asking cuDNN. The backward is the deterministic
-// form (attention_graph.h), as the backend's other ops are; MOE_CUDNN_ATTENTION=nondeterministic takes the form
-// that accumulates dQ with atomic adds instead (less workspace, the bits vary from run to run).
+// attention (as everywhere with train.fused_attention = "off", when the backend never asks cuDNN). The backward
+// is the deterministic form (attention_graph.h), as the backend's other ops are, unless train.fused_attention is
+// "nondeterministic": the form that accumulates dQ with atomic adds (less workspace, bits vary from run to run).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,12 +21,9 @@
 
 namespace moe::cuda {
 
-// false when MOE_CUDNN_ATTENTION is "0".
-bool cudnn_attention_enabled_by_environment();
-
 class CudnnAttention {
  public:
-  CudnnAttention(cudaStream_t stream, CachingAllocator& allocator);
+  CudnnAttention(cudaStream_t stream, CachingAllocator& allocator, bool deterministic);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
