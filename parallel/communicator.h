@@ -1,6 +1,7 @@
 // The communicator seam (docs/design.md "The seams"): collectives and point-to-point transfers over a group
 // of ranks, on typed buffers (pointer, count, DType). MPI implements it for host memory
-// (mpi_communicator.cpp); NCCL will implement it for device memory. Counts are in elements; displacements
+// (mpi_communicator.cpp, the control plane), NCCL for a CUDA backend's memory (parallel/nccl/, the data plane;
+// process_groups.h DataPlane). Counts are in elements; displacements
 // of the v-forms are the prefix sums of the counts. Nonblocking forms return a request that must complete
 // (wait, or test until true) before their buffers are touched; count arrays are read before the call
 // returns. Errors throw moe::Error naming the operation, the rank and the host.
