@@ -34,9 +34,11 @@ struct Sizes {
   double E, K, Fe, S, Ff;           // Ff: the dense fallback's width, 0 unless moe.overflow = "dense"
   double capacity_factor;
   bool gumbel, reroute;
-  bool mla;         // model.attention = mla (tp = 1)
-  bool fused;       // MhaAttention on cuDNN's fused attention: train.device = cuda with bf16 GEMMs, not turned off
-  double C, Cq, R;  // its latent widths and rotary width
+  bool mla;    // model.attention = mla (tp = 1)
+  bool fused;  // MhaAttention on cuDNN's fused attention: train.device = cuda with bf16 GEMMs, not turned off
+  bool fused_deterministic;  // its backward holds dS (B, H, T, T) bf16 in cuDNN's workspace
+  bool cuda_bf16;            // train.device = cuda with bf16 GEMMs: activation operands rounded into workspace
+  double C, Cq, R;           // its latent widths and rotary width
 };
 
 Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) {
@@ -61,6 +63,8 @@ Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) 
   s.mla = m.attention == "mla";
   s.fused = !s.mla && c.train.device == "cuda" && c.train.precision == "bf16" &&
             c.train.fused_attention != FusedAttention::Off;
+  s.fused_deterministic = c.train.fused_attention == FusedAttention::Deterministic;
+  s.cuda_bf16 = c.train.device == "cuda" && c.train.precision == "bf16";
   s.C = double(m.mla_kv_rank), s.Cq = double(m.mla_q_rank), s.R = double(m.mla_rope_dim);
   return s;
 }
@@ -124,6 +128,16 @@ struct ModelBytes {
 struct LayerElements {
   double acts = 0, scratch = 0;
 };
+// What the CUDA backend's fused attention backward takes from the allocator while it runs, in fp32 elements
+// (core/backend/cuda/cuda_backend.cu, attention_graph.h): bf16 copies of q, k, v, O, dO and dq, dk, dv (8 of
+// N D / tp, half an element each), the statistics aligned and each row's dO . O (fp32, N H / tp each), and the
+// backward's own: dS (B, H / tp, T, T) bf16 in the deterministic form, dQ accumulated in fp32 in the other.
+double fused_backward_workspace(const Sizes& s) {
+  const double n = s.N * s.D / s.tp, rows = s.N * s.H / s.tp;
+  const double own = s.fused_deterministic ? rows * s.T / 2 : n;
+  return 4 * n + 2 * rows + own;
+}
+
 LayerElements layer_elements(const Sizes& s, bool moe, bool keep_probs) {
   const double N = s.N, D = s.D, rows = s.rows;
   // A tp layer under sequence parallelism gathers its input and output gradient and holds its partial
@@ -214,6 +228,21 @@ RoutedRows routed_rows(const Sizes& s) {
   return r;
 }
 
+// The CUDA backend's largest transient workspace, in fp32 elements: taken from its caching allocator for one call
+// and given back (cuda_backend.cu), so the largest call counts. With bf16 GEMMs each GEMM rounds its activation
+// operands (not the parameters, rounded once per step) into bf16 workspace: the largest are the head's weight
+// gradient, x^T (N, D) by dlogits (N, V / tp), and an expert layer's, xe^T (R, D) by dh (R, Fe / etp). The fused
+// attention's backward: fused_backward_workspace.
+double device_workspace_elements(const Sizes& s) {
+  double largest = 0;
+  if (s.cuda_bf16) {
+    if (s.head) largest = s.N * (s.D + s.V / s.tp) / 2;
+    if (s.moe_layers > 0) largest = std::max(largest, routed_rows(s).expert_side * (s.D + s.Fe / s.etp) / 2);
+  }
+  if (s.fused && s.dense_layers + s.moe_layers > 0) largest = std::max(largest, fused_backward_workspace(s));
+  return largest;
+}
+
 // One MoE layer's buffers sized by routing (core/moe_layer.cpp, core/moe/experts.cpp, core/moe/router.cpp).
 double routed_bytes_per_layer(const Sizes& s, double slots) {
   const RoutedRows r = routed_rows(s);
@@ -252,7 +281,8 @@ double communication_bytes(const Sizes& s, const ParamCounts& p, bool zero, doub
 
 int64_t MemoryEstimate::total() const {
   double sum = 0;
-  for (int64_t bytes : {parameters, gradients, optimizer, activations, scratch, routed_rows, communication})
+  for (int64_t bytes :
+       {parameters, gradients, optimizer, activations, scratch, routed_rows, communication, device_workspace})
     sum += double(bytes);
   return saturate(sum);
 }
@@ -273,6 +303,7 @@ MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int
   m.scratch = saturate(model.scratch);
   m.routed_rows = saturate(s.moe_layers * routed_bytes_per_layer(s, double(slots)));
   m.communication = saturate(communication_bytes(s, p, config.optim.zero, double(dp), edp));
+  m.device_workspace = saturate(kFloat * device_workspace_elements(s));
   // A key/value cache would keep k and v (2 D) per token and layer, or latent attention's c_kv and shared
   // rotary key (C + R); fp32.
   m.kv_cache_per_token = saturate(kFloat * s.L * (s.mla ? s.C + s.R : 2 * s.D));
@@ -298,9 +329,16 @@ StageEstimate largest_stage_estimate(const Config& config, int64_t tp, int64_t d
 }
 
 nlohmann::json memory_json(const MemoryEstimate& m) {
-  return {{"parameters", m.parameters},       {"gradients", m.gradients}, {"optimizer", m.optimizer},
-          {"activations", m.activations},     {"scratch", m.scratch},     {"routed_rows", m.routed_rows},
-          {"communication", m.communication}, {"total", m.total()},       {"kv_cache_per_token", m.kv_cache_per_token}};
+  return {{"parameters", m.parameters},
+          {"gradients", m.gradients},
+          {"optimizer", m.optimizer},
+          {"activations", m.activations},
+          {"scratch", m.scratch},
+          {"routed_rows", m.routed_rows},
+          {"communication", m.communication},
+          {"device_workspace", m.device_workspace},
+          {"total", m.total()},
+          {"kv_cache_per_token", m.kv_cache_per_token}};
 }
 
 std::string format_bytes(double bytes) {
@@ -322,7 +360,8 @@ std::string memory_text(const MemoryEstimate& m) {
                                                    {m.activations, "activations"},
                                                    {m.scratch, "scratch"},
                                                    {m.routed_rows, "routed rows (estimated)"},
-                                                   {m.communication, "communication staging"}};
+                                                   {m.communication, "communication staging"},
+                                                   {m.device_workspace, "device workspace"}};
   std::string text;
   for (const auto& [bytes, name] : parts)
     if (bytes > 0) text += (text.empty() ? "" : ", ") + format_bytes(double(bytes)) + " " + name;

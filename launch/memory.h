@@ -27,6 +27,9 @@ struct MemoryEstimate {
   int64_t routed_rows = 0;
   // Host memory beside the backend's: ZeRO's reduce-scatter staging and the expert all-to-all's.
   int64_t communication = 0;
+  // The CUDA backend's largest transient workspace of one call (0 elsewhere): bf16 copies of a GEMM's activation
+  // operands, or the fused attention backward's copies, statistics and dS (deterministic) or fp32 dQ.
+  int64_t device_workspace = 0;
   // Not allocated in training: the bytes a key/value cache of the whole model would keep per token (fp32),
   // 2 D per layer for multi-head attention, C + R for latent attention (docs/model.md).
   int64_t kv_cache_per_token = 0;

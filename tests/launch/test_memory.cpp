@@ -63,6 +63,28 @@ TEST(MemoryEstimate, FusedAttentionIsExactlyWhatTheTrainerAllocates) {
   }
 }
 
+// The CUDA backend's transient workspace (review finding 15): the largest of the bf16 GEMM operand copies and the
+// fused attention backward's, each by the terms of launch/memory.cpp; none on the CPU or with fp32 GEMMs.
+TEST(MemoryEstimate, DeviceWorkspaceIsTheLargestTransientCallOnTheCudaBackend) {
+  Config config = small_config({"train.precision=bf16"});
+  EXPECT_EQ(estimate_memory(config, 1, 1, 1).device_workspace, 0) << "the CPU backend takes no workspace";
+  config.train.device = "cuda";
+  const double N = double(config.train.micro_batch * config.train.seq_len), D = double(config.model.d_model),
+               H = double(config.model.heads), T = double(config.train.seq_len), V = double(config.model.vocab);
+  const double head = N * (D + V) / 2, copies = 4 * N * D + 2 * N * H;
+  const double deterministic = std::max(head, copies + N * H * T / 2), atomic = std::max(head, copies + N * D);
+  const MemoryEstimate e = estimate_memory(config, 1, 1, 1);
+  EXPECT_EQ(e.device_workspace, int64_t(4 * deterministic));
+  EXPECT_EQ(e.total(), e.parameters + e.gradients + e.optimizer + e.activations + e.scratch + e.routed_rows +
+                           e.communication + e.device_workspace);
+  config.train.fused_attention = FusedAttention::Nondeterministic;
+  EXPECT_EQ(estimate_memory(config, 1, 1, 1).device_workspace, int64_t(4 * atomic));
+  config.train.fused_attention = FusedAttention::Off;
+  EXPECT_EQ(estimate_memory(config, 1, 1, 1).device_workspace, int64_t(4 * head));
+  config.train.precision = "fp32";
+  EXPECT_EQ(estimate_memory(config, 1, 1, 1).device_workspace, 0);
+}
+
 TEST(MemoryEstimate, MoeModelExactAtConstructionRoutedRowsWithinTenPercent) {
   const std::vector<std::vector<std::string>> cases = {
       {"moe.num_experts=4"},                                                   // every layer MoE, capacity 1.25, drops
@@ -169,7 +191,8 @@ TEST(MemoryEstimate, TextAndJson) {
   const json j = memory_json(e);
   EXPECT_EQ(j.at("total").get<int64_t>(), 2048 + 2048 + 4096 + 1024 * 1024);
   EXPECT_EQ(j.at("routed_rows").get<int64_t>(), 0);
-  EXPECT_EQ(j.size(), 9u);
+  EXPECT_EQ(j.at("device_workspace").get<int64_t>(), 0);
+  EXPECT_EQ(j.size(), 10u);
   e.kv_cache_per_token = 2048;
   EXPECT_EQ(memory_text(e),
             "2.0 KiB parameters, 2.0 KiB gradients, 4.0 KiB optimizer state, 1.0 MiB activations; "

@@ -228,8 +228,8 @@ TEST(TrainerRunDirectory, ManifestNamesCommitConfigVersionsHostsAndLayout) {
   ASSERT_TRUE(manifest.contains("memory") && manifest.at("memory").is_object()) << manifest.dump(2);
   const json& memory = manifest.at("memory");
   int64_t sum = 0;
-  for (const char* part :
-       {"parameters", "gradients", "optimizer", "activations", "scratch", "routed_rows", "communication"}) {
+  for (const char* part : {"parameters", "gradients", "optimizer", "activations", "scratch", "routed_rows",
+                           "communication", "device_workspace"}) {
     ASSERT_TRUE(memory.contains(part) && memory.at(part).is_number_integer()) << part << " in " << memory.dump();
     sum += memory.at(part).get<int64_t>();
   }
