@@ -15,6 +15,8 @@
 #include <sstream>
 #include <vector>
 
+#include "launch/flight_dump.h"
+
 namespace moe {
 namespace {
 
@@ -194,8 +196,13 @@ double phase_timeout(const FaultConfig& f, Phase phase) {
 }
 
 HeartbeatSender::HeartbeatSender(int64_t rank, const std::string& host, const FaultConfig& fault,
-                                 std::shared_ptr<const FlightRecorder> recorder)
-    : rank_(rank), host_(host), fault_(fault), recorder_(std::move(recorder)), since_(now_s()) {
+                                 std::shared_ptr<const FlightRecorder> recorder, std::string flight_dir)
+    : rank_(rank),
+      host_(host),
+      fault_(fault),
+      recorder_(std::move(recorder)),
+      flight_dir_(std::move(flight_dir)),
+      since_(now_s()) {
   const char* addr = std::getenv("MOE_HEARTBEAT_ADDR");
   const char* secret = std::getenv("MOE_HEARTBEAT_SECRET");
   if (addr && secret) {
@@ -274,7 +281,10 @@ void HeartbeatSender::run() {
                    "its timeout of %.1f s; ending the job\n",
                    static_cast<long long>(rank_), host_.c_str(), operation.c_str(), phase_name(beat.phase),
                    static_cast<long long>(beat.step), stalled, limit);
-      if (recorder_) print_in_flight(rank_, recorder_->summary());
+      if (recorder_) {
+        print_in_flight(rank_, recorder_->summary());
+        if (!flight_dir_.empty()) write_flight_dump(*recorder_, flight_dir_, rank_, host_);
+      }
       std::fflush(stderr);
       std::_Exit(4);  // mpirun ends the other ranks; the supervisor restarts the job
     }

@@ -52,9 +52,10 @@ double phase_timeout(const FaultConfig& fault, Phase phase);
 class HeartbeatSender {
  public:
   // Sends only when the supervisor's environment is present; the watchdog runs in any case.
-  // `recorder` (may be null): the rank's flight recorder, whose summary each beat carries.
+  // `recorder` (may be null): the rank's flight recorder, whose summary each beat carries; when the watchdog ends
+  // the rank it writes the whole ring to `flight_dir`/rank-NNNNN.txt (launch/flight_dump.h), unless that is empty.
   HeartbeatSender(int64_t rank, const std::string& host, const FaultConfig& fault,
-                  std::shared_ptr<const FlightRecorder> recorder = nullptr);
+                  std::shared_ptr<const FlightRecorder> recorder = nullptr, std::string flight_dir = "");
   // Ending normally, sends one last beat (phase done, the steps done) at once: the supervisor counts a run
   // as finished only when a rank reported its last step. Unwinding an exception, sends nothing more.
   ~HeartbeatSender();
@@ -71,6 +72,7 @@ class HeartbeatSender {
   std::string host_;
   FaultConfig fault_;
   std::shared_ptr<const FlightRecorder> recorder_;
+  std::string flight_dir_;
   std::string secret_;
   int64_t attempt_ = 0;
   int socket_ = -1;

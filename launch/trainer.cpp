@@ -466,7 +466,7 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
   const data::Corpus corpus = load_training_corpus(checked.config);
   Trainer t(std::move(checked), std::move(paths), corpus, std::move(world), backend);
   t.tracer.start(*t.groups.world);
-  HeartbeatSender heartbeat(t.groups.rank, host_name(), t.config.fault, t.flight);
+  HeartbeatSender heartbeat(t.groups.rank, host_name(), t.config.fault, t.flight, t.paths.run_dir + "/flight");
   heartbeat.set(Phase::Setup, 0, "start-up");
   const ResumePoint point = choose_resume(options, t);
   // The last refusals, then the run directory is this process's (and its supervisor's) until the end.

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -60,6 +62,13 @@ TEST(FlightHangs, RankFrozenAtAnAllToAllIsNamedAsNeverEnteringIt) {
   EXPECT_NE(r.stderr_text.find("freezes at the entry of its all-to-all"), std::string::npos) << describe(r);
   EXPECT_EQ(failure.value("suspects", json()), json({1})) << describe(r);
   EXPECT_NE(r.stderr_text.find("rank 1 in none of the collectives the others wait in"), std::string::npos);
+  // The watchdog that ended rank 0 left its whole ring in the run directory, the all-to-all still in flight.
+  const fs::path dump = r.run_dir / "flight" / "rank-00000.txt";
+  ASSERT_TRUE(fs::exists(dump)) << describe(r);
+  std::ifstream in(dump);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("ep #" + std::to_string(f.value("seq", 0)) + " " + op), std::string::npos) << text;
+  EXPECT_NE(text.find("in flight"), std::string::npos) << text;
 }
 
 // 4 ranks, dp 2 x ep 2 (ep groups {0, 1} and {2, 3}): rank 3 frozen. Rank 2 waits for it in ep group 1; ranks 0

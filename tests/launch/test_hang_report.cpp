@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "launch/flight_dump.h"
 #include "launch/hang_report.h"
 #include "launch/heartbeat.h"
 #include "parallel/flight_recorder.h"
@@ -151,6 +152,28 @@ TEST(FlightRecorder, RingKeepsTheLastOperationsAndGroupsOfOneAreLeftOut) {
   const FlightSummary s = recorder->summary();
   EXPECT_EQ(group_state(s, "ep")->seq, int64_t(FlightRecorder::kRingSize + 10));
   EXPECT_EQ(group_state(s, "tp"), nullptr) << "a group of one rank waits for nobody";
+}
+
+TEST(FlightRecorder, DumpListsEveryOperationOldestFirst) {
+  auto recorder = std::make_shared<FlightRecorder>();
+  PairCommunicator inner;
+  RecordingCommunicator ep(nullptr, inner, recorder, "ep");
+  float x[4] = {};
+  ep.alltoall(x, x, 2);
+  ep.send(x, 4, 1, 0);
+  auto open = ep.irecv(x, 4, 1, 0);
+  const std::string text = flight_dump_text(*recorder, 3, "mh3");
+  EXPECT_EQ(text.rfind("flight recorder of rank 3 on mh3, 3 operations, oldest first", 0), 0u) << text;
+  const size_t first = text.find("ep #1 alltoall bytes=16 peer=- started=-");
+  const size_t second = text.find("ep p2p #1 send bytes=16 peer=1 started=-");
+  const size_t third = text.find("ep p2p #2 irecv bytes=16 peer=1 started=-");
+  ASSERT_NE(first, std::string::npos) << text;
+  ASSERT_NE(second, std::string::npos) << text;
+  ASSERT_NE(third, std::string::npos) << text;
+  EXPECT_LT(first, second);
+  EXPECT_LT(second, third);
+  EXPECT_NE(text.find("in flight", third), std::string::npos) << text;
+  EXPECT_NE(text.substr(first, second - first).find("finished=-"), std::string::npos) << text;
 }
 
 // ---- the heartbeat's records
