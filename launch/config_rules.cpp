@@ -70,6 +70,13 @@ void check_heartbeat_interval(const Checked& c) {
                   << ": the supervisor would take every rank for dead between two heartbeats; lower the interval or "
                      "raise the timeout");
 }
+void check_alltoall_faults(const Checked& c) {
+  for (const FaultInjection& f : c.config.fault.inject)
+    if ((f.kind == "freeze_alltoall" || f.kind == "mismatch_alltoall") && c.config.parallel.ep < 2)
+      MOE_BAD_INPUT("fault.inject: \"" << f.kind << "\" with " << c.show("parallel.ep")
+                                       << ": the fault fires at an all-to-all of the ep group, which a single rank "
+                                          "does not have; set parallel.ep to 2 or more");
+}
 void check_all_to_all_count(const Checked& c) {
   const Config& k = c.config;
   if (k.moe.num_experts == 0 || k.parallel.ep == 1) return;
@@ -261,6 +268,9 @@ const std::vector<Rule>& rules() {
       {"`checkpoint.replicas` is empty when `checkpoint.node_local` is true.", check_node_local_without_replicas},
       {"`fault.heartbeat_interval_s` < `fault.heartbeat_timeout_s`, or every rank would look dead between beats.",
        check_heartbeat_interval},
+      {"`fault.inject`'s `freeze_alltoall` and `mismatch_alltoall` need `parallel.ep` >= 2: they fire at an "
+       "all-to-all of the ep group.",
+       check_alltoall_faults},
       {"With `parallel.ep` > 1 and experts, `train.micro_batch * train.seq_len * moe.top_k * model.d_model` <= "
        "2147483647: the elements of one all-to-all, counted by MPI in an int.",
        check_all_to_all_count},

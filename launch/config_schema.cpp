@@ -52,9 +52,12 @@ KeySpec integer_list(std::string key, Range range, std::string doc) {
   return {std::move(key), KeyType::IntegerList, json::array(), range, {}, std::move(doc)};
 }
 KeySpec faults(std::string key, std::string doc) {
-  return {
-      std::move(key), KeyType::Faults, json::array(), {}, {"kill", "hang", "stop", "exception", "corrupt_checkpoint"},
-      std::move(doc)};
+  return {std::move(key),
+          KeyType::Faults,
+          json::array(),
+          {},
+          {"kill", "hang", "stop", "exception", "corrupt_checkpoint", "freeze_alltoall", "mismatch_alltoall"},
+          std::move(doc)};
 }
 KeySpec choice_list(std::string key, std::string def, std::vector<std::string> choices, std::string doc) {
   return {std::move(key), KeyType::ChoiceList, std::move(def), {}, std::move(choices), std::move(doc)};
@@ -323,7 +326,8 @@ std::vector<KeySpec> fault_keys() {
               "reached), so that a partition between hosts is found; off where that port is silently dropped"),
       faults("fault.inject",
              "faults to inject for tests and demonstrations: a list of {\"kind\": kill|hang|stop|exception|"
-             "corrupt_checkpoint, \"rank\": int, \"step\": int}; each fires once in a run's life"),
+             "corrupt_checkpoint|freeze_alltoall|mismatch_alltoall, \"rank\": int, \"step\": int}; each fires once "
+             "in a run's life (the last two at the rank's first ep all-to-all after the step)"),
   };
 }
 

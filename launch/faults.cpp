@@ -80,6 +80,8 @@ void FaultInjector::after_step(int64_t done) {
     } else if (f.kind == "corrupt_checkpoint") {
       corrupt_newest_checkpoint(checkpoint_root_);
       ::raise(SIGKILL);
+    } else if ((f.kind == "freeze_alltoall" || f.kind == "mismatch_alltoall") && recorder_) {
+      recorder_->arm(f.kind == "freeze_alltoall" ? FlightFault::FreezeInAlltoall : FlightFault::MismatchAlltoall, "ep");
     }
   }
 }

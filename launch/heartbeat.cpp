@@ -6,12 +6,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <sstream>
+#include <vector>
+
+#include "launch/flight_dump.h"
 
 namespace moe {
 namespace {
@@ -52,11 +56,89 @@ std::optional<Phase> phase_from_name(std::string_view name) {
   return std::nullopt;
 }
 
+namespace {
+
+int64_t milliseconds(double seconds) { return std::max<int64_t>(0, int64_t(seconds * 1000.0)); }
+
+std::string group_record(const FlightGroupState& g) {
+  return "c=" + g.group + "," + std::to_string(g.seq) + "," + g.op + "," + (g.waiting ? "w" : "d") + "," +
+         std::to_string(milliseconds(g.age_s));
+}
+
+std::string peer_record(const FlightPeerState& p) {
+  return "p=" + p.group + "," + p.op + "," + std::to_string(p.peer) + "," + std::to_string(milliseconds(p.age_s));
+}
+
+// A group's name: lower-case letters and dots; an operation's: lower-case letters and underscores.
+bool plain_word(const std::string& w, char extra) {
+  if (w.empty() || w.size() > 24) return false;
+  for (char c : w)
+    if (!((c >= 'a' && c <= 'z') || c == extra)) return false;
+  return true;
+}
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> parts;
+  std::istringstream in(text);
+  for (std::string part; std::getline(in, part, ',');) parts.push_back(part);
+  return parts;
+}
+
+bool whole_number(const std::string& text, int64_t* value) {
+  if (text.empty() || text.size() > 18) return false;
+  for (char c : text)
+    if (c < '0' || c > '9') return false;
+  *value = std::atoll(text.c_str());
+  return true;
+}
+
+// One "c=..." or "p=..." record into `flight`; false when malformed.
+bool decode_record(const std::string& word, FlightSummary* flight) {
+  if (word.size() < 3 || word[1] != '=') return false;
+  const std::vector<std::string> f = split_commas(word.substr(2));
+  int64_t n = 0, ms = 0;
+  if (word[0] == 'c' && f.size() == 5 && plain_word(f[0], '.') && whole_number(f[1], &n) && plain_word(f[2], '_') &&
+      (f[3] == "w" || f[3] == "d") && whole_number(f[4], &ms)) {
+    flight->groups.push_back({f[0], n, f[2], f[3] == "w", double(ms) / 1000.0});
+    return true;
+  }
+  if (word[0] == 'p' && f.size() == 4 && plain_word(f[0], '.') && plain_word(f[1], '_') && whole_number(f[2], &n) &&
+      whole_number(f[3], &ms)) {
+    flight->p2p.push_back({f[0], f[1], n, double(ms) / 1000.0});
+    return true;
+  }
+  return false;
+}
+
+// The watchdog's last words: where the rank waits in its communication.
+void print_in_flight(int64_t rank, const FlightSummary& flight) {
+  for (const FlightGroupState& g : flight.groups)
+    if (g.waiting)
+      std::fprintf(stderr, "moe: watchdog: rank %lld waits in %s %s #%lld since %.1f s\n", static_cast<long long>(rank),
+                   g.group.c_str(), g.op.c_str(), static_cast<long long>(g.seq), g.age_s);
+  for (const FlightPeerState& p : flight.p2p)
+    std::fprintf(stderr, "moe: watchdog: rank %lld waits in %s %s with rank %lld of the group since %.1f s\n",
+                 static_cast<long long>(rank), p.group.c_str(), p.op.c_str(), static_cast<long long>(p.peer), p.age_s);
+}
+
+}  // namespace
+
 std::string encode_heartbeat(const std::string& secret, const Heartbeat& b) {
   std::ostringstream out;
   out << "MOEHB1 " << secret << ' ' << b.attempt << ' ' << b.rank << ' ' << b.pid << ' ' << b.step << ' '
       << phase_name(b.phase) << ' ' << b.host;
-  return out.str();
+  std::string text = out.str();
+  // The flight records in order of importance: collectives waited in, the point-to-point one, then finished ones;
+  // each only if it still fits.
+  std::vector<std::string> records;
+  for (const FlightGroupState& g : b.flight.groups)
+    if (g.waiting) records.push_back(group_record(g));
+  for (const FlightPeerState& p : b.flight.p2p) records.push_back(peer_record(p));
+  for (const FlightGroupState& g : b.flight.groups)
+    if (!g.waiting) records.push_back(group_record(g));
+  for (const std::string& r : records)
+    if (text.size() + 1 + r.size() <= kMaxHeartbeatBytes) text += " " + r;
+  return text;
 }
 
 std::optional<Heartbeat> decode_heartbeat(std::string_view datagram, const std::string& secret, std::string* why) {
@@ -70,13 +152,18 @@ std::optional<Heartbeat> decode_heartbeat(std::string_view datagram, const std::
       return std::nullopt;
     }
   std::istringstream in{std::string(datagram)};
-  std::string magic, their_secret, phase, host, extra;
+  std::string magic, their_secret, phase, host;
   Heartbeat b;
-  if (!(in >> magic >> their_secret >> b.attempt >> b.rank >> b.pid >> b.step >> phase >> host) || (in >> extra) ||
-      magic != "MOEHB1" || b.attempt < 0 || b.rank < 0 || b.pid <= 0 || b.step < 0) {
+  if (!(in >> magic >> their_secret >> b.attempt >> b.rank >> b.pid >> b.step >> phase >> host) || magic != "MOEHB1" ||
+      b.attempt < 0 || b.rank < 0 || b.pid <= 0 || b.step < 0) {
     *why = "malformed";
     return std::nullopt;
   }
+  for (std::string record; in >> record;)
+    if (!decode_record(record, &b.flight)) {
+      *why = "malformed";
+      return std::nullopt;
+    }
   if (!equal_secret(their_secret, secret)) {
     *why = "wrong secret";
     return std::nullopt;
@@ -108,8 +195,14 @@ double phase_timeout(const FaultConfig& f, Phase phase) {
   return f.step_timeout_s;
 }
 
-HeartbeatSender::HeartbeatSender(int64_t rank, const std::string& host, const FaultConfig& fault)
-    : rank_(rank), host_(host), fault_(fault), since_(now_s()) {
+HeartbeatSender::HeartbeatSender(int64_t rank, const std::string& host, const FaultConfig& fault,
+                                 std::shared_ptr<const FlightRecorder> recorder, std::string flight_dir)
+    : rank_(rank),
+      host_(host),
+      fault_(fault),
+      recorder_(std::move(recorder)),
+      flight_dir_(std::move(flight_dir)),
+      since_(now_s()) {
   const char* addr = std::getenv("MOE_HEARTBEAT_ADDR");
   const char* secret = std::getenv("MOE_HEARTBEAT_SECRET");
   if (addr && secret) {
@@ -147,8 +240,9 @@ HeartbeatSender::~HeartbeatSender() {
   }
 }
 
-void HeartbeatSender::send(const Heartbeat& beat) {
+void HeartbeatSender::send(Heartbeat beat) {
   if (socket_ < 0) return;
+  if (recorder_) beat.flight = recorder_->summary();
   const std::string message = encode_heartbeat(secret_, beat);
   ::send(socket_, message.data(), message.size(), MSG_DONTWAIT | MSG_NOSIGNAL);  // best effort
 }
@@ -187,6 +281,10 @@ void HeartbeatSender::run() {
                    "its timeout of %.1f s; ending the job\n",
                    static_cast<long long>(rank_), host_.c_str(), operation.c_str(), phase_name(beat.phase),
                    static_cast<long long>(beat.step), stalled, limit);
+      if (recorder_) {
+        print_in_flight(rank_, recorder_->summary());
+        if (!flight_dir_.empty()) write_flight_dump(*recorder_, flight_dir_, rank_, host_);
+      }
       std::fflush(stderr);
       std::_Exit(4);  // mpirun ends the other ranks; the supervisor restarts the job
     }

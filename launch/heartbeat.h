@@ -5,10 +5,18 @@
 // stuck collective, a hung step), it names the rank, host and operation and ends the process, so that
 // mpirun ends the job and the supervisor restarts it. Each phase has its own timeout, so a long
 // checkpoint write is not taken for a hang.
+//
+// With a flight recorder (parallel/flight_recorder.h), every beat also carries the rank's communication state:
+// per group its oldest collective in flight, else its last one ("c=ep,412,alltoall,w,31200": group, sequence
+// number, operation, w waiting or d done, milliseconds since it started or finished), and its oldest
+// point-to-point operation in flight ("p=pp,recv,1,900": group, operation, peer's rank in the group,
+// milliseconds). Records that would take the datagram past kMaxHeartbeatBytes are left out, finished ones
+// first. The supervisor compares them across the ranks of each group when the job hangs (launch/hang_report.h).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -16,6 +24,7 @@
 #include <thread>
 
 #include "launch/config.h"
+#include "parallel/flight_recorder.h"
 
 namespace moe {
 
@@ -28,10 +37,11 @@ struct Heartbeat {
   int64_t rank = 0, pid = 0, step = 0;  // step: steps done
   Phase phase = Phase::Setup;
   std::string host;
+  FlightSummary flight;  // empty without a recorder
 };
 
 inline constexpr size_t kMaxHeartbeatBytes = 512;
-// "MOEHB1 <secret> <attempt> <rank> <pid> <step> <phase> <host>"
+// "MOEHB1 <secret> <attempt> <rank> <pid> <step> <phase> <host> [c=... ...] [p=...]"
 std::string encode_heartbeat(const std::string& secret, const Heartbeat& beat);
 // The heartbeat, or nullopt with `why` ("oversized", "malformed", "wrong secret").
 std::optional<Heartbeat> decode_heartbeat(std::string_view datagram, const std::string& secret, std::string* why);
@@ -42,7 +52,10 @@ double phase_timeout(const FaultConfig& fault, Phase phase);
 class HeartbeatSender {
  public:
   // Sends only when the supervisor's environment is present; the watchdog runs in any case.
-  HeartbeatSender(int64_t rank, const std::string& host, const FaultConfig& fault);
+  // `recorder` (may be null): the rank's flight recorder, whose summary each beat carries; when the watchdog ends
+  // the rank it writes the whole ring to `flight_dir`/rank-NNNNN.txt (launch/flight_dump.h), unless that is empty.
+  HeartbeatSender(int64_t rank, const std::string& host, const FaultConfig& fault,
+                  std::shared_ptr<const FlightRecorder> recorder = nullptr, std::string flight_dir = "");
   // Ending normally, sends one last beat (phase done, the steps done) at once: the supervisor counts a run
   // as finished only when a rank reported its last step. Unwinding an exception, sends nothing more.
   ~HeartbeatSender();
@@ -54,10 +67,12 @@ class HeartbeatSender {
 
  private:
   void run();
-  void send(const Heartbeat& beat);
+  void send(Heartbeat beat);
   int64_t rank_;
   std::string host_;
   FaultConfig fault_;
+  std::shared_ptr<const FlightRecorder> recorder_;
+  std::string flight_dir_;
   std::string secret_;
   int64_t attempt_ = 0;
   int socket_ = -1;

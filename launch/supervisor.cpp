@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/host.h"
 #include "launch/config.h"
+#include "launch/hang_report.h"
 #include "launch/heartbeat.h"
 #include "launch/host_check.h"
 #include "launch/hosts.h"
@@ -102,6 +103,7 @@ struct RankState {
   int64_t step = 0, pid = 0;
   Phase phase = Phase::Setup;
   std::string host;
+  FlightSummary flight;  // the communication state of its last beat
 };
 
 }  // namespace
@@ -279,6 +281,7 @@ void drain_heartbeats(Launch& l, Attempt& a, JobProcesses& job) {
     RankState& r = a.ranks[beat->rank];
     if (r.last_seen == 0 || r.step != beat->step || r.phase != beat->phase) r.progress_since = t;
     r.last_seen = t, r.step = beat->step, r.phase = beat->phase, r.host = beat->host, r.pid = beat->pid;
+    r.flight = beat->flight;
     if (beat->host == l.rank_host) job.note_rank(beat->pid);
     a.max_step = std::max(a.max_step, beat->step);
     if (!a.training_seen && beat->phase == Phase::Step) {
@@ -485,6 +488,33 @@ bool start_on_healthy_hosts(Launch& l, HostPool* pool, int64_t* np, std::string*
   return true;
 }
 
+// A hang or crash during training: where the ranks were in their communication (launch/hang_report.h), added to
+// the event as "collectives" and said on the console.
+void name_collectives(const Launch& l, const Attempt& a, json* outcome) {
+  std::optional<RankGrid> grid;
+  try {
+    const ParallelConfig& p = l.config.parallel;
+    grid.emplace(GridSizes{a.np, p.tp, p.pp, a.np == l.options.np ? p.dp : 0, p.ep, p.expert_tp},
+                 l.config.moe.num_experts);
+  } catch (const Error&) {
+    return;  // the ranks refused this layout themselves
+  }
+  const double t = now_s();
+  std::map<int64_t, RankFlight> ranks;
+  for (const auto& [k, r] : a.ranks) ranks[k] = {r.host, r.flight, t - r.last_seen};
+  const std::vector<json> findings = hang_findings(*grid, ranks);
+  if (findings.empty()) return;
+  (*outcome)["collectives"] = findings;
+  const std::vector<int64_t> suspects = hang_suspects(findings);
+  (*outcome)["suspects"] = suspects;
+  const std::string kind = (*outcome)["event"];
+  for (const json& f : findings)
+    std::fprintf(stderr, "moe launch: %s: %s\n", kind.c_str(), f["summary"].get<std::string>().c_str());
+  if (!suspects.empty())
+    std::fprintf(stderr, "moe launch: %s: %s in none of the collectives the others wait in\n", kind.c_str(),
+                 rank_list_text(suspects).c_str());
+}
+
 // Attempts until one finishes (0), the ranks refuse the input (2), restarts run out (3) or a signal (128+).
 int supervise(Launch& l, RunLock& lock) {
   const LaunchOptions& o = l.options;
@@ -509,6 +539,7 @@ int supervise(Launch& l, RunLock& lock) {
                   {"hostfile", hostfile.empty() ? json(nullptr) : json(hostfile)}});
     json outcome = watch(l, a, job);
     const std::string kind = outcome["event"];
+    if (kind == "hang" || kind == "crash") name_collectives(l, a, &outcome);  // before the ranks are ended
     if (kind == "interrupted")
       return stop_on_signal(l, &job, {{"attempt", attempt}, {"while", a.training_seen ? "training" : "start-up"}});
     // Whatever the outcome, nothing of the job outlives it: the ranks are killed at once (a rank left

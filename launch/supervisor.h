@@ -5,7 +5,9 @@
 // whole job, leaving no process behind, and starts it again with --resume auto, up to
 // fault.max_restarts times with a doubling backoff; past that it exits with code 3. Every event goes to
 // RUN_DIR/events.log (JSON lines): what failed (rank, host, phase, step), how long detection took, the
-// checkpoint resumed from, the steps lost, and heartbeats it ignored (wrong secret, malformed, oversized).
+// checkpoint resumed from, the steps lost, and heartbeats it ignored (wrong secret, malformed, oversized). A hang or
+// crash is named from the ranks' flight records, which their heartbeats carry (launch/hang_report.h): the
+// collective, the ranks waiting in it and those that never entered it, or a mismatch.
 // Before anything starts it checks the layout; it holds the run directory's lock (launch/run_lock.h) for
 // the whole launch; it counts a run as finished only when a rank reported the last step; on SIGTERM or
 // SIGINT it forwards SIGTERM to the ranks, kills what is left after --term-grace-s (or a second signal)

@@ -285,6 +285,7 @@ Trainer::Trainer(CheckedConfig checked, TrainPaths paths_in, const data::Corpus&
   const TrainConfig& tc = config.train;
   backend.ops<float>().set_gemm_precision(tc.precision == "bf16" ? GemmPrecision::Bf16 : GemmPrecision::Fp32);
   attach_planes(groups, backend);
+  install_flight_recorder(groups, flight);  // every communicator, before anything holds one
   build_model(*this);
   // bf16 GEMMs read the weights from one rounded copy per step (train_step and evaluate say when the
   // parameters changed). MOE_BF16_WEIGHT_COPY=0 rounds them at every GEMM instead: the same bits, a check.

@@ -20,6 +20,7 @@
 #include "launch/trainer.h"
 #include "optim/adamw.h"
 #include "optim/per_expert_clip.h"
+#include "parallel/flight_recorder.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/pipeline.h"
 #include "parallel/process_groups.h"
@@ -71,6 +72,8 @@ struct Trainer {
   TrainPaths paths;
   Backend& backend;
   int threads = 1;
+  // The rank's flight recorder (parallel/flight_recorder.h), read by the heartbeat; every communicator writes to it.
+  std::shared_ptr<FlightRecorder> flight = std::make_shared<FlightRecorder>();
   ProcessGroups groups;
   Tracer tracer;
   std::unique_ptr<Model<float>> model;  // this rank's pipeline stage (the whole model when parallel.pp = 1)

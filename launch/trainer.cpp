@@ -467,7 +467,7 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
   const data::Corpus corpus = load_training_corpus(checked.config);
   Trainer t(std::move(checked), std::move(paths), corpus, std::move(world), backend);
   t.tracer.start(*t.groups.world);
-  HeartbeatSender heartbeat(t.groups.rank, host_name(), t.config.fault);
+  HeartbeatSender heartbeat(t.groups.rank, host_name(), t.config.fault, t.flight, t.paths.run_dir + "/flight");
   heartbeat.set(Phase::Setup, 0, "start-up");
   const ResumePoint point = choose_resume(options, t);
   // The last refusals, then the run directory is this process's (and its supervisor's) until the end.
@@ -518,6 +518,7 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
       out,        progress,
       heartbeat,  FaultInjector(t.config.fault.inject, t.groups.rank, t.paths.run_dir, t.paths.ckpt_root.string()),
       start_step, Clock{}};
+  loop.faults.set_flight_recorder(t.flight);  // the all-to-all faults act through it
   if (tc.adapt_threads && tc.device == "cpu") loop.governor.emplace(t.threads);
   int stop_signal = 0;
   for (int64_t step = start_step; step < tc.steps; ++step) {

@@ -1,7 +1,8 @@
 // Tests of the rules between config keys (launch/config_rules.cpp), each refusal with the keys, their values
 // and where they came from in its message: shapes that must divide, recomputation, data sources and the mixing
-// schedule, heartbeats, the all-to-all's element count, pipeline stages, what tensor parallelism splits, the
-// routing techniques and latent attention, and the gates of features this build does not have yet.
+// schedule, heartbeats, the all-to-all faults' expert group, the all-to-all's element count, pipeline stages, what
+// tensor parallelism splits, the routing techniques and latent attention, and the gates of features this build does not
+// have yet.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -26,6 +27,19 @@ TEST(ConfigRules, HeartbeatIntervalBelowTimeout) {
       },
       {"fault.heartbeat_interval_s = 10", "fault.heartbeat_timeout_s = 5", "lower the interval"});
   EXPECT_NO_THROW(from(json{{"fault", {{"heartbeat_interval_s", 4}, {"heartbeat_timeout_s", 5}}}}));
+}
+
+TEST(ConfigRules, AllToAllFaultsNeedAnExpertGroup) {
+  for (const char* kind : {"freeze_alltoall", "mismatch_alltoall"}) {
+    const json inject = json::array({{{"kind", kind}, {"rank", 1}, {"step", 3}}});
+    expect_bad_input(
+        [&] {
+          from(json{{"fault", {{"inject", inject}}}});
+        },
+        {"fault.inject", kind, "parallel.ep = 1", "set parallel.ep to 2 or more"});
+    EXPECT_NO_THROW(from(json{{"fault", {{"inject", inject}}}, {"parallel", {{"ep", 2}}}}));
+  }
+  EXPECT_NO_THROW(from(json{{"fault", {{"inject", json::array({{{"kind", "hang"}, {"rank", 1}, {"step", 3}}})}}}}));
 }
 
 TEST(ConfigRules, AllToAllCountFitsAnInt) {
