@@ -2,7 +2,7 @@
 // computed: training with the all-gather dispatcher reproduces the all-to-all run bit for bit (every metrics line
 // and every parameter, so every forward and backward), at ep 4 with capacity drops and at ep 2 x dp 2 dropless
 // with the exchange overlapped, and on the memory-checking backend (MOE_CHECK_DEVICE_MEMORY=1) with the overflow
-// cascade at ep 4. Runs under mpirun -np 4.
+// cascade at ep 4; a checkpoint of one resumes with the other. Runs under mpirun -np 4.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -74,6 +74,23 @@ TEST(Dispatchers, AllGatherOnTheStrictDeviceIsBitwiseTheAllToAllWithTheCascade) 
   check_dispatchers({"parallel.ep=4", R"(moe.overflow=["reroute", "dense"])", "moe.capacity_factor=0.75",
                      "moe.fallback_hidden=16", "optim.zero=true"},
                     "ep4_cascade_checked", std::nullopt, true);
+}
+
+// The dispatcher is not part of what a checkpoint means (a resume may change it without permission): a run
+// checkpointed with the all-to-all and resumed with the all-gather is the uninterrupted all-to-all run, bit for bit.
+TEST(Dispatchers, AnAllToAllCheckpointResumedWithTheAllGatherIsBitwiseTheUninterruptedRun) {
+  auto world = MpiCommunicator::world();
+  const std::vector<std::string> layout = {"parallel.ep=4", "moe.capacity_factor=0.75", "checkpoint.every=2"};
+  const fs::path root = shared_temp_root("moe_dispatchers_", "switched");
+  const RunOutput whole = train_on(4, overrides(layout, "alltoall"), (root / "whole").string());
+  train_on(4, overrides(layout, "alltoall"), (root / "switched").string(), 2);  // stops after step 2
+  const RunOutput switched = train_on(4, overrides(layout, "allgather"), (root / "switched").string());
+  if (world->rank() == 0) {
+    EXPECT_TRUE(fs::exists(root / "switched" / "checkpoints" / "step-00000002" / "manifest.json"));
+    expect_bitwise_equal(whole, switched, "alltoall resumed with allgather");
+    fs::remove_all(root.parent_path());
+  }
+  world->barrier();
 }
 
 }  // namespace
