@@ -138,7 +138,9 @@ void MoeLayer<T>::reset_stats() {
 template <typename T>
 void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot* slot, int64_t N) {
   const int64_t D = s_.d_model;
-  MOE_CHECK(dispatcher_->ready(), "an MoE layer over " << s_.ep_size << " expert-parallel ranks needs an exchange");
+  MOE_CHECK(dispatcher_->ready(), "an MoE layer over " << s_.ep_size
+                                                       << " expert-parallel ranks needs an exchange for its "
+                                                       << dispatcher_->name() << " dispatcher");
   MOE_CHECK(s_.expert_tp == 1 || (group_ && group_->size() == s_.expert_tp),
             "an MoE layer whose experts are split over " << s_.expert_tp << " ranks needs their group");
   MoeSlot<T>& st = static_cast<MoeSlot<T>&>(*slot);

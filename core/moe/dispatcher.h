@@ -54,7 +54,7 @@ class Dispatcher {
   Dispatcher(Backend& backend, int64_t experts, int64_t ep_size)
       : backend_(backend), experts_(experts), ep_size_(ep_size) {}
   virtual ~Dispatcher() = default;
-  virtual const char* name() const = 0;
+  virtual const char* name() const = 0;  // its moe.dispatcher value
   // Required when ep_size > 1 (float only); without one a single rank exchanges with itself.
   void set_exchange(ExpertExchange* exchange) { exchange_ = exchange; }
   bool ready() const { return ep_size_ == 1 || exchange_ != nullptr; }

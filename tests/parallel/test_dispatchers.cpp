@@ -126,6 +126,14 @@ void check_against_each_other(const RowsFor& rows_for, const std::string& what) 
   expect_none_wrong(differing_bits(backend->download<float>(back), tokens), what + ": round trip");
 }
 
+TEST(Dispatchers, EachKindIsTheDispatcherItsConfigValueNames) {
+  const auto backend = make_memory_check_backend(1);
+  EXPECT_STREQ(make_dispatcher<float>(DispatcherKind::AllToAll, *backend, 4, 2)->name(), "alltoall");
+  EXPECT_STREQ(make_dispatcher<float>(DispatcherKind::AllGather, *backend, 4, 2)->name(), "allgather");
+  EXPECT_FALSE(make_dispatcher<double>(DispatcherKind::AllGather, *backend, 4, 2)->ready()) << "no exchange yet";
+  EXPECT_TRUE(make_dispatcher<double>(DispatcherKind::AllGather, *backend, 4, 1)->ready()) << "one rank needs none";
+}
+
 TEST(Dispatchers, DroplessEveryExpertFedFromEverySource) {
   check_against_each_other([](int q, int64_t e) { return int64_t(1 + (q + 3 * e) % 4); }, "dropless");
 }
