@@ -1,7 +1,8 @@
-// The communication seam of the MoE dispatcher: an all-to-all over the expert-parallel group, counts
-// first, then rows. core declares it; parallel/ implements it over a Communicator. A layer without one
-// (one expert-parallel rank) exchanges with itself. The exchanges of counts and of rows have start and
-// finish forms, so a caller can compute (e.g. the shared experts) while they travel.
+// The communication seam of the MoE dispatchers: an all-to-all over the expert-parallel group, counts
+// first, then rows; and the all-gather and reduce-scatter of equal blocks of rows of the all-gather dispatcher. core
+// declares it; parallel/ implements it over a Communicator. A layer without one (one expert-parallel rank) exchanges
+// with itself. The exchanges of counts and of rows have start and finish forms, so a caller can compute (e.g. the
+// shared experts) while they travel.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,12 @@ class ExpertExchange {
   // backend's later work after the exchange without blocking the host).
   virtual std::unique_ptr<ExchangeHandle> start(const float* send, const int64_t* send_counts, float* recv,
                                                 const int64_t* recv_counts) = 0;
+  // The all-gather of rows: recv (size * count floats) = every rank's send (count floats), in rank order;
+  // backend memory, untouched until the handle is waited for (null: complete on return).
+  virtual std::unique_ptr<ExchangeHandle> start_allgather(const float* send, float* recv, int64_t count) = 0;
+  // The reduce-scatter of rows: recv (count floats) = the sum over the ranks of their send's block `rank`
+  // (send: size * count floats); backend memory, untouched until the handle is waited for.
+  virtual std::unique_ptr<ExchangeHandle> start_reduce_scatter(const float* send, float* recv, int64_t count) = 0;
   // Waits for a started exchange: recv is complete and send may be reused.
   void finish(std::unique_ptr<ExchangeHandle> handle) {
     if (handle) handle->wait();

@@ -26,7 +26,7 @@ MoeLayer<T>::MoeLayer(Backend& backend, const MoeSettings& settings)
       ops_(backend.ops<T>()),
       s_(settings),
       router_(backend, settings),
-      dispatcher_(backend, settings.num_experts, settings.ep_size),
+      dispatcher_(make_dispatcher<T>(settings.dispatcher, backend, settings.num_experts, settings.ep_size)),
       experts_(backend, settings.d_model, settings.expert_hidden / settings.expert_tp) {
   MOE_CHECK(s_.num_experts >= 1 && s_.top_k >= 1 && s_.top_k <= s_.num_experts,
             "experts " << s_.num_experts << ", top_k " << s_.top_k);
@@ -138,7 +138,9 @@ void MoeLayer<T>::reset_stats() {
 template <typename T>
 void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot* slot, int64_t N) {
   const int64_t D = s_.d_model;
-  MOE_CHECK(dispatcher_.ready(), "an MoE layer over " << s_.ep_size << " expert-parallel ranks needs an exchange");
+  MOE_CHECK(dispatcher_->ready(), "an MoE layer over " << s_.ep_size
+                                                       << " expert-parallel ranks needs an exchange for its "
+                                                       << dispatcher_->name() << " dispatcher");
   MOE_CHECK(s_.expert_tp == 1 || (group_ && group_->size() == s_.expert_tp),
             "an MoE layer whose experts are split over " << s_.expert_tp << " ranks needs their group");
   MoeSlot<T>& st = static_cast<MoeSlot<T>&>(*slot);
@@ -161,7 +163,7 @@ void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, 
   });
   const int64_t R = st.exchange.received;
   experts_.resize(st.experts, R);
-  dispatcher_.dispatch(st.exchange, xp, st.experts.xe.template data<T>(), D);
+  dispatcher_->dispatch(st.exchange, xp, st.experts.xe.template data<T>(), D);
 
   // Experts, then their outputs back to the tokens' ranks (the dense fallback computing meanwhile), and the
   // gate-weighted sum, the shared experts' and the fallback's outputs added in that order.
@@ -183,39 +185,39 @@ void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, 
 template <typename T>
 void MoeLayer<T>::plan_beside(MoeSlot<T>& st, const std::function<void()>& beside) {
   if (!s_.overlap_exchange || s_.ep_size == 1) {
-    dispatcher_.plan(st.plan.expert_offset, st.exchange);
+    dispatcher_->plan(st.plan.expert_offset, st.exchange);
     beside();
     return;
   }
-  std::unique_ptr<ExchangeHandle> counts = dispatcher_.start_plan(st.plan.expert_offset, st.exchange);
+  std::unique_ptr<ExchangeHandle> counts = dispatcher_->start_plan(st.plan.expert_offset, st.exchange);
   beside();
-  dispatcher_.finish_plan(std::move(counts), st.exchange);
+  dispatcher_->finish_plan(std::move(counts), st.exchange);
 }
 
 template <typename T>
 void MoeLayer<T>::dispatch_beside(const ExchangePlan& p, const T* token_rows, T* expert_rows,
                                   const std::function<void()>& beside) {
   if (!s_.overlap_exchange || s_.ep_size == 1) {
-    dispatcher_.dispatch(p, token_rows, expert_rows, s_.d_model);
+    dispatcher_->dispatch(p, token_rows, expert_rows, s_.d_model);
     beside();
     return;
   }
-  dispatcher_.start_dispatch(p, token_rows, s_.d_model, in_flight_);
+  dispatcher_->start_dispatch(p, token_rows, s_.d_model, in_flight_);
   beside();
-  dispatcher_.finish_dispatch(p, in_flight_, expert_rows, s_.d_model);
+  dispatcher_->finish_dispatch(p, in_flight_, expert_rows, s_.d_model);
 }
 
 template <typename T>
 void MoeLayer<T>::combine_beside(const ExchangePlan& p, const T* expert_rows, T* token_rows,
                                  const std::function<void()>& beside) {
   if (!s_.overlap_exchange || s_.ep_size == 1) {
-    dispatcher_.combine(p, expert_rows, token_rows, s_.d_model);
+    dispatcher_->combine(p, expert_rows, token_rows, s_.d_model);
     beside();
     return;
   }
-  dispatcher_.start_combine(p, expert_rows, token_rows, s_.d_model, in_flight_);
+  dispatcher_->start_combine(p, expert_rows, token_rows, s_.d_model, in_flight_);
   beside();
-  dispatcher_.finish_combine(in_flight_);
+  dispatcher_->finish_combine(p, in_flight_, s_.d_model);
 }
 
 template <typename T>

@@ -63,8 +63,8 @@ class MoeLayer final : public FeedForward<T> {
                 int64_t N) override;
   double forward_flops(int64_t N) const override;
 
-  // The all-to-all over the expert-parallel group (required when ep_size > 1; float only).
-  void set_exchange(ExpertExchange* exchange) { dispatcher_.set_exchange(exchange); }
+  // The exchange over the expert-parallel group (required when ep_size > 1; float only).
+  void set_exchange(ExpertExchange* exchange) { dispatcher_->set_exchange(exchange); }
   // The ranks sharing a routing group (required when token_shards > 1 or expert_tp > 1). With token_shards,
   // forward and backward take this rank's N rows of a group of N * token_shards tokens.
   void set_token_group(TokenGroup* group) { group_ = group; }
@@ -148,8 +148,8 @@ class MoeLayer final : public FeedForward<T> {
   RouterStepStats stats_;
   CapacityControl capacity_;
   Router<T> router_;
-  ExpertDispatcher<T> dispatcher_;
-  RowsInFlight<T> in_flight_;  // of the overlapped exchanges; its staging is kept between calls
+  std::unique_ptr<Dispatcher<T>> dispatcher_;  // chosen by s_.dispatcher
+  RowsInFlight<T> in_flight_;                  // of the overlapped exchanges; its staging is kept between calls
   GroupedExperts<T> experts_;
   std::unique_ptr<DenseMlp<T>> shared_, fallback_;
   TokenGroup* group_ = nullptr;

@@ -90,6 +90,7 @@ struct MoeConfig {
   RouterConfig router;
   double capacity_factor = 0.0;  // <= 0: no limit
   std::string drop_policy;       // "probs" | "position"
+  std::string dispatcher;        // "alltoall" | "allgather"
   // Overflow levels in cascade order: one of "drop", "reroute", "dense", or "reroute" then "dense" or "drop".
   std::vector<std::string> overflow;
   CapacityAutoConfig capacity_auto;

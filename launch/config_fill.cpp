@@ -107,6 +107,7 @@ void fill_moe(FieldReader& r, Config& c) {
   c.moe.fallback_hidden = r.integer("moe.fallback_hidden");
   c.moe.capacity_factor = r.number("moe.capacity_factor");
   c.moe.drop_policy = r.string("moe.drop_policy");
+  c.moe.dispatcher = r.string("moe.dispatcher");
   const json& overflow = r.at("moe.overflow");
   c.moe.overflow = overflow.is_string() ? std::vector<std::string>{overflow.get<std::string>()}
                                         : overflow.get<std::vector<std::string>>();

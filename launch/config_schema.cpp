@@ -190,6 +190,11 @@ std::vector<KeySpec> moe_keys() {
              "expert capacity = factor * tokens * top_k / experts per routing group; <= 0 = no limit"),
       choice("moe.drop_policy", "probs", {"probs", "position"},
              "which assignments a full expert keeps: highest score (`probs`) or earliest token (`position`)"),
+      choice("moe.dispatcher", "alltoall", {"alltoall", "allgather"},
+             "how rows reach the experts' ranks with parallel.ep > 1: `alltoall` sends each rank only the rows for its "
+             "experts; `allgather` gathers every rank's rows and keeps those for its experts, combining back by a "
+             "reduce-scatter (ep times the traffic, collectives only). The results are the same bit for bit "
+             "(docs/parallel.md \"Dispatchers\")"),
       choice_list("moe.overflow", "drop", {"drop", "reroute", "dense"},
                   "an assignment over capacity is dropped, rerouted to the next expert with room, or sent to the "
                   "dense fallback MLP; a list is a cascade: `[\"reroute\", \"dense\"]` reroutes, and what finds no "

@@ -268,12 +268,15 @@ double routed_bytes_per_layer(const Sizes& s, double slots) {
 }
 
 // Communication staging in backend memory: ZeRO's reduce-scatter staging (the padded bucket and the
-// received slice, kept per bucket) and each MoE layer's all-to-all staging of the received rows.
-double communication_bytes(const Sizes& s, const ParamCounts& p, bool zero, double dp, double edp) {
+// received slice, kept per bucket) and each MoE layer's dispatcher staging: the all-to-all's received rows, or
+// with ep > 1 the all-gather's every rank's block of rows and this rank's own (core/moe/allgather_dispatcher.h).
+double communication_bytes(const Sizes& s, const ParamCounts& p, bool zero, double dp, double edp, bool allgather) {
   double bytes = 0;
   if (zero && dp > 1) bytes += kFloat * (p.dense + p.dense / dp);
   if (zero && edp > 1) bytes += kFloat * (p.expert + p.expert / edp);
-  if (s.moe_layers > 0) bytes += s.moe_layers * kFloat * routed_rows(s).expert_side * s.D;
+  const RoutedRows r = routed_rows(s);
+  const double staged_rows = allgather && s.ep > 1 ? (s.ep + 1) * r.token_side : r.expert_side;
+  if (s.moe_layers > 0) bytes += s.moe_layers * kFloat * staged_rows * s.D;
   return bytes;
 }
 
@@ -302,7 +305,8 @@ MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int
   m.activations = saturate(model.activations);
   m.scratch = saturate(model.scratch);
   m.routed_rows = saturate(s.moe_layers * routed_bytes_per_layer(s, double(slots)));
-  m.communication = saturate(communication_bytes(s, p, config.optim.zero, double(dp), edp));
+  m.communication =
+      saturate(communication_bytes(s, p, config.optim.zero, double(dp), edp, config.moe.dispatcher == "allgather"));
   m.device_workspace = saturate(kFloat * device_workspace_elements(s));
   // A key/value cache would keep k and v (2 D) per token and layer, or latent attention's c_kv and shared
   // rotary key (C + R); fp32.

@@ -111,4 +111,14 @@ std::unique_ptr<ExchangeHandle> TracedExchange::start(const float* send, const i
   return std::make_unique<TracedHandle>(inner_.start(send, send_counts, recv, recv_counts), std::move(span));
 }
 
+std::unique_ptr<ExchangeHandle> TracedExchange::start_allgather(const float* send, float* recv, int64_t count) {
+  Tracer::Span span = tracer_.span("all-gather (rows)", "communication");
+  return std::make_unique<TracedHandle>(inner_.start_allgather(send, recv, count), std::move(span));
+}
+
+std::unique_ptr<ExchangeHandle> TracedExchange::start_reduce_scatter(const float* send, float* recv, int64_t count) {
+  Tracer::Span span = tracer_.span("reduce-scatter (rows)", "communication");
+  return std::make_unique<TracedHandle>(inner_.start_reduce_scatter(send, recv, count), std::move(span));
+}
+
 }  // namespace moe

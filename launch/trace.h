@@ -67,8 +67,9 @@ class Tracer {
   std::string events_;
 };
 
-// The expert all-to-all, timed: each exchange of counts, and each exchange of rows, from its start to its
-// wait (computation may run in between: the counts or rows are in flight), is an "all-to-all" span.
+// The expert exchange, timed: each exchange of counts, and each exchange of rows, from its start to its
+// wait (computation may run in between: the counts or rows are in flight), is an "all-to-all" span (an
+// "all-gather" or "reduce-scatter" one for the all-gather dispatcher's rows).
 class TracedExchange final : public ExpertExchange {
  public:
   TracedExchange(ExpertExchange& inner, Tracer& tracer) : inner_(inner), tracer_(tracer) {}
@@ -78,6 +79,8 @@ class TracedExchange final : public ExpertExchange {
   std::unique_ptr<ExchangeHandle> start_counts(const int64_t* send, int64_t* recv, int64_t n) override;
   std::unique_ptr<ExchangeHandle> start(const float* send, const int64_t* send_counts, float* recv,
                                         const int64_t* recv_counts) override;
+  std::unique_ptr<ExchangeHandle> start_allgather(const float* send, float* recv, int64_t count) override;
+  std::unique_ptr<ExchangeHandle> start_reduce_scatter(const float* send, float* recv, int64_t count) override;
 
  private:
   ExpertExchange& inner_;

@@ -85,6 +85,7 @@ MoeSettings moe_settings(const Config& config, int64_t layer) {
   s.normalize = m.router.normalize;
   s.capacity_factor = m.capacity_factor;
   s.drop_policy = m.drop_policy == "position" ? DropPolicy::Position : DropPolicy::Probs;
+  s.dispatcher = m.dispatcher == "allgather" ? DispatcherKind::AllGather : DispatcherKind::AllToAll;
   s.overflow = m.overflow_has("reroute") ? (m.overflow_has("dense") ? Overflow::RerouteDense : Overflow::Reroute)
                : m.overflow_has("dense") ? Overflow::Dense
                                          : Overflow::Drop;

@@ -57,9 +57,10 @@ using DataCommunicatorFactory = std::function<std::unique_ptr<Communicator>(Comm
 // Sets groups.data from `make`, called for dp, ep, edp, tp, pp, etp in that order on every rank.
 void attach_data_plane(ProcessGroups& groups, const DataCommunicatorFactory& make);
 
-// The MoE dispatcher's all-to-all over the ep group: counts (host memory) over its control-plane
+// The MoE dispatchers' exchange over the ep group: counts (host memory) over its control-plane
 // communicator with an all-to-all (blocking, or the nonblocking all-to-all-v of equal blocks), rows (backend
-// memory) over its data-plane one with the nonblocking all-to-all-v, so that the start forms return while
+// memory) over its data-plane one with the nonblocking all-to-all-v (or the all-gather and the nonblocking
+// reduce-scatter), so that the start forms return while
 // counts or rows travel. It keeps the seconds its caller was held up in it (the counts' exchange, each start
 // and each wait): the exposed all-to-all time, what overlap did not hide.
 class CommunicatorExchange final : public ExpertExchange {
@@ -81,6 +82,16 @@ class CommunicatorExchange final : public ExpertExchange {
                                         const int64_t* recv_counts) override {
     const Timer timer(blocked_s_);
     return std::make_unique<RequestHandle>(data_.ialltoallv(send, send_counts, recv, recv_counts), blocked_s_);
+  }
+  // The communicators have no nonblocking all-gather: this one completes before it returns.
+  std::unique_ptr<ExchangeHandle> start_allgather(const float* send, float* recv, int64_t count) override {
+    const Timer timer(blocked_s_);
+    data_.allgather(send, recv, count);
+    return nullptr;
+  }
+  std::unique_ptr<ExchangeHandle> start_reduce_scatter(const float* send, float* recv, int64_t count) override {
+    const Timer timer(blocked_s_);
+    return std::make_unique<RequestHandle>(data_.ireduce_scatter_sum(send, recv, count), blocked_s_);
   }
   // Seconds held up in the exchange since the last reset.
   double blocked_seconds() const { return blocked_s_; }

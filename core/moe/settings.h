@@ -14,6 +14,8 @@ enum class DropPolicy { Probs, Position };
 enum class Overflow { Drop, Reroute, Dense, RerouteDense };
 inline bool reroutes(Overflow o) { return o == Overflow::Reroute || o == Overflow::RerouteDense; }
 inline bool uses_fallback(Overflow o) { return o == Overflow::Dense || o == Overflow::RerouteDense; }
+// How rows travel to the experts' ranks and back (core/moe/dispatcher.h; docs/parallel.md "Dispatchers").
+enum class DispatcherKind { AllToAll, AllGather };
 // How the balancing bias follows the step's loads (docs/moe.md "Balancing bias").
 enum class BiasRule { Sign, Proportional };
 
@@ -67,6 +69,7 @@ struct MoeSettings {
   // beside the counts and the backward's dispatch, the dense fallback beside the combine); false: each
   // exchange blocks first. The same operations on the same data either way, so the same results bit for bit.
   bool overlap_exchange = true;
+  DispatcherKind dispatcher = DispatcherKind::AllToAll;
 };
 
 // Fate of one (token, slot) assignment after capacity.

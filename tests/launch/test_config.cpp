@@ -131,6 +131,11 @@ TEST(ConfigTypes, ChoicesListTheAllowedValues) {
                    {"train.recompute", "\"none\", \"selective\", \"full\""});
   expect_bad_input([] { from(document_with("moe.router.score", 1)); }, {"moe.router.score", "\"softmax\""});
   expect_bad_input([] { from(document_with("moe.drop_policy", "random")); }, {"moe.drop_policy", "\"position\""});
+  expect_bad_input([] { from(document_with("moe.dispatcher", "ring")); },
+                   {"moe.dispatcher", "\"ring\"", "\"alltoall\", \"allgather\""});
+  expect_bad_input([] { from(document_with("moe.dispatcher", 2)); }, {"moe.dispatcher", "2", "\"allgather\""});
+  EXPECT_EQ(from(document_with("moe.dispatcher", "allgather")).moe.dispatcher, "allgather");
+  EXPECT_EQ(from(json::object()).moe.dispatcher, "alltoall") << "the default";
 }
 
 TEST(ConfigRanges, EachBoundIsEnforced) {

@@ -136,6 +136,22 @@ TEST(MemoryEstimate, TensorParallelSplitsTheTensorsOfTheLayout) {
       }
 }
 
+// The all-gather dispatcher stages every rank's block of rows and its own, ep + 1 times the all-to-all's
+// received rows (as many as a rank sends, in the estimate); over one rank both are one copy.
+TEST(MemoryEstimate, TheAllGatherDispatcherStagesEveryRanksRows) {
+  Config config = small_config({"moe.num_experts=8"});
+  for (const int64_t ep : {1, 2, 4}) {
+    config.moe.dispatcher = "alltoall";
+    const MemoryEstimate alltoall = estimate_memory(config, 1, 4, ep);
+    config.moe.dispatcher = "allgather";
+    const MemoryEstimate allgather = estimate_memory(config, 1, 4, ep);
+    ASSERT_GT(alltoall.communication, 0) << "no ZeRO: the MoE staging alone";
+    EXPECT_NEAR(double(allgather.communication), double(ep == 1 ? 1 : ep + 1) * double(alltoall.communication), ep)
+        << "ep " << ep;
+    EXPECT_EQ(allgather.total() - alltoall.total(), allgather.communication - alltoall.communication);
+  }
+}
+
 TEST(MemoryEstimate, ZeroShardsTheMomentsOverTheirGroups) {
   Config config = small_config({"moe.num_experts=8"});
   const MemoryEstimate plain = estimate_memory(config, 1, 4, 2);

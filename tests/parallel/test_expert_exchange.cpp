@@ -104,7 +104,8 @@ TEST(ExpertExchange, DispatcherStartFinishEqualsBlockingAndCombineIsItsAdjoint) 
   const int n = exchange.size(), me = exchange.rank();
   const int64_t local = 2, experts = local * n;
   const auto backend = make_cpu_backend(1);
-  ExpertDispatcher<float> dispatcher(*backend, experts, n);
+  const auto made = make_dispatcher<float>(DispatcherKind::AllToAll, *backend, experts, n);
+  Dispatcher<float>& dispatcher = *made;
   dispatcher.set_exchange(&exchange);
   std::vector<int64_t> expert_offset(experts + 1, 0);
   for (int64_t e = 0; e < experts; ++e) expert_offset[e + 1] = expert_offset[e] + rows_for(me, e);
@@ -139,7 +140,7 @@ TEST(ExpertExchange, DispatcherStartFinishEqualsBlockingAndCombineIsItsAdjoint) 
       combined_blocking(token_rows * kWidth);
   dispatcher.dispatch(plan, x.data(), dispatched.data(), kWidth);
   dispatcher.start_combine(plan, y.data(), combined.data(), kWidth, in_flight);
-  dispatcher.finish_combine(in_flight);
+  dispatcher.finish_combine(plan, in_flight, kWidth);
   dispatcher.combine(plan, y.data(), combined_blocking.data(), kWidth);
   wrong += combined != combined_blocking;
   EXPECT_NONE_WRONG(wrong);
