@@ -7,9 +7,11 @@
 
 namespace moe {
 
-int64_t pipeline_slots(PipeSchedule schedule, int64_t stages, int64_t stage, int64_t micro_batches) {
+int64_t pipeline_slots(PipeSchedule schedule, int64_t stages, int64_t stage, int64_t micro_batches, int64_t chunks,
+                       int64_t chunk) {
   int64_t in_flight = 0, most = 0;
-  for (const PipeAction& a : pipeline_actions(schedule, stages, stage, micro_batches)) {
+  for (const PipeAction& a : pipeline_actions(schedule, stages, stage, micro_batches, chunks)) {
+    if (a.chunk != chunk) continue;
     in_flight += a.op == PipeOp::Forward ? 1 : a.op == PipeOp::Backward ? -1 : 0;
     most = std::max(most, in_flight);
   }
@@ -26,27 +28,40 @@ struct PipelineExecutor<T>::Slot {
 template <typename T>
 PipelineExecutor<T>::PipelineExecutor(Model<T>& stage, Communicator& pp, PipeSchedule schedule, int64_t micro_batches,
                                       int64_t batch, int64_t seq_len)
-    : model_(stage),
+    : PipelineExecutor(std::vector<Model<T>*>{&stage}, pp, schedule, micro_batches, batch, seq_len) {}
+
+template <typename T>
+PipelineExecutor<T>::PipelineExecutor(const std::vector<Model<T>*>& chunks, Communicator& pp, PipeSchedule schedule,
+                                      int64_t micro_batches, int64_t batch, int64_t seq_len)
+    : chunks_(chunks),
       pp_(pp),
       stage_(pp.rank()),
       stages_(pp.size()),
       batch_(batch),
       seq_len_(seq_len),
-      rows_(stage.rows(batch * seq_len) * stage.shape().d_model),
-      actions_(pipeline_actions(schedule, pp.size(), pp.rank(), micro_batches)) {
-  const int64_t slots = pipeline_slots(schedule, stages_, stage_, micro_batches);
-  MOE_CHECK(stage.num_slots() >= slots, "pipeline stage " << stage_ << " keeps " << slots
-                                                          << " micro-batches in flight; its model has "
-                                                          << stage.num_slots() << " slots");
-  MOE_CHECK(stage.stage().embedding == (stage_ == 0) && stage.stage().head == (stage_ == stages_ - 1),
-            "pipeline stage " << stage_ << " of " << stages_ << ": the embedding belongs to the first stage "
-                              << "and the head to the last");
-  slots_.resize(size_t(slots));
-  Backend& backend = stage.backend();
-  for (Slot& s : slots_) {
-    s.received = backend.allocate(dtype_of<T>(), rows_);
-    s.activation_out = backend.allocate(dtype_of<T>(), rows_);
-    s.gradient_out = backend.allocate(dtype_of<T>(), rows_);
+      rows_(chunks.at(0)->rows(batch * seq_len) * chunks.at(0)->shape().d_model),
+      actions_(pipeline_actions(schedule, pp.size(), pp.rank(), micro_batches, int64_t(chunks.size()))) {
+  const int64_t V = int64_t(chunks.size()), last_virtual = stages_ * V - 1;
+  slots_.resize(size_t(V));
+  for (int64_t c = 0; c < V; ++c) {
+    const Model<T>& model = *chunks_[size_t(c)];
+    const int64_t slots = pipeline_slots(schedule, stages_, stage_, micro_batches, V, c);
+    const int64_t v = virtual_stage(stages_, stage_, c);
+    MOE_CHECK(model.num_slots() >= slots, "pipeline stage " << stage_ << " chunk " << c << " keeps " << slots
+                                                            << " micro-batches in flight; its model has "
+                                                            << model.num_slots() << " slots");
+    MOE_CHECK(model.stage().embedding == (v == 0) && model.stage().head == (v == last_virtual),
+              "pipeline stage " << stage_ << " chunk " << c << " (virtual stage " << v << " of " << last_virtual + 1
+                                << "): the embedding belongs to the first virtual stage and the head to the last");
+    MOE_CHECK(model.rows(batch * seq_len) * model.shape().d_model == rows_,
+              "pipeline chunks of one stage pass activations of one size");
+    slots_[size_t(c)].resize(size_t(slots));
+    Backend& backend = chunks_[size_t(c)]->backend();
+    for (Slot& s : slots_[size_t(c)]) {
+      s.received = backend.allocate(dtype_of<T>(), rows_);
+      s.activation_out = backend.allocate(dtype_of<T>(), rows_);
+      s.gradient_out = backend.allocate(dtype_of<T>(), rows_);
+    }
   }
   tokens_.assign(size_t(batch * (seq_len + 1)), 0);
 }
@@ -59,8 +74,9 @@ template <typename T>
 void PipelineExecutor<T>::send(Slot& slot, std::unique_ptr<Request>& request, Buffer& buffer, const T* data, int peer,
                                int tag) {
   if (request) request->wait();
-  model_.backend().copy(buffer.template data<T>(), data, size_t(rows_) * sizeof(T));
-  model_.backend().synchronize();
+  Backend& backend = chunks_[0]->backend();
+  backend.copy(buffer.template data<T>(), data, size_t(rows_) * sizeof(T));
+  backend.synchronize();
   request = pp_.isend(buffer.template data<T>(), rows_, peer, tag);
 }
 
@@ -76,46 +92,69 @@ bool PipelineExecutor<T>::receives_next(size_t i) const {
 }
 
 template <typename T>
+int PipelineExecutor<T>::peer(int64_t chunk, int64_t step) const {
+  return int((virtual_stage(stages_, stage_, chunk) + step) % stages_);
+}
+
+// With one chunk: 2 mb for activations, 2 mb + 1 for gradients.
+template <typename T>
+int PipelineExecutor<T>::tag(int64_t mb, int64_t receiving_chunk, PipeOp kind) const {
+  const bool gradient = kind == PipeOp::RecvGradient || kind == PipeOp::SendGradient;
+  return int(2 * (mb * int64_t(chunks_.size()) + receiving_chunk) + (gradient ? 1 : 0));
+}
+
+template <typename T>
+void PipelineExecutor<T>::run_action(size_t i, const MicroBatches& micro_batches, double loss_scale, double& loss) {
+  const PipeAction& a = actions_[i];
+  std::vector<Slot>& slots = slots_[size_t(a.chunk)];
+  const int slot = int(a.micro_batch % int64_t(slots.size()));
+  Slot& s = slots[size_t(slot)];
+  Model<T>& model = *chunks_[size_t(a.chunk)];
+  const int64_t v = virtual_stage(stages_, stage_, a.chunk);
+  switch (a.op) {
+    case PipeOp::RecvActivation:
+      pp_.recv(s.received.template data<T>(), rows_, peer(a.chunk, stages_ - 1), tag(a.micro_batch, a.chunk, a.op));
+      break;
+    case PipeOp::Forward:
+      micro_batches.tokens(a.micro_batch, tokens_.data());
+      if (micro_batches.before_chunk_forward)
+        micro_batches.before_chunk_forward(a.micro_batch, a.chunk);
+      else
+        micro_batches.before_forward(a.micro_batch);
+      loss += model.forward(slot, tokens_.data(), batch_, v == 0 ? nullptr : s.received.template data<T>());
+      break;
+    case PipeOp::SendActivation:
+      send(s, s.activation_sent, s.activation_out, model.output_activation(slot), peer(a.chunk, 1),
+           tag(a.micro_batch, (v + 1) / stages_, a.op));
+      if (!receives_next(i)) s.activation_sent->test();  // start it now (see receives_next)
+      break;
+    case PipeOp::RecvGradient:
+      pp_.recv(s.received.template data<T>(), rows_, peer(a.chunk, 1), tag(a.micro_batch, a.chunk, a.op));
+      break;
+    case PipeOp::Backward:
+      model.backward(slot, loss_scale, model.stage().head ? nullptr : s.received.template data<T>());
+      break;
+    case PipeOp::SendGradient:
+      send(s, s.gradient_sent, s.gradient_out, model.input_grad(slot), peer(a.chunk, stages_ - 1),
+           tag(a.micro_batch, (v - 1) / stages_, a.op));
+      if (!receives_next(i)) s.gradient_sent->test();
+      break;
+  }
+}
+
+template <typename T>
 double PipelineExecutor<T>::run(const MicroBatches& micro_batches, double loss_scale) {
-  const bool first = stage_ == 0, last = stage_ == stages_ - 1;
-  const int prev = int(stage_) - 1, next = int(stage_) + 1;
   double loss = 0;
   for (size_t i = 0; i < actions_.size(); ++i) {
-    const PipeAction& a = actions_[i];
-    Slot& s = slots_[size_t(a.micro_batch % int64_t(slots_.size()))];
-    const int slot = int(a.micro_batch % int64_t(slots_.size()));
-    const int activation_tag = int(2 * a.micro_batch), gradient_tag = int(2 * a.micro_batch + 1);
-    if (micro_batches.around) micro_batches.around(a, true);
-    switch (a.op) {
-      case PipeOp::RecvActivation:
-        pp_.recv(s.received.template data<T>(), rows_, prev, activation_tag);
-        break;
-      case PipeOp::Forward:
-        micro_batches.tokens(a.micro_batch, tokens_.data());
-        micro_batches.before_forward(a.micro_batch);
-        loss += model_.forward(slot, tokens_.data(), batch_, first ? nullptr : s.received.template data<T>());
-        break;
-      case PipeOp::SendActivation:
-        send(s, s.activation_sent, s.activation_out, model_.output_activation(slot), next, activation_tag);
-        if (!receives_next(i)) s.activation_sent->test();  // start it now (see receives_next)
-        break;
-      case PipeOp::RecvGradient:
-        pp_.recv(s.received.template data<T>(), rows_, next, gradient_tag);
-        break;
-      case PipeOp::Backward:
-        model_.backward(slot, loss_scale, last ? nullptr : s.received.template data<T>());
-        break;
-      case PipeOp::SendGradient:
-        send(s, s.gradient_sent, s.gradient_out, model_.input_grad(slot), prev, gradient_tag);
-        if (!receives_next(i)) s.gradient_sent->test();
-        break;
-    }
-    if (micro_batches.around) micro_batches.around(a, false);
+    if (micro_batches.around) micro_batches.around(actions_[i], true);
+    run_action(i, micro_batches, loss_scale, loss);
+    if (micro_batches.around) micro_batches.around(actions_[i], false);
   }
-  for (Slot& s : slots_)
-    for (std::unique_ptr<Request>* r : {&s.activation_sent, &s.gradient_sent})
-      if (*r) (*r)->wait(), r->reset();
-  return last ? loss : 0.0;
+  for (std::vector<Slot>& slots : slots_)
+    for (Slot& s : slots)
+      for (std::unique_ptr<Request>* r : {&s.activation_sent, &s.gradient_sent})
+        if (*r) (*r)->wait(), r->reset();
+  return chunks_.back()->stage().head ? loss : 0.0;
 }
 
 template class PipelineExecutor<float>;

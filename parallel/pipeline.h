@@ -5,6 +5,13 @@
 // [first, last) with the embedding on the first stage and the head on the last (StageSpec), and as many
 // micro-batch slots as the schedule keeps in flight on it (pipeline_slots). Micro-batch mb uses slot
 // mb % slots: the schedules run a stage's micro-batches in order, so those in flight are consecutive.
+//
+// Interleaved stages (parallel.vpp = V > 1): the rank holds V models, one per chunk, chunk c holding virtual
+// stage c * P + r's layers (the embedding on virtual stage 0, the head on the last), each with its own slots
+// and buffers; an action runs on its chunk's model, and a chunk's activations go to virtual stage v + 1 on
+// rank (v + 1) mod P (from the last rank back to the first for the next chunk), its gradients to v - 1.
+// Messages are tagged by micro-batch, receiving chunk and kind, so both directions between two ranks stay
+// apart.
 #pragma once
 
 #include <cstdint>
@@ -18,8 +25,10 @@
 
 namespace moe {
 
-// The most micro-batches `schedule` keeps in flight (forwarded, not yet backwarded) on `stage`.
-int64_t pipeline_slots(PipeSchedule schedule, int64_t stages, int64_t stage, int64_t micro_batches);
+// The most micro-batches `schedule` keeps in flight (forwarded, not yet backwarded) on `chunk` of `stage`
+// (of `chunks` per stage).
+int64_t pipeline_slots(PipeSchedule schedule, int64_t stages, int64_t stage, int64_t micro_batches, int64_t chunks = 1,
+                       int64_t chunk = 0);
 
 template <typename T>
 class PipelineExecutor {
@@ -32,12 +41,18 @@ class PipelineExecutor {
     std::function<void(int64_t mb, int32_t* tokens)> tokens;
     std::function<void(int64_t mb)> before_forward;
     std::function<void(const PipeAction& action, bool begin)> around;
+    // With several chunks, called instead of before_forward: each chunk's model has its own context.
+    std::function<void(int64_t mb, int64_t chunk)> before_chunk_forward;
   };
 
   // pp: the pipeline-parallel group, this rank's stage its rank in it. The model must have at least
   // pipeline_slots(...) slots.
   PipelineExecutor(Model<T>& stage, Communicator& pp, PipeSchedule schedule, int64_t micro_batches, int64_t batch,
                    int64_t seq_len);
+  // The same with the rank's model chunks (interleaved when more than one): chunks[c] holds virtual stage
+  // c * P + rank and at least pipeline_slots(..., chunks.size(), c) slots.
+  PipelineExecutor(const std::vector<Model<T>*>& chunks, Communicator& pp, PipeSchedule schedule, int64_t micro_batches,
+                   int64_t batch, int64_t seq_len);
   ~PipelineExecutor();
   // Runs every action of this stage for one step; gradients accumulate into the model's (scaled by
   // loss_scale, as Model::backward). Returns the sum of the step's token losses on the last stage, 0 on the
@@ -49,12 +64,15 @@ class PipelineExecutor {
   struct Slot;  // one slot's receive and send buffers and sends in flight
   void send(Slot& slot, std::unique_ptr<Request>& request, Buffer& buffer, const T* data, int peer, int tag);
   bool receives_next(size_t action) const;  // whether action + 1 is a receive
+  void run_action(size_t i, const MicroBatches& micro_batches, double loss_scale, double& loss);
+  int peer(int64_t chunk, int64_t step) const;  // the rank of virtual stage (chunk's) + step
+  int tag(int64_t mb, int64_t receiving_chunk, PipeOp kind) const;
 
-  Model<T>& model_;
+  std::vector<Model<T>*> chunks_;
   Communicator& pp_;
   int64_t stage_, stages_, batch_, seq_len_, rows_;  // rows_: the activation's rows * d_model elements
   std::vector<PipeAction> actions_;
-  std::vector<Slot> slots_;
+  std::vector<std::vector<Slot>> slots_;  // per chunk
   std::vector<int32_t> tokens_;
 };
 
