@@ -232,6 +232,20 @@ class Ops {
   // logits, scores: (N, E); out: (E + 2).
   virtual void router_loss_sums(const T* logits, const T* scores, double* out, int64_t N, int64_t E) = 0;
 
+  // ---- The dispatch plan (core/moe/dispatch_plan.h, MODEL.md "Capacity") ------------------------------
+  // Slot s = n K + j of the M = N K assignments is token n's j-th choice; selected (M): its expert, -1 if none.
+  // assigned[s] (M, written) = selected[s] where s is among the `capacity` first slots of its expert in priority
+  // order (by_score: the higher score[s] first, ties to the lower slot; else the lower slot first), else -1.
+  // capacity INT64_MAX: no limit (dropless). score: (M), not read unless by_score.
+  virtual void capacity_keep(const int32_t* selected, const T* score, bool by_score, int64_t capacity,
+                             int32_t* assigned, int64_t M, int64_t E) = 0;
+  // The permutation that puts each expert's rows in one block, a stable sort of the slots by assigned expert
+  // (assigned: (M), -1 if no expert): offset (E + 1): expert e's rows are [offset[e], offset[e + 1]); perm_slot
+  // (M): row -> slot, slots in order within an expert, -1 from offset[E] on; row_of_slot (M): slot -> row, -1
+  // where assigned is. All written.
+  virtual void permute_by_expert(const int32_t* assigned, int64_t* offset, int32_t* perm_slot, int32_t* row_of_slot,
+                                 int64_t M, int64_t E) = 0;
+
   // ---- The router's backward (core/moe/router.h, docs/moe.md) ---------------------------------------
   // Gate weights -> scores, per token n < N: dp[n, selected[n K + j]] += dw[n K + j] / denom[n] for raw gates;
   // renormalised ones (w_j = p[e_j] / denom) add (dw_j - sum_i dw_i gate_i) / denom, the sum 0 where

@@ -64,6 +64,8 @@ enum class OpId : int {
   gate_weights,
   expert_fractions,
   router_loss_sums,
+  capacity_keep,
+  permute_by_expert,
   gate_backward,
   router_loss_backward,
   score_backward,
@@ -109,6 +111,8 @@ inline constexpr const char* kOpNames[] = {"gemm",
                                            "gate_weights",
                                            "expert_fractions",
                                            "router_loss_sums",
+                                           "capacity_keep",
+                                           "permute_by_expert",
                                            "gate_backward",
                                            "router_loss_backward",
                                            "score_backward",
@@ -495,6 +499,25 @@ class StrictOps final : public Ops<T> {
     const auto p1 = r(scores, N * E, op);
     const auto p2 = r(out, E + 2, op);
     run([=, this] { inner_.router_loss_sums(p0, p1, p2, N, E); });
+  }
+  void capacity_keep(const int32_t* selected, const T* score, bool by_score, int64_t capacity, int32_t* assigned,
+                     int64_t M, int64_t E) override {
+    covered(OpId::capacity_keep);
+    const char* op = "capacity_keep";
+    const auto p0 = r(selected, M, op);
+    const auto p1 = r(by_score ? score : nullptr, M, op);
+    const auto p2 = r(assigned, M, op);
+    run([=, this] { inner_.capacity_keep(p0, p1, by_score, capacity, p2, M, E); });
+  }
+  void permute_by_expert(const int32_t* assigned, int64_t* offset, int32_t* perm_slot, int32_t* row_of_slot, int64_t M,
+                         int64_t E) override {
+    covered(OpId::permute_by_expert);
+    const char* op = "permute_by_expert";
+    const auto p0 = r(assigned, M, op);
+    const auto p1 = r(offset, E + 1, op);
+    const auto p2 = r(perm_slot, M, op);
+    const auto p3 = r(row_of_slot, M, op);
+    run([=, this] { inner_.permute_by_expert(p0, p1, p2, p3, M, E); });
   }
   void gate_backward(const T* gate, const int32_t* selected, const T* dw, const T* denom, const uint8_t* clamped,
                      bool renormalised, T* dp, int64_t N, int64_t K, int64_t E) override {

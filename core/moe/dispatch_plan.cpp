@@ -3,35 +3,36 @@
 
 #include <algorithm>
 
+#include "core/backend/cpu/dispatch_kernels.h"
 #include "core/error.h"
 
 namespace moe {
 namespace {
 
+// Capacity first (the kept slots: Ops::capacity_keep's CPU body), then the overflow in priority order. The
+// priority order is total (ties go to the lower slot), so the overflowed slots' order does not depend on how they
+// were collected.
 template <typename T>
 void apply_capacity(const DispatchRequest<T>& r, DispatchPlan& plan, std::vector<int64_t>& load) {
   const int64_t E = r.experts, K = r.top_k, M = r.tokens * K, C = r.capacity;
-  auto selected = [&](int64_t slot) { return r.preference[(slot / K) * r.choices + slot % K]; };
-  auto priority_before = [&](int32_t a, int32_t b) {  // slots a, b
-    if (r.drop_policy == DropPolicy::Probs && r.score[a] != r.score[b]) return r.score[a] > r.score[b];
-    return a < b;  // position: token order
-  };
-  std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(E));
-  for (int64_t slot = 0; slot < M; ++slot)
-    if (selected(slot) >= 0) by_expert[selected(slot)].push_back(int32_t(slot));
+  const bool by_score = r.drop_policy == DropPolicy::Probs;
+  std::vector<int32_t> selected(static_cast<size_t>(M));
+  for (int64_t slot = 0; slot < M; ++slot) selected[size_t(slot)] = r.preference[(slot / K) * r.choices + slot % K];
+  std::vector<std::vector<int32_t>> by_expert;
+  cpu::capacity_keep(selected.data(), r.score, by_score, C, plan.assigned_expert.data(), M, E, by_expert);
   std::vector<int32_t> overflowed;
   for (int64_t e = 0; e < E; ++e) {
-    auto& slots = by_expert[e];
-    std::stable_sort(slots.begin(), slots.end(), priority_before);
-    for (int32_t slot : slots) {
-      if (load[e] < C) {
-        plan.fate[slot] = SlotFate::Kept, plan.assigned_expert[slot] = int32_t(e), ++load[e];
-      } else {
-        overflowed.push_back(slot);
-      }
+    const auto& slots = by_expert[size_t(e)];
+    load[size_t(e)] = std::min(int64_t(slots.size()), C);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (int64_t(i) < C)
+        plan.fate[slots[i]] = SlotFate::Kept;
+      else
+        overflowed.push_back(slots[i]);
     }
   }
-  std::stable_sort(overflowed.begin(), overflowed.end(), priority_before);
+  std::stable_sort(overflowed.begin(), overflowed.end(),
+                   [&](int32_t a, int32_t b) { return cpu::priority_before(r.score, by_score, a, b); });
   for (int32_t slot : overflowed) {
     if (r.overflow == Overflow::Drop) {
       plan.fate[slot] = SlotFate::Dropped;
@@ -55,18 +56,15 @@ void apply_capacity(const DispatchRequest<T>& r, DispatchPlan& plan, std::vector
   }
 }
 
-// Rows of each expert's contiguous block, in slot (token) order within an expert.
+// Rows of each expert's contiguous block, in slot (token) order within an expert (Ops::permute_by_expert's CPU
+// body).
 void build_permutation(int64_t E, int64_t M, DispatchPlan& plan) {
-  plan.expert_offset.assign(size_t(E + 1), 0);
-  for (int64_t slot = 0; slot < M; ++slot)
-    if (plan.assigned_expert[slot] >= 0) ++plan.expert_offset[plan.assigned_expert[slot] + 1];
-  for (int64_t e = 0; e < E; ++e) plan.expert_offset[e + 1] += plan.expert_offset[e];
-  plan.perm_slot.assign(size_t(plan.expert_offset[E]), -1);
-  std::vector<int64_t> fill(plan.expert_offset.begin(), plan.expert_offset.end() - 1);
-  for (int64_t slot = 0; slot < M; ++slot)
-    if (plan.assigned_expert[slot] >= 0) plan.perm_slot[fill[plan.assigned_expert[slot]]++] = int32_t(slot);
-  plan.row_of_slot.assign(size_t(M), -1);
-  for (int64_t r = 0; r < plan.expert_offset[E]; ++r) plan.row_of_slot[plan.perm_slot[r]] = r;
+  plan.expert_offset.resize(size_t(E + 1));
+  plan.perm_slot.resize(size_t(M));
+  plan.row_of_slot.resize(size_t(M));
+  cpu::permute_by_expert(plan.assigned_expert.data(), plan.expert_offset.data(), plan.perm_slot.data(),
+                         plan.row_of_slot.data(), M, E);
+  plan.perm_slot.resize(size_t(plan.expert_offset[size_t(E)]));
 }
 
 }  // namespace

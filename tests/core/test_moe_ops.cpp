@@ -1,6 +1,7 @@
 // The op conformance suite, MoE and optimizer ops: grouped GEMM, Gumbel noise, row softmax and sigmoid,
 // row top-k (with the router's tie rule), gather, scatter-add, combine, row dots, the router's backward (gate
-// weights, losses and scores, against the CPU reference in double), the AdamW update.
+// weights, losses and scores, against the CPU reference in double), the dispatch plan's capacity and permutation
+// (exact), the AdamW update.
 // Every backend, fp32 and fp64, data through the backend's buffers, against references written
 // from the definitions in double; index results (top-k) compare exactly.
 #include <gtest/gtest.h>
@@ -435,6 +436,65 @@ void router_forward_cases(Backend& b) {
 TEST_P(Conformance, RouterForward) {
   router_forward_cases<float>(backend());
   router_forward_cases<double>(backend());
+}
+
+// The dispatch plan from its definition: slot s keeps its expert when fewer than `capacity` slots of that expert
+// come before it in priority order (by_score: higher score, ties to the lower slot; else the lower slot).
+std::vector<int32_t> reference_keep(const std::vector<int32_t>& selected, const std::vector<double>& score,
+                                    bool by_score, int64_t capacity) {
+  const size_t M = selected.size();
+  std::vector<int32_t> assigned(M, -1);
+  for (size_t s = 0; s < M; ++s) {
+    if (selected[s] < 0) continue;
+    int64_t before = 0;
+    for (size_t t = 0; t < M; ++t)
+      before += selected[t] == selected[s] && (by_score && score[t] != score[s] ? score[t] > score[s] : t < s);
+    if (before < capacity) assigned[s] = selected[s];
+  }
+  return assigned;
+}
+
+template <typename T>
+void dispatch_plan_cases(Backend& b) {
+  const int64_t E = 6;
+  for (const int64_t M : {int64_t(0), int64_t(1), int64_t(37), int64_t(300)}) {
+    std::vector<int32_t> selected(static_cast<size_t>(M));
+    std::vector<double> score(static_cast<size_t>(M));
+    for (int64_t s = 0; s < M; ++s) {  // expert 4 never chosen; every 7th slot empty; scores tie often, +-0 too
+      const int32_t h = int32_t((s * 5 + s / 3) % 5);
+      selected[size_t(s)] = s % 7 == 3 ? -1 : h == 4 ? 5 : h;
+      score[size_t(s)] = s % 11 == 0 ? (s % 2 ? -0.0 : 0.0) : double(T(double((s * 13) % 9) / 8.0));
+    }
+    Buffer sel = put_index(b, selected), sc = put<T>(b, score);
+    Buffer kept = b.allocate(DType::I32, M), off = b.allocate(DType::I64, E + 1);
+    Buffer perm = b.allocate(DType::I32, M), row = b.allocate(DType::I32, M);
+    for (const bool by_score : {true, false})
+      for (const int64_t C : {int64_t(0), int64_t(1), int64_t(9), int64_t(INT64_MAX)}) {
+        const std::string what =
+            "M " + std::to_string(M) + (by_score ? " by score" : " by position") + " capacity " + std::to_string(C);
+        const std::vector<int32_t> want = reference_keep(selected, score, by_score, C);
+        b.ops<T>().capacity_keep(sel.data<int32_t>(), sc.data<T>(), by_score, C, kept.data<int32_t>(), M, E);
+        ASSERT_EQ(b.download<int32_t>(kept), want) << what;
+        std::vector<int64_t> want_off(size_t(E + 1), 0);
+        std::vector<int32_t> want_perm, want_row(static_cast<size_t>(M), -1);
+        for (int64_t e = 0; e < E; ++e) {
+          for (int64_t s = 0; s < M; ++s)
+            if (want[size_t(s)] == e) want_row[size_t(s)] = int32_t(want_perm.size()), want_perm.push_back(int32_t(s));
+          want_off[size_t(e + 1)] = int64_t(want_perm.size());
+        }
+        want_perm.resize(size_t(M), -1);
+        b.ops<T>().permute_by_expert(kept.data<int32_t>(), off.data<int64_t>(), perm.data<int32_t>(),
+                                     row.data<int32_t>(), M, E);
+        EXPECT_EQ(b.download<int64_t>(off), want_off) << what;
+        EXPECT_EQ(b.download<int32_t>(perm), want_perm) << what;
+        EXPECT_EQ(b.download<int32_t>(row), want_row) << what;
+      }
+  }
+}
+
+TEST_P(Conformance, DispatchPlanCapacityAndPermutation) {
+  dispatch_plan_cases<float>(backend());
+  dispatch_plan_cases<double>(backend());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(backends()),

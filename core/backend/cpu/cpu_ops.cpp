@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/backend/backend.h"
+#include "core/backend/cpu/dispatch_kernels.h"
 #include "core/backend/cpu/expert_mlp.h"
 #include "core/backend/cpu/fused_attention.h"
 #include "core/backend/cpu/moe_kernels.h"
@@ -319,6 +320,15 @@ class CpuOps final : public Ops<T> {
   }
   void router_loss_sums(const T* logits, const T* scores, double* out, int64_t N, int64_t E) override {
     cpu::router_loss_sums(logits, scores, out, N, E);
+  }
+  void capacity_keep(const int32_t* selected, const T* score, bool by_score, int64_t capacity, int32_t* assigned,
+                     int64_t M, int64_t E) override {
+    thread_local std::vector<std::vector<int32_t>> by_expert;
+    cpu::capacity_keep(selected, score, by_score, capacity, assigned, M, E, by_expert);
+  }
+  void permute_by_expert(const int32_t* assigned, int64_t* offset, int32_t* perm_slot, int32_t* row_of_slot, int64_t M,
+                         int64_t E) override {
+    cpu::permute_by_expert(assigned, offset, perm_slot, row_of_slot, M, E);
   }
   void gate_backward(const T* gate, const int32_t* selected, const T* dw, const T* denom, const uint8_t* clamped,
                      bool renormalised, T* dp, int64_t N, int64_t K, int64_t E) override {

@@ -280,6 +280,44 @@ class CudaOps final : public Ops<T> {
   void router_loss_sums(const T* logits, const T* scores, double* out, int64_t N, int64_t E) override {
     launch(elementwise_launch(E + 2), cuda::router_loss_sums_kernel<T>, logits, scores, out, N, E);
   }
+  // Capacity: the slots stably sorted by descending score (by_score), then stably by expert, so that each expert's
+  // run lists its slots in priority order (ties in slot order); a slot's place in its run decides.
+  void capacity_keep(const int32_t* selected, const T* score, bool by_score, int64_t capacity, int32_t* assigned,
+                     int64_t M, int64_t E) override {
+    if (M == 0) return;
+    SlotOrder order(*ctx_.allocator, M);
+    launch(elementwise_launch(M), cuda::iota_kernel, order.slots(), M);
+    if (by_score) {
+      using U = cuda::ScoreKey<T>;
+      Workspace keys(*ctx_.allocator, size_t(2 * M) * sizeof(U));
+      U* key = static_cast<U*>(keys.ptr);
+      launch(elementwise_launch(M), cuda::descending_score_keys_kernel<T>, score, key, M);
+      radix_sort(key, key + M, order.slots(), order.sorted_slots(), M, int(8 * sizeof(U)));
+      launch(elementwise_launch(M), cuda::expert_keys_kernel, selected, order.sorted_slots(), order.keys(), M, E);
+      std::swap(order.slot_in, order.slot_out);
+    } else {
+      launch(elementwise_launch(M), cuda::expert_keys_kernel, selected, nullptr, order.keys(), M, E);
+    }
+    radix_sort(order.keys(), order.sorted_keys(), order.slots(), order.sorted_slots(), M, 32);
+    Workspace start(*ctx_.allocator, size_t(E + 1) * sizeof(int64_t));
+    launch(elementwise_launch(E + 1), cuda::key_starts_kernel, order.sorted_keys(), M, static_cast<int64_t*>(start.ptr),
+           E);
+    launch(elementwise_launch(M), cuda::capacity_keep_kernel, order.sorted_keys(), order.sorted_slots(),
+           static_cast<const int64_t*>(start.ptr), capacity, assigned, M, E);
+  }
+  // The permutation: the slots stably sorted by assigned expert; each expert's first row by binary search.
+  void permute_by_expert(const int32_t* assigned, int64_t* offset, int32_t* perm_slot, int32_t* row_of_slot, int64_t M,
+                         int64_t E) override {
+    SlotOrder order(*ctx_.allocator, M);
+    if (M > 0) {
+      launch(elementwise_launch(M), cuda::iota_kernel, order.slots(), M);
+      launch(elementwise_launch(M), cuda::expert_keys_kernel, assigned, nullptr, order.keys(), M, E);
+      radix_sort(order.keys(), order.sorted_keys(), order.slots(), order.sorted_slots(), M, 32);
+      launch(elementwise_launch(M), cuda::permutation_kernel, order.sorted_keys(), order.sorted_slots(), perm_slot,
+             row_of_slot, M, E);
+    }
+    launch(elementwise_launch(E + 1), cuda::key_starts_kernel, order.sorted_keys(), M, offset, E);
+  }
   void gate_backward(const T* gate, const int32_t* selected, const T* dw, const T* denom, const uint8_t* clamped,
                      bool renormalised, T* dp, int64_t N, int64_t K, int64_t E) override {
     launch(elementwise_launch(N), cuda::gate_backward_kernel<T>, gate, selected, dw, denom, clamped, renormalised, dp,
@@ -323,6 +361,29 @@ class CudaOps final : public Ops<T> {
   }
   void* rope_ = nullptr;
   int64_t rope_seq_ = -1, rope_dh_ = -1;
+
+  // Expert keys and slots of the dispatch plan's sorts, before and after: 4 x n int32 (slot_in, slot_out: which
+  // half of the slots is the input of the next sort).
+  struct SlotOrder {
+    SlotOrder(CachingAllocator& a, int64_t n) : n(n), space(a, size_t(std::max<int64_t>(4 * n, 1)) * sizeof(int32_t)) {}
+    int32_t* keys() { return static_cast<int32_t*>(space.ptr); }
+    int32_t* sorted_keys() { return keys() + n; }
+    int32_t* slots() { return keys() + (2 + slot_in) * n; }
+    int32_t* sorted_slots() { return keys() + (2 + slot_out) * n; }
+    int64_t n;
+    Workspace space;
+    int slot_in = 0, slot_out = 1;
+  };
+  // CUB's radix sort of (key, value) pairs, stable: equal keys keep their order.
+  template <typename K>
+  void radix_sort(const K* keys, K* sorted_keys, const int32_t* values, int32_t* sorted_values, int64_t n, int bits) {
+    size_t bytes = 0;
+    MOE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys, sorted_keys, values, sorted_values, int(n), 0,
+                                                   bits, ctx_.stream));
+    Workspace temp(*ctx_.allocator, std::max<size_t>(bytes, 1));
+    MOE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.ptr, bytes, keys, sorted_keys, values, sorted_values, int(n), 0,
+                                                   bits, ctx_.stream));
+  }
 
   // Destination keys and row numbers of a scatter-add, (keys, rows) before and after the sort: 4 x n int32.
   struct ScatterOrder {

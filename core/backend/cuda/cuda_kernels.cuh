@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "core/dtype.h"
 #include "core/moe/gate_weights.h"
@@ -530,6 +532,72 @@ __global__ void expert_fractions_kernel(const int32_t* top, T* f, int64_t N, int
     for (int64_t i = 0; i < N * K; ++i)
       if (top[i] == e) count += T(1);
     f[e] = count / T(double(N * K));
+  }
+}
+
+// ---- The dispatch plan (Ops::capacity_keep, Ops::permute_by_expert): keys for CUB's stable radix sorts ----------
+
+__global__ inline void iota_kernel(int32_t* out, int64_t n) { MOE_GRID_STRIDE(i, n) out[i] = int32_t(i); }
+
+// The unsigned key whose ascending order is the scores' descending order (+0 and -0 one key, as they compare
+// equal on the host), so that a stable sort of slots in slot order puts ties in slot order.
+template <typename T>
+using ScoreKey = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+template <typename T>
+__global__ void descending_score_keys_kernel(const T* score, ScoreKey<T>* key, int64_t n) {
+  using U = ScoreKey<T>;
+  constexpr U sign = U(1) << (8 * sizeof(U) - 1);
+  MOE_GRID_STRIDE(i, n) {
+    T x = score[i];
+    if (x == T(0)) x = T(0);
+    U u;
+    memcpy(&u, &x, sizeof(U));
+    u = (u & sign) ? ~u : (u | sign);  // ascending order of the values
+    key[i] = ~u;
+  }
+}
+
+// key[i] = the expert of slot[i] (slot null: of slot i), E where it has none (after every expert).
+__global__ inline void expert_keys_kernel(const int32_t* expert, const int32_t* slot, int32_t* key, int64_t n,
+                                          int64_t E) {
+  MOE_GRID_STRIDE(i, n) {
+    const int32_t e = expert[slot ? slot[i] : i];
+    key[i] = e < 0 ? int32_t(E) : e;
+  }
+}
+
+// start[e] for e <= E: the first position of key e in the sorted keys (n of them), by binary search.
+__global__ inline void key_starts_kernel(const int32_t* sorted_key, int64_t n, int64_t* start, int64_t E) {
+  MOE_GRID_STRIDE(e, E + 1) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (sorted_key[mid] < e)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    start[e] = lo;
+  }
+}
+
+// The slots sorted by (expert, priority): a slot keeps its expert when its place in the expert's run is below
+// the capacity.
+__global__ inline void capacity_keep_kernel(const int32_t* sorted_key, const int32_t* sorted_slot, const int64_t* start,
+                                            int64_t capacity, int32_t* assigned, int64_t n, int64_t E) {
+  MOE_GRID_STRIDE(i, n) {
+    const int32_t e = sorted_key[i];
+    assigned[sorted_slot[i]] = e < E && i - start[e] < capacity ? e : -1;
+  }
+}
+
+// The slots sorted by assigned expert (E: none, last): the rows and their inverse.
+__global__ inline void permutation_kernel(const int32_t* sorted_key, const int32_t* sorted_slot, int32_t* perm_slot,
+                                          int32_t* row_of_slot, int64_t n, int64_t E) {
+  MOE_GRID_STRIDE(i, n) {
+    const bool row = sorted_key[i] < E;
+    perm_slot[i] = row ? sorted_slot[i] : -1;
+    row_of_slot[sorted_slot[i]] = row ? int32_t(i) : -1;
   }
 }
 

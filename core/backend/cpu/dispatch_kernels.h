@@ -1,0 +1,53 @@
+// The CPU bodies of the dispatch plan's ops of core/backend/ops.h (Ops::capacity_keep, Ops::permute_by_expert):
+// the host code of core/moe/dispatch_plan.cpp moved unchanged, so that the plan the host makes and the ops' results
+// are the same bits; core/moe/dispatch_plan.cpp calls these too.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace moe::cpu {
+
+// Slot a before slot b in an expert's priority order (MODEL.md "Capacity"): by_score, the higher score first,
+// ties to the lower slot; else the lower slot (token order).
+template <typename T>
+bool priority_before(const T* score, bool by_score, int32_t a, int32_t b) {
+  if (by_score && score[a] != score[b]) return score[a] > score[b];
+  return a < b;
+}
+
+// Ops::capacity_keep: each expert keeps its `capacity` first assignments in priority order; by_expert is the
+// caller's (reused) buffer of each expert's slots, left sorted in priority order.
+template <typename T>
+void capacity_keep(const int32_t* selected, const T* score, bool by_score, int64_t capacity, int32_t* assigned,
+                   int64_t M, int64_t E, std::vector<std::vector<int32_t>>& by_expert) {
+  by_expert.assign(size_t(E), {});
+  for (int64_t slot = 0; slot < M; ++slot) {
+    assigned[slot] = -1;
+    if (selected[slot] >= 0) by_expert[size_t(selected[slot])].push_back(int32_t(slot));
+  }
+  const auto before = [=](int32_t a, int32_t b) { return priority_before(score, by_score, a, b); };
+  for (auto& slots : by_expert) {
+    std::stable_sort(slots.begin(), slots.end(), before);
+    for (size_t i = 0; i < slots.size() && int64_t(i) < capacity; ++i) assigned[slots[i]] = selected[slots[i]];
+  }
+}
+
+// Ops::permute_by_expert: the rows of each expert's contiguous block, slots in order within an expert.
+template <typename Row>
+void permute_by_expert(const int32_t* assigned, int64_t* offset, int32_t* perm_slot, Row* row_of_slot, int64_t M,
+                       int64_t E) {
+  std::fill(offset, offset + E + 1, int64_t(0));
+  for (int64_t slot = 0; slot < M; ++slot)
+    if (assigned[slot] >= 0) ++offset[assigned[slot] + 1];
+  for (int64_t e = 0; e < E; ++e) offset[e + 1] += offset[e];
+  std::fill(perm_slot, perm_slot + M, int32_t(-1));
+  std::vector<int64_t> fill(offset, offset + E);
+  for (int64_t slot = 0; slot < M; ++slot)
+    if (assigned[slot] >= 0) perm_slot[fill[size_t(assigned[slot])]++] = int32_t(slot);
+  std::fill(row_of_slot, row_of_slot + M, Row(-1));
+  for (int64_t r = 0; r < offset[E]; ++r) row_of_slot[perm_slot[r]] = Row(r);
+}
+
+}  // namespace moe::cpu
