@@ -1,5 +1,5 @@
-// MixtralForCausalLM, Qwen2MoeForCausalLM and Glm4MoeForCausalLM as maps from this project's parameters: see
-// hf_architectures.h and docs/interop.md.
+// MixtralForCausalLM, Qwen2MoeForCausalLM, Glm4MoeForCausalLM and DeepseekV3ForCausalLM as maps from this project's
+// parameters: see hf_architectures.h and docs/interop.md.
 #include "launch/hf_architectures.h"
 
 #include <algorithm>

@@ -1,9 +1,9 @@
 // Architectures of Hugging Face transformers as maps from this project's parameters: MixtralForCausalLM,
-// Qwen2MoeForCausalLM and Glm4MoeForCausalLM. For each: which config keys it can express (the rest is refused, naming
-// key and value), its config.json, and each tensor of its checkpoint with the project tensor it comes from and how
-// (transposed to (out, in), the rotary rows of q and k reordered from interleaved pairs to halves, one expert of the
-// (E, ...) tensor, the router scaled by 1/tau, a constant). docs/interop.md has the mappings as tables. Not here:
-// reading and writing files.
+// Qwen2MoeForCausalLM, Glm4MoeForCausalLM and DeepseekV3ForCausalLM. For each: which config keys it can express (the
+// rest is refused, naming key and value), its config.json, and each tensor of its checkpoint with the project tensor it
+// comes from and how (transposed to (out, in), the rotary rows of q and k reordered from interleaved pairs to halves,
+// one expert of the (E, ...) tensor, the router scaled by 1/tau, a constant). docs/interop.md has the mappings as
+// tables. Not here: reading and writing files.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +41,7 @@ struct HfTensor {
 };
 
 struct HfModel {
-  std::string architecture;          // "MixtralForCausalLM" | "Qwen2MoeForCausalLM"
+  std::string architecture;          // "MixtralForCausalLM" | "Qwen2MoeForCausalLM" | ... (the class name)
   nlohmann::json config;             // config.json, less "dtype" (the writer's choice)
   nlohmann::json generation_config;  // generation_config.json
   std::vector<HfTensor> tensors;     // in writing order: the tensors of one source consecutive
@@ -49,9 +49,9 @@ struct HfModel {
   std::vector<std::pair<std::string, std::string>> dropped;
 };
 
-// The architecture for `config`: `arch` "mixtral", "qwen2_moe" or "glm4_moe", or "auto": the first of those three
-// that expresses the config. `router_tau(layer)` is the temperature folded into the layer's router. BadInput naming the
-// key and its value for what the architecture cannot express.
+// The architecture for `config`: `arch` "mixtral", "qwen2_moe", "glm4_moe" or "deepseek_v3", or "auto": the first of
+// those four that expresses the config. `router_tau(layer)` is the temperature folded into the layer's router. BadInput
+// naming the key and its value for what the architecture cannot express.
 HfModel hf_model(const Config& config, const std::vector<double>& router_tau, const std::string& arch);
 HfModel mixtral_model(const Config& config, const std::vector<double>& router_tau);
 HfModel qwen2_moe_model(const Config& config, const std::vector<double>& router_tau);
