@@ -7,6 +7,11 @@
 #include "core/error.h"
 
 namespace moe {
+namespace {
+// The latents' norms have DeepSeek-V3's epsilon 1e-6, the backend's RMSNorm 1e-5: scaling the latent by sqrt(10)
+// first makes one the other (mla_attention.h).
+constexpr double kLatentScale = 3.16227766016837933;  // sqrt(1e-5 / 1e-6)
+}  // namespace
 
 template <typename T>
 MlaAttention<T>::MlaAttention(Backend& backend, int64_t d_model, int64_t heads, int64_t seq_len, int64_t layers_total,
@@ -20,7 +25,8 @@ MlaAttention<T>::MlaAttention(Backend& backend, int64_t d_model, int64_t heads, 
       C_(shape.kv_rank),
       Cq_(shape.q_rank),
       R_(shape.rope_dim),
-      W_(heads * (Dh_ + shape.rope_dim)) {
+      W_(heads * (Dh_ + shape.rope_dim)),
+      norms_(shape.norms) {
   MOE_CHECK(heads > 0 && D_ % H_ == 0, "d_model " << D_ << " and heads " << H_);
   MOE_CHECK(C_ >= 1 && Cq_ >= 1 && R_ >= 2 && R_ % 2 == 0,
             "latent attention ranks " << C_ << " (kv), " << Cq_ << " (q) and an even rotary width, not " << R_);
@@ -45,6 +51,9 @@ void MlaAttention<T>::register_params(ParamTable& table, const std::string& pref
   add(".wuv", C_, HD, 0.02);
   add(".wkr", D_, R_, 0.02);
   add(".wo", HD, D_, out_std);
+  if (!norms_) return;
+  table.add({prefix + ".q_norm.gain", {Cq_}, ParamRole::Norm, false, ParamInit::Ones});
+  table.add({prefix + ".kv_norm.gain", {C_}, ParamRole::Norm, false, ParamInit::Ones});
 }
 
 template <typename T>
@@ -56,6 +65,9 @@ void MlaAttention<T>::bind(const ParamTable& table, T* params, T* grads) {
   wuk_ = params + uk, wuv_ = params + uv, wkr_ = params + kr, wo_ = params + o;
   dwdq_ = grads + dq, dwuq_ = grads + uq, dwqr_ = grads + qr, dwdkv_ = grads + dkv;
   dwuk_ = grads + uk, dwuv_ = grads + uv, dwkr_ = grads + kr, dwo_ = grads + o;
+  if (!norms_) return;
+  const int64_t gq = at(".q_norm.gain"), gkv = at(".kv_norm.gain");
+  gq_ = params + gq, gkv_ = params + gkv, dgq_ = grads + gq, dgkv_ = grads + gkv;
 }
 
 template <typename T>
@@ -69,6 +81,30 @@ double MlaAttention<T>::forward_flops(int64_t N) const {
 template <typename T>
 void MlaAttention<T>::place(const T* src, int64_t lds, T* dst, int64_t ldd, int64_t rows, T beta) const {
   ops_.gemm(false, false, rows, R_, R_, T(1), src, lds, identity_.data<T>(), R_, beta, dst, ldd);
+}
+
+template <typename T>
+void MlaAttention<T>::latent_forward(const T* x, const T* wd, const T* gain, int64_t width, T* c, T* raw, T* rstd,
+                                     int64_t N) const {
+  if (!norms_) {
+    ops_.gemm(false, false, N, width, D_, T(1), x, D_, wd, width, T(0), c, width);
+    return;
+  }
+  ops_.gemm(false, false, N, width, D_, T(kLatentScale), x, D_, wd, width, T(0), raw, width);
+  ops_.rmsnorm_forward(raw, gain, c, rstd, N, width);
+}
+
+template <typename T>
+void MlaAttention<T>::latent_backward(const T* x, const T* wd, const T* gain, int64_t width, const T* raw,
+                                      const T* rstd, const T* dc, T* draw, T* dwd, T* dgain, T* dx, T beta,
+                                      int64_t N) const {
+  T scale = T(1);
+  if (norms_) {
+    ops_.rmsnorm_backward(raw, gain, rstd, dc, draw, dgain, N, width);
+    dc = draw, scale = T(kLatentScale);
+  }
+  ops_.gemm(false, true, N, D_, width, scale, dc, width, wd, width, beta, dx, D_);  // dx (+)= dc Wd^T
+  ops_.gemm(true, false, D_, width, N, scale, x, D_, dc, width, T(1), dwd, width);  // dWd += x^T dc
 }
 
 template <typename T>
@@ -91,9 +127,10 @@ void MlaAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) 
   T* probs = keep_probs_ ? att + N * W_ : recomputed_probabilities(scratch, N);
   T* qr = scratch + 4 * N * W_ + T_ * T_ + N * (Cq_ + C_);  // the backward's dqr and dkr, free until then
   T* kr = qr + N * H_ * R_;
-  ops_.gemm(false, false, N, Cq_, D_, T(1), x, D_, wdq_, Cq_, T(0), cq, Cq_);  // c_q = x Wdq
-  ops_.gemm(false, false, N, C_, D_, T(1), x, D_, wdkv_, C_, T(0), ckv, C_);   // c_kv = x Wdkv
-  ops_.fill(v, T(0), N * W_);                                                  // values padded with zeros
+  T *cq_raw = norm_acts(acts, N), *ckv_raw = cq_raw + N * Cq_, *rstd_q = ckv_raw + N * C_, *rstd_kv = rstd_q + N;
+  latent_forward(x, wdq_, gq_, Cq_, cq, cq_raw, rstd_q, N);      // c_q = x Wdq (normalised)
+  latent_forward(x, wdkv_, gkv_, C_, ckv, ckv_raw, rstd_kv, N);  // c_kv = x Wdkv (normalised)
+  ops_.fill(v, T(0), N * W_);                                    // values padded with zeros
   for (int64_t h = 0; h < H_; ++h) {  // each head's content parts, written into its block of the rows
     ops_.gemm(false, false, N, Dh_, Cq_, T(1), cq, Cq_, wuq_ + h * Dh_, HD, T(0), q + h * Wh, W_);
     ops_.gemm(false, false, N, Dh_, C_, T(1), ckv, C_, wuk_ + h * Dh_, HD, T(0), k + h * Wh, W_);
@@ -149,11 +186,12 @@ void MlaAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T*
     ops_.gemm(true, false, C_, Dh_, N, T(1), ckv, C_, dv_h, W_, T(1), dwuv_ + h * Dh_, HD);
     ops_.gemm(false, true, N, C_, Dh_, T(1), dv_h, W_, wuv_ + h * Dh_, HD, T(1), dckv, C_);
   }
-  ops_.gemm(false, true, N, D_, C_, T(1), dckv, C_, wdkv_, C_, T(0), dx, D_);   // dx = dc_kv Wdkv^T
-  rotary_backward(x, cq, dq, dk, dqr, dkr, dcq, dx, B);                         //    + the rotary parts
-  ops_.gemm(false, true, N, D_, Cq_, T(1), dcq, Cq_, wdq_, Cq_, T(1), dx, D_);  //    + dc_q Wdq^T
-  ops_.gemm(true, false, D_, Cq_, N, T(1), x, D_, dcq, Cq_, T(1), dwdq_, Cq_);  // dWdq += x^T dc_q
-  ops_.gemm(true, false, D_, C_, N, T(1), x, D_, dckv, C_, T(1), dwdkv_, C_);   // dWdkv += x^T dc_kv
+  const T *cq_raw = norm_acts(acts, N), *ckv_raw = cq_raw + N * Cq_, *rstd_q = ckv_raw + N * C_, *rstd_kv = rstd_q + N;
+  T *dcq_raw = norm_scratch(scratch, N), *dckv_raw = dcq_raw + N * Cq_;
+  // dx = dc_kv Wdkv^T + the rotary parts + dc_q Wdq^T (through the norms when there are)
+  latent_backward(x, wdkv_, gkv_, C_, ckv_raw, rstd_kv, dckv, dckv_raw, dwdkv_, dgkv_, dx, T(0), N);
+  rotary_backward(x, cq, dq, dk, dqr, dkr, dcq, dx, B);
+  latent_backward(x, wdq_, gq_, Cq_, cq_raw, rstd_q, dcq, dcq_raw, dwdq_, dgq_, dx, T(1), N);
 }
 
 template class MlaAttention<float>;

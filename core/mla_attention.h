@@ -8,6 +8,9 @@
 // softmax(q k^T / sqrt(Dh + R)) v; per-head blocks are written by strided GEMMs and the rotary parts placed
 // by a GEMM with an identity (exact: each output is 1 * x plus exact zeros). Not split over tensor-parallel
 // ranks (the config refuses parallel.tp > 1 with mla).
+// With MlaShape::norms (model.mla.norms, DeepSeek-V3's q_a_layernorm and kv_a_layernorm), each latent is an
+// RMSNorm of its down-projection, with a gain and epsilon 1e-6: the backend's RMSNorm (epsilon 1e-5) of the
+// down-projection times sqrt(10), the same function (RMSNorm(s v) with epsilon e is RMSNorm(v) with e / s^2).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +23,7 @@ namespace moe {
 // The latent widths: C the key/value latent, Cq the query latent, R each head's rotary part (even).
 struct MlaShape {
   int64_t kv_rank = 32, q_rank = 64, rope_dim = 16;
+  bool norms = false;  // RMSNorms (with gains) on c_q and c_kv
 };
 
 template <typename T>
@@ -29,15 +33,16 @@ class MlaAttention final : public Attention<T> {
   void register_params(ParamTable& table, const std::string& prefix) override;
   void bind(const ParamTable& table, T* params, T* grads) override;
   void set_keep_probabilities(bool keep) override { keep_probs_ = keep; }
-  // c_q (N, Cq), c_kv (N, C), q, k, v, the attention's output (N, W) each, W = H (Dh + R), and when kept the
-  // probabilities (B, H, T, T).
+  // c_q (N, Cq), c_kv (N, C), q, k, v, the attention's output (N, W) each, W = H (Dh + R), when kept the
+  // probabilities (B, H, T, T), and with norms the latents before them and their inverse RMS (N) each.
   int64_t activation_size(int64_t N) const override {
-    return N * (Cq_ + C_ + 4 * W_) + (keep_probs_ ? probs_size(N) : 0);
+    return N * (Cq_ + C_ + 4 * W_) + (keep_probs_ ? probs_size(N) : 0) + norm_acts_size(N);
   }
   // dq, dk, dv, d(att) (N, W) each, one (T, T) block, dc_q, dc_kv, the rotary parts (N, H R) and (N, R), and
-  // when not kept the recomputed probabilities.
+  // when not kept the recomputed probabilities, and with norms the gradients of the latents before them.
   int64_t scratch_size(int64_t N) const override {
-    return 4 * N * W_ + T_ * T_ + N * (Cq_ + C_ + H_ * R_ + R_) + (keep_probs_ ? 0 : probs_size(N));
+    return 4 * N * W_ + T_ * T_ + N * (Cq_ + C_ + H_ * R_ + R_) + (keep_probs_ ? 0 : probs_size(N)) +
+           (norms_ ? N * (Cq_ + C_) : 0);
   }
   double forward_flops(int64_t N) const override;
   void forward(const T* x, T* y, T* acts, T* scratch, int64_t B) override;
@@ -48,6 +53,18 @@ class MlaAttention final : public Attention<T> {
 
  private:
   int64_t probs_size(int64_t N) const { return N * H_ * T_; }
+  int64_t norm_acts_size(int64_t N) const { return norms_ ? N * (Cq_ + C_ + 2) : 0; }
+  // With norms: the latents before them (N, Cq) and (N, C), then their inverse RMS (N) each.
+  T* norm_acts(T* acts, int64_t N) const { return acts + N * (Cq_ + C_ + 4 * W_) + (keep_probs_ ? probs_size(N) : 0); }
+  const T* norm_acts(const T* acts, int64_t N) const { return norm_acts(const_cast<T*>(acts), N); }
+  T* norm_scratch(T* scratch, int64_t N) const {
+    return scratch + 4 * N * W_ + T_ * T_ + N * (Cq_ + C_ + H_ * R_ + R_) + (keep_probs_ ? 0 : probs_size(N));
+  }
+  // c = x Wd, or with norms c = RMSNorm(sqrt(10) x Wd) (raw: the latent before it, rstd its inverse RMS).
+  void latent_forward(const T* x, const T* wd, const T* gain, int64_t width, T* c, T* raw, T* rstd, int64_t N) const;
+  // From dc (the latent's gradient): dWd += x^T dc_raw and dx (+= when beta is 1) dc_raw Wd^T.
+  void latent_backward(const T* x, const T* wd, const T* gain, int64_t width, const T* raw, const T* rstd, const T* dc,
+                       T* draw, T* dwd, T* dgain, T* dx, T beta, int64_t N) const;
   T* recomputed_probabilities(T* scratch, int64_t N) const {
     return scratch + 4 * N * W_ + T_ * T_ + N * (Cq_ + C_ + H_ * R_ + R_);
   }
@@ -61,11 +78,13 @@ class MlaAttention final : public Attention<T> {
 
   Ops<T>& ops_;
   int64_t D_, H_, T_, L_, Dh_, C_, Cq_, R_, W_;
+  bool norms_;
   bool keep_probs_ = true;
   std::string prefix_;
   Buffer identity_;  // (R, R)
   const T *wdq_ = nullptr, *wuq_ = nullptr, *wqr_ = nullptr, *wdkv_ = nullptr, *wuk_ = nullptr, *wuv_ = nullptr,
-          *wkr_ = nullptr, *wo_ = nullptr;
+          *wkr_ = nullptr, *wo_ = nullptr, *gq_ = nullptr, *gkv_ = nullptr;
+  T *dgq_ = nullptr, *dgkv_ = nullptr;
   T *dwdq_ = nullptr, *dwuq_ = nullptr, *dwqr_ = nullptr, *dwdkv_ = nullptr, *dwuk_ = nullptr, *dwuv_ = nullptr,
     *dwkr_ = nullptr, *dwo_ = nullptr;
 };

@@ -44,6 +44,7 @@ struct ModelConfig {
   int64_t ffn_hidden = 0;                                     // width of the dense SwiGLU MLP
   std::string attention;                                      // "mha" | "mla"
   int64_t mla_kv_rank = 0, mla_q_rank = 0, mla_rope_dim = 0;  // model.mla.*
+  bool mla_norms = false;                                     // model.mla.norms
 };
 
 struct TauPoint {

@@ -77,6 +77,7 @@ void fill_model(FieldReader& r, Config& c) {
   c.model.mla_kv_rank = r.integer("model.mla.kv_rank");
   c.model.mla_q_rank = r.integer("model.mla.q_rank");
   c.model.mla_rope_dim = r.integer("model.mla.rope_dim");
+  c.model.mla_norms = r.boolean("model.mla.norms");
 }
 
 void fill_router(FieldReader& r, Config& c) {

@@ -142,6 +142,9 @@ std::vector<KeySpec> model_keys() {
       integer("model.mla.rope_dim", 16, at_least(2),
               "with model.attention = mla: width of each head's rotary part of queries and keys (the key's is shared "
               "by the heads); even"),
+      boolean("model.mla.norms", false,
+              "with model.attention = mla: RMSNorms with gains (epsilon 1e-6) on the latents c_q and c_kv, as "
+              "DeepSeek-V3's q_a_layernorm and kv_a_layernorm (docs/model.md); false: the latents as projected"),
   };
 }
 

@@ -127,9 +127,15 @@ ExportTokenizer export_tokenizer(const CheckpointModel& checkpoint, HfModel& mod
   return e;
 }
 
+// Whether model.tensors[i] is the last of its name: an exported tensor made of several sources is the entries of one
+// name next to each other (Op::Rows), each filling its rows.
+bool last_of_name(const HfModel& model, size_t i) {
+  return i + 1 == model.tensors.size() || model.tensors[i + 1].name != model.tensors[i].name;
+}
+
 struct Shard {
   std::string file;
-  std::vector<size_t> tensors;  // indices into HfModel::tensors
+  std::vector<size_t> tensors;  // indices into HfModel::tensors (several for a tensor of several sources)
   std::vector<SafetensorsEntry> entries;
 };
 
@@ -139,6 +145,10 @@ std::vector<Shard> shards_of(const HfModel& model, const std::string& dtype, int
   for (size_t i = 0; i < model.tensors.size(); ++i) {
     const HfTensor& t = model.tensors[i];
     const SafetensorsEntry e{t.name, dtype, t.shape};
+    if (i > 0 && model.tensors[i - 1].name == t.name) {  // another part of the entry just added
+      shards.back().tensors.push_back(i);
+      continue;
+    }
     if (!shards.back().entries.empty() && bytes + e.bytes() > max_bytes) shards.emplace_back(), bytes = 0;
     shards.back().tensors.push_back(i), shards.back().entries.push_back(e);
     bytes += e.bytes();
@@ -176,6 +186,7 @@ int64_t write_shards(const fs::path& dir, const std::vector<Shard>& shards, cons
       for (int64_t d : t.shape) n *= d;
       values.resize(size_t(n));
       fill_hf_tensor(t, source.data(), values.data());
+      if (!last_of_name(model, i)) continue;  // the next entries fill the rest of `values`
       if (bf16) {
         halves.resize(values.size());
         for (size_t k = 0; k < values.size(); ++k) halves[k] = float_to_bf16(values[k]).bits;
@@ -228,7 +239,9 @@ CLI::App* add_export_command(CLI::App& app, ExportHfOptions& o) {
       "generation_config.json, tokenizer.json) that transformers loads with AutoModelForCausalLM and AutoTokenizer. "
       "MixtralForCausalLM (multi-head attention, softmax top-k routing, every layer MoE, no shared experts), else "
       "Qwen2MoeForCausalLM (dense layers by moe.every, shared experts, unnormalised gates), else Glm4MoeForCausalLM "
-      "(sigmoid scores with the balancing bias, shared experts, dense first layers); what none can express is refused "
+      "(sigmoid scores with the balancing bias, shared experts, dense first layers), else DeepseekV3ForCausalLM (the "
+      "same with latent attention and its norms: model.attention = mla, model.mla.norms = true); what none can "
+      "express is refused "
       "(exit 2, nothing written). The exported model is the dropless evaluation model; tau is folded "
       "into the router.");
   hf->add_option("PATH", o.path,
@@ -237,8 +250,8 @@ CLI::App* add_export_command(CLI::App& app, ExportHfOptions& o) {
       ->required();
   hf->add_option("--out", o.out, "The directory to write (new or empty; see --overwrite)")->required();
   hf->add_option("--arch", o.arch,
-                 "auto (the first of Mixtral, Qwen2-MoE and GLM-4-MoE that expresses the config), mixtral, "
-                 "qwen2_moe, glm4_moe or deepseek_v3 (always refused: docs/interop.md)")
+                 "auto (the first of Mixtral, Qwen2-MoE, GLM-4-MoE and DeepSeek-V3 that expresses the config), "
+                 "mixtral, qwen2_moe, glm4_moe or deepseek_v3")
       ->default_val("auto");
   hf->add_option("--dtype", o.dtype, "Tensor dtype: fp32, or bf16 (rounded to nearest even)")
       ->default_val("fp32")

@@ -115,8 +115,8 @@ CLI::App* add_import_command(CLI::App& app, ImportHfOptions& o) {
   imp->require_subcommand(1);
   CLI::App* hf = imp->add_subcommand(
       "hf",
-      "Make RUN_DIR/checkpoints/step-00000000 from a Hugging Face MixtralForCausalLM, Qwen2MoeForCausalLM or "
-      "Glm4MoeForCausalLM directory (safetensors and "
+      "Make RUN_DIR/checkpoints/step-00000000 from a Hugging Face MixtralForCausalLM, Qwen2MoeForCausalLM, "
+      "Glm4MoeForCausalLM or DeepseekV3ForCausalLM directory (safetensors and "
       "config.json), checked against --config; `moe train --config CONFIG --run-dir RUN_DIR` then continues from it "
       "at any layout (a fresh optimizer).");
   hf->add_option("DIR", o.dir, "The Hugging Face model directory")->required();

@@ -34,8 +34,9 @@ struct Sizes {
   double E, K, Fe, S, Ff;           // Ff: the dense fallback's width, 0 unless moe.overflow = "dense"
   double capacity_factor;
   bool gumbel, reroute;
-  bool mla;    // model.attention = mla (tp = 1)
-  bool fused;  // MhaAttention on cuDNN's fused attention: train.device = cuda with bf16 GEMMs, not turned off
+  bool mla;                  // model.attention = mla (tp = 1)
+  bool mla_norms;            // model.mla.norms: RMSNorms on its latents
+  bool fused;                // MhaAttention on cuDNN's fused attention: train.device = cuda with bf16 GEMMs, not off
   bool fused_deterministic;  // its backward holds dS (B, H, T, T) bf16 in cuDNN's workspace
   bool cuda_bf16;            // train.device = cuda with bf16 GEMMs: activation operands rounded into workspace
   double C, Cq, R;           // its latent widths and rotary width
@@ -61,6 +62,7 @@ Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) 
   s.capacity_factor = moe.capacity_factor;
   s.gumbel = moe.router.noise == "gumbel", s.reroute = moe.overflow_has("reroute");
   s.mla = m.attention == "mla";
+  s.mla_norms = s.mla && m.mla_norms;
   s.fused = !s.mla && c.train.device == "cuda" && c.train.precision == "bf16" &&
             c.train.fused_attention != FusedAttention::Off;
   s.fused_deterministic = c.train.fused_attention == FusedAttention::Deterministic;
@@ -77,7 +79,8 @@ struct ParamCounts {
 // Latent attention's parameters (core/mla_attention.h): Wdq (D, Cq), Wuq (Cq, D), Wqr (Cq, H R), Wdkv (D, C),
 // Wuk, Wuv (C, D), Wkr (D, R), Wo (D, D).
 double mla_parameters(const Sizes& s) {
-  return s.D * s.Cq + s.Cq * (s.D + s.H * s.R) + s.D * s.C + 2 * s.C * s.D + s.D * s.R + s.D * s.D;
+  const double gains = s.mla_norms ? s.Cq + s.C : 0.0;  // the latents' norms
+  return s.D * s.Cq + s.Cq * (s.D + s.H * s.R) + s.D * s.C + 2 * s.C * s.D + s.D * s.R + s.D * s.D + gains;
 }
 
 ParamCounts param_counts(const Sizes& s) {
@@ -154,8 +157,10 @@ LayerElements layer_elements(const Sizes& s, bool moe, bool keep_probs) {
   }
   if (s.mla) {  // MlaAttention: c_q, c_kv and q, k, v, att of width W = D + H R; its backward's latents too
     const double W = D + s.H * s.R;
-    attention = N * (s.Cq + s.C + 4 * W) + (keep_probs ? probs : 0.0);
-    attention_scratch = 4 * N * W + s.T * s.T + N * (s.Cq + s.C + s.H * s.R + s.R) + (keep_probs ? 0.0 : probs);
+    // With norms: the latents before them and their inverse RMS; the backward's gradients of those latents.
+    const double norms = s.mla_norms ? N * (s.Cq + s.C) : 0.0;
+    attention = N * (s.Cq + s.C + 4 * W) + (keep_probs ? probs : 0.0) + (s.mla_norms ? norms + 2 * N : 0.0);
+    attention_scratch = 4 * N * W + s.T * s.T + N * (s.Cq + s.C + s.H * s.R + s.R) + (keep_probs ? 0.0 : probs) + norms;
   }
   // DenseMlp keeps a, b, h (N, F/tp) and its backward takes as many.
   const double mlp = 3 * N * s.F / s.tp;

@@ -125,7 +125,7 @@ Model<float>::AttentionFactory attention_factory(Trainer& t, const ModelShape& s
   const int64_t seq_len = t.config.train.seq_len;
   if (m.attention != "mla") return tp_attention_factory<float>(t.backend, tp, shape, seq_len);
   Backend* backend = &t.backend;
-  const MlaShape mla{m.mla_kv_rank, m.mla_q_rank, m.mla_rope_dim};
+  const MlaShape mla{m.mla_kv_rank, m.mla_q_rank, m.mla_rope_dim, m.mla_norms};
   return [backend, shape, seq_len, mla](int64_t) -> std::unique_ptr<Attention<float>> {
     return std::make_unique<MlaAttention<float>>(*backend, shape.d_model, shape.heads, seq_len, shape.layers, mla);
   };
