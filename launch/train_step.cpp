@@ -247,9 +247,10 @@ void clip_gradients(Trainer& t, StepResult& r) {
   // their hidden width over etp (and sliced over edp under ZeRO).
   // Dense tensors split over tp hold disjoint blocks on the tp ranks: their squares sum over tp too.
   const auto [tp_split, tp_whole] = split_by_tp(t.model->table(), t.buckets->owned_dense());
-  double dense_ss[2] = {sum_squares(t.model->backend(), grads, tp_split),
-                        sum_squares(t.model->backend(), grads, tp_whole)};
-  double expert_ss = sum_squares(t.model->backend(), grads, t.buckets->owned_expert());
+  const std::vector<double> ss =
+      sum_squares(t.model->backend(), grads, {&tp_split, &tp_whole, &t.buckets->owned_expert()});
+  double dense_ss[2] = {ss[0], ss[1]};
+  double expert_ss = ss[2];
   if (config.optim.zero) {
     t.groups.dp->allreduce_sum(dense_ss, 2);
     t.groups.edp->allreduce_sum(&expert_ss, 1);

@@ -46,10 +46,26 @@ void AdamW::step(float* params, const float* grads, double lr) {
 }
 
 double sum_squares(Backend& backend, const float* data, const std::vector<Segment>& segments) {
+  return sum_squares(backend, data, std::vector<const std::vector<Segment>*>{&segments})[0];
+}
+
+std::vector<double> sum_squares(Backend& backend, const float* data,
+                                const std::vector<const std::vector<Segment>*>& lists) {
+  int64_t count = 0;
+  for (const std::vector<Segment>* list : lists) count += int64_t(list->size());
+  std::vector<double> totals(lists.size(), 0.0);
+  if (count == 0) return totals;
+  // Each segment's sum into backend memory, then all of them in one download, added up in the segments' order.
   Ops<float>& ops = backend.ops<float>();
-  double total = 0;
-  for (const Segment& s : segments) total += ops.sum_squares(data + s.offset, s.length);
-  return total;
+  Buffer sums = backend.allocate(DType::F64, count);
+  int64_t at = 0;
+  for (const std::vector<Segment>* list : lists)
+    for (const Segment& s : *list) ops.sum_squares_into(data + s.offset, s.length, sums.data<double>() + at++);
+  const std::vector<double> each = backend.download<double>(sums);
+  at = 0;
+  for (size_t l = 0; l < lists.size(); ++l)
+    for (size_t i = 0; i < lists[l]->size(); ++i) totals[l] += each[size_t(at++)];
+  return totals;
 }
 
 void scale_segments(Backend& backend, float* data, const std::vector<Segment>& segments, float factor) {

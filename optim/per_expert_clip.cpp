@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "optim/adamw.h"
 
 namespace moe {
 
@@ -44,13 +45,19 @@ void for_owned(const std::vector<std::pair<int64_t, int64_t>>& slices, const std
 }  // namespace
 
 std::vector<double> PerExpertClip::sum_squares(const float* grads, const std::vector<Segment>* owned) const {
+  if (device_) {  // each expert's slices as one list of segments: every sum in one download (optim/adamw.h)
+    std::vector<std::vector<Segment>> slices(experts_.size());
+    for (size_t k = 0; k < experts_.size(); ++k)
+      for_owned(experts_[k].slices, owned, [&](int64_t offset, int64_t length) {
+        slices[k].push_back({offset, length});
+      });
+    std::vector<const std::vector<Segment>*> lists;
+    for (const std::vector<Segment>& s : slices) lists.push_back(&s);
+    return moe::sum_squares(*device_, grads, lists);
+  }
   std::vector<double> ss(experts_.size(), 0.0);
   for (size_t k = 0; k < experts_.size(); ++k)
     for_owned(experts_[k].slices, owned, [&](int64_t offset, int64_t length) {
-      if (device_) {
-        ss[k] += device_->ops<float>().sum_squares(grads + offset, length);
-        return;
-      }
       for (int64_t i = 0; i < length; ++i) ss[k] += double(grads[offset + i]) * grads[offset + i];
     });
   return ss;

@@ -143,6 +143,9 @@ class Ops {
     ++host_reads_;
     return sum_squares_to_host(x, n);
   }
+  // The same sum written to backend memory (*out, one double) instead of returned: no wait, so that the sums of
+  // many segments reach the host in one download.
+  virtual void sum_squares_into(const T* x, int64_t n, double* out) = 0;
   // The ops so far that returned a value to the host (Backend::host_traffic).
   int64_t host_reads() const { return host_reads_.load(); }
 

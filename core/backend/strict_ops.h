@@ -50,6 +50,7 @@ enum class OpId : int {
   fill,
   scale,
   sum_squares,
+  sum_squares_into,
   grouped_gemm,
   expert_mlp_forward,
   expert_mlp_backward,
@@ -97,6 +98,7 @@ inline constexpr const char* kOpNames[] = {"gemm",
                                            "fill",
                                            "scale",
                                            "sum_squares",
+                                           "sum_squares_into",
                                            "grouped_gemm",
                                            "expert_mlp_forward",
                                            "expert_mlp_backward",
@@ -351,6 +353,12 @@ class StrictOps final : public Ops<T> {
     covered(OpId::scale);
     const auto p0 = r(y, n, "scale");
     run([=, this] { inner_.scale(p0, factor, n); });
+  }
+  void sum_squares_into(const T* x, int64_t n, double* out) override {
+    covered(OpId::sum_squares_into);
+    const auto p0 = r(x, n, "sum_squares_into");
+    const auto p1 = r(out, 1, "sum_squares_into");
+    run([=, this] { inner_.sum_squares_into(p0, n, p1); });
   }
   double sum_squares_to_host(const T* x, int64_t n) override {
     covered(OpId::sum_squares);

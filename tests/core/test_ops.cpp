@@ -75,6 +75,13 @@ void norm_cases(Backend& b) {
   expect_close<T>("rope", get<T>(b, q), get<double>(r, rq), 2);
   const double ss = d.sum_squares(rx.data<double>(), N * D);
   EXPECT_NEAR(f.sum_squares(x.data<T>(), N * D), ss, 8 * eps<T>() * ss);
+  // Into backend memory: the same sum, bit for bit, where one download reads several of them.
+  Buffer sums = b.allocate(DType::F64, 2);
+  f.sum_squares_into(x.data<T>(), N * D, sums.data<double>());
+  f.sum_squares_into(x.data<T>() + 1, D, sums.data<double>() + 1);
+  const std::vector<double> into = b.download<double>(sums);
+  EXPECT_EQ(into[0], f.sum_squares(x.data<T>(), N * D)) << "sum_squares_into";
+  EXPECT_EQ(into[1], f.sum_squares(x.data<T>() + 1, D)) << "sum_squares_into at an offset";
 }
 
 // add_inplace, add, copy, fill and scale: one rounding each at most, so exact against the same arithmetic in T

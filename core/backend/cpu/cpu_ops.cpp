@@ -258,6 +258,7 @@ class CpuOps final : public Ops<T> {
     for (int64_t i = 0; i < n; ++i) y[i] *= factor;
   }
 
+  void sum_squares_into(const T* x, int64_t n, double* out) override { *out = sum_squares_to_host(x, n); }
   double sum_squares_to_host(const T* x, int64_t n) override {
     const int64_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
     std::vector<double> partial(size_t(std::max<int64_t>(chunks, 1)), 0.0);

@@ -234,6 +234,7 @@ class CudaOps final : public Ops<T> {
   void fill(T* y, T value, int64_t n) override { launch(elementwise_launch(n), cuda::fill_kernel<T>, y, value, n); }
   void scale(T* y, T factor, int64_t n) override { launch(elementwise_launch(n), cuda::scale_kernel<T>, y, factor, n); }
   double sum_squares_to_host(const T* x, int64_t n) override;
+  void sum_squares_into(const T* x, int64_t n, double* out) override;
 
   void grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K,
                     T alpha, const T* A, const T* B, T beta, T* C) override;
@@ -605,16 +606,23 @@ void CudaOps<T>::router_loss_backward(const T* logits, const T* scores, const T*
 
 // Chunks of a fixed size whatever the device, each summed by one block, then the chunks in order.
 template <typename T>
-double CudaOps<T>::sum_squares_to_host(const T* x, int64_t n) {
+void CudaOps<T>::sum_squares_into(const T* x, int64_t n, double* out) {
   constexpr int64_t kChunk = 4096;
   const int64_t chunks = std::max<int64_t>(1, (n + kChunk - 1) / kChunk);
-  Workspace partial(*ctx_.allocator, size_t(chunks + 1) * sizeof(double));
+  Workspace partial(*ctx_.allocator, size_t(chunks) * sizeof(double));
   double* d = static_cast<double*>(partial.ptr);
   launch_rows(row_launch(chunks, kChunk), cuda::sum_squares_chunks_kernel<T>, x, n, kChunk, d, chunks);
-  launch(LaunchConfig{1, 1}, cuda::sum_in_order_kernel, d, chunks, d + chunks);
+  launch(LaunchConfig{1, 1}, cuda::sum_in_order_kernel, d, chunks, out);
+}
+
+template <typename T>
+double CudaOps<T>::sum_squares_to_host(const T* x, int64_t n) {
+  Workspace result(*ctx_.allocator, sizeof(double));
+  double* d = static_cast<double*>(result.ptr);
+  sum_squares_into(x, n, d);
   double total = 0;
-  ctx_.watchers->wait_if_watched(ctx_.stream);  // the partials, interruptibly; then the copy waits for nothing
-  MOE_CUDA_CHECK(cudaMemcpyAsync(&total, d + chunks, sizeof(double), cudaMemcpyDeviceToHost, ctx_.stream));
+  ctx_.watchers->wait_if_watched(ctx_.stream);  // the sum, interruptibly; then the copy waits for nothing
+  MOE_CUDA_CHECK(cudaMemcpyAsync(&total, d, sizeof(double), cudaMemcpyDeviceToHost, ctx_.stream));
   MOE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
   return total;
 }
