@@ -25,3 +25,22 @@ training_test_args() {
   moe=$(realpath "$1")
   config=$(realpath "$2/configs/tiny_moe.json")
 }
+# What the launch tests read back from a run directory $shared/NAME (set $shared first).
+# events_of NAME EVENT KEY...: each EVENT of events.log, its KEYs only, one JSON object per line.
+events_of() { python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    if e["event"] == sys.argv[2]:
+        print(json.dumps({k: e[k] for k in sys.argv[3:] if k in e}, sort_keys=True))
+' "$shared/$1/events.log" "${@:2}"; }
+# losses NAME: step, loss, grad_norm and eval_loss of each line of metrics.jsonl, as Python's repr prints them.
+losses() {
+  python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    print(m["step"], *(repr(m[k]) for k in ("loss", "grad_norm", "eval_loss") if k in m))
+' "$shared/$1/metrics.jsonl"
+}
+logged() { cat "$shared/$1/metrics.jsonl" 2> /dev/null | wc -l; }  # with builtins and coreutils: polled fast

@@ -44,14 +44,6 @@ for line in open(sys.argv[1]):
         print(e.get(sys.argv[3])); break
 ' "$shared/$1/events.log" "$2" "$3"
 }
-losses() {
-  python3 -c '
-import json, sys
-for line in open(sys.argv[1]):
-    m = json.loads(line)
-    print(m["step"], *(repr(m[k]) for k in ("loss", "grad_norm", "eval_loss") if k in m))
-' "$shared/$1/metrics.jsonl"
-}
 
 # ---- Across 2 hosts, fault.listen "auto": the bridge's address. ----------------------------------------------
 launch hosts --hostfile "$CLUSTER_HOSTFILE"

@@ -36,22 +36,6 @@ launch_args() {  # launch_args NAME ARGS...: the command line of moe launch --np
   shift
   echo timeout 300 "$moe" launch --np 4 "${mpi_small[@]}" "$@" --config "$config" "${small[@]}" --run-dir "$shared/$name"
 }
-events_of() { python3 -c '
-import json, sys
-for line in open(sys.argv[1]):
-    e = json.loads(line)
-    if e["event"] == sys.argv[2]:
-        print(json.dumps({k: e[k] for k in sys.argv[3:] if k in e}, sort_keys=True))
-' "$shared/$1/events.log" "${@:2}"; }
-losses() {
-  python3 -c '
-import json, sys
-for line in open(sys.argv[1]):
-    m = json.loads(line)
-    print(m["step"], *(repr(m[k]) for k in ("loss", "grad_norm", "eval_loss") if k in m))
-' "$shared/$1/metrics.jsonl"
-}
-logged() { cat "$shared/$1/metrics.jsonl" 2> /dev/null | wc -l; }  # with builtins and coreutils: polled fast
 export_final() { "$moe" ckpt export "$shared/$1/checkpoints/step-00000060" --out "$shared/$1.h5" > /dev/null; }
 
 # ---- The reference: uninterrupted, on this machine. -----------------------------------------------------------

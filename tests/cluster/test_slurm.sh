@@ -31,23 +31,7 @@ small=(--set train.steps=40 --set model.d_model=32 --set model.layers=2 --set mo
 mpi_small=(--mpirun-arg=--oversubscribe --mpirun-arg=--bind-to --mpirun-arg=none --mpirun-arg=--mca
            --mpirun-arg=mpi_yield_when_idle --mpirun-arg=1)
 
-events_of() { python3 -c '
-import json, sys
-for line in open(sys.argv[1]):
-    e = json.loads(line)
-    if e["event"] == sys.argv[2]:
-        print(json.dumps({k: e[k] for k in sys.argv[3:] if k in e}, sort_keys=True))
-' "$shared/$1/events.log" "${@:2}"; }
-losses() {
-  python3 -c '
-import json, sys
-for line in open(sys.argv[1]):
-    m = json.loads(line)
-    print(m["step"], *(repr(m[k]) for k in ("loss", "grad_norm", "eval_loss") if k in m))
-' "$shared/$1/metrics.jsonl"
-}
 same_losses() { [ "$(losses "$1")" = "$(losses reference)" ] || { diff <(losses reference) <(losses "$1") | head -8; false; }; }
-logged() { cat "$shared/$1/metrics.jsonl" 2> /dev/null | wc -l; }
 
 # submit NAME: the example through sbatch (3 nodes of 2 tasks), waiting for the job; its exit code in $rc.
 submit() {
