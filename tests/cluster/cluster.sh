@@ -171,7 +171,10 @@ cluster_thaw() {
   for pid in $(cluster_host_pids "$1"); do kill -CONT "$pid" 2> /dev/null; done
 }
 
-cluster_wipe_disk() { find "$CLUSTER_DIR/hosts/$1/disk" -mindepth 1 -delete; }
+cluster_wipe_disk() {  # what the host deletes meanwhile is gone either way; the disk ends empty
+  find "$CLUSTER_DIR/hosts/$1/disk" -mindepth 1 -delete 2> /dev/null
+  [ -z "$(ls -A "$CLUSTER_DIR/hosts/$1/disk")" ]
+}
 
 cluster_rate() {
   local host=$1 rate=$2 veth ns

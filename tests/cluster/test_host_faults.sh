@@ -108,7 +108,13 @@ cluster_heal mh2
 cluster_kill mh2  # the ranks it ran when cut off, left to spin by the supervisor as on a real cluster: a reboot
 
 # ---- mh2's disk lost with every process of mh2: mh2 is kept, its shards come from their peer copies. -----------
-disk_lost() { cluster_wipe_disk mh2 && cluster_kill mh2; }
+# (frozen first: the wipe must not race mh2's own checkpoint rotation, nor the kill be skipped if it did)
+disk_lost() {
+  cluster_freeze mh2
+  cluster_wipe_disk mh2
+  cluster_kill mh2
+  cluster_thaw mh2  # the host itself (its namespace holder) runs on
+}
 node_local[${#node_local[@]} - 1]="checkpoint.dir=$CLUSTER_LOCAL/ckpt_disk"
 faulted disk_lost disk_lost "${node_local[@]}"
 check "disk lost: exit 0 ($(tail -3 disk_lost.err))" test $rc = 0
