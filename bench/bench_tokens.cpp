@@ -13,8 +13,8 @@
 #include "bench_main.h"
 #include "core/error.h"
 #include "data/loader.h"
-#include "launch/config.h"
-#include "launch/train_setup.h"
+#include "launch/config/config.h"
+#include "launch/train/train_setup.h"
 
 namespace {
 

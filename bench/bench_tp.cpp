@@ -1,6 +1,6 @@
 // bench_tp: what tensor parallelism (parallel/tp_layers.h) costs and saves, on the tensor-parallel group
 // of the whole world (tp = the number of ranks), for one micro-batch of a model with dense and MoE layers
-// built as `moe train` builds it (launch/train_setup.cpp):
+// built as `moe train` builds it (launch/train/train_setup.cpp):
 //   1. bytes each rank passes to the tp group's collectives in forward, backward and the sum of partial
 //      gradients over tp, counted by a CountingCommunicator (parallel/counting_communicator.h), per kind of
 //      collective, against the analytic count of docs/bench.md; with sequence parallelism on and off;
@@ -60,7 +60,7 @@ struct Options {
   bool quick = false;
 };
 
-// ---- the model, as the trainer builds it (launch/train_setup.cpp build_model and ffn_factory)
+// ---- the model, as the trainer builds it (launch/train/train_setup.cpp build_model and ffn_factory)
 
 MoeSettings moe_settings(const BenchShape& s, int64_t layer) {
   MoeSettings m;  // the router of configs/tiny_moe.json

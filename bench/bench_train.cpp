@@ -46,7 +46,7 @@ struct TrainResult {
   double last_loss = 0;  // mean token loss of the last step, to show the numbers were real
 };
 
-// One optimizer step as the trainer runs it (launch/trainer.cpp): zero the gradients, forward and
+// One optimizer step as the trainer runs it (launch/train/trainer.cpp): zero the gradients, forward and
 // backward over each micro-batch, clip, AdamW. Tokens are synthetic: the cost does not depend on them.
 TrainResult measure_train_step(Backend& backend, const TrainShape& shape, int warmup, int steps) {
   const int64_t T = shape.seq_len, micro = shape.micro_batch;

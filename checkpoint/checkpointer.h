@@ -93,7 +93,7 @@ class Checkpointer {
   // The snapshot contract (async): save() returns before the values are copied; the writer thread reads
   // every piece's src until the snapshot is taken. Until then the caller must not change, free or move
   // any memory a piece points at: call wait_snapshot() before the first such change. The trainer does so
-  // at one place, TrainState's wait_for_snapshot (launch/train_state.h), which the step calls before its
+  // at one place, TrainState's wait_for_snapshot (launch/train/train_state.h), which the step calls before its
   // update (clipping, optimizer, ZeRO all-gather, routing state) and which checkpoint_pieces calls before
   // it restages anything for the next save.
   //

@@ -3,7 +3,7 @@
 // tiers, tokenize, and write token shards with their manifest into a new directory. One reader thread,
 // worker threads for the per-document work, and one thread that takes every decision in input order,
 // so the output is the same whatever the number of threads; memory is bounded by the batches in flight
-// plus the deduplication index. Not here: the command line (launch/prep_command.cpp).
+// plus the deduplication index. Not here: the command line (launch/commands/prep_command.cpp).
 #pragma once
 
 #include <cstdint>

@@ -15,16 +15,16 @@
 #include "core/backend/cpu/blas_kernels.h"
 #include "core/error.h"
 #include "core/host.h"
-#include "launch/ckpt_command.h"
-#include "launch/export_hf.h"
-#include "launch/import_hf.h"
-#include "launch/job_processes.h"
-#include "launch/logits_command.h"
-#include "launch/prep_command.h"
-#include "launch/report.h"
-#include "launch/supervisor.h"
-#include "launch/sweep.h"
-#include "launch/trainer.h"
+#include "launch/commands/ckpt_command.h"
+#include "launch/commands/prep_command.h"
+#include "launch/interop/export_hf.h"
+#include "launch/interop/import_hf.h"
+#include "launch/interop/logits_command.h"
+#include "launch/supervise/job_processes.h"
+#include "launch/supervise/supervisor.h"
+#include "launch/sweep/report.h"
+#include "launch/sweep/sweep.h"
+#include "launch/train/trainer.h"
 #include "parallel/mpi_communicator.h"
 
 namespace {
@@ -140,7 +140,7 @@ int report(const moe::Error& e, int rank, int size) {
 int main(int argc, char** argv) {
   const pid_t parent_at_start = ::getppid();
   // A rank started by moe launch (its heartbeat secret in the environment) dies with the mpirun that started
-  // it: a supervisor killed with SIGKILL takes mpirun with it, and mpirun its ranks (launch/job_processes.h).
+  // it: a supervisor killed with SIGKILL takes mpirun with it, and mpirun its ranks (launch/supervise/job_processes.h).
   if (argc > 1 && std::string(argv[1]) == "train" && std::getenv("MOE_HEARTBEAT_SECRET"))
     moe::die_with_parent(SIGKILL, parent_at_start);
   // First: where OpenBLAS did not recognise this CPU, this executes the program again with the kernels the CPU

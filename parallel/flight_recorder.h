@@ -7,12 +7,12 @@
 //
 // Sequence numbers count per group: collectives (#1, #2, ...) and point-to-point operations separately, so that
 // the ranks of a group agree on a collective's number whatever their sends and receives. The recorder's summary
-// (what the heartbeat carries, launch/heartbeat.h) gives per group the oldest collective still in flight, else the
-// last one started, and the oldest point-to-point operation in flight; the supervisor compares them across the
-// ranks of each group (launch/hang_report.h). What it does not see: the library's own progress inside an
+// (what the heartbeat carries, launch/train/heartbeat.h) gives per group the oldest collective still in flight, else
+// the last one started, and the oldest point-to-point operation in flight; the supervisor compares them across the
+// ranks of each group (launch/supervise/hang_report.h). What it does not see: the library's own progress inside an
 // operation (which peer's bytes are missing), and operations issued below the seam.
 //
-// For tests (fault.inject, launch/faults.h) the recorder can be armed to freeze its rank at the entry of its next
+// For tests (fault.inject, launch/train/faults.h) the recorder can be armed to freeze its rank at the entry of its next
 // all-to-all of one group, or to have it call a barrier there instead (a collective mismatch).
 #pragma once
 

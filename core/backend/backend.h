@@ -80,7 +80,7 @@ class Backend {
   // `numel` elements of `dtype`, zero-filled.
   Buffer allocate(DType dtype, int64_t numel);
   // Bytes held by this backend's live buffers now, and the most held at once since the backend was made:
-  // what the memory estimate (launch/memory.h) is checked against. Safe to call from any thread.
+  // what the memory estimate (launch/config/memory.h) is checked against. Safe to call from any thread.
   virtual int64_t allocated_bytes() const = 0;
   virtual int64_t peak_bytes() const = 0;
   // Grows `buffer` to at least `numel` elements of `dtype` (contents are not kept when it grows).

@@ -247,7 +247,7 @@ std::vector<float> index_values(const Slab& slab) {
 TEST(SlabCheckpoint, TwoAxisBoxesOfAnExpertTensorReadBackUnderOtherSplits) {
   TempRoot tmp;
   const std::vector<int64_t> global = {4, 3, 10};
-  std::vector<Slab> saved;  // as launch/train_state.cpp makes a block's piece from its spec
+  std::vector<Slab> saved;  // as launch/train/train_state.cpp makes a block's piece from its spec
   for (int64_t ep = 0; ep < 2; ++ep)
     for (int64_t etp = 0; etp < 2; ++etp) {
       ParamTable t;

@@ -93,7 +93,7 @@ namespace moe {
 namespace {
 
 // The backend counts the bytes its live buffers hold and the most they held at once (what the memory
-// estimate of launch/memory.h is checked against): moves transfer, destruction and reserve's growth free.
+// estimate of launch/config/memory.h is checked against): moves transfer, destruction and reserve's growth free.
 TEST(BackendMemory, CountsLiveBuffersAndThePeak) {
   const std::unique_ptr<Backend> backend = make_cpu_backend(1);
   EXPECT_EQ(backend->allocated_bytes(), 0);

@@ -31,7 +31,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/shard_file.h"
 #include "core/error.h"
-#include "launch/trainer.h"
+#include "launch/train/trainer.h"
 #include "run_compare.h"
 
 namespace moe {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "launch/config.h"
+#include "launch/config/config.h"
 
 namespace moe::config_test {
 

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "launch/trainer.h"
+#include "launch/train/trainer.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/self_communicator.h"
 #include "run_compare.h"

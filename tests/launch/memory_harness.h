@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "core/backend/backend.h"
-#include "launch/config.h"
-#include "launch/memory.h"
-#include "launch/train_setup.h"
+#include "launch/config/config.h"
+#include "launch/config/memory.h"
+#include "launch/train/train_setup.h"
 #include "parallel/communicator.h"
 
 namespace moe::test_support {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "checkpoint/checkpointer.h"
-#include "launch/trainer.h"
+#include "launch/train/trainer.h"
 #include "layout_runs.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/self_communicator.h"

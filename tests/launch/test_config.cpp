@@ -1,4 +1,4 @@
-// Tests of the config loader (launch/config.h): defaults, the type and range of each key, unknown keys, --set,
+// Tests of the config loader (launch/config/config.h): defaults, the type and range of each key, unknown keys, --set,
 // malformed, oversized, deep and non-regular files, docs/config.md against its generator, and the repo's
 // configs/*.json. The rules between keys are tested in test_config_rules.cpp, the writability checks of the
 // run directory and the checkpoint roots in test_config_run_dir.cpp. It does not test what the trainer does
@@ -16,7 +16,7 @@
 
 #include "config_test_util.h"
 #include "core/error.h"
-#include "launch/config.h"
+#include "launch/config/config.h"
 
 namespace moe {
 namespace {

@@ -1,4 +1,4 @@
-// Tests of the rules between config keys (launch/config_rules.cpp), each refusal with the keys, their values
+// Tests of the rules between config keys (launch/config/config_rules.cpp), each refusal with the keys, their values
 // and where they came from in its message: shapes that must divide, recomputation, data sources and the mixing
 // schedule, heartbeats, the all-to-all faults' expert group, the all-to-all's element count, pipeline stages, what
 // tensor parallelism splits, the routing techniques and latent attention, and the gates of features this build does not
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "config_test_util.h"
-#include "launch/config.h"
+#include "launch/config/config.h"
 
 namespace moe {
 namespace {

@@ -1,4 +1,4 @@
-// Tests of the writability checks of the run directory and the checkpoint roots (launch/run_dir.h): a path
+// Tests of the writability checks of the run directory and the checkpoint roots (launch/run/run_dir.h): a path
 // under a regular file, a name the file system cannot hold, a directory without write permission and a
 // read-only file system, each refused naming the path, and nothing created by the checks.
 #include <gtest/gtest.h>
@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "config_test_util.h"
-#include "launch/config.h"
-#include "launch/run_dir.h"
+#include "launch/config/config.h"
+#include "launch/run/run_dir.h"
 
 namespace moe {
 namespace {

@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "data/corpus.h"
 #include "data/prep.h"
-#include "launch/trainer.h"
+#include "launch/train/trainer.h"
 #include "run_compare.h"
 
 namespace moe {

@@ -1,5 +1,5 @@
-// The flight recorder (parallel/flight_recorder.h), its records in the heartbeat (launch/heartbeat.h) and the
-// supervisor's naming of a hang from them (launch/hang_report.h), without MPI: a stand-in communicator of two
+// The flight recorder (parallel/flight_recorder.h), its records in the heartbeat (launch/train/heartbeat.h) and the
+// supervisor's naming of a hang from them (launch/supervise/hang_report.h), without MPI: a stand-in communicator of two
 // ranks whose operations return at once (their requests complete when the test says), and made-up records of
 // larger layouts.
 #include <gtest/gtest.h>
@@ -8,9 +8,9 @@
 #include <memory>
 #include <string>
 
-#include "launch/flight_dump.h"
-#include "launch/hang_report.h"
-#include "launch/heartbeat.h"
+#include "launch/supervise/hang_report.h"
+#include "launch/train/flight_dump.h"
+#include "launch/train/heartbeat.h"
 #include "parallel/flight_recorder.h"
 
 namespace moe {

@@ -1,9 +1,8 @@
-// The job's hosts and its spares (launch/host_pool.h) and probing hosts (launch/host_probe.h): which hosts --np fills
-// and which are spares; a lost host's place taken by the first spare with enough slots, at its position and slot
-// count; lost spares dropped; no spare named. Probes through a stand-in remote shell: a healthy host, a program
-// missing, a full disk, a shell that fails (as ssh to a host cut off) and one that never answers (bounded time),
-// hosts that do not reach each other (fault.probe_peers);
-// mpirun's remote shell found as OpenMPI finds it.
+// The job's hosts and its spares (launch/supervise/host_pool.h) and probing hosts (launch/supervise/host_probe.h):
+// which hosts --np fills and which are spares; a lost host's place taken by the first spare with enough slots, at its
+// position and slot count; lost spares dropped; no spare named. Probes through a stand-in remote shell: a healthy host,
+// a program missing, a full disk, a shell that fails (as ssh to a host cut off) and one that never answers (bounded
+// time), hosts that do not reach each other (fault.probe_peers); mpirun's remote shell found as OpenMPI finds it.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -11,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "launch/host_pool.h"
-#include "launch/host_probe.h"
+#include "launch/supervise/host_pool.h"
+#include "launch/supervise/host_probe.h"
 
 namespace moe {
 namespace {

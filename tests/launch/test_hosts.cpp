@@ -1,6 +1,6 @@
-// The hosts of `moe launch --hostfile` (launch/hosts.h): which are this machine, and where the heartbeat listener
-// binds (fault.listen): loopback for this machine alone, refused (naming the key) with a remote host, an address
-// given kept, a host that does not resolve named with its hostfile. The cluster tests (tests/cluster/) bind it
+// The hosts of `moe launch --hostfile` (launch/supervise/hosts.h): which are this machine, and where the heartbeat
+// listener binds (fault.listen): loopback for this machine alone, refused (naming the key) with a remote host, an
+// address given kept, a host that does not resolve named with its hostfile. The cluster tests (tests/cluster/) bind it
 // on a real route between simulated hosts.
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "core/host.h"
-#include "launch/hosts.h"
+#include "launch/supervise/hosts.h"
 
 namespace moe {
 namespace {

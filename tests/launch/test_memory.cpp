@@ -1,4 +1,4 @@
-// Tests of the memory estimate (launch/memory.h): at tp = 1 its parameters, gradients, optimizer state,
+// Tests of the memory estimate (launch/config/memory.h): at tp = 1 its parameters, gradients, optimizer state,
 // activations and scratch are exactly the bytes the trainer allocates through the backend (dense and MoE
 // models, recompute on and off, ZeRO on and off), and the MoE layers' routed rows are within 10% of what one
 // forward and backward allocate; the tensor-parallel layout of docs/parallel.md "Memory per rank"; and the
@@ -17,7 +17,7 @@
 
 #include "core/backend/backend.h"
 #include "core/error.h"
-#include "launch/memory.h"
+#include "launch/config/memory.h"
 #include "memory_harness.h"
 #include "parallel/self_communicator.h"
 
@@ -64,7 +64,7 @@ TEST(MemoryEstimate, FusedAttentionIsExactlyWhatTheTrainerAllocates) {
 }
 
 // The CUDA backend's transient workspace (review finding 15): the largest of the bf16 GEMM operand copies and the
-// fused attention backward's, each by the terms of launch/memory.cpp; none on the CPU or with fp32 GEMMs.
+// fused attention backward's, each by the terms of launch/config/memory.cpp; none on the CPU or with fp32 GEMMs.
 TEST(MemoryEstimate, DeviceWorkspaceIsTheLargestTransientCallOnTheCudaBackend) {
   Config config = small_config({"train.precision=bf16"});
   EXPECT_EQ(estimate_memory(config, 1, 1, 1).device_workspace, 0) << "the CPU backend takes no workspace";

@@ -1,4 +1,4 @@
-// The memory estimate (launch/memory.h) against what a tensor-parallel trainer really allocates: at tp 2,
+// The memory estimate (launch/config/memory.h) against what a tensor-parallel trainer really allocates: at tp 2,
 // with and without sequence parallelism, dense and MoE models, selective and full recompute, each rank's
 // parameters, gradients, optimizer state, activations and scratch are exactly the estimate's. Runs under
 // mpirun -np 2 (the world is the tp group).

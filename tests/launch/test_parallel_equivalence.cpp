@@ -15,7 +15,7 @@
 #include <tuple>
 #include <vector>
 
-#include "launch/trainer.h"
+#include "launch/train/trainer.h"
 #include "layout_runs.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/self_communicator.h"

@@ -1,4 +1,4 @@
-// `moe report` (launch/report.h): a run's page and a sweep's page. The plotted values against metrics.jsonl and
+// `moe report` (launch/sweep/report.h): a run's page and a sweep's page. The plotted values against metrics.jsonl and
 // sweep.json, read back from the page's embedded data and from the SVG elements of the DOM as headless Chromium
 // (Debian's `chromium`, started fully offline: report_harness.h) builds it: no console error, every chart present, each
 // polyline's points an exact affine image of the values it carries, a screenshot kept beside the test binary. A

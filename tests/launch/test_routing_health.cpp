@@ -1,4 +1,4 @@
-// Routing health in metrics.jsonl (launch/routing_health.h, docs/metrics.md "Routing health"): the load fields
+// Routing health in metrics.jsonl (launch/train/routing_health.h, docs/metrics.md "Routing health"): the load fields
 // against an independent computation from tokens_per_expert and the step's token count, routing stability
 // against a case whose routing cannot change (lr 1e-30) and against the probe file, the alerts on constructed
 // lines (a dead expert, a hot expert, a forced overflow, cv) and on real runs (a forced overflow fires, a
@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "launch/config.h"
-#include "launch/routing_health.h"
-#include "launch/trainer.h"
+#include "launch/config/config.h"
+#include "launch/train/routing_health.h"
+#include "launch/train/trainer.h"
 #include "run_compare.h"
 
 namespace moe {

@@ -1,4 +1,4 @@
-// The run-directory lock (launch/run_lock.h): a second holder is refused with the first one's host and
+// The run-directory lock (launch/run/run_lock.h): a second holder is refused with the first one's host and
 // pid, whether in another process (fork) or in the same one; a file left by a dead process is taken
 // over; a process carrying the holder's token (a supervisor's rank) inherits the lock; a refused or
 // released lock leaves no directory it created; a .lock that is a symbolic link, a FIFO or a directory is
@@ -17,8 +17,8 @@
 
 #include "core/error.h"
 #include "core/host.h"
-#include "launch/job_processes.h"
-#include "launch/run_lock.h"
+#include "launch/run/run_lock.h"
+#include "launch/supervise/job_processes.h"
 #include "run_compare.h"
 
 namespace {

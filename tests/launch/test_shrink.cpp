@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "launch/config.h"
-#include "launch/supervisor.h"
+#include "launch/config/config.h"
+#include "launch/supervise/supervisor.h"
 
 namespace moe {
 namespace {

@@ -1,5 +1,5 @@
-// The hosts of a Slurm allocation (launch/slurm_hosts.h): compressed node lists and task counts expanded as Slurm
-// writes them, the variables Slurm falls back on, and malformed values refused naming the variable.
+// The hosts of a Slurm allocation (launch/supervise/slurm_hosts.h): compressed node lists and task counts expanded as
+// Slurm writes them, the variables Slurm falls back on, and malformed values refused naming the variable.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "launch/slurm_hosts.h"
+#include "launch/supervise/slurm_hosts.h"
 
 namespace moe {
 namespace {

@@ -1,4 +1,4 @@
-// Nothing of a job outlives its supervisor (launch/job_processes.h, docs/fault.md): `moe launch` killed with
+// Nothing of a job outlives its supervisor (launch/supervise/job_processes.h, docs/fault.md): `moe launch` killed with
 // SIGKILL (an OOM kill, `scancel -9`) mid-run takes mpirun and every rank with it within seconds, at one
 // rank and at two, and a second launch into the same run directory then runs (the lock went with the job).
 #include "sweep_harness.h"

@@ -1,4 +1,4 @@
-// `moe sweep` end to end (launch/sweep.h, docs/sweep.md): the real program, each cell a tiny run under
+// `moe sweep` end to end (launch/sweep/sweep.h, docs/sweep.md): the real program, each cell a tiny run under
 // `moe launch`. A 2 x 2 grid with 2 seeds gives 8 cells whose configs carry their point and seed, and a
 // sweep.json / sweep.csv whose means and standard deviations are those of the cells; a sweep stopped by
 // SIGTERM in the middle of a cell and run again ends equal to the uninterrupted one (the cut cell resumed from

@@ -1,4 +1,4 @@
-// `moe sweep` against a careless or hostile user (launch/sweep.h, docs/sweep.md), through the real program:
+// `moe sweep` against a careless or hostile user (launch/sweep/sweep.h, docs/sweep.md), through the real program:
 // every count checked against its limit before anything is allocated; equal grid values however spelt are
 // one value (listed twice: refused); a done cell is trusted only with its results; a resumed sweep on
 // changed data is refused unless --allow-data-change; nothing planted in the sweep directory (a link, a

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "core/error.h"
-#include "launch/event_file.h"
-#include "launch/tensorboard.h"
+#include "launch/run/event_file.h"
+#include "launch/run/tensorboard.h"
 
 namespace fs = std::filesystem;
 

@@ -1,4 +1,4 @@
-// End-to-end tests of `moe train` in process (launch/trainer.h, run_trainer): the same config and seed
+// End-to-end tests of `moe train` in process (launch/train/trainer.h, run_trainer): the same config and seed
 // reproduce metrics.jsonl bit for bit (docs/design.md, invariant 3), full recomputation changes no bit, the
 // run directory holds what docs/cli.md promises, a tiny model learns, and bad input writes nothing.
 // Not here: the command line and exit codes (tests/cli/test_bad_input.sh), the config rules one by one
@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "launch/config.h"
-#include "launch/run_dir.h"
-#include "launch/trainer.h"
+#include "launch/config/config.h"
+#include "launch/run/run_dir.h"
+#include "launch/train/trainer.h"
 #include "run_compare.h"
 
 namespace moe {
@@ -224,7 +224,7 @@ TEST(TrainerRunDirectory, ManifestNamesCommitConfigVersionsHostsAndLayout) {
     ASSERT_TRUE(layout.contains(axis) && layout.at(axis).is_number_integer()) << axis << " in " << layout.dump();
   EXPECT_EQ(layout.at("world").get<int64_t>(), 1);
 
-  // The memory estimate (launch/memory.h): bytes per category, summing to the total.
+  // The memory estimate (launch/config/memory.h): bytes per category, summing to the total.
   ASSERT_TRUE(manifest.contains("memory") && manifest.at("memory").is_object()) << manifest.dump(2);
   const json& memory = manifest.at("memory");
   int64_t sum = 0;

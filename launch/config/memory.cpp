@@ -1,0 +1,383 @@
+// The memory estimate (launch/config/memory.h): element counts that mirror what core/model.cpp (make_slot,
+// acts_size, make_scratch), core/attention.h, core/ffn.h, core/moe_layer.cpp, core/moe/ and optim/adamw.cpp
+// allocate, with the tensor-parallel split of docs/parallel.md "Memory per rank".
+#include "launch/config/memory.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include "parallel/pipeline.h"
+
+namespace moe {
+namespace {
+
+// Counts are doubles: exact below 2^53, and a config past that saturates instead of overflowing.
+constexpr double kFloat = 4, kInt32 = 4, kDouble = 8, kByte = 1;
+
+int64_t saturate(double bytes) {
+  constexpr double kLargest = 9.2e18;  // just below INT64_MAX
+  return bytes >= kLargest ? std::numeric_limits<int64_t>::max() : int64_t(bytes);
+}
+
+// The config's sizes (the letters of core/dims.h) and how one rank holds them.
+struct Sizes {
+  double V, D, L, H, F, T, N;  // N = B * T tokens of one micro-batch
+  double tp, etp, ep;
+  bool sequence_parallel;           // in effect: parallel.sequence_parallel with tp > 1
+  double rows;                      // rows of the residual stream and the norms here: N / tp with sequence parallelism
+  double moe_layers, dense_layers;  // of this rank's pipeline stage
+  int64_t first, last;              // the stage's layers [first, last) of the whole model's L
+  bool embedding, head, pipelined;  // what the stage holds; pipelined: parallel.pp > 1
+  double E, K, Fe, S, Ff;           // Ff: the dense fallback's width, 0 unless moe.overflow = "dense"
+  double capacity_factor;
+  bool gumbel, reroute;
+  bool mla;                  // model.attention = mla (tp = 1)
+  bool mla_norms;            // model.mla.norms: RMSNorms on its latents
+  bool fused;                // MhaAttention on cuDNN's fused attention: train.device = cuda with bf16 GEMMs, not off
+  bool fused_deterministic;  // its backward holds dS (B, H, T, T) bf16 in cuDNN's workspace
+  bool cuda_bf16;            // train.device = cuda with bf16 GEMMs: activation operands rounded into workspace
+  double C, Cq, R;           // its latent widths and rotary width
+};
+
+Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) {
+  const ModelConfig& m = c.model;
+  const MoeConfig& moe = c.moe;
+  Sizes s{};
+  s.V = double(m.vocab), s.D = double(m.d_model), s.L = double(m.layers), s.H = double(m.heads);
+  s.F = double(m.ffn_hidden), s.T = double(c.train.seq_len), s.N = double(c.train.micro_batch) * s.T;
+  s.tp = double(tp), s.etp = double(c.parallel.expert_tp), s.ep = double(ep);
+  s.sequence_parallel = c.parallel.sequence_parallel && tp > 1;
+  s.rows = s.sequence_parallel ? s.N / s.tp : s.N;
+  s.first = stage.first, s.last = stage.last < 0 ? m.layers : stage.last;
+  s.embedding = stage.embedding, s.head = stage.head, s.pipelined = stage.pipelined;
+  // Layer l is an MoE layer when l % every == every - 1.
+  s.moe_layers = 0;
+  for (int64_t l = s.first; l < s.last; ++l) s.moe_layers += moe.num_experts > 0 && l % moe.every == moe.every - 1;
+  s.dense_layers = double(s.last - s.first) - s.moe_layers;
+  s.E = double(moe.num_experts), s.K = double(moe.top_k), s.Fe = double(moe.expert_hidden);
+  s.S = double(moe.shared_experts), s.Ff = moe.overflow_has("dense") ? double(moe.fallback_hidden) : 0.0;
+  s.capacity_factor = moe.capacity_factor;
+  s.gumbel = moe.router.noise == "gumbel", s.reroute = moe.overflow_has("reroute");
+  s.mla = m.attention == "mla";
+  s.mla_norms = s.mla && m.mla_norms;
+  s.fused = !s.mla && c.train.device == "cuda" && c.train.precision == "bf16" &&
+            c.train.fused_attention != FusedAttention::Off;
+  s.fused_deterministic = c.train.fused_attention == FusedAttention::Deterministic;
+  s.cuda_bf16 = c.train.device == "cuda" && c.train.precision == "bf16";
+  s.C = double(m.mla_kv_rank), s.Cq = double(m.mla_q_rank), s.R = double(m.mla_rope_dim);
+  return s;
+}
+
+// Parameter elements of one rank, in the two regions of the parameter table (ZeRO shards them apart).
+struct ParamCounts {
+  double dense = 0, expert = 0;
+};
+
+// Latent attention's parameters (core/mla_attention.h): Wdq (D, Cq), Wuq (Cq, D), Wqr (Cq, H R), Wdkv (D, C),
+// Wuk, Wuv (C, D), Wkr (D, R), Wo (D, D).
+double mla_parameters(const Sizes& s) {
+  const double gains = s.mla_norms ? s.Cq + s.C : 0.0;  // the latents' norms
+  return s.D * s.Cq + s.Cq * (s.D + s.H * s.R) + s.D * s.C + 2 * s.C * s.D + s.D * s.R + s.D * s.D + gains;
+}
+
+ParamCounts param_counts(const Sizes& s) {
+  // Wq, Wk, Wv split by columns, Wo by rows; or latent attention's (tp = 1).
+  const double attention = s.mla ? mla_parameters(s) : 4 * s.D * s.D / s.tp;
+  const double mlp = 3 * s.D * s.F / s.tp;  // W1, W3 by columns, W2 by rows
+  // The router (D, E) whole on every tensor-parallel rank; the shared experts and the fallback too, or split
+  // by hidden width with the experts when expert_tp = tp.
+  const double moe_whole = s.D * s.E + (3 * s.D * s.S * s.Fe + 3 * s.D * s.Ff) / s.etp;
+  ParamCounts p;
+  // Embedding (V, D) split by rows and head (D, V) by columns; the output norm and two norms per layer whole.
+  const double layers = double(s.last - s.first);
+  p.dense = (s.embedding ? s.V * s.D / s.tp : 0.0) + (s.head ? s.V * s.D / s.tp + s.D : 0.0) +
+            layers * (2 * s.D + attention) + s.dense_layers * mlp + s.moe_layers * moe_whole;
+  // E / ep experts here, each W1, W3 (D, Fe) and W2 (Fe, D), the hidden width split with expert_tp = tp.
+  p.expert = s.moe_layers * 3 * (s.E / s.ep) * s.D * (s.Fe / s.etp);
+  return p;
+}
+
+// AdamW keeps two fp32 moments of what this rank updates: everything, or with ZeRO one slice of every
+// gradient bucket, dense buckets over the dp group and expert buckets over the edp group.
+double optimizer_bytes(const ParamCounts& p, bool zero, double dp, double edp) {
+  if (!zero) return 2 * kFloat * (p.dense + p.expert);
+  return 2 * kFloat * (std::ceil(p.dense / dp) + std::ceil(p.expert / edp));
+}
+
+// The rows an MoE layer computes on this rank: its block of N / tp of the routing group's N, or all N when
+// its experts' hidden width is split over the tp ranks instead (expert_tp = tp).
+double moe_rows(const Sizes& s) { return s.etp > 1 ? s.N : s.N / s.tp; }
+
+// MoeLayer::activation_size for the n rows this rank routes: the whole group's logits and scores (N, E), the
+// expert outputs at the token side (n K, D), the shared experts' activations (their hidden block) and
+// output, the fallback's input, activations and output.
+double moe_activation_elements(const Sizes& s) {
+  const double n = moe_rows(s), D = s.D;
+  double elements = 2 * s.N * s.E + n * s.K * D;
+  if (s.S > 0) elements += 3 * n * s.S * s.Fe / s.etp + n * D;
+  if (s.Ff > 0) elements += 2 * n * D + 3 * n * s.Ff / s.etp;
+  return elements;
+}
+
+struct ModelBytes {
+  double activations = 0, scratch = 0;
+};
+
+// One layer's saved activations and backward scratch (core/attention.h, core/ffn.h, parallel/tp_layers.h);
+// the MoE layer keeps its scratch inside (routed_bytes_per_layer).
+struct LayerElements {
+  double acts = 0, scratch = 0;
+};
+// What the CUDA backend's fused attention backward takes from the allocator while it runs, in fp32 elements
+// (core/backend/cuda/cuda_backend.cu, attention_graph.h): bf16 copies of q, k, v, O, dO and dq, dk, dv (8 of
+// N D / tp, half an element each), the statistics aligned and each row's dO . O (fp32, N H / tp each), and the
+// backward's own: dS (B, H / tp, T, T) bf16 in the deterministic form, dQ accumulated in fp32 in the other.
+double fused_backward_workspace(const Sizes& s) {
+  const double n = s.N * s.D / s.tp, rows = s.N * s.H / s.tp;
+  const double own = s.fused_deterministic ? rows * s.T / 2 : n;
+  return 4 * n + 2 * rows + own;
+}
+
+LayerElements layer_elements(const Sizes& s, bool moe, bool keep_probs) {
+  const double N = s.N, D = s.D, rows = s.rows;
+  // A tp layer under sequence parallelism gathers its input and output gradient and holds its partial
+  // input gradient in backward scratch (N, D) each; it keeps nothing gathered between forward and backward.
+  const double wrapped = s.sequence_parallel ? 3 * N * D : 0.0;
+  // MhaAttention keeps q, k, v, att (N, D/tp) and the probabilities (B, H/tp, T, T) unless selective
+  // recompute drops them to its backward scratch: dq, dk, dv, datt and one (T, T) block.
+  const double probs = N * (s.H / s.tp) * s.T;
+  double attention = 4 * N * D / s.tp + (keep_probs ? probs : 0.0);
+  double attention_scratch = 4 * N * D / s.tp + s.T * s.T + (keep_probs ? 0.0 : probs) + wrapped;
+  if (s.fused) {  // fused (where cuDNN takes the shape): each row's log-sum-exp (B, H/tp, T), no (T, T) memory
+    attention = 4 * N * D / s.tp + N * s.H / s.tp;
+    attention_scratch = 4 * N * D / s.tp + wrapped;
+  }
+  if (s.mla) {  // MlaAttention: c_q, c_kv and q, k, v, att of width W = D + H R; its backward's latents too
+    const double W = D + s.H * s.R;
+    // With norms: the latents before them and their inverse RMS; the backward's gradients of those latents.
+    const double norms = s.mla_norms ? N * (s.Cq + s.C) : 0.0;
+    attention = N * (s.Cq + s.C + 4 * W) + (keep_probs ? probs : 0.0) + (s.mla_norms ? norms + 2 * N : 0.0);
+    attention_scratch = 4 * N * W + s.T * s.T + N * (s.Cq + s.C + s.H * s.R + s.R) + (keep_probs ? 0.0 : probs) + norms;
+  }
+  // DenseMlp keeps a, b, h (N, F/tp) and its backward takes as many.
+  const double mlp = 3 * N * s.F / s.tp;
+  LayerElements e;
+  // xa, h, xf (rows, D), two rstd (rows), the attention's and the FFN's (Model::acts_size).
+  e.acts = 3 * rows * D + 2 * rows + attention + (moe ? moe_activation_elements(s) : mlp);
+  // The MoE layer keeps its own scratch; split by hidden width it is a tp region like the MLP.
+  e.scratch = std::max(attention_scratch, moe ? (s.etp > 1 ? wrapped : 0.0) : mlp + wrapped);
+  return e;
+}
+
+// What the model allocates with its slots and scratch (core/model.cpp): layer l recomputes with `mode`
+// when l < recompute_layers (-1: every layer); layer l is an MoE layer when l % every == every - 1.
+ModelBytes model_bytes(const Sizes& s, const std::string& mode, int64_t recompute_layers, int64_t every, double slots) {
+  const double N = s.N, D = s.D, rows = s.rows;
+  double own = 0, shared = 0, layer_scratch = 0;
+  for (int64_t l = s.first; l < s.last; ++l) {
+    const bool recomputed = recompute_layers < 0 || l < recompute_layers;
+    const bool moe = s.moe_layers > 0 && l % every == every - 1;
+    const LayerElements e = layer_elements(s, moe, !(recomputed && mode == "selective"));
+    if (recomputed && mode == "full")
+      shared = std::max(shared, e.acts);
+    else
+      own += e.acts;
+    layer_scratch = std::max(layer_scratch, e.scratch);
+  }
+  // The head keeps xo, rstd_o (rows) and its activations: the logits (N, V), or split: the block's logits
+  // (N, V/tp) and their log-sum-exp; its backward the logits' gradient, split: also the partial dx and,
+  // under sequence parallelism, the input gathered again (N, D).
+  const bool split = s.tp > 1;
+  const double head_acts = split ? N * s.V / s.tp + N : N * s.V;
+  const double head_scratch = !s.head ? 0.0
+                              : split ? N * s.V / s.tp + N * D + (s.sequence_parallel ? N * D : 0.0)
+                                      : N * s.V;
+  const double arena = (double(s.last - s.first) + 1) * rows * D + own + (s.head ? rows * D + rows + head_acts : 0.0);
+  // Per slot also, on the last stage, the per-token losses (N) and target ids (N int32); on the first the
+  // input ids (N int32), on the others the input's gradient (rows, D); under pipelining the executor's
+  // received activation or gradient and the copies it sends on (rows, D) each.
+  const double floats =
+      arena + (s.head ? N : 0.0) + (s.embedding ? 0.0 : rows * D) + (s.pipelined ? 3 * rows * D : 0.0);
+  const double ints = (s.head ? N : 0.0) + (s.embedding ? N : 0.0);
+  ModelBytes m;
+  // Full recompute keeps one set of layer activations for the recomputed layers of every slot.
+  m.activations = slots * (kFloat * floats + kInt32 * ints) + kFloat * shared;
+  // ffn_out, dres, dtmp, dnorm (rows, D) and the largest of the head's and the layers' backward scratch; latent
+  // attention's (R, R) identity per layer.
+  const double identities = s.mla ? double(s.last - s.first) * s.R * s.R : 0.0;
+  m.scratch = kFloat * (4 * rows * D + std::max(head_scratch, layer_scratch) + identities);
+  return m;
+}
+
+// Rows of one MoE layer's routing group on this rank. They depend on the routing; the estimate takes it
+// balanced: every expert receives its share up to capacity (all N K assignments when dropless), and the
+// rows an expert-parallel rank receives equal those it sends.
+struct RoutedRows {
+  double token_side;   // M: assignments kept, at the token's rank
+  double expert_side;  // R: rows the local experts compute (balanced: as many as the rank sends)
+  double fallback;     // Mf: tokens with an overflowed assignment (moe.overflow = "dense")
+};
+
+RoutedRows routed_rows(const Sizes& s) {
+  // This rank's rows of the routing group, and their share of the group's capacity.
+  const double n = moe_rows(s), assignments = n * s.K;
+  const double capacity = s.capacity_factor > 0 ? std::ceil(s.K * s.N / s.E * s.capacity_factor) * n / s.N
+                                                : std::numeric_limits<double>::infinity();
+  RoutedRows r;
+  r.token_side = std::min(assignments, s.E * capacity);
+  r.expert_side = r.token_side;
+  r.fallback = s.Ff > 0 ? std::min(n, assignments - r.token_side) : 0.0;
+  return r;
+}
+
+// The CUDA backend's largest transient workspace, in fp32 elements: taken from its caching allocator for one call
+// and given back (cuda_backend.cu), so the largest call counts. With bf16 GEMMs each GEMM rounds its activation
+// operands (not the parameters, rounded once per step) into bf16 workspace: the largest are the head's weight
+// gradient, x^T (N, D) by dlogits (N, V / tp), and an expert layer's, xe^T (R, D) by dh (R, Fe / etp). The fused
+// attention's backward: fused_backward_workspace.
+double device_workspace_elements(const Sizes& s) {
+  double largest = 0;
+  if (s.cuda_bf16) {
+    if (s.head) largest = s.N * (s.D + s.V / s.tp) / 2;
+    if (s.moe_layers > 0) largest = std::max(largest, routed_rows(s).expert_side * (s.D + s.Fe / s.etp) / 2);
+  }
+  if (s.fused && s.dense_layers + s.moe_layers > 0) largest = std::max(largest, fused_backward_workspace(s));
+  return largest;
+}
+
+// One MoE layer's buffers sized by routing (core/moe_layer.cpp, core/moe/experts.cpp, core/moe/router.cpp).
+double routed_bytes_per_layer(const Sizes& s, double slots) {
+  const RoutedRows r = routed_rows(s);
+  const double n = moe_rows(s), D = s.D, K = s.K, E = s.E, F = s.Fe / s.etp;
+  const double M = r.token_side, R = r.expert_side, Mf = r.fallback;
+  // Per slot: expert-side xe (R, D) and a, b, h (R, F); the plan's perm_token, perm_gate (M), slot_row,
+  // gate (N K), and the fallback's tokens and weights (Mf).
+  const double per_slot = kFloat * (R * D + 3 * R * F + M + n * K + Mf) + kInt32 * (M + n * K + Mf);
+  // The layer's workspace: gathered token rows (M, D), expert outputs (R, D), row dots, and the backward
+  // scratch (dyp, dxp (M, D), dye, dxe (R, D), the experts' 3 R F, dp, dz (N, E), dw (N K), and the shared
+  // experts' or the fallback's scratch).
+  const double fallback_rows = std::max(Mf, 1.0);
+  const double shared_scratch = s.S > 0 ? 3 * n * s.S * s.Fe / s.etp : 0.0;
+  const double fallback_scratch = s.Ff > 0 ? 3 * fallback_rows * s.Ff / s.etp + 2 * fallback_rows * D : 0.0;
+  const double backward =
+      2 * M * D + 2 * R * D + 3 * R * F + 2 * s.N * E + s.N * K + std::max(shared_scratch, fallback_scratch);
+  const double workspace = kFloat * (M * D + R * D + std::max(M, Mf) + backward);
+  // The router's: Gumbel noise (N, E) in double, top-k ids (N K) and preference rows (N W), bias and mask (E).
+  const double choices = s.reroute ? E : K;
+  const double router =
+      (s.gumbel ? kDouble * s.N * E : 0.0) + kInt32 * (s.N * K + s.N * choices) + kFloat * E + kByte * E;
+  return slots * per_slot + workspace + router;
+}
+
+// Communication staging in backend memory: ZeRO's reduce-scatter staging (the padded bucket and the
+// received slice, kept per bucket) and each MoE layer's dispatcher staging: the all-to-all's received rows, or
+// with ep > 1 the all-gather's every rank's block of rows and this rank's own (core/moe/allgather_dispatcher.h).
+double communication_bytes(const Sizes& s, const ParamCounts& p, bool zero, double dp, double edp, bool allgather) {
+  double bytes = 0;
+  if (zero && dp > 1) bytes += kFloat * (p.dense + p.dense / dp);
+  if (zero && edp > 1) bytes += kFloat * (p.expert + p.expert / edp);
+  const RoutedRows r = routed_rows(s);
+  const double staged_rows = allgather && s.ep > 1 ? (s.ep + 1) * r.token_side : r.expert_side;
+  if (s.moe_layers > 0) bytes += s.moe_layers * kFloat * staged_rows * s.D;
+  return bytes;
+}
+
+}  // namespace
+
+int64_t MemoryEstimate::total() const {
+  double sum = 0;
+  for (int64_t bytes :
+       {parameters, gradients, optimizer, activations, scratch, routed_rows, communication, device_workspace})
+    sum += double(bytes);
+  return saturate(sum);
+}
+
+MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int64_t ep, const StagePart& stage) {
+  const Sizes s = sizes_of(config, tp, ep, stage);
+  const int64_t slots = stage.slots;
+  const ParamCounts p = param_counts(s);
+  // The expert layers fold one pipeline stage's tp * dp ranks as expert_tp * ep * edp.
+  const double edp = std::max(1.0, s.tp * double(dp) / (s.etp * s.ep));
+  const ModelBytes model = model_bytes(s, config.train.recompute, config.train.recompute_layers,
+                                       config.moe.num_experts > 0 ? config.moe.every : 1, double(slots));
+  MemoryEstimate m;
+  m.parameters = saturate(kFloat * (p.dense + p.expert));
+  m.gradients = m.parameters;
+  m.optimizer = saturate(optimizer_bytes(p, config.optim.zero, double(dp), edp));
+  m.activations = saturate(model.activations);
+  m.scratch = saturate(model.scratch);
+  m.routed_rows = saturate(s.moe_layers * routed_bytes_per_layer(s, double(slots)));
+  m.communication =
+      saturate(communication_bytes(s, p, config.optim.zero, double(dp), edp, config.moe.dispatcher == "allgather"));
+  m.device_workspace = saturate(kFloat * device_workspace_elements(s));
+  // A key/value cache would keep k and v (2 D) per token and layer, or latent attention's c_kv and shared
+  // rotary key (C + R); fp32.
+  m.kv_cache_per_token = saturate(kFloat * s.L * (s.mla ? s.C + s.R : 2 * s.D));
+  return m;
+}
+
+StagePart pipeline_stage_part(const Config& config, int64_t stage, int64_t micro_batches) {
+  const int64_t pp = config.parallel.pp;
+  if (pp == 1) return {};
+  const auto [first, last] = stage_layers(config.model.layers, pp, config.parallel.pp_layers)[size_t(stage)];
+  return {first, last, stage == 0, stage == pp - 1, pipeline_slots(PipeSchedule::OneFOneB, pp, stage, micro_batches),
+          true};
+}
+
+StageEstimate largest_stage_estimate(const Config& config, int64_t tp, int64_t dp, int64_t ep) {
+  const int64_t micro_batches = std::max<int64_t>(1, config.train.global_batch / (dp * config.train.micro_batch));
+  StageEstimate largest;
+  for (int64_t stage = 0; stage < config.parallel.pp; ++stage) {
+    const MemoryEstimate e = estimate_memory(config, tp, dp, ep, pipeline_stage_part(config, stage, micro_batches));
+    if (stage == 0 || e.total() > largest.memory.total()) largest = {stage, e};
+  }
+  return largest;
+}
+
+nlohmann::json memory_json(const MemoryEstimate& m) {
+  return {{"parameters", m.parameters},
+          {"gradients", m.gradients},
+          {"optimizer", m.optimizer},
+          {"activations", m.activations},
+          {"scratch", m.scratch},
+          {"routed_rows", m.routed_rows},
+          {"communication", m.communication},
+          {"device_workspace", m.device_workspace},
+          {"total", m.total()},
+          {"kv_cache_per_token", m.kv_cache_per_token}};
+}
+
+std::string format_bytes(double bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 6) bytes /= 1024, ++unit;
+  char text[32];
+  if (unit == 0)
+    std::snprintf(text, sizeof text, "%.0f B", bytes);
+  else
+    std::snprintf(text, sizeof text, "%.1f %s", bytes, kUnits[unit]);
+  return text;
+}
+
+std::string memory_text(const MemoryEstimate& m) {
+  const std::pair<int64_t, const char*> parts[] = {{m.parameters, "parameters"},
+                                                   {m.gradients, "gradients"},
+                                                   {m.optimizer, "optimizer state"},
+                                                   {m.activations, "activations"},
+                                                   {m.scratch, "scratch"},
+                                                   {m.routed_rows, "routed rows (estimated)"},
+                                                   {m.communication, "communication staging"},
+                                                   {m.device_workspace, "device workspace"}};
+  std::string text;
+  for (const auto& [bytes, name] : parts)
+    if (bytes > 0) text += (text.empty() ? "" : ", ") + format_bytes(double(bytes)) + " " + name;
+  text += "; " + format_bytes(double(m.total())) + " in all";
+  if (m.kv_cache_per_token > 0)
+    text += " (a key/value cache would hold " + format_bytes(double(m.kv_cache_per_token)) + " per token)";
+  return text;
+}
+
+}  // namespace moe

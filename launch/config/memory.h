@@ -1,0 +1,72 @@
+// The memory one rank of training needs, worked out from the config and the parallel sizes alone, before
+// anything is allocated: parameters, gradients, AdamW's moments, what the micro-batch slots keep from
+// forward to backward, the workspace of one forward or backward, the MoE layers' buffers of routed rows
+// and the host staging of communication. For tp = 1 the first five are the exact bytes the model and the
+// optimizer allocate through the backend (tests/launch/test_memory.cpp checks it); routed rows depend on
+// how tokens are routed and are estimated. The tensor-parallel layout it assumes is docs/parallel.md
+// "Memory per rank". Not here: deciding whether it fits (launch/train/train_setup.cpp, check_memory).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "launch/config/config.h"
+
+namespace moe {
+
+// Bytes per rank. Each count saturates at INT64_MAX, so an absurd config is still refused by name.
+struct MemoryEstimate {
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizer = 0;    // AdamW's two fp32 moments of what this rank updates (a 1/dp share with ZeRO)
+  int64_t activations = 0;  // kept by the micro-batch slots from forward to backward (train.recompute)
+  int64_t scratch = 0;      // workspace of one forward or backward, shared by the layers and slots
+  // MoE layers: expert-side activations, the dispatch plan and the layers' workspaces, sized by the
+  // routing at the first forward: estimated with capacity (N K rows when dropless), balanced over ranks.
+  int64_t routed_rows = 0;
+  // Host memory beside the backend's: ZeRO's reduce-scatter staging and the expert all-to-all's.
+  int64_t communication = 0;
+  // The CUDA backend's largest transient workspace of one call (0 elsewhere): bf16 copies of a GEMM's activation
+  // operands, or the fused attention backward's copies, statistics and dS (deterministic) or fp32 dQ.
+  int64_t device_workspace = 0;
+  // Not allocated in training: the bytes a key/value cache of the whole model would keep per token (fp32),
+  // 2 D per layer for multi-head attention, C + R for latent attention (docs/model.md).
+  int64_t kv_cache_per_token = 0;
+  int64_t total() const;
+};
+
+// The part of the model one rank holds along the pipeline: its stage's layers [first, last) (last < 0: to
+// the end), whether it holds the embedding and the head, and the micro-batches it keeps in flight. The
+// default is the whole model with one micro-batch (parallel.pp = 1).
+struct StagePart {
+  int64_t first = 0, last = -1;
+  bool embedding = true, head = true;
+  int64_t slots = 1;
+  bool pipelined = false;  // parallel.pp > 1: the executor's send and receive buffers per slot
+};
+// Stage `stage` of parallel.pp (parallel.pp_layers) under the 1F1B schedule with `micro_batches` per step
+// and data-parallel rank: stage s keeps min(pp - s, micro_batches) in flight.
+StagePart pipeline_stage_part(const Config& config, int64_t stage, int64_t micro_batches);
+
+// One rank of `config` with the resolved sizes of the rank grid (dp not "auto") holding `stage`;
+// parallel.expert_tp, parallel.sequence_parallel and optim.zero come from the config.
+MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int64_t ep, const StagePart& stage = {});
+
+// The estimate of the pipeline stage that needs the most (the one model when parallel.pp = 1), and which
+// stage that is, with train.global_batch / (dp * train.micro_batch) micro-batches per step: what every rank
+// must be able to hold, quoted at startup, in the manifest and by check_memory.
+struct StageEstimate {
+  int64_t stage = 0;
+  MemoryEstimate memory;
+};
+StageEstimate largest_stage_estimate(const Config& config, int64_t tp, int64_t dp, int64_t ep);
+
+// {"parameters": bytes, ..., "total": bytes}: manifest.json's "memory".
+nlohmann::json memory_json(const MemoryEstimate& estimate);
+// "1.2 MiB parameters, 1.2 MiB gradients, ...; 9.8 MiB in all": categories of zero bytes left out.
+std::string memory_text(const MemoryEstimate& estimate);
+// "512 B", "1.5 KiB", "3.2 GiB".
+std::string format_bytes(double bytes);
+
+}  // namespace moe
