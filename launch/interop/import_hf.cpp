@@ -10,6 +10,7 @@
 #include "checkpoint/checkpointer.h"
 #include "core/backend/backend.h"
 #include "core/error.h"
+#include "core/philox.h"
 #include "launch/interop/hf_architectures.h"
 #include "launch/interop/safetensors.h"
 #include "launch/run/output_dir.h"
@@ -108,6 +109,26 @@ void load_parameters(Trainer& t, const HfModel& model, const SafetensorsModel& f
   t.backend.ops<float>().parameters_changed();
 }
 
+bool is_expert_weight(const std::string& name) {
+  const std::string::size_type at = name.find(".ffn.experts.w");
+  return at != std::string::npos && name.size() == at + 15;
+}
+
+// Upcycling's noise: every element w of each expert's w1, w2, w3 becomes w (1 + std e), e a standard normal drawn
+// from Philox by (train.seed, "upcycle_noise." + the tensor's name, the element's index), so the copies differ
+// from the start and the same command gives the same bits.
+void add_upcycle_noise(Trainer& t, double std, uint64_t seed) {
+  for (const ParamSpec& spec : t.model->table().specs()) {
+    if (!is_expert_weight(spec.name)) continue;
+    std::vector<float> values(size_t(spec.numel));
+    t.backend.copy_to_host(values.data(), t.model->params() + spec.offset, spec.numel);
+    const RngStream rng(seed, "upcycle_noise." + spec.name);
+    for (int64_t i = 0; i < spec.numel; ++i) values[size_t(i)] *= float(1.0 + std * rng.normal(uint64_t(i)));
+    t.backend.copy_to_device(t.model->params() + spec.offset, values.data(), spec.numel);
+  }
+  t.backend.ops<float>().parameters_changed();
+}
+
 }  // namespace
 
 CLI::App* add_import_command(CLI::App& app, ImportHfOptions& o) {
@@ -128,6 +149,10 @@ CLI::App* add_import_command(CLI::App& app, ImportHfOptions& o) {
   hf->add_flag("--upcycle", o.upcycle,
                "DIR is a dense LlamaForCausalLM: every expert of each MoE layer starts as that layer's MLP, the "
                "router as the config's seed initialises it (sparse upcycling)");
+  hf->add_option("--upcycle-noise", o.upcycle_noise,
+                 "With --upcycle: every expert weight w becomes w (1 + STD e), e standard normal from train.seed, so "
+                 "the copies differ from the start (default 0: exact copies)")
+      ->check(CLI::Range(0.0, 1.0));
   return hf;
 }
 
@@ -145,6 +170,8 @@ void run_import_hf(const ImportHfOptions& o, std::ostream& log) {
   if ((arch == "llama") != o.upcycle)
     MOE_BAD_INPUT(o.dir << "/config.json: model_type = " << arch
                         << (o.upcycle ? ": --upcycle takes a dense llama model" : ": a dense model needs --upcycle"));
+  if (o.upcycle_noise != 0 && !o.upcycle)
+    MOE_BAD_INPUT("--upcycle-noise " << o.upcycle_noise << ": noise is for upcycled experts; it needs --upcycle");
   const HfModel model =
       o.upcycle ? llama_upcycle_model(config)
                 : hf_model(config, std::vector<double>(size_t(config.model.layers), config.moe.router.tau_at(0)), arch);
@@ -155,6 +182,7 @@ void run_import_hf(const ImportHfOptions& o, std::ostream& log) {
   const std::unique_ptr<Backend> backend = make_cpu_backend(0);
   const std::unique_ptr<Trainer> t = serial_trainer(o, *backend, o.out);
   load_parameters(*t, model, files);
+  if (o.upcycle_noise > 0) add_upcycle_noise(*t, o.upcycle_noise, uint64_t(config.train.seed));
   log << "importing " << o.dir << " (" << model.tensors.size() << " tensors) as step 0 of " << o.out << "\n";
   // The checkpoint records the config as given (its layout included): the run that continues from it compares
   // its own config with that one.

@@ -24,6 +24,7 @@ struct ImportHfOptions {
   std::vector<std::string> overrides;  // --set KEY=VALUE
   std::string out;                     // the run directory to create
   bool upcycle = false;                // a dense LlamaForCausalLM into the config's MoE model
+  double upcycle_noise = 0;            // with upcycle: each expert weight times (1 + this * N(0, 1))
 };
 
 // Adds `import` (with its `hf` subcommand) to `app`. Returns the `hf` subcommand.

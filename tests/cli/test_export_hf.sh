@@ -441,6 +441,11 @@ run_case "--upcycle into shared experts" 2 "$moe" import hf dense-claimed --upcy
 expect_err=("has no tensor model.layers.0.mlp.gate_proj.weight")
 run_case "--upcycle of a directory without the dense MLP" 2 "$moe" import hf dense-claimed --upcycle --config "$cfg" \
   --out x
+expect_err=("--upcycle-noise 0.1" "needs --upcycle")
+run_case "--upcycle-noise without --upcycle" 2 "$moe" import hf fp32 --upcycle-noise 0.1 --config "$cfg" --out x
+expect_err=("--upcycle-noise")
+run_case "a negative --upcycle-noise" 2 "$moe" import hf dense-claimed --upcycle --upcycle-noise -0.1 --config "$cfg" \
+  --out x
 expect_err=("checkpoint.dir = /tmp/elsewhere")
 run_case "import with an absolute checkpoint.dir" 2 "$moe" import hf fp32 --config "$cfg" \
   --set checkpoint.dir=/tmp/elsewhere --out x

@@ -199,4 +199,28 @@ grep -q '"step":2' imported/metrics.jsonl || { echo "FAIL: the imported run did 
 "$moe" import hf llama-made-by-transformers --upcycle --config tp2ep2/config.json --out upcycled > /dev/null
 "$moe" logits upcycled --text-file prompt.txt --generate 32 --out upcycled.json 2> /dev/null
 "$venv/bin/python" "$src/tests/cli/check_hf_interop.py" llama-made-by-transformers upcycled.json - -
+# Upcycled with noise: every expert weight the dense one times (1 + 0.05 e), e standard normal, the same bits from
+# the same command; read back through an export.
+for i in 1 2; do
+  "$moe" import hf llama-made-by-transformers --upcycle --upcycle-noise 0.05 --config tp2ep2/config.json \
+    --out "noisy$i" > /dev/null
+  "$moe" export hf "noisy$i" --out "noisy$i-hf" > /dev/null
+done
+diff -r noisy1-hf noisy2-hf > /dev/null || { echo "FAIL: upcycle noise not reproducible" >&2; exit 1; }
+"$venv/bin/python" - <<'PY' || exit 1
+import glob, sys
+from safetensors.numpy import load_file
+def tensors(d): return {k: v for f in sorted(glob.glob(d + "/*.safetensors")) for k, v in load_file(f).items()}
+dense, noisy = tensors("llama-made-by-transformers"), tensors("noisy1-hf")
+for layer in range(2):
+    w = dense[f"model.layers.{layer}.mlp.gate_proj.weight"]
+    experts = [noisy[f"model.layers.{layer}.block_sparse_moe.experts.{e}.w1.weight"] for e in range(4)]
+    for e, x in enumerate(experts):
+        ratio = x / w - 1
+        if not (0.045 < ratio.std() < 0.055 and abs(ratio.mean()) < 0.01):
+            sys.exit(f"FAIL: layer {layer} expert {e}: x / w - 1 has mean {ratio.mean()} std {ratio.std()}, not ~N(0, 0.05)")
+    if any((experts[a] == experts[b]).all() for a in range(4) for b in range(a)):
+        sys.exit(f"FAIL: layer {layer}: two upcycled experts are equal despite the noise")
+print("ok: upcycle noise: each expert weight w (1 + 0.05 e), the experts differ")
+PY
 echo "ok: exports loaded by transformers agree with moe logits"
