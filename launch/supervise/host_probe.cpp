@@ -119,15 +119,8 @@ void judge(const ProbeSpec& spec, const Running& r, HostProbe* probe) {
     }
 }
 
-Running start_probe(const std::string& host, const std::vector<std::string>& peers, const ProbeSpec& spec) {
-  std::vector<std::string> args;
-  if (host_is_local(host)) {
-    args = {"sh", "-c", probe_command(spec, peers)};
-  } else {
-    args = spec.agent;
-    args.push_back(host);
-    args.push_back(probe_command(spec, peers));
-  }
+// Starts `args` with its output (stdout and stderr) on a pipe that advance() reads.
+Running start_reading(const std::string& host, const std::vector<std::string>& args) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);
   int pipe_fds[2];
@@ -144,6 +137,20 @@ Running start_probe(const std::string& host, const std::vector<std::string>& pee
   ::close(pipe_fds[1]);
   ::fcntl(r.out, F_SETFL, O_NONBLOCK);
   return r;
+}
+
+Running start_probe(const std::string& host, const std::vector<std::string>& peers, const ProbeSpec& spec) {
+  if (host_is_local(host)) return start_reading(host, {"sh", "-c", probe_command(spec, peers)});
+  std::vector<std::string> args = spec.agent;
+  args.push_back(host);
+  args.push_back(probe_command(spec, peers));
+  return start_reading(host, args);
+}
+
+Running start_daemon_check(const std::string& host, const ProbeSpec& spec) {
+  std::vector<std::string> args = spec.daemon_check;
+  args.insert(args.end(), {"--host", host + ":1", "-np", "1", "true"});
+  return start_reading(host, args);
 }
 
 // Reads what is there; reaps the probe once its output has ended.
@@ -174,6 +181,58 @@ std::vector<std::string> rsh_agent_command(const std::vector<std::string>& mpiru
   return command;
 }
 
+namespace {
+
+// Waits for every one of `running` (started at `started`) until timeout_s has passed since then; what is still
+// running then is killed. Each one's seconds go to `seconds`.
+void wait_all(std::vector<Running>& running, double started, double timeout_s, std::vector<double>* seconds) {
+  for (;;) {
+    bool all_done = true;
+    for (size_t i = 0; i < running.size(); ++i) {
+      if (running[i].done) continue;
+      advance(running[i]);
+      if (running[i].done) (*seconds)[i] = now_s() - started;
+      all_done = all_done && running[i].done;
+    }
+    if (all_done || now_s() - started > timeout_s) break;
+    ::usleep(20000);
+  }
+  for (size_t i = 0; i < running.size(); ++i) {
+    Running& r = running[i];
+    if (!r.done && r.pid > 0) {
+      ::kill(-r.pid, SIGKILL);  // its process group: the remote shell and what it started here
+      ::waitpid(r.pid, nullptr, 0);
+      (*seconds)[i] = now_s() - started;
+    }
+    advance(r);
+    if (r.out >= 0) ::close(r.out);
+  }
+}
+
+// The daemon check of the hosts that passed the probe (ProbeSpec::daemon_check).
+void check_daemons(const ProbeSpec& spec, std::vector<HostProbe>* probes) {
+  std::vector<HostProbe*> checked;
+  std::vector<Running> running;
+  for (HostProbe& p : *probes)
+    if (p.ok) checked.push_back(&p), running.push_back(start_daemon_check(p.host, spec));
+  std::vector<double> seconds(running.size());
+  wait_all(running, now_s(), spec.timeout_s, &seconds);
+  for (size_t i = 0; i < running.size(); ++i) {
+    HostProbe& p = *checked[i];
+    p.seconds += seconds[i];
+    const Running& r = running[i];
+    const int code = !r.done ? -1 : WIFEXITED(r.status) ? WEXITSTATUS(r.status) : 128 + WTERMSIG(r.status);
+    if (code == 0) continue;
+    p.ok = false;
+    p.reason = code < 0 ? "mpirun could not start a process there within " +
+                              std::to_string(int64_t(std::ceil(spec.timeout_s))) + " s (fault.probe_timeout_s)"
+                        : "mpirun cannot start its daemon or a process there (exit code " + std::to_string(code) +
+                              ": " + last_line(r.text) + ")";
+  }
+}
+
+}  // namespace
+
 std::vector<HostProbe> probe_hosts(const std::vector<std::string>& hosts, const ProbeSpec& spec) {
   const double started = now_s();
   std::vector<Running> running;
@@ -185,28 +244,13 @@ std::vector<HostProbe> probe_hosts(const std::vector<std::string>& hosts, const 
       if (h != hosts[i]) peers.push_back(h);
     running.push_back(start_probe(hosts[i], peers, spec));
   }
-  for (;;) {
-    bool all_done = true;
-    for (size_t i = 0; i < running.size(); ++i) {
-      if (running[i].done) continue;
-      advance(running[i]);
-      if (running[i].done) probes[i].seconds = now_s() - started;
-      all_done = all_done && running[i].done;
-    }
-    if (all_done || now_s() - started > spec.timeout_s) break;
-    ::usleep(20000);
-  }
+  std::vector<double> seconds(hosts.size());
+  wait_all(running, started, spec.timeout_s, &seconds);
   for (size_t i = 0; i < running.size(); ++i) {
-    Running& r = running[i];
-    if (!r.done && r.pid > 0) {
-      ::kill(-r.pid, SIGKILL);  // its process group: the remote shell and what it started here
-      ::waitpid(r.pid, nullptr, 0);
-      probes[i].seconds = now_s() - started;
-    }
-    advance(r);
-    if (r.out >= 0) ::close(r.out);
-    judge(spec, r, &probes[i]);
+    probes[i].seconds = seconds[i];
+    judge(spec, running[i], &probes[i]);
   }
+  if (!spec.daemon_check.empty()) check_daemons(spec, &probes);
   return probes;
 }
 

@@ -20,6 +20,11 @@ struct ProbeSpec {
   // Each host also tries a TCP connection to every other probed host (port 22, ssh's; a refusal counts as reached,
   // since it came back), twice within a third of timeout_s, so that a partition between hosts is seen.
   bool check_peers = true;
+  // Non-empty: mpirun and its options. Each host that passes the checks above then runs `true` through its own
+  // mpirun (`--host HOST:1 -np 1`), all at once within timeout_s, so that a host where mpirun cannot start its
+  // daemon (a broken or mismatched MPI there) is named. Used after a start that failed before every host's ranks
+  // reported: the only evidence mpirun gives of which host it was is a message meant for people.
+  std::vector<std::string> daemon_check;
 };
 
 struct HostProbe {

@@ -216,10 +216,30 @@ struct Attempt {
   int64_t max_step = 0;
 };
 
+// mpirun and the options given to moe launch for it.
+std::vector<std::string> mpirun_prefix(const LaunchOptions& o) {
+  std::vector<std::string> args = {o.mpirun};
+  args.insert(args.end(), o.mpirun_args.begin(), o.mpirun_args.end());
+  if (::geteuid() == 0 && std::find(args.begin(), args.end(), "--allow-run-as-root") == args.end())
+    args.push_back("--allow-run-as-root");
+  return args;
+}
+
+// The job's hosts from which no rank reported in attempt `a`.
+std::vector<std::string> unheard_hosts(const HostPool& pool, const Attempt& a) {
+  std::set<std::string> heard;
+  for (const auto& [rank, r] : a.ranks) heard.insert(r.host);
+  std::vector<std::string> unheard;
+  for (const HostSlots& h : pool.active)
+    if (!heard.count(h.name)) unheard.push_back(h.name);
+  return unheard;
+}
+
 // mpirun with an argument vector (no shell ever sees a config value), in a process group of its own.
 pid_t spawn_job(Launch& l, int64_t attempt, int64_t np, const std::string& hostfile) {
   const LaunchOptions& o = l.options;
-  std::vector<std::string> args = {o.mpirun, "-np", std::to_string(np)};
+  std::vector<std::string> args = mpirun_prefix(o);
+  args.insert(args.end(), {"-np", std::to_string(np)});
   // Ranks on other hosts get only what mpirun passes (ssh gives their daemons a login's environment).
   if (!hostfile.empty()) {
     args.insert(args.end(), {"--hostfile", hostfile});
@@ -227,9 +247,6 @@ pid_t spawn_job(Launch& l, int64_t attempt, int64_t np, const std::string& hostf
          {"MOE_HEARTBEAT_ADDR", "MOE_HEARTBEAT_SECRET", "MOE_LAUNCH_ATTEMPT", RunLock::kTokenVariable})
       args.insert(args.end(), {"-x", name});
   }
-  args.insert(args.end(), o.mpirun_args.begin(), o.mpirun_args.end());
-  if (::geteuid() == 0 && std::find(args.begin(), args.end(), "--allow-run-as-root") == args.end())
-    args.push_back("--allow-run-as-root");
   args.insert(args.end(), {l.self, "train", "--config", o.config_path, "--run-dir", l.run_dir});
   for (const std::string& s : o.overrides) args.insert(args.end(), {"--set", s});
   if (np != o.np) args.insert(args.end(), {"--set", "parallel.dp=auto"});
@@ -468,8 +485,13 @@ bool prepare_restart(Launch& l, const json& failure, int64_t* restarts, int64_t*
 // With --hostfile, before every start: the hosts probed, the lost ones left out and replaced
 // (launch/supervise/host_check.h), and a new hostfile when the job's hosts changed. False when a lost host cannot be
 // replaced (the job gives up).
-bool start_on_healthy_hosts(Launch& l, HostPool* pool, int64_t* np, std::string* hostfile, int64_t attempt) {
-  const PoolCheck check = check_pool(pool, np, l.probe, l.config, attempt);
+// With `daemons`, each host also starts a process through mpirun (ProbeSpec::daemon_check): after a start that failed
+// before some host's ranks reported.
+bool start_on_healthy_hosts(Launch& l, HostPool* pool, int64_t* np, std::string* hostfile, int64_t attempt,
+                            bool daemons) {
+  ProbeSpec probe = l.probe;
+  if (daemons) probe.daemon_check = mpirun_prefix(l.options);
+  const PoolCheck check = check_pool(pool, np, probe, l.config, attempt);
   for (const json& e : check.events) l.events.add(e);
   if (!check.give_up.empty()) {
     l.events.open();
@@ -524,9 +546,11 @@ int supervise(Launch& l, RunLock& lock) {
   HostPool pool;  // the job's hosts and the spares
   if (!hostfile.empty()) pool = split_hosts(read_hostfile(hostfile), np);
   std::map<std::string, int64_t> failures_by_host;
+  bool check_daemons = false;  // the last attempt failed before some host's ranks reported
   for (int64_t attempt = 0;; ++attempt) {
     if (g_signals) return stop_on_signal(l, nullptr, {{"attempt", attempt}, {"while", "between attempts"}});
-    if (!pool.active.empty() && !start_on_healthy_hosts(l, &pool, &np, &hostfile, attempt)) return kExitGaveUp;
+    if (!pool.active.empty() && !start_on_healthy_hosts(l, &pool, &np, &hostfile, attempt, check_daemons))
+      return kExitGaveUp;
     Attempt a;
     a.attempt = attempt, a.np = np;
     const pid_t mpirun = spawn_job(l, attempt, np, hostfile);
@@ -559,6 +583,9 @@ int supervise(Launch& l, RunLock& lock) {
       l.events.add(outcome);
     } else {
       outcome.update({{"killed_stragglers", end.killed}, {"processes_left", end.left}});
+      const std::vector<std::string> unheard = unheard_hosts(pool, a);
+      check_daemons = !unheard.empty();
+      if (check_daemons) outcome["hosts_unheard"] = unheard;
       l.events.add(outcome);
     }
     for (const auto& [reason, count] : a.ignored)

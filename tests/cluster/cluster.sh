@@ -15,6 +15,8 @@
 #   cluster_kill HOST           SIGKILL to every process of the host (the host itself stays up)
 #   cluster_freeze HOST / cluster_thaw HOST  SIGSTOP / SIGCONT to every process of the host
 #   cluster_wipe_disk HOST      deletes everything on the host's node-local disk
+#   cluster_break_daemon HOST / cluster_fix_daemon HOST  OpenMPI's daemon (orted) on the host exits 1 at once
+#                               (/bin/false bound over it in the host's mount namespace) / works again
 #   cluster_rate HOST RATE      limits the host's link both ways to RATE (tc tbf, e.g. 20mbit); "off" removes it
 #   cluster_partition A... -- B...   hosts A and hosts B no longer reach each other (each still reaches the
 #                               login node and its own group); cluster_unpartition removes every partition
@@ -150,6 +152,9 @@ cluster_up() {
 # Every process whose network namespace is the host's (the holder too).
 cluster_host_pids() { ip netns pids "$(cluster_host_var "$1" netns)" 2> /dev/null; }
 cluster_holder() { cluster_host_var "$1" holder; }
+
+cluster_break_daemon() { nsenter --target "$(cluster_holder "$1")" --mount mount --bind /bin/false "$(command -v orted)"; }
+cluster_fix_daemon() { nsenter --target "$(cluster_holder "$1")" --mount umount "$(command -v orted)"; }
 
 cluster_cut() { ip link set "$(cluster_host_var "$1" veth)" down; }
 cluster_heal() { ip link set "$(cluster_host_var "$1" veth)" up; }

@@ -8,7 +8,9 @@
 # - node-local checkpoints and mh2's disk wiped as all its processes are killed: mh2 is kept, and what lived only on
 #   its disk comes from the peer copies on mh1;
 # - a partition, {mh1} | {mh2, mh3}, every host still reaching this machine: the probe's connections between the
-#   hosts find it, mh1 (reaching no other host) is left out and mh3 takes its place.
+#   hosts find it, mh1 (reaching no other host) is left out and mh3 takes its place;
+# - mpirun's daemon broken on mh2 (which passes the probe): the failed start is attributed to mh2 by starting a
+#   process through mpirun on each host, and mh3 takes its place.
 # Prints what each recovery took.
 #
 # Usage: test_host_faults.sh MOE_BINARY SOURCE_DIR (as root)
@@ -140,5 +142,20 @@ check "partition: finished on mh2 and mh3 after 1 restart" \
   test "$(events_of partition finished restarts hosts_heard)" = '{"hosts_heard": ["mh2", "mh3"], "restarts": 1}'
 check "partition: the losses of the uninterrupted run, bit for bit" same_losses partition
 cluster_unpartition
+
+# ---- mpirun cannot start its daemon on mh2 (mh2 passes the probe): the start fails before mh2's ranks report; the
+# restart's probe starts a process through mpirun on each host, so mh2 is named, left out, and mh3 takes its place.
+cluster_break_daemon mh2 || echo "FAIL: cannot break mh2's orted"
+faulted daemon true
+check "daemon: exit 0 ($(tail -3 daemon.err))" test $rc = 0
+check "daemon: the first start failed with no rank heard from mh2" \
+  contains "$(events_of daemon crash attempt hosts_unheard)" '"attempt": 0, "hosts_unheard": ["mh1", "mh2"]'
+check "daemon: mh2 lost as mpirun could not start there ($(events_of daemon host_lost reason | cut -c1-240))" \
+  contains "$(events_of daemon host_lost host reason)" '"host": "mh2", "reason": "mpirun cannot start its daemon'
+check "daemon: mh3 took mh2's place" test "$(events_of daemon host_replaced host by)" = '{"by": "mh3", "host": "mh2"}'
+check "daemon: finished on mh1 and mh3 after 1 restart" \
+  test "$(events_of daemon finished restarts hosts_heard)" = '{"hosts_heard": ["mh1", "mh3"], "restarts": 1}'
+check "daemon: the losses of the uninterrupted run, bit for bit" same_losses daemon
+cluster_fix_daemon mh2
 
 checks_summary

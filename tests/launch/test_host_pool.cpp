@@ -127,6 +127,40 @@ TEST(HostProbe, AHostThatNeverAnswersFailsWithinTheTimeout) {
   EXPECT_TRUE(probes[1].ok) << probes[1].reason;  // this machine is probed without the remote shell
 }
 
+// The daemon check: a stand-in mpirun that fails for one host (its --host HOST:1 is $2) and starts `true` for the
+// others; only the hosts that passed the probe are checked.
+TEST(HostProbe, AHostWhereMpirunCannotStartItsDaemonIsNamedWithMpirunsMessage) {
+  ProbeSpec spec = spec_with(kHere);
+  spec.check_peers = false;
+  spec.daemon_check = {"sh", "-c",
+                       "case $2 in localhost:1) echo 'ORTE was unable to reliably start one or more daemons.' >&2; "
+                       "exit 213;; esac; shift 4; exec \"$@\"",
+                       "mpirun"};
+  auto probes = probe_hosts({kRemote, "localhost"}, spec);
+  EXPECT_TRUE(probes[0].ok) << probes[0].reason;
+  EXPECT_FALSE(probes[1].ok);
+  EXPECT_NE(probes[1].reason.find("mpirun cannot start its daemon or a process there (exit code 213: ORTE was "
+                                  "unable to reliably start one or more daemons.)"),
+            std::string::npos)
+      << probes[1].reason;
+  spec.program = "/tmp/moe-no-such-program";  // the probe fails first: no daemon check, the probe's reason
+  probes = probe_hosts({"localhost"}, spec);
+  EXPECT_NE(probes[0].reason.find("is missing"), std::string::npos) << probes[0].reason;
+}
+
+TEST(HostProbe, ADaemonCheckThatNeverEndsFailsWithinTheTimeout) {
+  ProbeSpec spec = spec_with(kHere);
+  spec.check_peers = false;
+  spec.timeout_s = 0.5;
+  spec.daemon_check = {"sh", "-c", "sleep 60", "mpirun"};
+  const auto started = std::chrono::steady_clock::now();
+  const auto probes = probe_hosts({kRemote}, spec);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), 30);
+  EXPECT_FALSE(probes[0].ok);
+  EXPECT_NE(probes[0].reason.find("mpirun could not start a process there within 1 s"), std::string::npos)
+      << probes[0].reason;
+}
+
 TEST(HostProbe, TheRemoteShellIsMpirunsAgent) {
   ::unsetenv("OMPI_MCA_plm_rsh_agent");
   EXPECT_EQ(rsh_agent_command({}, 7),
