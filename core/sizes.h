@@ -172,7 +172,8 @@ inline double adamw_state(double updated) { return 2 * adamw_moment(updated); }
 // ---- The CUDA backend's GEMM operands (core/backend/cuda/cuda_backend.cu) ----
 
 // With bf16 GEMMs, a GEMM rounds its activation operands (rows, a) and (rows, b) into bf16 workspace: half an
-// fp32 element each.
+// fp32 element each. Declared for the estimate: the backend takes it per call from the call's shapes, as it does
+// the fused attention backward's (mha_fused_backward_workspace).
 inline double bf16_operand_workspace(double rows, double a, double b) { return rows * (a + b) / 2; }
 
 }  // namespace moe::sizes
