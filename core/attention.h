@@ -13,6 +13,7 @@
 
 #include "core/backend/backend.h"
 #include "core/params.h"
+#include "core/sizes.h"
 
 namespace moe {
 
@@ -57,19 +58,19 @@ class MhaAttention final : public Attention<T> {
   void set_keep_probabilities(bool keep) override { keep_probs_ = keep; }
   // q, k, v, the attention's output (N, Dq) each and, when kept, the probabilities (B, Hl, T, T), with Hl
   // the shard's heads and Dq their width; fused: the statistics (B, Hl, T) instead of the probabilities.
-  int64_t activation_size(int64_t N) const override {
-    return 4 * N * Dq_ + (fused(N) ? N * Hl_ : keep_probs_ ? probs_size(N) : 0);
-  }
+  int64_t activation_size(int64_t N) const override { return sizes::elements(sizes::mha(shape(N), N).activations); }
   // dq, dk, dv, d(att) (N, Dq) each and, plain, one (T, T) block and, when not kept, the recomputed probabilities.
-  int64_t scratch_size(int64_t N) const override {
-    return 4 * N * Dq_ + (fused(N) ? 0 : T_ * T_ + (keep_probs_ ? 0 : probs_size(N)));
-  }
+  int64_t scratch_size(int64_t N) const override { return sizes::elements(sizes::mha(shape(N), N).scratch); }
   double forward_flops(int64_t N) const override;
   void forward(const T* x, T* y, T* acts, T* scratch, int64_t B) override;
   void backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) override;
 
  private:
   int64_t probs_size(int64_t N) const { return N * Hl_ * T_; }  // B * Hl * T * T
+  // The shard's shape for N tokens, as core/sizes.h declares its sizes.
+  sizes::MhaShape shape(int64_t N) const {
+    return {double(D_), double(Hl_), double(Dq_), double(T_), keep_probs_, fused(N)};
+  }
   // Whether the backend runs the fused form for N tokens (B = N / T sequences); the backend keeps the answer.
   bool fused(int64_t N) const { return N > 0 && ops_.fused_attention_supported(N / T_, T_, Hl_, D_ / H_); }
   // The plain form's attention op (probabilities kept in acts after att, or in scratch) and its backward.

@@ -10,6 +10,7 @@
 
 #include "core/backend/backend.h"
 #include "core/params.h"
+#include "core/sizes.h"
 
 namespace moe {
 
@@ -72,8 +73,12 @@ class LmHead final : public OutputHead<T> {
   LmHead(Backend& backend, int64_t vocab, int64_t d_model);
   void register_params(ParamTable& table) override;
   void bind(const ParamTable& table, T* params, T* grads) override;
-  int64_t activation_size(int64_t N) const override { return N * V_; }  // the logits
-  int64_t scratch_size(int64_t N) const override { return N * V_; }     // their gradient
+  int64_t activation_size(int64_t N) const override {  // the logits
+    return sizes::elements(sizes::lm_head(double(N), double(V_)).activations);
+  }
+  int64_t scratch_size(int64_t N) const override {  // their gradient
+    return sizes::elements(sizes::lm_head(double(N), double(V_)).scratch);
+  }
   double forward_flops(int64_t N) const override { return 2.0 * double(N) * double(D_) * double(V_); }
   void forward(const T* xo, const int32_t* targets, T* losses, T* acts, int64_t N) override;
   void backward(const T* xo, const int32_t* targets, T scale, const T* acts, T* scratch, T* dxo, int64_t N) override;

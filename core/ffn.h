@@ -14,6 +14,7 @@
 
 #include "core/backend/backend.h"
 #include "core/params.h"
+#include "core/sizes.h"
 
 namespace moe {
 
@@ -109,8 +110,12 @@ class DenseMlp final : public FeedForward<T> {
   DenseMlp(Backend& backend, int64_t d_model, int64_t hidden, int64_t layers_total, TpShard shard = {});
   void register_params(ParamTable& table, const std::string& prefix) override;
   void bind(const ParamTable& table, T* params, T* grads) override;
-  int64_t activation_size(int64_t N) const override { return 3 * N * F_; }
-  int64_t scratch_size(int64_t N) const override { return 3 * N * F_; }
+  int64_t activation_size(int64_t N) const override {
+    return sizes::elements(sizes::dense_mlp(double(N), double(F_)).activations);
+  }
+  int64_t scratch_size(int64_t N) const override {
+    return sizes::elements(sizes::dense_mlp(double(N), double(F_)).scratch);
+  }
   using FeedForward<T>::forward;
   using FeedForward<T>::backward;
   void forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot* slot, int64_t N) override;

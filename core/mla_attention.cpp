@@ -30,7 +30,7 @@ MlaAttention<T>::MlaAttention(Backend& backend, int64_t d_model, int64_t heads, 
   MOE_CHECK(heads > 0 && D_ % H_ == 0, "d_model " << D_ << " and heads " << H_);
   MOE_CHECK(C_ >= 1 && Cq_ >= 1 && R_ >= 2 && R_ % 2 == 0,
             "latent attention ranks " << C_ << " (kv), " << Cq_ << " (q) and an even rotary width, not " << R_);
-  std::vector<T> identity(size_t(R_ * R_), T(0));
+  std::vector<T> identity(size_t(sizes::elements(sizes::mla_identity(this->shape()))), T(0));
   for (int64_t i = 0; i < R_; ++i) identity[size_t(i * R_ + i)] = T(1);
   identity_ = backend.upload(identity);
 }

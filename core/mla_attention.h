@@ -35,25 +35,23 @@ class MlaAttention final : public Attention<T> {
   void set_keep_probabilities(bool keep) override { keep_probs_ = keep; }
   // c_q (N, Cq), c_kv (N, C), q, k, v, the attention's output (N, W) each, W = H (Dh + R), when kept the
   // probabilities (B, H, T, T), and with norms the latents before them and their inverse RMS (N) each.
-  int64_t activation_size(int64_t N) const override {
-    return N * (Cq_ + C_ + 4 * W_) + (keep_probs_ ? probs_size(N) : 0) + norm_acts_size(N);
-  }
+  int64_t activation_size(int64_t N) const override { return sizes::elements(sizes::mla(shape(), N).activations); }
   // dq, dk, dv, d(att) (N, W) each, one (T, T) block, dc_q, dc_kv, the rotary parts (N, H R) and (N, R), and
   // when not kept the recomputed probabilities, and with norms the gradients of the latents before them.
-  int64_t scratch_size(int64_t N) const override {
-    return 4 * N * W_ + T_ * T_ + N * (Cq_ + C_ + H_ * R_ + R_) + (keep_probs_ ? 0 : probs_size(N)) +
-           (norms_ ? N * (Cq_ + C_) : 0);
-  }
+  int64_t scratch_size(int64_t N) const override { return sizes::elements(sizes::mla(shape(), N).scratch); }
   double forward_flops(int64_t N) const override;
   void forward(const T* x, T* y, T* acts, T* scratch, int64_t B) override;
   void backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) override;
   // Elements a key/value cache would keep per token and layer: c_kv and the shared rotary key (C + R),
   // against 2 D for multi-head attention.
-  int64_t kv_cache_elements_per_token() const { return C_ + R_; }
+  int64_t kv_cache_elements_per_token() const { return sizes::elements(sizes::mla_kv_cache(shape())); }
 
  private:
   int64_t probs_size(int64_t N) const { return N * H_ * T_; }
-  int64_t norm_acts_size(int64_t N) const { return norms_ ? N * (Cq_ + C_ + 2) : 0; }
+  // The layer's shape, as core/sizes.h declares its sizes.
+  sizes::MlaShape shape() const {
+    return {double(D_), double(H_), double(T_), double(C_), double(Cq_), double(R_), norms_, keep_probs_};
+  }
   // With norms: the latents before them (N, Cq) and (N, C), then their inverse RMS (N) each.
   T* norm_acts(T* acts, int64_t N) const { return acts + N * (Cq_ + C_ + 4 * W_) + (keep_probs_ ? probs_size(N) : 0); }
   const T* norm_acts(const T* acts, int64_t N) const { return norm_acts(const_cast<T*>(acts), N); }

@@ -108,7 +108,8 @@ void Model<T>::make_scratch() {
   int64_t layer_scratch = head_ ? head_->scratch_size(N) : 0;
   for (const auto& f : ffn_) layer_scratch = std::max(layer_scratch, f->scratch_size(R));
   for (const auto& a : attn_) layer_scratch = std::max(layer_scratch, a->scratch_size(R));
-  scratch_ = backend_.allocate(dtype_of<T>(), 4 * R * D + layer_scratch);
+  scratch_ =
+      backend_.allocate(dtype_of<T>(), sizes::elements(sizes::model_scratch(double(R), double(D))) + layer_scratch);
   T* cursor = scratch_.template data<T>();
   for (T** p : {&ffn_out_, &dres_, &dtmp_, &dnorm_}) *p = cursor, cursor += R * D;
   layer_scratch_ = cursor;
@@ -120,8 +121,11 @@ void Model<T>::make_slot(Slot& slot) {
   int64_t own = 0;  // the saved activations of the layers not fully recomputed
   for (int64_t i = 0; i < L; ++i)
     if (recompute_[size_t(i)] != Recompute::Full) own += acts_size(i);
-  const int64_t head = stage_.head ? R * D + R + head_->activation_size(N) : 0;
-  slot.arena = backend_.allocate(dtype_of<T>(), (L + 1) * R * D + own + head);
+  const int64_t head =
+      stage_.head ? sizes::elements(sizes::output_norm_activations(double(R), double(D))) + head_->activation_size(N)
+                  : 0;
+  const int64_t residual = sizes::elements(sizes::residual_stream(double(L), double(R), double(D)));
+  slot.arena = backend_.allocate(dtype_of<T>(), residual + own + head);
   T* cursor = slot.arena.template data<T>();
   for (int64_t l = 0; l <= L; ++l, cursor += R * D) slot.x.push_back(cursor);
   for (int64_t i = 0; i < L; ++i) {
@@ -150,7 +154,8 @@ void Model<T>::make_slot(Slot& slot) {
 template <typename T>
 int64_t Model<T>::acts_size(int64_t i) const {
   const int64_t R = rows(max_batch_ * T_), D = shape_.d_model;
-  return 3 * R * D + 2 * R + attn_[size_t(i)]->activation_size(R) + ffn_[size_t(i)]->activation_size(R);
+  return sizes::elements(sizes::block_activations(double(R), double(D))) + attn_[size_t(i)]->activation_size(R) +
+         ffn_[size_t(i)]->activation_size(R);
 }
 
 template <typename T>

@@ -92,12 +92,20 @@ void MoeLayer<T>::bind(const ParamTable& table, T* params, T* grads) {
 }
 
 template <typename T>
+sizes::MoeShape MoeLayer<T>::shape(int64_t N) const {
+  // The shared experts and the fallback split their hidden units like the experts.
+  return {double(s_.d_model),
+          double(s_.num_experts),
+          double(s_.top_k),
+          double(group_tokens(N)),
+          double(N),
+          shared_ ? double(s_.shared_experts * s_.expert_hidden / s_.expert_tp) : 0.0,
+          fallback_ ? double(s_.fallback_hidden / s_.expert_tp) : 0.0};
+}
+
+template <typename T>
 int64_t MoeLayer<T>::activation_size(int64_t N) const {
-  const int64_t D = s_.d_model, E = s_.num_experts, K = s_.top_k;
-  int64_t n = 2 * group_tokens(N) * E + N * K * D;
-  if (shared_) n += shared_->activation_size(N) + N * D;
-  if (fallback_) n += 2 * N * D + fallback_->activation_size(N);
-  return n;
+  return sizes::elements(sizes::moe_activations(shape(N)));
 }
 
 template <typename T>
@@ -347,24 +355,19 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
   const ActsView v = carve(const_cast<T*>(acts), N);
   const int64_t M = st.plan.rows(), R = st.exchange.received;
   const int64_t Mf = int64_t(st.fallback_token.size());
-  const int64_t shared_scratch = shared_ ? shared_->scratch_size(N) : 0;
-  const int64_t fb_rows = std::max<int64_t>(Mf, 1);
-  const int64_t fb_scratch = fallback_ ? fallback_->scratch_size(fb_rows) + 2 * fb_rows * D : 0;
-  const int64_t experts_scratch = GroupedExperts<T>::scratch_size(R, F);
   const int64_t G = group_tokens(N);
-  const int64_t need =
-      2 * M * D + 2 * R * D + experts_scratch + 2 * G * E + G * K + std::max(shared_scratch, fb_scratch);
-  backend_.reserve(scratch_, dtype_of<T>(), need);
+  const sizes::RoutedRows rows{double(M), double(R), double(Mf)};
+  backend_.reserve(scratch_, dtype_of<T>(), sizes::elements(sizes::moe_backward_scratch(shape(N), rows, double(F))));
   T* c = scratch_.template data<T>();
-  T* dyp = c;                      // (M, D) token side
-  T* dxp = (c += M * D);           // (M, D) token side
-  T* dye = (c += M * D);           // (R, D) expert side
-  T* dxe = (c += R * D);           // (R, D) expert side
-  T* es = (c += R * D);            // experts' scratch
-  T* dp = (c += experts_scratch);  // (G, E), the whole routing group's
-  T* dz = (c += G * E);            // (G, E)
-  T* dw = (c += G * E);            // (G K)
-  T* sub = (c += G * K);           // shared experts' or fallback's scratch (used one after the other)
+  T* dyp = c;                                            // (M, D) token side
+  T* dxp = (c += M * D);                                 // (M, D) token side
+  T* dye = (c += M * D);                                 // (R, D) expert side
+  T* dxe = (c += R * D);                                 // (R, D) expert side
+  T* es = (c += R * D);                                  // experts' scratch
+  T* dp = (c += GroupedExperts<T>::scratch_size(R, F));  // (G, E), the whole routing group's
+  T* dz = (c += G * E);                                  // (G, E)
+  T* dw = (c += G * E);                                  // (G K)
+  T* sub = (c += G * K);  // shared experts' or fallback's scratch (used one after the other)
   ops_.fill(dp, T(0), G * E);
   ops_.fill(dz, T(0), G * E);
   ops_.fill(dw, T(0), G * K);

@@ -140,6 +140,8 @@ class MoeLayer final : public FeedForward<T> {
   void router_backward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v, T* dw, T* dp,
                        T* dz, T* dx, int64_t N);
   int64_t group_tokens(int64_t N) const { return N * s_.token_shards; }
+  // The layer's shape for this rank's N tokens, as core/sizes.h declares its sizes.
+  sizes::MoeShape shape(int64_t N) const;
 
   Backend& backend_;
   Ops<T>& ops_;

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/backend/ops.h"
+#include "core/sizes.h"
 
 namespace moe {
 
@@ -28,8 +29,8 @@ AdamW::AdamW(Backend& backend, const ParamTable& table, AdamWSettings settings, 
       pieces_.push_back({lo, hi - lo, spec.weight_decay, state});
       state += hi - lo;
     }
-  m_ = backend.allocate(DType::F32, state);
-  v_ = backend.allocate(DType::F32, state);
+  m_ = backend.allocate(DType::F32, sizes::elements(sizes::adamw_moment(double(state))));
+  v_ = backend.allocate(DType::F32, sizes::elements(sizes::adamw_moment(double(state))));
 }
 
 void AdamW::step(float* params, const float* grads, double lr) {

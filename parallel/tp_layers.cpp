@@ -2,6 +2,7 @@
 #include "parallel/tp_layers.h"
 
 #include "core/error.h"
+#include "core/sizes.h"
 #include "parallel/tp_mappings.h"
 #include "parallel/vocab_parallel.h"
 
@@ -35,7 +36,9 @@ void summed_rows(Backend& backend, const TpContext& tp, Ops<T>& ops, T* partial,
 
 // The wrappers' backward scratch before the shard's: under sequence parallelism the gathered input, the
 // gathered output gradient and the input's partial gradient (N, D) each; without, none (the rows are there).
-int64_t wrapper_scratch(const TpContext& tp, int64_t N, int64_t D) { return tp.sequence_parallel ? 3 * N * D : 0; }
+int64_t wrapper_scratch(const TpContext& tp, int64_t N, int64_t D) {
+  return sizes::elements(sizes::tp_wrapper_scratch(tp.sequence_parallel, double(N), double(D)));
+}
 
 }  // namespace
 

@@ -26,6 +26,7 @@
 #include "core/ffn.h"
 #include "core/model.h"
 #include "core/moe_layer.h"
+#include "core/sizes.h"
 #include "parallel/communicator.h"
 
 namespace moe {
@@ -194,10 +195,10 @@ class VocabParallelHead final : public OutputHead<T> {
   void register_params(ParamTable& table) override;
   void bind(const ParamTable& table, T* params, T* grads) override;
   // The block's logits (N, Vl) and their log-sum-exp (N).
-  int64_t activation_size(int64_t N) const override { return N * Vl_ + N; }
+  int64_t activation_size(int64_t N) const override { return sizes::elements(footprint(N).activations); }
   // The block's logit gradients (N, Vl), the input's partial gradient (N, D) and, under sequence
   // parallelism, the input gathered again (N, D).
-  int64_t scratch_size(int64_t N) const override { return N * Vl_ + N * D_ + (tp_.sequence_parallel ? N * D_ : 0); }
+  int64_t scratch_size(int64_t N) const override { return sizes::elements(footprint(N).scratch); }
   double forward_flops(int64_t N) const override { return 2.0 * double(N) * double(D_) * double(Vl_); }
   void forward(const T* xo, const int32_t* targets, T* losses, T* acts, int64_t N) override;
   void backward(const T* xo, const int32_t* targets, T scale, const T* acts, T* scratch, T* dxo, int64_t N) override;
@@ -205,6 +206,10 @@ class VocabParallelHead final : public OutputHead<T> {
  private:
   Backend& backend_;
   Ops<T>& ops_;
+  sizes::Footprint footprint(int64_t N) const {
+    return sizes::vocab_parallel_head(double(N), double(Vl_), double(D_), tp_.sequence_parallel);
+  }
+
   TpContext tp_;
   int64_t V_, Vl_, D_;
   Buffer work_;  // the gathered input of one forward

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/backend/backend.h"
+#include "core/sizes.h"
 
 namespace moe {
 
@@ -32,7 +33,9 @@ class GroupedExperts {
   void forward(const std::vector<int64_t>& offset, ExpertActs<T>& acts, T* y) const;
   // dy: (R, D); scratch: 3 R F; dx: (R, D) written; parameter gradients accumulate.
   void backward(const std::vector<int64_t>& offset, const ExpertActs<T>& acts, const T* dy, T* scratch, T* dx) const;
-  static int64_t scratch_size(int64_t R, int64_t hidden) { return 3 * R * hidden; }
+  static int64_t scratch_size(int64_t R, int64_t hidden) {
+    return sizes::elements(sizes::experts_scratch(double(R), double(hidden)));
+  }
 
  private:
   typename Ops<T>::ExpertMlp mlp(const std::vector<int64_t>& offset) const {

@@ -1,6 +1,7 @@
-// The memory estimate (launch/config/memory.h): element counts that mirror what core/model.cpp (make_slot,
-// acts_size, make_scratch), core/attention.h, core/ffn.h, core/moe_layer.cpp, core/moe/ and optim/adamw.cpp
-// allocate, with the tensor-parallel split of docs/parallel.md "Memory per rank".
+// The memory estimate (launch/config/memory.h): the config's shapes, split as docs/parallel.md "Memory per rank"
+// says one rank holds them, handed to the sizing functions every layer and the optimizer allocate with
+// (core/sizes.h); what is left here is which components a rank holds, how many of each, and the balanced routing
+// the routed rows assume.
 #include "launch/config/memory.h"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <limits>
 #include <string>
 
+#include "core/sizes.h"
 #include "parallel/pipeline.h"
 
 namespace moe {
@@ -33,7 +35,7 @@ struct Sizes {
   bool embedding, head, pipelined;  // what the stage holds; pipelined: parallel.pp > 1
   double E, K, Fe, S, Ff;           // Ff: the dense fallback's width, 0 unless moe.overflow = "dense"
   double capacity_factor;
-  bool gumbel, reroute;
+  bool gumbel, reroute, tau_learned;
   bool mla;                  // model.attention = mla (tp = 1)
   bool mla_norms;            // model.mla.norms: RMSNorms on its latents
   bool fused;                // MhaAttention on cuDNN's fused attention: train.device = cuda with bf16 GEMMs, not off
@@ -61,6 +63,7 @@ Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) 
   s.S = double(moe.shared_experts), s.Ff = moe.overflow_has("dense") ? double(moe.fallback_hidden) : 0.0;
   s.capacity_factor = moe.capacity_factor;
   s.gumbel = moe.router.noise == "gumbel", s.reroute = moe.overflow_has("reroute");
+  s.tau_learned = moe.router.tau_learned;
   s.mla = m.attention == "mla";
   s.mla_norms = s.mla && m.mla_norms;
   s.fused = !s.mla && c.train.device == "cuda" && c.train.precision == "bf16" &&
@@ -76,50 +79,50 @@ struct ParamCounts {
   double dense = 0, expert = 0;
 };
 
-// Latent attention's parameters (core/mla_attention.h): Wdq (D, Cq), Wuq (Cq, D), Wqr (Cq, H R), Wdkv (D, C),
-// Wuk, Wuv (C, D), Wkr (D, R), Wo (D, D).
-double mla_parameters(const Sizes& s) {
-  const double gains = s.mla_norms ? s.Cq + s.C : 0.0;  // the latents' norms
-  return s.D * s.Cq + s.Cq * (s.D + s.H * s.R) + s.D * s.C + 2 * s.C * s.D + s.D * s.R + s.D * s.D + gains;
+// The rows an MoE layer computes on this rank: its block of N / tp of the routing group's N, or all N when
+// its experts' hidden width is split over the tp ranks instead (expert_tp = tp).
+double moe_rows(const Sizes& s) { return s.etp > 1 ? s.N : s.N / s.tp; }
+
+// Multi-head attention's shard on this rank: H / tp heads of the D / tp columns of Wq, Wk, Wv and rows of Wo.
+sizes::MhaShape mha_shape(const Sizes& s, bool keep_probs) {
+  return {s.D, s.H / s.tp, s.D / s.tp, s.T, keep_probs, s.fused};
+}
+// Latent attention (tp = 1).
+sizes::MlaShape mla_shape(const Sizes& s, bool keep_probs) {
+  return {s.D, s.H, s.T, s.C, s.Cq, s.R, s.mla_norms, keep_probs};
+}
+// An MoE layer on this rank: its rows (moe_rows) of the routing group's N; the shared experts and the fallback
+// split by hidden width with the experts (expert_tp).
+sizes::MoeShape moe_shape(const Sizes& s) {
+  return {s.D, s.E, s.K, s.N, moe_rows(s), s.S * s.Fe / s.etp, s.Ff / s.etp};
 }
 
 ParamCounts param_counts(const Sizes& s) {
-  // Wq, Wk, Wv split by columns, Wo by rows; or latent attention's (tp = 1).
-  const double attention = s.mla ? mla_parameters(s) : 4 * s.D * s.D / s.tp;
-  const double mlp = 3 * s.D * s.F / s.tp;  // W1, W3 by columns, W2 by rows
-  // The router (D, E) whole on every tensor-parallel rank; the shared experts and the fallback too, or split
-  // by hidden width with the experts when expert_tp = tp.
-  const double moe_whole = s.D * s.E + (3 * s.D * s.S * s.Fe + 3 * s.D * s.Ff) / s.etp;
+  const double attention =
+      s.mla ? sizes::mla_parameters(mla_shape(s, true)) : sizes::mha_parameters(mha_shape(s, true));
+  const double mlp = sizes::mlp_parameters(s.D, s.F / s.tp);  // W1, W3 by columns, W2 by rows
+  // The router whole on every tensor-parallel rank; the shared experts and the fallback too, or split by hidden
+  // width with the experts when expert_tp = tp.
+  const sizes::MoeShape moe = moe_shape(s);
+  const double moe_whole = sizes::router_parameters(s.D, s.E, s.tau_learned) +
+                           (moe.shared_hidden > 0 ? sizes::mlp_parameters(s.D, moe.shared_hidden) : 0.0) +
+                           (moe.fallback_hidden > 0 ? sizes::mlp_parameters(s.D, moe.fallback_hidden) : 0.0);
   ParamCounts p;
   // Embedding (V, D) split by rows and head (D, V) by columns; the output norm and two norms per layer whole.
-  const double layers = double(s.last - s.first);
-  p.dense = (s.embedding ? s.V * s.D / s.tp : 0.0) + (s.head ? s.V * s.D / s.tp + s.D : 0.0) +
-            layers * (2 * s.D + attention) + s.dense_layers * mlp + s.moe_layers * moe_whole;
-  // E / ep experts here, each W1, W3 (D, Fe) and W2 (Fe, D), the hidden width split with expert_tp = tp.
-  p.expert = s.moe_layers * 3 * (s.E / s.ep) * s.D * (s.Fe / s.etp);
+  const double layers = double(s.last - s.first), norm = sizes::norm_parameters(s.D);
+  p.dense = (s.embedding ? sizes::embedding_parameters(s.V / s.tp, s.D) : 0.0) +
+            (s.head ? sizes::head_parameters(s.V / s.tp, s.D) + norm : 0.0) + layers * (2 * norm + attention) +
+            s.dense_layers * mlp + s.moe_layers * moe_whole;
+  // E / ep experts here, the hidden width split with expert_tp = tp.
+  p.expert = s.moe_layers * sizes::expert_parameters(s.E / s.ep, s.D, s.Fe / s.etp);
   return p;
 }
 
 // AdamW keeps two fp32 moments of what this rank updates: everything, or with ZeRO one slice of every
 // gradient bucket, dense buckets over the dp group and expert buckets over the edp group.
 double optimizer_bytes(const ParamCounts& p, bool zero, double dp, double edp) {
-  if (!zero) return 2 * kFloat * (p.dense + p.expert);
-  return 2 * kFloat * (std::ceil(p.dense / dp) + std::ceil(p.expert / edp));
-}
-
-// The rows an MoE layer computes on this rank: its block of N / tp of the routing group's N, or all N when
-// its experts' hidden width is split over the tp ranks instead (expert_tp = tp).
-double moe_rows(const Sizes& s) { return s.etp > 1 ? s.N : s.N / s.tp; }
-
-// MoeLayer::activation_size for the n rows this rank routes: the whole group's logits and scores (N, E), the
-// expert outputs at the token side (n K, D), the shared experts' activations (their hidden block) and
-// output, the fallback's input, activations and output.
-double moe_activation_elements(const Sizes& s) {
-  const double n = moe_rows(s), D = s.D;
-  double elements = 2 * s.N * s.E + n * s.K * D;
-  if (s.S > 0) elements += 3 * n * s.S * s.Fe / s.etp + n * D;
-  if (s.Ff > 0) elements += 2 * n * D + 3 * n * s.Ff / s.etp;
-  return elements;
+  if (!zero) return kFloat * sizes::adamw_state(p.dense + p.expert);
+  return kFloat * sizes::adamw_state(std::ceil(p.dense / dp) + std::ceil(p.expert / edp));
 }
 
 struct ModelBytes {
@@ -131,44 +134,19 @@ struct ModelBytes {
 struct LayerElements {
   double acts = 0, scratch = 0;
 };
-// What the CUDA backend's fused attention backward takes from the allocator while it runs, in fp32 elements
-// (core/backend/cuda/cuda_backend.cu, attention_graph.h): bf16 copies of q, k, v, O, dO and dq, dk, dv (8 of
-// N D / tp, half an element each), the statistics aligned and each row's dO . O (fp32, N H / tp each), and the
-// backward's own: dS (B, H / tp, T, T) bf16 in the deterministic form, dQ accumulated in fp32 in the other.
-double fused_backward_workspace(const Sizes& s) {
-  const double n = s.N * s.D / s.tp, rows = s.N * s.H / s.tp;
-  const double own = s.fused_deterministic ? rows * s.T / 2 : n;
-  return 4 * n + 2 * rows + own;
-}
-
+// A tensor-parallel layer sees all N tokens of the micro-batch (the attention, the MLP, and the MoE layer split by
+// hidden width), wrapped in the tp region's scratch; the norms and residuals see this rank's rows.
 LayerElements layer_elements(const Sizes& s, bool moe, bool keep_probs) {
-  const double N = s.N, D = s.D, rows = s.rows;
-  // A tp layer under sequence parallelism gathers its input and output gradient and holds its partial
-  // input gradient in backward scratch (N, D) each; it keeps nothing gathered between forward and backward.
-  const double wrapped = s.sequence_parallel ? 3 * N * D : 0.0;
-  // MhaAttention keeps q, k, v, att (N, D/tp) and the probabilities (B, H/tp, T, T) unless selective
-  // recompute drops them to its backward scratch: dq, dk, dv, datt and one (T, T) block.
-  const double probs = N * (s.H / s.tp) * s.T;
-  double attention = 4 * N * D / s.tp + (keep_probs ? probs : 0.0);
-  double attention_scratch = 4 * N * D / s.tp + s.T * s.T + (keep_probs ? 0.0 : probs) + wrapped;
-  if (s.fused) {  // fused (where cuDNN takes the shape): each row's log-sum-exp (B, H/tp, T), no (T, T) memory
-    attention = 4 * N * D / s.tp + N * s.H / s.tp;
-    attention_scratch = 4 * N * D / s.tp + wrapped;
-  }
-  if (s.mla) {  // MlaAttention: c_q, c_kv and q, k, v, att of width W = D + H R; its backward's latents too
-    const double W = D + s.H * s.R;
-    // With norms: the latents before them and their inverse RMS; the backward's gradients of those latents.
-    const double norms = s.mla_norms ? N * (s.Cq + s.C) : 0.0;
-    attention = N * (s.Cq + s.C + 4 * W) + (keep_probs ? probs : 0.0) + (s.mla_norms ? norms + 2 * N : 0.0);
-    attention_scratch = 4 * N * W + s.T * s.T + N * (s.Cq + s.C + s.H * s.R + s.R) + (keep_probs ? 0.0 : probs) + norms;
-  }
-  // DenseMlp keeps a, b, h (N, F/tp) and its backward takes as many.
-  const double mlp = 3 * N * s.F / s.tp;
+  const double N = s.N;
+  const double wrapped = sizes::tp_wrapper_scratch(s.sequence_parallel, N, s.D);
+  const sizes::Footprint attention =
+      s.mla ? sizes::mla(mla_shape(s, keep_probs), N) : sizes::mha(mha_shape(s, keep_probs), N);
+  const sizes::Footprint mlp = sizes::dense_mlp(N, s.F / s.tp);
   LayerElements e;
-  // xa, h, xf (rows, D), two rstd (rows), the attention's and the FFN's (Model::acts_size).
-  e.acts = 3 * rows * D + 2 * rows + attention + (moe ? moe_activation_elements(s) : mlp);
+  e.acts = sizes::block_activations(s.rows, s.D) + attention.activations +
+           (moe ? sizes::moe_activations(moe_shape(s)) : mlp.activations);
   // The MoE layer keeps its own scratch; split by hidden width it is a tp region like the MLP.
-  e.scratch = std::max(attention_scratch, moe ? (s.etp > 1 ? wrapped : 0.0) : mlp + wrapped);
+  e.scratch = std::max(attention.scratch + wrapped, moe ? (s.etp > 1 ? wrapped : 0.0) : mlp.scratch + wrapped);
   return e;
 }
 
@@ -190,12 +168,11 @@ ModelBytes model_bytes(const Sizes& s, const std::string& mode, int64_t recomput
   // The head keeps xo, rstd_o (rows) and its activations: the logits (N, V), or split: the block's logits
   // (N, V/tp) and their log-sum-exp; its backward the logits' gradient, split: also the partial dx and,
   // under sequence parallelism, the input gathered again (N, D).
-  const bool split = s.tp > 1;
-  const double head_acts = split ? N * s.V / s.tp + N : N * s.V;
-  const double head_scratch = !s.head ? 0.0
-                              : split ? N * s.V / s.tp + N * D + (s.sequence_parallel ? N * D : 0.0)
-                                      : N * s.V;
-  const double arena = (double(s.last - s.first) + 1) * rows * D + own + (s.head ? rows * D + rows + head_acts : 0.0);
+  const sizes::Footprint head =
+      s.tp > 1 ? sizes::vocab_parallel_head(N, s.V / s.tp, D, s.sequence_parallel) : sizes::lm_head(N, s.V);
+  const double head_scratch = s.head ? head.scratch : 0.0;
+  const double arena = sizes::residual_stream(double(s.last - s.first), rows, D) + own +
+                       (s.head ? sizes::output_norm_activations(rows, D) + head.activations : 0.0);
   // Per slot also, on the last stage, the per-token losses (N) and target ids (N int32); on the first the
   // input ids (N int32), on the others the input's gradient (rows, D); under pipelining the executor's
   // received activation or gradient and the copies it sends on (rows, D) each.
@@ -207,8 +184,8 @@ ModelBytes model_bytes(const Sizes& s, const std::string& mode, int64_t recomput
   m.activations = slots * (kFloat * floats + kInt32 * ints) + kFloat * shared;
   // ffn_out, dres, dtmp, dnorm (rows, D) and the largest of the head's and the layers' backward scratch; latent
   // attention's (R, R) identity per layer.
-  const double identities = s.mla ? double(s.last - s.first) * s.R * s.R : 0.0;
-  m.scratch = kFloat * (4 * rows * D + std::max(head_scratch, layer_scratch) + identities);
+  const double identities = s.mla ? double(s.last - s.first) * sizes::mla_identity(mla_shape(s, true)) : 0.0;
+  m.scratch = kFloat * (sizes::model_scratch(rows, D) + std::max(head_scratch, layer_scratch) + identities);
   return m;
 }
 
@@ -237,14 +214,16 @@ RoutedRows routed_rows(const Sizes& s) {
 // and given back (cuda_backend.cu), so the largest call counts. With bf16 GEMMs each GEMM rounds its activation
 // operands (not the parameters, rounded once per step) into bf16 workspace: the largest are the head's weight
 // gradient, x^T (N, D) by dlogits (N, V / tp), and an expert layer's, xe^T (R, D) by dh (R, Fe / etp). The fused
-// attention's backward: fused_backward_workspace.
+// attention's backward: sizes::mha_fused_backward_workspace.
 double device_workspace_elements(const Sizes& s) {
   double largest = 0;
   if (s.cuda_bf16) {
-    if (s.head) largest = s.N * (s.D + s.V / s.tp) / 2;
-    if (s.moe_layers > 0) largest = std::max(largest, routed_rows(s).expert_side * (s.D + s.Fe / s.etp) / 2);
+    if (s.head) largest = sizes::bf16_operand_workspace(s.N, s.D, s.V / s.tp);
+    if (s.moe_layers > 0)
+      largest = std::max(largest, sizes::bf16_operand_workspace(routed_rows(s).expert_side, s.D, s.Fe / s.etp));
   }
-  if (s.fused && s.dense_layers + s.moe_layers > 0) largest = std::max(largest, fused_backward_workspace(s));
+  if (s.fused && s.dense_layers + s.moe_layers > 0)
+    largest = std::max(largest, sizes::mha_fused_backward_workspace(mha_shape(s, true), s.N, s.fused_deterministic));
   return largest;
 }
 
@@ -255,15 +234,11 @@ double routed_bytes_per_layer(const Sizes& s, double slots) {
   const double M = r.token_side, R = r.expert_side, Mf = r.fallback;
   // Per slot: expert-side xe (R, D) and a, b, h (R, F); the plan's perm_token, perm_gate (M), slot_row,
   // gate (N K), and the fallback's tokens and weights (Mf).
-  const double per_slot = kFloat * (R * D + 3 * R * F + M + n * K + Mf) + kInt32 * (M + n * K + Mf);
+  const double per_slot = kFloat * (sizes::expert_activations(R, D, F) + M + n * K + Mf) + kInt32 * (M + n * K + Mf);
   // The layer's workspace: gathered token rows (M, D), expert outputs (R, D), row dots, and the backward
   // scratch (dyp, dxp (M, D), dye, dxe (R, D), the experts' 3 R F, dp, dz (N, E), dw (N K), and the shared
   // experts' or the fallback's scratch).
-  const double fallback_rows = std::max(Mf, 1.0);
-  const double shared_scratch = s.S > 0 ? 3 * n * s.S * s.Fe / s.etp : 0.0;
-  const double fallback_scratch = s.Ff > 0 ? 3 * fallback_rows * s.Ff / s.etp + 2 * fallback_rows * D : 0.0;
-  const double backward =
-      2 * M * D + 2 * R * D + 3 * R * F + 2 * s.N * E + s.N * K + std::max(shared_scratch, fallback_scratch);
+  const double backward = sizes::moe_backward_scratch(moe_shape(s), {M, R, Mf}, F);
   const double workspace = kFloat * (M * D + R * D + std::max(M, Mf) + backward);
   // The router's: Gumbel noise (N, E) in double, top-k ids (N K) and preference rows (N W), bias and mask (E).
   const double choices = s.reroute ? E : K;
@@ -315,7 +290,8 @@ MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int
   m.device_workspace = saturate(kFloat * device_workspace_elements(s));
   // A key/value cache would keep k and v (2 D) per token and layer, or latent attention's c_kv and shared
   // rotary key (C + R); fp32.
-  m.kv_cache_per_token = saturate(kFloat * s.L * (s.mla ? s.C + s.R : 2 * s.D));
+  m.kv_cache_per_token =
+      saturate(kFloat * s.L * (s.mla ? sizes::mla_kv_cache(mla_shape(s, true)) : sizes::mha_kv_cache(s.D)));
   return m;
 }
 

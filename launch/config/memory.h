@@ -1,10 +1,12 @@
 // The memory one rank of training needs, worked out from the config and the parallel sizes alone, before
 // anything is allocated: parameters, gradients, AdamW's moments, what the micro-batch slots keep from
-// forward to backward, the workspace of one forward or backward, the MoE layers' buffers of routed rows
-// and the host staging of communication. For tp = 1 the first five are the exact bytes the model and the
-// optimizer allocate through the backend (tests/launch/test_memory.cpp checks it); routed rows depend on
-// how tokens are routed and are estimated. The tensor-parallel layout it assumes is docs/parallel.md
-// "Memory per rank". Not here: deciding whether it fits (launch/train/train_setup.cpp, check_memory).
+// forward to backward, the workspace of one forward or backward, the MoE layers' buffers of routed rows,
+// the staging of communication and the CUDA backend's transient workspace. Each component's sizes come from
+// the functions it allocates with (core/sizes.h), so for every layout (tp, pp, ep, expert_tp, sequence
+// parallelism, ZeRO, recompute) the first five are the exact bytes the model and the optimizer allocate through
+// the backend (tests/launch/test_memory.cpp, test_memory_tp.cpp); routed rows depend on how tokens are routed
+// and are estimated from balanced routing through the same functions. The layout is docs/parallel.md "Memory
+// per rank". Not here: deciding whether it fits (launch/train/train_setup.cpp, check_memory).
 #pragma once
 
 #include <cstdint>

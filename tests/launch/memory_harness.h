@@ -39,15 +39,17 @@ struct Measured {
 
 // Builds the trainer as `moe train` does on one rank, then runs one micro-batch forward and backward
 // through its model (MoE layers size their routed-row buffers there).
-// world: one rank (a SelfCommunicator), or the tensor-parallel or pipeline ranks (config.parallel.tp or
-// config.parallel.pp of them, dp 1). On a pipeline stage only `constructed` is measured.
+// world: one rank (a SelfCommunicator), or the tensor-parallel, pipeline or data-parallel ranks (dp: what tp and
+// pp leave of the world, its experts over config.parallel.ep). On a pipeline stage only `constructed` is measured.
 // fused_attention: the CPU backend's fused attention turned on, which MhaAttention then uses as it uses cuDNN's.
 inline Measured measure(const Config& config, std::unique_ptr<Communicator> world, bool fused_attention = false) {
   const std::unique_ptr<Backend> backend = make_cpu_backend(1);
   backend->ops<float>().set_fused_attention(fused_attention);
   const int64_t ranks = world->size();
-  const RankGrid grid({ranks, config.parallel.tp, config.parallel.pp, 1, 1, config.parallel.expert_tp},
-                      config.moe.num_experts);
+  const int64_t dp = ranks / (config.parallel.tp * config.parallel.pp);
+  const RankGrid grid(
+      {ranks, config.parallel.tp, config.parallel.pp, dp, config.parallel.ep, config.parallel.expert_tp},
+      config.moe.num_experts);
   const data::Corpus corpus = load_training_corpus(config);
   TrainPaths paths;
   paths.run_dir = "unused";  // the trainer's construction writes nothing

@@ -92,6 +92,7 @@ TEST(MemoryEstimate, MoeModelExactAtConstructionRoutedRowsWithinTenPercent) {
       {"moe.num_experts=8", "moe.every=2", "moe.shared_experts=1", "moe.overflow=dense", "moe.router.noise=gumbel"},
       {"moe.num_experts=4", "moe.capacity_factor=0", "train.recompute=full"},  // dropless
       {"moe.num_experts=8", "moe.top_k=3", "moe.overflow=reroute", "moe.capacity_factor=1.0"},
+      {"moe.num_experts=4", "moe.router.tau_learned=true"},  // the temperature's log-ratio, one parameter a layer
   };
   for (const std::vector<std::string>& extra : cases) {
     const Config config = small_config(extra);

@@ -1,7 +1,8 @@
-// The memory estimate (launch/config/memory.h) against what a tensor-parallel trainer really allocates: at tp 2,
-// with and without sequence parallelism, dense and MoE models, selective and full recompute, each rank's
-// parameters, gradients, optimizer state, activations and scratch are exactly the estimate's. Runs under
-// mpirun -np 2 (the world is the tp group).
+// The memory estimate (launch/config/memory.h) against what a parallel trainer really allocates: at tp 2 (with and
+// without sequence parallelism, dense and MoE models, selective and full recompute, expert_tp), at ep 2 (with and
+// without ZeRO) and on pipeline stages, each rank's parameters, gradients, optimizer state, activations and scratch
+// are exactly the estimate's. Runs under mpirun -np 2 (the world is the tp group, the pp group, or the dp group of
+// an ep 2 layout).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -41,6 +42,28 @@ TEST(MemoryEstimate, TensorParallelTrainerAllocatesExactlyTheEstimate) {
   const MemoryEstimate whole =
       estimate_memory(small_config({"parallel.tp=2", "parallel.sequence_parallel=false"}), 2, 1, 1);
   EXPECT_LT(sp.activations, whole.activations);
+}
+
+// Expert parallelism (the world the dp and ep group, parallel.ep = 2): each rank holds half the experts, and with
+// ZeRO half of every bucket's moments; what the model and the optimizer allocate is exactly the estimate's.
+TEST(MemoryEstimate, ExpertParallelTrainerAllocatesExactlyTheEstimate) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"moe.num_experts=4"},
+      {"moe.num_experts=4", "moe.every=2", "moe.shared_experts=1", "train.recompute=selective"},
+      {"moe.num_experts=8", "moe.overflow=dense", "moe.fallback_hidden=16", "train.recompute=full"},
+      {"moe.num_experts=4", "optim.zero=true"},
+  };
+  for (const std::vector<std::string>& extra : cases) {
+    std::vector<std::string> keys = {"parallel.ep=2"};
+    keys.insert(keys.end(), extra.begin(), extra.end());
+    Config config = small_config(keys);
+    config.parallel.dp = 2;
+    SCOPED_TRACE(testing::PrintToString(extra));
+    const MemoryEstimate e = estimate_memory(config, 1, 2, 2);
+    const Measured m = measure(config, MpiCommunicator::world());
+    EXPECT_EQ(e.parameters, 4 * m.parameters);
+    EXPECT_EQ(allocated_at_construction(e), m.constructed);
+  }
 }
 
 // Pipeline stages (parallel.pp = 2, the world the pp group): each stage allocates exactly the estimate of its
