@@ -54,21 +54,7 @@ Model<T>::Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int6
   constexpr DType kType = dtype_of<T>();
   params_ = backend.allocate(kType, table_.numel());
   grads_ = backend.allocate(kType, table_.numel());
-  T* P = params();
-  T* G = grads();
-  auto at = [&](const std::string& name) { return table_.find(name).offset; };
-  for (int64_t l = first_; l < end_; ++l) {
-    const std::string p = "layers." + std::to_string(l);
-    const int64_t an = at(p + ".attn_norm.gain"), fn = at(p + ".ffn_norm.gain");
-    blocks_.push_back({P + an, P + fn, G + an, G + fn});
-    attn_[size_t(l - first_)]->bind(table_, P, G);
-    ffn_[size_t(l - first_)]->bind(table_, P, G);
-  }
-  if (stage.embedding) embedding_->bind(table_, P, G);
-  if (stage.head) {
-    out_norm_ = P + at("out_norm.gain"), d_out_norm_ = G + at("out_norm.gain");
-    head_->bind(table_, P, G);
-  }
+  bind_parameters(table_, params_.template data<T>(), grads_.template data<T>());
 
   // Activations: one arena per slot; the Full layers share one set of layer activations, as large as
   // the largest of theirs.
@@ -80,6 +66,39 @@ Model<T>::Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int6
   slots_.resize(size_t(num_slots));
   for (Slot& slot : slots_) make_slot(slot);
   make_scratch();
+}
+
+// Every layer's parameters and gradients, found by name in `table`, which carves `P` and `G`.
+template <typename T>
+void Model<T>::bind_parameters(const ParamTable& table, T* P, T* G) {
+  bound_ = {&table, P, G};
+  auto at = [&](const std::string& name) { return table.find(name).offset; };
+  blocks_.clear();
+  for (int64_t l = first_; l < end_; ++l) {
+    const std::string p = "layers." + std::to_string(l);
+    const int64_t an = at(p + ".attn_norm.gain"), fn = at(p + ".ffn_norm.gain");
+    blocks_.push_back({P + an, P + fn, G + an, G + fn});
+    attn_[size_t(l - first_)]->bind(table, P, G);
+    ffn_[size_t(l - first_)]->bind(table, P, G);
+  }
+  if (stage_.embedding) embedding_->bind(table, P, G);
+  if (stage_.head) {
+    out_norm_ = P + at("out_norm.gain"), d_out_norm_ = G + at("out_norm.gain");
+    head_->bind(table, P, G);
+  }
+}
+
+template <typename T>
+void Model<T>::share_parameters(const ParamTable& table, int64_t first_spec, T* params, T* grads) {
+  for (size_t i = 0; i < table_.specs().size(); ++i) {
+    const ParamSpec& own = table_.specs()[i];
+    MOE_CHECK(first_spec + int64_t(i) < int64_t(table.specs().size()) &&
+                  table.specs()[size_t(first_spec) + i].name == own.name,
+              "the shared parameter table holds this model's '" << own.name << "' at spec " << first_spec + int64_t(i));
+  }
+  spec_base_ = first_spec;
+  bind_parameters(table, params, grads);
+  params_ = Buffer(), grads_ = Buffer();  // this model's own, no longer used
 }
 
 // The stage's layers, in the whole model's order and names: attention norm, attention, FFN norm, FFN.
@@ -179,15 +198,16 @@ int64_t Model<T>::activation_bytes() const {
 
 template <typename T>
 void Model<T>::init_params(uint64_t seed) {
-  std::vector<T> host(size_t(table_.numel()));
-  table_.initialize(host.data(), seed);
-  backend_.copy_to_device(params(), host.data(), table_.numel());
+  const ParamTable& table = *bound_.table;
+  std::vector<T> host(size_t(table.numel()));
+  table.initialize(host.data(), seed);
+  backend_.copy_to_device(params(), host.data(), table.numel());
   backend_.synchronize();
 }
 
 template <typename T>
 void Model<T>::zero_grads() {
-  ops_.fill(grads(), T(0), table_.numel());
+  ops_.fill(grads(), T(0), bound_.table->numel());
 }
 
 template <typename T>
@@ -297,7 +317,7 @@ void Model<T>::head_backward(Slot& s, double loss_scale, int64_t N) {
   const int64_t D = shape_.d_model;
   head_->backward(s.xo, s.targets.template data<int32_t>(), T(loss_scale), s.head_acts, layer_scratch_, dtmp_, N);
   ops_.rmsnorm_backward(s.x.back(), out_norm_, s.rstd_o, dtmp_, dres_, d_out_norm_, rows(N), D);
-  if (grad_ready_) grad_ready_(head_specs_.first, head_specs_.second);
+  if (grad_ready_) grad_ready_(spec_base_ + head_specs_.first, spec_base_ + head_specs_.second);
 }
 
 template <typename T>
@@ -323,14 +343,15 @@ void Model<T>::backward(int slot, double loss_scale, const T* output_grad) {
     // Recompute rewrites x[i+1] with the same bits it already holds (same ops on the same input).
     if (recompute_[size_t(i)] == Recompute::Full) block_forward(i, context, s, B);
     block_backward(i, context, s, dres_, B);
-    if (grad_ready_) grad_ready_(layer_specs_[size_t(i)].first, layer_specs_[size_t(i)].second);
+    if (grad_ready_)
+      grad_ready_(spec_base_ + layer_specs_[size_t(i)].first, spec_base_ + layer_specs_[size_t(i)].second);
   }
   if (!stage_.embedding) {
     ops_.copy(dres_, s.input_grad.template data<T>(), rows(N) * D);
     return;
   }
   embedding_->backward(s.inputs.template data<int32_t>(), dres_, N);
-  if (grad_ready_) grad_ready_(embed_specs_.first, embed_specs_.second);
+  if (grad_ready_) grad_ready_(spec_base_ + embed_specs_.first, spec_base_ + embed_specs_.second);
 }
 
 template <typename T>

@@ -83,16 +83,26 @@ class Model {
   Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int64_t max_batch, RecomputeSpec recompute,
         FfnFactory ffn_factory = nullptr, int num_slots = 1, const StageSpec& stage = {},
         AttentionFactory attention_factory = nullptr, TensorParallelLayout<T> tp = {});
+  Model(const Model&) = delete;  // its layers point into its own table and buffers
+  Model& operator=(const Model&) = delete;
 
   const ModelShape& shape() const { return shape_; }
-  const ParamTable& table() const { return table_; }
+  // The parameter table and flat buffers the model's layers are bound to (its own, or shared ones).
+  const ParamTable& table() const { return *bound_.table; }
   // The flat buffers, in the backend's memory.
-  T* params() { return params_.template data<T>(); }
-  T* grads() { return grads_.template data<T>(); }
-  const T* params() const { return params_.template data<T>(); }
-  const T* grads() const { return grads_.template data<T>(); }
+  T* params() { return bound_.params; }
+  T* grads() { return bound_.grads; }
+  const T* params() const { return bound_.params; }
+  const T* grads() const { return bound_.grads; }
   Backend& backend() const { return backend_; }
-  int64_t num_params() const { return table_.numel(); }
+  int64_t num_params() const { return table().numel(); }
+  // The model chunks of one interleaved pipeline rank keep their parameters in one table and one pair of
+  // flat buffers, so the optimizer, the gradient buckets and the checkpoint see the rank's parameters as one
+  // model's. Binds every layer into `params` and `grads`, carved by `table`, which holds this model's specs
+  // (under the same names, in the same order) from spec `first_spec` on, and frees the model's own buffers.
+  // Afterwards table(), params(), grads(), num_params(), init_params() and zero_grads() are the shared
+  // memory's, and the grad-ready hook counts specs of `table`. `table` and the buffers must outlive the model.
+  void share_parameters(const ParamTable& table, int64_t first_spec, T* params, T* grads);
   // The residual-stream rows this rank holds of a micro-batch of N tokens: N / tp under sequence
   // parallelism, else N.
   int64_t rows(int64_t N) const { return tp_.sequence_parallel ? N / tp_.shard.size : N; }
@@ -194,6 +204,7 @@ class Model {
   };
 
   void build_layers(const FfnFactory& ffn_factory, const AttentionFactory& attention_factory);
+  void bind_parameters(const ParamTable& table, T* params, T* grads);
   void make_scratch();
   void make_slot(Slot& slot);
   Slot& checked_slot(int slot);
@@ -220,7 +231,12 @@ class Model {
   TensorParallelLayout<T> tp_;
   std::unique_ptr<Embedding<T>> embedding_;  // with the embedding
   std::unique_ptr<OutputHead<T>> head_;      // with the head
-  Buffer params_, grads_;
+  Buffer params_, grads_;                    // the model's own (empty once it shares another's: share_parameters)
+  struct Bound {
+    const ParamTable* table = nullptr;
+    T *params = nullptr, *grads = nullptr;
+  } bound_;
+  int64_t spec_base_ = 0;  // the index of this model's first spec in bound_.table
   std::vector<BlockWeights> blocks_;
   const T* out_norm_ = nullptr;
   T* d_out_norm_ = nullptr;

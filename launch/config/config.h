@@ -112,13 +112,18 @@ struct OptimConfig {
   bool zero = false;
 };
 
+// parallel.pp_schedule: how the stages order their micro-batches (parallel/pp_schedule.h).
+enum class PpSchedule { OneFOneB, Interleaved1F1B };
+
 struct ParallelConfig {
   int64_t tp = 1, pp = 1, ep = 1;
   int64_t dp = 0;                  // 0 when "auto": world / (tp * pp), resolved once the world size is known
   bool sequence_parallel = true;   // with tp > 1: norms and the residual stream hold seq_len / tp positions
   int64_t expert_tp = 1;           // 1: experts whole on every tp rank; tp: each expert's hidden width split
   std::vector<int64_t> pp_layers;  // layers per pipeline stage; empty: model.layers split evenly over pp
-  bool ep_overlap = true;          // with ep > 1: the MoE all-to-all overlaps the shared experts and fallback
+  int64_t vpp = 1;                 // model chunks per pipeline stage (interleaved: rank p holds c * pp + p)
+  PpSchedule pp_schedule = PpSchedule::OneFOneB;
+  bool ep_overlap = true;  // with ep > 1: the MoE all-to-all overlaps the shared experts and fallback
 };
 
 struct CheckpointConfig {

@@ -152,6 +152,9 @@ void fill_parallel(FieldReader& r, Config& c) {
   c.parallel.sequence_parallel = r.boolean("parallel.sequence_parallel");
   c.parallel.expert_tp = r.integer("parallel.expert_tp");
   c.parallel.pp_layers = r.at("parallel.pp_layers").get<std::vector<int64_t>>();
+  c.parallel.vpp = r.integer("parallel.vpp");
+  c.parallel.pp_schedule =
+      r.string("parallel.pp_schedule") == "interleaved_1f1b" ? PpSchedule::Interleaved1F1B : PpSchedule::OneFOneB;
   c.parallel.ep_overlap = r.boolean("parallel.ep_overlap");
 }
 

@@ -165,6 +165,33 @@ void check_pp_layers(const Checked& c) {
                                                << layers << ", got " << p.pp_layers.size() << " summing to " << sum);
 }
 
+// Interleaved stages (docs/parallel.md "Interleaved stages"): vpp chunks per rank, equal blocks of layers.
+void check_vpp(const Checked& c) {
+  const ParallelConfig& p = c.config.parallel;
+  const bool interleaved = p.pp_schedule == PpSchedule::Interleaved1F1B;
+  if (p.vpp > 1 && p.pp < 2)
+    MOE_BAD_INPUT(c.show("parallel.vpp") << " with " << c.show("parallel.pp")
+                                         << ": model chunks interleave over pipeline stages; expected parallel.pp >= 2 "
+                                            "or parallel.vpp = 1");
+  if (p.vpp > 1 && !interleaved)
+    MOE_BAD_INPUT(c.show("parallel.vpp") << " with " << c.show("parallel.pp_schedule")
+                                         << ": several chunks per stage run the interleaved schedule; expected "
+                                            "parallel.pp_schedule = interleaved_1f1b or parallel.vpp = 1");
+  if (interleaved && p.vpp < 2)
+    MOE_BAD_INPUT(c.show("parallel.pp_schedule") << " with " << c.show("parallel.vpp")
+                                                 << ": the interleaved schedule needs at least two chunks per stage; "
+                                                    "expected parallel.vpp >= 2 or parallel.pp_schedule = 1f1b");
+  if (p.vpp == 1) return;
+  if (!p.pp_layers.empty())
+    MOE_BAD_INPUT(c.show("parallel.pp_layers") << " with " << c.show("parallel.vpp")
+                                               << ": interleaved chunks take equal blocks of layers; expected "
+                                                  "parallel.pp_layers = [] (empty)");
+  if (c.config.model.layers % (p.pp * p.vpp) != 0)
+    MOE_BAD_INPUT(c.show("model.layers") << " with " << c.show("parallel.pp") << " and " << c.show("parallel.vpp")
+                                         << ": expected a multiple of parallel.pp * parallel.vpp = " << p.pp * p.vpp
+                                         << " (every chunk holds the same number of layers)");
+}
+
 // ---- Tensor parallelism (docs/parallel.md "Tensor parallelism"): what is split over the tp ranks. ----
 
 // `key` (the width `value`) is split evenly over the parallel.tp ranks, for the reason `what`.
@@ -277,6 +304,10 @@ const std::vector<Rule>& rules() {
       {"With `parallel.pp_layers` empty, `model.layers` is a multiple of `parallel.pp` (equal stages); otherwise "
        "`parallel.pp_layers` has `parallel.pp` entries summing to `model.layers`.",
        check_pp_layers},
+      {"With `parallel.vpp` > 1: `parallel.pp` >= 2, `parallel.pp_schedule` = interleaved_1f1b, "
+       "`parallel.pp_layers` empty and `model.layers` a multiple of `parallel.pp * parallel.vpp`; "
+       "`parallel.pp_schedule` = interleaved_1f1b needs `parallel.vpp` >= 2.",
+       check_vpp},
       {"`parallel.expert_tp` is 1 (experts whole on every tensor-parallel rank) or `parallel.tp` (each expert's "
        "hidden width split over the tensor-parallel group).",
        check_expert_tp},

@@ -262,6 +262,14 @@ std::vector<KeySpec> parallel_keys() {
       integer_list("parallel.pp_layers", at_least(1),
                    "layers of each pipeline stage, first to last: parallel.pp entries summing to model.layers; "
                    "empty = model.layers split evenly over the stages"),
+      integer("parallel.vpp", 1, at_least(1),
+              "model chunks per pipeline stage (virtual pipeline stages, Megatron's interleaved layout): with "
+              "parallel.pp = P and vpp = V the layers fall into P * V equal blocks and rank p holds blocks c * P + p "
+              "for c = 0..V-1; V > 1 needs parallel.pp >= 2 and parallel.pp_schedule = interleaved_1f1b"),
+      choice("parallel.pp_schedule", "1f1b", {"1f1b", "interleaved_1f1b"},
+             "the pipeline schedule: 1f1b (one forward, one backward; one chunk per stage) or interleaved_1f1b "
+             "(parallel.vpp > 1 chunks per stage; the micro-batches per data-parallel rank a multiple of "
+             "parallel.pp)"),
       integer("parallel.ep", 1, at_least(1), "expert-parallel ranks: the experts are split over them"),
       integer_or_auto("parallel.dp", "auto", at_least(1),
                       "data-parallel replicas; `\"auto\"` = world size / (tp * pp)"),

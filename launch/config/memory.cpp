@@ -303,11 +303,44 @@ StagePart pipeline_stage_part(const Config& config, int64_t stage, int64_t micro
           true};
 }
 
+std::vector<StagePart> pipeline_chunk_parts(const Config& config, int64_t stage, int64_t micro_batches) {
+  const int64_t pp = config.parallel.pp, V = config.parallel.vpp;
+  if (V == 1) return {pipeline_stage_part(config, stage, micro_batches)};
+  const std::vector<std::pair<int64_t, int64_t>> blocks = stage_layers(config.model.layers, pp * V);
+  std::vector<StagePart> parts;
+  for (int64_t c = 0; c < V; ++c) {
+    const int64_t v = virtual_stage(pp, stage, c);
+    parts.push_back({blocks[size_t(v)].first, blocks[size_t(v)].second, v == 0, v == pp * V - 1,
+                     pipeline_slots(PipeSchedule::OneFOneB, pp, stage, micro_batches, V, c), true});
+  }
+  return parts;
+}
+
+namespace {
+
+// A rank's chunks are models of their own: their bytes add up, but for the one largest transient workspace
+// and the whole model's key/value cache.
+MemoryEstimate chunks_estimate(const Config& config, int64_t tp, int64_t dp, int64_t ep,
+                               const std::vector<StagePart>& parts) {
+  MemoryEstimate sum;
+  for (const StagePart& part : parts) {
+    const MemoryEstimate e = estimate_memory(config, tp, dp, ep, part);
+    sum.parameters += e.parameters, sum.gradients += e.gradients, sum.optimizer += e.optimizer;
+    sum.activations += e.activations, sum.scratch += e.scratch, sum.routed_rows += e.routed_rows;
+    sum.communication += e.communication;
+    sum.device_workspace = std::max(sum.device_workspace, e.device_workspace);
+    sum.kv_cache_per_token = e.kv_cache_per_token;
+  }
+  return sum;
+}
+
+}  // namespace
+
 StageEstimate largest_stage_estimate(const Config& config, int64_t tp, int64_t dp, int64_t ep) {
   const int64_t micro_batches = std::max<int64_t>(1, config.train.global_batch / (dp * config.train.micro_batch));
   StageEstimate largest;
   for (int64_t stage = 0; stage < config.parallel.pp; ++stage) {
-    const MemoryEstimate e = estimate_memory(config, tp, dp, ep, pipeline_stage_part(config, stage, micro_batches));
+    const MemoryEstimate e = chunks_estimate(config, tp, dp, ep, pipeline_chunk_parts(config, stage, micro_batches));
     if (stage == 0 || e.total() > largest.memory.total()) largest = {stage, e};
   }
   return largest;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "launch/config/config.h"
 
@@ -50,6 +51,10 @@ struct StagePart {
 // Stage `stage` of parallel.pp (parallel.pp_layers) under the 1F1B schedule with `micro_batches` per step
 // and data-parallel rank: stage s keeps min(pp - s, micro_batches) in flight.
 StagePart pipeline_stage_part(const Config& config, int64_t stage, int64_t micro_batches);
+// The chunks rank `stage` holds: that stage's part, or with parallel.vpp = V > 1 the V chunks of the
+// interleaved schedule (chunk c: virtual stage c * pp + stage of pp * V equal blocks); the rank's estimate
+// (largest_stage_estimate) is the sum of theirs.
+std::vector<StagePart> pipeline_chunk_parts(const Config& config, int64_t stage, int64_t micro_batches);
 
 // One rank of `config` with the resolved sizes of the rank grid (dp not "auto") holding `stage`;
 // parallel.expert_tp, parallel.sequence_parallel and optim.zero come from the config.

@@ -77,8 +77,9 @@ std::unique_ptr<Trainer> serial_trainer(const ImportHfOptions& o, Backend& backe
   TrainOptions train;
   train.config_path = o.config_path;
   train.overrides = o.overrides;
-  for (const char* layout : {"parallel.tp=1", "parallel.pp=1", "parallel.ep=1", "parallel.dp=1", "parallel.expert_tp=1",
-                             "parallel.pp_layers=[]", "optim.zero=false"})
+  for (const char* layout :
+       {"parallel.tp=1", "parallel.pp=1", "parallel.ep=1", "parallel.dp=1", "parallel.expert_tp=1",
+        "parallel.pp_layers=[]", "parallel.vpp=1", "parallel.pp_schedule=1f1b", "optim.zero=false"})
     train.overrides.push_back(layout);
   train.run_dir = run_dir;
   CheckedConfig checked = load_checked_config(train, 1);

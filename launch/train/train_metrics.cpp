@@ -28,24 +28,29 @@ nlohmann::json moe_metrics(const RouterStepStats& st, int64_t top_k) {
           {"capacity_factor", st.groups > 0 ? st.capacity_factor_sum / double(st.groups) : 0.0}};
 }
 
-// One held-out micro-batch forward through the pipeline stages: stage s takes its input activation from
-// stage s - 1 and passes its output to stage s + 1. Returns the sum of its token losses on the last stage, 0 on
-// the others.
+// One held-out micro-batch forward through the pipeline stages: virtual stage v (chunk c of rank v mod pp, as
+// c * pp + rank) takes its input activation from virtual stage v - 1 and passes its output to v + 1. Returns
+// the sum of its token losses on the last virtual stage's rank, 0 on the others.
 double pipeline_forward(Trainer& t, const int32_t* tokens, int64_t B) {
   constexpr int kTag = 1 << 20;          // apart from the training schedule's tags (2 * micro-batch, + 1)
   Communicator& pp = *t.groups.data.pp;  // activations: backend memory
-  Model<float>& model = *t.model;
-  const int stage = pp.rank();
-  const int64_t n = model.rows(B * t.config.train.seq_len) * t.config.model.d_model;
-  Buffer input;
-  if (stage > 0) {
-    input = model.backend().allocate(dtype_of<float>(), n);
-    pp.recv(input.data<float>(), n, stage - 1, kTag);
-  }
-  const double loss = model.forward(0, tokens, B, stage > 0 ? input.data<float>() : nullptr);
-  if (stage < pp.size() - 1) {
-    model.backend().synchronize();
-    pp.send(model.output_activation(0), n, stage + 1, kTag);
+  const int stage = pp.rank(), P = pp.size();
+  const int64_t last_virtual = P * int64_t(t.chunks.size()) - 1;
+  double loss = 0;
+  for (size_t c = 0; c < t.chunks.size(); ++c) {
+    Model<float>& model = *t.chunks[c];
+    const int64_t v = virtual_stage(P, stage, int64_t(c));
+    const int64_t n = model.rows(B * t.config.train.seq_len) * t.config.model.d_model;
+    Buffer input;
+    if (v > 0) {
+      input = model.backend().allocate(dtype_of<float>(), n);
+      pp.recv(input.data<float>(), n, int((v - 1) % P), kTag + int(v));
+    }
+    loss += model.forward(0, tokens, B, v > 0 ? input.data<float>() : nullptr);
+    if (v < last_virtual) {
+      model.backend().synchronize();
+      pp.send(model.output_activation(0), n, int((v + 1) % P), kTag + int(v + 1));
+    }
   }
   return loss;
 }
@@ -126,7 +131,7 @@ EvalResult evaluate(Trainer& t) {
     for (int64_t start = 0; start < n; start += micro) {
       const int64_t B = std::min(micro, n - start);
       for (int64_t b = 0; b < B; ++b) loader.heldout_sequence(s, start + b, tokens.data() + b * (T + 1));
-      t.model->set_context(false, 0, 0, 0.0, 0);
+      for (const auto& chunk : t.chunks) chunk->set_context(false, 0, 0, 0.0, 0);
       source_loss += t.pipeline ? pipeline_forward(t, tokens.data(), B) : t.model->forward(tokens.data(), B);
     }
     r.by_source.emplace_back(loader.source_name(s), source_loss);

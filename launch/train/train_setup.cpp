@@ -132,36 +132,52 @@ Model<float>::AttentionFactory attention_factory(Trainer& t, const ModelShape& s
   };
 }
 
-// This rank's pipeline stage of the model (layers stage_layers(...)[coords.pp], the embedding on the first
-// stage, the head on the last; the whole model when parallel.pp = 1), with its MoE layers wired to the expert
-// all-to-all, initialised from the seed.
-void build_model(Trainer& t) {
-  const Config& config = t.config;
-  const TrainConfig& tc = config.train;
-  const ModelShape shape{config.model.vocab, config.model.d_model, config.model.layers, config.model.heads,
-                         config.model.ffn_hidden};
-  const Recompute mode = tc.recompute == "full"        ? Recompute::Full
-                         : tc.recompute == "selective" ? Recompute::Selective
-                                                       : Recompute::None;
-  const int64_t pp = config.parallel.pp, stage = t.groups.coords.pp;
-  const auto [first, last] = stage_layers(shape.layers, pp, config.parallel.pp_layers)[size_t(stage)];
-  const StageSpec spec = pp > 1 ? StageSpec{first, last, stage == 0, stage == pp - 1} : StageSpec{};
-  const int slots = pp > 1 ? int(pipeline_slots(PipeSchedule::OneFOneB, pp, stage, t.micro_batches())) : 1;
-  const TpContext tp{t.groups.data.tp, config.parallel.sequence_parallel, t.groups.tp.get()};
-  const MoeSettingsOf moe_of = moe_layers(config, t.groups);
-  t.model = std::make_unique<Model<float>>(
-      t.backend, shape, tc.seq_len, tc.micro_batch, RecomputeSpec(mode, tc.recompute_layers),
-      tp_ffn_factory<float>(t.backend, tp, shape, moe_of), slots, spec, attention_factory(t, shape, tp),
-      tensor_parallel_layout<float>(t.backend, tp, shape));
+// The layers [first, last) of each of this rank's chunks, with the embedding on the first virtual stage and
+// the head on the last: stage_layers(...)[coords.pp] with one chunk; with parallel.vpp = V chunks, the layers
+// cut into pp * V equal blocks and chunk c holding block c * pp + coords.pp. The whole model when pp = 1.
+std::vector<StageSpec> chunk_specs(const Config& config, int64_t stage) {
+  const int64_t pp = config.parallel.pp, V = config.parallel.vpp;
+  if (pp == 1) return {StageSpec{}};
+  if (V == 1) {
+    const auto [first, last] = stage_layers(config.model.layers, pp, config.parallel.pp_layers)[size_t(stage)];
+    return {StageSpec{first, last, stage == 0, stage == pp - 1}};
+  }
+  const std::vector<std::pair<int64_t, int64_t>> blocks = stage_layers(config.model.layers, pp * V);
+  std::vector<StageSpec> specs;
+  for (int64_t c = 0; c < V; ++c) {
+    const int64_t v = virtual_stage(pp, stage, c);
+    specs.push_back({blocks[size_t(v)].first, blocks[size_t(v)].second, v == 0, v == pp * V - 1});
+  }
+  return specs;
+}
+
+// Chunks of one rank share one parameter table and pair of buffers, the chunks' specs in chunk order.
+void share_chunk_parameters(Trainer& t) {
+  if (t.chunks.size() == 1) return;
+  Trainer::ChunkParameters& shared = t.chunk_parameters;
+  std::vector<int64_t> first_spec;
+  for (const auto& chunk : t.chunks) {
+    first_spec.push_back(int64_t(shared.table.specs().size()));
+    for (const ParamSpec& spec : chunk->table().specs()) shared.table.add(spec);
+  }
+  shared.params = t.backend.allocate(DType::F32, shared.table.numel());
+  shared.grads = t.backend.allocate(DType::F32, shared.table.numel());
+  for (size_t c = 0; c < t.chunks.size(); ++c)
+    t.chunks[c]->share_parameters(shared.table, first_spec[c], shared.params.data<float>(), shared.grads.data<float>());
+}
+
+// The MoE layers of this rank's chunks, in the whole model's order, wired to the expert all-to-all.
+void wire_moe_layers(Trainer& t, const MoeSettingsOf& moe_of) {
   t.exchange = std::make_unique<CommunicatorExchange>(*t.groups.ep, *t.groups.data.ep);
-  if (tc.trace) t.traced_exchange = std::make_unique<TracedExchange>(*t.exchange, t.tracer);
+  if (t.config.train.trace) t.traced_exchange = std::make_unique<TracedExchange>(*t.exchange, t.tracer);
   ExpertExchange* exchange =
       t.traced_exchange ? static_cast<ExpertExchange*>(t.traced_exchange.get()) : t.exchange.get();
   t.token_group = std::make_unique<CommunicatorTokenGroup>(*t.groups.tp, *t.groups.data.tp);
-  for (int64_t l = 0; l < shape.layers; ++l) {
+  for (int64_t l = 0; l < t.config.model.layers; ++l) {
     if (!moe_of(l)) continue;
-    if (l >= t.model->first_layer() && l < t.model->end_layer()) {
-      MoeLayer<float>* m = moe_layer_of(t.model->ffn(l));
+    for (const auto& chunk : t.chunks) {
+      if (l < chunk->first_layer() || l >= chunk->end_layer()) continue;
+      MoeLayer<float>* m = moe_layer_of(chunk->ffn(l));
       MOE_CHECK(m, "layer " << l << " was built as an MoE layer");
       m->set_exchange(exchange);
       m->set_token_group(t.token_group.get());
@@ -170,10 +186,38 @@ void build_model(Trainer& t) {
     }
     ++t.model_moe_layers;
   }
+}
+
+// This rank's chunks of the model (chunk_specs), with their MoE layers wired to the expert all-to-all,
+// initialised from the seed, and the pipeline schedule that runs them.
+void build_model(Trainer& t) {
+  const Config& config = t.config;
+  const TrainConfig& tc = config.train;
+  const ModelShape shape{config.model.vocab, config.model.d_model, config.model.layers, config.model.heads,
+                         config.model.ffn_hidden};
+  const Recompute mode = tc.recompute == "full"        ? Recompute::Full
+                         : tc.recompute == "selective" ? Recompute::Selective
+                                                       : Recompute::None;
+  const int64_t pp = config.parallel.pp, stage = t.groups.coords.pp, V = config.parallel.vpp;
+  const TpContext tp{t.groups.data.tp, config.parallel.sequence_parallel, t.groups.tp.get()};
+  const MoeSettingsOf moe_of = moe_layers(config, t.groups);
+  const std::vector<StageSpec> specs = chunk_specs(config, stage);
+  for (int64_t c = 0; c < int64_t(specs.size()); ++c) {
+    const int slots = pp > 1 ? int(pipeline_slots(PipeSchedule::OneFOneB, pp, stage, t.micro_batches(), V, c)) : 1;
+    t.chunks.push_back(std::make_unique<Model<float>>(
+        t.backend, shape, tc.seq_len, tc.micro_batch, RecomputeSpec(mode, tc.recompute_layers),
+        tp_ffn_factory<float>(t.backend, tp, shape, moe_of), slots, specs[size_t(c)], attention_factory(t, shape, tp),
+        tensor_parallel_layout<float>(t.backend, tp, shape)));
+  }
+  t.model = t.chunks[0].get();
+  share_chunk_parameters(t);
+  wire_moe_layers(t, moe_of);
   t.model->init_params(tc.seed);
-  if (pp > 1)
-    t.pipeline = std::make_unique<PipelineExecutor<float>>(*t.model, *t.groups.data.pp, PipeSchedule::OneFOneB,
-                                                           t.micro_batches(), tc.micro_batch, tc.seq_len);
+  if (pp == 1) return;
+  std::vector<Model<float>*> chunks;
+  for (const auto& chunk : t.chunks) chunks.push_back(chunk.get());
+  t.pipeline = std::make_unique<PipelineExecutor<float>>(chunks, *t.groups.data.pp, PipeSchedule::OneFOneB,
+                                                         t.micro_batches(), tc.micro_batch, tc.seq_len);
 }
 
 }  // namespace
@@ -223,6 +267,12 @@ CheckedConfig load_checked_config(const TrainOptions& options, int64_t world_siz
                                           << "), fewer than the parallel.pp = " << pp << " pipeline stages; at least "
                                           << pp << " are needed to fill the pipeline: raise train.global_batch to "
                                           << pp * dp * tc.micro_batch << " or more, or lower train.micro_batch");
+  if (config.parallel.vpp > 1 && micro_batches % pp != 0)
+    MOE_BAD_INPUT("parallel.pp_schedule = interleaved_1f1b with parallel.vpp = "
+                  << config.parallel.vpp << ": train.global_batch = " << tc.global_batch << " gives each data-parallel "
+                  << "rank " << micro_batches << " micro-batches of train.micro_batch = " << tc.micro_batch
+                  << " per step (data-parallel size " << dp << "); expected a multiple of parallel.pp = " << pp
+                  << " (the schedule runs the micro-batches in groups of one per stage)");
   check_memory(config, grid);  // against this host's memory, or the GPU's on train.device = "cuda"
   return {std::move(config), std::move(grid)};
 }
@@ -309,7 +359,7 @@ Trainer::Trainer(CheckedConfig checked, TrainPaths paths_in, const data::Corpus&
   loader = std::make_unique<data::Loader>(corpus, tc.seed, tc.seq_len, training_schedule(config, corpus));
   data_provenance = data::data_provenance(corpus);
   last_used.assign(moe_layers.size(), std::vector<int64_t>(size_t(config.moe.num_experts), -1));
-  state.model = model.get(), state.optimizer = optimizer.get(), state.clip = clip.get();
+  state.model = model, state.optimizer = optimizer.get(), state.clip = clip.get();
   state.moe_layers = moe_layers, state.last_used = &last_used, state.groups = &groups;
   state.zero = config.optim.zero;
   state.capacity_auto = config.moe.capacity_auto.enabled;

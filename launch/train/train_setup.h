@@ -76,8 +76,20 @@ struct Trainer {
   std::shared_ptr<FlightRecorder> flight = std::make_shared<FlightRecorder>();
   ProcessGroups groups;
   Tracer tracer;
-  std::unique_ptr<Model<float>> model;  // this rank's pipeline stage (the whole model when parallel.pp = 1)
-  std::unique_ptr<PipelineExecutor<float>> pipeline;  // parallel.pp > 1: the stage's 1F1B schedule
+  // With several chunks (parallel.vpp > 1) the chunks' parameters, gradients and table, shared by them
+  // (Model::share_parameters): the one table the optimizer, buckets and checkpoint see.
+  struct ChunkParameters {
+    ParamTable table;
+    Buffer params, grads;
+  } chunk_parameters;
+  // This rank's model chunks: one, its pipeline stage (the whole model when parallel.pp = 1), or with
+  // parallel.vpp = V > 1, V chunks, chunk c holding virtual stage c * pp + coords.pp (docs/parallel.md
+  // "Interleaved stages").
+  std::vector<std::unique_ptr<Model<float>>> chunks;
+  // Chunk 0, which answers for the rank's parameters: table(), params(), grads() and num_params() are every
+  // chunk's. Forward, backward and contexts are each chunk's own.
+  Model<float>* model = nullptr;
+  std::unique_ptr<PipelineExecutor<float>> pipeline;  // parallel.pp > 1: the stage's (interleaved) 1F1B schedule
   std::unique_ptr<CommunicatorExchange> exchange;
   std::unique_ptr<TracedExchange> traced_exchange;      // train.trace: the MoE layers' exchange, timed
   std::unique_ptr<CommunicatorTokenGroup> token_group;  // MoE routing groups split over the tp ranks

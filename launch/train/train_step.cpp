@@ -96,10 +96,10 @@ void load_micro_batch(Trainer& t, int64_t step, int64_t mb, int32_t* tokens) {
   const int64_t seq0 = t.first_sequence() + mb * micro;
   for (int64_t b = 0; b < micro; ++b) t.loader->train_sequence(step, seq0 + b, tokens + b * (T + 1));
 }
-void set_micro_batch_context(Trainer& t, int64_t step, int64_t mb) {
+void set_micro_batch_context(Trainer& t, Model<float>& chunk, int64_t step, int64_t mb) {
   const TrainConfig& tc = t.config.train;
   const int64_t groups_per_step = tc.global_batch / tc.micro_batch;
-  t.model->set_context(true, step, t.first_sequence() + mb * tc.micro_batch, 1.0 / double(groups_per_step), tc.seed);
+  chunk.set_context(true, step, t.first_sequence() + mb * tc.micro_batch, 1.0 / double(groups_per_step), tc.seed);
 }
 
 // How a pipeline action shows in the trace: its name and category.
@@ -121,19 +121,21 @@ std::pair<const char*, const char*> trace_label(PipeOp op) {
   return {"?", "?"};
 }
 
-// The step's micro-batches through this rank's pipeline stage by the 1F1B schedule (parallel.pp > 1); returns
-// the sum of their token losses on the last stage, 0 on the others. Every action is a span of the trace; the
-// stage's gradients are final during its last backward (the schedules run backwards in micro-batch order),
-// so the gradient buckets reduce as they complete there, overlapped with it.
+// The step's micro-batches through this rank's pipeline stage by the (interleaved) 1F1B schedule (parallel.pp >
+// 1); returns the sum of their token losses on the last stage, 0 on the others. Every action is a span of the
+// trace; a chunk's gradients are final during its last backward (the schedules run each chunk's backwards in
+// micro-batch order), so the gradient buckets reduce as they complete there, overlapped with it.
 double pipeline_forward_backward(Trainer& t, int64_t step, double loss_scale) {
   PipelineExecutor<float>::MicroBatches mbs;
   mbs.tokens = [&](int64_t mb, int32_t* tokens) { load_micro_batch(t, step, mb, tokens); };
-  mbs.before_forward = [&](int64_t mb) { set_micro_batch_context(t, step, mb); };
+  mbs.before_chunk_forward = [&](int64_t mb, int64_t chunk) {
+    set_micro_batch_context(t, *t.chunks[size_t(chunk)], step, mb);
+  };
   std::optional<Tracer::Span> span;
   const int64_t last = t.micro_batches() - 1;
   mbs.around = [&](const PipeAction& a, bool begin) {
     if (a.op == PipeOp::Backward && a.micro_batch == last)
-      t.model->set_grad_ready_hook(
+      t.chunks[size_t(a.chunk)]->set_grad_ready_hook(
           begin ? Model<float>::GradReadyHook([&](int64_t first, int64_t end) { t.buckets->mark_ready(first, end); })
                 : nullptr);
     const auto [name, category] = trace_label(a.op);
@@ -165,7 +167,7 @@ double forward_backward(Trainer& t, int64_t step, double loss_scale) {
   double loss_sum = 0;
   for (int64_t mb = 0; mb < micro_batches; ++mb) {
     load_micro_batch(t, step, mb, tokens.data());
-    set_micro_batch_context(t, step, mb);
+    set_micro_batch_context(t, model, step, mb);
     // Gradients are final during the last micro-batch's backward: reduce buckets as they complete.
     if (mb == micro_batches - 1)
       model.set_grad_ready_hook([&](int64_t first, int64_t end) { t.buckets->mark_ready(first, end); });

@@ -252,6 +252,17 @@ run_case "fewer micro-batches than pipeline stages" 2 no_setup \
   "${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set model.layers=4 --set parallel.pp=4 \
   --set train.global_batch=2 --set train.micro_batch=2 --run-dir run
 
+# Interleaved stages: the schedule runs each data-parallel rank's micro-batches in groups of one per stage
+# (refused once the data-parallel size is known: here dp 2 leaves 3 each), and chunks need pipeline stages.
+expect=("parallel.vpp = 2" "3 micro-batches" "data-parallel size 2" "multiple of parallel.pp = 2")
+run_case "interleaved micro-batches not a multiple of the stages" 2 no_setup \
+  "${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set model.layers=4 --set parallel.pp=2 \
+  --set parallel.vpp=2 --set parallel.pp_schedule=interleaved_1f1b --set train.global_batch=12 \
+  --set train.micro_batch=2 --run-dir run
+expect=("parallel.vpp = 2" "parallel.pp = 1 (default)" "parallel.pp >= 2")
+run_case "chunks without pipeline stages" 2 no_setup "$moe" train --config "$config" "${small[@]}" \
+  --set parallel.vpp=2 --set parallel.pp_schedule=interleaved_1f1b --run-dir run
+
 # Tensor parallelism: an uneven split is named.
 expect=("model.heads = 2" "parallel.tp = 4" "attention heads")
 run_case "model.heads not a multiple of parallel.tp" 2 no_setup "$moe" train --config "$config" "${small[@]}" \

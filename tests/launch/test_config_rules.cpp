@@ -195,6 +195,46 @@ TEST(ConfigRules, PipelineStagesCoverTheLayers) {
                    {"parallel.pp_layers", "list of integers"});
 }
 
+// Interleaved stages: vpp chunks per rank need pp >= 2, the interleaved schedule (and it them), equal blocks of
+// layers (no pp_layers, model.layers a multiple of pp * vpp).
+TEST(ConfigRules, InterleavedStagesNeedPipelineScheduleAndEqualBlocks) {
+  const json interleaved = {{"parallel", {{"pp", 2}, {"vpp", 2}, {"pp_schedule", "interleaved_1f1b"}}}};
+  const Config c = from(interleaved);
+  EXPECT_EQ(c.parallel.vpp, 2);
+  EXPECT_EQ(c.parallel.pp_schedule, PpSchedule::Interleaved1F1B);
+  EXPECT_EQ(from(json::object()).parallel.vpp, 1);
+  EXPECT_EQ(from(json::object()).parallel.pp_schedule, PpSchedule::OneFOneB);
+  expect_bad_input(
+      [] {
+        from(json{{"parallel", {{"vpp", 2}, {"pp_schedule", "interleaved_1f1b"}}}});
+      },
+      {"parallel.vpp = 2", "parallel.pp = 1 (default)", "parallel.pp >= 2"});
+  expect_bad_input(
+      [] {
+        from(json{{"parallel", {{"pp", 2}, {"vpp", 2}}}});
+      },
+      {"parallel.vpp = 2", "parallel.pp_schedule = \"1f1b\" (default)", "interleaved_1f1b"});
+  expect_bad_input(
+      [] {
+        from(json{{"parallel", {{"pp", 2}, {"pp_schedule", "interleaved_1f1b"}}}});
+      },
+      {"parallel.pp_schedule", "parallel.vpp = 1 (default)", "parallel.vpp >= 2"});
+  expect_bad_input(
+      [] {
+        from(json{{"parallel", {{"pp", 2}, {"vpp", 3}, {"pp_schedule", "interleaved_1f1b"}}},
+                  {"model", {{"layers", 8}}}});
+      },
+      {"model.layers = 8", "parallel.vpp = 3", "multiple of parallel.pp * parallel.vpp = 6"});
+  expect_bad_input(
+      [] {
+        from(json{{"parallel", {{"pp", 2}, {"vpp", 2}, {"pp_schedule", "interleaved_1f1b"}, {"pp_layers", {1, 3}}}}});
+      },
+      {"parallel.pp_layers = [1,3]", "parallel.vpp = 2", "equal blocks"});
+  expect_bad_input([] { from(document_with("parallel.vpp", 0)); }, {"parallel.vpp", ">= 1"});
+  expect_bad_input([] { from(document_with("parallel.pp_schedule", "gpipe")); },
+                   {"parallel.pp_schedule", "gpipe", "interleaved_1f1b"});
+}
+
 // A tensor-parallel config that splits something unevenly is refused by name; one that passes every rule
 // is accepted (or, with parallel.expert_tp = tp, reaches the gate that still refuses split experts).
 

@@ -95,5 +95,41 @@ TEST(MemoryEstimate, PipelineStageAllocatesExactlyItsEstimate) {
   }
 }
 
+// Interleaved stages (parallel.vpp = 2 over pp = 2, 4 layers: rank 0 holds layers 0 and 2, rank 1 layers 1 and 3):
+// each rank's chunks allocate exactly the sum of their parts' estimates (each chunk's layers, slots, scratch and
+// executor buffers; the parameters, gradients and moments in the rank's one shared table), and that sum is the
+// largest stage's estimate or less.
+TEST(MemoryEstimate, InterleavedChunksAllocateExactlyTheSumOfTheirEstimates) {
+  const std::vector<std::vector<std::string>> cases = {
+      {},
+      {"moe.num_experts=4", "moe.every=2", "train.recompute=selective", "train.global_batch=16"},
+  };
+  auto world = MpiCommunicator::world();
+  const int64_t stage = world->rank();
+  for (const std::vector<std::string>& extra : cases) {
+    std::vector<std::string> keys = {"parallel.pp=2", "parallel.vpp=2", "parallel.pp_schedule=interleaved_1f1b",
+                                     "model.layers=4"};
+    keys.insert(keys.end(), extra.begin(), extra.end());
+    const Config config = small_config(keys);
+    SCOPED_TRACE(testing::PrintToString(extra) + " stage " + std::to_string(stage));
+    const int64_t micro_batches = config.train.global_batch / config.train.micro_batch;
+    const std::vector<StagePart> parts = pipeline_chunk_parts(config, stage, micro_batches);
+    ASSERT_EQ(parts.size(), 2u);
+    EXPECT_EQ(parts[0].first, stage);
+    EXPECT_EQ(parts[1].first, 2 + stage);
+    EXPECT_TRUE(parts[0].embedding == (stage == 0) && !parts[1].embedding);
+    EXPECT_TRUE(parts[1].head == (stage == 1) && !parts[0].head);
+    int64_t parameters = 0, constructed = 0, total = 0;
+    for (const StagePart& part : parts) {
+      const MemoryEstimate e = estimate_memory(config, 1, 1, 1, part);
+      parameters += e.parameters, constructed += allocated_at_construction(e), total += e.total();
+    }
+    const Measured m = measure(config, MpiCommunicator::world());
+    EXPECT_EQ(parameters, 4 * m.parameters);
+    EXPECT_EQ(constructed, m.constructed);
+    EXPECT_GE(largest_stage_estimate(config, 1, 1, 1).memory.total(), total);
+  }
+}
+
 }  // namespace
 }  // namespace moe
