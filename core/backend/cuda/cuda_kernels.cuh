@@ -167,21 +167,34 @@ __global__ void scale_kernel(T* y, T factor, int64_t n) {
   MOE_GRID_STRIDE(i, n) y[i] *= factor;
 }
 
-// A bf16 GEMM's operand (GemmPrecision::Bf16): x (rows, cols, leading dimension ld) packed (leading dimension
-// cols) as bf16 bits, rounded as core/dtype.h does on the CPU. For fp64 storage, `rounded` gets the values
-// rounded to bf16 in T instead (cuBLAS has no bf16 x bf16 -> fp64 GEMM): the CPU's emulation.
+// A bf16 GEMM's operand (GemmPrecision::Bf16): x rounded as core/dtype.h does on the CPU, stored as bf16 bits
+// (fp32 storage) or as the value rounded to bf16 in T (fp64 storage: cuBLAS has no bf16 x bf16 -> fp64 GEMM, so
+// the CPU's emulation).
 template <typename T>
-__global__ void to_bf16_kernel(const T* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {
-  MOE_GRID_STRIDE(i, rows * cols) out[i] = float_to_bf16(float(x[(i / cols) * ld + i % cols])).bits;
+__device__ inline void store_rounded(T x, uint16_t* out) {
+  *out = float_to_bf16(float(x)).bits;
+}
+template <typename T>
+__device__ inline void store_rounded(T x, T* out) {
+  *out = round_to_bf16(x);
+}
+// x (rows, cols, leading dimension ld) rounded, packed (leading dimension cols). Contiguous (ld == cols, the
+// parameters' copy and most activations): one grid-stride loop. Otherwise one block per row, the threads over its
+// columns: no 64-bit division per element.
+template <typename T, typename R>
+__global__ void round_contiguous_kernel(const T* x, int64_t n, R* out) {
+  MOE_GRID_STRIDE(i, n) store_rounded(x[i], out + i);
+}
+template <typename T, typename R>
+__global__ void round_rows_kernel(const T* x, int64_t rows, int64_t cols, int64_t ld, R* out) {
+  MOE_ROW_STRIDE(r, rows) {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) store_rounded(x[r * ld + c], out + r * cols + c);
+  }
 }
 // bf16 bits back to the storage type (fused attention's outputs).
 template <typename T>
 __global__ void from_bf16_kernel(const uint16_t* x, T* out, int64_t n) {
   MOE_GRID_STRIDE(i, n) out[i] = T(bf16_to_float(bf16{x[i]}));
-}
-template <typename T>
-__global__ void round_to_bf16_kernel(const T* x, int64_t rows, int64_t cols, int64_t ld, T* rounded) {
-  MOE_GRID_STRIDE(i, rows * cols) rounded[i] = round_to_bf16(x[(i / cols) * ld + i % cols]);
 }
 
 // Sum of squares: chunk c of `chunk` elements into partial[c] (one block each), then the partials in order.
@@ -670,14 +683,16 @@ __global__ void d_log_tau_kernel(const T* scores, const T* dp, double tau, bool 
 
 // ---- the optimizer -----------------------------------------------------------------------------------
 
-template <typename T>
+// rounded: null, or the parameters' rounded copy at p (Ops::adamw_update), written in the same pass.
+template <typename T, typename R>
 __global__ void adamw_kernel(T* p, const T* g, T* m, T* v, int64_t n, T b1, T b2, T step_size, T inv_bc2, T eps,
-                             T decay) {
+                             T decay, R* rounded) {
   MOE_GRID_STRIDE(i, n) {
     m[i] = b1 * m[i] + (T(1) - b1) * g[i];
     v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
     p[i] -= decay * p[i];
     p[i] -= step_size * m[i] / (sqrt(v[i] * inv_bc2) + eps);
+    if (rounded) store_rounded(p[i], rounded + i);
   }
 }
 

@@ -266,11 +266,21 @@ class CudaOps final : public Ops<T> {
   // x (rows, cols, leading dimension ld) as a bf16 GEMM reads it, packed into `out`: bf16 bits for fp32
   // storage, values rounded to bf16 in T for fp64.
   void round_operand(const T* x, int64_t rows, int64_t cols, int64_t ld, void* out);
+  template <typename R>
+  void round_into(const T* x, int64_t rows, int64_t cols, int64_t ld, R* out);
   // An operand inside the parameters' memory (Ops::set_parameter_memory) read from their rounded copy, at the
   // same offset and leading dimension; the copy is remade at the first use after a change. Null outside it.
   const void* rounded_parameter(const T* x);
   // X rounded for a GEMM: the parameters' copy (ld kept), or a packed copy in `w` (ld becomes cols).
   const void* gemm_operand(const T* X, int64_t rows, int64_t cols, int64_t& ld, std::optional<Workspace>& w);
+  // Where p's rounded value sits in the parameters' copy while the copy is current (adamw_update writes it there
+  // and so keeps it current); null otherwise (no copy yet, a stale one, or p outside the parameters).
+  void* current_rounded(const T* p) {
+    if (!this->in_parameters(p) || !rounded_ || rounded_version_ != this->parameter_version() ||
+        rounded_bytes_ != size_t(this->parameter_count()) * kOperandBytes)
+      return nullptr;
+    return static_cast<char*>(rounded_) + (p - this->parameter_memory()) * int64_t(kOperandBytes);
+  }
   void* rounded_ = nullptr;  // the parameters rounded (from the allocator; freed with the ops)
   size_t rounded_bytes_ = 0;
   uint64_t rounded_version_ = ~uint64_t(0);

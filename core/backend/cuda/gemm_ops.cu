@@ -30,12 +30,22 @@ void CudaOps<T>::gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int
   }
 }
 
+// Contiguous (one row, or ld == cols): one grid-stride loop; strided: one block per row.
+template <typename T>
+template <typename R>
+void CudaOps<T>::round_into(const T* x, int64_t rows, int64_t cols, int64_t ld, R* out) {
+  if (rows == 1 || ld == cols)
+    launch(elementwise_launch(rows * cols), cuda::round_contiguous_kernel<T, R>, x, rows * cols, out);
+  else
+    launch(row_launch(rows, cols), cuda::round_rows_kernel<T, R>, x, rows, cols, ld, out);
+}
+
 template <typename T>
 void CudaOps<T>::round_operand(const T* x, int64_t rows, int64_t cols, int64_t ld, void* out) {
   if constexpr (sizeof(T) == 4)
-    launch(elementwise_launch(rows * cols), cuda::to_bf16_kernel<T>, x, rows, cols, ld, static_cast<uint16_t*>(out));
+    round_into(x, rows, cols, ld, static_cast<uint16_t*>(out));
   else
-    launch(elementwise_launch(rows * cols), cuda::round_to_bf16_kernel<T>, x, rows, cols, ld, static_cast<T*>(out));
+    round_into(x, rows, cols, ld, static_cast<T*>(out));
 }
 
 template <typename T>

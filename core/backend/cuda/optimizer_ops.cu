@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/backend/cuda/cuda_ops.cuh"
 
@@ -10,8 +11,10 @@ namespace moe::cuda {
 
 template <typename T>
 void CudaOps<T>::adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const typename Ops<T>::AdamWStep& s) {
-  launch(elementwise_launch(n), cuda::adamw_kernel<T>, p, g, m, v, n, s.beta1, s.beta2, s.step_size, s.inv_bc2, s.eps,
-         s.decay);
+  // The parameters' rounded copy, where current, written in the same pass: bf16 bits (fp32), rounded T (fp64).
+  using R = std::conditional_t<sizeof(T) == 4, uint16_t, T>;
+  launch(elementwise_launch(n), cuda::adamw_kernel<T, R>, p, g, m, v, n, s.beta1, s.beta2, s.step_size, s.inv_bc2,
+         s.eps, s.decay, static_cast<R*>(current_rounded(p)));
 }
 
 // Chunks of a fixed size whatever the device, each summed by one block, then the chunks in order.
