@@ -209,10 +209,18 @@ __global__ void sum_squares_chunks_kernel(const T* x, int64_t n, int64_t chunk, 
     if (threadIdx.x == 0) partial[c] = s;
   }
 }
-__global__ inline void sum_in_order_kernel(const double* partial, int64_t n, double* total) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += partial[i];
-  *total = s;
+// One level of the tree over the partials: group g of `group` consecutive values (the last one shorter) summed by
+// one block of a fixed width, each thread its strided values in order, then block_sum's fixed tree. The host
+// applies levels until one value is left, so the shape depends on n alone, never on the device.
+__global__ inline void sum_groups_kernel(const double* in, int64_t n, int64_t group, double* out, int64_t groups) {
+  extern __shared__ double shared[];
+  MOE_ROW_STRIDE(g, groups) {
+    const int64_t end = min(n, (g + 1) * group);
+    double s = 0;
+    for (int64_t i = g * group + threadIdx.x; i < end; i += blockDim.x) s += in[i];
+    s = block_sum(s, shared);
+    if (threadIdx.x == 0) out[g] = s;
+  }
 }
 
 // ---- attention (the plain reference; cuDNN's fused attention is to be tested against it) ---------------

@@ -17,15 +17,28 @@ void CudaOps<T>::adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const typ
          s.eps, s.decay, static_cast<R*>(current_rounded(p)));
 }
 
-// Chunks of a fixed size whatever the device, each summed by one block, then the chunks in order.
+// Chunks of 4096 elements (the CPU's), each summed by one block; then the chunks' partials by a tree of fixed
+// shape: groups of kSumGroup summed by one block of kThreads each, level after level, until one value is left
+// (1.5 M partials of the bench's 6.2 G gradients: three levels of small launches, where one thread adding them in
+// order was L2-latency bound). The shape depends on n alone, so a run repeats bit for bit on any device; the
+// order is not the CPU's (its partials in order), within the conformance bound.
 template <typename T>
 void CudaOps<T>::sum_squares_into(const T* x, int64_t n, double* out) {
-  constexpr int64_t kChunk = 4096;
+  constexpr int64_t kChunk = 4096, kSumGroup = cuda::kThreads;
   const int64_t chunks = std::max<int64_t>(1, (n + kChunk - 1) / kChunk);
-  Workspace partial(*ctx_.allocator, size_t(chunks) * sizeof(double));
-  double* d = static_cast<double*>(partial.ptr);
-  launch_rows(row_launch(chunks, kChunk), cuda::sum_squares_chunks_kernel<T>, x, n, kChunk, d, chunks);
-  launch(LaunchConfig{1, 1}, cuda::sum_in_order_kernel, d, chunks, out);
+  const int64_t second = (chunks + kSumGroup - 1) / kSumGroup;  // the most any level after the first makes
+  Workspace partial(*ctx_.allocator, size_t(chunks + second) * sizeof(double));
+  double* level[2] = {static_cast<double*>(partial.ptr), static_cast<double*>(partial.ptr) + chunks};
+  launch_rows(row_launch(chunks, kChunk), cuda::sum_squares_chunks_kernel<T>, x, n, kChunk, level[0], chunks);
+  int64_t count = chunks;
+  for (int from = 0;; from = 1 - from) {
+    const int64_t groups = (count + kSumGroup - 1) / kSumGroup;
+    double* to = groups == 1 ? out : level[1 - from];
+    const LaunchConfig tree{uint32_t(std::min<int64_t>(groups, cuda::kMaxBlocks)), cuda::kThreads};
+    launch_rows(tree, cuda::sum_groups_kernel, level[from], count, kSumGroup, to, groups);
+    if (groups == 1) return;
+    count = groups;
+  }
 }
 
 template <typename T>
