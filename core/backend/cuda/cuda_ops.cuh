@@ -85,7 +85,7 @@ class CudaOps final : public Ops<T> {
 
   void embedding_forward(const int32_t* tokens, const T* table, int64_t first, int64_t rows, T* out, int64_t N,
                          int64_t D) override {
-    launch(elementwise_launch(N * D), cuda::embedding_forward_kernel<T>, tokens, table, first, rows, out, N, D);
+    launch(row_launch(N, D), cuda::embedding_forward_kernel<T>, tokens, table, first, rows, out, N, D);
   }
   void embedding_backward(const int32_t* tokens, const T* dout, int64_t first, int64_t rows, T* dtable, int64_t N,
                           int64_t D) override;
@@ -98,7 +98,7 @@ class CudaOps final : public Ops<T> {
 
   void rope(T* x, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) override {
     MOE_CHECK(Dh % 2 == 0, "rotary embedding needs an even head width, got " << Dh);
-    launch(elementwise_launch(B * T_ * H * Dh / 2), cuda::rope_kernel<T>, x, rope_table(T_, Dh), B, T_, H, Dh, inverse);
+    launch(row_launch(B * T_ * H, Dh / 2), cuda::rope_kernel<T>, x, rope_table(T_, Dh), B, T_, H, Dh, inverse);
   }
 
   void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,
@@ -135,8 +135,8 @@ class CudaOps final : public Ops<T> {
   }
   void logits_softmax_backward(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
                                T* dlogits, int64_t N, int64_t V) override {
-    launch(elementwise_launch(N * V), cuda::logits_softmax_backward_kernel<T>, logits, targets, first, lse, scale,
-           dlogits, N, V);
+    launch(row_launch(N, V), cuda::logits_softmax_backward_kernel<T>, logits, targets, first, lse, scale, dlogits, N,
+           V);
   }
 
   void add_inplace(T* y, const T* x, int64_t n) override {
@@ -178,12 +178,12 @@ class CudaOps final : public Ops<T> {
   }
 
   void gather_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) override {
-    launch(elementwise_launch(rows * D), cuda::gather_rows_kernel<T>, src, index, scale, dst, rows, D);
+    launch(row_launch(rows, D), cuda::gather_rows_kernel<T>, src, index, scale, dst, rows, D);
   }
   void scatter_add_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) override;
   void combine_rows(const T* src, const int32_t* index, const T* weight, T* dst, int64_t N, int64_t K, int64_t D,
                     bool accumulate) override {
-    launch(elementwise_launch(N * D), cuda::combine_rows_kernel<T>, src, index, weight, dst, N, K, D, accumulate);
+    launch(row_launch(N, D), cuda::combine_rows_kernel<T>, src, index, weight, dst, N, K, D, accumulate);
   }
   void row_dots(const T* a, const int32_t* index, const T* b, T* out, int64_t rows, int64_t D) override {
     launch_rows(row_launch(rows, D), cuda::row_dots_kernel<T>, a, index, b, out, rows, D);

@@ -31,8 +31,8 @@ void CudaOps<T>::sorted_scatter_add(ScatterOrder& order, const T* src, const T* 
   Workspace temp(*ctx_.allocator, std::max<size_t>(bytes, 1));
   MOE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.ptr, bytes, order.keys(), order.sorted_keys(), order.rows(),
                                                  order.sorted_rows(), int(rows), 0, 32, ctx_.stream));
-  launch(elementwise_launch(rows * D), cuda::sorted_scatter_add_kernel<T>, src, order.sorted_keys(),
-         order.sorted_rows(), scale, dst, rows, D);
+  launch(row_launch(rows, D), cuda::sorted_scatter_add_kernel<T>, src, order.sorted_keys(), order.sorted_rows(), scale,
+         dst, rows, D);
 }
 
 template <typename T>
