@@ -112,6 +112,7 @@ void GradBuckets::allgather_params(float* params) {
     if (n < b.shard) backend_.ops<float>().fill(mine + n, 0.0f, b.shard - n);
     c.allgather(mine, b.staging.data<float>(), b.shard);
     backend_.copy(params + b.lo, b.staging.data<float>(), size_t(b.hi - b.lo) * sizeof(float));
+    backend_.ops<float>().parameters_changed();  // other ranks' updates: the rounded copy lacks them
   }
 }
 

@@ -33,9 +33,10 @@ class Ops {
   // The parameters' memory (n elements from `first`, the model's flat buffer; null: none). With bf16 GEMMs the
   // backend rounds all of it once, at the first GEMM after a change, and reads every GEMM operand inside it from
   // that copy (the weights are rounded once per step instead of once per GEMM; PyTorch's autocast keeps such a
-  // cache too). parameters_changed() drops the copy: the trainer calls it before each step's and each
-  // evaluation's first forward, since the parameters change only between them. The results are the same bits
-  // either way.
+  // cache too). parameters_changed() drops the copy; adamw_update keeps it (it writes the rounded values of what
+  // it updates beside them), so the trainer calls parameters_changed() only where something else wrote the
+  // parameters (the initialisation or a load, ZeRO's all-gather, a frozen backbone's restore). The results are the
+  // same bits either way.
   void set_parameter_memory(const T* first, int64_t n) {
     parameters_ = first, parameter_count_ = n;
     parameters_changed();
@@ -278,6 +279,8 @@ class Ops {
   // ---- The optimizer ---------------------------------------------------------------------------
   // One AdamW update over n elements, decoupled weight decay (optim/adamw.h):
   //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  p -= decay p;  p -= step_size m / (sqrt(v inv_bc2) + eps)
+  // Where p lies in the parameters' memory and their rounded copy is current (set_parameter_memory), the same
+  // pass writes the new p rounded into the copy, so that the copy stays current without a rounding pass.
   struct AdamWStep {
     T beta1, beta2, step_size, inv_bc2, eps, decay;
   };

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "launch/run/run_files.h"
 #include "launch/train/train_setup.h"
+#include "launch/train/train_step.h"
 
 namespace moe {
 using json = nlohmann::json;
@@ -36,7 +37,7 @@ std::vector<std::vector<int32_t>> probe_top1(Trainer& t) {
   const int64_t T = tc.seq_len, K = t.config.moe.top_k;
   std::vector<int32_t> tokens(size_t(B * (T + 1)));
   for (int64_t b = 0; b < B; ++b) loader.heldout_sequence(0, b, tokens.data() + b * (T + 1));
-  t.backend.ops<float>().parameters_changed();  // by the last update
+  parameters_before_forward(t);
   t.model->set_context(false, 0, 0, 0.0, 0);
   t.model->forward(tokens.data(), B);
   std::vector<std::vector<int32_t>> top1;

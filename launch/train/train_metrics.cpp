@@ -118,7 +118,7 @@ nlohmann::json data_metrics(const data::Loader& loader, int64_t step, int64_t gl
 }
 
 EvalResult evaluate(Trainer& t) {
-  t.backend.ops<float>().parameters_changed();  // by the last update, a load or the initialisation
+  parameters_before_forward(t);
   const TrainConfig& tc = t.config.train;
   const int64_t micro = tc.micro_batch, T = tc.seq_len;
   const data::Loader& loader = *t.loader;

@@ -109,6 +109,10 @@ struct Trainer {
   // Last step at which each expert of each MoE layer received a token, for the dead-expert count.
   std::vector<std::vector<int64_t>> last_used;
   TrainState state;
+  // Nothing but the last optimizer step wrote the parameters since the step's forward: the backend's rounded copy
+  // of them is current (Ops::adamw_update keeps it), so the next forward need not drop it. False until the first
+  // update (the initialisation or a load wrote them).
+  bool parameters_only_updated = false;
 
   int64_t micro_batches() const;    // per data-parallel rank and step
   int64_t tokens_per_step() const;  // the global batch

@@ -331,6 +331,7 @@ class BackboneFreeze {
     for (const ParamSpec& spec : model.table().specs())
       if (spec.role != ParamRole::Router)
         model.backend().ops<float>().copy(kept_.data<float>() + spec.offset, model.params() + spec.offset, spec.numel);
+    model.backend().ops<float>().parameters_changed();  // written past adamw_update's rounded copy
   }
 
  private:
@@ -339,9 +340,14 @@ class BackboneFreeze {
   bool active_ = false;
 };
 
+void parameters_before_forward(Trainer& t) {
+  if (!t.parameters_only_updated) t.backend.ops<float>().parameters_changed();  // a load or the initialisation
+}
+
 StepResult train_step(Trainer& t, int64_t step) {
   StepResult r;
-  t.backend.ops<float>().parameters_changed();  // by the last update, a load or the initialisation
+  parameters_before_forward(t);
+  t.parameters_only_updated = false;
   // A scheduled temperature is a function of the step (so a resumed run sets the same).
   if (!t.config.moe.router.tau_schedule.empty())
     for (MoeLayer<float>* m : t.moe_layers) m->set_tau(t.config.moe.router.tau_at(step));
@@ -371,8 +377,9 @@ StepResult train_step(Trainer& t, int64_t step) {
   {
     const auto span = t.tracer.span("optimizer", "optimizer");
     t.optimizer->step(t.model->params(), t.model->grads(), r.lr);
-    t.buckets->allgather_params(t.model->params());
-    freeze.restore();
+    t.buckets->allgather_params(t.model->params());  // with ZeRO: drops the rounded copy
+    freeze.restore();                                // drops it where it restores
+    t.parameters_only_updated = true;
   }
   const auto span = t.tracer.span("routing update", "optimizer");
   r.dead_experts = update_routing(t, step);

@@ -23,6 +23,10 @@ struct StepResult {
 // updated then).
 StepResult train_step(Trainer& trainer, int64_t step);
 
+// Before a step's, an evaluation's or a routing probe's forward: the backend's rounded copy of the parameters
+// dropped (Ops::parameters_changed) unless only the optimizer's updates wrote the parameters since it was made.
+void parameters_before_forward(Trainer& trainer);
+
 // The trainer's Checkpointer calls it (SaveSettings::on_non_finite) on every rank when the snapshot of a save
 // holds values that are not finite (parameters, optimizer moments, clipping statistics): the save is abandoned
 // (nothing non-finite is ever committed, the committed checkpoints stay the newest) and this throws RunFailed

@@ -182,6 +182,45 @@ TEST_P(GemmPrecisionTest, ParameterCopyGivesTheSameBitsAndFollowsChanges) {
   f.set_gemm_precision(GemmPrecision::Fp32);
 }
 
+// AdamW keeps the parameters' rounded copy (Ops::adamw_update): after updates of part of the parameters and then
+// all of them, without parameters_changed(), a GEMM reading a weight from the copy gives the bits of the same
+// GEMM on a copy of the weight outside the parameters (rounded at the GEMM). The copy read stale would not: the
+// updates move every weight by far more than bf16's rounding. Strided operands (a weight's column block) too.
+TEST_P(GemmPrecisionTest, AdamWUpdatesKeepTheParameterCopyCurrent) {
+  Backend& b = backend();
+  Ops<float>& f = b.ops<float>();
+  const int64_t M = 7, N = 24, K = 19, P = 2 * K * N + 3;  // two weights and a 3-element tail
+  const auto X = randn(M * K, "ax"), W = randn(P, "aw"), G = randn(P, "ag", 0.5);
+  Buffer x = put<float>(b, X), params = put<float>(b, W), grads = put<float>(b, G);
+  Buffer m = put<float>(b, std::vector<double>(size_t(P), 0.0)), v = put<float>(b, std::vector<double>(size_t(P), 0.0));
+  Buffer outside = b.allocate(DType::F32, K * N);
+  f.set_gemm_precision(GemmPrecision::Bf16);
+  f.set_parameter_memory(params.data<float>(), P);
+  // x W_weight[:, first column, width columns], W_weight (K, N) with leading dimension N, from `from`.
+  auto product = [&](const float* from, int64_t first, int64_t width) {
+    Buffer y = b.allocate(DType::F32, M * width);
+    f.gemm(false, false, M, width, K, 1.0f, x.data<float>(), K, from + first, N, 0.0f, y.data<float>(), width);
+    return get<float>(b, y);
+  };
+  auto expect_copy_current = [&](const std::string& after) {
+    for (int64_t weight = 0; weight < 2; ++weight) {
+      const float* in_params = params.data<float>() + weight * K * N;
+      b.copy(outside.data<float>(), in_params, size_t(K * N) * sizeof(float));
+      EXPECT_EQ(product(in_params, 0, N), product(outside.data<float>(), 0, N)) << after << ", weight " << weight;
+      EXPECT_EQ(product(in_params, 5, 11), product(outside.data<float>(), 5, 11)) << after << ", weight " << weight;
+    }
+  };
+  expect_copy_current("the first rounding");
+  const Ops<float>::AdamWStep step{0.9f, 0.95f, 0.5f, 1.0f / 0.05f, 1e-8f, 0.001f};
+  f.adamw_update(params.data<float>() + K * N, grads.data<float>() + K * N, m.data<float>() + K * N,
+                 v.data<float>() + K * N, K * N + 3, step);  // the second weight and the tail
+  expect_copy_current("an update of part of the parameters");
+  f.adamw_update(params.data<float>(), grads.data<float>(), m.data<float>(), v.data<float>(), P, step);
+  expect_copy_current("an update of all of them");
+  f.set_parameter_memory(nullptr, 0);
+  f.set_gemm_precision(GemmPrecision::Fp32);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, GemmPrecisionTest, ::testing::ValuesIn(backends()),
                          [](const auto& info) { return info.param.name; });
 

@@ -119,6 +119,29 @@ TEST_P(Conformance, NormsAndElementwise) {
   elementwise_cases<double>(backend());
 }
 
+// The gradient norm's sum of squares over more chunks of 4096 than one group of the CUDA backend's tree over the
+// partials holds (two levels of it, the last group short): within the suite's bound, 8 eps(T) sqrt(n), of the sum
+// of the values as stored (in long double), and sum_squares_into gives the same bits.
+template <typename T>
+void long_sum_cases(Backend& b) {
+  const int64_t n = 4096 * (2 * 256 + 3) + 17;
+  const auto X = randn(n, "long sum");
+  long double exact = 0;
+  for (double x : X) exact += (long double)(T(x)) * (long double)(T(x));
+  const double ss = double(exact);
+  Buffer x = put<T>(b, X), into = b.allocate(DType::F64, 1);
+  Ops<T>& f = b.ops<T>();
+  const double sum = f.sum_squares(x.data<T>(), n);
+  EXPECT_NEAR(sum, ss, 8 * eps<T>() * std::sqrt(double(n)) * ss);
+  f.sum_squares_into(x.data<T>(), n, into.data<double>());
+  EXPECT_EQ(b.download<double>(into)[0], sum);
+}
+
+TEST_P(Conformance, SumSquaresOverManyChunks) {
+  long_sum_cases<float>(backend());
+  long_sum_cases<double>(backend());
+}
+
 // A strided block of rows copied within the backend: a column block out of a wider matrix, into one, and rows
 // shorter than both strides; the copy is exact.
 template <typename T>

@@ -51,16 +51,38 @@ TEST(Precision, Bf16ResumesBitForBit) {
   fs::remove_all(root.parent_path());
 }
 
-// The weights' rounded copy, made once per step (Ops::set_parameter_memory), gives the bits of rounding them at
-// every GEMM: the copy is remade after every update, before evaluations and routing probes too.
-TEST(Precision, Bf16WeightCopyIsTheSameAsRoundingAtEveryGemm) {
-  const fs::path root = shared_temp_root("moe_precision_", "copy");
-  const RunOutput copied = train_on(1, overrides("bf16"), (root / "copied").string());
+// The weights' rounded copy (Ops::set_parameter_memory), made at the first forward and then kept by AdamW's
+// updates (Ops::adamw_update writes it beside the parameters), gives the bits of rounding them at every GEMM:
+// through evaluations and routing probes, a resume, and a frozen backbone's restore (which writes the
+// parameters past the copy, so drops it).
+void expect_copy_is_rounding_at_every_gemm(const std::vector<std::string>& extra, const std::string& name) {
+  const fs::path root = shared_temp_root("moe_precision_", name);
+  std::vector<std::string> o = overrides("bf16");
+  o.insert(o.end(), extra.begin(), extra.end());
+  const RunOutput copied = train_on(1, o, (root / "copied").string());
+  ::setenv("MOE_BF16_WEIGHT_COPY", "0", 1);
+  const RunOutput each = train_on(1, o, (root / "each").string());
+  ::unsetenv("MOE_BF16_WEIGHT_COPY");
+  ASSERT_FALSE(copied.evals.empty());
+  expect_bitwise_equal(copied, each, "bf16 weights copied (" + name + ") against rounded per GEMM");
+  fs::remove_all(root.parent_path());
+}
+
+TEST(Precision, Bf16WeightCopyIsTheSameAsRoundingAtEveryGemm) { expect_copy_is_rounding_at_every_gemm({}, "copy"); }
+
+TEST(Precision, Bf16WeightCopyThroughAFrozenBackbone) {
+  expect_copy_is_rounding_at_every_gemm({"moe.router.warmup.steps=4", "moe.router.warmup.freeze_backbone=true"},
+                                        "frozen");
+}
+
+TEST(Precision, Bf16WeightCopyThroughAResume) {
+  const fs::path root = shared_temp_root("moe_precision_", "copy_resume");
+  train_on(1, overrides("bf16"), (root / "cut").string(), /*stop_after=*/6);
+  const RunOutput resumed = train_on(1, overrides("bf16"), (root / "cut").string());
   ::setenv("MOE_BF16_WEIGHT_COPY", "0", 1);
   const RunOutput each = train_on(1, overrides("bf16"), (root / "each").string());
   ::unsetenv("MOE_BF16_WEIGHT_COPY");
-  ASSERT_FALSE(copied.evals.empty());
-  expect_bitwise_equal(copied, each, "bf16 weights copied once per step against rounded per GEMM");
+  expect_bitwise_equal(each, resumed, "bf16 resumed with the copy against rounded per GEMM");
   fs::remove_all(root.parent_path());
 }
 

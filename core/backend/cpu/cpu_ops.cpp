@@ -344,7 +344,7 @@ class CpuOps final : public Ops<T> {
     cpu::score_backward(scores, dp, tau, sigmoid, logits, noise, own_first, own_count, d_log_tau, dz, N, E);
   }
   void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const typename Ops<T>::AdamWStep& step) override {
-    cpu::adamw_update(p, g, m, v, n, step);
+    cpu::adamw_update(p, g, m, v, n, step, current_rounded(p));
   }
 
  private:
@@ -362,6 +362,14 @@ class CpuOps final : public Ops<T> {
     in.parameters = this->parameter_memory(), in.count = this->parameter_count();
     in.rounded = rounded_parameters_.data();
     return in;
+  }
+  // Where p's rounded value sits in the parameters' copy while the copy is current (adamw_update keeps it so);
+  // null otherwise (no copy yet, a stale one, or p outside the parameters).
+  T* current_rounded(const T* p) {
+    if (!this->in_parameters(p) || rounded_version_ != this->parameter_version() ||
+        rounded_parameters_.size() != size_t(this->parameter_count()))
+      return nullptr;
+    return rounded_parameters_.data() + (p - this->parameter_memory());
   }
   std::vector<T> rounded_parameters_;
   uint64_t rounded_version_ = ~uint64_t(0);

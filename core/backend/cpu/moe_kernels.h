@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/backend/cpu/vector_math.h"
+#include "core/dtype.h"
 #include "core/philox.h"
 
 namespace moe::cpu {
@@ -178,8 +179,9 @@ void row_dots(const T* a, const int32_t* index, const T* b, T* out, int64_t rows
   }
 }
 
+// rounded: null, or where the new p go rounded to bf16 (the parameters' rounded copy, Ops::adamw_update).
 template <typename T, typename Step>
-void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const Step& s) {
+void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const Step& s, T* rounded) {
   const T b1 = s.beta1, b2 = s.beta2, step_size = s.step_size, inv_bc2 = s.inv_bc2, eps = s.eps, decay = s.decay;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
@@ -187,6 +189,7 @@ void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const Step& s) {
     v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
     p[i] -= decay * p[i];  // decoupled weight decay
     p[i] -= step_size * m[i] / (std::sqrt(v[i] * inv_bc2) + eps);
+    if (rounded) rounded[i] = round_to_bf16(p[i]);
   }
 }
 

@@ -2,7 +2,11 @@
 // accumulating in double where the CPU reference does (norms, softmax, cross-entropy, dot products). Reductions
 // run in a fixed order (fixed block sizes and tree shapes; columns summed over rows by one thread in row order)
 // so a run is reproducible on one GPU; they differ from the CPU's order, within the conformance bounds.
-// Elementwise kernels use grid-stride loops (launch_config.h).
+// Elementwise kernels use grid-stride loops (launch_config.h). No element pays a 64-bit division: a kernel over
+// the elements of (rows, width) runs one block per row (MOE_ROW_STRIDE, rows looped past the grid; row_launch)
+// with its threads over the row's columns, so a row's index is the loop's and per-row values are read once;
+// flat grid-stride loops are kept for work whose index needs no split. What divisions remain are per row, or
+// per (chunk, column) of a loop over many rows (RMSNorm's gain gradient).
 #pragma once
 
 #include <cstdint>
@@ -52,9 +56,10 @@ __device__ inline double block_max(double value, double* shared) {
 template <typename T>
 __global__ void embedding_forward_kernel(const int32_t* tokens, const T* table, int64_t first, int64_t rows, T* out,
                                          int64_t N, int64_t D) {
-  MOE_GRID_STRIDE(i, N * D) {
-    const int64_t row = int64_t(tokens[i / D]) - first;
-    out[i] = row >= 0 && row < rows ? table[row * D + i % D] : T(0);
+  MOE_ROW_STRIDE(i, N) {
+    const int64_t row = int64_t(tokens[i]) - first;
+    const bool inside = row >= 0 && row < rows;
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[i * D + d] = inside ? table[row * D + d] : T(0);
   }
 }
 
@@ -122,14 +127,16 @@ template <typename T>
 // table (so the same values), kept per shape by the backend.
 __global__ void rope_kernel(T* x, const T* cos_sin, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) {
   const int64_t pairs = Dh / 2;
-  MOE_GRID_STRIDE(e, B * T_ * H * pairs) {
-    const int64_t i = e % pairs, bth = e / pairs, t = (bth / H) % T_;
-    const T c = cos_sin[2 * (t * pairs + i)], sine = cos_sin[2 * (t * pairs + i) + 1];
-    const T s = inverse ? -sine : sine;
+  MOE_ROW_STRIDE(bth, B * T_ * H) {  // one head's vector of one position
+    const int64_t t = (bth / H) % T_;
     T* v = x + bth * Dh;
-    const T x0 = v[2 * i], x1 = v[2 * i + 1];
-    v[2 * i] = x0 * c - x1 * s;
-    v[2 * i + 1] = x0 * s + x1 * c;
+    for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) {
+      const T c = cos_sin[2 * (t * pairs + i)], sine = cos_sin[2 * (t * pairs + i) + 1];
+      const T s = inverse ? -sine : sine;
+      const T x0 = v[2 * i], x1 = v[2 * i + 1];
+      v[2 * i] = x0 * c - x1 * s;
+      v[2 * i + 1] = x0 * s + x1 * c;
+    }
   }
 }
 
@@ -167,21 +174,34 @@ __global__ void scale_kernel(T* y, T factor, int64_t n) {
   MOE_GRID_STRIDE(i, n) y[i] *= factor;
 }
 
-// A bf16 GEMM's operand (GemmPrecision::Bf16): x (rows, cols, leading dimension ld) packed (leading dimension
-// cols) as bf16 bits, rounded as core/dtype.h does on the CPU. For fp64 storage, `rounded` gets the values
-// rounded to bf16 in T instead (cuBLAS has no bf16 x bf16 -> fp64 GEMM): the CPU's emulation.
+// A bf16 GEMM's operand (GemmPrecision::Bf16): x rounded as core/dtype.h does on the CPU, stored as bf16 bits
+// (fp32 storage) or as the value rounded to bf16 in T (fp64 storage: cuBLAS has no bf16 x bf16 -> fp64 GEMM, so
+// the CPU's emulation).
 template <typename T>
-__global__ void to_bf16_kernel(const T* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {
-  MOE_GRID_STRIDE(i, rows * cols) out[i] = float_to_bf16(float(x[(i / cols) * ld + i % cols])).bits;
+__device__ inline void store_rounded(T x, uint16_t* out) {
+  *out = float_to_bf16(float(x)).bits;
+}
+template <typename T>
+__device__ inline void store_rounded(T x, T* out) {
+  *out = round_to_bf16(x);
+}
+// x (rows, cols, leading dimension ld) rounded, packed (leading dimension cols). Contiguous (ld == cols, the
+// parameters' copy and most activations): one grid-stride loop. Otherwise one block per row, the threads over its
+// columns: no 64-bit division per element.
+template <typename T, typename R>
+__global__ void round_contiguous_kernel(const T* x, int64_t n, R* out) {
+  MOE_GRID_STRIDE(i, n) store_rounded(x[i], out + i);
+}
+template <typename T, typename R>
+__global__ void round_rows_kernel(const T* x, int64_t rows, int64_t cols, int64_t ld, R* out) {
+  MOE_ROW_STRIDE(r, rows) {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) store_rounded(x[r * ld + c], out + r * cols + c);
+  }
 }
 // bf16 bits back to the storage type (fused attention's outputs).
 template <typename T>
 __global__ void from_bf16_kernel(const uint16_t* x, T* out, int64_t n) {
   MOE_GRID_STRIDE(i, n) out[i] = T(bf16_to_float(bf16{x[i]}));
-}
-template <typename T>
-__global__ void round_to_bf16_kernel(const T* x, int64_t rows, int64_t cols, int64_t ld, T* rounded) {
-  MOE_GRID_STRIDE(i, rows * cols) rounded[i] = round_to_bf16(x[(i / cols) * ld + i % cols]);
 }
 
 // Sum of squares: chunk c of `chunk` elements into partial[c] (one block each), then the partials in order.
@@ -196,10 +216,18 @@ __global__ void sum_squares_chunks_kernel(const T* x, int64_t n, int64_t chunk, 
     if (threadIdx.x == 0) partial[c] = s;
   }
 }
-__global__ inline void sum_in_order_kernel(const double* partial, int64_t n, double* total) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += partial[i];
-  *total = s;
+// One level of the tree over the partials: group g of `group` consecutive values (the last one shorter) summed by
+// one block of a fixed width, each thread its strided values in order, then block_sum's fixed tree. The host
+// applies levels until one value is left, so the shape depends on n alone, never on the device.
+__global__ inline void sum_groups_kernel(const double* in, int64_t n, int64_t group, double* out, int64_t groups) {
+  extern __shared__ double shared[];
+  MOE_ROW_STRIDE(g, groups) {
+    const int64_t end = min(n, (g + 1) * group);
+    double s = 0;
+    for (int64_t i = g * group + threadIdx.x; i < end; i += blockDim.x) s += in[i];
+    s = block_sum(s, shared);
+    if (threadIdx.x == 0) out[g] = s;
+  }
 }
 
 // ---- attention (the plain reference; cuDNN's fused attention is to be tested against it) ---------------
@@ -304,10 +332,14 @@ __global__ void logits_sum_exp_kernel(const T* logits, const int32_t* targets, i
 template <typename T>
 __global__ void logits_softmax_backward_kernel(const T* logits, const int32_t* targets, int64_t first, const T* lse,
                                                T scale, T* dlogits, int64_t N, int64_t V) {
-  MOE_GRID_STRIDE(k, N * V) {
-    const int64_t i = k / V, j = k % V;
-    const T d = T(exp(double(logits[k]) - double(lse[i])) * double(scale));
-    dlogits[k] = j == int64_t(targets[i]) - first ? d - scale : d;
+  MOE_ROW_STRIDE(i, N) {
+    const double row_lse = double(lse[i]);
+    const int64_t target = int64_t(targets[i]) - first;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+      const int64_t k = i * V + j;
+      const T d = T(exp(double(logits[k]) - row_lse) * double(scale));
+      dlogits[k] = j == target ? d - scale : d;
+    }
   }
 }
 
@@ -374,10 +406,10 @@ __global__ void topk_rows_kernel(const T* p, const float* bias, const uint8_t* m
 template <typename T>
 __global__ void gather_rows_kernel(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows,
                                    int64_t D) {
-  MOE_GRID_STRIDE(e, rows * D) {
-    const int64_t r = e / D, d = e % D;
+  MOE_ROW_STRIDE(r, rows) {
     const int32_t from = index[r];
-    dst[e] = from < 0 ? T(0) : (scale ? scale[r] * src[int64_t(from) * D + d] : src[int64_t(from) * D + d]);
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+      dst[r * D + d] = from < 0 ? T(0) : (scale ? scale[r] * src[int64_t(from) * D + d] : src[int64_t(from) * D + d]);
   }
 }
 
@@ -409,31 +441,33 @@ __global__ inline void embedding_keys_kernel(const int32_t* tokens, int64_t firs
 template <typename T>
 __global__ void sorted_scatter_add_kernel(const T* src, const int32_t* keys, const int32_t* sorted_rows, const T* scale,
                                           T* dst, int64_t rows, int64_t D) {
-  MOE_GRID_STRIDE(e, rows * D) {
-    const int64_t i = e / D, c = e % D;
+  MOE_ROW_STRIDE(i, rows) {
     const int32_t key = keys[i];
     if (key == kNoDestination || (i > 0 && keys[i - 1] == key)) continue;
-    T out = dst[int64_t(key) * D + c];
-    for (int64_t j = i; j < rows && keys[j] == key; ++j) {
-      const int64_t r = sorted_rows[j];
-      out += scale ? scale[r] * src[r * D + c] : src[r * D + c];
+    for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+      T out = dst[int64_t(key) * D + c];
+      for (int64_t j = i; j < rows && keys[j] == key; ++j) {
+        const int64_t r = sorted_rows[j];
+        out += scale ? scale[r] * src[r * D + c] : src[r * D + c];
+      }
+      dst[int64_t(key) * D + c] = out;
     }
-    dst[int64_t(key) * D + c] = out;
   }
 }
 
 template <typename T>
 __global__ void combine_rows_kernel(const T* src, const int32_t* index, const T* weight, T* dst, int64_t N, int64_t K,
                                     int64_t D, bool accumulate) {
-  MOE_GRID_STRIDE(e, N * D) {
-    const int64_t n = e / D, d = e % D;
-    T acc = accumulate ? dst[e] : T(0);
-    for (int64_t j = 0; j < K; ++j) {
-      const int32_t from = index[n * K + j];
-      if (from < 0) continue;
-      acc += weight ? weight[n * K + j] * src[int64_t(from) * D + d] : src[int64_t(from) * D + d];
+  MOE_ROW_STRIDE(n, N) {
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+      T acc = accumulate ? dst[n * D + d] : T(0);
+      for (int64_t j = 0; j < K; ++j) {
+        const int32_t from = index[n * K + j];
+        if (from < 0) continue;
+        acc += weight ? weight[n * K + j] * src[int64_t(from) * D + d] : src[int64_t(from) * D + d];
+      }
+      dst[n * D + d] = acc;
     }
-    dst[e] = acc;
   }
 }
 
@@ -670,14 +704,16 @@ __global__ void d_log_tau_kernel(const T* scores, const T* dp, double tau, bool 
 
 // ---- the optimizer -----------------------------------------------------------------------------------
 
-template <typename T>
+// rounded: null, or the parameters' rounded copy at p (Ops::adamw_update), written in the same pass.
+template <typename T, typename R>
 __global__ void adamw_kernel(T* p, const T* g, T* m, T* v, int64_t n, T b1, T b2, T step_size, T inv_bc2, T eps,
-                             T decay) {
+                             T decay, R* rounded) {
   MOE_GRID_STRIDE(i, n) {
     m[i] = b1 * m[i] + (T(1) - b1) * g[i];
     v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
     p[i] -= decay * p[i];
     p[i] -= step_size * m[i] / (sqrt(v[i] * inv_bc2) + eps);
+    if (rounded) store_rounded(p[i], rounded + i);
   }
 }
 

@@ -1,0 +1,81 @@
+// The CUDA ops on the optimizer's side: AdamW, and the sums of squares of the gradient norm (fixed chunks,
+// whatever the device) with RMSNorm's gain gradient, the other chunked sum.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "core/backend/cuda/cuda_ops.cuh"
+
+namespace moe::cuda {
+
+template <typename T>
+void CudaOps<T>::adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const typename Ops<T>::AdamWStep& s) {
+  // The parameters' rounded copy, where current, written in the same pass: bf16 bits (fp32), rounded T (fp64).
+  using R = std::conditional_t<sizeof(T) == 4, uint16_t, T>;
+  launch(elementwise_launch(n), cuda::adamw_kernel<T, R>, p, g, m, v, n, s.beta1, s.beta2, s.step_size, s.inv_bc2,
+         s.eps, s.decay, static_cast<R*>(current_rounded(p)));
+}
+
+// Chunks of 4096 elements (the CPU's), each summed by one block; then the chunks' partials by a tree of fixed
+// shape: groups of kSumGroup summed by one block of kThreads each, level after level, until one value is left
+// (1.5 M partials of the bench's 6.2 G gradients: three levels of small launches, where one thread adding them in
+// order was L2-latency bound). The shape depends on n alone, so a run repeats bit for bit on any device; the
+// order is not the CPU's (its partials in order), within the conformance bound.
+template <typename T>
+void CudaOps<T>::sum_squares_into(const T* x, int64_t n, double* out) {
+  constexpr int64_t kChunk = 4096, kSumGroup = cuda::kThreads;
+  const int64_t chunks = std::max<int64_t>(1, (n + kChunk - 1) / kChunk);
+  const int64_t second = (chunks + kSumGroup - 1) / kSumGroup;  // the most any level after the first makes
+  Workspace partial(*ctx_.allocator, size_t(chunks + second) * sizeof(double));
+  double* level[2] = {static_cast<double*>(partial.ptr), static_cast<double*>(partial.ptr) + chunks};
+  launch_rows(row_launch(chunks, kChunk), cuda::sum_squares_chunks_kernel<T>, x, n, kChunk, level[0], chunks);
+  int64_t count = chunks;
+  for (int from = 0;; from = 1 - from) {
+    const int64_t groups = (count + kSumGroup - 1) / kSumGroup;
+    double* to = groups == 1 ? out : level[1 - from];
+    const LaunchConfig tree{uint32_t(std::min<int64_t>(groups, cuda::kMaxBlocks)), cuda::kThreads};
+    launch_rows(tree, cuda::sum_groups_kernel, level[from], count, kSumGroup, to, groups);
+    if (groups == 1) return;
+    count = groups;
+  }
+}
+
+template <typename T>
+double CudaOps<T>::sum_squares_to_host(const T* x, int64_t n) {
+  Workspace result(*ctx_.allocator, sizeof(double));
+  double* d = static_cast<double*>(result.ptr);
+  sum_squares_into(x, n, d);
+  double total = 0;
+  ctx_.watchers->wait_if_watched(ctx_.stream);  // the sum, interruptibly; then the copy waits for nothing
+  MOE_CUDA_CHECK(cudaMemcpyAsync(&total, d, sizeof(double), cudaMemcpyDeviceToHost, ctx_.stream));
+  MOE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  return total;
+}
+
+template <typename T>
+void CudaOps<T>::rmsnorm_backward(const T* x, const T* gain, const T* rstd, const T* dy, T* dx, T* dgain, int64_t N,
+                                  int64_t D) {
+  launch_rows(row_launch(N, D), cuda::rmsnorm_backward_dx_kernel<T>, x, gain, rstd, dy, dx, N, D);
+  const int64_t chunks = (N + cuda::kDgainChunk - 1) / cuda::kDgainChunk;
+  if (chunks == 0) return;
+  Workspace partial(*ctx_.allocator, size_t(chunks * D) * sizeof(double));
+  double* p = static_cast<double*>(partial.ptr);
+  launch(elementwise_launch(chunks * D), cuda::rmsnorm_dgain_partial_kernel<T>, x, rstd, dy, p, N, D);
+  launch(elementwise_launch(D), cuda::rmsnorm_dgain_total_kernel<T>, p, chunks, dgain, D);
+}
+
+template void CudaOps<float>::adamw_update(float*, const float*, float*, float*, int64_t,
+                                           const typename Ops<float>::AdamWStep&);
+template void CudaOps<float>::sum_squares_into(const float*, int64_t, double*);
+template double CudaOps<float>::sum_squares_to_host(const float*, int64_t);
+template void CudaOps<float>::rmsnorm_backward(const float*, const float*, const float*, const float*, float*, float*,
+                                               int64_t, int64_t);
+template void CudaOps<double>::adamw_update(double*, const double*, double*, double*, int64_t,
+                                            const typename Ops<double>::AdamWStep&);
+template void CudaOps<double>::sum_squares_into(const double*, int64_t, double*);
+template double CudaOps<double>::sum_squares_to_host(const double*, int64_t);
+template void CudaOps<double>::rmsnorm_backward(const double*, const double*, const double*, const double*, double*,
+                                                double*, int64_t, int64_t);
+
+}  // namespace moe::cuda
