@@ -25,6 +25,7 @@
 #include "core/backend/cuda/grouped_gemm_plan.h"
 #include "core/backend/cuda/host_wait.h"
 #include "core/backend/cuda/launch_config.h"
+#include "core/backend/cuda/moe_plan_ops.h"
 #include "core/backend/cuda_backend.h"
 #include "core/error.h"
 
@@ -318,6 +319,10 @@ class CudaOps final : public Ops<T> {
              row_of_slot, M, E);
     }
     launch(elementwise_launch(E + 1), cuda::key_starts_kernel, order.sorted_keys(), M, offset, E);
+  }
+  void permuted_rows(const int32_t* perm_slot, const T* gate, int64_t K, int32_t* perm_token, T* perm_gate,
+                     int64_t M) override {
+    cuda::permuted_rows(ctx_.stream, perm_slot, gate, K, perm_token, perm_gate, M);
   }
   void gate_backward(const T* gate, const int32_t* selected, const T* dw, const T* denom, const uint8_t* clamped,
                      bool renormalised, T* dp, int64_t N, int64_t K, int64_t E) override {
