@@ -231,7 +231,11 @@ void MoeLayer<T>::combine_beside(const ExchangePlan& p, const T* expert_rows, T*
 template <typename T>
 void MoeLayer<T>::route(const FfnContext& context, const T* x, const ActsView& v, MoeSlot<T>& st, int64_t N) {
   if (s_.token_shards == 1) {
-    router_.forward(context, x, v.logits, v.scores, st.routing, N);
+    router_.logits(x, v.logits, N);
+    if (backend_plans())
+      router_.route_on_backend(context, v.logits, v.scores, st.routing, N);  // plan_on_backend waits
+    else
+      router_.route(context, v.logits, v.scores, st.routing, N);
     st.first_token = 0;
     return;
   }
@@ -249,6 +253,11 @@ void MoeLayer<T>::route(const FfnContext& context, const T* x, const ActsView& v
 // rank's part of the plan and the tokens the dense fallback computes.
 template <typename T>
 void MoeLayer<T>::plan(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
+  st.planned_on_backend = backend_plans();
+  if (st.planned_on_backend) {
+    plan_on_backend(context, st, N);
+    return;
+  }
   const int64_t K = s_.top_k, G = group_tokens(N);
   DispatchRequest<T> request;
   request.tokens = G, request.experts = s_.num_experts, request.top_k = K;
@@ -275,8 +284,49 @@ void MoeLayer<T>::plan(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
   }
 }
 
+// Capacity in MODEL.md's priority order, drop, the stable permutation by expert and each permuted row's token and
+// gate weight, as ops on the backend (the host plan's code is their CPU body, so the same bits); then one wait for
+// what the host needs: the expert offsets (the grouped GEMM's row counts, the all-to-all's split sizes), f and the
+// losses' sums.
+template <typename T>
+void MoeLayer<T>::plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
+  const int64_t E = s_.num_experts, K = s_.top_k, M = N * K;
+  Routing<T>& r = st.routing;
+  backend_.reserve(st.assigned, DType::I32, M);
+  backend_.reserve(st.expert_offset, DType::I64, E + 1);
+  backend_.reserve(st.perm_slot_rows, DType::I32, M);
+  backend_.reserve(st.slot_row, DType::I32, M);
+  backend_.reserve(st.perm_token, DType::I32, M);
+  backend_.reserve(st.perm_gate, dtype_of<T>(), M);
+  backend_.reserve(st.gate, dtype_of<T>(), M);
+  int32_t* assigned = st.assigned.template data<int32_t>();
+  ops_.capacity_keep(r.selected_on_backend.template data<int32_t>(), router_.selected_scores(),
+                     s_.drop_policy == DropPolicy::Probs, capacity(N), assigned, M, E);
+  ops_.permute_by_expert(assigned, st.expert_offset.template data<int64_t>(),
+                         st.perm_slot_rows.template data<int32_t>(), st.slot_row.template data<int32_t>(), M, E);
+  ops_.permuted_rows(st.perm_slot_rows.template data<int32_t>(), r.gate_on_backend.template data<T>(), K,
+                     st.perm_token.template data<int32_t>(), st.perm_gate.template data<T>(), M);
+  ops_.copy(r.gate_on_backend.template data<T>(), st.gate.template data<T>(), M);
+  router_.read_back(r, N, false);
+  DispatchPlan& plan = st.plan;
+  plan.expert_offset.resize(size_t(E + 1));
+  backend_.copy_to_host(plan.expert_offset.data(), st.expert_offset.template data<int64_t>(), E + 1);
+  backend_.synchronize();
+  router_.finish(context, r, N);
+  plan.fate.clear(), plan.assigned_expert.clear(), plan.perm_slot.clear(), plan.row_of_slot.clear();
+  st.fallback_token.clear(), st.fallback_weight.clear(), st.fallback_pairs.clear();
+  if (!context.training || context.recomputing) return;
+  // The statistics from the offsets: each selected slot is kept or dropped; a row selects min(K, usable experts).
+  const int64_t usable = E - std::count(r.expert_masked.begin(), r.expert_masked.end(), uint8_t(1));
+  for (int64_t e = 0; e < E; ++e)
+    stats_.tokens_per_expert[size_t(e)] += plan.expert_offset[size_t(e + 1)] - plan.expert_offset[size_t(e)];
+  stats_.dropped += N * std::min(K, usable) - plan.rows();
+  count_router_stats(st, N);
+}
+
 template <typename T>
 void MoeLayer<T>::upload_plan(MoeSlot<T>& st, int64_t N) const {
+  if (st.planned_on_backend) return;  // the plan is already there
   const int64_t K = s_.top_k, M = st.plan.rows();
   const auto gate = st.routing.gate.begin() + st.first_token * K;  // this rank's tokens' gate weights
   std::vector<int32_t> perm_token(static_cast<size_t>(M)), slot_row(static_cast<size_t>(N * K));
@@ -318,14 +368,19 @@ template <typename T>
 void MoeLayer<T>::count_stats(const FfnContext& context, const MoeSlot<T>& st, int64_t N) {
   if (!context.training || context.recomputing) return;
   const int64_t K = s_.top_k;
-  stats_.groups += 1;
-  stats_.tokens += N;
   for (int64_t slot = 0; slot < N * K; ++slot) {
     if (st.plan.assigned_expert[slot] >= 0) ++stats_.tokens_per_expert[st.plan.assigned_expert[slot]];
     stats_.dropped += st.plan.fate[slot] == SlotFate::Dropped;
     stats_.rerouted += st.plan.fate[slot] == SlotFate::Rerouted;
     stats_.fallback += st.plan.fate[slot] == SlotFate::Fallback;
   }
+  count_router_stats(st, N);
+}
+
+template <typename T>
+void MoeLayer<T>::count_router_stats(const MoeSlot<T>& st, int64_t N) {
+  stats_.groups += 1;
+  stats_.tokens += N;
   const Routing<T>& r = st.routing;
   stats_.aux += r.aux, stats_.z += r.z, stats_.entropy_loss += r.entropy, stats_.death += r.death;
   stats_.warmup += r.warmup, stats_.entropy_sum += r.entropy_sum;
@@ -336,6 +391,24 @@ template <typename T>
 double MoeLayer<T>::router_loss(const FfnSlot* slot) const {
   if (!slot) return 0.0;
   return static_cast<const MoeSlot<T>&>(*slot).routing.loss();
+}
+
+template <typename T>
+const MoeSlot<T>& MoeLayer<T>::host_state() const {
+  const MoeSlot<T>& st = default_state();
+  if (!st.planned_on_backend || !st.plan.fate.empty() || st.routing.tokens == 0) return st;
+  // Filled once per forward, on demand (tests, benchmarks): the slot is this layer's, written by its forwards.
+  MoeSlot<T>& s = const_cast<MoeSlot<T>&>(st);
+  const int64_t M = s.routing.tokens * s_.top_k;
+  s.routing.selected = backend_.download(s.routing.selected_on_backend.template data<int32_t>(), M);
+  s.routing.gate = backend_.download(s.routing.gate_on_backend.template data<T>(), M);
+  s.plan.assigned_expert = backend_.download(s.assigned.template data<int32_t>(), M);
+  s.plan.fate.resize(size_t(M));
+  for (size_t slot = 0; slot < size_t(M); ++slot)
+    s.plan.fate[slot] = s.plan.assigned_expert[slot] >= 0 ? SlotFate::Kept
+                        : s.routing.selected[slot] >= 0   ? SlotFate::Dropped
+                                                          : SlotFate::None;
+  return st;
 }
 
 template <typename T>

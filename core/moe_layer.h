@@ -44,6 +44,10 @@ struct MoeSlot final : FfnSlot {
   // dense fallback computed, its row among the fallback's tokens and its slot (both Sf).
   Buffer perm_token, perm_gate, slot_row, gate, fallback_token_rows, fallback_weights, perm_slot_rows,
       fallback_slot_source, fallback_slot;
+  // Where the backend planned (MoeLayer::backend_plans): the expert that computes each slot (N K, -1 if none) and
+  // the expert offsets (E + 1); `plan` then holds the offsets only (its other fields stay empty).
+  bool planned_on_backend = false;
+  Buffer assigned, expert_offset;
 };
 
 template <typename T>
@@ -99,10 +103,11 @@ class MoeLayer final : public FeedForward<T> {
 
   // The routing of the last one-at-a-time forward (the default slot), for tests: expert of slot (n, j)
   // before capacity, its gate weight, its fate, and the expert that finally computed it (-1 if none).
-  const std::vector<int32_t>& selected_expert() const { return default_state().routing.selected; }
-  const std::vector<int32_t>& assigned_expert() const { return default_state().plan.assigned_expert; }
-  const std::vector<SlotFate>& slot_fate() const { return default_state().plan.fate; }
-  const std::vector<T>& gate_weight() const { return default_state().routing.gate; }
+  // Read from the backend on demand where it planned.
+  const std::vector<int32_t>& selected_expert() const { return host_state().routing.selected; }
+  const std::vector<int32_t>& assigned_expert() const { return host_state().plan.assigned_expert; }
+  const std::vector<SlotFate>& slot_fate() const { return host_state().plan.fate; }
+  const std::vector<T>& gate_weight() const { return host_state().routing.gate; }
   int64_t capacity(int64_t N) const;
   const MoeSettings& settings() const { return s_; }
   std::string param_prefix() const { return prefix_; }
@@ -111,6 +116,13 @@ class MoeLayer final : public FeedForward<T> {
   struct ActsView;  // carving of the activation buffer
   ActsView carve(T* acts, int64_t N) const;
   const MoeSlot<T>& default_state() const;
+  // The default slot with the host copies of its routing and plan, read back once where the backend planned.
+  const MoeSlot<T>& host_state() const;
+  // The backend plans the dispatch (capacity, drop, the permutation as ops; one wait for the expert offsets, f and
+  // the losses' sums) where nothing needs the host's plan: overflow dropped, the routing group not split. Reroute,
+  // the dense fallback and the cascade, and a split group (restrict_plan), plan on the host (docs/gpu.md).
+  bool backend_plans() const { return s_.overflow == Overflow::Drop && s_.token_shards == 1; }
+  void plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int64_t N);
   // Logits, scores and routing of the whole group (gathered when it is split), into the slot and acts.
   void route(const FfnContext& context, const T* x, const ActsView& v, MoeSlot<T>& st, int64_t N);
   // The whole group's plan and statistics, then this rank's part of the plan and its fallback tokens.
@@ -135,6 +147,8 @@ class MoeLayer final : public FeedForward<T> {
   void dispatch_beside(const ExchangePlan& p, const T* token_rows, T* expert_rows, const std::function<void()>& beside);
   void combine_beside(const ExchangePlan& p, const T* expert_rows, T* token_rows, const std::function<void()>& beside);
   void count_stats(const FfnContext& context, const MoeSlot<T>& st, int64_t N);
+  // The router's share of the statistics (losses, temperature, capacity factor, groups and tokens).
+  void count_router_stats(const MoeSlot<T>& st, int64_t N);
   // Router backward of this rank's tokens: its gate-weight gradients (in dw: (G K), this rank's slots) into the
   // whole group's logits gradient (dp, dz: (G, E) zeroed workspace), then dWg and dx from this rank's rows.
   void router_backward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v, T* dw, T* dp,

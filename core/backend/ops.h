@@ -249,6 +249,11 @@ class Ops {
   // where assigned is. All written.
   virtual void permute_by_expert(const int32_t* assigned, int64_t* offset, int32_t* perm_slot, int32_t* row_of_slot,
                                  int64_t M, int64_t E) = 0;
+  // What the row-moving ops take from the permutation: each permuted row's token and gate weight,
+  // perm_token[r] = perm_slot[r] / K and perm_gate[r] = gate[perm_slot[r]], -1 and 0 where perm_slot[r] < 0.
+  // perm_slot, perm_token, perm_gate: (M); gate: (M), by slot.
+  virtual void permuted_rows(const int32_t* perm_slot, const T* gate, int64_t K, int32_t* perm_token, T* perm_gate,
+                             int64_t M) = 0;
 
   // ---- The router's backward (core/moe/router.h, docs/moe.md) ---------------------------------------
   // Gate weights -> scores, per token n < N: dp[n, selected[n K + j]] += dw[n K + j] / denom[n] for raw gates;

@@ -67,6 +67,7 @@ enum class OpId : int {
   router_loss_sums,
   capacity_keep,
   permute_by_expert,
+  permuted_rows,
   gate_backward,
   router_loss_backward,
   score_backward,
@@ -115,6 +116,7 @@ inline constexpr const char* kOpNames[] = {"gemm",
                                            "router_loss_sums",
                                            "capacity_keep",
                                            "permute_by_expert",
+                                           "permuted_rows",
                                            "gate_backward",
                                            "router_loss_backward",
                                            "score_backward",
@@ -526,6 +528,16 @@ class StrictOps final : public Ops<T> {
     const auto p2 = r(perm_slot, M, op);
     const auto p3 = r(row_of_slot, M, op);
     run([=, this] { inner_.permute_by_expert(p0, p1, p2, p3, M, E); });
+  }
+  void permuted_rows(const int32_t* perm_slot, const T* gate, int64_t K, int32_t* perm_token, T* perm_gate,
+                     int64_t M) override {
+    covered(OpId::permuted_rows);
+    const char* op = "permuted_rows";
+    const auto p0 = r(perm_slot, M, op);
+    const auto p1 = r(gate, M, op);
+    const auto p2 = r(perm_token, M, op);
+    const auto p3 = r(perm_gate, M, op);
+    run([=, this] { inner_.permuted_rows(p0, p1, K, p2, p3, M); });
   }
   void gate_backward(const T* gate, const int32_t* selected, const T* dw, const T* denom, const uint8_t* clamped,
                      bool renormalised, T* dp, int64_t N, int64_t K, int64_t E) override {

@@ -67,18 +67,27 @@ void Router<T>::logits(const T* x, T* logits, int64_t N) const {
 
 template <typename T>
 void Router<T>::route(const FfnContext& context, const T* logits, T* scores, Routing<T>& r, int64_t N) const {
+  // What the host plans with (the preference rows, selected scores, gate weights) read back after one wait
+  // (docs/gpu.md "Host synchronisations").
+  route_on_backend(context, logits, scores, r, N);
+  read_back(r, N, true);
+  backend_.synchronize();
+  finish(context, r, N);
+}
+
+template <typename T>
+void Router<T>::route_on_backend(const FfnContext& context, const T* logits, T* scores, Routing<T>& r,
+                                 int64_t N) const {
   const int64_t E = s_.num_experts;
   // Scores p = score((z + g) / tau), g noise in training only; then the selection, its gate weights and the
-  // losses' sums as ops, and what the host plans with (the preference rows, selected scores, gate weights) read
-  // back after one wait (docs/gpu.md "Host synchronisations").
+  // losses' sums as ops.
   const double* noise = draw_noise(context, N);
   r.tau = tau();
+  r.tokens = N;
   (ops_.*score_)(logits, noise, r.tau, scores, N, E);
   select(context, scores, r, N);
   backend_.reserve(loss_sums_, DType::F64, E + 2);
   ops_.router_loss_sums(logits, scores, loss_sums_.data<double>(), N, E);
-  read_back(r, N);
-  losses(context, r, N);
 }
 
 // Expert dropout, then per token: top-k of p alone (for f), the preference row by p + b among the
@@ -112,21 +121,22 @@ void Router<T>::select(const FfnContext& context, const T* scores, Routing<T>& r
 }
 
 template <typename T>
-void Router<T>::read_back(Routing<T>& r, int64_t N) const {
+void Router<T>::read_back(Routing<T>& r, int64_t N, bool host_plan) const {
   const int64_t E = s_.num_experts, K = s_.top_k, W = choices_;
-  r.preference.resize(size_t(N * W));
-  r.selected.resize(size_t(N * K));
-  r.selected_score.resize(size_t(N * K));
-  r.gate.resize(size_t(N * K));
+  r.preference.resize(host_plan ? size_t(N * W) : 0);
+  r.selected.resize(host_plan ? size_t(N * K) : 0);
+  r.selected_score.resize(host_plan ? size_t(N * K) : 0);
+  r.gate.resize(host_plan ? size_t(N * K) : 0);
   r.f.resize(size_t(E));
   host_sums_.resize(size_t(E + 2));
-  backend_.copy_to_host(r.preference.data(), preference_.data<int32_t>(), N * W);
-  backend_.copy_to_host(r.selected.data(), r.selected_on_backend.template data<int32_t>(), N * K);
-  backend_.copy_to_host(r.selected_score.data(), selected_score_.data<T>(), N * K);
-  backend_.copy_to_host(r.gate.data(), r.gate_on_backend.template data<T>(), N * K);
+  if (host_plan) {
+    backend_.copy_to_host(r.preference.data(), preference_.data<int32_t>(), N * W);
+    backend_.copy_to_host(r.selected.data(), r.selected_on_backend.template data<int32_t>(), N * K);
+    backend_.copy_to_host(r.selected_score.data(), selected_score_.data<T>(), N * K);
+    backend_.copy_to_host(r.gate.data(), r.gate_on_backend.template data<T>(), N * K);
+  }
   backend_.copy_to_host(r.f.data(), r.f_on_backend.template data<T>(), E);
   backend_.copy_to_host(host_sums_.data(), loss_sums_.data<double>(), E + 2);
-  backend_.synchronize();
 }
 
 // The losses' values from the sums of router_loss_sums: P_e the column means, then each term (MODEL.md).

@@ -18,7 +18,11 @@ namespace moe {
 // What the router decided for one routing group of N tokens, kept for the backward.
 template <typename T>
 struct Routing {
-  int64_t choices = 0;                 // width of a preference row
+  int64_t tokens = 0;   // N, the routing group's tokens
+  int64_t choices = 0;  // width of a preference row
+  // The host's copies below are read back only where the host plans the dispatch (reroute, the dense fallback, a
+  // routing group split over ranks); where the backend plans (Router::route_on_backend), only f is, and the
+  // others stay empty (selected_on_host reads the selection on demand).
   std::vector<int32_t> preference;     // (N, choices): usable experts by p + b, best first, -1 after the last
   std::vector<int32_t> selected;       // (N, K): the first K of each row
   std::vector<T> selected_score;       // (N, K): p of each selected expert
@@ -33,6 +37,13 @@ struct Routing {
   double aux = 0, z = 0, entropy = 0, death = 0, warmup = 0, entropy_sum = 0, tau = 1;
   double loss() const { return aux + z + entropy + death + warmup; }
 };
+
+// The selection (N, K) on the host: the routing's copy, or read from the backend where the backend planned.
+template <typename T>
+std::vector<int32_t> selected_on_host(Backend& backend, const Routing<T>& r, int64_t top_k) {
+  if (!r.selected.empty() || r.tokens == 0) return r.selected;
+  return backend.download(r.selected_on_backend.template data<int32_t>(), r.tokens * top_k);
+}
 
 template <typename T>
 class Router {
@@ -54,6 +65,13 @@ class Router {
   // tokens' logits, the logits are gathered, and each routes the whole group.
   void logits(const T* x, T* logits, int64_t N) const;
   void route(const FfnContext& context, const T* logits, T* scores, Routing<T>& routing, int64_t N) const;
+  // route() without its wait, for a caller that plans on the backend and waits once for its own read-back too:
+  // route_on_backend enqueues the ops, read_back the copies to the host (the preference rows, selection, selected
+  // scores and gate weights only with host_plan; f and the losses' sums always), and after the caller's wait
+  // finish works out the losses' values.
+  void route_on_backend(const FfnContext& context, const T* logits, T* scores, Routing<T>& routing, int64_t N) const;
+  void read_back(Routing<T>& routing, int64_t N, bool host_plan) const;
+  void finish(const FfnContext& context, Routing<T>& routing, int64_t N) const { losses(context, routing, N); }
   // dw: (N, K) gradients of the gate weights; dp, dz: (N, E) zeroed scratch. Accumulates dWg and adds
   // the router's share to dx: (N, D). The same as logits_backward() then input_backward().
   void backward(const FfnContext& context, const Routing<T>& routing, const T* x, const T* logits, const T* scores,
@@ -68,6 +86,8 @@ class Router {
   void input_backward(const T* x, const T* dz, T* dx, int64_t N) const;
 
   std::vector<float>& bias() { return bias_; }
+  // The selected experts' scores (N, K) of the last forward, in backend memory (capacity's priority).
+  const T* selected_scores() const { return selected_score_.data<T>(); }
   // After an optimizer step, from the step's counts: the rule of `balance` (core/moe/settings.h, docs/moe.md).
   void update_bias(const std::vector<int64_t>& counts, const BiasBalance& balance);
 
@@ -77,8 +97,7 @@ class Router {
  private:
   // Expert dropout, the preference rows, the selection and its gate weights, as backend ops (scores: (N, E)).
   void select(const FfnContext& context, const T* scores, Routing<T>& r, int64_t N) const;
-  // The routing's host copies and the losses' values from the sums (E + 2) of router_loss_sums, after one wait.
-  void read_back(Routing<T>& r, int64_t N) const;
+  // The losses' values from the sums (E + 2) of router_loss_sums and f, read back.
   void losses(const FfnContext& context, Routing<T>& r, int64_t N) const;
   bool warming_up(const FfnContext& context) const {
     return context.training && s_.coef_warmup > 0 && context.step < s_.warmup_steps;

@@ -45,7 +45,7 @@ std::vector<std::vector<int32_t>> probe_top1(Trainer& t) {
     // The routing group's choices, best first: (tokens, K). A group split over tp ranks holds the whole group's.
     const auto* slot = dynamic_cast<const MoeSlot<float>*>(t.model->ffn_slot(0, l));
     if (!slot) continue;
-    const std::vector<int32_t>& selected = slot->routing.selected;
+    const std::vector<int32_t> selected = selected_on_host(t.backend, slot->routing, K);
     std::vector<int32_t>& first = top1.emplace_back();
     for (size_t j = 0; j < selected.size(); j += size_t(K)) first.push_back(selected[j]);
   }

@@ -468,6 +468,7 @@ void dispatch_plan_cases(Backend& b) {
     Buffer sel = put_index(b, selected), sc = put<T>(b, score);
     Buffer kept = b.allocate(DType::I32, M), off = b.allocate(DType::I64, E + 1);
     Buffer perm = b.allocate(DType::I32, M), row = b.allocate(DType::I32, M);
+    Buffer token = b.allocate(DType::I32, M), gate = b.allocate(dtype_of<T>(), M);
     for (const bool by_score : {true, false})
       for (const int64_t C : {int64_t(0), int64_t(1), int64_t(9), int64_t(INT64_MAX)}) {
         const std::string what =
@@ -488,11 +489,23 @@ void dispatch_plan_cases(Backend& b) {
         EXPECT_EQ(b.download<int64_t>(off), want_off) << what;
         EXPECT_EQ(b.download<int32_t>(perm), want_perm) << what;
         EXPECT_EQ(b.download<int32_t>(row), want_row) << what;
+        // Each permuted row's token and gate weight (the scores stand for the gate weights), K of 1 to 3.
+        for (const int64_t K : {int64_t(1), int64_t(2), int64_t(3)}) {
+          std::vector<int32_t> want_token(static_cast<size_t>(M), -1);
+          std::vector<T> want_gate(static_cast<size_t>(M), T(0));
+          for (int64_t r = 0; r < M; ++r)
+            if (want_perm[size_t(r)] >= 0)
+              want_token[size_t(r)] = want_perm[size_t(r)] / int32_t(K),
+              want_gate[size_t(r)] = T(score[size_t(want_perm[size_t(r)])]);
+          b.ops<T>().permuted_rows(perm.data<int32_t>(), sc.data<T>(), K, token.data<int32_t>(), gate.data<T>(), M);
+          EXPECT_EQ(b.download<int32_t>(token), want_token) << what << " K " << K;
+          EXPECT_EQ(b.download<T>(gate), want_gate) << what << " K " << K;
+        }
       }
   }
 }
 
-TEST_P(Conformance, DispatchPlanCapacityAndPermutation) {
+TEST_P(Conformance, DispatchPlanCapacityAndPermutation) {  // and the permuted rows' tokens and gates
   dispatch_plan_cases<float>(backend());
   dispatch_plan_cases<double>(backend());
 }

@@ -1,15 +1,18 @@
 // The budget of host synchronisations (docs/gpu.md "Host synchronisations"): configs/tiny_moe.json trained at
 // ep 1, ep 2 (dp 2) and tp 2 x pp 2, each step's `host_syncs` in metrics.jsonl (rank 0's waits for its backend)
-// held to the figure derived below, so that a change that adds a wait fails here. Runs under mpirun -np 4.
+// held to the figure derived below, so that a change that adds a wait fails here; and `d2h_bytes`, the bytes those
+// waits read, held to what the layer's plan on the backend reads, so that the router's (N, K) selections, scores
+// and gate weights coming back to the host fails here too. Runs under mpirun -np 4.
 //
 // tiny_moe: 4 layers, every one MoE (8 experts, top-2), global batch 16 of micro-batches of 4, so 4 micro-batches
 // per step at dp 1 and 2 per rank at dp 2. The waits of one step on rank 0, by where they are:
 //
-//   routing   one per MoE layer of the rank and micro-batch: the router reads back, in one wait, what the host's
-//             dispatch plan, statistics and losses' values need (core/moe/router.cpp read_back). The issue's
-//             target is none (the plan as backend ops, Ops::capacity_keep and Ops::permute_by_expert, the
-//             statistics accumulated on the device), leaving one per MoE layer and micro-batch for the
-//             all-to-all's split sizes (ep > 1) or the grouped GEMM's row offsets, which cuBLAS takes on the host.
+//   routing   one per MoE layer of the rank and micro-batch, none for routing itself: the layer plans on the
+//             backend (Ops::capacity_keep, permute_by_expert, permuted_rows) and reads the expert offsets (the
+//             grouped GEMM's row counts, which cuBLAS takes on the host, and at ep > 1 the all-to-all's split
+//             sizes) with f and the losses' sums: (E + 1) 8 + E 4 + (E + 2) 8 = 184 bytes for E = 8. The host
+//             plan read the router's preference rows, selections, selected scores and gate weights as well,
+//             4 (N, K) arrays of 4 bytes, 16 384 more for N = 512 tokens, K = 2.
 //   loss      one per micro-batch on the rank holding the head: its per-token losses read back (core/model.cpp).
 //   pipeline  one per activation a first stage sends (parallel/pipeline.cpp: the host waits before the send).
 //   norm      one: every parameter segment's sum of squares is written to backend memory
@@ -41,6 +44,7 @@ struct Layout {
   int ranks;
   std::vector<std::string> overrides;
   int64_t budget;  // host_syncs per step on rank 0, derived above
+  int64_t bytes;   // d2h_bytes per step on rank 0, measured (the routing's share derived above)
 };
 
 void expect_within_budget(const Layout& layout) {
@@ -60,16 +64,20 @@ void expect_within_budget(const Layout& layout) {
     const int64_t syncs = line.at("host_syncs").get<int64_t>();
     EXPECT_LE(syncs, layout.budget) << layout.name << " step " << line.at("step") << " waits more than its budget";
     EXPECT_GE(syncs, 1) << layout.name << " step " << line.at("step") << " counted no wait";
+    EXPECT_LE(line.at("d2h_bytes").get<int64_t>(), layout.bytes)
+        << layout.name << " step " << line.at("step") << " reads back more than its plan on the backend";
   }
   EXPECT_EQ(steps, 3) << layout.name;
   fs::remove_all(root.parent_path());
 }
 
-TEST(HostSyncBudget, Ep1) { expect_within_budget({"ep1", 1, {}, 21}); }
+// Bytes: ep 1 reads 16 x 184 for routing, 4 x 2048 per-token losses and the norm's sums; ep 2 half the routing and
+// losses. tp 2 x pp 2 splits each routing group over the tp ranks, which the host still plans (restrict_plan).
+TEST(HostSyncBudget, Ep1) { expect_within_budget({"ep1", 1, {}, 21, 11432}); }
 
-TEST(HostSyncBudget, Ep2) { expect_within_budget({"ep2", 2, {"parallel.ep=2"}, 11}); }
+TEST(HostSyncBudget, Ep2) { expect_within_budget({"ep2", 2, {"parallel.ep=2"}, 11, 5848}); }
 
-TEST(HostSyncBudget, Tp2Pp2) { expect_within_budget({"tp2_pp2", 4, {"parallel.tp=2", "parallel.pp=2"}, 13}); }
+TEST(HostSyncBudget, Tp2Pp2) { expect_within_budget({"tp2_pp2", 4, {"parallel.tp=2", "parallel.pp=2"}, 13, 132112}); }
 
 }  // namespace
 }  // namespace moe

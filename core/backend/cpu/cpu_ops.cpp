@@ -331,6 +331,10 @@ class CpuOps final : public Ops<T> {
                          int64_t E) override {
     cpu::permute_by_expert(assigned, offset, perm_slot, row_of_slot, M, E);
   }
+  void permuted_rows(const int32_t* perm_slot, const T* gate, int64_t K, int32_t* perm_token, T* perm_gate,
+                     int64_t M) override {
+    cpu::permuted_rows(perm_slot, gate, K, perm_token, perm_gate, M);
+  }
   void gate_backward(const T* gate, const int32_t* selected, const T* dw, const T* denom, const uint8_t* clamped,
                      bool renormalised, T* dp, int64_t N, int64_t K, int64_t E) override {
     cpu::gate_backward(gate, selected, dw, denom, clamped, renormalised, dp, N, K, E);

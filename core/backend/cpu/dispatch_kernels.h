@@ -1,4 +1,5 @@
-// The CPU bodies of the dispatch plan's ops of core/backend/ops.h (Ops::capacity_keep, Ops::permute_by_expert):
+// The CPU bodies of the dispatch plan's ops of core/backend/ops.h (Ops::capacity_keep, Ops::permute_by_expert,
+// Ops::permuted_rows):
 // the host code of core/moe/dispatch_plan.cpp moved unchanged, so that the plan the host makes and the ops' results
 // are the same bits; core/moe/dispatch_plan.cpp calls these too.
 #pragma once
@@ -48,6 +49,16 @@ void permute_by_expert(const int32_t* assigned, int64_t* offset, int32_t* perm_s
     if (assigned[slot] >= 0) perm_slot[fill[size_t(assigned[slot])]++] = int32_t(slot);
   std::fill(row_of_slot, row_of_slot + M, Row(-1));
   for (int64_t r = 0; r < offset[E]; ++r) row_of_slot[perm_slot[r]] = Row(r);
+}
+
+// Ops::permuted_rows: each permuted row's token and gate weight.
+template <typename T>
+void permuted_rows(const int32_t* perm_slot, const T* gate, int64_t K, int32_t* perm_token, T* perm_gate, int64_t M) {
+  for (int64_t r = 0; r < M; ++r) {
+    const int32_t slot = perm_slot[r];
+    perm_token[r] = slot < 0 ? -1 : int32_t(slot / K);
+    perm_gate[r] = slot < 0 ? T(0) : gate[slot];
+  }
 }
 
 }  // namespace moe::cpu

@@ -17,6 +17,7 @@
 #include "core/backend/cuda/cuda_kernels.cuh"
 #include "core/backend/cuda/grouped_gemm_plan.h"
 #include "core/backend/cuda/launch_config.h"
+#include "core/backend/cuda/moe_plan_ops.h"
 #include "core/backend/cuda/watchers.h"
 #include "core/backend/cuda_backend.h"
 #include "core/error.h"
@@ -207,6 +208,10 @@ class CudaOps final : public Ops<T> {
   // The permutation: the slots stably sorted by assigned expert; each expert's first row by binary search.
   void permute_by_expert(const int32_t* assigned, int64_t* offset, int32_t* perm_slot, int32_t* row_of_slot, int64_t M,
                          int64_t E) override;
+  void permuted_rows(const int32_t* perm_slot, const T* gate, int64_t K, int32_t* perm_token, T* perm_gate,
+                     int64_t M) override {
+    cuda::permuted_rows(ctx_.stream, perm_slot, gate, K, perm_token, perm_gate, M);
+  }
   void gate_backward(const T* gate, const int32_t* selected, const T* dw, const T* denom, const uint8_t* clamped,
                      bool renormalised, T* dp, int64_t N, int64_t K, int64_t E) override {
     launch(elementwise_launch(N), cuda::gate_backward_kernel<T>, gate, selected, dw, denom, clamped, renormalised, dp,
