@@ -20,6 +20,7 @@
 #include "core/embedding.h"
 #include "core/ffn.h"
 #include "core/params.h"
+#include "core/state.h"
 
 namespace moe {
 
@@ -71,7 +72,7 @@ struct TensorParallelLayout {
 };
 
 template <typename T>
-class Model {
+class Model : public Stateful {
  public:
   // Builds the FFN of layer l; the default is the dense SwiGLU MLP.
   using FfnFactory = std::function<std::unique_ptr<FeedForward<T>>(int64_t layer)>;
@@ -100,6 +101,9 @@ class Model {
 
   // Initialised on the host (a pure function of the seed), then copied to the backend once.
   void init_params(uint64_t seed);
+  // Checkpoint state: each parameter's block, "params/<name>" (core/model_state.cpp).
+  std::vector<StatePiece> state_pieces(StateUse use) override;
+  void state_restored() override;
   void zero_grads();
 
   int num_slots() const { return int(slots_.size()); }
@@ -221,6 +225,7 @@ class Model {
   std::unique_ptr<Embedding<T>> embedding_;  // with the embedding
   std::unique_ptr<OutputHead<T>> head_;      // with the head
   Buffer params_, grads_;
+  std::vector<T> host_params_;  // a checkpoint's copy of params_ where the host cannot address the backend's memory
   std::vector<BlockWeights> blocks_;
   const T* out_norm_ = nullptr;
   T* d_out_norm_ = nullptr;

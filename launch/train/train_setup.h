@@ -94,8 +94,6 @@ struct Trainer {
   LrSchedule schedule;
   std::unique_ptr<data::Loader> loader;
   nlohmann::json data_provenance;  // data::data_provenance of the corpus: run manifest and checkpoints
-  // Last step at which each expert of each MoE layer received a token, for the dead-expert count.
-  std::vector<std::vector<int64_t>> last_used;
   TrainState state;
 
   int64_t micro_batches() const;    // per data-parallel rank and step
