@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "checkpoint/detail.h"
+#include "checkpoint/root.h"
 #include "core/error.h"
 #include "core/host.h"
 #include "parallel/strings.h"
@@ -43,26 +44,6 @@ std::string peer_file_name(int64_t rank) {
 }  // namespace detail
 
 namespace {
-
-void fsync_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) MOE_FAIL("cannot open " << path << " to sync it");
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) MOE_FAIL("fsync of " << path << " failed");
-}
-
-// ROOT/latest names the newest committed checkpoint (informational: resuming verifies, it never trusts it).
-void write_latest(const std::string& root, const std::string& name) {
-  const fs::path tmp = fs::path(root) / "latest.tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << name << "\n";
-  }
-  fsync_file(tmp.string());
-  fs::rename(tmp, fs::path(root) / "latest");
-  fsync_directory(root);
-}
 
 void remove_later_than(const std::string& root, int64_t step) {
   std::error_code ec;

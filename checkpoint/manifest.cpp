@@ -129,6 +129,7 @@ void fsync_path(const std::string& path, int flags) {
 }  // namespace
 
 void fsync_directory(const std::string& dir) { fsync_path(dir, O_RDONLY | O_DIRECTORY); }
+void fsync_file(const std::string& path) { fsync_path(path, O_RDONLY); }
 
 void write_manifest(const std::string& dir, const Manifest& m) {
   const fs::path tmp = fs::path(dir) / (std::string(kManifestName) + ".tmp");

@@ -75,7 +75,8 @@ DType dtype_from_name(const std::string& name, const std::string& origin);
 
 // xxh64 of a file's bytes, as 16 hex digits; size in bytes. Throws BadInput naming the path if unreadable.
 std::string file_xxh64(const std::string& path, int64_t* size = nullptr);
-// fsync of a directory (so a rename inside it is durable).
+// fsync of a directory (so a rename inside it is durable), and of a file's bytes.
 void fsync_directory(const std::string& dir);
+void fsync_file(const std::string& path);
 
 }  // namespace moe::ckpt

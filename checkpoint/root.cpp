@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -34,7 +35,7 @@ bool digits_after(const std::string& name, const std::string& prefix) {
 bool is_program_entry(const std::string& name, const struct stat& st) {
   if (S_ISDIR(st.st_mode)) return digits_after(name, "step-") || digits_after(name, "tmp-step-");
   if (!S_ISREG(st.st_mode)) return false;
-  return name == "latest" || name == "latest.tmp" || name == std::string(kOwnerName) + ".tmp";
+  return name == kLatestName || name == std::string(kLatestName) + ".tmp" || name == std::string(kOwnerName) + ".tmp";
 }
 
 // owner.json's run id and run directory; false when it is not a small regular file of that form.
@@ -144,6 +145,28 @@ void write_owner(const std::string& root, const RootOwner& owner) {
   fs::rename(tmp, path, ec);
   if (ec) MOE_RUN_FAILED("cannot rename " << tmp.string() << " to " << path.string() << ": " << ec.message());
   fsync_directory(root);
+}
+
+void write_latest(const std::string& root, const std::string& name) {
+  const fs::path tmp = fs::path(root) / (std::string(kLatestName) + ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << name << "\n";
+  }
+  fsync_file(tmp.string());
+  fs::rename(tmp, fs::path(root) / kLatestName);
+  fsync_directory(root);
+}
+
+std::string read_latest(const std::string& root) {
+  const fs::path path = fs::path(root) / kLatestName;
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::status(path, ec))) return "";
+  std::ifstream in(path);
+  std::string name;
+  if (in) std::getline(in, name);
+  while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
+  return name;
 }
 
 std::string new_run_id() {

@@ -11,6 +11,9 @@
 namespace moe::ckpt {
 
 inline constexpr const char* kOwnerName = "owner.json";
+// ROOT/latest: one line, the name of the newest committed checkpoint. Informational: resuming verifies the
+// checkpoints themselves and never trusts it. Written and read here only.
+inline constexpr const char* kLatestName = "latest";
 
 struct RootOwner {
   std::string run_id;   // 16 hex digits, made at the run's fresh start (new_run_id)
@@ -39,6 +42,10 @@ std::string root_refusal(const RootView& view, const std::string& label, const s
 void clear_root(const std::string& root);
 // Writes ROOT/owner.json, creating ROOT, through a temporary file (O_EXCL, no symbolic link followed) and a rename.
 void write_owner(const std::string& root, const RootOwner& owner);
+// Replaces ROOT/latest with `name` (a temporary file, fsync, rename, fsync of the root).
+void write_latest(const std::string& root, const std::string& name);
+// The name ROOT/latest holds ("" when there is no such regular file).
+std::string read_latest(const std::string& root);
 // A new run id: 16 hex digits from the system's random source.
 std::string new_run_id();
 

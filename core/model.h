@@ -20,6 +20,7 @@
 #include "core/embedding.h"
 #include "core/ffn.h"
 #include "core/params.h"
+#include "core/state.h"
 
 namespace moe {
 
@@ -71,7 +72,7 @@ struct TensorParallelLayout {
 };
 
 template <typename T>
-class Model {
+class Model : public Stateful {
  public:
   // Builds the FFN of layer l; the default is the dense SwiGLU MLP.
   using FfnFactory = std::function<std::unique_ptr<FeedForward<T>>(int64_t layer)>;
@@ -110,6 +111,9 @@ class Model {
 
   // Initialised on the host (a pure function of the seed), then copied to the backend once.
   void init_params(uint64_t seed);
+  // Checkpoint state: each parameter's block, "params/<name>" (core/model_state.cpp).
+  std::vector<StatePiece> state_pieces(StateUse use) override;
+  void state_restored() override;
   void zero_grads();
 
   int num_slots() const { return int(slots_.size()); }
@@ -237,6 +241,8 @@ class Model {
     T *params = nullptr, *grads = nullptr;
   } bound_;
   int64_t spec_base_ = 0;  // the index of this model's first spec in bound_.table
+  std::vector<T>
+      host_params_;  // a checkpoint's copy of the parameters where the host cannot address the backend's memory
   std::vector<BlockWeights> blocks_;
   const T* out_norm_ = nullptr;
   T* d_out_norm_ = nullptr;

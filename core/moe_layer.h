@@ -20,6 +20,7 @@
 #include "core/moe/experts.h"
 #include "core/moe/router.h"
 #include "core/moe/settings.h"
+#include "core/state.h"
 
 namespace moe {
 
@@ -51,7 +52,7 @@ struct MoeSlot final : FfnSlot {
 };
 
 template <typename T>
-class MoeLayer final : public FeedForward<T> {
+class MoeLayer final : public FeedForward<T>, public Stateful {
  public:
   MoeLayer(Backend& backend, const MoeSettings& settings);
 
@@ -100,6 +101,12 @@ class MoeLayer final : public FeedForward<T> {
     apply_capacity_control();
   }
   void apply_capacity_control() { s_.capacity_factor = capacity_.factor; }
+  // The last step at which each expert received a token (-1: never), kept by the trainer for the dead-expert count.
+  std::vector<int64_t>& last_used_step() { return last_used_; }
+  // Checkpoint state (core/moe/moe_state.cpp): "moe/<prefix>.balancing_bias", ".last_used_step", and with
+  // settings().capacity_auto the capacity control (".capacity_factor", ".capacity_steps_above", "..._below").
+  std::vector<StatePiece> state_pieces(StateUse use) override;
+  void state_restored() override;
 
   // The routing of the last one-at-a-time forward (the default slot), for tests: expert of slot (n, j)
   // before capacity, its gate weight, its fate, and the expert that finally computed it (-1 if none).
@@ -163,6 +170,7 @@ class MoeLayer final : public FeedForward<T> {
   std::string prefix_;
   RouterStepStats stats_;
   CapacityControl capacity_;
+  std::vector<int64_t> last_used_ = std::vector<int64_t>(size_t(s_.num_experts), -1);
   Router<T> router_;
   std::unique_ptr<Dispatcher<T>> dispatcher_;  // chosen by s_.dispatcher
   RowsInFlight<T> in_flight_;                  // of the overlapped exchanges; its staging is kept between calls

@@ -17,8 +17,9 @@ double LrSchedule::at(int64_t step) const {
   return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * std::min(1.0, progress)));
 }
 
-AdamW::AdamW(Backend& backend, const ParamTable& table, AdamWSettings settings, const std::vector<Segment>& owned)
-    : backend_(backend), s_(settings) {
+AdamW::AdamW(Backend& backend, const ParamTable& table, AdamWSettings settings, const std::vector<Segment>& owned,
+             bool zero)
+    : backend_(backend), table_(table), zero_(zero), s_(settings) {
   std::vector<Segment> ranges = owned;
   if (ranges.empty()) ranges.push_back({0, table.numel()});
   int64_t state = 0;

@@ -9,6 +9,7 @@
 
 #include "core/backend/backend.h"
 #include "core/params.h"
+#include "core/state.h"
 #include "parallel/grad_buckets.h"
 
 namespace moe {
@@ -30,9 +31,11 @@ struct LrSchedule {
 // Updates the slices of the flat buffers it owns: the whole table by default, one slice of every
 // gradient bucket under ZeRO. Its moments exist only for what it owns, in buffers of `backend`; params
 // and grads are the model's, in the same backend's memory.
-class AdamW {
+class AdamW : public Stateful {
  public:
-  AdamW(Backend& backend, const ParamTable& table, AdamWSettings settings, const std::vector<Segment>& owned = {});
+  // zero: `owned` are this rank's ZeRO slices among its data-parallel group (who holds each moment alike).
+  AdamW(Backend& backend, const ParamTable& table, AdamWSettings settings, const std::vector<Segment>& owned = {},
+        bool zero = false);
   // One update of the owned params from grads at learning rate lr. Increments the step count first
   // (bias correction uses t = 1 for the first update).
   void step(float* params, const float* grads, double lr);
@@ -50,8 +53,18 @@ class AdamW {
   };
   const std::vector<Piece>& pieces() const { return pieces_; }
 
+  // Checkpoint state: the moments of the owned pieces ("optim/exp_avg/<name>", "optim/exp_avg_sq/<name>", each
+  // in its parameter's coordinates) and the step ("optim/step") (optim/adamw_state.cpp).
+  std::vector<StatePiece> state_pieces(StateUse use) override;
+  void state_restored() override;
+
  private:
   Backend& backend_;
+  const ParamTable& table_;
+  bool zero_ = false;
+  // A checkpoint's copies: the step, and the moments where the host cannot address the backend's memory.
+  int64_t saved_steps_ = 0;
+  std::vector<float> host_m_, host_v_;
   AdamWSettings s_;
   std::vector<Piece> pieces_;
   Buffer m_, v_;

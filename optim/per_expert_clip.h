@@ -11,11 +11,12 @@
 
 #include "core/backend/backend.h"
 #include "core/params.h"
+#include "core/state.h"
 #include "parallel/grad_buckets.h"
 
 namespace moe {
 
-class PerExpertClip {
+class PerExpertClip : public Stateful {
  public:
   static constexpr double kDecay = 0.99;
   static constexpr int64_t kMinSamples = 10;
@@ -47,10 +48,18 @@ class PerExpertClip {
   const std::vector<Expert>& experts() const { return experts_; }
   std::vector<Expert>& experts() { return experts_; }
 
+  // Checkpoint state: each layer's moving averages and sample counts of this rank's experts, by global expert
+  // index ("clip/<group>.norm_ema", "clip/<group>.samples"; optim/per_expert_clip_state.cpp).
+  std::vector<StatePiece> state_pieces(StateUse use) override;
+  void state_restored() override;
+
  private:
   double factor_;
   Backend* device_ = nullptr;  // set only for a backend whose memory the host cannot address
   std::vector<Expert> experts_;
+  // A checkpoint's copies of the experts' ema and samples, contiguous per layer.
+  std::vector<double> saved_ema_;
+  std::vector<int64_t> saved_samples_;
 };
 
 }  // namespace moe

@@ -47,6 +47,9 @@ struct MoeSettings {
   RouterScore score = RouterScore::Softmax;
   bool normalize = true;         // renormalise the gate weights of the selected experts (when top_k > 1)
   double capacity_factor = 0.0;  // <= 0: no limit
+  // moe.capacity_auto: the trainer moves the factor after each step (MoeLayer::update_capacity), so the
+  // capacity control is checkpoint state.
+  bool capacity_auto = false;
   DropPolicy drop_policy = DropPolicy::Probs;
   Overflow overflow = Overflow::Drop;
   double expert_dropout = 0.0;

@@ -22,6 +22,7 @@
 
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/root.h"
 #include "checkpoint/shard_file.h"
 #include "core/error.h"
 
@@ -123,7 +124,7 @@ Location locate(const std::string& path) {
   for (const auto& entry : listing) {
     const std::string child = entry.path().filename().string();
     if ((entry.is_directory(ec) && (starts_with(child, "step-") || starts_with(child, "tmp-step-"))) ||
-        child == "latest")
+        child == ckpt::kLatestName)
       return {dir.string(), ""};
   }
   const fs::path config_path = dir / "config.json";
@@ -158,15 +159,6 @@ std::string target_checkpoint(const Location& loc, std::ostream& out) {
   return dirs.front();
 }
 
-std::string read_latest(const std::string& root) {
-  if (!regular_file(fs::path(root) / "latest")) return "";
-  std::ifstream in(fs::path(root) / "latest");
-  std::string name;
-  if (in) std::getline(in, name);
-  while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
-  return name;
-}
-
 // A checkpoint that does not verify is bad input: the message names the file and the problem.
 ckpt::Resolved verified(const std::string& dir) {
   std::string why;
@@ -183,7 +175,7 @@ void run_ls(const Location& loc, std::ostream& out) {
     dirs = ckpt::list_checkpoints(loc.root);
   else
     dirs.push_back(loc.checkpoint);
-  const std::string latest = read_latest(loc.root);
+  const std::string latest = ckpt::read_latest(loc.root);
   std::error_code ec;
   out << "checkpoint root " << loc.root;
   if (!latest.empty())

@@ -85,6 +85,7 @@ MoeSettings moe_settings(const Config& config, int64_t layer) {
   s.score = m.router.score == "sigmoid" ? RouterScore::Sigmoid : RouterScore::Softmax;
   s.normalize = m.router.normalize;
   s.capacity_factor = m.capacity_factor;
+  s.capacity_auto = m.capacity_auto.enabled;
   s.drop_policy = m.drop_policy == "position" ? DropPolicy::Position : DropPolicy::Probs;
   s.dispatcher = m.dispatcher == "allgather" ? DispatcherKind::AllGather : DispatcherKind::AllToAll;
   s.overflow = m.overflow_has("reroute") ? (m.overflow_has("dense") ? Overflow::RerouteDense : Overflow::Reroute)
@@ -353,16 +354,17 @@ Trainer::Trainer(CheckedConfig checked, TrainPaths paths_in, const data::Corpus&
   optimizer = std::make_unique<AdamW>(backend, model->table(),
                                       AdamWSettings{config.optim.lr, config.optim.beta1, config.optim.beta2,
                                                     config.optim.eps, config.optim.weight_decay},
-                                      owned);
+                                      owned, config.optim.zero);
   clip = std::make_unique<PerExpertClip>(model->table(), config.optim.per_expert_clip, &backend);
   schedule = LrSchedule{config.optim.lr, config.optim.min_lr, config.optim.warmup, tc.steps};
   loader = std::make_unique<data::Loader>(corpus, tc.seed, tc.seq_len, training_schedule(config, corpus));
   data_provenance = data::data_provenance(corpus);
-  last_used.assign(moe_layers.size(), std::vector<int64_t>(size_t(config.moe.num_experts), -1));
-  state.model = model, state.optimizer = optimizer.get(), state.clip = clip.get();
-  state.moe_layers = moe_layers, state.last_used = &last_used, state.groups = &groups;
-  state.zero = config.optim.zero;
-  state.capacity_auto = config.moe.capacity_auto.enabled;
+  // Every part with checkpoint state, in the order a checkpoint lists their pieces. The data loader and the
+  // random streams are pure functions of the step (the optimizer's), so they have none of their own.
+  state.components = {model, optimizer.get()};
+  state.components.insert(state.components.end(), moe_layers.begin(), moe_layers.end());
+  state.components.push_back(clip.get());
+  state.groups = &groups;
 }
 
 }  // namespace moe

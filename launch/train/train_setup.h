@@ -106,8 +106,6 @@ struct Trainer {
   LrSchedule schedule;
   std::unique_ptr<data::Loader> loader;
   nlohmann::json data_provenance;  // data::data_provenance of the corpus: run manifest and checkpoints
-  // Last step at which each expert of each MoE layer received a token, for the dead-expert count.
-  std::vector<std::vector<int64_t>> last_used;
   TrainState state;
   // Nothing but the last optimizer step wrote the parameters since the step's forward: the backend's rounded copy
   // of them is current (Ops::adamw_update keeps it), so the next forward need not drop it. False until the first

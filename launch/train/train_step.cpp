@@ -289,9 +289,10 @@ int64_t update_routing(Trainer& t, int64_t step) {
     const RouterStepStats& st = *t.moe_layers[i]->router_stats();
     t.moe_layers[i]->update_balancing_bias(st.tokens_per_expert, balance);
     if (m.capacity_auto.enabled) t.moe_layers[i]->update_capacity(overflow_ratio(st, m.top_k), capacity);
+    std::vector<int64_t>& last_used = t.moe_layers[i]->last_used_step();
     for (size_t e = 0; e < st.tokens_per_expert.size(); ++e) {
-      if (st.tokens_per_expert[e] > 0) t.last_used[i][e] = step;
-      dead += step - t.last_used[i][e] >= kDeadAfterSteps;
+      if (st.tokens_per_expert[e] > 0) last_used[e] = step;
+      dead += step - last_used[e] >= kDeadAfterSteps;
     }
   }
   if (t.pipeline) t.groups.pp->allreduce_sum(&dead, 1);
