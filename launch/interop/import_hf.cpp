@@ -110,17 +110,12 @@ void load_parameters(Trainer& t, const HfModel& model, const SafetensorsModel& f
   t.backend.ops<float>().parameters_changed();
 }
 
-bool is_expert_weight(const std::string& name) {
-  const std::string::size_type at = name.find(".ffn.experts.w");
-  return at != std::string::npos && name.size() == at + 15;
-}
-
 // Upcycling's noise: every element w of each expert's w1, w2, w3 becomes w (1 + std e), e a standard normal drawn
 // from Philox by (train.seed, "upcycle_noise." + the tensor's name, the element's index), so the copies differ
 // from the start and the same command gives the same bits.
 void add_upcycle_noise(Trainer& t, double std, uint64_t seed) {
   for (const ParamSpec& spec : t.model->table().specs()) {
-    if (!is_expert_weight(spec.name)) continue;
+    if (spec.role != ParamRole::Expert) continue;  // the routed experts' w1, w3, w2
     std::vector<float> values(size_t(spec.numel));
     t.backend.copy_to_host(values.data(), t.model->params() + spec.offset, spec.numel);
     const RngStream rng(seed, "upcycle_noise." + spec.name);

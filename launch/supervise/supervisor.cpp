@@ -225,10 +225,8 @@ std::vector<std::string> mpirun_prefix(const LaunchOptions& o) {
   return args;
 }
 
-// The job's hosts from which no rank reported in attempt `a`.
-std::vector<std::string> unheard_hosts(const HostPool& pool, const Attempt& a) {
-  std::set<std::string> heard;
-  for (const auto& [rank, r] : a.ranks) heard.insert(r.host);
+// The job's hosts not among those `heard` from.
+std::vector<std::string> unheard_hosts(const HostPool& pool, const std::set<std::string>& heard) {
   std::vector<std::string> unheard;
   for (const HostSlots& h : pool.active)
     if (!heard.count(h.name)) unheard.push_back(h.name);
@@ -583,7 +581,7 @@ int supervise(Launch& l, RunLock& lock) {
       l.events.add(outcome);
     } else {
       outcome.update({{"killed_stragglers", end.killed}, {"processes_left", end.left}});
-      const std::vector<std::string> unheard = unheard_hosts(pool, a);
+      const std::vector<std::string> unheard = unheard_hosts(pool, hosts_heard);
       check_daemons = !unheard.empty();
       if (check_daemons) outcome["hosts_unheard"] = unheard;
       l.events.add(outcome);
