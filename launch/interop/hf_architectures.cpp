@@ -544,115 +544,149 @@ void unfill_hf_tensor(const HfTensor& t, const float* values, float* source) {
   }
 }
 
-std::string check_hf_config(const nlohmann::json& hf, const std::string& origin, const Config& c) {
-  if (!hf.is_object()) MOE_BAD_INPUT(origin << ": expected a JSON object");
-  auto text = [&](const char* field, const std::string& fallback) {
+namespace {
+
+// A Hugging Face config.json read field by field: a wrong type, or a size that disagrees with this project's config,
+// is refused naming the file, the field and both values.
+struct HfFields {
+  const nlohmann::json& hf;
+  const std::string& origin;
+
+  std::string text(const char* field, const std::string& fallback) const {
     const nlohmann::json v = hf.value(field, nlohmann::json());
     if (v.is_null()) return fallback;
     if (!v.is_string()) MOE_BAD_INPUT(origin << ": " << field << " = " << v.dump() << "; expected a string");
     return v.get<std::string>();
-  };
-  auto number = [&](const nlohmann::json& object, const char* field, double fallback) {
+  }
+  double number(const nlohmann::json& object, const char* field, double fallback) const {
     const nlohmann::json v = object.is_object() ? object.value(field, nlohmann::json()) : nlohmann::json();
     if (v.is_null()) return fallback;
     if (!v.is_number() && !v.is_boolean())
       MOE_BAD_INPUT(origin << ": " << field << " = " << v.dump() << "; expected a number");
     return v.is_boolean() ? double(v.get<bool>()) : v.get<double>();
-  };
-  auto same = [&](const char* field, double fallback, const std::string& key, int64_t value) {
-    const double hf_value = number(hf, field, fallback);
+  }
+  double number(const char* field, double fallback) const { return number(hf, field, fallback); }
+  void same(const char* field, double fallback, const std::string& key, int64_t value) const {
+    const double hf_value = number(field, fallback);
     if (hf_value != double(value))
       MOE_BAD_INPUT(origin << ": " << field << " = " << hf_value << " but " << key << " = " << value
                            << " in the config; they must agree");
-  };
-  const std::string type = text("model_type", "");
+  }
+  [[noreturn]] void refuse(const std::string& what) const {
+    MOE_BAD_INPUT(origin << ": " << what << "; this project's model computes only what docs/model.md says");
+  }
+};
+
+// The attention's sizes: heads, and multi-head latent attention's ranks for DeepSeek-V3.
+void check_hf_attention(const HfFields& f, const std::string& type, const Config& c) {
+  const int64_t head_dim = c.model.d_model / std::max<int64_t>(c.model.heads, 1);
+  f.same("num_key_value_heads", f.number("num_attention_heads", -1),
+         "model.heads (grouped-query attention is not built)", c.model.heads);
+  if (type != "deepseek_v3") {
+    f.same("head_dim", double(head_dim), "model.d_model / model.heads", head_dim);
+    return;
+  }
+  // Its head_dim is the rotary width; the content and value widths have keys of their own.
+  if (f.hf.value("q_lora_rank", nlohmann::json()).is_null())
+    MOE_BAD_INPUT(f.origin << ": q_lora_rank = null (queries projected directly); this project's latent attention "
+                              "always has a query latent of model.mla.q_rank = "
+                           << c.model.mla_q_rank);
+  f.same("q_lora_rank", -1, "model.mla.q_rank", c.model.mla_q_rank);
+  f.same("kv_lora_rank", -1, "model.mla.kv_rank", c.model.mla_kv_rank);
+  f.same("qk_rope_head_dim", -1, "model.mla.rope_dim", c.model.mla_rope_dim);
+  f.same("qk_nope_head_dim", -1, "model.d_model / model.heads", head_dim);
+  f.same("v_head_dim", -1, "model.d_model / model.heads", head_dim);
+  if (f.number("rope_interleave", 1) != 1)
+    MOE_BAD_INPUT(f.origin << ": rope_interleave = false (rotary halves); this project rotates interleaved pairs and "
+                              "imports rope_interleave = true");
+}
+
+// DeepSeek-V3's MoE block, in Glm4-MoE and DeepSeek-V3 alike.
+void check_hf_deepseek_moe(const HfFields& f, const std::string& type, const Config& c) {
+  const int64_t first_moe = first_moe_layer(c);
+  if (first_moe > 0) f.same("intermediate_size", -1, "model.ffn_hidden", c.model.ffn_hidden);
+  f.same("moe_intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
+  f.same("n_routed_experts", -1, "moe.num_experts", c.moe.num_experts);
+  f.same("n_shared_experts", 1, "moe.shared_experts", c.moe.shared_experts);
+  f.same("first_k_dense_replace", 1, "the first MoE layer of moe.every", first_moe);
+  f.same("norm_topk_prob", 1, "moe.router.normalize (with moe.top_k > 1)", c.moe.router.normalize && c.moe.top_k > 1);
+  f.same("n_group", 1, "1 (a plain top-k)", 1);
+  f.same("topk_group", 1, "1 (a plain top-k)", 1);
+  if (f.number("routed_scaling_factor", 1.0) != 1.0)
+    MOE_BAD_INPUT(f.origin << ": routed_scaling_factor = " << f.number("routed_scaling_factor", 1.0)
+                           << "; this project's gates are not scaled (1 expected)");
+  if (type != "glm4_moe") return;
+  const nlohmann::json rope = f.hf.value("rope_parameters", nlohmann::json::object());
+  const double partial = f.number(rope, "partial_rotary_factor", f.number("partial_rotary_factor", 0.5));
+  if (partial != 1.0)
+    MOE_BAD_INPUT(f.origin << ": partial_rotary_factor = " << partial
+                           << "; this project rotates the whole head (1 expected)");
+  if (f.number("use_qk_norm", 0) != 0) MOE_BAD_INPUT(f.origin << ": use_qk_norm true; q and k are not normalised here");
+}
+
+// The feed-forward sizes of each architecture.
+void check_hf_ffn(const HfFields& f, const std::string& type, const Config& c) {
+  if (type == "mixtral") {
+    f.same("intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
+    f.same("num_local_experts", -1, "moe.num_experts", c.moe.num_experts);
+  } else if (type == "llama") {  // its MLP becomes every expert, and the dense layers' MLP
+    f.same("intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
+    if (c.moe.every > 1) f.same("intermediate_size", -1, "model.ffn_hidden", c.model.ffn_hidden);
+  } else if (type == "glm4_moe" || type == "deepseek_v3") {
+    check_hf_deepseek_moe(f, type, c);
+  } else {
+    if (c.moe.every > 1) f.same("intermediate_size", -1, "model.ffn_hidden", c.model.ffn_hidden);
+    f.same("moe_intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
+    f.same("shared_expert_intermediate_size", -1, "moe.shared_experts * moe.expert_hidden",
+           c.moe.shared_experts * c.moe.expert_hidden);
+    f.same("num_experts", -1, "moe.num_experts", c.moe.num_experts);
+    f.same("decoder_sparse_step", 1, "moe.every", c.moe.every);
+    f.same("norm_topk_prob", 0, "moe.router.normalize", c.moe.router.normalize);
+  }
+}
+
+// What none of the architectures' models computes here: another rope, norm epsilon or activation, biases, tied
+// embeddings, sliding windows, dense layers other than moe.every's.
+void refuse_hf_options(const HfFields& f) {
+  const nlohmann::json rope = f.hf.value("rope_parameters", nlohmann::json::object());
+  if (f.number(rope, "rope_theta", f.number("rope_theta", 10000.0)) != 10000.0)
+    f.refuse("a rope theta of " + std::to_string(f.number(rope, "rope_theta", f.number("rope_theta", 0))) +
+             ", not 10000");
+  if (rope.is_object() && rope.value("rope_type", nlohmann::json("default")) != nlohmann::json("default"))
+    f.refuse("rope_type " + rope.value("rope_type", nlohmann::json()).dump() + ", not default");
+  if (std::abs(f.number("rms_norm_eps", 1e-5) - 1e-5) > 1e-12)
+    f.refuse("rms_norm_eps " + std::to_string(f.number("rms_norm_eps", 0)) + ", not 1e-5");
+  if (f.text("hidden_act", "silu") != "silu") f.refuse("hidden_act " + f.text("hidden_act", "") + ", not silu");
+  if (f.number("tie_word_embeddings", 0) != 0) f.refuse("tie_word_embeddings true: the output head is untied here");
+  if (f.number("qkv_bias", 0) != 0) f.refuse("qkv_bias true: q, k and v have no biases here");
+  if (f.number("attention_bias", 0) != 0) f.refuse("attention_bias true: the attention has no biases here");
+  if (f.number("mlp_bias", 0) != 0) f.refuse("mlp_bias true: the MLPs have no biases here");
+  if (f.number("use_sliding_window", 0) != 0)
+    f.refuse("use_sliding_window true: attention is over the whole sequence here");
+  const nlohmann::json only = f.hf.value("mlp_only_layers", nlohmann::json::array());
+  if (!only.is_array() || !only.empty())
+    f.refuse("mlp_only_layers " + only.dump() + ": dense layers follow moe.every here");
+}
+
+}  // namespace
+
+std::string check_hf_config(const nlohmann::json& hf, const std::string& origin, const Config& c) {
+  if (!hf.is_object()) MOE_BAD_INPUT(origin << ": expected a JSON object");
+  const HfFields f{hf, origin};
+  const std::string type = f.text("model_type", "");
   if (type != "mixtral" && type != "qwen2_moe" && type != "glm4_moe" && type != "deepseek_v3" && type != "llama")
     MOE_BAD_INPUT(origin << ": model_type = \"" << type
                          << "\"; imported are mixtral (MixtralForCausalLM), qwen2_moe (Qwen2MoeForCausalLM), "
                             "glm4_moe (Glm4MoeForCausalLM), deepseek_v3 (DeepseekV3ForCausalLM) and, with --upcycle, "
                             "llama (LlamaForCausalLM)");
-  const int64_t head_dim = c.model.d_model / std::max<int64_t>(c.model.heads, 1);
-  same("vocab_size", -1, "model.vocab", c.model.vocab);
-  same("hidden_size", -1, "model.d_model", c.model.d_model);
-  same("num_hidden_layers", -1, "model.layers", c.model.layers);
-  same("num_attention_heads", -1, "model.heads", c.model.heads);
-  if (type != "llama") same("num_experts_per_tok", -1, "moe.top_k", c.moe.top_k);
-  same("num_key_value_heads", number(hf, "num_attention_heads", -1),
-       "model.heads (grouped-query attention is not built)", c.model.heads);
-  if (type == "deepseek_v3") {  // its head_dim is the rotary width; the content and value widths have keys of their own
-    if (hf.value("q_lora_rank", nlohmann::json()).is_null())
-      MOE_BAD_INPUT(origin << ": q_lora_rank = null (queries projected directly); this project's latent attention "
-                              "always has a query latent of model.mla.q_rank = "
-                           << c.model.mla_q_rank);
-    same("q_lora_rank", -1, "model.mla.q_rank", c.model.mla_q_rank);
-    same("kv_lora_rank", -1, "model.mla.kv_rank", c.model.mla_kv_rank);
-    same("qk_rope_head_dim", -1, "model.mla.rope_dim", c.model.mla_rope_dim);
-    same("qk_nope_head_dim", -1, "model.d_model / model.heads", head_dim);
-    same("v_head_dim", -1, "model.d_model / model.heads", head_dim);
-    if (number(hf, "rope_interleave", 1) != 1)
-      MOE_BAD_INPUT(origin << ": rope_interleave = false (rotary halves); this project rotates interleaved pairs and "
-                              "imports rope_interleave = true");
-  } else {
-    same("head_dim", double(head_dim), "model.d_model / model.heads", head_dim);
-  }
-  if (type == "mixtral") {
-    same("intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
-    same("num_local_experts", -1, "moe.num_experts", c.moe.num_experts);
-  } else if (type == "llama") {  // its MLP becomes every expert, and the dense layers' MLP
-    same("intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
-    if (c.moe.every > 1) same("intermediate_size", -1, "model.ffn_hidden", c.model.ffn_hidden);
-  } else if (type == "glm4_moe" || type == "deepseek_v3") {
-    const int64_t first_moe = first_moe_layer(c);
-    if (first_moe > 0) same("intermediate_size", -1, "model.ffn_hidden", c.model.ffn_hidden);
-    same("moe_intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
-    same("n_routed_experts", -1, "moe.num_experts", c.moe.num_experts);
-    same("n_shared_experts", 1, "moe.shared_experts", c.moe.shared_experts);
-    same("first_k_dense_replace", 1, "the first MoE layer of moe.every", first_moe);
-    same("norm_topk_prob", 1, "moe.router.normalize (with moe.top_k > 1)", c.moe.router.normalize && c.moe.top_k > 1);
-    same("n_group", 1, "1 (a plain top-k)", 1);
-    same("topk_group", 1, "1 (a plain top-k)", 1);
-    if (number(hf, "routed_scaling_factor", 1.0) != 1.0)
-      MOE_BAD_INPUT(origin << ": routed_scaling_factor = " << number(hf, "routed_scaling_factor", 1.0)
-                           << "; this project's gates are not scaled (1 expected)");
-    if (type == "glm4_moe") {
-      const nlohmann::json rope = hf.value("rope_parameters", nlohmann::json::object());
-      if (number(rope, "partial_rotary_factor", number(hf, "partial_rotary_factor", 0.5)) != 1.0)
-        MOE_BAD_INPUT(origin << ": partial_rotary_factor = "
-                             << number(rope, "partial_rotary_factor", number(hf, "partial_rotary_factor", 0.5))
-                             << "; this project rotates the whole head (1 expected)");
-      if (number(hf, "use_qk_norm", 0) != 0)
-        MOE_BAD_INPUT(origin << ": use_qk_norm true; q and k are not normalised here");
-    }
-  } else {
-    if (c.moe.every > 1) same("intermediate_size", -1, "model.ffn_hidden", c.model.ffn_hidden);
-    same("moe_intermediate_size", -1, "moe.expert_hidden", c.moe.expert_hidden);
-    same("shared_expert_intermediate_size", -1, "moe.shared_experts * moe.expert_hidden",
-         c.moe.shared_experts * c.moe.expert_hidden);
-    same("num_experts", -1, "moe.num_experts", c.moe.num_experts);
-    same("decoder_sparse_step", 1, "moe.every", c.moe.every);
-    same("norm_topk_prob", 0, "moe.router.normalize", c.moe.router.normalize);
-  }
-  auto refuse = [&](const std::string& what) {
-    MOE_BAD_INPUT(origin << ": " << what << "; this project's model computes only what docs/model.md says");
-  };
-  const nlohmann::json rope = hf.value("rope_parameters", nlohmann::json::object());
-  if (number(rope, "rope_theta", number(hf, "rope_theta", 10000.0)) != 10000.0)
-    refuse("a rope theta of " + std::to_string(number(rope, "rope_theta", number(hf, "rope_theta", 0))) +
-           ", not 10000");
-  if (rope.is_object() && rope.value("rope_type", nlohmann::json("default")) != nlohmann::json("default"))
-    refuse("rope_type " + rope.value("rope_type", nlohmann::json()).dump() + ", not default");
-  if (std::abs(number(hf, "rms_norm_eps", 1e-5) - 1e-5) > 1e-12)
-    refuse("rms_norm_eps " + std::to_string(number(hf, "rms_norm_eps", 0)) + ", not 1e-5");
-  if (text("hidden_act", "silu") != "silu") refuse("hidden_act " + text("hidden_act", "") + ", not silu");
-  if (number(hf, "tie_word_embeddings", 0) != 0) refuse("tie_word_embeddings true: the output head is untied here");
-  if (number(hf, "qkv_bias", 0) != 0) refuse("qkv_bias true: q, k and v have no biases here");
-  if (number(hf, "attention_bias", 0) != 0) refuse("attention_bias true: the attention has no biases here");
-  if (number(hf, "mlp_bias", 0) != 0) refuse("mlp_bias true: the MLPs have no biases here");
-  if (number(hf, "use_sliding_window", 0) != 0)
-    refuse("use_sliding_window true: attention is over the whole sequence here");
-  const nlohmann::json only = hf.value("mlp_only_layers", nlohmann::json::array());
-  if (!only.is_array() || !only.empty())
-    refuse("mlp_only_layers " + only.dump() + ": dense layers follow moe.every here");
+  f.same("vocab_size", -1, "model.vocab", c.model.vocab);
+  f.same("hidden_size", -1, "model.d_model", c.model.d_model);
+  f.same("num_hidden_layers", -1, "model.layers", c.model.layers);
+  f.same("num_attention_heads", -1, "model.heads", c.model.heads);
+  if (type != "llama") f.same("num_experts_per_tok", -1, "moe.top_k", c.moe.top_k);
+  check_hf_attention(f, type, c);
+  check_hf_ffn(f, type, c);
+  refuse_hf_options(f);
   return type;
 }
 
