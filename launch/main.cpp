@@ -135,6 +135,36 @@ int report(const moe::Error& e, int rank, int size) {
   return kExitOther;
 }
 
+// The overview under `moe --help`.
+constexpr const char* kFooter =
+    "Train:  moe train --config FILE [--set KEY=VALUE]... [--run-dir DIR] [--resume auto|none|PATH]\n"
+    "Launch: moe launch --np N [--hostfile F] --config FILE [--set KEY=VALUE]... (restarts after faults)\n"
+    "Ckpt:   moe ckpt ls|verify|info PATH, moe ckpt export PATH --out FILE.h5 [--all] [--force]\n"
+    "Prep:   moe prep --input [NAME=]PATH... --out DIR [--tokenizer train|byte|FILE] [--vocab N]\n"
+    "Sweep:  moe sweep --config BASE --grid KEY=V1,V2,... [--grid ...] [--seeds N] [--np N] --out DIR\n"
+    "Report: moe report RUN_DIR|SWEEP_DIR [--out FILE.html]\n"
+    "Logits: moe logits PATH --tokens IDS|--text TEXT [--generate N] [--out FILE.json]\n"
+    "Export: moe export hf PATH --out DIR [--dtype fp32|bf16] [--overwrite] (a transformers model directory)\n"
+    "Import: moe import hf DIR --config FILE --out RUN_DIR (a transformers model as a checkpoint)\n"
+    "Docs:   docs/cli.md (commands), docs/config.md (config keys), docs/metrics.md (metrics.jsonl),\n"
+    "        docs/checkpoint.md (checkpoint layout)";
+
+// The job's communicator when mpirun started this process (null alone), and this rank's place in it; false, said
+// on stderr, when MPI cannot start.
+bool start_world(int* argc, char*** argv, std::unique_ptr<moe::Communicator>* world, int* rank, int* size) {
+  try {
+    if (!moe::MpiCommunicator::launched_by_mpirun()) return true;
+    moe::MpiCommunicator::initialize(argc, argv);
+    auto mpi = moe::MpiCommunicator::world();
+    *rank = mpi->rank(), *size = mpi->size();
+    *world = std::move(mpi);
+    return true;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moe: cannot start MPI: %s\n", e.what());
+    return false;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -151,18 +181,7 @@ int main(int argc, char** argv) {
       "Run `moe SUBCOMMAND --help` for the options of each subcommand.",
       "moe"};
   app.require_subcommand(1);
-  app.footer(
-      "Train:  moe train --config FILE [--set KEY=VALUE]... [--run-dir DIR] [--resume auto|none|PATH]\n"
-      "Launch: moe launch --np N [--hostfile F] --config FILE [--set KEY=VALUE]... (restarts after faults)\n"
-      "Ckpt:   moe ckpt ls|verify|info PATH, moe ckpt export PATH --out FILE.h5 [--all] [--force]\n"
-      "Prep:   moe prep --input [NAME=]PATH... --out DIR [--tokenizer train|byte|FILE] [--vocab N]\n"
-      "Sweep:  moe sweep --config BASE --grid KEY=V1,V2,... [--grid ...] [--seeds N] [--np N] --out DIR\n"
-      "Report: moe report RUN_DIR|SWEEP_DIR [--out FILE.html]\n"
-      "Logits: moe logits PATH --tokens IDS|--text TEXT [--generate N] [--out FILE.json]\n"
-      "Export: moe export hf PATH --out DIR [--dtype fp32|bf16] [--overwrite] (a transformers model directory)\n"
-      "Import: moe import hf DIR --config FILE --out RUN_DIR (a transformers Mixtral as a checkpoint)\n"
-      "Docs:   docs/cli.md (commands), docs/config.md (config keys), docs/metrics.md (metrics.jsonl),\n"
-      "        docs/checkpoint.md (checkpoint layout)");
+  app.footer(kFooter);
 
   moe::TrainOptions train;
   CLI::App* train_cmd = add_train_command(app, train);
@@ -189,8 +208,7 @@ int main(int argc, char** argv) {
       app.get_subcommands([&](CLI::App* sub) { return sub->get_name() == argv[1]; }).empty()) {
     std::fprintf(stderr,
                  "moe: error: unknown subcommand '%s'; the subcommands are: train, launch, ckpt, prep, sweep, report, "
-                 "logits, export "
-                 "(see moe --help)\n",
+                 "logits, export, import (see moe --help)\n",
                  argv[1]);
     return kExitBadInput;
   }
@@ -204,17 +222,7 @@ int main(int argc, char** argv) {
   // Under mpirun every rank runs this program; alone it runs without MPI.
   std::unique_ptr<moe::Communicator> world;
   int rank = 0, size = 1;
-  try {
-    if (moe::MpiCommunicator::launched_by_mpirun()) {
-      moe::MpiCommunicator::initialize(&argc, &argv);
-      auto mpi = moe::MpiCommunicator::world();
-      rank = mpi->rank(), size = mpi->size();
-      world = std::move(mpi);
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "moe: cannot start MPI: %s\n", e.what());
-    return kExitOther;
-  }
+  if (!start_world(&argc, &argv, &world, &rank, &size)) return kExitOther;
   moe::set_error_context(rank, moe::host_name());
   try {
     if (train_cmd->parsed()) {
