@@ -26,9 +26,10 @@ MlaAttention<T>::MlaAttention(Backend& backend, int64_t d_model, int64_t heads, 
       Cq_(shape.q_rank),
       R_(shape.rope_dim),
       W_(heads * (Dh_ + shape.rope_dim)),
+      Q_(shape.q_rank > 0 ? shape.q_rank : d_model),
       norms_(shape.norms) {
   MOE_CHECK(heads > 0 && D_ % H_ == 0, "d_model " << D_ << " and heads " << H_);
-  MOE_CHECK(C_ >= 1 && Cq_ >= 1 && R_ >= 2 && R_ % 2 == 0,
+  MOE_CHECK(C_ >= 1 && Cq_ >= 0 && R_ >= 2 && R_ % 2 == 0,
             "latent attention ranks " << C_ << " (kv), " << Cq_ << " (q) and an even rotary width, not " << R_);
   std::vector<T> identity(size_t(sizes::elements(sizes::mla_identity(this->shape()))), T(0));
   for (int64_t i = 0; i < R_; ++i) identity[size_t(i * R_ + i)] = T(1);
@@ -43,38 +44,40 @@ void MlaAttention<T>::register_params(ParamTable& table, const std::string& pref
   auto add = [&](const char* name, int64_t rows, int64_t cols, double std) {
     table.add({prefix + name, {rows, cols}, ParamRole::Dense, true, ParamInit::Normal, std});
   };
-  add(".wdq", D_, Cq_, 0.02);
-  add(".wuq", Cq_, HD, 0.02);
-  add(".wqr", Cq_, H_ * R_, 0.02);
+  if (Cq_ > 0) add(".wdq", D_, Cq_, 0.02);
+  add(".wuq", Q_, HD, 0.02);
+  add(".wqr", Q_, H_ * R_, 0.02);
   add(".wdkv", D_, C_, 0.02);
   add(".wuk", C_, HD, 0.02);
   add(".wuv", C_, HD, 0.02);
   add(".wkr", D_, R_, 0.02);
   add(".wo", HD, D_, out_std);
   if (!norms_) return;
-  table.add({prefix + ".q_norm.gain", {Cq_}, ParamRole::Norm, false, ParamInit::Ones});
+  if (Cq_ > 0) table.add({prefix + ".q_norm.gain", {Cq_}, ParamRole::Norm, false, ParamInit::Ones});
   table.add({prefix + ".kv_norm.gain", {C_}, ParamRole::Norm, false, ParamInit::Ones});
 }
 
 template <typename T>
 void MlaAttention<T>::bind(const ParamTable& table, T* params, T* grads) {
   auto at = [&](const char* name) { return table.find(prefix_ + name).offset; };
-  const int64_t dq = at(".wdq"), uq = at(".wuq"), qr = at(".wqr"), dkv = at(".wdkv"), uk = at(".wuk"), uv = at(".wuv"),
-                kr = at(".wkr"), o = at(".wo");
-  wdq_ = params + dq, wuq_ = params + uq, wqr_ = params + qr, wdkv_ = params + dkv;
+  const int64_t uq = at(".wuq"), qr = at(".wqr"), dkv = at(".wdkv"), uk = at(".wuk"), uv = at(".wuv"), kr = at(".wkr"),
+                o = at(".wo");
+  wuq_ = params + uq, wqr_ = params + qr, wdkv_ = params + dkv;
   wuk_ = params + uk, wuv_ = params + uv, wkr_ = params + kr, wo_ = params + o;
-  dwdq_ = grads + dq, dwuq_ = grads + uq, dwqr_ = grads + qr, dwdkv_ = grads + dkv;
+  dwuq_ = grads + uq, dwqr_ = grads + qr, dwdkv_ = grads + dkv;
   dwuk_ = grads + uk, dwuv_ = grads + uv, dwkr_ = grads + kr, dwo_ = grads + o;
+  if (Cq_ > 0) wdq_ = params + at(".wdq"), dwdq_ = grads + at(".wdq");
   if (!norms_) return;
-  const int64_t gq = at(".q_norm.gain"), gkv = at(".kv_norm.gain");
-  gq_ = params + gq, gkv_ = params + gkv, dgq_ = grads + gq, dgkv_ = grads + gkv;
+  const int64_t gkv = at(".kv_norm.gain");
+  gkv_ = params + gkv, dgkv_ = grads + gkv;
+  if (Cq_ > 0) gq_ = params + at(".q_norm.gain"), dgq_ = grads + at(".q_norm.gain");
 }
 
 template <typename T>
 double MlaAttention<T>::forward_flops(int64_t N) const {
   const double n = double(N), D = double(D_), HD = double(H_ * Dh_), R = double(R_);
   const double projections =
-      D * double(Cq_ + C_) + double(Cq_) * (HD + double(H_) * R) + D * R + 2 * double(C_) * HD + HD * D;
+      D * double(Cq_ + C_) + double(Q_) * (HD + double(H_) * R) + D * R + 2 * double(C_) * HD + HD * D;
   return 2 * n * projections + 2 * 2 * n * double(T_) * double(W_);
 }
 
@@ -110,8 +113,8 @@ void MlaAttention<T>::latent_backward(const T* x, const T* wd, const T* gain, in
 template <typename T>
 void MlaAttention<T>::rotary_forward(const T* x, const T* cq, T* q, T* k, T* qr, T* kr, int64_t B) const {
   const int64_t N = B * T_, Hr = H_ * R_, Wh = Dh_ + R_;
-  ops_.gemm(false, false, N, Hr, Cq_, T(1), cq, Cq_, wqr_, Hr, T(0), qr, Hr);  // qr = c_q Wqr
-  ops_.gemm(false, false, N, R_, D_, T(1), x, D_, wkr_, R_, T(0), kr, R_);     // kr = x Wkr
+  ops_.gemm(false, false, N, Hr, Q_, T(1), cq, Q_, wqr_, Hr, T(0), qr, Hr);  // qr = c_q Wqr
+  ops_.gemm(false, false, N, R_, D_, T(1), x, D_, wkr_, R_, T(0), kr, R_);   // kr = x Wkr
   ops_.rope(qr, B, T_, H_, R_, false);
   ops_.rope(kr, B, T_, 1, R_, false);
   for (int64_t h = 0; h < H_; ++h) {
@@ -123,16 +126,17 @@ void MlaAttention<T>::rotary_forward(const T* x, const T* cq, T* q, T* k, T* qr,
 template <typename T>
 void MlaAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) {
   const int64_t N = B * T_, HD = H_ * Dh_, Wh = Dh_ + R_;
-  T *cq = acts, *ckv = cq + N * Cq_, *q = ckv + N * C_, *k = q + N * W_, *v = k + N * W_, *att = v + N * W_;
+  T *cq_kept = acts, *ckv = cq_kept + N * Cq_, *q = ckv + N * C_, *k = q + N * W_, *v = k + N * W_, *att = v + N * W_;
+  const T* cq = Cq_ > 0 ? cq_kept : x;  // without a query latent the queries read x
   T* probs = keep_probs_ ? att + N * W_ : recomputed_probabilities(scratch, N);
-  T* qr = scratch + 4 * N * W_ + T_ * T_ + N * (Cq_ + C_);  // the backward's dqr and dkr, free until then
+  T* qr = scratch + 4 * N * W_ + T_ * T_ + N * (Q_ + C_);  // the backward's dqr and dkr, free until then
   T* kr = qr + N * H_ * R_;
   T *cq_raw = norm_acts(acts, N), *ckv_raw = cq_raw + N * Cq_, *rstd_q = ckv_raw + N * C_, *rstd_kv = rstd_q + N;
-  latent_forward(x, wdq_, gq_, Cq_, cq, cq_raw, rstd_q, N);      // c_q = x Wdq (normalised)
-  latent_forward(x, wdkv_, gkv_, C_, ckv, ckv_raw, rstd_kv, N);  // c_kv = x Wdkv (normalised)
-  ops_.fill(v, T(0), N * W_);                                    // values padded with zeros
+  if (Cq_ > 0) latent_forward(x, wdq_, gq_, Cq_, cq_kept, cq_raw, rstd_q, N);  // c_q = x Wdq (normalised)
+  latent_forward(x, wdkv_, gkv_, C_, ckv, ckv_raw, rstd_kv, N);                // c_kv = x Wdkv (normalised)
+  ops_.fill(v, T(0), N * W_);                                                  // values padded with zeros
   for (int64_t h = 0; h < H_; ++h) {  // each head's content parts, written into its block of the rows
-    ops_.gemm(false, false, N, Dh_, Cq_, T(1), cq, Cq_, wuq_ + h * Dh_, HD, T(0), q + h * Wh, W_);
+    ops_.gemm(false, false, N, Dh_, Q_, T(1), cq, Q_, wuq_ + h * Dh_, HD, T(0), q + h * Wh, W_);
     ops_.gemm(false, false, N, Dh_, C_, T(1), ckv, C_, wuk_ + h * Dh_, HD, T(0), k + h * Wh, W_);
     ops_.gemm(false, false, N, Dh_, C_, T(1), ckv, C_, wuv_ + h * Dh_, HD, T(0), v + h * Wh, W_);
   }
@@ -152,18 +156,19 @@ void MlaAttention<T>::rotary_backward(const T* x, const T* cq, const T* dq, cons
   }
   ops_.rope(dqr, B, T_, H_, R_, true);
   ops_.rope(dkr, B, T_, 1, R_, true);
-  ops_.gemm(true, false, Cq_, Hr, N, T(1), cq, Cq_, dqr, Hr, T(1), dwqr_, Hr);  // dWqr += c_q^T dqr
-  ops_.gemm(false, true, N, Cq_, Hr, T(1), dqr, Hr, wqr_, Hr, T(1), dcq, Cq_);  // dc_q += dqr Wqr^T
-  ops_.gemm(true, false, D_, R_, N, T(1), x, D_, dkr, R_, T(1), dwkr_, R_);     // dWkr += x^T dkr
-  ops_.gemm(false, true, N, D_, R_, T(1), dkr, R_, wkr_, R_, T(1), dx, D_);     // dx += dkr Wkr^T
+  ops_.gemm(true, false, Q_, Hr, N, T(1), cq, Q_, dqr, Hr, T(1), dwqr_, Hr);  // dWqr += c_q^T dqr
+  ops_.gemm(false, true, N, Q_, Hr, T(1), dqr, Hr, wqr_, Hr, T(1), dcq, Q_);  // dc_q += dqr Wqr^T
+  ops_.gemm(true, false, D_, R_, N, T(1), x, D_, dkr, R_, T(1), dwkr_, R_);   // dWkr += x^T dkr
+  ops_.gemm(false, true, N, D_, R_, T(1), dkr, R_, wkr_, R_, T(1), dx, D_);   // dx += dkr Wkr^T
 }
 
 template <typename T>
 void MlaAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) {
   const int64_t N = B * T_, HD = H_ * Dh_, Wh = Dh_ + R_;
-  const T *cq = acts, *ckv = cq + N * Cq_, *q = ckv + N * C_, *k = q + N * W_, *v = k + N * W_, *att = v + N * W_;
+  const T *ckv = acts + N * Cq_, *q = ckv + N * C_, *k = q + N * W_, *v = k + N * W_, *att = v + N * W_;
+  const T* cq = Cq_ > 0 ? acts : x;
   T *dq = scratch, *dk = dq + N * W_, *dv = dk + N * W_, *datt = dv + N * W_, *block = datt + N * W_;
-  T *dcq = block + T_ * T_, *dckv = dcq + N * Cq_, *dqr = dckv + N * C_, *dkr = dqr + N * H_ * R_;
+  T *dcq = block + T_ * T_, *dckv = dcq + N * Q_, *dqr = dckv + N * C_, *dkr = dqr + N * H_ * R_;
   const T* probs = att + N * W_;
   if (!keep_probs_) {  // selective recompute: the same op on the same q and k, bit for bit (as MhaAttention)
     T* recomputed = recomputed_probabilities(scratch, N);
@@ -179,8 +184,8 @@ void MlaAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T*
   for (int64_t h = 0; h < H_; ++h) {  // the content parts: into Wuq, Wuk, Wuv and the latents
     const T beta = T(h == 0 ? 0 : 1);
     const T *dq_h = dq + h * Wh, *dk_h = dk + h * Wh, *dv_h = dv + h * Wh;
-    ops_.gemm(true, false, Cq_, Dh_, N, T(1), cq, Cq_, dq_h, W_, T(1), dwuq_ + h * Dh_, HD);
-    ops_.gemm(false, true, N, Cq_, Dh_, T(1), dq_h, W_, wuq_ + h * Dh_, HD, beta, dcq, Cq_);
+    ops_.gemm(true, false, Q_, Dh_, N, T(1), cq, Q_, dq_h, W_, T(1), dwuq_ + h * Dh_, HD);
+    ops_.gemm(false, true, N, Q_, Dh_, T(1), dq_h, W_, wuq_ + h * Dh_, HD, beta, dcq, Q_);
     ops_.gemm(true, false, C_, Dh_, N, T(1), ckv, C_, dk_h, W_, T(1), dwuk_ + h * Dh_, HD);
     ops_.gemm(false, true, N, C_, Dh_, T(1), dk_h, W_, wuk_ + h * Dh_, HD, beta, dckv, C_);
     ops_.gemm(true, false, C_, Dh_, N, T(1), ckv, C_, dv_h, W_, T(1), dwuv_ + h * Dh_, HD);
@@ -191,7 +196,10 @@ void MlaAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T*
   // dx = dc_kv Wdkv^T + the rotary parts + dc_q Wdq^T (through the norms when there are)
   latent_backward(x, wdkv_, gkv_, C_, ckv_raw, rstd_kv, dckv, dckv_raw, dwdkv_, dgkv_, dx, T(0), N);
   rotary_backward(x, cq, dq, dk, dqr, dkr, dcq, dx, B);
-  latent_backward(x, wdq_, gq_, Cq_, cq_raw, rstd_q, dcq, dcq_raw, dwdq_, dgq_, dx, T(1), N);
+  if (Cq_ > 0)
+    latent_backward(x, wdq_, gq_, Cq_, cq_raw, rstd_q, dcq, dcq_raw, dwdq_, dgq_, dx, T(1), N);
+  else
+    ops_.add_inplace(dx, dcq, N * D_);  // the queries read x: their gradient is x's directly
 }
 
 template class MlaAttention<float>;

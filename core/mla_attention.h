@@ -8,6 +8,8 @@
 // softmax(q k^T / sqrt(Dh + R)) v; per-head blocks are written by strided GEMMs and the rotary parts placed
 // by a GEMM with an identity (exact: each output is 1 * x plus exact zeros). Not split over tensor-parallel
 // ranks (the config refuses parallel.tp > 1 with mla).
+// With MlaShape::q_rank = 0 (DeepSeek-V2-Lite's q_lora_rank null) there is no query latent: the queries are
+// projected from x itself (Wuq and Wqr read x, c_q is x), and there is no query norm.
 // With MlaShape::norms (model.mla.norms, DeepSeek-V3's q_a_layernorm and kv_a_layernorm), each latent is an
 // RMSNorm of its down-projection, with a gain and epsilon 1e-6: the backend's RMSNorm (epsilon 1e-5) of the
 // down-projection times sqrt(10), the same function (RMSNorm(s v) with epsilon e is RMSNorm(v) with e / s^2).
@@ -20,7 +22,8 @@
 
 namespace moe {
 
-// The latent widths: C the key/value latent, Cq the query latent, R each head's rotary part (even).
+// The latent widths: C the key/value latent, Cq the query latent (0: none, the queries from x), R each head's
+// rotary part (even).
 struct MlaShape {
   int64_t kv_rank = 32, q_rank = 64, rope_dim = 16;
   bool norms = false;  // RMSNorms (with gains) on c_q and c_kv
@@ -33,8 +36,8 @@ class MlaAttention final : public Attention<T> {
   void register_params(ParamTable& table, const std::string& prefix) override;
   void bind(const ParamTable& table, T* params, T* grads) override;
   void set_keep_probabilities(bool keep) override { keep_probs_ = keep; }
-  // c_q (N, Cq), c_kv (N, C), q, k, v, the attention's output (N, W) each, W = H (Dh + R), when kept the
-  // probabilities (B, H, T, T), and with norms the latents before them and their inverse RMS (N) each.
+  // c_q (N, Cq; none when Cq is 0), c_kv (N, C), q, k, v, the attention's output (N, W) each, W = H (Dh + R), when kept
+  // the probabilities (B, H, T, T), and with norms the latents before them and their inverse RMS (N) each.
   int64_t activation_size(int64_t N) const override { return sizes::elements(sizes::mla(shape(), N).activations); }
   // dq, dk, dv, d(att) (N, W) each, one (T, T) block, dc_q, dc_kv, the rotary parts (N, H R) and (N, R), and
   // when not kept the recomputed probabilities, and with norms the gradients of the latents before them.
@@ -56,7 +59,7 @@ class MlaAttention final : public Attention<T> {
   T* norm_acts(T* acts, int64_t N) const { return acts + N * (Cq_ + C_ + 4 * W_) + (keep_probs_ ? probs_size(N) : 0); }
   const T* norm_acts(const T* acts, int64_t N) const { return norm_acts(const_cast<T*>(acts), N); }
   T* norm_scratch(T* scratch, int64_t N) const {
-    return scratch + 4 * N * W_ + T_ * T_ + N * (Cq_ + C_ + H_ * R_ + R_) + (keep_probs_ ? 0 : probs_size(N));
+    return scratch + 4 * N * W_ + T_ * T_ + N * (Q_ + C_ + H_ * R_ + R_) + (keep_probs_ ? 0 : probs_size(N));
   }
   // c = x Wd, or with norms c = RMSNorm(sqrt(10) x Wd) (raw: the latent before it, rstd its inverse RMS).
   void latent_forward(const T* x, const T* wd, const T* gain, int64_t width, T* c, T* raw, T* rstd, int64_t N) const;
@@ -64,7 +67,7 @@ class MlaAttention final : public Attention<T> {
   void latent_backward(const T* x, const T* wd, const T* gain, int64_t width, const T* raw, const T* rstd, const T* dc,
                        T* draw, T* dwd, T* dgain, T* dx, T beta, int64_t N) const;
   T* recomputed_probabilities(T* scratch, int64_t N) const {
-    return scratch + 4 * N * W_ + T_ * T_ + N * (Cq_ + C_ + H_ * R_ + R_);
+    return scratch + 4 * N * W_ + T_ * T_ + N * (Q_ + C_ + H_ * R_ + R_);
   }
   // dst (rows, R) at stride ldd = src (rows, R) at stride lds, times the identity (+ beta dst).
   void place(const T* src, int64_t lds, T* dst, int64_t ldd, int64_t rows, T beta) const;
@@ -76,6 +79,7 @@ class MlaAttention final : public Attention<T> {
 
   Ops<T>& ops_;
   int64_t D_, H_, T_, L_, Dh_, C_, Cq_, R_, W_;
+  int64_t Q_;  // the queries' input width: Cq, or D when they are projected from x
   bool norms_;
   bool keep_probs_ = true;
   std::string prefix_;

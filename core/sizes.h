@@ -78,27 +78,29 @@ inline double mha_fused_backward_workspace(const MhaShape& a, double N, bool det
   return 4 * n + 2 * rows + (deterministic ? rows * a.T / 2 : n);
 }
 
-// MlaAttention: H heads on sequences of T, latents C (key/value) and Cq (query), rotary width R; norms: the
-// latents' RMSNorms.
+// MlaAttention: H heads on sequences of T, latents C (key/value) and Cq (query; 0: the queries projected from x
+// directly, DeepSeek-V2-Lite's q_lora_rank null), rotary width R; norms: the latents' RMSNorms.
 struct MlaShape {
   double D, H, T, C, Cq, R;
   bool norms = false, keep_probs = true;
-  double width() const { return D + H * R; }  // W: a head's query and key [content | rotary], all heads
+  double width() const { return D + H * R; }          // W: a head's query and key [content | rotary], all heads
+  double q_input() const { return Cq > 0 ? Cq : D; }  // what the queries are projected from: c_q, or x
 };
-// Wdq (D, Cq), Wuq (Cq, D), Wqr (Cq, H R), Wdkv (D, C), Wuk, Wuv (C, D), Wkr (D, R), Wo (D, D), and with norms
-// their gains (Cq, C).
+// Wdq (D, Cq), Wuq (Q, D), Wqr (Q, H R) with Q = q_input(), Wdkv (D, C), Wuk, Wuv (C, D), Wkr (D, R), Wo (D, D),
+// and with norms their gains (Cq, C).
 inline double mla_parameters(const MlaShape& a) {
-  return a.D * a.Cq + a.Cq * (a.D + a.H * a.R) + a.D * a.C + 2 * a.C * a.D + a.D * a.R + a.D * a.D +
+  const double Q = a.q_input();
+  return a.D * a.Cq + Q * (a.D + a.H * a.R) + a.D * a.C + 2 * a.C * a.D + a.D * a.R + a.D * a.D +
          (a.norms ? a.Cq + a.C : 0.0);
 }
 // Kept: c_q, c_kv, q, k, v, att (N, W), the probabilities when kept and, with norms, the latents before them
-// and their inverse RMS (N) each. Scratch: dq, dk, dv, d(att) (N, W), one (T, T) block, dc_q, dc_kv, the
+// and their inverse RMS (N) each. Scratch: dq, dk, dv, d(att) (N, W), one (T, T) block, dc_q (N, Q), dc_kv, the
 // rotary parts (N, H R) and (N, R), the recomputed probabilities when not kept and, with norms, the gradients of
 // the latents before them.
 inline Footprint mla(const MlaShape& a, double N) {
   const double W = a.width(), probs = N * a.H * a.T, latents = a.norms ? N * (a.Cq + a.C) : 0.0;
   return {N * (a.Cq + a.C + 4 * W) + (a.keep_probs ? probs : 0.0) + (a.norms ? latents + 2 * N : 0.0),
-          4 * N * W + a.T * a.T + N * (a.Cq + a.C + a.H * a.R + a.R) + (a.keep_probs ? 0.0 : probs) + latents};
+          4 * N * W + a.T * a.T + N * (a.q_input() + a.C + a.H * a.R + a.R) + (a.keep_probs ? 0.0 : probs) + latents};
 }
 // What a key/value cache would keep per token and layer: c_kv and the shared rotary key (C + R); multi-head
 // attention's k and v (2 D).

@@ -138,13 +138,16 @@ std::vector<KeySpec> model_keys() {
              "keys and values from a shared low-rank latent, queries from another, and a decoupled rotary part; "
              "docs/model.md); `mla` needs parallel.tp = 1"),
       integer("model.mla.kv_rank", 32, at_least(1), "with model.attention = mla: width of the key/value latent c_kv"),
-      integer("model.mla.q_rank", 64, at_least(1), "with model.attention = mla: width of the query latent c_q"),
+      integer("model.mla.q_rank", 64, at_least(0),
+              "with model.attention = mla: width of the query latent c_q; 0: no query latent, the queries projected "
+              "from the block's input directly (DeepSeek-V2-Lite's q_lora_rank null)"),
       integer("model.mla.rope_dim", 16, at_least(2),
               "with model.attention = mla: width of each head's rotary part of queries and keys (the key's is shared "
               "by the heads); even"),
       boolean("model.mla.norms", false,
               "with model.attention = mla: RMSNorms with gains (epsilon 1e-6) on the latents c_q and c_kv, as "
-              "DeepSeek-V3's q_a_layernorm and kv_a_layernorm (docs/model.md); false: the latents as projected"),
+              "DeepSeek-V3's q_a_layernorm and kv_a_layernorm (docs/model.md; c_kv's alone when model.mla.q_rank "
+              "= 0); false: the latents as projected"),
   };
 }
 

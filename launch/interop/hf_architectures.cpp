@@ -92,10 +92,15 @@ void add_mla(TensorList& list, const Config& c, const std::string& hf, const std
     HfTensor& t = list.back();
     t.blocks = blocks, t.block_rows = block_rows, t.block_stride = stride, t.row_offset = offset;
   };
-  list.add(hf + "q_a_proj.weight", {cq, d}, p + "wdq", {D, Cq}, Op::Transpose);
-  list.add(hf + "q_a_layernorm.weight", {cq}, p + "q_norm.gain", {Cq}, Op::Copy);
-  rows(hf + "q_b_proj.weight", {q_rows, cq}, p + "wuq", Cq, H, Dh, Dh + R, 0);  // each head [content | rotary]
-  rows(hf + "q_b_proj.weight", {q_rows, cq}, p + "wqr", Cq, H, R, Dh + R, Dh);
+  if (Cq > 0) {
+    list.add(hf + "q_a_proj.weight", {cq, d}, p + "wdq", {D, Cq}, Op::Transpose);
+    list.add(hf + "q_a_layernorm.weight", {cq}, p + "q_norm.gain", {Cq}, Op::Copy);
+    rows(hf + "q_b_proj.weight", {q_rows, cq}, p + "wuq", Cq, H, Dh, Dh + R, 0);  // each head [content | rotary]
+    rows(hf + "q_b_proj.weight", {q_rows, cq}, p + "wqr", Cq, H, R, Dh + R, Dh);
+  } else {  // no query latent (q_lora_rank null): q_proj reads the hidden state, its rows as q_b_proj's
+    rows(hf + "q_proj.weight", {q_rows, d}, p + "wuq", D, H, Dh, Dh + R, 0);
+    rows(hf + "q_proj.weight", {q_rows, d}, p + "wqr", D, H, R, Dh + R, Dh);
+  }
   rows(hf + "kv_a_proj_with_mqa.weight", {kv_a_rows, d}, p + "wdkv", D, 1, C, C + R, 0);  // [c_kv | rotary key]
   rows(hf + "kv_a_proj_with_mqa.weight", {kv_a_rows, d}, p + "wkr", D, 1, R, C + R, C);
   list.add(hf + "kv_a_layernorm.weight", {ckv}, p + "kv_norm.gain", {C}, Op::Copy);
@@ -408,7 +413,7 @@ HfModel deepseek_v3_model(const Config& c, const std::vector<double>& router_tau
   m.config.update({{"architectures", {"DeepseekV3ForCausalLM"}},
                    {"model_type", "deepseek_v3"},
                    {"kv_lora_rank", c.model.mla_kv_rank},
-                   {"q_lora_rank", c.model.mla_q_rank},
+                   {"q_lora_rank", c.model.mla_q_rank > 0 ? nlohmann::json(c.model.mla_q_rank) : nlohmann::json()},
                    {"qk_rope_head_dim", R},
                    {"qk_nope_head_dim", Dh},
                    {"v_head_dim", Dh},
@@ -587,11 +592,14 @@ void check_hf_attention(const HfFields& f, const std::string& type, const Config
     return;
   }
   // Its head_dim is the rotary width; the content and value widths have keys of their own.
-  if (f.hf.value("q_lora_rank", nlohmann::json()).is_null())
-    MOE_BAD_INPUT(f.origin << ": q_lora_rank = null (queries projected directly); this project's latent attention "
-                              "always has a query latent of model.mla.q_rank = "
-                           << c.model.mla_q_rank);
-  f.same("q_lora_rank", -1, "model.mla.q_rank", c.model.mla_q_rank);
+  if (f.hf.value("q_lora_rank", nlohmann::json()).is_null()) {  // queries projected directly: model.mla.q_rank 0
+    if (c.model.mla_q_rank != 0)
+      MOE_BAD_INPUT(f.origin << ": q_lora_rank = null (queries projected directly, no query latent) but the config "
+                                "has model.mla.q_rank = "
+                             << c.model.mla_q_rank << "; expected model.mla.q_rank = 0");
+  } else {
+    f.same("q_lora_rank", -1, "model.mla.q_rank", c.model.mla_q_rank);
+  }
   f.same("kv_lora_rank", -1, "model.mla.kv_rank", c.model.mla_kv_rank);
   f.same("qk_rope_head_dim", -1, "model.mla.rope_dim", c.model.mla_rope_dim);
   f.same("qk_nope_head_dim", -1, "model.d_model / model.heads", head_dim);

@@ -532,6 +532,30 @@ c = json.load(open('dsv3-edited/config.json')); c[k] = eval(v); json.dump(c, ope
   expect_err=("dsv3-edited/config.json" "${edit%%=*}")
   run_case "DeepSeek-V3 import with $edit" 2 "$moe" import hf dsv3-edited --config dsv3/config.json --out x
 done
+# Queries without a latent (model.mla.q_rank = 0): q_proj (its rows per head [content | rotary]), no q_a_proj nor
+# q_a_layernorm, q_lora_rank null; imported and exported again byte-identical, the same logits; an import of it
+# into a config with a query latent refused naming both.
+train dsv3-direct "${mla[@]}" --set model.mla.norms=true --set model.mla.q_rank=0
+run_case "DeepSeek-V3 without a query latent" 0 "$moe" export hf dsv3-direct --out direct-hf
+check "direct queries: q_proj, q_lora_rank null, no query latent" python3 -c "
+import json, struct
+c = json.load(open('direct-hf/config.json'))
+assert c['q_lora_rank'] is None, c
+shapes = {}
+for f in set(json.load(open('direct-hf/model.safetensors.index.json'))['weight_map'].values()):
+    raw = open('direct-hf/' + f, 'rb').read(); n = struct.unpack('<Q', raw[:8])[0]
+    shapes.update({k: v['shape'] for k, v in json.loads(raw[8:8 + n]).items() if k != '__metadata__'})
+a = 'model.layers.0.self_attn.'
+assert shapes[a + 'q_proj.weight'] == [2 * (16 + 4), 32], shapes
+assert not [k for k in shapes if 'q_a_' in k or 'q_b_' in k], shapes"
+run_case "import of that export" 0 "$moe" import hf direct-hf --config dsv3-direct/config.json --out direct-imported
+run_case "export of that import" 0 "$moe" export hf direct-imported --out direct-again
+for f in direct-hf/*; do
+  check "direct queries: $(basename "$f") byte-identical after import and export" cmp -s "$f" "direct-again/$(basename "$f")"
+done
+expect_err=("direct-hf/config.json" "q_lora_rank = null" "model.mla.q_rank = 12")
+run_case "an import without a query latent into a config with one" 2 "$moe" import hf direct-hf \
+  --config dsv3-direct/config.json --set model.mla.q_rank=12 --out x
 expect_err=("model.mla.norms = false" "DeepseekV3ForCausalLM cannot express it")
 run_case "DeepSeek-V3 import into latents without norms" 2 "$moe" import hf dsv3-hf --config dsv3/config.json \
   --set model.mla.norms=false --out x

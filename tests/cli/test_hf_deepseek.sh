@@ -9,7 +9,8 @@
 #   export agrees within bf16's rounding;
 # - a DeepSeek-V3 that transformers made and saved (random weights, norms' gains and balancing bias) is imported
 #   (moe import hf), its logits, loss (within 1e-5) and greedy generation agree with transformers', and it trains on
-#   here at pp 2 x ep 2.
+#   here at pp 2 x ep 2; one without a query latent (q_lora_rank null) imported as model.mla.q_rank = 0 and
+#   exported again agrees with transformers' too.
 # When the environment cannot be made (no network) the test fails, unless MOE_TEST_OFFLINE=1 says this machine is
 # offline: then it is skipped (exit 77).
 #
@@ -67,19 +68,33 @@ config = DeepseekV3Config(vocab_size=256, hidden_size=32, intermediate_size=48, 
                           max_position_embeddings=64, rms_norm_eps=1e-5, num_nextn_predict_layers=0,
                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
                           attention_bias=False)
-model = DeepseekV3ForCausalLM(config)
-with torch.no_grad():
-    for name, p in model.named_parameters():
-        if p.dim() > 1:
-            p.normal_(0, 0.3)
-        elif name.endswith("norm.weight"):
-            p.normal_(1, 0.2)
-    model.model.layers[1].mlp.gate.e_score_correction_bias.normal_(0, 0.3)
-model.save_pretrained("made-by-transformers")
+
+def save(config, where):
+    model = DeepseekV3ForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+            elif name.endswith("norm.weight"):
+                p.normal_(1, 0.2)
+        model.model.layers[1].mlp.gate.e_score_correction_bias.normal_(0, 0.3)
+    model.save_pretrained(where)
+
+save(config, "made-by-transformers")
+config.q_lora_rank = None  # DeepSeek-V2-Lite's queries: q_proj from the hidden state, no query latent
+save(config, "made-direct")
 PY
 "$moe" import hf made-by-transformers --config dsv3/config.json --out imported > /dev/null
 "$moe" logits imported --text-file prompt.txt --generate 32 --out imported.json 2> /dev/null
 "$venv/bin/python" "$src/tests/cli/check_hf_interop.py" made-by-transformers imported.json - -
 "${mpirun[@]}" -np 4 "$moe" train --config dsv3/config.json --run-dir imported --set train.steps=2 --quiet > /dev/null
 grep -q '"step":2' imported/metrics.jsonl || { echo "FAIL: the imported run did not train" >&2; exit 1; }
+# Queries without a latent (q_lora_rank null) are model.mla.q_rank = 0: imported, the same logits, loss and
+# generation as transformers'; exported again (q_proj, no q_a_proj), loaded by transformers, the same again.
+"$moe" import hf made-direct --config dsv3/config.json --set model.mla.q_rank=0 --out direct > /dev/null
+"$moe" logits direct --text-file prompt.txt --generate 32 --out direct.json 2> /dev/null
+"$venv/bin/python" "$src/tests/cli/check_hf_interop.py" made-direct direct.json - -
+"$moe" export hf direct --out direct-hf > /dev/null
+grep -q '"q_lora_rank": null' direct-hf/config.json || { echo "FAIL: q_lora_rank not null" >&2; exit 1; }
+"$venv/bin/python" "$src/tests/cli/check_hf_interop.py" direct-hf direct.json - -
 echo "ok: DeepSeek-V3 exports loaded by transformers agree with moe logits; its models import"

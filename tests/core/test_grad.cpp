@@ -164,7 +164,8 @@ TEST(GradCheck, DenseMlp) {
 
 // Multi-head latent attention (core/mla_attention.h): dx and every parameter, keeping its probabilities and
 // recomputing them (selective recompute); rotary parts of 2 and 4 columns, latents narrower than the width; with
-// and without the latents' RMSNorms (their gains perturbed from 1 so that a gain's gradient is checked in general).
+// and without the latents' RMSNorms (their gains perturbed from 1 so that a gain's gradient is checked in general);
+// and without a query latent (q_rank 0: the queries projected from x).
 void check_mla(bool keep_probabilities, MlaShape mla_shape) {
   const int64_t B = 2, T = 5, D = 8, H = 2, N = B * T;
   MlaAttention<double> mla(test_backend(), D, H, T, 2, mla_shape);
@@ -176,6 +177,7 @@ void check_mla(bool keep_probabilities, MlaShape mla_shape) {
   for (double& p : params) p *= 25;  // O(1) projections so that the softmax is far from uniform
   if (mla_shape.norms)
     for (const char* gain : {"attn.q_norm.gain", "attn.kv_norm.gain"}) {
+      if (mla_shape.q_rank == 0 && std::string(gain) == "attn.q_norm.gain") continue;  // no query latent
       const ParamSpec& spec = table.find(gain);
       const auto noise = random_vector(spec.numel, 7, gain);
       for (int64_t i = 0; i < spec.numel; ++i) params[size_t(spec.offset + i)] = 1.0 + 0.5 * noise[size_t(i)];
@@ -209,6 +211,8 @@ TEST(GradCheck, MultiHeadLatentAttention) {
   check_mla(false, MlaShape{4, 3, 4});
   check_mla(true, MlaShape{3, 5, 2, true});
   check_mla(false, MlaShape{4, 3, 4, true});
+  check_mla(true, MlaShape{3, 0, 2});
+  check_mla(false, MlaShape{4, 0, 4, true});
 }
 
 // The whole model: d(mean token loss)/d(every parameter tensor).
