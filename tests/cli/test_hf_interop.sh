@@ -54,18 +54,19 @@ mpirun=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --time
   --set moe.fallback_hidden=16 --run-dir pp2ep2 > /dev/null
 
 # Qwen2-MoE: a dense layer (moe.every 2), a shared expert, unnormalised gates, tau 0.9, at tp 2 x ep 2; and one
-# without shared experts (the shared expert of width 0).
+# without shared experts (the shared expert of width 0) at pp 2.
 "${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set parallel.tp=2 --set parallel.ep=2 \
   --set model.ffn_hidden=48 --set moe.every=2 --set moe.shared_experts=1 --set moe.router.normalize=false \
   --set moe.router.tau=0.9 --run-dir qwen > /dev/null
-"$moe" train --config "$config" "${small[@]}" --set moe.router.normalize=false --run-dir qwen-unshared > /dev/null
+"${mpirun[@]}" -np 2 "$moe" train --config "$config" "${small[@]}" --set parallel.pp=2 --set moe.router.normalize=false \
+  --run-dir qwen-unshared > /dev/null
 # Glm4-MoE (DeepSeek-V3's MoE block): sigmoid scores with a learned balancing bias (e_score_correction_bias), a
-# dense first layer, a shared expert, tau 0.9, at tp 2 x ep 2; and top-1 (the gate the score itself) at ep 2.
+# dense first layer, a shared expert, tau 0.9, at tp 2 x ep 2; and top-1 (the gate the score itself) at pp 2 x ep 2.
 "${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set parallel.tp=2 --set parallel.ep=2 \
   --set model.ffn_hidden=48 --set moe.every=2 --set moe.shared_experts=1 --set moe.router.score=sigmoid \
   --set moe.router.bias_balance.rate=0.05 --set moe.router.bias_balance.rule=proportional --set moe.router.tau=0.9 \
   --run-dir glm > /dev/null
-"${mpirun[@]}" -np 2 "$moe" train --config "$config" "${small[@]}" --set parallel.ep=2 --set moe.top_k=1 \
+"${mpirun[@]}" -np 4 "$moe" train --config "$config" "${small[@]}" --set parallel.pp=2 --set parallel.ep=2 --set moe.top_k=1 \
   --set moe.router.score=sigmoid --set moe.router.bias_balance.rate=0.05 --set moe.router.bias_balance.rule=proportional \
   --run-dir glm-top1 > /dev/null
 "$moe" prep --input "$src/data/corpus/prose.txt" --out prepared --tokenizer train --vocab 320 > /dev/null
