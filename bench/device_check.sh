@@ -23,7 +23,9 @@
 # bench_cuda's cuBLAS bf16 and fp32 GEMM peaks and the backend's gemm and grouped expert GEMM against them at
 # both precisions; 20 steps of configs/tiny_moe.json on one rank on cuda against cpu, in fp32 (each step's
 # loss within 2e-3 relative) and in bf16 (within 2e-2); and the MFU of configs/bench_mixtral.json (Mixtral's
-# layer: d_model 4096, 8 experts top-2, expert hidden 14336, sequence 4096; bf16 GEMMs) against the bf16 peak.
+# layer: d_model 4096, 8 experts top-2, expert hidden 14336, sequence 4096; bf16 GEMMs) against the bf16 peak,
+# with where its step's GPU time goes (forward, backward, the MoE layers' router, dispatch, experts and combine,
+# clipping, optimizer) from the trace's device track of steps 7 and 8.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -177,9 +179,11 @@ run() {
   for layers in 4 3; do
     rm -rf /tmp/moe-device-mixtral
     if timeout 240 "$root/bin/moe" train --config "$root/bench_mixtral.json" --set model.layers=$layers \
+      --set train.trace=true --set train.trace_from=7 --set train.trace_steps=2 \
       --run-dir /tmp/moe-device-mixtral --overwrite --quiet > "$out/train_mixtral.log" 2>&1; then
       echo "$layers" > "$out/mixtral_layers.txt"
       cp /tmp/moe-device-mixtral/metrics.jsonl "$out/metrics_mixtral.jsonl"
+      cp /tmp/moe-device-mixtral/trace.json "$out/trace_mixtral.json" 2>/dev/null || true
       break
     fi
   done
@@ -246,6 +250,22 @@ if os.path.exists(path):
         mfu = {"layers": L, "tokens_per_s": tokens_s, "model_flops_per_token": 3 * forward,
                "achieved_flops": achieved, "bf16_peak_flops": report["bench_cuda"]["bf16_peak_flops"],
                "mfu": achieved / report["bench_cuda"]["bf16_peak_flops"]}
+# Where a Mixtral step's GPU time goes: the trace's device track (CUDA events) of steps 7 and 8, seconds per step
+# by span, the micro-batches' forwards and backwards summed, the MoE layers' parts (inside them) apart.
+path = os.path.join(out, "trace_mixtral.json")
+if os.path.exists(path):
+    spans = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X" and e.get("tid") == 1]
+    steps = sorted({e["args"]["step"] for e in spans})
+    parts = {}
+    for e in spans:
+        name = e["name"].rsplit(" ", 1)[0] if e["name"].split(" ")[-1].isdigit() else e["name"]
+        parts[name] = parts.get(name, 0.0) + e["dur"] / 1e6 / len(steps)
+    walls = []
+    for s in steps:
+        mine = [e for e in spans if e["args"]["step"] == s]
+        walls.append((max(e["ts"] + e["dur"] for e in mine) - min(e["ts"] for e in mine)) / 1e6)
+    mfu["time_breakdown"] = {"steps": steps, "device_seconds_per_step": dict(sorted(parts.items())),
+                             "step_device_span_s": sum(walls) / len(walls)}
 report["mixtral_mfu"] = mfu or {"error": open(os.path.join(out, "train_mixtral.log")).read()[-2000:] if os.path.exists(os.path.join(out, "train_mixtral.log")) else "not run"}
 refused = open(os.path.join(out, "train_refused.log")).read()
 report["memory_refusal"] = {"exit_code": int(open(os.path.join(out, "refusal_exit_code.txt")).read()),

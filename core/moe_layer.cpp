@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <type_traits>
 
 #include "core/error.h"
@@ -153,9 +154,13 @@ void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, 
             "an MoE layer whose experts are split over " << s_.expert_tp << " ranks needs their group");
   MoeSlot<T>& st = static_cast<MoeSlot<T>&>(*slot);
   const ActsView v = carve(acts, N);
-  // Router and plan: scores, selection, gate weights, losses; capacity, overflow, permutation.
-  route(context, x, v, st, N);
-  plan(context, st, N);
+  // Router and plan: scores, selection, gate weights, losses; capacity, overflow, permutation. Each part is a
+  // span of the backend's timeline (a trace's "moe ..." spans).
+  {
+    const auto span = backend_.span("moe router", "moe");
+    route(context, x, v, st, N);
+    plan(context, st, N);
+  }
 
   // The counts travel to the experts' ranks (where the ranks of the group meet) while this rank uploads its
   // plan, gathers each expert's tokens into its block and computes the shared experts (they need only x);
@@ -164,6 +169,7 @@ void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, 
   // Kept across forwards: allocating (and zeroing) them every time cost as much as the gather itself.
   backend_.reserve(token_rows_, dtype_of<T>(), M * D);
   T* xp = token_rows_.template data<T>();
+  std::optional<TimelineSpan> span(std::in_place, backend_.timeline(), "moe dispatch", "moe");
   plan_beside(st, [&] {
     upload_plan(st, N);
     ops_.gather_rows(x, st.perm_token.template data<int32_t>(), nullptr, xp, M, D);
@@ -176,7 +182,9 @@ void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, 
   // Experts, then their outputs back to the tokens' ranks (the dense fallback computing meanwhile), and the
   // gate-weighted sum, the shared experts' and the fallback's outputs added in that order.
   backend_.reserve(expert_out_, dtype_of<T>(), R * D);
+  span.emplace(backend_.timeline(), "moe experts", "moe");
   experts_.forward(st.exchange.local_offset, st.experts, expert_out_.template data<T>());
+  span.emplace(backend_.timeline(), "moe combine", "moe");
   const bool fallback = fallback_ && !st.fallback_token.empty();
   combine_beside(st.exchange, expert_out_.template data<T>(), v.yp, [&] {
     if (fallback) fallback_forward(context, st, x, v);
@@ -450,11 +458,14 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
   // (the shared experts' backward computing meanwhile: it writes dx), expert backward per block, combine the
   // input gradients back (the fallback's backward computing meanwhile), sum them into the tokens' dx (or write
   // it, without shared experts), then the fallback's.
+  std::optional<TimelineSpan> span(std::in_place, backend_.timeline(), "moe dispatch", "moe");
   uncombine(st, dy, v.yp, dyp, own_dw);
   dispatch_beside(st.exchange, dyp, dye, [&] {
     if (shared_) shared_->backward(context, x, dy, dx, v.shared_acts, nullptr, sub, N);
   });
+  span.emplace(backend_.timeline(), "moe experts", "moe");
   experts_.backward(st.exchange.local_offset, st.experts, dye, es, dxe);
+  span.emplace(backend_.timeline(), "moe combine", "moe");
   const bool fallback = fallback_ && Mf > 0;
   combine_beside(st.exchange, dxe, dxp, [&] {
     if (fallback) fallback_backward(context, st, v, dy, own_dw, sub);
@@ -465,6 +476,7 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
 
   // Split hidden width: each rank's expert outputs, so its gate-weight gradients, are partial sums.
   if (s_.expert_tp > 1) group_->allreduce_sum(own_dw, N * K);
+  span.emplace(backend_.timeline(), "moe router", "moe");
   router_backward(context, st, x, v, dw, dp, dz, dx, N);
 }
 

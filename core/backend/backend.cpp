@@ -1,7 +1,13 @@
 // Buffer ownership and the allocation helpers every backend shares. See backend.h.
 #include "core/backend/backend.h"
 
+#include <chrono>
+
 namespace moe {
+
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/backend/ops.h"
+#include "core/backend/timeline.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -65,7 +66,14 @@ class Stream {
   virtual ~Stream() = default;
   // Returns when all work queued on this stream has finished.
   virtual void synchronize() = 0;
+  // Writes to *seconds the time (std::chrono::steady_clock, in seconds since its epoch) at which the stream
+  // reaches this point of its order: at once on the CPU, and before the next synchronize() returns where work
+  // is queued (CUDA: an event, read back then). *seconds must live until then.
+  virtual void record_time(double* seconds) = 0;
 };
+
+// The steady clock's time in seconds since its epoch (Stream::record_time's unit).
+double steady_seconds();
 
 class Backend {
  public:
@@ -100,6 +108,12 @@ class Backend {
     ++syncs_;
     stream().synchronize();
   }
+
+  // Spans of this backend's work (core/backend/timeline.h) go to `timeline` (null: nowhere). Layers open them
+  // with span(); a trace listens.
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
+  Timeline* timeline() const { return timeline_; }
+  TimelineSpan span(const char* name, const char* category) { return TimelineSpan(timeline_, name, category); }
 
   // The host's waits for this backend and the bytes it read back, since the backend was made (docs/gpu.md "Host
   // synchronisations"): each synchronize() (a download is one) and each op that returns a value to the host is a
@@ -155,6 +169,7 @@ class Backend {
  private:
   friend class Buffer;
   std::atomic<int64_t> syncs_{0}, d2h_bytes_{0};
+  Timeline* timeline_ = nullptr;
 };
 
 template <>

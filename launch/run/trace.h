@@ -5,23 +5,41 @@
 // Time is measured from a barrier at the start of the run on every rank, so spans of ranks on one host
 // line up; across hosts they are as aligned as the barrier's exit. Outside the chosen steps nothing is
 // recorded and a span costs one branch.
+// The tracer is also the backend's timeline (core/backend/timeline.h): the MoE layers' spans (router, dispatch,
+// experts, combine) join the host's. With a device stream (a backend whose memory is not the host's: CUDA, the
+// memory-checking backend) every span is recorded a second time on a "device" track (tid 1) at the times the
+// stream reached its start and end, which the host learns after the step (flush_device, after a
+// synchronisation the trainer makes after each traced step): where a GPU's time goes, not the host's.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/backend/backend.h"
 #include "core/expert_exchange.h"
 #include "parallel/communicator.h"
 
 namespace moe {
 
-class Tracer {
+class Tracer final : public Timeline {
  public:
   // Records steps [first_step, first_step + steps) (1-based, as the progress line counts them) when enabled.
   Tracer(bool enabled, int64_t first_step, int64_t steps);
+  bool enabled() const { return enabled_; }
+  // Spans are also recorded at `stream`'s times, on the device track (null: the host's only).
+  void set_device(Stream* stream) { device_ = stream; }
+  // Whether device times wait to be read: the stream must be synchronised before flush_device().
+  bool device_pending() const { return !device_spans_.empty(); }
+  // The device spans recorded so far become events (their times read: after a synchronisation).
+  void flush_device();
+  // Timeline: a span of the backend's work (the MoE layers'), on the host track and the device's.
+  int64_t begin(const char* name, const char* category) override;
+  void end(int64_t id) override;
   // Collective: every rank's clock starts here.
   void start(Communicator& world);
   // The step now running (1-based); recording follows the chosen window.
@@ -43,6 +61,7 @@ class Tracer {
     const char* category_;
     int64_t micro_batch_;
     double start_us_;
+    int64_t device_span_;  // its device twin's index (-1: none)
   };
   // A span from now to the end of the scope. micro_batch < 0: none.
   Span span(const char* name, const char* category, int64_t micro_batch = -1) {
@@ -55,8 +74,24 @@ class Tracer {
   const std::string& events() const { return events_; }
 
  private:
+  // A span's times on the device stream, known after a synchronisation.
+  struct DeviceSpan {
+    const char* name;
+    const char* category;
+    int64_t micro_batch, step;
+    double begin = 0, end = 0;  // Stream::record_time's seconds
+  };
+  struct OpenSpan {
+    const char* name;
+    const char* category;
+    double start_us;
+    int64_t device_span;
+  };
   double now_us() const;
-  void add(const char* name, const char* category, int64_t micro_batch, double start_us, double end_us);
+  void add(const char* name, const char* category, int64_t micro_batch, double start_us, double end_us, int tid = 0);
+  // Opens a device span (-1 without a device stream); device_end closes it.
+  int64_t device_begin(const char* name, const char* category, int64_t micro_batch);
+  void device_end(int64_t index);
 
   bool enabled_;
   int64_t first_step_, steps_;
@@ -65,6 +100,10 @@ class Tracer {
   int rank_ = 0;
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   std::string events_;
+  Stream* device_ = nullptr;
+  std::deque<DeviceSpan> device_spans_;  // a deque: the stream writes into them later
+  std::map<int64_t, OpenSpan> open_;     // the timeline's open spans by id
+  int64_t next_id_ = 0;
 };
 
 // The expert exchange, timed: each exchange of counts, and each exchange of rows, from its start to its

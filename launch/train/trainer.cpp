@@ -223,7 +223,11 @@ void log_step(Loop& loop, int64_t done, const StepResult& r, double ckpt_stall) 
   loop.ckpt_stall_s = 0;  // counted in this line
   const double interval_s = Clock::since(loop.clock.interval_start);
   const double elapsed_s = Clock::since(loop.clock.start);
-  const std::vector<std::vector<int32_t>> top1 = probe_top1(t);  // every rank: a forward in lockstep
+  std::vector<std::vector<int32_t>> top1;
+  {
+    const auto span = t.tracer.span("routing probe", "evaluation");
+    top1 = probe_top1(t);  // every rank: a forward in lockstep
+  }
   if (!t.leader()) return;
   StepTiming timing;
   timing.tokens_per_s = interval_s > 0 ? double(loop.clock.interval_tokens) / interval_s : 0.0;
@@ -457,6 +461,30 @@ TrainResult run_train(const TrainOptions& options, std::unique_ptr<Communicator>
   return run_train(options, *backend, std::move(world));
 }
 
+namespace {
+// The trace as the backend's timeline while the trainer lives (the backend may outlive it), with the device
+// track where the backend's stream is not the host's.
+struct TraceListening {
+  TraceListening(Backend& backend, Tracer& tracer) : backend(backend) {
+    if (!tracer.enabled()) return;
+    backend.set_timeline(&tracer);
+    if (!backend.memory_is_host()) tracer.set_device(&backend.stream());
+  }
+  ~TraceListening() { backend.set_timeline(nullptr); }
+  Backend& backend;
+};
+
+// The trace moves on to `step` (0: none); the device times of the steps it traced are read first, after a wait
+// for the stream (counted in host_syncs: only after traced steps).
+void trace_step(Trainer& t, int64_t step) {
+  if (t.tracer.device_pending()) {
+    t.backend.synchronize();
+    t.tracer.flush_device();
+  }
+  t.tracer.set_step(step);
+}
+}  // namespace
+
 TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique_ptr<Communicator> world) {
   const StopSignals signals;  // from here on SIGTERM and SIGINT ask for a clean stop
   if (!world) world = std::make_unique<SelfCommunicator>("world");
@@ -467,6 +495,7 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
   const data::Corpus corpus = load_training_corpus(checked.config);
   Trainer t(std::move(checked), std::move(paths), corpus, std::move(world), backend);
   t.tracer.start(*t.groups.world);
+  const TraceListening listening(backend, t.tracer);
   HeartbeatSender heartbeat(t.groups.rank, host_name(), t.config.fault, t.flight, t.paths.run_dir + "/flight");
   heartbeat.set(Phase::Setup, 0, "start-up");
   const ResumePoint point = choose_resume(options, t);
@@ -523,7 +552,7 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
   int stop_signal = 0;
   for (int64_t step = start_step; step < tc.steps; ++step) {
     heartbeat.set(Phase::Step, step, "training step (forward, backward, gradient reduction, update)");
-    t.tracer.set_step(step + 1);
+    trace_step(t, step + 1);
     // Before the step's first collective: every rank stops after the same step when any was asked to.
     if ((stop_signal = StopSignals::agreed(*t.groups.world)) != 0) {
       stop_on_signal(loop, stop_signal, step);
@@ -531,7 +560,7 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
     }
     if (!run_step(loop, step)) break;
   }
-  t.tracer.set_step(0);
+  trace_step(t, 0);
   t.tracer.write(*t.groups.world, (fs::path(t.paths.run_dir) / "trace.json").string());
   finish_run(loop);
   TrainResult result = options.collect_parameters ? collect_parameters(t) : TrainResult{};

@@ -17,6 +17,7 @@
 #include <map>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "tests/launch/run_compare.h"
 
@@ -340,6 +341,64 @@ TEST(RunIntegrity, TraceRecordsTheChosenSteps) {
        {"forward 0", "forward 1", "backward 0", "backward 1", "gradient reduction wait", "optimizer", "clipping"})
     EXPECT_EQ(count[name], 3) << name;
   EXPECT_EQ(count["checkpoint save (stall)"], 2);  // steps 2 and 4 save
+  // The MoE layers' parts (the backend's timeline): 4 layers x (2 micro-batches x forward and backward, and the
+  // routing probe's forward of each logged step), 3 steps; the host's memory: no device track.
+  EXPECT_EQ(count["routing probe"], 3);
+  for (const char* name : {"moe router", "moe dispatch", "moe experts", "moe combine"})
+    EXPECT_EQ(count[name], 3 * 4 * (2 * 2 + 1)) << name;
+  for (const json& e : trace.at("traceEvents"))
+    if (e.at("ph") == "X") EXPECT_EQ(e.at("tid"), 0);
+}
+
+// On a device (the memory-checking backend, whose stream runs at the host's synchronisations as a GPU's runs
+// behind it), every span is recorded twice: on the host track when the host queued the work, and on the device
+// track (tid 1) when the stream ran it. The device's spans nest as the work does: each MoE part inside a forward
+// or backward of its step (or the routing probe's or the evaluation's forward), each micro-batch's forward
+// before its backward.
+TEST(RunIntegrity, TraceOnADeviceShowsWhenTheStreamRanTheWork) {
+  TempDir dir("trace_device");
+  const fs::path run_dir = dir.path() / "run";
+  ::setenv("MOE_CHECK_DEVICE_MEMORY", "1", 1);
+  const int code = run(train_args(run_dir, {"train.steps=3", "checkpoint.every=0", "train.trace=true",
+                                            "train.trace_from=2", "train.trace_steps=2"}),
+                       dir.path() / "out.txt");
+  ::unsetenv("MOE_CHECK_DEVICE_MEMORY");
+  ASSERT_EQ(code, 0) << read_text_if_any(dir.path() / "out.txt");
+  const json trace = json::parse(read_text(run_dir / "trace.json"));
+  std::map<int, std::map<std::string, int64_t>> count;                          // by track
+  std::map<std::pair<int64_t, std::string>, std::pair<double, double>> device;  // (step, name) -> [start, end]
+  std::vector<std::tuple<int64_t, double, double>> moe_parts;                   // step, start, end
+  for (const json& e : trace.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    const int tid = e.at("tid").get<int>();
+    const std::string name = e.at("name");
+    const double start = e.at("ts"), end = start + e.at("dur").get<double>();
+    EXPECT_GE(e.at("dur").get<double>(), 0.0) << name;
+    ++count[tid][name];
+    if (tid != 1) continue;
+    const int64_t step = e.at("args").at("step");
+    if (name.rfind("moe ", 0) == 0)
+      moe_parts.emplace_back(step, start, end);
+    else
+      device[{step, name}] = {start, end};
+  }
+  EXPECT_EQ(count[0], count[1]);  // every span twinned
+  for (const char* name : {"forward 0", "backward 1", "optimizer", "clipping"}) EXPECT_EQ(count[1][name], 2) << name;
+  EXPECT_GE(count[1]["moe experts"], 2 * 4 * (2 * 2 + 1));  // and the evaluation's after the last step
+  for (int64_t step : {2, 3})
+    for (const std::string mb : {"0", "1"}) {
+      const double forward_end = device[{step, "forward " + mb}].second;
+      const double backward_start = device[{step, "backward " + mb}].first;
+      EXPECT_LE(forward_end, backward_start + 1e-3);  // ts + dur: within rounding
+    }
+  for (const auto& [step, start, end] : moe_parts) {
+    bool inside = false;
+    for (const char* phase : {"forward 0", "forward 1", "backward 0", "backward 1", "routing probe", "evaluation"}) {
+      const auto [s, e] = device[{step, phase}];
+      inside |= s <= start + 1e-3 && end <= e + 1e-3;
+    }
+    EXPECT_TRUE(inside) << "an MoE span of step " << step << " outside every forward and backward";
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "core/backend/backend.h"
 #include "core/backend/cuda/caching_allocator.h"
@@ -24,14 +25,62 @@ using cuda::CudaContext;
 using cuda::CudaOps;
 using cuda::Watchers;
 
+// The backend's stream. Times (record_time) are CUDA events, read at the next synchronize(): each one's time
+// after a base event whose host time is known (recorded on the idle stream at the first time asked for).
 class CudaStream final : public Stream {
  public:
   CudaStream(cudaStream_t s, Watchers& watchers) : stream_(s), watchers_(watchers) {}
-  void synchronize() override { watchers_.wait(stream_); }
+  ~CudaStream() override {
+    for (const Mark& m : pending_) cudaEventDestroy(m.event);
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+    if (base_) cudaEventDestroy(base_);
+  }
+  void synchronize() override {
+    watchers_.wait(stream_);
+    resolve();
+  }
+  void record_time(double* seconds) override {
+    if (!base_) {  // once: the stream idle, its next event is now
+      MOE_CUDA_CHECK(cudaEventCreate(&base_));
+      watchers_.wait(stream_);
+      base_seconds_ = steady_seconds();
+      MOE_CUDA_CHECK(cudaEventRecord(base_, stream_));
+    }
+    cudaEvent_t event = nullptr;
+    if (free_.empty()) {
+      MOE_CUDA_CHECK(cudaEventCreate(&event));
+    } else {
+      event = free_.back(), free_.pop_back();
+    }
+    MOE_CUDA_CHECK(cudaEventRecord(event, stream_));
+    pending_.push_back({event, seconds});
+  }
 
  private:
+  struct Mark {
+    cudaEvent_t event;
+    double* seconds;
+  };
+  // After a wait: every pending event has happened. Then the base moves to now (the stream is idle), so that
+  // event times stay short intervals, which a float of milliseconds holds to a microsecond.
+  void resolve() {
+    if (pending_.empty()) return;
+    for (const Mark& m : pending_) {
+      float ms = 0;
+      MOE_CUDA_CHECK(cudaEventElapsedTime(&ms, base_, m.event));
+      *m.seconds = base_seconds_ + double(ms) / 1000;
+      free_.push_back(m.event);
+    }
+    pending_.clear();
+    base_seconds_ = steady_seconds();
+    MOE_CUDA_CHECK(cudaEventRecord(base_, stream_));
+  }
   cudaStream_t stream_;
   Watchers& watchers_;
+  cudaEvent_t base_ = nullptr;
+  double base_seconds_ = 0;
+  std::vector<Mark> pending_;
+  std::vector<cudaEvent_t> free_;
 };
 
 class CudaBackend final : public Backend {
