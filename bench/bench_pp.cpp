@@ -100,9 +100,12 @@ Chunks build_chunks(const Options& o, Backend& backend, int64_t P, int64_t s, in
   for (int64_t c = 0; c < V; ++c) {
     const int64_t v = virtual_stage(P, s, c);
     const int slots = int(pipeline_slots(PipeSchedule::OneFOneB, P, s, m, V, c));
-    out.models.push_back(std::make_unique<Model<float>>(backend, shape, o.seq_len, o.batch,
-                                                        RecomputeSpec(Recompute::None, -1), nullptr, slots,
-                                                        StageSpec{v * L, (v + 1) * L, v == 0, v == P * V - 1}));
+    out.models.push_back(std::make_unique<Model<float>>(
+        backend, ModelOptions<float>{.shape = shape,
+                                     .seq_len = o.seq_len,
+                                     .max_batch = o.batch,
+                                     .num_slots = slots,
+                                     .stage = StageSpec{v * L, (v + 1) * L, v == 0, v == P * V - 1}}));
     out.models.back()->init_params(1);
     out.views.push_back(out.models.back().get());
     out.slots += slots;

@@ -86,10 +86,14 @@ Built build_model(Backend& backend, const BenchShape& s, Communicator& tp, bool 
     return moe_settings(s, l);
   };
   Built b;
-  b.model = std::make_unique<Model<float>>(backend, shape, s.seq_len, s.batch, RecomputeSpec(recompute),
-                                           tp_ffn_factory<float>(backend, ctx, shape, moe), 1, StageSpec{},
-                                           tp_attention_factory<float>(backend, ctx, shape, s.seq_len),
-                                           tensor_parallel_layout<float>(backend, ctx, shape));
+  b.model = std::make_unique<Model<float>>(
+      backend, ModelOptions<float>{.shape = shape,
+                                   .seq_len = s.seq_len,
+                                   .max_batch = s.batch,
+                                   .recompute = recompute,
+                                   .ffn_factory = tp_ffn_factory<float>(backend, ctx, shape, moe),
+                                   .attention_factory = tp_attention_factory<float>(backend, ctx, shape, s.seq_len),
+                                   .tp = tensor_parallel_layout<float>(backend, ctx, shape)});
   b.gather = std::make_unique<CommunicatorTokenGroup>(tp);
   for (int64_t l = 0; l < s.layers; ++l)
     if (MoeLayer<float>* m = moe_layer_of(b.model->ffn(l))) m->set_token_group(b.gather.get());

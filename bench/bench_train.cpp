@@ -53,7 +53,7 @@ TrainResult measure_train_step(Backend& backend, const TrainShape& shape, int wa
   MOE_CHECK(shape.global_batch % micro == 0, "global_batch " << shape.global_batch << " is not a multiple of "
                                                              << "micro_batch " << micro);
   const int64_t micro_batches = shape.global_batch / micro;
-  Model<float> model(backend, shape.model, T, micro, Recompute::None);
+  Model<float> model(backend, {.shape = shape.model, .seq_len = T, .max_batch = micro});
   model.init_params(1234);
   // The settings of configs/tiny.json; they do not change the cost of a step.
   AdamW optimizer(backend, model.table(), {3e-3, 0.9, 0.95, 1e-8, 0.1});

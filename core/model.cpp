@@ -11,19 +11,23 @@
 namespace moe {
 
 template <typename T>
-Model<T>::Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int64_t max_batch, RecomputeSpec recompute,
-                FfnFactory ffn_factory, int num_slots, const StageSpec& stage, AttentionFactory attention_factory,
-                TensorParallelLayout<T> tp)
+Model<T>::Model(Backend& backend, ModelOptions<T> options)
     : backend_(backend),
       ops_(backend.ops<T>()),
-      shape_(shape),
-      T_(seq_len),
-      max_batch_(max_batch),
-      stage_(stage),
-      first_(stage.first_layer),
-      end_(stage.last_layer < 0 ? shape.layers : stage.last_layer),
-      tp_(std::move(tp)) {
+      shape_(options.shape),
+      T_(options.seq_len),
+      max_batch_(options.max_batch),
+      stage_(options.stage),
+      first_(stage_.first_layer),
+      end_(stage_.last_layer < 0 ? shape_.layers : stage_.last_layer),
+      tp_(std::move(options.tp)) {
+  const ModelShape& shape = shape_;
+  const StageSpec& stage = stage_;
+  const int64_t seq_len = T_, num_slots = options.num_slots;
+  const RecomputeSpec& recompute = options.recompute;
   const int64_t V = shape.vocab, D = shape.d_model, H = shape.heads;
+  MOE_CHECK(seq_len >= 1 && max_batch_ >= 1,
+            "a model for micro-batches of " << max_batch_ << " sequences of " << seq_len << " tokens; both at least 1");
   MOE_CHECK(D % H == 0 && shape.head_dim() % 2 == 0, "d_model " << D << " and heads " << H);
   MOE_CHECK(first_ >= 0 && first_ <= end_ && end_ <= shape.layers,
             "stage layers [" << first_ << ", " << end_ << ") of a model with " << shape.layers);
@@ -39,7 +43,7 @@ Model<T>::Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int6
     embedding_->register_params(table_);
   }
   embed_specs_ = {0, specs()};
-  build_layers(ffn_factory, attention_factory);
+  build_layers(options.ffn_factory, options.attention_factory);
   const int64_t head_first = specs();
   if (stage.head) {
     table_.add({"out_norm.gain", {D}, ParamRole::Norm, false, ParamInit::Ones});

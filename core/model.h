@@ -71,19 +71,35 @@ struct TensorParallelLayout {
   std::function<std::unique_ptr<OutputHead<T>>()> head;
 };
 
+// What a model is built with, by name (`{.shape = s, .seq_len = T, .max_batch = B, .recompute = Recompute::Full}`;
+// designated initializers keep this order). Layer indices (the factories', recompute.layers) are the whole model's.
 template <typename T>
-class Model : public Stateful {
- public:
+struct ModelOptions {
   // Builds the FFN of layer l; the default is the dense SwiGLU MLP.
   using FfnFactory = std::function<std::unique_ptr<FeedForward<T>>(int64_t layer)>;
   // Builds the attention of layer l; the default is MhaAttention.
   using AttentionFactory = std::function<std::unique_ptr<Attention<T>>(int64_t layer)>;
 
+  ModelShape shape;
+  int64_t seq_len = 0;    // T: tokens per sequence
+  int64_t max_batch = 0;  // B: the most sequences of one micro-batch
+  RecomputeSpec recompute;
+  FfnFactory ffn_factory = nullptr;
+  int num_slots = 1;  // micro-batches in flight (forwarded, backward pending)
+  StageSpec stage;
+  AttentionFactory attention_factory = nullptr;
+  TensorParallelLayout<T> tp;
+};
+
+template <typename T>
+class Model : public Stateful {
+ public:
+  using FfnFactory = typename ModelOptions<T>::FfnFactory;
+  using AttentionFactory = typename ModelOptions<T>::AttentionFactory;
+
   // Every buffer (parameters, gradients, activations, scratch) is allocated through `backend`. Layer
-  // indices (the factories', ffn(), ffn_slot(), recompute.layers) are the whole model's.
-  Model(Backend& backend, const ModelShape& shape, int64_t seq_len, int64_t max_batch, RecomputeSpec recompute,
-        FfnFactory ffn_factory = nullptr, int num_slots = 1, const StageSpec& stage = {},
-        AttentionFactory attention_factory = nullptr, TensorParallelLayout<T> tp = {});
+  // indices (ffn(), ffn_slot()) are the whole model's.
+  Model(Backend& backend, ModelOptions<T> options);
   Model(const Model&) = delete;  // its layers point into its own table and buffers
   Model& operator=(const Model&) = delete;
 

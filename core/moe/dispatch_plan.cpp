@@ -3,8 +3,8 @@
 
 #include <algorithm>
 
-#include "core/backend/cpu/dispatch_kernels.h"
 #include "core/error.h"
+#include "core/moe/dispatch_order.h"
 
 namespace moe {
 namespace {
@@ -19,7 +19,7 @@ void apply_capacity(const DispatchRequest<T>& r, DispatchPlan& plan, std::vector
   std::vector<int32_t> selected(static_cast<size_t>(M));
   for (int64_t slot = 0; slot < M; ++slot) selected[size_t(slot)] = r.preference[(slot / K) * r.choices + slot % K];
   std::vector<std::vector<int32_t>> by_expert;
-  cpu::capacity_keep(selected.data(), r.score, by_score, C, plan.assigned_expert.data(), M, E, by_expert);
+  dispatch_order::capacity_keep(selected.data(), r.score, by_score, C, plan.assigned_expert.data(), M, E, by_expert);
   std::vector<int32_t> overflowed;
   for (int64_t e = 0; e < E; ++e) {
     const auto& slots = by_expert[size_t(e)];
@@ -32,7 +32,7 @@ void apply_capacity(const DispatchRequest<T>& r, DispatchPlan& plan, std::vector
     }
   }
   std::stable_sort(overflowed.begin(), overflowed.end(),
-                   [&](int32_t a, int32_t b) { return cpu::priority_before(r.score, by_score, a, b); });
+                   [&](int32_t a, int32_t b) { return dispatch_order::priority_before(r.score, by_score, a, b); });
   for (int32_t slot : overflowed) {
     if (r.overflow == Overflow::Drop) {
       plan.fate[slot] = SlotFate::Dropped;
@@ -62,8 +62,8 @@ void build_permutation(int64_t E, int64_t M, DispatchPlan& plan) {
   plan.expert_offset.resize(size_t(E + 1));
   plan.perm_slot.resize(size_t(M));
   plan.row_of_slot.resize(size_t(M));
-  cpu::permute_by_expert(plan.assigned_expert.data(), plan.expert_offset.data(), plan.perm_slot.data(),
-                         plan.row_of_slot.data(), M, E);
+  dispatch_order::permute_by_expert(plan.assigned_expert.data(), plan.expert_offset.data(), plan.perm_slot.data(),
+                                    plan.row_of_slot.data(), M, E);
   plan.perm_slot.resize(size_t(plan.expert_offset[size_t(E)]));
 }
 

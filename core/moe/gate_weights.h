@@ -1,5 +1,5 @@
 // One token's selected experts, their scores and gate weights (Ops::gate_weights), shared by the CPU backend's op
-// and the CUDA kernel (MOE_HOST_DEVICE), so that both compute it the same way.
+// and the CUDA kernel (MOE_HOST_DEVICE), so that both compute it the same way; and the router's floors.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,10 @@ namespace moe {
 // Below this the renormalising sum of the selected scores is clamped (and treated as a constant), so a sigmoid
 // router cannot drive its scores towards zero to game the losses (docs/moe.md).
 constexpr double kMinGateSum = 1e-6;
+
+// The floor under a score before its logarithm (entropy, the warm-up term; docs/moe.md): the router's losses on the
+// host and the CPU bodies of their ops (core/backend/cpu/router_kernels.h) read it from here.
+constexpr double kRouterMinLogArg = 1e-30;
 
 // p: the token's scores (E); pref: its preference row (at least K wide); sel, selected_score, gate: (K).
 template <typename T>

@@ -5,12 +5,12 @@
 #include <cmath>
 #include <string>
 
-#include "core/backend/cpu/router_kernels.h"
 #include "core/error.h"
+#include "core/moe/gate_weights.h"
 
 namespace moe {
 namespace {
-constexpr double kMinLogArg = cpu::kRouterMinLogArg;
+constexpr double kMinLogArg = kRouterMinLogArg;
 constexpr int64_t kMaxExperts = 1024;
 }  // namespace
 

@@ -52,9 +52,13 @@ CheckpointForward::CheckpointForward(const CheckpointModel& checkpoint, int64_t 
       seed_(checkpoint.config.train.seed) {
   const ModelConfig& m = checkpoint.config.model;
   const ModelShape shape{m.vocab, m.d_model, m.layers, m.heads, m.ffn_hidden};
-  model_ = std::make_unique<Model<float>>(*backend_, shape, max_tokens, 1, Recompute::None,
-                                          inference_ffns(*backend_, checkpoint), 1, StageSpec{},
-                                          inference_attention(*backend_, checkpoint.config, max_tokens));
+  model_ = std::make_unique<Model<float>>(
+      *backend_,
+      ModelOptions<float>{.shape = shape,
+                          .seq_len = max_tokens,
+                          .max_batch = 1,
+                          .ffn_factory = inference_ffns(*backend_, checkpoint),
+                          .attention_factory = inference_attention(*backend_, checkpoint.config, max_tokens)});
   load(checkpoint);
 }
 

@@ -206,9 +206,17 @@ void build_model(Trainer& t) {
   for (int64_t c = 0; c < int64_t(specs.size()); ++c) {
     const int slots = pp > 1 ? int(pipeline_slots(PipeSchedule::OneFOneB, pp, stage, t.micro_batches(), V, c)) : 1;
     t.chunks.push_back(std::make_unique<Model<float>>(
-        t.backend, shape, tc.seq_len, tc.micro_batch, RecomputeSpec(mode, tc.recompute_layers),
-        tp_ffn_factory<float>(t.backend, tp, shape, moe_of), slots, specs[size_t(c)], attention_factory(t, shape, tp),
-        tensor_parallel_layout<float>(t.backend, tp, shape)));
+        t.backend, ModelOptions<float>{
+                       .shape = shape,
+                       .seq_len = tc.seq_len,
+                       .max_batch = tc.micro_batch,
+                       .recompute = RecomputeSpec(mode, tc.recompute_layers),
+                       .ffn_factory = tp_ffn_factory<float>(t.backend, tp, shape, moe_of),
+                       .num_slots = slots,
+                       .stage = specs[size_t(c)],
+                       .attention_factory = attention_factory(t, shape, tp),
+                       .tp = tensor_parallel_layout<float>(t.backend, tp, shape),
+                   }));
   }
   t.model = t.chunks[0].get();
   share_chunk_parameters(t);

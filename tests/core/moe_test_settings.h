@@ -32,7 +32,13 @@ inline std::unique_ptr<Model<float>> stressed_model(Backend& backend, const Mode
       if (l % 2 == 1) return std::make_unique<MoeLayer<float>>(backend, stressed_moe_settings(shape, l));
       return std::make_unique<DenseMlp<float>>(backend, shape.d_model, shape.ffn_hidden, shape.layers);
     };
-  auto model = std::make_unique<Model<float>>(backend, shape, seq_len, batch, recompute, factory, slots, stage);
+  auto model = std::make_unique<Model<float>>(backend, ModelOptions<float>{.shape = shape,
+                                                                           .seq_len = seq_len,
+                                                                           .max_batch = batch,
+                                                                           .recompute = recompute,
+                                                                           .ffn_factory = factory,
+                                                                           .num_slots = slots,
+                                                                           .stage = stage});
   model->init_params(21);
   for (int64_t i = 0; i < model->num_params(); ++i) model->params()[i] *= 8;  // routing far from uniform
   model->zero_grads();

@@ -225,7 +225,9 @@ void check_model(Recompute recompute, bool mla = false) {
       return std::make_unique<MlaAttention<double>>(test_backend(), shape.d_model, shape.heads, T, shape.layers,
                                                     MlaShape{3, 4, 2});
     };
-  Model<double> model(test_backend(), shape, T, B, recompute, nullptr, 1, {}, attention);
+  Model<double> model(
+      test_backend(),
+      {.shape = shape, .seq_len = T, .max_batch = B, .recompute = recompute, .attention_factory = attention});
   model.init_params(11);
   // Leave the near-linear regime; latent attention chains two projections per side, so less is enough (and
   // keeps the central differences' truncation error below the tolerance).
@@ -264,7 +266,7 @@ TEST(GradCheck, WholeModelWithLatentAttention) {
 TEST(GradientContract, BackwardTwiceIsTwiceTheGradients) {
   ModelShape shape{11, 8, 2, 2, 8};
   const int64_t T = 4, B = 2;
-  Model<double> model(test_backend(), shape, T, B, Recompute::None);
+  Model<double> model(test_backend(), {.shape = shape, .seq_len = T, .max_batch = B});
   model.init_params(3);
   std::vector<int32_t> tokens(B * (T + 1));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 5 + 1) % shape.vocab);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/backend/ops.h"
+#include "core/error.h"
 #include "core/model.h"
 #include "tests/core/test_backend.h"
 
@@ -23,8 +24,8 @@ std::vector<int32_t> make_tokens(int64_t B, int64_t T, int64_t V) {
 TEST(Model, RecomputeGivesIdenticalGradients) {
   const ModelShape shape{256, 32, 3, 4, 48};
   const int64_t T = 16, B = 3;
-  Model<float> plain(test_backend(), shape, T, B, Recompute::None);
-  Model<float> recomputed(test_backend(), shape, T, B, Recompute::Full);
+  Model<float> plain(test_backend(), {.shape = shape, .seq_len = T, .max_batch = B});
+  Model<float> recomputed(test_backend(), {.shape = shape, .seq_len = T, .max_batch = B, .recompute = Recompute::Full});
   plain.init_params(5);
   recomputed.init_params(5);
   const auto tokens = make_tokens(B, T, shape.vocab);
@@ -41,7 +42,8 @@ TEST(Model, RecomputeGivesIdenticalGradients) {
 TEST(Model, SameInputsSameBits) {
   const ModelShape shape{256, 32, 2, 2, 40};
   const int64_t T = 12, B = 2;
-  Model<float> a(test_backend(), shape, T, B, Recompute::None), b(test_backend(), shape, T, B, Recompute::None);
+  Model<float> a(test_backend(), {.shape = shape, .seq_len = T, .max_batch = B}),
+      b(test_backend(), {.shape = shape, .seq_len = T, .max_batch = B});
   a.init_params(8);
   b.init_params(8);
   ASSERT_EQ(0, std::memcmp(a.params(), b.params(), sizeof(float) * a.num_params()));
@@ -57,8 +59,8 @@ TEST(Model, SameInputsSameBits) {
 TEST(Model, InitIsPerNameAndElementNotPerLayout) {
   // The same tensor in models of different depth draws the same values: init is keyed by name and
   // global element index, never by position in the flat buffer.
-  Model<float> small(test_backend(), {256, 32, 1, 2, 40}, 8, 1, Recompute::None);
-  Model<float> deep(test_backend(), {256, 32, 3, 2, 40}, 8, 1, Recompute::None);
+  Model<float> small(test_backend(), {.shape = {256, 32, 1, 2, 40}, .seq_len = 8, .max_batch = 1});
+  Model<float> deep(test_backend(), {.shape = {256, 32, 3, 2, 40}, .seq_len = 8, .max_batch = 1});
   small.init_params(21);
   deep.init_params(21);
   for (const char* name : {"embed.weight", "layers.0.attn.wq", "layers.0.ffn.w1"}) {
@@ -76,10 +78,19 @@ TEST(Model, InitIsPerNameAndElementNotPerLayout) {
   EXPECT_EQ(deep.params()[deep.table().find("out_norm.gain").offset], 1.0f);
 }
 
+// ModelOptions' sizes have no usable default: a model built without them names them.
+TEST(Model, RefusesOptionsWithoutItsSizes) {
+  const ModelShape shape{31, 16, 2, 2, 24};
+  EXPECT_THROW(Model<float>(test_backend(), {.shape = shape}), Error);
+  EXPECT_THROW(Model<float>(test_backend(), {.shape = shape, .seq_len = 8}), Error);
+  EXPECT_THROW(Model<float>(test_backend(), {.shape = shape, .max_batch = 2}), Error);
+  EXPECT_NO_THROW(Model<float>(test_backend(), {.shape = shape, .seq_len = 8, .max_batch = 2}));
+}
+
 TEST(Model, InitialLossIsNearUniform) {
   const ModelShape shape{256, 32, 2, 2, 40};
   const int64_t T = 16, B = 2;
-  Model<float> m(test_backend(), shape, T, B, Recompute::None);
+  Model<float> m(test_backend(), {.shape = shape, .seq_len = T, .max_batch = B});
   m.init_params(1);
   const auto tokens = make_tokens(B, T, shape.vocab);
   const double mean = m.forward(tokens.data(), B) / double(B * T);

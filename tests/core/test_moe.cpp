@@ -524,14 +524,16 @@ TEST(MoeModel, WholeModelGradientAndRecomputeCountsOnce) {
   const ModelShape shape{13, 8, 2, 2, 12};
   const int64_t T = 5, B = 2;
   for (Recompute rc : {Recompute::None, Recompute::Full}) {
-    Model<double> model(test_backend(), shape, T, B, rc, [&](int64_t l) -> std::unique_ptr<FeedForward<double>> {
+    const auto ffn = [&](int64_t l) -> std::unique_ptr<FeedForward<double>> {
       if (l == 1) {
         MoeSettings ls = s;
         ls.layer = l;
         return std::make_unique<MoeLayer<double>>(test_backend(), ls);
       }
       return std::make_unique<DenseMlp<double>>(test_backend(), 8, 12, 2);
-    });
+    };
+    Model<double> model(test_backend(),
+                        {.shape = shape, .seq_len = T, .max_batch = B, .recompute = rc, .ffn_factory = ffn});
     model.init_params(3);
     for (int64_t i = 0; i < model.num_params(); ++i) model.params()[i] *= 5;
     std::vector<int32_t> tokens(B * (T + 1));

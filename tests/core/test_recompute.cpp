@@ -73,11 +73,21 @@ TEST(Recompute, TheModeAppliesToTheLayersOfGlobalIndexBelowRecomputeLayers) {
   EXPECT_EQ(model->recompute(1), Recompute::Selective);
   EXPECT_EQ(model->recompute(2), Recompute::None);
   // A stage of layers [1, 3) counts by the whole model's index.
-  Model<float> stage(test_backend(), kShape, kSeqLen, kBatch, {Recompute::Full, 2}, nullptr, 1, {1, 3, false, true});
+  Model<float> stage(test_backend(), {.shape = kShape,
+                                      .seq_len = kSeqLen,
+                                      .max_batch = kBatch,
+                                      .recompute = {Recompute::Full, 2},
+                                      .stage = {1, 3, false, true}});
   EXPECT_EQ(stage.recompute(1), Recompute::Full);
   EXPECT_EQ(stage.recompute(2), Recompute::None);
-  EXPECT_THROW(Model<float>(test_backend(), kShape, kSeqLen, kBatch, {Recompute::Full, 4}), Error);
-  EXPECT_THROW(Model<float>(test_backend(), kShape, kSeqLen, kBatch, {Recompute::Full, -2}), Error);
+  EXPECT_THROW(
+      Model<float>(test_backend(),
+                   {.shape = kShape, .seq_len = kSeqLen, .max_batch = kBatch, .recompute = {Recompute::Full, 4}}),
+      Error);
+  EXPECT_THROW(
+      Model<float>(test_backend(),
+                   {.shape = kShape, .seq_len = kSeqLen, .max_batch = kBatch, .recompute = {Recompute::Full, -2}}),
+      Error);
 }
 
 TEST(Recompute, ActivationMemoryFallsAsDocumented) {

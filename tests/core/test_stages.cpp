@@ -226,9 +226,14 @@ TEST(PipelineStages, AttentionFactoryBuildsTheStagesLayers) {
     built.push_back(l);
     return std::make_unique<MhaAttention<float>>(test_backend(), kShape.d_model, kShape.heads, kSeqLen, kShape.layers);
   };
-  Model<float> made(test_backend(), kShape, kSeqLen, kBatch, Recompute::None, nullptr, 1, {1, 4, true, true}, factory);
+  Model<float> made(test_backend(), {.shape = kShape,
+                                     .seq_len = kSeqLen,
+                                     .max_batch = kBatch,
+                                     .stage = {1, 4, true, true},
+                                     .attention_factory = factory});
   EXPECT_EQ(built, (std::vector<int64_t>{1, 2, 3}));
-  Model<float> plain(test_backend(), kShape, kSeqLen, kBatch, Recompute::None, nullptr, 1, {1, 4, true, true});
+  Model<float> plain(test_backend(),
+                     {.shape = kShape, .seq_len = kSeqLen, .max_batch = kBatch, .stage = {1, 4, true, true}});
   made.init_params(5), plain.init_params(5);
   made.zero_grads(), plain.zero_grads();
   const std::vector<int32_t> tokens = micro_batch_tokens(1);

@@ -48,8 +48,14 @@ Built build(Backend& backend, Communicator& tp, bool sequence_parallel, Overflow
   Built b;
   // Two micro-batch slots (the tests use the first), so that full recompute's one shared set saves memory.
   b.model = std::make_unique<Model<double>>(
-      backend, kShape, kSeq, kBatch, recompute, tp_ffn_factory<double>(backend, ctx, kShape, moe), 2, StageSpec{},
-      tp_attention_factory<double>(backend, ctx, kShape, kSeq), tensor_parallel_layout<double>(backend, ctx, kShape));
+      backend, ModelOptions<double>{.shape = kShape,
+                                    .seq_len = kSeq,
+                                    .max_batch = kBatch,
+                                    .recompute = recompute,
+                                    .ffn_factory = tp_ffn_factory<double>(backend, ctx, kShape, moe),
+                                    .num_slots = 2,
+                                    .attention_factory = tp_attention_factory<double>(backend, ctx, kShape, kSeq),
+                                    .tp = tensor_parallel_layout<double>(backend, ctx, kShape)});
   b.gather = std::make_unique<CommunicatorTokenGroup>(tp);
   moe_layer_of(b.model->ffn(1))->set_token_group(b.gather.get());
   b.model->init_params(11);

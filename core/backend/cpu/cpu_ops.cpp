@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "core/backend/backend.h"
-#include "core/backend/cpu/dispatch_kernels.h"
 #include "core/backend/cpu/expert_mlp.h"
 #include "core/backend/cpu/fused_attention.h"
 #include "core/backend/cpu/moe_kernels.h"
@@ -26,6 +25,7 @@
 #include "core/backend/cpu/vector_math.h"
 #include "core/backend/ops.h"
 #include "core/error.h"
+#include "core/moe/dispatch_order.h"
 
 namespace moe {
 namespace {
@@ -325,15 +325,15 @@ class CpuOps final : public Ops<T> {
   void capacity_keep(const int32_t* selected, const T* score, bool by_score, int64_t capacity, int32_t* assigned,
                      int64_t M, int64_t E) override {
     thread_local std::vector<std::vector<int32_t>> by_expert;
-    cpu::capacity_keep(selected, score, by_score, capacity, assigned, M, E, by_expert);
+    dispatch_order::capacity_keep(selected, score, by_score, capacity, assigned, M, E, by_expert);
   }
   void permute_by_expert(const int32_t* assigned, int64_t* offset, int32_t* perm_slot, int32_t* row_of_slot, int64_t M,
                          int64_t E) override {
-    cpu::permute_by_expert(assigned, offset, perm_slot, row_of_slot, M, E);
+    dispatch_order::permute_by_expert(assigned, offset, perm_slot, row_of_slot, M, E);
   }
   void permuted_rows(const int32_t* perm_slot, const T* gate, int64_t K, int32_t* perm_token, T* perm_gate,
                      int64_t M) override {
-    cpu::permuted_rows(perm_slot, gate, K, perm_token, perm_gate, M);
+    dispatch_order::permuted_rows(perm_slot, gate, K, perm_token, perm_gate, M);
   }
   void gate_backward(const T* gate, const int32_t* selected, const T* dw, const T* denom, const uint8_t* clamped,
                      bool renormalised, T* dp, int64_t N, int64_t K, int64_t E) override {

@@ -15,9 +15,6 @@
 
 namespace moe::cpu {
 
-// The floor under a score before its logarithm (entropy, the warm-up term): the router's, docs/moe.md.
-constexpr double kRouterMinLogArg = 1e-30;
-
 // log max(p, kRouterMinLogArg) of a row p (E values), in a buffer of the calling thread that its next call
 // overwrites.
 template <typename T>

@@ -516,7 +516,7 @@ __global__ void column_means_kernel(const T* p, double* P, int64_t N, int64_t E)
   }
 }
 
-constexpr double kRouterMinLogArg = 1e-30;  // as the CPU reference
+// kRouterMinLogArg: the router's floor (core/moe/gate_weights.h), the CPU reference's too.
 
 template <typename T>
 __global__ void router_loss_backward_kernel(const T* logits, const T* scores, const T* f, const double* P, double scale,

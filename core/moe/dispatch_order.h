@@ -1,14 +1,15 @@
-// The CPU bodies of the dispatch plan's ops of core/backend/ops.h (Ops::capacity_keep, Ops::permute_by_expert,
-// Ops::permuted_rows):
-// the host code of core/moe/dispatch_plan.cpp moved unchanged, so that the plan the host makes and the ops' results
-// are the same bits; core/moe/dispatch_plan.cpp calls these too.
+// The dispatch plan's slot order and permutation (MODEL.md "Capacity"), host arithmetic shared by the host plan
+// (core/moe/dispatch_plan.cpp) and the CPU bodies of the plan's ops of core/backend/ops.h (Ops::capacity_keep,
+// Ops::permute_by_expert, Ops::permuted_rows), so that the plan the host makes and the ops' results are the same
+// bits. It lives with the MoE code, not in a backend, as core/moe/gate_weights.h does: no layer includes a
+// backend's own headers.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
-namespace moe::cpu {
+namespace moe::dispatch_order {
 
 // Slot a before slot b in an expert's priority order (MODEL.md "Capacity"): by_score, the higher score first,
 // ties to the lower slot; else the lower slot (token order).
@@ -61,4 +62,4 @@ void permuted_rows(const int32_t* perm_slot, const T* gate, int64_t K, int32_t* 
   }
 }
 
-}  // namespace moe::cpu
+}  // namespace moe::dispatch_order
