@@ -17,7 +17,7 @@ namespace moe {
 namespace {
 
 // Counts are doubles: exact below 2^53, and a config past that saturates instead of overflowing.
-constexpr double kFloat = 4, kInt32 = 4, kDouble = 8, kByte = 1;
+constexpr double kFloat = 4, kInt32 = 4, kInt64 = 8, kDouble = 8, kByte = 1;
 
 int64_t saturate(double bytes) {
   constexpr double kLargest = 9.2e18;  // just below INT64_MAX
@@ -36,6 +36,7 @@ struct Sizes {
   double E, K, Fe, S, Ff;           // Ff: the dense fallback's width, 0 unless moe.overflow = "dense"
   double capacity_factor;
   bool gumbel, reroute, tau_learned;
+  bool backend_plans;        // the MoE layers plan on the backend: overflow dropped, the routing group not split
   bool mla;                  // model.attention = mla (tp = 1)
   bool mla_norms;            // model.mla.norms: RMSNorms on its latents
   bool fused;                // MhaAttention on cuDNN's fused attention: train.device = cuda with bf16 GEMMs, not off
@@ -64,6 +65,8 @@ Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) 
   s.capacity_factor = moe.capacity_factor;
   s.gumbel = moe.router.noise == "gumbel", s.reroute = moe.overflow_has("reroute");
   s.tau_learned = moe.router.tau_learned;
+  // MoeLayer::backend_plans; a tensor-parallel rank splits the routing group unless the experts split instead.
+  s.backend_plans = !s.reroute && s.Ff == 0 && (tp == 1 || s.etp > 1);
   s.mla = m.attention == "mla";
   s.mla_norms = s.mla && m.mla_norms;
   s.fused = !s.mla && c.train.device == "cuda" && c.train.precision == "bf16" &&
@@ -173,12 +176,11 @@ ModelBytes model_bytes(const Sizes& s, const std::string& mode, int64_t recomput
   const double head_scratch = s.head ? head.scratch : 0.0;
   const double arena = sizes::residual_stream(double(s.last - s.first), rows, D) + own +
                        (s.head ? sizes::output_norm_activations(rows, D) + head.activations : 0.0);
-  // Per slot also, on the last stage, the per-token losses (N) and target ids (N int32); on the first the
-  // input ids (N int32), on the others the input's gradient (rows, D); under pipelining the executor's
-  // received activation or gradient and the copies it sends on (rows, D) each.
-  const double floats =
-      arena + (s.head ? N : 0.0) + (s.embedding ? 0.0 : rows * D) + (s.pipelined ? 3 * rows * D : 0.0);
-  const double ints = (s.head ? N : 0.0) + (s.embedding ? N : 0.0);
+  // Per slot also its losses, target and input ids or input gradient, and under pipelining the executor's
+  // messages.
+  const sizes::SlotIo io = sizes::slot_io(N, rows, D, s.embedding, s.head);
+  const double floats = arena + io.losses + io.input_grad + (s.pipelined ? sizes::pipeline_slot(rows, D).total() : 0.0);
+  const double ints = io.targets + io.inputs;
   ModelBytes m;
   // Full recompute keeps one set of layer activations for the recomputed layers of every slot.
   m.activations = slots * (kFloat * floats + kInt32 * ints) + kFloat * shared;
@@ -196,6 +198,7 @@ struct RoutedRows {
   double token_side;   // M: assignments kept, at the token's rank
   double expert_side;  // R: rows the local experts compute (balanced: as many as the rank sends)
   double fallback;     // Mf: tokens with an overflowed assignment (moe.overflow = "dense")
+  double overflowed;   // Sf: the overflowed assignments the fallback computes
 };
 
 RoutedRows routed_rows(const Sizes& s) {
@@ -207,6 +210,7 @@ RoutedRows routed_rows(const Sizes& s) {
   r.token_side = std::min(assignments, s.E * capacity);
   r.expert_side = r.token_side;
   r.fallback = s.Ff > 0 ? std::min(n, assignments - r.token_side) : 0.0;
+  r.overflowed = s.Ff > 0 ? assignments - r.token_side : 0.0;
   return r;
 }
 
@@ -230,34 +234,38 @@ double device_workspace_elements(const Sizes& s) {
 // One MoE layer's buffers sized by routing (core/moe_layer.cpp, core/moe/experts.cpp, core/moe/router.cpp).
 double routed_bytes_per_layer(const Sizes& s, double slots) {
   const RoutedRows r = routed_rows(s);
-  const double n = moe_rows(s), D = s.D, K = s.K, E = s.E, F = s.Fe / s.etp;
+  const double D = s.D, K = s.K, E = s.E, F = s.Fe / s.etp;
   const double M = r.token_side, R = r.expert_side, Mf = r.fallback;
-  // Per slot: expert-side xe (R, D) and a, b, h (R, F); the plan's perm_token, perm_gate (M), slot_row,
-  // gate (N K), and the fallback's tokens and weights (Mf).
-  const double per_slot = kFloat * (sizes::expert_activations(R, D, F) + M + n * K + Mf) + kInt32 * (M + n * K + Mf);
-  // The layer's workspace: gathered token rows (M, D), expert outputs (R, D), row dots, and the backward
-  // scratch (dyp, dxp (M, D), dye, dxe (R, D), the experts' 3 R F, dp, dz (N, E), dw (N K), and the shared
-  // experts' or the fallback's scratch).
+  // Per slot: expert-side xe (R, D) and a, b, h (R, F), and the dispatch plan's buffers.
+  const sizes::MoePlanBuffers plan = sizes::moe_plan_buffers(moe_shape(s), {M, R, Mf}, r.overflowed, s.backend_plans);
+  // The router's buffers (core/moe/router.cpp) over the routing group: the layer's, and each slot's routing.
+  const sizes::RouterBuffers router = sizes::router_buffers(s.N, E, K, s.reroute ? E : K, s.gumbel, s.tau_learned);
+  const double per_slot = kFloat * (sizes::expert_activations(R, D, F) + plan.values() + router.slot_values()) +
+                          kInt32 * (plan.int32s() + router.selected) + kInt64 * plan.int64s() + kByte * router.clamped;
+  // The layer's workspace: gathered token rows (M, D), expert outputs (R, D), row dots (M, or Mf and the
+  // fallback's Sf), and the backward scratch (dyp, dxp (M, D), dye, dxe (R, D), the experts' 3 R F, dp, dz (N, E),
+  // dw (N K), and the shared experts' or the fallback's scratch).
   const double backward = sizes::moe_backward_scratch(moe_shape(s), {M, R, Mf}, F);
-  const double workspace = kFloat * (M * D + R * D + std::max(M, Mf) + backward);
-  // The router's: Gumbel noise (N, E) in double, top-k ids (N K) and preference rows (N W), bias and mask (E).
-  const double choices = s.reroute ? E : K;
-  const double router =
-      (s.gumbel ? kDouble * s.N * E : 0.0) + kInt32 * (s.N * K + s.N * choices) + kFloat * E + kByte * E;
-  return slots * per_slot + workspace + router;
+  const double workspace = kFloat * (M * D + R * D + std::max(M, Mf) + r.overflowed + backward);
+  const double router_layer = kDouble * router.layer_doubles() + kInt32 * router.layer_int32s() +
+                              kFloat * (router.selected_score + router.bias) + kByte * router.mask;
+  return slots * per_slot + workspace + router_layer;
 }
 
 // Communication staging in backend memory: ZeRO's reduce-scatter staging (the padded bucket and the
-// received slice, kept per bucket) and each MoE layer's dispatcher staging: the all-to-all's received rows, or
-// with ep > 1 the all-gather's every rank's block of rows and this rank's own (core/moe/allgather_dispatcher.h).
+// received slice, kept per bucket) and, with ep > 1, each MoE layer's dispatcher staging: the all-to-all's received
+// rows, or the all-gather's every rank's block of rows and this rank's own (sizes::alltoall_staging,
+// allgather_staging).
 double communication_bytes(const Sizes& s, const ParamCounts& p, bool zero, double dp, double edp, bool allgather) {
   double bytes = 0;
   if (zero && dp > 1) bytes += kFloat * (p.dense + p.dense / dp);
   if (zero && edp > 1) bytes += kFloat * (p.expert + p.expert / edp);
+  // Over one expert-parallel rank the MoE layer copies its rows without staging.
+  if (s.moe_layers == 0 || s.ep == 1) return bytes;
   const RoutedRows r = routed_rows(s);
-  const double staged_rows = allgather && s.ep > 1 ? (s.ep + 1) * r.token_side : r.expert_side;
-  if (s.moe_layers > 0) bytes += s.moe_layers * kFloat * staged_rows * s.D;
-  return bytes;
+  const sizes::DispatcherStaging staging =
+      allgather ? sizes::allgather_staging(s.ep, r.token_side, s.D) : sizes::alltoall_staging(r.expert_side, s.D);
+  return bytes + s.moe_layers * kFloat * staging.total();
 }
 
 }  // namespace
