@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace moe::sizes {
@@ -94,14 +95,6 @@ inline Footprint mha(const MhaShape& a, double N) {
   const double probs = N * a.Hl * a.T;
   if (a.fused) return {4 * N * a.Dq + N * a.Hl, 4 * N * a.Dq};
   return {4 * N * a.Dq + (a.keep_probs ? probs : 0.0), 4 * N * a.Dq + a.T * a.T + (a.keep_probs ? 0.0 : probs)};
-}
-// What the CUDA backend's fused attention backward takes from its allocator while it runs, in fp32 elements
-// (core/backend/cuda/cuda_backend.cu, attention_graph.h): bf16 copies of q, k, v, O, dO and dq, dk, dv (8 of
-// N Dq, half an element each), the statistics aligned and each row's dO . O (N Hl each), and the backward's
-// own: dS (B, Hl, T, T) bf16 in the deterministic form, dQ accumulated in fp32 in the other.
-inline double mha_fused_backward_workspace(const MhaShape& a, double N, bool deterministic) {
-  const double n = N * a.Dq, rows = N * a.Hl;
-  return 4 * n + 2 * rows + (deterministic ? rows * a.T / 2 : n);
 }
 
 // MlaAttention: H heads on sequences of T, latents C (key/value) and Cq (query), rotary width R; norms: the
@@ -261,11 +254,54 @@ inline double moe_backward_scratch(const MoeShape& m, const RoutedRows& r, doubl
 inline double adamw_moment(double updated) { return updated; }
 inline double adamw_state(double updated) { return 2 * adamw_moment(updated); }
 
-// ---- The CUDA backend's GEMM operands (core/backend/cuda/cuda_backend.cu) ----
+// ---- The CUDA backend's own device memory (core/backend/cuda) ----
+// In bytes, as the backend asks its caching allocator for them; storage: the bytes of the model's type.
 
-// With bf16 GEMMs, a GEMM rounds its activation operands (rows, a) and (rows, b) into bf16 workspace: half an
-// fp32 element each. Declared for the estimate: the backend takes it per call from the call's shapes, as it does
-// the fused attention backward's (mha_fused_backward_workspace).
-inline double bf16_operand_workspace(double rows, double a, double b) { return rows * (a + b) / 2; }
+// cuBLAS's workspace, handed to it from the backend's allocator when the backend starts (cublasSetWorkspace):
+// the 32 MiB NVIDIA recommends for Hopper, more than the 4 MiB earlier GPUs take by default.
+inline double cublas_workspace_bytes() { return 32.0 * 1024 * 1024; }
+// n values of a GEMM operand rounded for bf16 GEMMs (gemm_ops.cu): bf16 beside fp32 storage; beside fp64 storage
+// the rounded values in fp64. An activation operand is rounded into workspace for the call; the parameters once
+// into a copy the backend keeps while they do not change (n: the whole parameter table).
+inline double rounded_operand_bytes(double n, double storage) { return n * (storage == 4 ? 2.0 : storage); }
+// The grouped GEMM's device array of operand pointers (gemm_ops.cu): each non-empty group's first and second
+// operand and output.
+inline double grouped_gemm_pointer_bytes(double problems) { return 3 * problems * double(sizeof(void*)); }
+// The rotary table the backend keeps for the last shape it rotated (attention_ops.cu): cos and sin of each of
+// T positions and Dh / 2 pairs.
+inline double rope_table_bytes(double T, double Dh, double storage) { return 2 * T * std::floor(Dh / 2) * storage; }
+
+// Fused attention (attention_ops.cu, cudnn_attention.cu) over B sequences of T, H heads of width Dh: the bf16
+// copies in one workspace of sections at 256-byte boundaries (forward: q, k, v, O; backward: q, k, v, O, dO, dq, dk,
+// dv), the statistics (B H T fp32) in aligned workspace, the graph's workspace tensors each padded to 256 bytes
+// (attention_graph.cpp; the backward's dO . O per row in fp32 and, nondeterministic, dQ accumulated in fp32), and
+// cuDNN's own workspace, which its execution plan states at run time: the estimate takes dS (B H T T bf16) for
+// the deterministic backward, none otherwise.
+inline double bf16_sections_bytes(double sections, double n) { return sections * std::ceil(n / 128) * 128 * 2; }
+inline double attention_stats_bytes(double B, double T, double H) { return B * H * T * 4; }
+inline double attention_row_sum_bytes(double B, double T, double H) { return B * H * T * 4; }
+inline double attention_dq_accum_bytes(double B, double T, double H, double Dh) { return B * H * T * Dh * 4; }
+inline double attention_graph_tensor_bytes(double bytes) { return std::ceil(bytes / 256) * 256; }
+struct FusedAttentionShape {
+  double B, T, H, Dh;
+  bool deterministic;
+};
+// The backward graph's workspace tensors (AttentionGraph::workspace_bytes), and cuDNN's own as estimated.
+inline double attention_backward_graph_bytes(const FusedAttentionShape& a) {
+  const double row_sum = attention_graph_tensor_bytes(attention_row_sum_bytes(a.B, a.T, a.H));
+  return row_sum +
+         (a.deterministic ? 0.0 : attention_graph_tensor_bytes(attention_dq_accum_bytes(a.B, a.T, a.H, a.Dh)));
+}
+inline double cudnn_backward_bytes(const FusedAttentionShape& a) {
+  return a.deterministic ? a.B * a.H * a.T * a.T * 2 : 0.0;
+}
+inline double fused_attention_backward_bytes(const FusedAttentionShape& a) {
+  return bf16_sections_bytes(8, a.B * a.T * a.H * a.Dh) + attention_stats_bytes(a.B, a.T, a.H) +
+         attention_backward_graph_bytes(a) + cudnn_backward_bytes(a);
+}
+// The fused attention of an MhaAttention shard on N tokens.
+inline FusedAttentionShape fused_attention_shape(const MhaShape& a, double N, bool deterministic) {
+  return {N / a.T, a.T, a.Hl, a.Dq / a.Hl, deterministic};
+}
 
 }  // namespace moe::sizes

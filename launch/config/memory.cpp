@@ -41,6 +41,7 @@ struct Sizes {
   bool mla_norms;            // model.mla.norms: RMSNorms on its latents
   bool fused;                // MhaAttention on cuDNN's fused attention: train.device = cuda with bf16 GEMMs, not off
   bool fused_deterministic;  // its backward holds dS (B, H, T, T) bf16 in cuDNN's workspace
+  bool cuda;                 // train.device = cuda: the backend's own device memory (device_kept_bytes, ...)
   bool cuda_bf16;            // train.device = cuda with bf16 GEMMs: activation operands rounded into workspace
   double C, Cq, R;           // its latent widths and rotary width
 };
@@ -72,7 +73,8 @@ Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) 
   s.fused = !s.mla && c.train.device == "cuda" && c.train.precision == "bf16" &&
             c.train.fused_attention != FusedAttention::Off;
   s.fused_deterministic = c.train.fused_attention == FusedAttention::Deterministic;
-  s.cuda_bf16 = c.train.device == "cuda" && c.train.precision == "bf16";
+  s.cuda = c.train.device == "cuda";
+  s.cuda_bf16 = s.cuda && c.train.precision == "bf16";
   s.C = double(m.mla_kv_rank), s.Cq = double(m.mla_q_rank), s.R = double(m.mla_rope_dim);
   return s;
 }
@@ -214,20 +216,36 @@ RoutedRows routed_rows(const Sizes& s) {
   return r;
 }
 
-// The CUDA backend's largest transient workspace, in fp32 elements: taken from its caching allocator for one call
-// and given back (cuda_backend.cu), so the largest call counts. With bf16 GEMMs each GEMM rounds its activation
-// operands (not the parameters, rounded once per step) into bf16 workspace: the largest are the head's weight
-// gradient, x^T (N, D) by dlogits (N, V / tp), and an expert layer's, xe^T (R, D) by dh (R, Fe / etp). The fused
-// attention's backward: sizes::mha_fused_backward_workspace.
-double device_workspace_elements(const Sizes& s) {
+// What the CUDA backend keeps of its own (0 elsewhere), in bytes: cuBLAS's workspace, the rotary table of the
+// attention's head width (latent attention's rotary width) and, with bf16 GEMMs, the rounded copy of the rank's
+// `parameters` elements (every chunk's: they share one table).
+double device_kept_bytes(const Sizes& s, double parameters) {
+  if (!s.cuda) return 0;
+  const double rotary = s.mla ? s.R : s.D / s.H;
+  return sizes::cublas_workspace_bytes() + sizes::rope_table_bytes(s.T, rotary, kFloat) +
+         (s.cuda_bf16 ? sizes::rounded_operand_bytes(parameters, kFloat) : 0.0);
+}
+
+// The CUDA backend's largest transient workspace of one call (0 elsewhere), in bytes: taken from its caching
+// allocator for the call and given back (core/backend/cuda), so the largest call counts. With bf16 GEMMs each GEMM
+// rounds its activation operands (the parameters come from their kept copy): the largest are the head's weight
+// gradient, x^T (N, D) by dlogits (N, V / tp), and an expert layer's, xe^T (R, D) by dh (R, Fe / etp) with the
+// grouped call's pointer array; the fused attention's backward (sizes::fused_attention_backward_bytes). Not counted:
+// the small per-call workspaces (the gradient norm's partial sums, the sorts' storage, which CUB states at run time).
+double device_transient_bytes(const Sizes& s) {
+  if (!s.cuda) return 0;
   double largest = 0;
+  if (s.moe_layers > 0) largest = sizes::grouped_gemm_pointer_bytes(s.E / s.ep);
   if (s.cuda_bf16) {
-    if (s.head) largest = sizes::bf16_operand_workspace(s.N, s.D, s.V / s.tp);
+    if (s.head) largest = std::max(largest, sizes::rounded_operand_bytes(s.N * (s.D + s.V / s.tp), kFloat));
     if (s.moe_layers > 0)
-      largest = std::max(largest, sizes::bf16_operand_workspace(routed_rows(s).expert_side, s.D, s.Fe / s.etp));
+      largest =
+          std::max(largest, sizes::rounded_operand_bytes(routed_rows(s).expert_side * (s.D + s.Fe / s.etp), kFloat) +
+                                sizes::grouped_gemm_pointer_bytes(s.E / s.ep));
   }
   if (s.fused && s.dense_layers + s.moe_layers > 0)
-    largest = std::max(largest, sizes::mha_fused_backward_workspace(mha_shape(s, true), s.N, s.fused_deterministic));
+    largest = std::max(largest, sizes::fused_attention_backward_bytes(
+                                    sizes::fused_attention_shape(mha_shape(s, true), s.N, s.fused_deterministic)));
   return largest;
 }
 
@@ -295,7 +313,7 @@ MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int
   m.routed_rows = saturate(s.moe_layers * routed_bytes_per_layer(s, double(slots)));
   m.communication =
       saturate(communication_bytes(s, p, config.optim.zero, double(dp), edp, config.moe.dispatcher == "allgather"));
-  m.device_workspace = saturate(kFloat * device_workspace_elements(s));
+  m.device_workspace = saturate(device_kept_bytes(s, p.dense + p.expert) + device_transient_bytes(s));
   // A key/value cache would keep k and v (2 D) per token and layer, or latent attention's c_kv and shared
   // rotary key (C + R); fp32.
   m.kv_cache_per_token =
@@ -326,19 +344,25 @@ std::vector<StagePart> pipeline_chunk_parts(const Config& config, int64_t stage,
 
 namespace {
 
-// A rank's chunks are models of their own: their bytes add up, but for the one largest transient workspace
-// and the whole model's key/value cache.
+// A rank's chunks are models of their own: their bytes add up, but for the backend's own device memory (what it
+// keeps once, and the one largest transient workspace) and the whole model's key/value cache.
 MemoryEstimate chunks_estimate(const Config& config, int64_t tp, int64_t dp, int64_t ep,
                                const std::vector<StagePart>& parts) {
   MemoryEstimate sum;
+  double parameters = 0, transient = 0;
   for (const StagePart& part : parts) {
     const MemoryEstimate e = estimate_memory(config, tp, dp, ep, part);
     sum.parameters += e.parameters, sum.gradients += e.gradients, sum.optimizer += e.optimizer;
     sum.activations += e.activations, sum.scratch += e.scratch, sum.routed_rows += e.routed_rows;
     sum.communication += e.communication;
-    sum.device_workspace = std::max(sum.device_workspace, e.device_workspace);
     sum.kv_cache_per_token = e.kv_cache_per_token;
+    const Sizes s = sizes_of(config, tp, ep, part);
+    const ParamCounts p = param_counts(s);
+    parameters += p.dense + p.expert;
+    transient = std::max(transient, device_transient_bytes(s));
   }
+  // The backend keeps one set of its own for the rank (one rounded copy of the shared table).
+  sum.device_workspace = saturate(device_kept_bytes(sizes_of(config, tp, ep, parts.at(0)), parameters) + transient);
   return sum;
 }
 
