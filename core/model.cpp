@@ -98,7 +98,12 @@ void Model<T>::share_parameters(const ParamTable& table, int64_t first_spec, T* 
   }
   spec_base_ = first_spec;
   bind_parameters(table, params, grads);
-  params_ = Buffer(), grads_ = Buffer();  // this model's own, no longer used
+  release_parameters();  // this model's own, if still held
+}
+
+template <typename T>
+void Model<T>::release_parameters() {
+  params_ = Buffer(), grads_ = Buffer();
 }
 
 // The stage's layers, in the whole model's order and names: attention norm, attention, FFN norm, FFN.
