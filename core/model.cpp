@@ -102,7 +102,12 @@ void Model<T>::share_parameters(const ParamTable& table, int64_t first_spec, T* 
   }
   spec_base_ = first_spec;
   bind_parameters(table, params, grads);
-  params_ = Buffer(), grads_ = Buffer();  // this model's own, no longer used
+  release_parameters();  // this model's own, if still held
+}
+
+template <typename T>
+void Model<T>::release_parameters() {
+  params_ = Buffer(), grads_ = Buffer();
 }
 
 // The stage's layers, in the whole model's order and names: attention norm, attention, FFN norm, FFN.
@@ -163,11 +168,12 @@ void Model<T>::make_slot(Slot& slot) {
     slot.xo = cursor, cursor += R * D;
     slot.rstd_o = cursor, cursor += R;
     slot.head_acts = cursor, cursor += head_->activation_size(N);
-    slot.losses = backend_.allocate(dtype_of<T>(), N);
-    slot.targets = backend_.allocate(DType::I32, N);
   }
-  if (stage_.embedding) slot.inputs = backend_.allocate(DType::I32, N);
-  if (!stage_.embedding) slot.input_grad = backend_.allocate(dtype_of<T>(), R * D);
+  const sizes::SlotIo io = sizes::slot_io(double(N), double(R), double(D), stage_.embedding, stage_.head);
+  slot.losses = backend_.allocate(dtype_of<T>(), sizes::elements(io.losses));
+  slot.targets = backend_.allocate(DType::I32, sizes::elements(io.targets));
+  slot.inputs = backend_.allocate(DType::I32, sizes::elements(io.inputs));
+  slot.input_grad = backend_.allocate(dtype_of<T>(), sizes::elements(io.input_grad));
   slot.host_tokens.assign(size_t(2 * N), 0);
   for (const auto& f : ffn_) slot.ffn.push_back(f->make_slot());
 }

@@ -120,6 +120,9 @@ class Model : public Stateful {
   // Afterwards table(), params(), grads(), num_params(), init_params() and zero_grads() are the shared
   // memory's, and the grad-ready hook counts specs of `table`. `table` and the buffers must outlive the model.
   void share_parameters(const ParamTable& table, int64_t first_spec, T* params, T* grads);
+  // Frees the model's own parameter and gradient buffers ahead of share_parameters, so that a rank's chunks do
+  // not hold them and the shared pair at once. Until share_parameters binds the model again, it must not run.
+  void release_parameters();
   // The residual-stream rows this rank holds of a micro-batch of N tokens: N / tp under sequence
   // parallelism, else N.
   int64_t rows(int64_t N) const { return tp_.sequence_parallel ? N / tp_.shard.size : N; }

@@ -300,13 +300,14 @@ template <typename T>
 void MoeLayer<T>::plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
   const int64_t E = s_.num_experts, K = s_.top_k, M = N * K;
   Routing<T>& r = st.routing;
-  backend_.reserve(st.assigned, DType::I32, M);
-  backend_.reserve(st.expert_offset, DType::I64, E + 1);
-  backend_.reserve(st.perm_slot_rows, DType::I32, M);
-  backend_.reserve(st.slot_row, DType::I32, M);
-  backend_.reserve(st.perm_token, DType::I32, M);
-  backend_.reserve(st.perm_gate, dtype_of<T>(), M);
-  backend_.reserve(st.gate, dtype_of<T>(), M);
+  const sizes::MoePlanBuffers size = sizes::moe_plan_buffers(shape(N), {double(M), 0, 0}, 0, true);
+  backend_.reserve(st.assigned, DType::I32, sizes::elements(size.assigned));
+  backend_.reserve(st.expert_offset, DType::I64, sizes::elements(size.expert_offset));
+  backend_.reserve(st.perm_slot_rows, DType::I32, sizes::elements(size.perm_slot_rows));
+  backend_.reserve(st.slot_row, DType::I32, sizes::elements(size.slot_row));
+  backend_.reserve(st.perm_token, DType::I32, sizes::elements(size.perm_token));
+  backend_.reserve(st.perm_gate, dtype_of<T>(), sizes::elements(size.perm_gate));
+  backend_.reserve(st.gate, dtype_of<T>(), sizes::elements(size.gate));
   int32_t* assigned = st.assigned.template data<int32_t>();
   ops_.capacity_keep(r.selected_on_backend.template data<int32_t>(), router_.selected_scores(),
                      s_.drop_policy == DropPolicy::Probs, capacity(N), assigned, M, E);
@@ -336,9 +337,12 @@ template <typename T>
 void MoeLayer<T>::upload_plan(MoeSlot<T>& st, int64_t N) const {
   if (st.planned_on_backend) return;  // the plan is already there
   const int64_t K = s_.top_k, M = st.plan.rows();
+  const sizes::MoePlanBuffers size = sizes::moe_plan_buffers(shape(N), {double(M), 0, double(st.fallback_token.size())},
+                                                             double(st.fallback_pairs.size()), false);
   const auto gate = st.routing.gate.begin() + st.first_token * K;  // this rank's tokens' gate weights
-  std::vector<int32_t> perm_token(static_cast<size_t>(M)), slot_row(static_cast<size_t>(N * K));
-  std::vector<T> perm_gate(static_cast<size_t>(M));
+  std::vector<int32_t> perm_token(size_t(sizes::elements(size.perm_token))),
+      slot_row(size_t(sizes::elements(size.slot_row)));
+  std::vector<T> perm_gate(size_t(sizes::elements(size.perm_gate)));
   for (int64_t r = 0; r < M; ++r) {
     const int32_t slot = st.plan.perm_slot[size_t(r)];
     perm_token[size_t(r)] = int32_t(slot / K), perm_gate[size_t(r)] = gate[slot];
@@ -347,7 +351,7 @@ void MoeLayer<T>::upload_plan(MoeSlot<T>& st, int64_t N) const {
   st.perm_token = backend_.upload(perm_token);
   st.perm_gate = backend_.upload(perm_gate);
   st.slot_row = backend_.upload(slot_row);
-  st.gate = backend_.upload(std::vector<T>(gate, gate + N * K));
+  st.gate = backend_.upload(std::vector<T>(gate, gate + sizes::elements(size.gate)));
   st.fallback_token_rows = backend_.upload(st.fallback_token);
   st.fallback_weights = backend_.upload(st.fallback_weight);
   st.perm_slot_rows = backend_.upload(st.plan.perm_slot);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace moe::sizes {
@@ -35,6 +36,32 @@ inline double residual_stream(double layers, double rows, double D) { return (la
 inline double model_scratch(double rows, double D) { return 4 * rows * D; }
 // An RMSNorm's gain (D), two per layer and the output norm.
 inline double norm_parameters(double D) { return D; }
+// A slot's buffers beside its arena, of N tokens and the stage's rows: on the stage with the head the per-token
+// losses (N, the model's type) and the target ids (N int32); on the stage with the embedding the input ids (N
+// int32); on any other stage the gradient of its input (rows, D), which it sends back.
+struct SlotIo {
+  double losses = 0, targets = 0, inputs = 0, input_grad = 0;
+};
+inline SlotIo slot_io(double N, double rows, double D, bool embedding, bool head) {
+  SlotIo io;
+  if (head) io.losses = N, io.targets = N;
+  if (embedding)
+    io.inputs = N;
+  else
+    io.input_grad = rows * D;
+  return io;
+}
+
+// ---- The pipeline executor (parallel/pipeline.cpp) ----
+
+// Per micro-batch slot a chunk keeps in flight, each a message of the stage's rows of the residual stream (rows,
+// D): the activation or gradient received from a neighbour, and the copies of the activation and of the gradient
+// it sends, each kept until its send completes.
+struct PipelineSlot {
+  double received = 0, activation_out = 0, gradient_out = 0;
+  double total() const { return received + activation_out + gradient_out; }
+};
+inline PipelineSlot pipeline_slot(double rows, double D) { return {rows * D, rows * D, rows * D}; }
 
 // ---- Embedding and heads (core/embedding.h, parallel/tp_layers.h) ----
 
@@ -68,14 +95,6 @@ inline Footprint mha(const MhaShape& a, double N) {
   const double probs = N * a.Hl * a.T;
   if (a.fused) return {4 * N * a.Dq + N * a.Hl, 4 * N * a.Dq};
   return {4 * N * a.Dq + (a.keep_probs ? probs : 0.0), 4 * N * a.Dq + a.T * a.T + (a.keep_probs ? 0.0 : probs)};
-}
-// What the CUDA backend's fused attention backward takes from its allocator while it runs, in fp32 elements
-// (core/backend/cuda/cuda_backend.cu, attention_graph.h): bf16 copies of q, k, v, O, dO and dq, dk, dv (8 of
-// N Dq, half an element each), the statistics aligned and each row's dO . O (N Hl each), and the backward's
-// own: dS (B, Hl, T, T) bf16 in the deterministic form, dQ accumulated in fp32 in the other.
-inline double mha_fused_backward_workspace(const MhaShape& a, double N, bool deterministic) {
-  const double n = N * a.Dq, rows = N * a.Hl;
-  return 4 * n + 2 * rows + (deterministic ? rows * a.T / 2 : n);
 }
 
 // MlaAttention: H heads on sequences of T, latents C (key/value) and Cq (query; 0: the queries projected from x
@@ -153,6 +172,72 @@ struct RoutedRows {
 inline double expert_activations(double R, double D, double F) { return R * D + 3 * R * F; }
 // GroupedExperts' backward scratch: 3 R F.
 inline double experts_scratch(double R, double F) { return 3 * R * F; }
+// The dispatch plan's buffers on the backend per slot (core/moe_layer.cpp MoeSlot), for the n tokens' n K slots.
+// Planned on the host and uploaded (upload_plan): each permuted row's token, gate weight and slot (M), each
+// slot's permuted row and gate weight (n K), the fallback's tokens and their weights (Mf) and, for each of the
+// Sf overflowed assignments it computes, its row among those tokens and its slot. Planned on the backend
+// (plan_on_backend: overflow dropped, the routing group not split): the same permuted buffers sized for every slot
+// (n K), each slot's expert (n K) and the expert offsets (E + 1, int64); no fallback.
+struct MoePlanBuffers {
+  double perm_token = 0, perm_gate = 0, perm_slot_rows = 0, slot_row = 0, gate = 0;
+  double fallback_tokens = 0, fallback_weights = 0, fallback_sources = 0, fallback_slots = 0;
+  double assigned = 0, expert_offset = 0;
+  // Elements of the model's type, of int32 and of int64.
+  double values() const { return perm_gate + gate + fallback_weights; }
+  double int32s() const {
+    return perm_token + perm_slot_rows + slot_row + fallback_tokens + fallback_sources + fallback_slots + assigned;
+  }
+  double int64s() const { return expert_offset; }
+};
+inline MoePlanBuffers moe_plan_buffers(const MoeShape& m, const RoutedRows& r, double Sf, bool on_backend) {
+  const double slots = m.n * m.K;
+  MoePlanBuffers b;
+  if (on_backend) {
+    b.perm_token = b.perm_gate = b.perm_slot_rows = b.slot_row = b.gate = b.assigned = slots;
+    b.expert_offset = m.E + 1;
+    return b;
+  }
+  b.perm_token = b.perm_gate = b.perm_slot_rows = r.M;
+  b.slot_row = b.gate = slots;
+  b.fallback_tokens = b.fallback_weights = r.Mf;
+  b.fallback_sources = b.fallback_slots = Sf;
+  return b;
+}
+// The router's buffers on the backend (core/moe/router.cpp), for G tokens of the routing group and W preference
+// choices (E when overflow reroutes, else K). Held by the layer: the Gumbel noise (G, E) while training with it,
+// each token's plain top-K and preference row (int32), the selected scores (G K), the balancing bias (E fp32)
+// and expert mask (E bytes), the losses' sums (E + 2) and, with a learned temperature, its gradient (1), both
+// double. Held by each slot's routing: the selected experts (G K int32), their gate weights (G K), each row's
+// denominator (G) and clamp flag (G bytes), and f (E).
+struct RouterBuffers {
+  double noise = 0, loss_sums = 0, d_log_tau = 0;                // double
+  double plain_top = 0, preference = 0;                          // int32
+  double selected_score = 0, bias = 0, mask = 0;                 // the model's type, fp32, bytes
+  double selected = 0, gate = 0, denom = 0, clamped = 0, f = 0;  // per slot: int32, the model's type x 3, bytes
+  double layer_doubles() const { return noise + loss_sums + d_log_tau; }
+  double layer_int32s() const { return plain_top + preference; }
+  double slot_values() const { return gate + denom + f; }
+};
+inline RouterBuffers router_buffers(double G, double E, double K, double W, bool gumbel, bool tau_learned) {
+  RouterBuffers b;
+  b.noise = gumbel ? G * E : 0.0, b.loss_sums = E + 2, b.d_log_tau = tau_learned ? 1.0 : 0.0;
+  b.plain_top = G * K, b.preference = G * W;
+  b.selected_score = G * K, b.bias = E, b.mask = E;
+  b.selected = G * K, b.gate = G * K, b.denom = G, b.clamped = G, b.f = E;
+  return b;
+}
+// The dispatcher's staging on the backend per MoE layer when it exchanges rows (core/moe/alltoall_dispatcher.cpp,
+// allgather_dispatcher.cpp; the layer copies them instead over one expert-parallel rank): the all-to-all's received
+// rows (received, D); the all-gather's block of this rank's rows padded to the group's largest count (block, D)
+// and every rank's block (ep block, D).
+struct DispatcherStaging {
+  double own = 0, staging = 0;
+  double total() const { return own + staging; }
+};
+inline DispatcherStaging alltoall_staging(double received, double D) { return {0, received * D}; }
+inline DispatcherStaging allgather_staging(double ep, double block_rows, double D) {
+  return {block_rows * D, ep * block_rows * D};
+}
 // The MoE layer's backward workspace: dyp, dxp (M, D), dye, dxe (R, D), the experts' scratch, dp, dz (G, E),
 // dw (G K), and the larger of the shared experts' and the fallback's (its rows at least one: its input's
 // gradient and output gradient (rows, D) beside its scratch).
@@ -171,11 +256,54 @@ inline double moe_backward_scratch(const MoeShape& m, const RoutedRows& r, doubl
 inline double adamw_moment(double updated) { return updated; }
 inline double adamw_state(double updated) { return 2 * adamw_moment(updated); }
 
-// ---- The CUDA backend's GEMM operands (core/backend/cuda/cuda_backend.cu) ----
+// ---- The CUDA backend's own device memory (core/backend/cuda) ----
+// In bytes, as the backend asks its caching allocator for them; storage: the bytes of the model's type.
 
-// With bf16 GEMMs, a GEMM rounds its activation operands (rows, a) and (rows, b) into bf16 workspace: half an
-// fp32 element each. Declared for the estimate: the backend takes it per call from the call's shapes, as it does
-// the fused attention backward's (mha_fused_backward_workspace).
-inline double bf16_operand_workspace(double rows, double a, double b) { return rows * (a + b) / 2; }
+// cuBLAS's workspace, handed to it from the backend's allocator when the backend starts (cublasSetWorkspace):
+// the 32 MiB NVIDIA recommends for Hopper, more than the 4 MiB earlier GPUs take by default.
+inline double cublas_workspace_bytes() { return 32.0 * 1024 * 1024; }
+// n values of a GEMM operand rounded for bf16 GEMMs (gemm_ops.cu): bf16 beside fp32 storage; beside fp64 storage
+// the rounded values in fp64. An activation operand is rounded into workspace for the call; the parameters once
+// into a copy the backend keeps while they do not change (n: the whole parameter table).
+inline double rounded_operand_bytes(double n, double storage) { return n * (storage == 4 ? 2.0 : storage); }
+// The grouped GEMM's device array of operand pointers (gemm_ops.cu): each non-empty group's first and second
+// operand and output.
+inline double grouped_gemm_pointer_bytes(double problems) { return 3 * problems * double(sizeof(void*)); }
+// The rotary table the backend keeps for the last shape it rotated (attention_ops.cu): cos and sin of each of
+// T positions and Dh / 2 pairs.
+inline double rope_table_bytes(double T, double Dh, double storage) { return 2 * T * std::floor(Dh / 2) * storage; }
+
+// Fused attention (attention_ops.cu, cudnn_attention.cu) over B sequences of T, H heads of width Dh: the bf16
+// copies in one workspace of sections at 256-byte boundaries (forward: q, k, v, O; backward: q, k, v, O, dO, dq, dk,
+// dv), the statistics (B H T fp32) in aligned workspace, the graph's workspace tensors each padded to 256 bytes
+// (attention_graph.cpp; the backward's dO . O per row in fp32 and, nondeterministic, dQ accumulated in fp32), and
+// cuDNN's own workspace, which its execution plan states at run time: the estimate takes dS (B H T T bf16) for
+// the deterministic backward, none otherwise.
+inline double bf16_sections_bytes(double sections, double n) { return sections * std::ceil(n / 128) * 128 * 2; }
+inline double attention_stats_bytes(double B, double T, double H) { return B * H * T * 4; }
+inline double attention_row_sum_bytes(double B, double T, double H) { return B * H * T * 4; }
+inline double attention_dq_accum_bytes(double B, double T, double H, double Dh) { return B * H * T * Dh * 4; }
+inline double attention_graph_tensor_bytes(double bytes) { return std::ceil(bytes / 256) * 256; }
+struct FusedAttentionShape {
+  double B, T, H, Dh;
+  bool deterministic;
+};
+// The backward graph's workspace tensors (AttentionGraph::workspace_bytes), and cuDNN's own as estimated.
+inline double attention_backward_graph_bytes(const FusedAttentionShape& a) {
+  const double row_sum = attention_graph_tensor_bytes(attention_row_sum_bytes(a.B, a.T, a.H));
+  return row_sum +
+         (a.deterministic ? 0.0 : attention_graph_tensor_bytes(attention_dq_accum_bytes(a.B, a.T, a.H, a.Dh)));
+}
+inline double cudnn_backward_bytes(const FusedAttentionShape& a) {
+  return a.deterministic ? a.B * a.H * a.T * a.T * 2 : 0.0;
+}
+inline double fused_attention_backward_bytes(const FusedAttentionShape& a) {
+  return bf16_sections_bytes(8, a.B * a.T * a.H * a.Dh) + attention_stats_bytes(a.B, a.T, a.H) +
+         attention_backward_graph_bytes(a) + cudnn_backward_bytes(a);
+}
+// The fused attention of an MhaAttention shard on N tokens.
+inline FusedAttentionShape fused_attention_shape(const MhaShape& a, double N, bool deterministic) {
+  return {N / a.T, a.T, a.Hl, a.Dq / a.Hl, deterministic};
+}
 
 }  // namespace moe::sizes

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/sizes.h"
 
 namespace moe {
 
@@ -57,10 +58,12 @@ PipelineExecutor<T>::PipelineExecutor(const std::vector<Model<T>*>& chunks, Comm
               "pipeline chunks of one stage pass activations of one size");
     slots_[size_t(c)].resize(size_t(slots));
     Backend& backend = chunks_[size_t(c)]->backend();
+    const sizes::PipelineSlot size =
+        sizes::pipeline_slot(double(model.rows(batch * seq_len)), double(model.shape().d_model));
     for (Slot& s : slots_[size_t(c)]) {
-      s.received = backend.allocate(dtype_of<T>(), rows_);
-      s.activation_out = backend.allocate(dtype_of<T>(), rows_);
-      s.gradient_out = backend.allocate(dtype_of<T>(), rows_);
+      s.received = backend.allocate(dtype_of<T>(), sizes::elements(size.received));
+      s.activation_out = backend.allocate(dtype_of<T>(), sizes::elements(size.activation_out));
+      s.gradient_out = backend.allocate(dtype_of<T>(), sizes::elements(size.gradient_out));
     }
   }
   tokens_.assign(size_t(batch * (seq_len + 1)), 0);

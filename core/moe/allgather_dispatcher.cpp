@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/sizes.h"
 
 namespace moe {
 
@@ -81,13 +82,20 @@ std::unique_ptr<ExchangeHandle> AllGatherDispatcher<T>::start_reduce_scatter(con
   }
 }
 
+template <typename T>
+void AllGatherDispatcher<T>::reserve_staging(const ExchangePlan& p, int64_t width, RowsInFlight<T>& rows) {
+  const sizes::DispatcherStaging size =
+      sizes::allgather_staging(double(this->ep_size_), double(p.block_rows), double(width));
+  this->backend_.reserve(rows.own, dtype_of<T>(), sizes::elements(size.own));
+  this->backend_.reserve(rows.staging, dtype_of<T>(), sizes::elements(size.staging));
+}
+
 // This rank's rows go out in a block of the group's largest row count; the rows past its own are never read.
 template <typename T>
 void AllGatherDispatcher<T>::start_dispatch(const ExchangePlan& p, const T* token_rows, int64_t width,
                                             RowsInFlight<T>& rows) {
   const int64_t block = p.block_rows * width;
-  this->backend_.reserve(rows.own, dtype_of<T>(), block);
-  this->backend_.reserve(rows.staging, dtype_of<T>(), this->ep_size_ * block);
+  reserve_staging(p, width, rows);
   T* own = rows.own.template data<T>();
   if (p.token_rows > 0) this->backend_.copy(own, token_rows, size_t(p.token_rows * width) * sizeof(T));
   if (block > 0) rows.handle = start_allgather(own, rows.staging.template data<T>(), block);
@@ -105,8 +113,7 @@ template <typename T>
 void AllGatherDispatcher<T>::start_combine(const ExchangePlan& p, const T* expert_rows, T* token_rows, int64_t width,
                                            RowsInFlight<T>& rows) {
   const int64_t block = p.block_rows * width;
-  this->backend_.reserve(rows.staging, dtype_of<T>(), this->ep_size_ * block);
-  this->backend_.reserve(rows.own, dtype_of<T>(), block);
+  reserve_staging(p, width, rows);
   T* all = rows.staging.template data<T>();
   if (block > 0) this->backend_.template ops<T>().fill(all, T(-0.0), this->ep_size_ * block);
   this->move_blocks(p, gathered_rows(p), expert_rows, all, width, false);

@@ -28,6 +28,8 @@ class AllGatherDispatcher final : public Dispatcher<T> {
   void finish_combine(const ExchangePlan& plan, RowsInFlight<T>& rows, int64_t width) override;
 
  private:
+  // This rank's block and every rank's (core/sizes.h allgather_staging).
+  void reserve_staging(const ExchangePlan& plan, int64_t width, RowsInFlight<T>& rows);
   // Where each (source, local expert) block starts among the gathered rows.
   std::vector<int64_t> gathered_rows(const ExchangePlan& plan) const;
   int64_t ep_rank() const { return this->exchange_ ? this->exchange_->rank() : 0; }

@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/sizes.h"
 
 namespace moe {
 
@@ -60,9 +61,14 @@ std::unique_ptr<ExchangeHandle> AllToAllDispatcher<T>::start_rows(const T* send,
 }
 
 template <typename T>
+int64_t AllToAllDispatcher<T>::staging_elements(const ExchangePlan& p, int64_t width) const {
+  return sizes::elements(sizes::alltoall_staging(double(p.received), double(width)).staging);
+}
+
+template <typename T>
 void AllToAllDispatcher<T>::start_dispatch(const ExchangePlan& p, const T* token_rows, int64_t width,
                                            RowsInFlight<T>& rows) {
-  this->backend_.reserve(rows.staging, dtype_of<T>(), p.received * width);
+  this->backend_.reserve(rows.staging, dtype_of<T>(), staging_elements(p, width));
   rows.handle = start_rows(token_rows, p.send_rows, rows.staging.template data<T>(), p.recv_rows, width);
 }
 
@@ -77,7 +83,7 @@ void AllToAllDispatcher<T>::finish_dispatch(const ExchangePlan& p, RowsInFlight<
 template <typename T>
 void AllToAllDispatcher<T>::start_combine(const ExchangePlan& p, const T* expert_rows, T* token_rows, int64_t width,
                                           RowsInFlight<T>& rows) {
-  this->backend_.reserve(rows.staging, dtype_of<T>(), p.received * width);
+  this->backend_.reserve(rows.staging, dtype_of<T>(), staging_elements(p, width));
   this->move_blocks(p, source_major_rows(p), expert_rows, rows.staging.template data<T>(), width, false);
   rows.handle =
       start_rows(rows.staging.template data<T>(), p.recv_rows, token_rows, p.send_rows, width);  // counts swapped

@@ -21,6 +21,8 @@ class AllToAllDispatcher final : public Dispatcher<T> {
   void finish_combine(const ExchangePlan& plan, RowsInFlight<T>& rows, int64_t width) override;
 
  private:
+  // The staging of received rows (core/sizes.h alltoall_staging).
+  int64_t staging_elements(const ExchangePlan& plan, int64_t width) const;
   // Where each (source, local expert) block starts among the received rows (source-major).
   std::vector<int64_t> source_major_rows(const ExchangePlan& plan) const;
   // Starts moving rows (one rank: copies them and returns null).

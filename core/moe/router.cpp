@@ -30,6 +30,12 @@ Router<T>::Router(Backend& backend, const MoeSettings& settings)
 }
 
 template <typename T>
+sizes::RouterBuffers Router<T>::buffers(int64_t N) const {
+  return sizes::router_buffers(double(N), double(s_.num_experts), double(s_.top_k), double(choices_), gumbel_,
+                               s_.tau_learned);
+}
+
+template <typename T>
 double Router<T>::tau(bool* clamped) const {
   if (clamped) *clamped = false;
   if (!s_.tau_learned) return tau_;
@@ -46,7 +52,7 @@ const double* Router<T>::draw_noise(const FfnContext& context, int64_t N) const 
   if (!context.training || !gumbel_) return nullptr;
   // Token n, expert e draws counter (first_token + n) E + e of the step: contiguous over the group.
   const int64_t E = s_.num_experts;
-  backend_.reserve(noise_, DType::F64, N * E);
+  backend_.reserve(noise_, DType::F64, sizes::elements(buffers(N).noise));
   const RngStream rng(context.seed, "moe.router.gumbel.layer" + std::to_string(s_.layer));
   ops_.gumbel_noise(rng.key, uint64_t(context.step), uint64_t(context.first_token * E), noise_.data<double>(), N * E);
   return noise_.data<double>();
@@ -86,7 +92,7 @@ void Router<T>::route_on_backend(const FfnContext& context, const T* logits, T* 
   r.tokens = N;
   (ops_.*score_)(logits, noise, r.tau, scores, N, E);
   select(context, scores, r, N);
-  backend_.reserve(loss_sums_, DType::F64, E + 2);
+  backend_.reserve(loss_sums_, DType::F64, sizes::elements(buffers(N).loss_sums));
   ops_.router_loss_sums(logits, scores, loss_sums_.data<double>(), N, E);
 }
 
@@ -101,16 +107,19 @@ void Router<T>::select(const FfnContext& context, const T* scores, Routing<T>& r
     for (int64_t e = 0; e < E; ++e)
       r.expert_masked[e] = dropout.uniform(uint64_t(context.step), uint64_t(e)) < s_.expert_dropout;
   r.choices = W;
-  backend_.reserve(plain_top_, DType::I32, N * K);
-  backend_.reserve(preference_, DType::I32, N * W);
-  backend_.reserve(selected_score_, dtype_of<T>(), N * K);
-  backend_.reserve(r.selected_on_backend, DType::I32, N * K);
-  backend_.reserve(r.gate_on_backend, dtype_of<T>(), N * K);
-  backend_.reserve(r.denom_on_backend, dtype_of<T>(), N);
-  backend_.reserve(r.clamped_on_backend, DType::U8, N);
-  backend_.reserve(r.f_on_backend, dtype_of<T>(), E);
-  bias_on_backend_ = backend_.upload(bias_);
-  mask_ = backend_.upload(r.expert_masked);
+  const sizes::RouterBuffers size = buffers(N);
+  backend_.reserve(plain_top_, DType::I32, sizes::elements(size.plain_top));
+  backend_.reserve(preference_, DType::I32, sizes::elements(size.preference));
+  backend_.reserve(selected_score_, dtype_of<T>(), sizes::elements(size.selected_score));
+  backend_.reserve(r.selected_on_backend, DType::I32, sizes::elements(size.selected));
+  backend_.reserve(r.gate_on_backend, dtype_of<T>(), sizes::elements(size.gate));
+  backend_.reserve(r.denom_on_backend, dtype_of<T>(), sizes::elements(size.denom));
+  backend_.reserve(r.clamped_on_backend, DType::U8, sizes::elements(size.clamped));
+  backend_.reserve(r.f_on_backend, dtype_of<T>(), sizes::elements(size.f));
+  backend_.reserve(bias_on_backend_, DType::F32, sizes::elements(size.bias));
+  backend_.reserve(mask_, DType::U8, sizes::elements(size.mask));
+  backend_.copy_to_device(bias_on_backend_.data<float>(), bias_.data(), E);
+  backend_.copy_to_device(mask_.data<uint8_t>(), r.expert_masked.data(), E);
   ops_.topk_rows(scores, nullptr, nullptr, plain_top_.data<int32_t>(), N, E, K);
   ops_.topk_rows(scores, bias_on_backend_.data<float>(), mask_.data<uint8_t>(), preference_.data<int32_t>(), N, E, W);
   ops_.expert_fractions(plain_top_.data<int32_t>(), r.f_on_backend.template data<T>(), N, K, E);
@@ -193,7 +202,7 @@ void Router<T>::scores_backward(const FfnContext& context, const T* logits, cons
     return;
   }
   const double* noise = draw_noise(context, N);
-  backend_.reserve(d_log_tau_, DType::F64, 1);
+  backend_.reserve(d_log_tau_, DType::F64, sizes::elements(buffers(N).d_log_tau));
   ops_.score_backward(scores, dp, tau, sigmoid_, logits, noise, own_first, own_count, d_log_tau_.data<double>(), dz, N,
                       E);
   if (clamped) return;

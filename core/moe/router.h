@@ -12,6 +12,7 @@
 #include "core/ffn.h"
 #include "core/moe/settings.h"
 #include "core/philox.h"
+#include "core/sizes.h"
 
 namespace moe {
 
@@ -102,6 +103,8 @@ class Router {
   bool warming_up(const FfnContext& context) const {
     return context.training && s_.coef_warmup > 0 && context.step < s_.warmup_steps;
   }
+  // The sizes of the backend buffers for N tokens, the slot's routing's included.
+  sizes::RouterBuffers buffers(int64_t N) const;
   // The Gumbel noise of this step and group in noise_ (training with noise), else nullptr: drawn again by
   // the backward of a learned temperature, which needs z + g.
   const double* draw_noise(const FfnContext& context, int64_t N) const;
@@ -126,7 +129,7 @@ class Router {
   const T* weight_ = nullptr;
   // Backend workspace of one forward: noise (N, E), the balancing bias and the dropout mask (E), the
   // top-k of p alone (N, K), the preference rows (N, W), the selected scores (N, K) and the losses' sums (E + 2);
-  // of one backward: the learned temperature's gradient (1 double).
+  // of one backward: the learned temperature's gradient (1 double). Sized by buffers (core/sizes.h).
   mutable Buffer noise_, bias_on_backend_, mask_, plain_top_, preference_, selected_score_, loss_sums_, d_log_tau_;
   mutable std::vector<double> host_sums_;
   T* grad_ = nullptr;

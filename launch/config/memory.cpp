@@ -17,7 +17,7 @@ namespace moe {
 namespace {
 
 // Counts are doubles: exact below 2^53, and a config past that saturates instead of overflowing.
-constexpr double kFloat = 4, kInt32 = 4, kDouble = 8, kByte = 1;
+constexpr double kFloat = 4, kInt32 = 4, kInt64 = 8, kDouble = 8, kByte = 1;
 
 int64_t saturate(double bytes) {
   constexpr double kLargest = 9.2e18;  // just below INT64_MAX
@@ -36,10 +36,12 @@ struct Sizes {
   double E, K, Fe, S, Ff;           // Ff: the dense fallback's width, 0 unless moe.overflow = "dense"
   double capacity_factor;
   bool gumbel, reroute, tau_learned;
+  bool backend_plans;        // the MoE layers plan on the backend: overflow dropped, the routing group not split
   bool mla;                  // model.attention = mla (tp = 1)
   bool mla_norms;            // model.mla.norms: RMSNorms on its latents
   bool fused;                // MhaAttention on cuDNN's fused attention: train.device = cuda with bf16 GEMMs, not off
   bool fused_deterministic;  // its backward holds dS (B, H, T, T) bf16 in cuDNN's workspace
+  bool cuda;                 // train.device = cuda: the backend's own device memory (device_kept_bytes, ...)
   bool cuda_bf16;            // train.device = cuda with bf16 GEMMs: activation operands rounded into workspace
   double C, Cq, R;           // its latent widths and rotary width
 };
@@ -64,12 +66,15 @@ Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) 
   s.capacity_factor = moe.capacity_factor;
   s.gumbel = moe.router.noise == "gumbel", s.reroute = moe.overflow_has("reroute");
   s.tau_learned = moe.router.tau_learned;
+  // MoeLayer::backend_plans; a tensor-parallel rank splits the routing group unless the experts split instead.
+  s.backend_plans = !s.reroute && s.Ff == 0 && (tp == 1 || s.etp > 1);
   s.mla = m.attention == "mla";
   s.mla_norms = s.mla && m.mla_norms;
   s.fused = !s.mla && c.train.device == "cuda" && c.train.precision == "bf16" &&
             c.train.fused_attention != FusedAttention::Off;
   s.fused_deterministic = c.train.fused_attention == FusedAttention::Deterministic;
-  s.cuda_bf16 = c.train.device == "cuda" && c.train.precision == "bf16";
+  s.cuda = c.train.device == "cuda";
+  s.cuda_bf16 = s.cuda && c.train.precision == "bf16";
   s.C = double(m.mla_kv_rank), s.Cq = double(m.mla_q_rank), s.R = double(m.mla_rope_dim);
   return s;
 }
@@ -173,12 +178,11 @@ ModelBytes model_bytes(const Sizes& s, const std::string& mode, int64_t recomput
   const double head_scratch = s.head ? head.scratch : 0.0;
   const double arena = sizes::residual_stream(double(s.last - s.first), rows, D) + own +
                        (s.head ? sizes::output_norm_activations(rows, D) + head.activations : 0.0);
-  // Per slot also, on the last stage, the per-token losses (N) and target ids (N int32); on the first the
-  // input ids (N int32), on the others the input's gradient (rows, D); under pipelining the executor's
-  // received activation or gradient and the copies it sends on (rows, D) each.
-  const double floats =
-      arena + (s.head ? N : 0.0) + (s.embedding ? 0.0 : rows * D) + (s.pipelined ? 3 * rows * D : 0.0);
-  const double ints = (s.head ? N : 0.0) + (s.embedding ? N : 0.0);
+  // Per slot also its losses, target and input ids or input gradient, and under pipelining the executor's
+  // messages.
+  const sizes::SlotIo io = sizes::slot_io(N, rows, D, s.embedding, s.head);
+  const double floats = arena + io.losses + io.input_grad + (s.pipelined ? sizes::pipeline_slot(rows, D).total() : 0.0);
+  const double ints = io.targets + io.inputs;
   ModelBytes m;
   // Full recompute keeps one set of layer activations for the recomputed layers of every slot.
   m.activations = slots * (kFloat * floats + kInt32 * ints) + kFloat * shared;
@@ -196,6 +200,7 @@ struct RoutedRows {
   double token_side;   // M: assignments kept, at the token's rank
   double expert_side;  // R: rows the local experts compute (balanced: as many as the rank sends)
   double fallback;     // Mf: tokens with an overflowed assignment (moe.overflow = "dense")
+  double overflowed;   // Sf: the overflowed assignments the fallback computes
 };
 
 RoutedRows routed_rows(const Sizes& s) {
@@ -207,57 +212,78 @@ RoutedRows routed_rows(const Sizes& s) {
   r.token_side = std::min(assignments, s.E * capacity);
   r.expert_side = r.token_side;
   r.fallback = s.Ff > 0 ? std::min(n, assignments - r.token_side) : 0.0;
+  r.overflowed = s.Ff > 0 ? assignments - r.token_side : 0.0;
   return r;
 }
 
-// The CUDA backend's largest transient workspace, in fp32 elements: taken from its caching allocator for one call
-// and given back (cuda_backend.cu), so the largest call counts. With bf16 GEMMs each GEMM rounds its activation
-// operands (not the parameters, rounded once per step) into bf16 workspace: the largest are the head's weight
-// gradient, x^T (N, D) by dlogits (N, V / tp), and an expert layer's, xe^T (R, D) by dh (R, Fe / etp). The fused
-// attention's backward: sizes::mha_fused_backward_workspace.
-double device_workspace_elements(const Sizes& s) {
+// What the CUDA backend keeps of its own (0 elsewhere), in bytes: cuBLAS's workspace, the rotary table of the
+// attention's head width (latent attention's rotary width) and, with bf16 GEMMs, the rounded copy of the rank's
+// `parameters` elements (every chunk's: they share one table).
+double device_kept_bytes(const Sizes& s, double parameters) {
+  if (!s.cuda) return 0;
+  const double rotary = s.mla ? s.R : s.D / s.H;
+  return sizes::cublas_workspace_bytes() + sizes::rope_table_bytes(s.T, rotary, kFloat) +
+         (s.cuda_bf16 ? sizes::rounded_operand_bytes(parameters, kFloat) : 0.0);
+}
+
+// The CUDA backend's largest transient workspace of one call (0 elsewhere), in bytes: taken from its caching
+// allocator for the call and given back (core/backend/cuda), so the largest call counts. With bf16 GEMMs each GEMM
+// rounds its activation operands (the parameters come from their kept copy): the largest are the head's weight
+// gradient, x^T (N, D) by dlogits (N, V / tp), and an expert layer's, xe^T (R, D) by dh (R, Fe / etp) with the
+// grouped call's pointer array; the fused attention's backward (sizes::fused_attention_backward_bytes). Not counted:
+// the small per-call workspaces (the gradient norm's partial sums, the sorts' storage, which CUB states at run time).
+double device_transient_bytes(const Sizes& s) {
+  if (!s.cuda) return 0;
   double largest = 0;
+  if (s.moe_layers > 0) largest = sizes::grouped_gemm_pointer_bytes(s.E / s.ep);
   if (s.cuda_bf16) {
-    if (s.head) largest = sizes::bf16_operand_workspace(s.N, s.D, s.V / s.tp);
+    if (s.head) largest = std::max(largest, sizes::rounded_operand_bytes(s.N * (s.D + s.V / s.tp), kFloat));
     if (s.moe_layers > 0)
-      largest = std::max(largest, sizes::bf16_operand_workspace(routed_rows(s).expert_side, s.D, s.Fe / s.etp));
+      largest =
+          std::max(largest, sizes::rounded_operand_bytes(routed_rows(s).expert_side * (s.D + s.Fe / s.etp), kFloat) +
+                                sizes::grouped_gemm_pointer_bytes(s.E / s.ep));
   }
   if (s.fused && s.dense_layers + s.moe_layers > 0)
-    largest = std::max(largest, sizes::mha_fused_backward_workspace(mha_shape(s, true), s.N, s.fused_deterministic));
+    largest = std::max(largest, sizes::fused_attention_backward_bytes(
+                                    sizes::fused_attention_shape(mha_shape(s, true), s.N, s.fused_deterministic)));
   return largest;
 }
 
 // One MoE layer's buffers sized by routing (core/moe_layer.cpp, core/moe/experts.cpp, core/moe/router.cpp).
 double routed_bytes_per_layer(const Sizes& s, double slots) {
   const RoutedRows r = routed_rows(s);
-  const double n = moe_rows(s), D = s.D, K = s.K, E = s.E, F = s.Fe / s.etp;
+  const double D = s.D, K = s.K, E = s.E, F = s.Fe / s.etp;
   const double M = r.token_side, R = r.expert_side, Mf = r.fallback;
-  // Per slot: expert-side xe (R, D) and a, b, h (R, F); the plan's perm_token, perm_gate (M), slot_row,
-  // gate (N K), and the fallback's tokens and weights (Mf).
-  const double per_slot = kFloat * (sizes::expert_activations(R, D, F) + M + n * K + Mf) + kInt32 * (M + n * K + Mf);
-  // The layer's workspace: gathered token rows (M, D), expert outputs (R, D), row dots, and the backward
-  // scratch (dyp, dxp (M, D), dye, dxe (R, D), the experts' 3 R F, dp, dz (N, E), dw (N K), and the shared
-  // experts' or the fallback's scratch).
+  // Per slot: expert-side xe (R, D) and a, b, h (R, F), and the dispatch plan's buffers.
+  const sizes::MoePlanBuffers plan = sizes::moe_plan_buffers(moe_shape(s), {M, R, Mf}, r.overflowed, s.backend_plans);
+  // The router's buffers (core/moe/router.cpp) over the routing group: the layer's, and each slot's routing.
+  const sizes::RouterBuffers router = sizes::router_buffers(s.N, E, K, s.reroute ? E : K, s.gumbel, s.tau_learned);
+  const double per_slot = kFloat * (sizes::expert_activations(R, D, F) + plan.values() + router.slot_values()) +
+                          kInt32 * (plan.int32s() + router.selected) + kInt64 * plan.int64s() + kByte * router.clamped;
+  // The layer's workspace: gathered token rows (M, D), expert outputs (R, D), row dots (M, or Mf and the
+  // fallback's Sf), and the backward scratch (dyp, dxp (M, D), dye, dxe (R, D), the experts' 3 R F, dp, dz (N, E),
+  // dw (N K), and the shared experts' or the fallback's scratch).
   const double backward = sizes::moe_backward_scratch(moe_shape(s), {M, R, Mf}, F);
-  const double workspace = kFloat * (M * D + R * D + std::max(M, Mf) + backward);
-  // The router's: Gumbel noise (N, E) in double, top-k ids (N K) and preference rows (N W), bias and mask (E).
-  const double choices = s.reroute ? E : K;
-  const double router =
-      (s.gumbel ? kDouble * s.N * E : 0.0) + kInt32 * (s.N * K + s.N * choices) + kFloat * E + kByte * E;
-  return slots * per_slot + workspace + router;
+  const double workspace = kFloat * (M * D + R * D + std::max(M, Mf) + r.overflowed + backward);
+  const double router_layer = kDouble * router.layer_doubles() + kInt32 * router.layer_int32s() +
+                              kFloat * (router.selected_score + router.bias) + kByte * router.mask;
+  return slots * per_slot + workspace + router_layer;
 }
 
 // Communication staging in backend memory: ZeRO's reduce-scatter staging (the padded bucket and the
-// received slice, kept per bucket) and each MoE layer's dispatcher staging: the all-to-all's received rows, or
-// with ep > 1 the all-gather's every rank's block of rows and this rank's own (core/moe/allgather_dispatcher.h).
+// received slice, kept per bucket) and, with ep > 1, each MoE layer's dispatcher staging: the all-to-all's received
+// rows, or the all-gather's every rank's block of rows and this rank's own (sizes::alltoall_staging,
+// allgather_staging).
 double communication_bytes(const Sizes& s, const ParamCounts& p, bool zero, double dp, double edp, bool allgather) {
   double bytes = 0;
   if (zero && dp > 1) bytes += kFloat * (p.dense + p.dense / dp);
   if (zero && edp > 1) bytes += kFloat * (p.expert + p.expert / edp);
+  // Over one expert-parallel rank the MoE layer copies its rows without staging.
+  if (s.moe_layers == 0 || s.ep == 1) return bytes;
   const RoutedRows r = routed_rows(s);
-  const double staged_rows = allgather && s.ep > 1 ? (s.ep + 1) * r.token_side : r.expert_side;
-  if (s.moe_layers > 0) bytes += s.moe_layers * kFloat * staged_rows * s.D;
-  return bytes;
+  const sizes::DispatcherStaging staging =
+      allgather ? sizes::allgather_staging(s.ep, r.token_side, s.D) : sizes::alltoall_staging(r.expert_side, s.D);
+  return bytes + s.moe_layers * kFloat * staging.total();
 }
 
 }  // namespace
@@ -287,7 +313,7 @@ MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int
   m.routed_rows = saturate(s.moe_layers * routed_bytes_per_layer(s, double(slots)));
   m.communication =
       saturate(communication_bytes(s, p, config.optim.zero, double(dp), edp, config.moe.dispatcher == "allgather"));
-  m.device_workspace = saturate(kFloat * device_workspace_elements(s));
+  m.device_workspace = saturate(device_kept_bytes(s, p.dense + p.expert) + device_transient_bytes(s));
   // A key/value cache would keep k and v (2 D) per token and layer, or latent attention's c_kv and shared
   // rotary key (C + R); fp32.
   m.kv_cache_per_token =
@@ -318,19 +344,25 @@ std::vector<StagePart> pipeline_chunk_parts(const Config& config, int64_t stage,
 
 namespace {
 
-// A rank's chunks are models of their own: their bytes add up, but for the one largest transient workspace
-// and the whole model's key/value cache.
+// A rank's chunks are models of their own: their bytes add up, but for the backend's own device memory (what it
+// keeps once, and the one largest transient workspace) and the whole model's key/value cache.
 MemoryEstimate chunks_estimate(const Config& config, int64_t tp, int64_t dp, int64_t ep,
                                const std::vector<StagePart>& parts) {
   MemoryEstimate sum;
+  double parameters = 0, transient = 0;
   for (const StagePart& part : parts) {
     const MemoryEstimate e = estimate_memory(config, tp, dp, ep, part);
     sum.parameters += e.parameters, sum.gradients += e.gradients, sum.optimizer += e.optimizer;
     sum.activations += e.activations, sum.scratch += e.scratch, sum.routed_rows += e.routed_rows;
     sum.communication += e.communication;
-    sum.device_workspace = std::max(sum.device_workspace, e.device_workspace);
     sum.kv_cache_per_token = e.kv_cache_per_token;
+    const Sizes s = sizes_of(config, tp, ep, part);
+    const ParamCounts p = param_counts(s);
+    parameters += p.dense + p.expert;
+    transient = std::max(transient, device_transient_bytes(s));
   }
+  // The backend keeps one set of its own for the rank (one rounded copy of the shared table).
+  sum.device_workspace = saturate(device_kept_bytes(sizes_of(config, tp, ep, parts.at(0)), parameters) + transient);
   return sum;
 }
 

@@ -1,12 +1,14 @@
 // The memory one rank of training needs, worked out from the config and the parallel sizes alone, before
 // anything is allocated: parameters, gradients, AdamW's moments, what the micro-batch slots keep from
 // forward to backward, the workspace of one forward or backward, the MoE layers' buffers of routed rows,
-// the staging of communication and the CUDA backend's transient workspace. Each component's sizes come from
-// the functions it allocates with (core/sizes.h), so for every layout (tp, pp, ep, expert_tp, sequence
-// parallelism, ZeRO, recompute) the first five are the exact bytes the model and the optimizer allocate through
-// the backend (tests/launch/test_memory.cpp, test_memory_tp.cpp); routed rows depend on how tokens are routed
-// and are estimated from balanced routing through the same functions. The layout is docs/parallel.md "Memory
-// per rank". Not here: deciding whether it fits (launch/train/train_setup.cpp, check_memory).
+// the staging of communication and the CUDA backend's own device memory. Each component's sizes come from
+// the functions it allocates with (core/sizes.h), so for every layout (tp, pp and vpp, ep, expert_tp, sequence
+// parallelism, ZeRO, recompute) the first five are the exact bytes the model, the pipeline executor and the
+// optimizer allocate through the backend (tests/launch/test_memory.cpp, test_memory_tp.cpp); routed rows depend
+// on how tokens are routed and are estimated from balanced routing through the same functions (exact when
+// dropless over one rank); the CUDA backend allocates its own by the same functions too. The layout is
+// docs/parallel.md "Memory per rank". Not here: deciding whether it fits (launch/train/train_setup.cpp,
+// check_memory).
 #pragma once
 
 #include <cstdint>
@@ -25,13 +27,15 @@ struct MemoryEstimate {
   int64_t optimizer = 0;    // AdamW's two fp32 moments of what this rank updates (a 1/dp share with ZeRO)
   int64_t activations = 0;  // kept by the micro-batch slots from forward to backward (train.recompute)
   int64_t scratch = 0;      // workspace of one forward or backward, shared by the layers and slots
-  // MoE layers: expert-side activations, the dispatch plan and the layers' workspaces, sized by the
-  // routing at the first forward: estimated with capacity (N K rows when dropless), balanced over ranks.
+  // MoE layers: the router's buffers, the dispatch plan's, expert-side activations and the layers' workspaces,
+  // sized by the routing at the first forward: estimated with capacity (N K rows when dropless), balanced over ranks.
   int64_t routed_rows = 0;
-  // Host memory beside the backend's: ZeRO's reduce-scatter staging and the expert all-to-all's.
+  // Staging: ZeRO's reduce-scatter and, with ep > 1, the MoE dispatchers' exchanged rows.
   int64_t communication = 0;
-  // The CUDA backend's largest transient workspace of one call (0 elsewhere): bf16 copies of a GEMM's activation
-  // operands, or the fused attention backward's copies, statistics and dS (deterministic) or fp32 dQ.
+  // The CUDA backend's own (0 elsewhere): what it keeps (cuBLAS's workspace, the rotary table, with bf16 GEMMs the
+  // parameters' bf16 copy) and its largest transient workspace of one call: bf16 copies of a GEMM's activation
+  // operands with the grouped GEMM's pointers, or the fused attention backward's copies, statistics, row sums
+  // and dS (deterministic; cuDNN's own, estimated) or fp32 dQ. The small per-call workspaces are not counted.
   int64_t device_workspace = 0;
   // Not allocated in training: the bytes a key/value cache of the whole model would keep per token (fp32),
   // 2 D per layer for multi-head attention, C + R for latent attention (docs/model.md).

@@ -152,7 +152,8 @@ std::vector<StageSpec> chunk_specs(const Config& config, int64_t stage) {
   return specs;
 }
 
-// Chunks of one rank share one parameter table and pair of buffers, the chunks' specs in chunk order.
+// Chunks of one rank share one parameter table and pair of buffers, the chunks' specs in chunk order. Each chunk
+// gives back its own pair first, so that the rank never holds both (the memory estimate counts the shared pair).
 void share_chunk_parameters(Trainer& t) {
   if (t.chunks.size() == 1) return;
   Trainer::ChunkParameters& shared = t.chunk_parameters;
@@ -160,6 +161,7 @@ void share_chunk_parameters(Trainer& t) {
   for (const auto& chunk : t.chunks) {
     first_spec.push_back(int64_t(shared.table.specs().size()));
     for (const ParamSpec& spec : chunk->table().specs()) shared.table.add(spec);
+    chunk->release_parameters();
   }
   shared.params = t.backend.allocate(DType::F32, shared.table.numel());
   shared.grads = t.backend.allocate(DType::F32, shared.table.numel());

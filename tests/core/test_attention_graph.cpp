@@ -14,6 +14,7 @@
 
 #include "core/backend/backend.h"
 #include "core/backend/cuda/attention_graph.h"
+#include "core/sizes.h"
 #include "tests/core/grad_check.h"
 
 namespace moe::cuda {
@@ -178,6 +179,20 @@ TEST(AttentionGraph, BackwardKeepsItsFp32PartsInAlignedWorkspace) {
   for (const auto& w : g.workspace) EXPECT_EQ(w.zeroed, w.uid == kUidDQAccum);
   EXPECT_EQ(g.tensor(kUidDQAccum).type, GraphType::Fp32);
   EXPECT_FALSE(g.tensor(kUidDQAccum).is_virtual);
+}
+
+// The graphs' workspace is what core/sizes.h declares for the memory estimate: none in the forward, the row sums
+// and, accumulating, dQ in the backward, each padded to 256 bytes (shapes whose sizes are not multiples of 256).
+TEST(AttentionGraph, WorkspaceIsWhatTheSizingDeclares) {
+  for (const AttentionGraphShape& base : {kShape, AttentionGraphShape{3, 5, 3, 8, 0.35f, -1e30f, true}})
+    for (const bool deterministic : {true, false}) {
+      AttentionGraphShape s = base;
+      s.deterministic = deterministic;
+      const sizes::FusedAttentionShape a{double(s.B), double(s.T), double(s.H), double(s.Dh), deterministic};
+      EXPECT_EQ(attention_forward_graph(s).workspace_bytes(), 0);
+      EXPECT_EQ(attention_backward_graph(s).workspace_bytes(), int64_t(sizes::attention_backward_graph_bytes(a)))
+          << "B " << s.B << " T " << s.T << " deterministic " << deterministic;
+    }
 }
 
 // The compute type cudnn-frontend's SDPA nodes give each op: every matmul, reduction and arithmetic pointwise in

@@ -175,6 +175,16 @@ void check_pipeline(bool with_moe, const RecomputeSpec& recompute, int64_t num_s
   for (const auto& [name, count] : seen) EXPECT_EQ(count, 1) << name << " on one stage only";
 }
 
+// A chunk gives back its own parameter and gradient buffers (release_parameters) before a rank's chunks share
+// one pair, so that the rank never holds both; its table stays for the shared one to copy.
+TEST(PipelineStages, AChunkReleasesItsOwnParametersBeforeSharing) {
+  const std::unique_ptr<Model<float>> chunk = make_model(true, Recompute::None, 1, StageSpec{0, 3, true, false});
+  const int64_t held = chunk->backend().allocated_bytes(), params = chunk->num_params();
+  chunk->release_parameters();
+  EXPECT_EQ(held - chunk->backend().allocated_bytes(), 2 * int64_t(sizeof(float)) * params);
+  EXPECT_EQ(chunk->num_params(), params);
+}
+
 TEST(PipelineStages, DenseTwoStages) { check_pipeline(false, Recompute::None, 2); }
 TEST(PipelineStages, DenseThreeStages) { check_pipeline(false, Recompute::None, 3); }
 TEST(PipelineStages, DenseThreeStagesWithRecompute) { check_pipeline(false, Recompute::Full, 3); }

@@ -1,6 +1,7 @@
 // Interleaved pipeline stages (parallel.vpp, docs/parallel.md "Interleaved stages"): each of pp = 2 ranks holds
 // two non-adjacent chunks of a 4-layer model (rank 0 layers 0 and 2, rank 1 layers 1 and 3) and trains by the
-// interleaved 1F1B schedule. Dropless, every layout reproduces the serial run (losses within the fp32
+// interleaved 1F1B schedule; also four stages of two chunks (8 layers) and two stages of two chunks split over
+// tp = 2 ranks. Dropless, every layout reproduces the serial run (losses within the fp32
 // reduction-order tolerance, the same routing counts every step); a run stopped and resumed equals the
 // uninterrupted one bit for bit; and a checkpoint reshards between vpp 1 and vpp 2 and to one rank, since its
 // pieces are in global coordinates. Under mpirun -np 4; layouts with fewer ranks run on a sub-communicator.
@@ -67,6 +68,26 @@ TEST(InterleavedStages, DroplessLayoutsEqualTheSerialRun) {
     if (MpiCommunicator::world()->rank() == 0) expect_equivalent(serial, run, layout.name);
   }
   if (MpiCommunicator::world()->rank() == 0) fs::remove_all(root.parent_path());
+}
+
+// Four stages of two chunks each (an 8-layer model: rank p holds layers p and p + 4, 8 micro-batches of one
+// sequence), and two stages of two chunks whose layers are split over tp = 2 ranks: each equals the serial run of
+// its model.
+TEST(InterleavedStages, FourStagesAndTensorParallelChunksEqualTheSerialRun) {
+  if (!four_ranks()) return;
+  const fs::path root = shared_temp_root("moe_vpp_", "pp4_tp2");
+  const std::vector<std::string> eight_layers = {"model.layers=8"};
+  const RunOutput serial8 = train(1, eight_layers, root / "serial8", 10);
+  const RunOutput pp4 =
+      train(4, with(eight_layers, {"parallel.pp=4", "parallel.vpp=2", "parallel.pp_schedule=interleaved_1f1b"}),
+            root / "pp4_vpp2", 10);
+  const RunOutput serial = train(1, {}, root / "serial", 10);
+  const RunOutput tp2 = train(4, with(kVpp2, {"parallel.tp=2"}), root / "tp2_pp2_vpp2", 10);
+  if (MpiCommunicator::world()->rank() == 0) {
+    expect_equivalent(serial8, pp4, "pp4_vpp2");
+    expect_equivalent(serial, tp2, "tp2_pp2_vpp2");
+    fs::remove_all(root.parent_path());
+  }
 }
 
 TEST(InterleavedStages, StoppedAndResumedEqualsUninterruptedBitForBit) {

@@ -3,6 +3,7 @@
 #include "core/backend/cuda/attention_graph.h"
 
 #include "core/error.h"
+#include "core/sizes.h"
 
 namespace moe::cuda {
 namespace {
@@ -104,7 +105,7 @@ const GraphTensor& AttentionGraph::tensor(int64_t uid) const {
 
 int64_t AttentionGraph::workspace_bytes() const {
   int64_t total = 0;
-  for (const WorkspaceTensor& w : workspace) total += (w.bytes + 255) / 256 * 256;
+  for (const WorkspaceTensor& w : workspace) total += int64_t(sizes::attention_graph_tensor_bytes(double(w.bytes)));
   return total;
 }
 
@@ -112,7 +113,7 @@ int64_t AttentionGraph::offset_of(int64_t uid) const {
   int64_t offset = 0;
   for (const WorkspaceTensor& w : workspace) {
     if (w.uid == uid) return offset;
-    offset += (w.bytes + 255) / 256 * 256;
+    offset += int64_t(sizes::attention_graph_tensor_bytes(double(w.bytes)));
   }
   MOE_RUN_FAILED("attention graph has no workspace tensor " << uid);
 }
@@ -167,7 +168,7 @@ AttentionGraph attention_backward_graph(const AttentionGraphShape& s) {
   g.reduction(ReductionMode::Add, product, dot);
   const int64_t row_sum = g.bound(kUidRowSum, GraphType::Fp32, g.rows_dims(), g.rows_strides());
   g.pointwise(PointwiseMode::Mul, {dot, g.scalar(1.0f)}, row_sum);
-  g.workspace(kUidRowSum, s.B * s.H * s.T * int64_t(sizeof(float)), false);
+  g.workspace(kUidRowSum, int64_t(sizes::attention_row_sum_bytes(double(s.B), double(s.T), double(s.H))), false);
   // P = exp(scale Q K^T - stats) under the mask.
   const int64_t scores = g.scores();
   g.matmul(q, kt, scores);
@@ -205,7 +206,8 @@ AttentionGraph attention_backward_graph(const AttentionGraphShape& s) {
   const int64_t accum = g.bound(kUidDQAccum, GraphType::Fp32, g.heads_dims(),
                                 {s.H * s.T * s.Dh, s.T * s.Dh, s.Dh, 1});  // packed (B, H, T, Dh)
   g.matmul(ds, k, accum);
-  g.workspace(kUidDQAccum, s.B * s.H * s.T * s.Dh * int64_t(sizeof(float)), true);
+  g.workspace(kUidDQAccum,
+              int64_t(sizes::attention_dq_accum_bytes(double(s.B), double(s.T), double(s.H), double(s.Dh))), true);
   g.pointwise(PointwiseMode::Identity, {accum}, dq);
   return g.take();
 }

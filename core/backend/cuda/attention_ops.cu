@@ -71,7 +71,7 @@ bool CudaOps<T>::fused_attention_supported(int64_t B, int64_t T_, int64_t H, int
 // Sections of bf16 copies in one workspace, each at a 256-byte boundary.
 struct Bf16Sections {
   Bf16Sections(CachingAllocator& a, int64_t count, int64_t n)
-      : stride((n + 127) / 128 * 128), space(a, size_t(count * stride) * 2) {}
+      : stride((n + 127) / 128 * 128), space(a, size_t(sizes::bf16_sections_bytes(double(count), double(n)))) {}
   uint16_t* operator[](int64_t i) const { return static_cast<uint16_t*>(space.ptr) + i * stride; }
   int64_t stride;
   Workspace space;
@@ -88,7 +88,7 @@ void CudaOps<T>::attention_forward_fused(const T* q, const T* k, const T* v, T* 
     Bf16Sections b(*ctx_.allocator, 4, n);  // q, k, v, o
     round_operand(q, 1, n, n, b[0]), round_operand(k, 1, n, n, b[1]), round_operand(v, 1, n, n, b[2]);
     // The statistics through aligned workspace: the caller's may sit at any float of an activation arena.
-    Workspace aligned_stats(*ctx_.allocator, size_t(B * H * T_) * sizeof(float));
+    Workspace aligned_stats(*ctx_.allocator, size_t(sizes::attention_stats_bytes(double(B), double(T_), double(H))));
     ctx_.attention->forward({B, T_, H, Dh}, b[0], b[1], b[2], b[3], static_cast<float*>(aligned_stats.ptr));
     copy(static_cast<const T*>(aligned_stats.ptr), stats, B * H * T_);
     launch(elementwise_launch(n), cuda::from_bf16_kernel<T>, b[3], out, n);
@@ -108,7 +108,7 @@ void CudaOps<T>::attention_backward_fused(const T* q, const T* k, const T* v, co
     Bf16Sections b(*ctx_.allocator, 8, n);  // q, k, v, o, do; dq, dk, dv
     const T* inputs[5] = {q, k, v, out, dout};
     for (int i = 0; i < 5; ++i) round_operand(inputs[i], 1, n, n, b[i]);
-    Workspace aligned_stats(*ctx_.allocator, size_t(B * H * T_) * sizeof(float));
+    Workspace aligned_stats(*ctx_.allocator, size_t(sizes::attention_stats_bytes(double(B), double(T_), double(H))));
     copy(stats, static_cast<T*>(aligned_stats.ptr), B * H * T_);
     ctx_.attention->backward({B, T_, H, Dh}, b[0], b[1], b[2], b[3], static_cast<const float*>(aligned_stats.ptr), b[4],
                              b[5], b[6], b[7]);
@@ -131,7 +131,7 @@ const T* CudaOps<T>::rope_table(int64_t T_, int64_t Dh) {
     }
   }
   if (rope_) ctx_.allocator->free(rope_);
-  rope_ = ctx_.allocator->allocate(host.size() * sizeof(T));
+  rope_ = ctx_.allocator->allocate(size_t(sizes::rope_table_bytes(double(T_), double(Dh), double(sizeof(T)))));
   MOE_CUDA_CHECK(cudaMemcpyAsync(rope_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, ctx_.stream));
   ctx_.watchers->wait(ctx_.stream);  // the host vector goes when this returns
   rope_seq_ = T_, rope_dh_ = Dh;

@@ -17,6 +17,7 @@
 #include "core/backend/cuda/watchers.h"
 #include "core/backend/cuda_backend.h"
 #include "core/error.h"
+#include "core/sizes.h"
 
 namespace moe {
 namespace {
@@ -126,6 +127,8 @@ class CudaBackend final : public Backend {
   Watchers watchers_;
   CudaContext ctx_;
   std::unique_ptr<CachingAllocator> allocator_;
+  void* blas_workspace_ =
+      nullptr;  // cuBLAS's, from the allocator so that it is counted (sizes::cublas_workspace_bytes)
 #ifdef MOE_HAVE_CUDNN
   std::unique_ptr<cuda::CudnnAttention> attention_;
 #endif
@@ -151,6 +154,11 @@ CudaBackend::CudaBackend(int device, const CudaOptions& options) : device_(devic
                                                                            [](void* p, size_t) { cudaFree(p); }});
   ctx_.allocator = allocator_.get();
   ctx_.watchers = &watchers_;
+  // cuBLAS's workspace from the allocator rather than its own pool, so that allocated_bytes and the memory
+  // estimate count it.
+  const size_t blas_workspace = size_t(sizes::cublas_workspace_bytes());
+  blas_workspace_ = allocator_->allocate(blas_workspace);
+  MOE_CUBLAS_CHECK(cublasSetWorkspace(ctx_.blas, blas_workspace_, blas_workspace));
 #ifdef MOE_HAVE_CUDNN
   attention_ = std::make_unique<cuda::CudnnAttention>(ctx_.stream, *allocator_,
                                                       options.fused_attention != FusedAttention::Nondeterministic);
@@ -163,7 +171,9 @@ CudaBackend::CudaBackend(int device, const CudaOptions& options) : device_(devic
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(ctx_.stream);
-  f32_.reset(), f64_.reset();  // their rounded parameters go back to the allocator
+  f32_.reset(), f64_.reset();                 // their rounded parameters go back to the allocator
+  cublasSetWorkspace(ctx_.blas, nullptr, 0);  // cuBLAS's own again, before its workspace is freed
+  allocator_->free(blas_workspace_);
 #ifdef MOE_HAVE_CUDNN
   attention_.reset();  // its plans and cuDNN handle, before the stream
 #endif

@@ -21,6 +21,7 @@
 #include "core/backend/cuda/watchers.h"
 #include "core/backend/cuda_backend.h"
 #include "core/error.h"
+#include "core/sizes.h"
 
 namespace moe::cuda {
 
@@ -282,9 +283,13 @@ class CudaOps final : public Ops<T> {
   // and so keeps it current); null otherwise (no copy yet, a stale one, or p outside the parameters).
   void* current_rounded(const T* p) {
     if (!this->in_parameters(p) || !rounded_ || rounded_version_ != this->parameter_version() ||
-        rounded_bytes_ != size_t(this->parameter_count()) * kOperandBytes)
+        rounded_bytes_ != parameter_copy_bytes())
       return nullptr;
     return static_cast<char*>(rounded_) + (p - this->parameter_memory()) * int64_t(kOperandBytes);
+  }
+  // The parameters' rounded copy's size (core/sizes.h).
+  size_t parameter_copy_bytes() const {
+    return size_t(sizes::rounded_operand_bytes(double(this->parameter_count()), double(sizeof(T))));
   }
   void* rounded_ = nullptr;  // the parameters rounded (from the allocator; freed with the ops)
   size_t rounded_bytes_ = 0;

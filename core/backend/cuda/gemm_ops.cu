@@ -51,7 +51,7 @@ void CudaOps<T>::round_operand(const T* x, int64_t rows, int64_t cols, int64_t l
 template <typename T>
 const void* CudaOps<T>::rounded_parameter(const T* x) {
   if (!this->in_parameters(x)) return nullptr;
-  const size_t bytes = size_t(this->parameter_count()) * kOperandBytes;
+  const size_t bytes = parameter_copy_bytes();
   if (rounded_bytes_ != bytes) {
     if (rounded_) ctx_.allocator->free(rounded_);
     rounded_ = ctx_.allocator->allocate(bytes), rounded_bytes_ = bytes, rounded_version_ = ~uint64_t(0);
@@ -66,7 +66,7 @@ const void* CudaOps<T>::rounded_parameter(const T* x) {
 template <typename T>
 const void* CudaOps<T>::gemm_operand(const T* X, int64_t rows, int64_t cols, int64_t& ld, std::optional<Workspace>& w) {
   if (const void* r = rounded_parameter(X)) return r;
-  w.emplace(*ctx_.allocator, size_t(rows * cols) * kOperandBytes);
+  w.emplace(*ctx_.allocator, size_t(sizes::rounded_operand_bytes(double(rows * cols), double(sizeof(T)))));
   round_operand(X, rows, cols, ld, w->ptr);
   ld = cols;
   return w->ptr;
@@ -110,7 +110,7 @@ void CudaOps<T>::grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const 
     host_pointers[P + i] = A + plan.second_offset[i];
     host_pointers[2 * P + i] = C + plan.c_offset[i];
   }
-  Workspace pointers(*ctx_.allocator, host_pointers.size() * sizeof(T*));
+  Workspace pointers(*ctx_.allocator, size_t(sizes::grouped_gemm_pointer_bytes(double(P))));
   // From pageable memory: returns once the host array is staged, so it may go out of scope.
   MOE_CUDA_CHECK(cudaMemcpyAsync(pointers.ptr, host_pointers.data(), host_pointers.size() * sizeof(T*),
                                  cudaMemcpyHostToDevice, ctx_.stream));
@@ -142,7 +142,7 @@ void CudaOps<T>::grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const v
   // The device array of operand pointers the grouped calls read (the per-expert fallback needs none).
   std::optional<Workspace> pointers;
   auto device_pointers = [&] {
-    pointers.emplace(*ctx_.allocator, host_pointers.size() * sizeof(void*));
+    pointers.emplace(*ctx_.allocator, size_t(sizes::grouped_gemm_pointer_bytes(double(P))));
     MOE_CUDA_CHECK(cudaMemcpyAsync(pointers->ptr, host_pointers.data(), host_pointers.size() * sizeof(void*),
                                    cudaMemcpyHostToDevice, ctx_.stream));
     return static_cast<const void* const*>(pointers->ptr);
