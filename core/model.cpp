@@ -224,9 +224,8 @@ void Model<T>::block_forward(int64_t i, const FfnContext& context, Slot& s, int6
   const BlockActs& a = s.acts[size_t(i)];
   const T* x_in = s.x[size_t(i)];
   T* x_out = s.x[size_t(i) + 1];
-  // h = x + Attn(RMSNorm_a(x))
-  ops_.rmsnorm_forward(x_in, w.attn_norm, a.xa, a.rstd_a, N, D);
-  ops_.copy(x_in, a.h, N * D);
+  // h = x + Attn(RMSNorm_a(x)): h starts as a copy of x, made in the norm's pass, and the attention adds into it
+  ops_.rmsnorm_forward_residual(x_in, nullptr, a.h, w.attn_norm, a.xa, a.rstd_a, N, D);
   attn_[size_t(i)]->forward(a.xa, a.h, a.attn, layer_scratch_, B);
   // x = h + FFN(RMSNorm_f(h))
   ops_.rmsnorm_forward(a.h, w.ffn_norm, a.xf, a.rstd_f, N, D);
@@ -242,12 +241,10 @@ void Model<T>::block_backward(int64_t i, const FfnContext& context, Slot& s, T* 
   const BlockActs& a = s.acts[size_t(i)];
   const T* x_in = s.x[size_t(i)];
   ffn_[size_t(i)]->backward(context, a.xf, dres, dtmp_, a.ffn, s.ffn[size_t(i)].get(), layer_scratch_,
-                            N);                                                         // dtmp = dL/dxf
-  ops_.rmsnorm_backward(a.h, w.ffn_norm, a.rstd_f, dtmp_, dnorm_, w.d_ffn_norm, N, D);  // dnorm = via norm
-  ops_.add_inplace(dres, dnorm_, N * D);                                                // dres = dL/dh
-  attn_[size_t(i)]->backward(a.xa, dres, dtmp_, a.attn, layer_scratch_, B);             // dtmp = dL/dxa
-  ops_.rmsnorm_backward(x_in, w.attn_norm, a.rstd_a, dtmp_, dnorm_, w.d_attn_norm, N, D);
-  ops_.add_inplace(dres, dnorm_, N * D);  // dres = dL/dx_in
+                            N);                                                              // dtmp = dL/dxf
+  ops_.rmsnorm_backward_add(a.h, w.ffn_norm, a.rstd_f, dtmp_, dres, w.d_ffn_norm, N, D);     // dres = dL/dh
+  attn_[size_t(i)]->backward(a.xa, dres, dtmp_, a.attn, layer_scratch_, B);                  // dtmp = dL/dxa
+  ops_.rmsnorm_backward_add(x_in, w.attn_norm, a.rstd_a, dtmp_, dres, w.d_attn_norm, N, D);  // dres = dL/dx_in
 }
 
 template <typename T>
