@@ -230,7 +230,10 @@ void Model<T>::block_forward(int64_t i, const FfnContext& context, Slot& s, int6
   // x = h + FFN(RMSNorm_f(h))
   ops_.rmsnorm_forward(a.h, w.ffn_norm, a.xf, a.rstd_f, N, D);
   ffn_[size_t(i)]->forward(context, a.xf, ffn_out_, a.ffn, s.ffn[size_t(i)].get(), N);
-  ops_.add(a.h, ffn_out_, x_out, N * D);
+  if (stage_.head && i + 1 == stage_layers())  // the stream's last add and the output norm in one pass
+    ops_.rmsnorm_forward_residual(a.h, ffn_out_, x_out, out_norm_, s.xo, s.rstd_o, N, D);
+  else
+    ops_.add(a.h, ffn_out_, x_out, N * D);
 }
 
 template <typename T>
@@ -300,7 +303,8 @@ double Model<T>::forward(int slot, const int32_t* tokens, int64_t B, const T* in
 template <typename T>
 double Model<T>::head_forward(Slot& s, int64_t N) {
   const int64_t D = shape_.d_model;
-  ops_.rmsnorm_forward(s.x.back(), out_norm_, s.xo, s.rstd_o, rows(N), D);
+  // The stage's last block has normalised its output already (block_forward); a stage of the head alone has not.
+  if (stage_layers() == 0) ops_.rmsnorm_forward(s.x.back(), out_norm_, s.xo, s.rstd_o, rows(N), D);
   head_->forward(s.xo, s.targets.template data<int32_t>(), s.losses.template data<T>(), s.head_acts, N);
   // The loss is what the host needs: the per-token losses copied out once, summed in token order.
   const std::vector<T> losses = backend_.download(s.losses.template data<T>(), N);
