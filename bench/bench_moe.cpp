@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/fused_ops_bench.h"
 #include "bench/gemm_blocks_bench.h"
 #include "bench/grouped_gemm_bench.h"
 #include "bench/memory_bound.h"
@@ -323,6 +324,21 @@ nlohmann::json measure_gemm_blocks_section(Backend& backend, const Options& o) {
   return out;
 }
 
+// The residual stream's fused norms against the ops they replace (bench/fused_ops_bench.h), at 1 and 2 threads.
+nlohmann::json measure_fused_norms_section(Backend& backend, const Options& o) {
+  const int reps = o.quick ? 2 : 2 * o.reps;
+  const int64_t N = o.quick ? 64 : 4096, D = o.quick ? 128 : 4096;
+  std::printf(
+      "fused residual norms: fused / unfused ms = unfused time over fused time; forward:\n"
+      "  rmsnorm_forward_residual against rmsnorm_forward + copy, backward: rmsnorm_backward_add against\n"
+      "  rmsnorm_backward + add_inplace; fp32, median of %d, the four interleaved:\n",
+      reps);
+  const FusedNormResult r = measure_fused_norms(backend, N, D, reps);
+  print_fused_norms(r);
+  std::fflush(stdout);
+  return fused_norms_json(r);
+}
+
 // The small-group expert kernels against OpenBLAS, one expert per call, weights from memory, at 1 and 2 threads
 // (bench/small_gemm_bench.h).
 nlohmann::json measure_small_gemm_section(Backend& backend, const Options& o) {
@@ -412,6 +428,7 @@ void run(Options o) {
   nlohmann::json out = to_json(o, backend->threads(), peak, results, load_start, load_end);
   for (const GroupedResult& r : grouped) out["grouped_gemm"].push_back(grouped_json(r, peak));
   out["memory_bound"] = memory;
+  out["fused_norms"] = measure_fused_norms_section(*backend, o);
   if (o.quick) out["gemm_blocks"] = measure_gemm_blocks_section(*backend, o);
   if (o.quick) out["small_gemm"] = measure_small_gemm_section(*backend, o);
   std::printf("%s\n", out.dump().c_str());

@@ -234,14 +234,16 @@ void Model<T>::block_forward(int64_t i, const FfnContext& context, Slot& s, int6
   const BlockActs& a = s.acts[size_t(i)];
   const T* x_in = s.x[size_t(i)];
   T* x_out = s.x[size_t(i) + 1];
-  // h = x + Attn(RMSNorm_a(x))
-  ops_.rmsnorm_forward(x_in, w.attn_norm, a.xa, a.rstd_a, N, D);
-  ops_.copy(x_in, a.h, N * D);
+  // h = x + Attn(RMSNorm_a(x)): h starts as a copy of x, made in the norm's pass, and the attention adds into it
+  ops_.rmsnorm_forward_residual(x_in, nullptr, a.h, w.attn_norm, a.xa, a.rstd_a, N, D);
   attn_[size_t(i)]->forward(a.xa, a.h, a.attn, layer_scratch_, B);
   // x = h + FFN(RMSNorm_f(h))
   ops_.rmsnorm_forward(a.h, w.ffn_norm, a.xf, a.rstd_f, N, D);
   ffn_[size_t(i)]->forward(context, a.xf, ffn_out_, a.ffn, s.ffn[size_t(i)].get(), N);
-  ops_.add(a.h, ffn_out_, x_out, N * D);
+  if (stage_.head && i + 1 == stage_layers())  // the stream's last add and the output norm in one pass
+    ops_.rmsnorm_forward_residual(a.h, ffn_out_, x_out, out_norm_, s.xo, s.rstd_o, N, D);
+  else
+    ops_.add(a.h, ffn_out_, x_out, N * D);
 }
 
 template <typename T>
@@ -252,12 +254,10 @@ void Model<T>::block_backward(int64_t i, const FfnContext& context, Slot& s, T* 
   const BlockActs& a = s.acts[size_t(i)];
   const T* x_in = s.x[size_t(i)];
   ffn_[size_t(i)]->backward(context, a.xf, dres, dtmp_, a.ffn, s.ffn[size_t(i)].get(), layer_scratch_,
-                            N);                                                         // dtmp = dL/dxf
-  ops_.rmsnorm_backward(a.h, w.ffn_norm, a.rstd_f, dtmp_, dnorm_, w.d_ffn_norm, N, D);  // dnorm = via norm
-  ops_.add_inplace(dres, dnorm_, N * D);                                                // dres = dL/dh
-  attn_[size_t(i)]->backward(a.xa, dres, dtmp_, a.attn, layer_scratch_, B);             // dtmp = dL/dxa
-  ops_.rmsnorm_backward(x_in, w.attn_norm, a.rstd_a, dtmp_, dnorm_, w.d_attn_norm, N, D);
-  ops_.add_inplace(dres, dnorm_, N * D);  // dres = dL/dx_in
+                            N);                                                              // dtmp = dL/dxf
+  ops_.rmsnorm_backward_add(a.h, w.ffn_norm, a.rstd_f, dtmp_, dres, w.d_ffn_norm, N, D);     // dres = dL/dh
+  attn_[size_t(i)]->backward(a.xa, dres, dtmp_, a.attn, layer_scratch_, B);                  // dtmp = dL/dxa
+  ops_.rmsnorm_backward_add(x_in, w.attn_norm, a.rstd_a, dtmp_, dres, w.d_attn_norm, N, D);  // dres = dL/dx_in
 }
 
 template <typename T>
@@ -313,7 +313,8 @@ double Model<T>::forward(int slot, const int32_t* tokens, int64_t B, const T* in
 template <typename T>
 double Model<T>::head_forward(Slot& s, int64_t N) {
   const int64_t D = shape_.d_model;
-  ops_.rmsnorm_forward(s.x.back(), out_norm_, s.xo, s.rstd_o, rows(N), D);
+  // The stage's last block has normalised its output already (block_forward); a stage of the head alone has not.
+  if (stage_layers() == 0) ops_.rmsnorm_forward(s.x.back(), out_norm_, s.xo, s.rstd_o, rows(N), D);
   head_->forward(s.xo, s.targets.template data<int32_t>(), s.losses.template data<T>(), s.head_acts, N);
   // The loss is what the host needs: the per-token losses copied out once, summed in token order.
   const std::vector<T> losses = backend_.download(s.losses.template data<T>(), N);

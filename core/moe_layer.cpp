@@ -166,9 +166,13 @@ void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, 
   // plan, gathers each expert's tokens into its block and computes the shared experts (they need only x);
   // then the blocks go to the experts' ranks.
   const int64_t M = st.plan.rows();
-  // Kept across forwards: allocating (and zeroing) them every time cost as much as the gather itself.
-  backend_.reserve(token_rows_, dtype_of<T>(), M * D);
-  T* xp = token_rows_.template data<T>();
+  // One rank: the experts' rows are the tokens' permuted rows in the same order, so the gather writes the
+  // experts' input and the experts write the permuted output in place (the dispatch and the combine move nothing).
+  // Otherwise kept across forwards: allocating (and zeroing) them every time cost as much as the gather itself.
+  const bool alias = aliased_sides();
+  if (alias) experts_.resize(st.experts, M);
+  if (!alias) backend_.reserve(token_rows_, dtype_of<T>(), M * D);
+  T* xp = alias ? st.experts.xe.template data<T>() : token_rows_.template data<T>();
   std::optional<TimelineSpan> span(std::in_place, backend_.timeline(), "moe dispatch", "moe");
   plan_beside(st, [&] {
     upload_plan(st, N);
@@ -176,17 +180,19 @@ void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, 
     if (shared_) shared_->forward(context, x, v.shared_out, v.shared_acts, nullptr, N);
   });
   const int64_t R = st.exchange.received;
-  experts_.resize(st.experts, R);
+  MOE_CHECK(!alias || R == M, "one rank's experts receive " << R << " rows of its " << M << " permuted rows");
+  if (!alias) experts_.resize(st.experts, R);
   dispatcher_->dispatch(st.exchange, xp, st.experts.xe.template data<T>(), D);
 
   // Experts, then their outputs back to the tokens' ranks (the dense fallback computing meanwhile), and the
   // gate-weighted sum, the shared experts' and the fallback's outputs added in that order.
-  backend_.reserve(expert_out_, dtype_of<T>(), R * D);
+  if (!alias) backend_.reserve(expert_out_, dtype_of<T>(), R * D);
+  T* ye = alias ? v.yp : expert_out_.template data<T>();
   span.emplace(backend_.timeline(), "moe experts", "moe");
-  experts_.forward(st.exchange.local_offset, st.experts, expert_out_.template data<T>());
+  experts_.forward(st.exchange.local_offset, st.experts, ye);
   span.emplace(backend_.timeline(), "moe combine", "moe");
   const bool fallback = fallback_ && !st.fallback_token.empty();
-  combine_beside(st.exchange, expert_out_.template data<T>(), v.yp, [&] {
+  combine_beside(st.exchange, ye, v.yp, [&] {
     if (fallback) fallback_forward(context, st, x, v);
   });
   combine(st, v.yp, y, N);
@@ -448,6 +454,7 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
   T* dxp = (c += M * D);                                 // (M, D) token side
   T* dye = (c += M * D);                                 // (R, D) expert side
   T* dxe = (c += R * D);                                 // (R, D) expert side
+  if (aliased_sides()) dye = dyp, dxe = dxp;             // one rank: the same rows, nothing to move
   T* es = (c += R * D);                                  // experts' scratch
   T* dp = (c += GroupedExperts<T>::scratch_size(R, F));  // (G, E), the whole routing group's
   T* dz = (c += G * E);                                  // (G, E)

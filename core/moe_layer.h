@@ -151,6 +151,9 @@ class MoeLayer final : public FeedForward<T>, public Stateful {
   // what travels) run while the counts or rows travel (s_.overlap_exchange), else after the blocking
   // exchange. The same operations either way.
   void plan_beside(MoeSlot<T>& st, const std::function<void()>& beside);
+  // With one expert-parallel rank the token side's permuted rows and the expert side's are the same rows in the
+  // same order: one buffer serves both, and the dispatcher's dispatch and combine, given the same memory, move nothing.
+  bool aliased_sides() const { return s_.ep_size == 1; }
   void dispatch_beside(const ExchangePlan& p, const T* token_rows, T* expert_rows, const std::function<void()>& beside);
   void combine_beside(const ExchangePlan& p, const T* expert_rows, T* token_rows, const std::function<void()>& beside);
   void count_stats(const FfnContext& context, const MoeSlot<T>& st, int64_t N);

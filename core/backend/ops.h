@@ -67,6 +67,15 @@ class Ops {
   // dx = (written); dgain += (accumulates).
   virtual void rmsnorm_backward(const T* x, const T* gain, const T* rstd, const T* dy, T* dx, T* dgain, int64_t N,
                                 int64_t D) = 0;
+  // The residual stream's fused forms (docs/gpu.md "Fused memory-bound ops"), the same bits as the ops they replace:
+  // sum = x + r (r null: sum = x, a copy) and y = RMSNorm(sum) as rmsnorm_forward, one pass over the rows instead of
+  // an add (or copy) and a norm. x, r, sum, y: (N, D); rstd: (N).
+  virtual void rmsnorm_forward_residual(const T* x, const T* r, T* sum, const T* gain, T* y, T* rstd, int64_t N,
+                                        int64_t D) = 0;
+  // rmsnorm_backward with dx added into the stream's gradient (dres += dx, accumulates) instead of written, without
+  // the (N, D) dx in between; dgain += as rmsnorm_backward.
+  virtual void rmsnorm_backward_add(const T* x, const T* gain, const T* rstd, const T* dy, T* dres, T* dgain, int64_t N,
+                                    int64_t D) = 0;
 
   // Rotary embedding in place on x: (B, T, H, Dh), pairs (2i, 2i+1) of each head rotated by
   // angle t * base^(-2i/Dh). inverse = true applies the transpose (the backward of the forward).

@@ -30,6 +30,8 @@ enum class OpId : int {
   embedding_backward,
   rmsnorm_forward,
   rmsnorm_backward,
+  rmsnorm_forward_residual,
+  rmsnorm_backward_add,
   rope,
   attention_forward,
   attention_backward,
@@ -79,6 +81,8 @@ inline constexpr const char* kOpNames[] = {"gemm",
                                            "embedding_backward",
                                            "rmsnorm_forward",
                                            "rmsnorm_backward",
+                                           "rmsnorm_forward_residual",
+                                           "rmsnorm_backward_add",
                                            "rope",
                                            "attention_forward",
                                            "attention_backward",
@@ -190,6 +194,30 @@ class StrictOps final : public Ops<T> {
     const auto p4 = r(dx, N * D, op);
     const auto p5 = r(dgain, D, op);
     run([=, this] { inner_.rmsnorm_backward(p0, p1, p2, p3, p4, p5, N, D); });
+  }
+  void rmsnorm_forward_residual(const T* x, const T* res, T* sum, const T* gain, T* y, T* rstd, int64_t N,
+                                int64_t D) override {
+    covered(OpId::rmsnorm_forward_residual);
+    const char* op = "rmsnorm_forward_residual";
+    const auto p0 = r(x, N * D, op);
+    const T* p1 = res ? r(res, N * D, op) : nullptr;
+    const auto p2 = r(sum, N * D, op);
+    const auto p3 = r(gain, D, op);
+    const auto p4 = r(y, N * D, op);
+    const auto p5 = r(rstd, N, op);
+    run([=, this] { inner_.rmsnorm_forward_residual(p0, p1, p2, p3, p4, p5, N, D); });
+  }
+  void rmsnorm_backward_add(const T* x, const T* gain, const T* rstd, const T* dy, T* dres, T* dgain, int64_t N,
+                            int64_t D) override {
+    covered(OpId::rmsnorm_backward_add);
+    const char* op = "rmsnorm_backward_add";
+    const auto p0 = r(x, N * D, op);
+    const auto p1 = r(gain, D, op);
+    const auto p2 = r(rstd, N, op);
+    const auto p3 = r(dy, N * D, op);
+    const auto p4 = r(dres, N * D, op);
+    const auto p5 = r(dgain, D, op);
+    run([=, this] { inner_.rmsnorm_backward_add(p0, p1, p2, p3, p4, p5, N, D); });
   }
   void rope(T* x, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) override {
     covered(OpId::rope);

@@ -9,9 +9,10 @@
 namespace moe {
 
 // With one rank the rows arrive from one source, so the expert-major order is the tokens' own: one copy, without
-// the staging buffers.
+// the staging buffers, and none where the caller gives both sides the same memory (MoeLayer does).
 template <typename T>
 void Dispatcher<T>::dispatch(const ExchangePlan& p, const T* token_rows, T* expert_rows, int64_t width) {
+  if (ep_size_ == 1 && token_rows == expert_rows) return;
   if (ep_size_ == 1) return backend_.copy(expert_rows, token_rows, size_t(p.received * width) * sizeof(T));
   start_dispatch(p, token_rows, width, blocking_);
   finish_dispatch(p, blocking_, expert_rows, width);
@@ -19,6 +20,7 @@ void Dispatcher<T>::dispatch(const ExchangePlan& p, const T* token_rows, T* expe
 
 template <typename T>
 void Dispatcher<T>::combine(const ExchangePlan& p, const T* expert_rows, T* token_rows, int64_t width) {
+  if (ep_size_ == 1 && token_rows == expert_rows) return;
   if (ep_size_ == 1) return backend_.copy(token_rows, expert_rows, size_t(p.received * width) * sizeof(T));
   start_combine(p, expert_rows, token_rows, width, blocking_);
   finish_combine(p, blocking_, width);

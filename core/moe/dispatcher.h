@@ -70,7 +70,7 @@ class Dispatcher {
   virtual void finish_plan(std::unique_ptr<ExchangeHandle> counts, ExchangePlan& plan) = 0;
 
   // token_rows: (M, width) -> expert_rows: (R, width), expert-major. The blocking forms keep their staging
-  // between calls; with one rank they are one copy.
+  // between calls; with one rank they are one copy, or none where both sides are the same memory.
   void dispatch(const ExchangePlan& plan, const T* token_rows, T* expert_rows, int64_t width);
   // The adjoint: expert_rows (R, width) back to token_rows.
   void combine(const ExchangePlan& plan, const T* expert_rows, T* token_rows, int64_t width);

@@ -35,6 +35,25 @@ TEST(GradCheck, RmsNorm) {
   expect_gradient_matches("rmsnorm dgain", g, dg, objective);
 }
 
+// The fused forms of the residual stream: sum = x + r normalised, its backward added into the stream's gradient.
+TEST(GradCheck, RmsNormResidual) {
+  const int64_t N = 4, D = 10;
+  auto x = random_vector(N * D, 3, "x"), res = random_vector(N * D, 3, "res"), g = random_vector(D, 3, "g");
+  for (double& v : g) v += 1.0;
+  const auto w = random_vector(N * D, 3, "w"), u = random_vector(N * D, 3, "u");
+  std::vector<double> sum(N * D), y(N * D), rstd(N), dg(D, 0.0);
+  auto objective = [&] {  // w . y + u . sum: both outputs reach the loss, as in a block
+    ops().rmsnorm_forward_residual(x.data(), res.data(), sum.data(), g.data(), y.data(), rstd.data(), N, D);
+    return dot(w, y.data()) + dot(u, sum.data());
+  };
+  objective();
+  std::vector<double> dsum(u);  // the stream's gradient from after the norm, then the norm's added in
+  ops().rmsnorm_backward_add(sum.data(), g.data(), rstd.data(), w.data(), dsum.data(), dg.data(), N, D);
+  expect_gradient_matches("rmsnorm residual dx", x, dsum, objective);
+  expect_gradient_matches("rmsnorm residual dr", res, dsum, objective);
+  expect_gradient_matches("rmsnorm residual dgain", g, dg, objective);
+}
+
 TEST(GradCheck, Rope) {
   const int64_t B = 2, T = 5, H = 3, Dh = 8, n = B * T * H * Dh;
   auto x = random_vector(n, 2, "x");

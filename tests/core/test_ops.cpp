@@ -112,6 +112,62 @@ void elementwise_cases(Backend& b) {
   for (int64_t i = 1; i < n - 1; ++i) ASSERT_EQ(filled[size_t(i)], 2.5) << "fill at " << i;
 }
 
+// The residual stream's fused norms: the same bits as the ops they replace on the same backend (an add or a copy and
+// a norm; a norm's backward and an add_inplace), and within the bound of the double reference.
+template <typename T>
+void fused_norm_cases(Backend& b, int64_t N, int64_t D) {
+  Backend& r = reference();
+  Ops<T>& f = b.ops<T>();
+  const auto X = randn(N * D, "fx", 3.0), R = randn(N * D, "fr"), G = randn(D, "fg"), DY = randn(N * D, "fdy"),
+             DRES = randn(N * D, "fdres");
+  const DType t = dtype_of<T>();
+  Buffer x = put<T>(b, X), res = put<T>(b, R), g = put<T>(b, G), dy = put<T>(b, DY), sum = b.allocate(t, N * D),
+         y = b.allocate(t, N * D), rstd = b.allocate(t, N), sum2 = b.allocate(t, N * D), y2 = b.allocate(t, N * D),
+         rstd2 = b.allocate(t, N);
+  for (const bool with_branch : {true, false}) {
+    const T* branch = with_branch ? res.data<T>() : nullptr;
+    f.rmsnorm_forward_residual(x.data<T>(), branch, sum.data<T>(), g.data<T>(), y.data<T>(), rstd.data<T>(), N, D);
+    if (with_branch)
+      f.add(x.data<T>(), res.data<T>(), sum2.data<T>(), N * D);
+    else
+      f.copy(x.data<T>(), sum2.data<T>(), N * D);
+    f.rmsnorm_forward(sum2.data<T>(), g.data<T>(), y2.data<T>(), rstd2.data<T>(), N, D);
+    const char* form = with_branch ? " (x + r)" : " (x alone)";
+    EXPECT_EQ(get<T>(b, sum), get<T>(b, sum2)) << "rmsnorm_forward_residual sum" << form;
+    EXPECT_EQ(get<T>(b, y), get<T>(b, y2)) << "rmsnorm_forward_residual y" << form;
+    EXPECT_EQ(get<T>(b, rstd), get<T>(b, rstd2)) << "rmsnorm_forward_residual rstd" << form;
+  }
+  // With the branch, against double.
+  f.rmsnorm_forward_residual(x.data<T>(), res.data<T>(), sum.data<T>(), g.data<T>(), y.data<T>(), rstd.data<T>(), N, D);
+  Ops<double>& d = r.ops<double>();
+  Buffer rx = put<double>(r, X), rr = put<double>(r, R), rg = put<double>(r, G), rsum = r.allocate(DType::F64, N * D),
+         ry = r.allocate(DType::F64, N * D), rrstd = r.allocate(DType::F64, N);
+  d.rmsnorm_forward_residual(rx.data<double>(), rr.data<double>(), rsum.data<double>(), rg.data<double>(),
+                             ry.data<double>(), rrstd.data<double>(), N, D);
+  expect_close<T>("rmsnorm_forward_residual y", get<T>(b, y), get<double>(r, ry), D);
+
+  // Backward into the stream: dres += dx, dgain += as rmsnorm_backward.
+  Buffer dres = put<T>(b, DRES), dres2 = put<T>(b, DRES), dx = b.allocate(t, N * D), dg = put<T>(b, G),
+         dg2 = put<T>(b, G);
+  f.rmsnorm_backward_add(sum.data<T>(), g.data<T>(), rstd.data<T>(), dy.data<T>(), dres.data<T>(), dg.data<T>(), N, D);
+  f.rmsnorm_backward(sum.data<T>(), g.data<T>(), rstd.data<T>(), dy.data<T>(), dx.data<T>(), dg2.data<T>(), N, D);
+  f.add_inplace(dres2.data<T>(), dx.data<T>(), N * D);
+  EXPECT_EQ(get<T>(b, dres), get<T>(b, dres2)) << "rmsnorm_backward_add dres";
+  EXPECT_EQ(get<T>(b, dg), get<T>(b, dg2)) << "rmsnorm_backward_add dgain";
+  Buffer rdy = put<double>(r, DY), rdres = put<double>(r, DRES), rdg = put<double>(r, G);
+  d.rmsnorm_backward_add(rsum.data<double>(), rg.data<double>(), rrstd.data<double>(), rdy.data<double>(),
+                         rdres.data<double>(), rdg.data<double>(), N, D);
+  expect_close<T>("rmsnorm_backward_add dres", get<T>(b, dres), get<double>(r, rdres), D);
+  expect_close<T>("rmsnorm_backward_add dgain", get<T>(b, dg), get<double>(r, rdg), N);
+}
+
+TEST_P(Conformance, FusedResidualNorms) {
+  for (auto [N, D] : {std::array<int64_t, 2>{37, 96}, {5, 1001}, {1, 1}}) {
+    fused_norm_cases<float>(backend(), N, D);
+    fused_norm_cases<double>(backend(), N, D);
+  }
+}
+
 TEST_P(Conformance, NormsAndElementwise) {
   norm_cases<float>(backend());
   norm_cases<double>(backend());

@@ -87,19 +87,44 @@ class CpuOps final : public Ops<T> {
 
   void rmsnorm_forward(const T* x, const T* gain, T* y, T* rstd, int64_t N, int64_t D) override {
 #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) rmsnorm_row(x + i * D, gain, y + i * D, rstd + i, D);
+  }
+  void rmsnorm_forward_residual(const T* x, const T* r, T* sum, const T* gain, T* y, T* rstd, int64_t N,
+                                int64_t D) override {
+#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i) {
       const T* xi = x + i * D;
-      double ss = 0;
-      for (int64_t j = 0; j < D; ++j) ss += double(xi[j]) * xi[j];
-      const T r = T(1.0 / std::sqrt(ss / double(D) + kRmsEps));
-      rstd[i] = r;
-      T* yi = y + i * D;
-      for (int64_t j = 0; j < D; ++j) yi[j] = xi[j] * r * gain[j];
+      T* si = sum + i * D;
+      if (r) {
+        const T* ri = r + i * D;
+        for (int64_t j = 0; j < D; ++j) si[j] = xi[j] + ri[j];
+      } else {
+        std::copy(xi, xi + D, si);
+      }
+      rmsnorm_row(si, gain, y + i * D, rstd + i, D);  // the row still in cache
     }
   }
 
   void rmsnorm_backward(const T* x, const T* gain, const T* rstd, const T* dy, T* dx, T* dgain, int64_t N,
                         int64_t D) override {
+    rmsnorm_backward_rows(x, gain, rstd, dy, dx, dgain, N, D, false);
+  }
+  void rmsnorm_backward_add(const T* x, const T* gain, const T* rstd, const T* dy, T* dres, T* dgain, int64_t N,
+                            int64_t D) override {
+    rmsnorm_backward_rows(x, gain, rstd, dy, dres, dgain, N, D, true);
+  }
+  // One row of rmsnorm_forward: y = x rstd gain, rstd from the sum of squares in double.
+  static void rmsnorm_row(const T* xi, const T* gain, T* yi, T* rstd, int64_t D) {
+    double ss = 0;
+    for (int64_t j = 0; j < D; ++j) ss += double(xi[j]) * xi[j];
+    const T r = T(1.0 / std::sqrt(ss / double(D) + kRmsEps));
+    *rstd = r;
+    for (int64_t j = 0; j < D; ++j) yi[j] = xi[j] * r * gain[j];
+  }
+  // rmsnorm_backward's dx written, or (accumulate) added to dx after its rounding to T: the bits of writing it and
+  // then add_inplace.
+  static void rmsnorm_backward_rows(const T* x, const T* gain, const T* rstd, const T* dy, T* dx, T* dgain, int64_t N,
+                                    int64_t D, bool accumulate) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i) {
       const T* xi = x + i * D;
@@ -109,7 +134,10 @@ class CpuOps final : public Ops<T> {
       for (int64_t j = 0; j < D; ++j) dot += double(gain[j]) * gi[j] * xi[j];
       const double c = r * r * r * dot / double(D);
       T* dxi = dx + i * D;
-      for (int64_t j = 0; j < D; ++j) dxi[j] = T(r * gain[j] * gi[j] - c * xi[j]);
+      if (accumulate)
+        for (int64_t j = 0; j < D; ++j) dxi[j] += T(r * gain[j] * gi[j] - c * xi[j]);
+      else
+        for (int64_t j = 0; j < D; ++j) dxi[j] = T(r * gain[j] * gi[j] - c * xi[j]);
     }
     constexpr int64_t kCols = 16;
     const int64_t blocks = (D + kCols - 1) / kCols;

@@ -79,7 +79,29 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* gain, T* y, T* rstd,
   }
 }
 
+// sum = x + r (r null: x) and y = RMSNorm(sum), as rmsnorm_forward_kernel on sum: each thread reads back the
+// elements of sum it wrote itself.
 template <typename T>
+__global__ void rmsnorm_forward_residual_kernel(const T* x, const T* r, T* sum, const T* gain, T* y, T* rstd, int64_t N,
+                                                int64_t D) {
+  extern __shared__ double shared[];
+  MOE_ROW_STRIDE(i, N) {
+    T* si = sum + i * D;
+    double ss = 0;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      const T v = r ? T(x[i * D + j] + r[i * D + j]) : x[i * D + j];
+      si[j] = v;
+      ss += double(v) * double(v);
+    }
+    ss = block_sum(ss, shared);
+    const T rs = T(1.0 / sqrt(ss / double(D) + kRmsEps));
+    if (threadIdx.x == 0) rstd[i] = rs;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) y[i * D + j] = si[j] * rs * gain[j];
+  }
+}
+
+// dx written, or with kAdd added to dx after its rounding to T (rmsnorm_backward_add).
+template <typename T, bool kAdd = false>
 __global__ void rmsnorm_backward_dx_kernel(const T* x, const T* gain, const T* rstd, const T* dy, T* dx, int64_t N,
                                            int64_t D) {
   extern __shared__ double shared[];
@@ -91,7 +113,10 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const T* gain, const T* r
     for (int64_t j = threadIdx.x; j < D; j += blockDim.x) dot += double(gain[j]) * double(gi[j]) * double(xi[j]);
     dot = block_sum(dot, shared);
     const double c = r * r * r * dot / double(D);
-    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) dx[i * D + j] = T(r * gain[j] * gi[j] - c * xi[j]);
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      const T g = T(r * gain[j] * gi[j] - c * xi[j]);
+      dx[i * D + j] = kAdd ? T(dx[i * D + j] + g) : g;
+    }
   }
 }
 

@@ -97,6 +97,12 @@ class CudaOps final : public Ops<T> {
   }
   void rmsnorm_backward(const T* x, const T* gain, const T* rstd, const T* dy, T* dx, T* dgain, int64_t N,
                         int64_t D) override;
+  void rmsnorm_forward_residual(const T* x, const T* r, T* sum, const T* gain, T* y, T* rstd, int64_t N,
+                                int64_t D) override {
+    launch_rows(row_launch(N, D), cuda::rmsnorm_forward_residual_kernel<T>, x, r, sum, gain, y, rstd, N, D);
+  }
+  void rmsnorm_backward_add(const T* x, const T* gain, const T* rstd, const T* dy, T* dres, T* dgain, int64_t N,
+                            int64_t D) override;
 
   void rope(T* x, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) override {
     MOE_CHECK(Dh % 2 == 0, "rotary embedding needs an even head width, got " << Dh);
@@ -231,6 +237,8 @@ class CudaOps final : public Ops<T> {
   void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const typename Ops<T>::AdamWStep& s) override;
 
  private:
+  // dgain += the gain's gradient (rmsnorm_backward and rmsnorm_backward_add).
+  void rmsnorm_dgain(const T* x, const T* rstd, const T* dy, T* dgain, int64_t N, int64_t D);
   // The rotary angles' cos and sin for (T, Dh), made on the host with the CPU backend's formula and kept on the
   // device for the last shape asked for (every layer of a step asks for the same one).
   const T* rope_table(int64_t T_, int64_t Dh);

@@ -56,7 +56,19 @@ double CudaOps<T>::sum_squares_to_host(const T* x, int64_t n) {
 template <typename T>
 void CudaOps<T>::rmsnorm_backward(const T* x, const T* gain, const T* rstd, const T* dy, T* dx, T* dgain, int64_t N,
                                   int64_t D) {
-  launch_rows(row_launch(N, D), cuda::rmsnorm_backward_dx_kernel<T>, x, gain, rstd, dy, dx, N, D);
+  launch_rows(row_launch(N, D), cuda::rmsnorm_backward_dx_kernel<T, false>, x, gain, rstd, dy, dx, N, D);
+  rmsnorm_dgain(x, rstd, dy, dgain, N, D);
+}
+
+template <typename T>
+void CudaOps<T>::rmsnorm_backward_add(const T* x, const T* gain, const T* rstd, const T* dy, T* dres, T* dgain,
+                                      int64_t N, int64_t D) {
+  launch_rows(row_launch(N, D), cuda::rmsnorm_backward_dx_kernel<T, true>, x, gain, rstd, dy, dres, N, D);
+  rmsnorm_dgain(x, rstd, dy, dgain, N, D);
+}
+
+template <typename T>
+void CudaOps<T>::rmsnorm_dgain(const T* x, const T* rstd, const T* dy, T* dgain, int64_t N, int64_t D) {
   const int64_t chunks = (N + cuda::kDgainChunk - 1) / cuda::kDgainChunk;
   if (chunks == 0) return;
   Workspace partial(*ctx_.allocator, size_t(chunks * D) * sizeof(double));
@@ -69,12 +81,16 @@ template void CudaOps<float>::adamw_update(float*, const float*, float*, float*,
                                            const typename Ops<float>::AdamWStep&);
 template void CudaOps<float>::sum_squares_into(const float*, int64_t, double*);
 template double CudaOps<float>::sum_squares_to_host(const float*, int64_t);
+template void CudaOps<float>::rmsnorm_backward_add(const float*, const float*, const float*, const float*, float*,
+                                                   float*, int64_t, int64_t);
 template void CudaOps<float>::rmsnorm_backward(const float*, const float*, const float*, const float*, float*, float*,
                                                int64_t, int64_t);
 template void CudaOps<double>::adamw_update(double*, const double*, double*, double*, int64_t,
                                             const typename Ops<double>::AdamWStep&);
 template void CudaOps<double>::sum_squares_into(const double*, int64_t, double*);
 template double CudaOps<double>::sum_squares_to_host(const double*, int64_t);
+template void CudaOps<double>::rmsnorm_backward_add(const double*, const double*, const double*, const double*, double*,
+                                                    double*, int64_t, int64_t);
 template void CudaOps<double>::rmsnorm_backward(const double*, const double*, const double*, const double*, double*,
                                                 double*, int64_t, int64_t);
 
