@@ -170,6 +170,10 @@ struct RoutedRows {
 };
 // The experts' activations per slot (core/moe/experts.h ExpertActs): xe (R, D) and a, b, h (R, F).
 inline double expert_activations(double R, double D, double F) { return R * D + 3 * R * F; }
+// The MoE layer's gathered token rows (M, D) and its experts' outputs (R, D), kept across forwards; none over one
+// expert-parallel rank, where the gather writes the experts' input and the experts write the permuted output in
+// place (core/moe_layer.cpp aliased_sides).
+inline double moe_exchange_rows(double M, double R, double D, bool one_rank) { return one_rank ? 0.0 : (M + R) * D; }
 // GroupedExperts' backward scratch: 3 R F.
 inline double experts_scratch(double R, double F) { return 3 * R * F; }
 // The dispatch plan's buffers on the backend per slot (core/moe_layer.cpp MoeSlot), for the n tokens' n K slots.

@@ -260,11 +260,12 @@ double routed_bytes_per_layer(const Sizes& s, double slots) {
   const sizes::RouterBuffers router = sizes::router_buffers(s.N, E, K, s.reroute ? E : K, s.gumbel, s.tau_learned);
   const double per_slot = kFloat * (sizes::expert_activations(R, D, F) + plan.values() + router.slot_values()) +
                           kInt32 * (plan.int32s() + router.selected) + kInt64 * plan.int64s() + kByte * router.clamped;
-  // The layer's workspace: gathered token rows (M, D), expert outputs (R, D), row dots (M, or Mf and the
-  // fallback's Sf), and the backward scratch (dyp, dxp (M, D), dye, dxe (R, D), the experts' 3 R F, dp, dz (N, E),
-  // dw (N K), and the shared experts' or the fallback's scratch).
+  // The layer's workspace: gathered token rows (M, D) and expert outputs (R, D) over several expert-parallel ranks,
+  // row dots (M, or Mf and the fallback's Sf), and the backward scratch (dyp, dxp (M, D), dye, dxe (R, D), the
+  // experts' 3 R F, dp, dz (N, E), dw (N K), and the shared experts' or the fallback's scratch).
   const double backward = sizes::moe_backward_scratch(moe_shape(s), {M, R, Mf}, F);
-  const double workspace = kFloat * (M * D + R * D + std::max(M, Mf) + r.overflowed + backward);
+  const double workspace =
+      kFloat * (sizes::moe_exchange_rows(M, R, D, s.ep == 1) + std::max(M, Mf) + r.overflowed + backward);
   const double router_layer = kDouble * router.layer_doubles() + kInt32 * router.layer_int32s() +
                               kFloat * (router.selected_score + router.bias) + kByte * router.mask;
   return slots * per_slot + workspace + router_layer;
