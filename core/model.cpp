@@ -139,7 +139,7 @@ void Model<T>::make_scratch() {
   scratch_ =
       backend_.allocate(dtype_of<T>(), sizes::elements(sizes::model_scratch(double(R), double(D))) + layer_scratch);
   T* cursor = scratch_.template data<T>();
-  for (T** p : {&ffn_out_, &dres_, &dtmp_, &dnorm_}) *p = cursor, cursor += R * D;
+  for (T** p : {&ffn_out_, &dres_, &dtmp_}) *p = cursor, cursor += R * D;
   layer_scratch_ = cursor;
 }
 

@@ -272,7 +272,7 @@ class Model : public Stateful {
   Buffer shared_acts_;
   // Scratch of one forward or backward call, shared by all layers and slots.
   Buffer scratch_;
-  T *ffn_out_ = nullptr, *dres_ = nullptr, *dtmp_ = nullptr, *dnorm_ = nullptr;
+  T *ffn_out_ = nullptr, *dres_ = nullptr, *dtmp_ = nullptr;
   T* layer_scratch_ = nullptr;  // the attention's, the FFN's or the head's backward scratch
   FfnContext context_;          // of the next forwards
   GradReadyHook grad_ready_;

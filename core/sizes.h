@@ -32,8 +32,8 @@ inline double block_activations(double rows, double D) { return 3 * rows * D + 2
 inline double output_norm_activations(double rows, double D) { return rows * D + rows; }
 // The residual stream of a slot: each of the stage's layers' input, then the last one's output (rows, D).
 inline double residual_stream(double layers, double rows, double D) { return (layers + 1) * rows * D; }
-// The model's scratch beside its layers': ffn_out, dres, dtmp, dnorm (rows, D).
-inline double model_scratch(double rows, double D) { return 4 * rows * D; }
+// The model's scratch beside its layers': ffn_out, dres, dtmp (rows, D).
+inline double model_scratch(double rows, double D) { return 3 * rows * D; }
 // An RMSNorm's gain (D), two per layer and the output norm.
 inline double norm_parameters(double D) { return D; }
 // A slot's buffers beside its arena, of N tokens and the stage's rows: on the stage with the head the per-token

@@ -186,7 +186,7 @@ ModelBytes model_bytes(const Sizes& s, const std::string& mode, int64_t recomput
   ModelBytes m;
   // Full recompute keeps one set of layer activations for the recomputed layers of every slot.
   m.activations = slots * (kFloat * floats + kInt32 * ints) + kFloat * shared;
-  // ffn_out, dres, dtmp, dnorm (rows, D) and the largest of the head's and the layers' backward scratch; latent
+  // ffn_out, dres, dtmp (rows, D) and the largest of the head's and the layers' backward scratch; latent
   // attention's (R, R) identity per layer.
   const double identities = s.mla ? double(s.last - s.first) * sizes::mla_identity(mla_shape(s, true)) : 0.0;
   m.scratch = kFloat * (sizes::model_scratch(rows, D) + std::max(head_scratch, layer_scratch) + identities);
