@@ -11,7 +11,7 @@
 #   agree with transformers', and they train on here at tp 2; a dense Llama of 2 key/value heads is upcycled into
 #   the run's MoE model and computes the Llama's function;
 # - bad input: a config whose model.kv_heads does not divide model.heads, or that disagrees with the directory's
-#   num_key_value_heads, exits 2 naming the key and writes nothing.
+#   num_key_value_heads, or with the checkpoint a run resumes, exits 2 naming the key and writes nothing.
 # When the environment cannot be made (no network) the test fails, unless MOE_TEST_OFFLINE=1 says this machine is
 # offline: then it is skipped (exit 77).
 #
@@ -122,6 +122,10 @@ refused "kv_heads 1 against num_key_value_heads 2" "num_key_value_heads" \
   "$moe" import hf mixtral-kv2 --config config-kv1.json --out bad3
 refused "kv_heads 1 at tp 2" "model.kv_heads = 1" "$moe" train --config config-kv1.json --set parallel.tp=2 \
   --run-dir bad4
+# A checkpoint of 2 key/value heads does not resume as one of another count (nor would one from before the key, of
+# model.heads); the same count, given as model.heads or 0 where it is that, would.
+refused "resume at another kv_heads" "model.kv_heads = 2 there, 1 here" "$moe" train --config config-kv2.json \
+  --set model.kv_heads=1 --set parallel.tp=1 --allow-config-change model,parallel --run-dir imported-kv2
 for d in bad1 bad2 bad3 bad4; do
   [ ! -e "$d" ] || { echo "FAIL: $d written by a refused command" >&2; exit 1; }
 done
