@@ -9,7 +9,7 @@ namespace moe {
 
 template <typename T>
 MhaAttention<T>::MhaAttention(Backend& backend, int64_t d_model, int64_t heads, int64_t seq_len, int64_t layers_total,
-                              TpShard shard)
+                              TpShard shard, int64_t kv_heads)
     : ops_(backend.ops<T>()),
       D_(d_model),
       H_(heads),
@@ -17,10 +17,15 @@ MhaAttention<T>::MhaAttention(Backend& backend, int64_t d_model, int64_t heads, 
       L_(layers_total),
       shard_(shard),
       Hl_(heads / shard.size),
-      Dq_(d_model / heads * (heads / shard.size)) {
+      Dq_(d_model / heads * (heads / shard.size)),
+      Hkvl_((kv_heads > 0 ? kv_heads : heads) / shard.size),
+      Dkv_(d_model / heads * Hkvl_) {
   MOE_CHECK(heads > 0 && D_ % H_ == 0 && (D_ / H_) % 2 == 0, "d_model " << D_ << " and heads " << H_);
   MOE_CHECK(shard.size >= 1 && H_ % shard.size == 0 && shard.rank >= 0 && shard.rank < shard.size,
             heads << " heads over " << shard.size << " tensor-parallel ranks");
+  const int64_t Hkv = kv_heads > 0 ? kv_heads : heads;
+  MOE_CHECK(H_ % Hkv == 0 && Hkv % shard.size == 0,
+            Hkv << " key/value heads for " << heads << " heads over " << shard.size << " tensor-parallel ranks");
 }
 
 template <typename T>
@@ -28,8 +33,9 @@ void MhaAttention<T>::register_params(ParamTable& table, const std::string& pref
   prefix_ = prefix;
   const double out_std = 0.02 / std::sqrt(2.0 * double(L_));  // Wo scaled by 1/sqrt(2L) (docs/model.md)
   // Column-parallel q, k, v (this shard's heads' columns), row-parallel output projection (their rows).
-  for (const char* w : {".wq", ".wk", ".wv"})
-    table.add(shard_.block_of({prefix + w, {D_, D_}, ParamRole::Dense, true, ParamInit::Normal, 0.02}, 1));
+  const int64_t kv_columns = Dkv_ * shard_.size;  // Hkv Dh
+  for (auto [w, columns] : {std::pair{".wq", D_}, {".wk", kv_columns}, {".wv", kv_columns}})
+    table.add(shard_.block_of({prefix + w, {D_, columns}, ParamRole::Dense, true, ParamInit::Normal, 0.02}, 1));
   table.add(shard_.block_of({prefix + ".wo", {D_, D_}, ParamRole::Dense, true, ParamInit::Normal, out_std}, 0));
 }
 
@@ -44,7 +50,7 @@ void MhaAttention<T>::bind(const ParamTable& table, T* params, T* grads) {
 template <typename T>
 double MhaAttention<T>::forward_flops(int64_t N) const {
   const double n = double(N), D = double(D_), Dq = double(Dq_), Tq = double(T_);
-  return 2 * n * D * Dq * 4 + 2 * 2 * n * Tq * Dq;
+  return 2 * n * D * (2 * Dq + 2 * double(Dkv_)) + 2 * 2 * n * Tq * Dq;
 }
 
 template <typename T>
@@ -52,15 +58,26 @@ void MhaAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) 
   const int64_t N = B * T_, D = D_, Q = Dq_, H = Hl_, Dh = D_ / H_;
   T *q = acts, *k = q + N * Q, *v = k + N * Q, *att = v + N * Q;
   ops_.gemm(false, false, N, Q, D, T(1), x, D, wq_, Q, T(0), q, Q);
-  ops_.gemm(false, false, N, Q, D, T(1), x, D, wk_, Q, T(0), k, Q);
-  ops_.gemm(false, false, N, Q, D, T(1), x, D, wv_, Q, T(0), v, Q);
+  project_kv(x, k, v, scratch, B);
   ops_.rope(q, B, T_, H, Dh, false);
-  ops_.rope(k, B, T_, H, Dh, false);
   if (fused(N))  // the statistics (B, Hl, T) after att
     ops_.attention_forward_fused(q, k, v, att, att + N * Q, B, T_, H, Dh);
   else
     plain_forward(q, k, v, att, scratch, B);
   ops_.gemm(false, false, N, D, Q, T(1), att, Q, wo_, D, T(1), y, D);  // y += att Wo
+}
+
+template <typename T>
+void MhaAttention<T>::project_kv(const T* x, T* k, T* v, T* scratch, int64_t B) {
+  const int64_t N = B * T_, D = D_, K = Dkv_, Dh = D_ / H_;
+  T* kp = grouped() ? scratch : k;  // the forward does not use the scratch before the attention op's probabilities
+  T* vp = grouped() ? scratch + N * K : v;
+  ops_.gemm(false, false, N, K, D, T(1), x, D, wk_, K, T(0), kp, K);
+  ops_.gemm(false, false, N, K, D, T(1), x, D, wv_, K, T(0), vp, K);
+  ops_.rope(kp, B, T_, Hkvl_, Dh, false);  // rotated once per key head, then copied to its group
+  if (!grouped()) return;
+  ops_.expand_heads(kp, k, N, Hkvl_, Hl_ / Hkvl_, Dh);
+  ops_.expand_heads(vp, v, N, Hkvl_, Hl_ / Hkvl_, Dh);
 }
 
 template <typename T>
@@ -73,7 +90,7 @@ void MhaAttention<T>::plain_forward(const T* q, const T* k, const T* v, T* att, 
 
 template <typename T>
 void MhaAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) {
-  const int64_t N = B * T_, D = D_, Q = Dq_, H = Hl_, Dh = D_ / H_;
+  const int64_t N = B * T_, D = D_, Q = Dq_, K = Dkv_, H = Hl_, Dh = D_ / H_;
   const T *q = acts, *k = q + N * Q, *v = k + N * Q, *att = v + N * Q;
   T *dq = scratch, *dk = dq + N * Q, *dv = dk + N * Q, *datt = dv + N * Q;
   ops_.gemm(true, false, Q, D, N, T(1), att, Q, dy, D, T(1), dwo_, D);  // dWo += att^T dy
@@ -82,14 +99,25 @@ void MhaAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T*
     ops_.attention_backward_fused(q, k, v, att, att + N * Q, datt, dq, dk, dv, B, T_, H, Dh);
   else
     plain_backward(q, k, v, att, datt, scratch, B);
+  reduce_kv_gradients(dk, dv, scratch, N);
   ops_.rope(dq, B, T_, H, Dh, true);
-  ops_.rope(dk, B, T_, H, Dh, true);
+  ops_.rope(dk, B, T_, Hkvl_, Dh, true);
   ops_.gemm(true, false, D, Q, N, T(1), x, D, dq, Q, T(1), dwq_, Q);
-  ops_.gemm(true, false, D, Q, N, T(1), x, D, dk, Q, T(1), dwk_, Q);
-  ops_.gemm(true, false, D, Q, N, T(1), x, D, dv, Q, T(1), dwv_, Q);
+  ops_.gemm(true, false, D, K, N, T(1), x, D, dk, K, T(1), dwk_, K);
+  ops_.gemm(true, false, D, K, N, T(1), x, D, dv, K, T(1), dwv_, K);
   ops_.gemm(false, true, N, D, Q, T(1), dq, Q, wq_, Q, T(0), dx, D);  // dx = dq Wq^T
-  ops_.gemm(false, true, N, D, Q, T(1), dk, Q, wk_, Q, T(1), dx, D);  //    + dk Wk^T
-  ops_.gemm(false, true, N, D, Q, T(1), dv, Q, wv_, Q, T(1), dx, D);  //    + dv Wv^T
+  ops_.gemm(false, true, N, D, K, T(1), dk, K, wk_, K, T(1), dx, D);  //    + dk Wk^T
+  ops_.gemm(false, true, N, D, K, T(1), dv, K, wv_, K, T(1), dx, D);  //    + dv Wv^T
+}
+
+template <typename T>
+void MhaAttention<T>::reduce_kv_gradients(T*& dk, T*& dv, T* scratch, int64_t N) {
+  if (!grouped()) return;
+  T* sums = kv_gradients(scratch, N);
+  const int64_t Dh = D_ / H_;
+  ops_.expand_heads_backward(dk, sums, N, Hkvl_, Hl_ / Hkvl_, Dh);
+  ops_.expand_heads_backward(dv, sums + N * Dkv_, N, Hkvl_, Hl_ / Hkvl_, Dh);
+  dk = sums, dv = sums + N * Dkv_;
 }
 
 // dq, dk, dv into the start of scratch from the kept (or recomputed) probabilities.

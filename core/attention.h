@@ -43,16 +43,21 @@ class Attention {
   virtual void backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) = 0;
 };
 
-// Multi-head causal self-attention with rotary positions: q, k, v = x Wq, x Wk, x Wv (D, D) each, rotated,
-// softmax(q k^T / sqrt(Dh)) v per head, then the output projection Wo (D, D).
-// A tensor-parallel shard (block r of tp) holds heads [r H / tp, (r + 1) H / tp): the columns of Wq, Wk, Wv
-// and the rows of Wo of those heads (column- and row-parallel), so its output is its heads' partial sum of
-// the whole output; parallel/tp_layers.h sums it over the group.
+// Multi-head causal self-attention with rotary positions: q, k, v = x Wq, x Wk, x Wv, rotated,
+// softmax(q k^T / sqrt(Dh)) v per head, then the output projection Wo (D, D). Wq is (D, H Dh); Wk and Wv are
+// (D, Hkv Dh): with Hkv < H (grouped-query attention) query head h reads key and value head h / (H / Hkv),
+// whose rotated k and v the layer expands to every head of its group (Ops::expand_heads) before the attention
+// op; Hkv = H is plain multi-head attention, computed exactly as before the key existed.
+// A tensor-parallel shard (block r of tp) holds heads [r H / tp, (r + 1) H / tp) and key and value heads
+// [r Hkv / tp, (r + 1) Hkv / tp) (the ones its query heads read): the columns of Wq, Wk, Wv and the rows of
+// Wo of those heads (column- and row-parallel), so its output is its heads' partial sum of the whole output;
+// parallel/tp_layers.h sums it over the group.
 template <typename T>
 class MhaAttention final : public Attention<T> {
  public:
+  // kv_heads: Hkv, a divisor of heads (0: heads).
   MhaAttention(Backend& backend, int64_t d_model, int64_t heads, int64_t seq_len, int64_t layers_total,
-               TpShard shard = {});
+               TpShard shard = {}, int64_t kv_heads = 0);
   void register_params(ParamTable& table, const std::string& prefix) override;
   void bind(const ParamTable& table, T* params, T* grads) override;
   void set_keep_probabilities(bool keep) override { keep_probs_ = keep; }
@@ -69,8 +74,16 @@ class MhaAttention final : public Attention<T> {
   int64_t probs_size(int64_t N) const { return N * Hl_ * T_; }  // B * Hl * T * T
   // The shard's shape for N tokens, as core/sizes.h declares its sizes.
   sizes::MhaShape shape(int64_t N) const {
-    return {double(D_), double(Hl_), double(Dq_), double(T_), keep_probs_, fused(N)};
+    return {double(D_), double(Hl_), double(Dq_), double(T_), keep_probs_, fused(N), double(Dkv_)};
   }
+  bool grouped() const { return Hkvl_ < Hl_; }
+  // Grouped: the key and value heads' gradients (N, Dkv) each, at the end of the backward scratch.
+  T* kv_gradients(T* scratch, int64_t N) const { return scratch + scratch_size(N) - 2 * N * Dkv_; }
+  // The projections of k and v: grouped, into the start of the forward scratch (N, Dkv) each, then expanded
+  // into k and v; else straight into them.
+  void project_kv(const T* x, T* k, T* v, T* scratch, int64_t B);
+  // Grouped: sums the expanded heads' gradients dk, dv into kv_gradients and points dk, dv at those sums.
+  void reduce_kv_gradients(T*& dk, T*& dv, T* scratch, int64_t N);
   // Whether the backend runs the fused form for N tokens (B = N / T sequences); the backend keeps the answer.
   bool fused(int64_t N) const { return N > 0 && ops_.fused_attention_supported(N / T_, T_, Hl_, D_ / H_); }
   // The plain form's attention op (probabilities kept in acts after att, or in scratch) and its backward.
@@ -82,7 +95,8 @@ class MhaAttention final : public Attention<T> {
   Ops<T>& ops_;
   int64_t D_, H_, T_, L_;
   TpShard shard_;
-  int64_t Hl_, Dq_;  // the shard's heads and their width
+  int64_t Hl_, Dq_;     // the shard's heads and their width
+  int64_t Hkvl_, Dkv_;  // the shard's key and value heads and their width
   bool keep_probs_ = true;
   std::string prefix_;
   const T *wq_ = nullptr, *wk_ = nullptr, *wv_ = nullptr, *wo_ = nullptr;

@@ -119,7 +119,8 @@ void Model<T>::build_layers(const FfnFactory& ffn_factory, const AttentionFactor
     const int64_t first = int64_t(table_.specs().size());
     table_.add({p + ".attn_norm.gain", {D}, ParamRole::Norm, false, ParamInit::Ones});
     attn_.push_back(attention_factory ? attention_factory(l)
-                                      : std::make_unique<MhaAttention<T>>(backend_, D, shape_.heads, T_, L));
+                                      : std::make_unique<MhaAttention<T>>(backend_, D, shape_.heads, T_, L, TpShard{},
+                                                                          shape_.kv_heads));
     attn_.back()->set_keep_probabilities(recompute_[size_t(l - first_)] != Recompute::Selective);
     attn_.back()->register_params(table_, p + ".attn");
     table_.add({p + ".ffn_norm.gain", {D}, ParamRole::Norm, false, ParamInit::Ones});

@@ -30,6 +30,7 @@ struct ModelShape {
   int64_t layers = 4;
   int64_t heads = 4;
   int64_t ffn_hidden = 384;
+  int64_t kv_heads = 0;  // key/value heads of grouped-query attention (0: heads; core/attention.h)
   int64_t head_dim() const { return d_model / heads; }
 };
 

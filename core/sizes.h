@@ -81,20 +81,26 @@ inline Footprint vocab_parallel_head(double N, double Vl, double D, bool sequenc
 // ---- Attention (core/attention.h, core/mla_attention.h) ----
 
 // MhaAttention's shard: Hl heads of width Dq / Hl on sequences of T; keep_probs: the probabilities kept for
-// backward (not under selective recompute); fused: the backend's fused form runs the shape.
+// backward (not under selective recompute); fused: the backend's fused form runs the shape. Dkv: the width of
+// the shard's key and value heads under grouped-query attention (0: as many as the query heads, Dq).
 struct MhaShape {
   double D, Hl, Dq, T;
   bool keep_probs = true, fused = false;
+  double Dkv = 0;
+  double kv_width() const { return Dkv > 0 ? Dkv : Dq; }
+  bool grouped() const { return kv_width() < Dq; }
 };
-// Wq, Wk, Wv (D, Dq) and Wo (Dq, D).
-inline double mha_parameters(const MhaShape& a) { return 4 * a.D * a.Dq; }
-// Kept: q, k, v, the attention's output (N, Dq) and the probabilities (B, Hl, T, T) or, fused, each row's
-// log-sum-exp (B, Hl, T). Scratch: dq, dk, dv, d(att) (N, Dq) and, plain, one (T, T) block and the recomputed
-// probabilities when not kept.
+// Wq (D, Dq), Wk, Wv (D, Dkv) and Wo (Dq, D).
+inline double mha_parameters(const MhaShape& a) { return 2 * a.D * a.Dq + 2 * a.D * a.kv_width(); }
+// Kept: q, k, v, the attention's output (N, Dq) (grouped: k and v expanded to every query head) and the
+// probabilities (B, Hl, T, T) or, fused, each row's log-sum-exp (B, Hl, T). Scratch: dq, dk, dv, d(att) (N, Dq)
+// and, plain, one (T, T) block and the recomputed probabilities when not kept; grouped, then the key and value
+// heads' own gradients (N, Dkv) each (forward projects k and v into the start of the scratch, then expands them).
 inline Footprint mha(const MhaShape& a, double N) {
-  const double probs = N * a.Hl * a.T;
-  if (a.fused) return {4 * N * a.Dq + N * a.Hl, 4 * N * a.Dq};
-  return {4 * N * a.Dq + (a.keep_probs ? probs : 0.0), 4 * N * a.Dq + a.T * a.T + (a.keep_probs ? 0.0 : probs)};
+  const double probs = N * a.Hl * a.T, kv_grads = a.grouped() ? 2 * N * a.kv_width() : 0.0;
+  if (a.fused) return {4 * N * a.Dq + N * a.Hl, 4 * N * a.Dq + kv_grads};
+  return {4 * N * a.Dq + (a.keep_probs ? probs : 0.0),
+          4 * N * a.Dq + a.T * a.T + (a.keep_probs ? 0.0 : probs) + kv_grads};
 }
 
 // MlaAttention: H heads on sequences of T, latents C (key/value) and Cq (query; 0: the queries projected from x
@@ -122,9 +128,9 @@ inline Footprint mla(const MlaShape& a, double N) {
           4 * N * W + a.T * a.T + N * (a.q_input() + a.C + a.H * a.R + a.R) + (a.keep_probs ? 0.0 : probs) + latents};
 }
 // What a key/value cache would keep per token and layer: c_kv and the shared rotary key (C + R); multi-head
-// attention's k and v (2 D).
+// attention's k and v (2 Hkv Dh: 2 D without grouped-query attention).
 inline double mla_kv_cache(const MlaShape& a) { return a.C + a.R; }
-inline double mha_kv_cache(double D) { return 2 * D; }
+inline double mha_kv_cache(double kv_width) { return 2 * kv_width; }
 // The (R, R) identity that places the rotary parts, held by the layer.
 inline double mla_identity(const MlaShape& a) { return a.R * a.R; }
 

@@ -46,13 +46,13 @@ int64_t wrapper_scratch(const TpContext& tp, int64_t N, int64_t D) {
 
 template <typename T>
 TpAttention<T>::TpAttention(Backend& backend, TpContext tp, int64_t d_model, int64_t heads, int64_t seq_len,
-                            int64_t layers_total)
+                            int64_t layers_total, int64_t kv_heads)
     : backend_(backend),
       ops_(backend.ops<T>()),
       tp_(tp),
       D_(d_model),
       T_(seq_len),
-      inner_(backend, d_model, heads, seq_len, layers_total, tp.shard()) {}
+      inner_(backend, d_model, heads, seq_len, layers_total, tp.shard(), kv_heads) {}
 
 template <typename T>
 int64_t TpAttention<T>::scratch_size(int64_t R) const {
@@ -267,7 +267,7 @@ typename Model<T>::AttentionFactory tp_attention_factory(Backend& backend, TpCon
   if (tp.comm->size() == 1) return nullptr;
   Backend* b = &backend;
   return [b, tp, shape, seq_len](int64_t) -> std::unique_ptr<Attention<T>> {
-    return std::make_unique<TpAttention<T>>(*b, tp, shape.d_model, shape.heads, seq_len, shape.layers);
+    return std::make_unique<TpAttention<T>>(*b, tp, shape.d_model, shape.heads, seq_len, shape.layers, shape.kv_heads);
   };
 }
 

@@ -49,7 +49,9 @@ struct TpContext {
 template <typename T>
 class TpAttention final : public Attention<T> {
  public:
-  TpAttention(Backend& backend, TpContext tp, int64_t d_model, int64_t heads, int64_t seq_len, int64_t layers_total);
+  // kv_heads: the key/value heads of the whole layer (0: heads), kv_heads / tp of them on this rank.
+  TpAttention(Backend& backend, TpContext tp, int64_t d_model, int64_t heads, int64_t seq_len, int64_t layers_total,
+              int64_t kv_heads = 0);
   void register_params(ParamTable& table, const std::string& prefix) override { inner_.register_params(table, prefix); }
   void bind(const ParamTable& table, T* params, T* grads) override { inner_.bind(table, params, grads); }
   void set_keep_probabilities(bool keep) override { inner_.set_keep_probabilities(keep); }

@@ -81,6 +81,12 @@ class Ops {
   // angle t * base^(-2i/Dh). inverse = true applies the transpose (the backward of the forward).
   virtual void rope(T* x, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) = 0;
 
+  // Grouped-query attention's key and value heads (docs/model.md): x (N, Hkv*Dh), y (N, Hkv*group*Dh) with
+  // y's head h*group + g a copy of x's head h (each of x's heads read by its group of query heads).
+  virtual void expand_heads(const T* x, T* y, int64_t N, int64_t Hkv, int64_t group, int64_t Dh) = 0;
+  // Its backward: dx's head h = the sum of dy's heads [h*group, (h+1)*group), in that order (written).
+  virtual void expand_heads_backward(const T* dy, T* dx, int64_t N, int64_t Hkv, int64_t group, int64_t Dh) = 0;
+
   // Causal softmax attention per head. q, k, v, out: (B, T, H*Dh) with head h at columns [h*Dh, (h+1)*Dh);
   // probs: (B, H, T, T) saved for backward (upper triangle zero).
   virtual void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,

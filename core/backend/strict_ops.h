@@ -33,6 +33,8 @@ enum class OpId : int {
   rmsnorm_forward_residual,
   rmsnorm_backward_add,
   rope,
+  expand_heads,
+  expand_heads_backward,
   attention_forward,
   attention_backward,
   fused_attention_supported,
@@ -84,6 +86,8 @@ inline constexpr const char* kOpNames[] = {"gemm",
                                            "rmsnorm_forward_residual",
                                            "rmsnorm_backward_add",
                                            "rope",
+                                           "expand_heads",
+                                           "expand_heads_backward",
                                            "attention_forward",
                                            "attention_backward",
                                            "fused_attention_supported",
@@ -223,6 +227,20 @@ class StrictOps final : public Ops<T> {
     covered(OpId::rope);
     const auto p0 = r(x, B * T_ * H * Dh, "rope");
     run([=, this] { inner_.rope(p0, B, T_, H, Dh, inverse); });
+  }
+  void expand_heads(const T* x, T* y, int64_t N, int64_t Hkv, int64_t group, int64_t Dh) override {
+    covered(OpId::expand_heads);
+    const char* op = "expand_heads";
+    const auto p0 = r(x, N * Hkv * Dh, op);
+    const auto p1 = r(y, N * Hkv * group * Dh, op);
+    run([=, this] { inner_.expand_heads(p0, p1, N, Hkv, group, Dh); });
+  }
+  void expand_heads_backward(const T* dy, T* dx, int64_t N, int64_t Hkv, int64_t group, int64_t Dh) override {
+    covered(OpId::expand_heads_backward);
+    const char* op = "expand_heads_backward";
+    const auto p0 = r(dy, N * Hkv * group * Dh, op);
+    const auto p1 = r(dx, N * Hkv * Dh, op);
+    run([=, this] { inner_.expand_heads_backward(p0, p1, N, Hkv, group, Dh); });
   }
   void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,
                          int64_t Dh) override {

@@ -41,8 +41,9 @@ struct ModelConfig {
   int64_t d_model = 0;
   int64_t layers = 0;
   int64_t heads = 0;
-  int64_t ffn_hidden = 0;                                     // width of the dense SwiGLU MLP
-  std::string attention;                                      // "mha" | "mla"
+  int64_t kv_heads = 0;    // key/value heads (grouped-query attention); model.kv_heads, its 0 read as heads
+  int64_t ffn_hidden = 0;  // width of the dense SwiGLU MLP
+  std::string attention;   // "mha" | "mla"
   int64_t mla_kv_rank = 0, mla_q_rank = 0, mla_rope_dim = 0;  // model.mla.*
   bool mla_norms = false;                                     // model.mla.norms
 };

@@ -72,6 +72,8 @@ void fill_model(FieldReader& r, Config& c) {
   c.model.d_model = r.integer("model.d_model");
   c.model.layers = r.integer("model.layers");
   c.model.heads = r.integer("model.heads");
+  c.model.kv_heads = r.integer("model.kv_heads");
+  if (c.model.kv_heads == 0) c.model.kv_heads = c.model.heads;
   c.model.ffn_hidden = r.integer("model.ffn_hidden");
   c.model.attention = r.string("model.attention");
   c.model.mla_kv_rank = r.integer("model.mla.kv_rank");

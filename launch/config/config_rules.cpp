@@ -24,6 +24,18 @@ void check_head_dim_even(const Checked& c) {
     MOE_BAD_INPUT("head dimension " << head_dim << " = " << c.show("model.d_model") << " / " << c.show("model.heads")
                                     << " is odd; expected an even head dimension: rotary embeddings rotate pairs");
 }
+void check_kv_heads_divide_heads(const Checked& c) {
+  const ModelConfig& m = c.config.model;
+  if (m.attention == "mla" && m.kv_heads != m.heads)
+    MOE_BAD_INPUT(c.show("model.kv_heads") << " with " << c.show("model.attention")
+                                           << ": expected 0 or model.heads; latent attention's keys and values come "
+                                              "from one shared latent, not from key/value heads");
+  if (m.heads % m.kv_heads != 0)
+    MOE_BAD_INPUT(c.show("model.kv_heads") << " does not divide " << c.show("model.heads")
+                                           << ": each group of heads / kv_heads query heads reads one key/value head; "
+                                              "choose a divisor of "
+                                           << m.heads << ", or 0 for " << m.heads);
+}
 void check_micro_batches_fill_step(const Checked& c) {
   if (c.config.train.global_batch % c.config.train.micro_batch != 0)
     MOE_BAD_INPUT(c.show("train.global_batch") << " is not a multiple of " << c.show("train.micro_batch")
@@ -218,6 +230,10 @@ void check_tp_heads(const Checked& c) {
     require_tp_split(c, "model.heads", c.config.model.heads,
                      "each tensor-parallel rank computes heads / tp whole attention heads (Wq, Wk, Wv split by "
                      "columns, Wo by rows)");
+  if (c.config.parallel.tp > 1 && c.config.model.attention != "mla")
+    require_tp_split(c, "model.kv_heads", c.config.model.kv_heads,
+                     "each tensor-parallel rank computes kv_heads / tp whole key/value heads, the ones its query "
+                     "heads read (Wk, Wv split by columns)");
 }
 void check_tp_vocab(const Checked& c) {
   if (c.config.parallel.tp > 1)
@@ -286,6 +302,9 @@ const std::vector<Rule>& rules() {
       {"`model.d_model` is a multiple of `model.heads`.", check_heads_divide_width},
       {"The head dimension `model.d_model / model.heads` is even (rotary embeddings rotate pairs).",
        check_head_dim_even},
+      {"`model.kv_heads` (0: `model.heads`) divides `model.heads`; with `model.attention` = mla it is 0 or "
+       "`model.heads`.",
+       check_kv_heads_divide_heads},
       {"`train.global_batch` is a multiple of `train.micro_batch`.", check_micro_batches_fill_step},
       {"`optim.min_lr` <= `optim.lr`.", check_min_lr},
       {"`model.vocab` >= 256: the tokenizer is bytes.", check_vocab_holds_bytes},
@@ -311,7 +330,9 @@ const std::vector<Rule>& rules() {
       {"`parallel.expert_tp` is 1 (experts whole on every tensor-parallel rank) or `parallel.tp` (each expert's "
        "hidden width split over the tensor-parallel group).",
        check_expert_tp},
-      {"With `parallel.tp` > 1: `model.heads` is a multiple of `parallel.tp` (whole heads per rank).", check_tp_heads},
+      {"With `parallel.tp` > 1: `model.heads` and (multi-head attention) `model.kv_heads` are multiples of "
+       "`parallel.tp` (whole heads per rank).",
+       check_tp_heads},
       {"With `parallel.tp` > 1: `model.vocab` is a multiple of `parallel.tp` (embedding rows and head columns are "
        "split).",
        check_tp_vocab},

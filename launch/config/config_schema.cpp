@@ -132,6 +132,11 @@ std::vector<KeySpec> model_keys() {
       integer("model.d_model", 128, at_least(1), "width of the residual stream"),
       integer("model.layers", 4, at_least(1), "transformer blocks"),
       integer("model.heads", 4, at_least(1), "attention heads; d_model / heads must be an even integer"),
+      integer("model.kv_heads", 0, at_least(0),
+              "key/value heads (grouped-query attention, Ainslie et al. 2023): each group of heads / kv_heads query "
+              "heads reads one key and value head, so Wk and Wv have kv_heads * d_model / heads columns; a divisor "
+              "of model.heads and, with parallel.tp > 1, a multiple of parallel.tp; 0 (the default): model.heads "
+              "(multi-head attention); model.attention = mla takes only 0 or model.heads"),
       integer("model.ffn_hidden", 384, at_least(1), "hidden width of the dense SwiGLU MLP"),
       choice("model.attention", "mha", {"mha", "mla"},
              "attention of every block: `mha` multi-head attention, `mla` multi-head latent attention (DeepSeek-V2: "

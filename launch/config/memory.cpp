@@ -27,6 +27,7 @@ int64_t saturate(double bytes) {
 // The config's sizes (the letters of core/dims.h) and how one rank holds them.
 struct Sizes {
   double V, D, L, H, F, T, N;  // N = B * T tokens of one micro-batch
+  double Hkv;                  // key/value heads (model.kv_heads, its 0 read as H)
   double tp, etp, ep;
   bool sequence_parallel;           // in effect: parallel.sequence_parallel with tp > 1
   double rows;                      // rows of the residual stream and the norms here: N / tp with sequence parallelism
@@ -51,6 +52,7 @@ Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) 
   const MoeConfig& moe = c.moe;
   Sizes s{};
   s.V = double(m.vocab), s.D = double(m.d_model), s.L = double(m.layers), s.H = double(m.heads);
+  s.Hkv = double(m.kv_heads > 0 ? m.kv_heads : m.heads);
   s.F = double(m.ffn_hidden), s.T = double(c.train.seq_len), s.N = double(c.train.micro_batch) * s.T;
   s.tp = double(tp), s.etp = double(c.parallel.expert_tp), s.ep = double(ep);
   s.sequence_parallel = c.parallel.sequence_parallel && tp > 1;
@@ -88,9 +90,10 @@ struct ParamCounts {
 // its experts' hidden width is split over the tp ranks instead (expert_tp = tp).
 double moe_rows(const Sizes& s) { return s.etp > 1 ? s.N : s.N / s.tp; }
 
-// Multi-head attention's shard on this rank: H / tp heads of the D / tp columns of Wq, Wk, Wv and rows of Wo.
+// Multi-head attention's shard on this rank: H / tp heads of the D / tp columns of Wq and rows of Wo, and
+// Hkv / tp key/value heads of the Hkv D / H / tp columns of Wk and Wv.
 sizes::MhaShape mha_shape(const Sizes& s, bool keep_probs) {
-  return {s.D, s.H / s.tp, s.D / s.tp, s.T, keep_probs, s.fused};
+  return {s.D, s.H / s.tp, s.D / s.tp, s.T, keep_probs, s.fused, s.Hkv * (s.D / s.H) / s.tp};
 }
 // Latent attention (tp = 1).
 sizes::MlaShape mla_shape(const Sizes& s, bool keep_probs) {
@@ -315,10 +318,10 @@ MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int
   m.communication =
       saturate(communication_bytes(s, p, config.optim.zero, double(dp), edp, config.moe.dispatcher == "allgather"));
   m.device_workspace = saturate(device_kept_bytes(s, p.dense + p.expert) + device_transient_bytes(s));
-  // A key/value cache would keep k and v (2 D) per token and layer, or latent attention's c_kv and shared
+  // A key/value cache would keep k and v (2 Hkv Dh) per token and layer, or latent attention's c_kv and shared
   // rotary key (C + R); fp32.
-  m.kv_cache_per_token =
-      saturate(kFloat * s.L * (s.mla ? sizes::mla_kv_cache(mla_shape(s, true)) : sizes::mha_kv_cache(s.D)));
+  m.kv_cache_per_token = saturate(
+      kFloat * s.L * (s.mla ? sizes::mla_kv_cache(mla_shape(s, true)) : sizes::mha_kv_cache(s.Hkv * (s.D / s.H))));
   return m;
 }
 

@@ -51,7 +51,7 @@ CheckpointForward::CheckpointForward(const CheckpointModel& checkpoint, int64_t 
       vocab_(checkpoint.config.model.vocab),
       seed_(checkpoint.config.train.seed) {
   const ModelConfig& m = checkpoint.config.model;
-  const ModelShape shape{m.vocab, m.d_model, m.layers, m.heads, m.ffn_hidden};
+  const ModelShape shape{m.vocab, m.d_model, m.layers, m.heads, m.ffn_hidden, m.kv_heads};
   model_ = std::make_unique<Model<float>>(
       *backend_,
       ModelOptions<float>{.shape = shape,

@@ -113,8 +113,8 @@ using FfnTensors = std::function<void(TensorList& list, int64_t layer, const std
 // What every architecture here has: the embedding; per layer the norms, the attention and (from `ffn`) the FFN; the
 // output norm and head. And the parameters dropped on purpose.
 void add_decoder(HfModel& m, const Config& c, const FfnTensors& ffn) {
-  const int64_t V = c.model.vocab, D = c.model.d_model, H = c.model.heads;
-  const Dim v{V, "model.vocab"}, d{D, "model.d_model"};
+  const int64_t V = c.model.vocab, D = c.model.d_model, H = c.model.heads, Hkv = c.model.kv_heads, K = Hkv * (D / H);
+  const Dim v{V, "model.vocab"}, d{D, "model.d_model"}, kv{K, "model.kv_heads * model.d_model / model.heads"};
   TensorList list(m);
   list.add("model.embed_tokens.weight", {v, d}, "embed.weight", {V, D}, Op::Copy);
   for (int64_t l = 0; l < c.model.layers; ++l) {
@@ -124,8 +124,10 @@ void add_decoder(HfModel& m, const Config& c, const FfnTensors& ffn) {
       add_mla(list, c, hf + ".self_attn.", p + ".attn.");
     } else {
       list.add(hf + ".self_attn.q_proj.weight", {d, d}, p + ".attn.wq", {D, D}, Op::TransposeRope, -1, H);
-      list.add(hf + ".self_attn.k_proj.weight", {d, d}, p + ".attn.wk", {D, D}, Op::TransposeRope, -1, H);
-      list.add(hf + ".self_attn.v_proj.weight", {d, d}, p + ".attn.wv", {D, D}, Op::Transpose);
+      // Grouped-query attention: Hkv key and value heads (k_proj, v_proj of Hkv Dh rows), as transformers'
+      // repeat_kv reads them (query head h the key/value head h / (H / Hkv)), as core/attention.h does.
+      list.add(hf + ".self_attn.k_proj.weight", {kv, d}, p + ".attn.wk", {D, K}, Op::TransposeRope, -1, Hkv);
+      list.add(hf + ".self_attn.v_proj.weight", {kv, d}, p + ".attn.wv", {D, K}, Op::Transpose);
     }
     list.add(hf + ".self_attn.o_proj.weight", {d, d}, p + ".attn.wo", {D, D}, Op::Transpose);
     list.add(hf + ".post_attention_layernorm.weight", {d}, p + ".ffn_norm.gain", {D}, Op::Copy);
@@ -150,7 +152,7 @@ nlohmann::json decoder_config(const Config& c) {
           {"hidden_size", D},
           {"num_hidden_layers", c.model.layers},
           {"num_attention_heads", H},
-          {"num_key_value_heads", H},
+          {"num_key_value_heads", c.model.kv_heads},
           {"head_dim", D / H},
           {"hidden_act", "silu"},
           {"max_position_embeddings", c.train.seq_len},
@@ -585,8 +587,9 @@ struct HfFields {
 // The attention's sizes: heads, and multi-head latent attention's ranks for DeepSeek-V3.
 void check_hf_attention(const HfFields& f, const std::string& type, const Config& c) {
   const int64_t head_dim = c.model.d_model / std::max<int64_t>(c.model.heads, 1);
-  f.same("num_key_value_heads", f.number("num_attention_heads", -1),
-         "model.heads (grouped-query attention is not built)", c.model.heads);
+  // Absent: as many as the heads (transformers' default).
+  f.same("num_key_value_heads", f.number("num_attention_heads", -1), "model.kv_heads (0: model.heads)",
+         c.model.kv_heads);
   if (type != "deepseek_v3") {
     f.same("head_dim", double(head_dim), "model.d_model / model.heads", head_dim);
     return;

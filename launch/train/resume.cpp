@@ -12,18 +12,29 @@
 namespace moe {
 namespace {
 
+nlohmann::json value_at(const nlohmann::json& config, const std::string& key) {
+  std::string path = "/" + key;
+  std::replace(path.begin(), path.end(), '.', '/');
+  const nlohmann::json::json_pointer ptr(path);
+  return config.contains(ptr) ? config.at(ptr) : nlohmann::json();
+}
+
+// A config's value of `key` as the model reads it: model.kv_heads absent (a checkpoint from before the key)
+// or 0 is model.heads.
+nlohmann::json model_value(const nlohmann::json& config, const std::string& key) {
+  nlohmann::json v = value_at(config, key);
+  if (key == "model.kv_heads" && (v.is_null() || v == 0)) return value_at(config, "model.heads");
+  return v;
+}
+
 // The keys that fix the model's parameters: a checkpoint taken with other values cannot be loaded. The
 // refusal's text, or "" when it fits.
 std::string config_mismatch(const ckpt::Manifest& m, const Config& config, const std::string& dir) {
-  const nlohmann::json& then = m.config;
-  const nlohmann::json& now = config.resolved;
   std::string diffs;
-  for (const char* key : {"model.vocab", "model.d_model", "model.layers", "model.heads", "model.ffn_hidden",
-                          "moe.num_experts", "moe.every", "moe.expert_hidden", "moe.shared_experts"}) {
-    std::string path = std::string("/") + key;
-    std::replace(path.begin(), path.end(), '.', '/');
-    const nlohmann::json::json_pointer ptr(path);
-    const nlohmann::json a = then.contains(ptr) ? then.at(ptr) : nlohmann::json(), b = now.at(ptr);
+  for (const char* key :
+       {"model.vocab", "model.d_model", "model.layers", "model.heads", "model.kv_heads", "model.ffn_hidden",
+        "moe.num_experts", "moe.every", "moe.expert_hidden", "moe.shared_experts"}) {
+    const nlohmann::json a = model_value(m.config, key), b = model_value(config.resolved, key);
     if (a != b)
       diffs += std::string(diffs.empty() ? "" : ", ") + key + " = " + a.dump() + " there, " + b.dump() + " here";
   }

@@ -196,8 +196,8 @@ void wire_moe_layers(Trainer& t, const MoeSettingsOf& moe_of) {
 void build_model(Trainer& t) {
   const Config& config = t.config;
   const TrainConfig& tc = config.train;
-  const ModelShape shape{config.model.vocab, config.model.d_model, config.model.layers, config.model.heads,
-                         config.model.ffn_hidden};
+  const ModelShape shape{config.model.vocab, config.model.d_model,    config.model.layers,
+                         config.model.heads, config.model.ffn_hidden, config.model.kv_heads};
   const Recompute mode = tc.recompute == "full"        ? Recompute::Full
                          : tc.recompute == "selective" ? Recompute::Selective
                                                        : Recompute::None;

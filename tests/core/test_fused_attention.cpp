@@ -169,15 +169,19 @@ TEST(FusedAttention, BackwardMatchesFiniteDifferences) {
 }
 
 // The layer on the fused form: no (T, T) memory, the statistics kept instead; the same output bits (the forward
-// is the plain one's arithmetic) and the same gradients within fp32 rounding of double.
-TEST(FusedAttention, LayerUsesItWhereTheBackendSaysSoAndMatchesThePlainLayer) {
-  const int64_t B = 2, T = 7, D = 12, H = 3, N = B * T;
+// is the plain one's arithmetic) and the same gradients within fp32 rounding of double. With grouped-query
+// attention (Hkv < H) the key/value heads' gradients (N, Hkv Dh) each take scratch in both forms.
+void check_fused_layer(int64_t H, int64_t Hkv) {
+  SCOPED_TRACE(std::to_string(H) + " heads, " + std::to_string(Hkv) + " key/value heads");
+  const int64_t B = 2, T = 7, D = 12, N = B * T, kv_grads = Hkv < H ? 2 * N * Hkv * (D / H) : 0;
   auto plain_backend = make_cpu_backend(1), fused_backend = make_cpu_backend(1);
   fused_backend->ops<double>().set_fused_attention(true);
-  MhaAttention<double> plain(*plain_backend, D, H, T, 2), fused(*fused_backend, D, H, T, 2);
+  MhaAttention<double> plain(*plain_backend, D, H, T, 2, TpShard{}, Hkv),
+      fused(*fused_backend, D, H, T, 2, TpShard{}, Hkv);
   EXPECT_EQ(fused.activation_size(N), 4 * N * D + N * H);
-  EXPECT_EQ(fused.scratch_size(N), 4 * N * D);
+  EXPECT_EQ(fused.scratch_size(N), 4 * N * D + kv_grads);
   EXPECT_EQ(plain.activation_size(N), 4 * N * D + B * H * T * T);
+  EXPECT_EQ(plain.scratch_size(N), 4 * N * D + T * T + kv_grads);
   ParamTable table;
   plain.register_params(table, "attn");
   ParamTable fused_table;
@@ -198,6 +202,12 @@ TEST(FusedAttention, LayerUsesItWhereTheBackendSaysSoAndMatchesThePlainLayer) {
   fused.backward(x.data(), dy.data(), dx_fused.data(), acts_fused.data(), scratch_fused.data(), B);
   expect_close<double>("layer dx", dx_fused, dx_plain, N * D);
   expect_close<double>("layer parameter gradients", fused_grads, plain_grads, N * D);
+}
+
+TEST(FusedAttention, LayerUsesItWhereTheBackendSaysSoAndMatchesThePlainLayer) {
+  check_fused_layer(3, 3);
+  check_fused_layer(3, 1);
+  check_fused_layer(6, 2);
 }
 
 // ---- cuDNN on the CUDA backend -------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 // the whole model; and the gradient-accumulation contract of docs/design.md "Conventions".
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <string>
+
 #include "core/backend/ops.h"
 #include "core/ffn.h"
 #include "core/mla_attention.h"
@@ -181,38 +184,29 @@ TEST(GradCheck, DenseMlp) {
   expect_gradient_matches("mlp dparams", params, grads, objective, 80);
 }
 
-// Multi-head latent attention (core/mla_attention.h): dx and every parameter, keeping its probabilities and
-// recomputing them (selective recompute); rotary parts of 2 and 4 columns, latents narrower than the width; with
-// and without the latents' RMSNorms (their gains perturbed from 1 so that a gain's gradient is checked in general);
-// and without a query latent (q_rank 0: the queries projected from x).
-void check_mla(bool keep_probabilities, MlaShape mla_shape) {
-  const int64_t B = 2, T = 5, D = 8, H = 2, N = B * T;
-  MlaAttention<double> mla(test_backend(), D, H, T, 2, mla_shape);
-  mla.set_keep_probabilities(keep_probabilities);
+// An attention layer's dx and every parameter's gradient on B sequences of T, the projections scaled up to
+// O(1) so that the softmax is far from uniform; `init` may set parameters after that (e.g. norm gains).
+void check_attention_layer(const std::string& what, Attention<double>& layer, int64_t B, int64_t T, int64_t D,
+                           const std::function<void(ParamTable&, std::vector<double>&)>& init = nullptr) {
+  const int64_t N = B * T;
   ParamTable table;
-  mla.register_params(table, "attn");
+  layer.register_params(table, "attn");
   std::vector<double> params(table.numel()), grads(table.numel(), 0.0);
   table.initialize(params.data(), 5);
-  for (double& p : params) p *= 25;  // O(1) projections so that the softmax is far from uniform
-  if (mla_shape.norms)
-    for (const char* gain : {"attn.q_norm.gain", "attn.kv_norm.gain"}) {
-      if (mla_shape.q_rank == 0 && std::string(gain) == "attn.q_norm.gain") continue;  // no query latent
-      const ParamSpec& spec = table.find(gain);
-      const auto noise = random_vector(spec.numel, 7, gain);
-      for (int64_t i = 0; i < spec.numel; ++i) params[size_t(spec.offset + i)] = 1.0 + 0.5 * noise[size_t(i)];
-    }
-  mla.bind(table, params.data(), grads.data());
+  for (double& p : params) p *= 25;
+  if (init) init(table, params);
+  layer.bind(table, params.data(), grads.data());
   auto x = random_vector(N * D, 5, "x");
   const auto r = random_vector(N * D, 5, "r");
-  std::vector<double> y(N * D), dx(N * D), acts(mla.activation_size(N)), scratch(mla.scratch_size(N));
+  std::vector<double> y(N * D), dx(N * D), acts(layer.activation_size(N)), scratch(layer.scratch_size(N));
   auto objective = [&] {
     std::fill(y.begin(), y.end(), 0.0);  // the attention adds to the residual stream
-    mla.forward(x.data(), y.data(), acts.data(), scratch.data(), B);
+    layer.forward(x.data(), y.data(), acts.data(), scratch.data(), B);
     return dot(r, y.data());
   };
   objective();
-  mla.backward(x.data(), r.data(), dx.data(), acts.data(), scratch.data(), B);
-  expect_gradient_matches("mla dx", x, dx, objective);
+  layer.backward(x.data(), r.data(), dx.data(), acts.data(), scratch.data(), B);
+  expect_gradient_matches(what + " dx", x, dx, objective);
   for (const ParamSpec& spec : table.specs()) {
     std::vector<double> p(params.begin() + spec.offset, params.begin() + spec.offset + spec.numel);
     std::vector<double> g(grads.begin() + spec.offset, grads.begin() + spec.offset + spec.numel);
@@ -220,8 +214,45 @@ void check_mla(bool keep_probabilities, MlaShape mla_shape) {
       std::copy(p.begin(), p.end(), params.begin() + spec.offset);
       return objective();
     };
-    expect_gradient_matches("mla " + spec.name, p, g, obj, 20);
+    expect_gradient_matches(what + " " + spec.name, p, g, obj, 20);
     std::copy(p.begin(), p.end(), params.begin() + spec.offset);
+  }
+}
+
+// Multi-head latent attention (core/mla_attention.h): dx and every parameter, keeping its probabilities and
+// recomputing them (selective recompute); rotary parts of 2 and 4 columns, latents narrower than the width; with
+// and without the latents' RMSNorms (their gains perturbed from 1 so that a gain's gradient is checked in general);
+// and without a query latent (q_rank 0: the queries projected from x).
+void check_mla(bool keep_probabilities, MlaShape mla_shape) {
+  const int64_t B = 2, T = 5, D = 8, H = 2;
+  MlaAttention<double> mla(test_backend(), D, H, T, 2, mla_shape);
+  mla.set_keep_probabilities(keep_probabilities);
+  check_attention_layer("mla", mla, B, T, D, [&](ParamTable& table, std::vector<double>& params) {
+    if (!mla_shape.norms) return;
+    for (const char* gain : {"attn.q_norm.gain", "attn.kv_norm.gain"}) {
+      if (mla_shape.q_rank == 0 && std::string(gain) == "attn.q_norm.gain") continue;  // no query latent
+      const ParamSpec& spec = table.find(gain);
+      const auto noise = random_vector(spec.numel, 7, gain);
+      for (int64_t i = 0; i < spec.numel; ++i) params[size_t(spec.offset + i)] = 1.0 + 0.5 * noise[size_t(i)];
+    }
+  });
+}
+
+// Grouped-query attention (core/attention.h): H query heads reading Hkv < H key/value heads, one of them (multi-
+// query) and two groups of two, probabilities kept and recomputed; Wk and Wv are (D, Hkv Dh).
+TEST(GradCheck, GroupedQueryAttention) {
+  struct Case {
+    int64_t D, H, Hkv;
+    bool keep;
+  };
+  for (const Case& c : {Case{12, 3, 1, true}, Case{16, 4, 2, false}, Case{16, 4, 2, true}, Case{8, 4, 1, false}}) {
+    MhaAttention<double> gqa(test_backend(), c.D, c.H, 5, 2, TpShard{}, c.Hkv);
+    gqa.set_keep_probabilities(c.keep);
+    check_attention_layer("gqa " + std::to_string(c.H) + "/" + std::to_string(c.Hkv), gqa, 2, 5, c.D,
+                          [&](ParamTable& table, std::vector<double>&) {
+                            ASSERT_EQ(table.find("attn.wk").shape, (std::vector<int64_t>{c.D, c.Hkv * c.D / c.H}));
+                            ASSERT_EQ(table.find("attn.wv").shape, (std::vector<int64_t>{c.D, c.Hkv * c.D / c.H}));
+                          });
   }
 }
 
@@ -235,8 +266,8 @@ TEST(GradCheck, MultiHeadLatentAttention) {
 }
 
 // The whole model: d(mean token loss)/d(every parameter tensor).
-void check_model(Recompute recompute, bool mla = false) {
-  ModelShape shape{13, 8, 2, 2, 12};
+void check_model(Recompute recompute, bool mla = false, int64_t kv_heads = 0) {
+  ModelShape shape{13, 8, 2, 2, 12, kv_heads};
   const int64_t T = 5, B = 3;
   typename Model<double>::AttentionFactory attention = nullptr;
   if (mla)
@@ -275,6 +306,10 @@ void check_model(Recompute recompute, bool mla = false) {
 TEST(GradCheck, WholeModel) { check_model(Recompute::None); }
 TEST(GradCheck, WholeModelWithRecompute) { check_model(Recompute::Full); }
 TEST(GradCheck, WholeModelWithSelectiveRecompute) { check_model(Recompute::Selective); }
+TEST(GradCheck, WholeModelWithGroupedQueryAttention) {
+  check_model(Recompute::None, false, 1);
+  check_model(Recompute::Selective, false, 1);
+}
 TEST(GradCheck, WholeModelWithLatentAttention) {
   check_model(Recompute::None, true);
   check_model(Recompute::Selective, true);

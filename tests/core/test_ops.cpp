@@ -225,6 +225,42 @@ TEST_P(Conformance, CopyStrided) {
   copy_strided_cases<double>(backend());
 }
 
+// Grouped-query attention's expansion of key and value heads: each head copied to its group (exact), and the
+// backward's sum over each group against the reference's, with one head per group (a plain copy) among them.
+template <typename T>
+void expand_heads_cases(Backend& b) {
+  Backend& r = reference();
+  for (auto [N, Hkv, group, Dh] : {std::array<int64_t, 4>{5, 2, 3, 8}, {17, 1, 4, 6}, {3, 4, 1, 10}}) {
+    const int64_t wide = N * Hkv * group * Dh, narrow = N * Hkv * Dh;
+    const auto X = randn(narrow, "kv heads"), DY = randn(wide, "expanded heads' gradient");
+    Buffer x = put<T>(b, X), dy = put<T>(b, DY), y = b.allocate(dtype_of<T>(), wide),
+           dx = b.allocate(dtype_of<T>(), narrow);
+    b.ops<T>().expand_heads(x.data<T>(), y.data<T>(), N, Hkv, group, Dh);
+    const std::vector<double> got = get<T>(b, y);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t h = 0; h < Hkv * group; ++h)
+        for (int64_t d = 0; d < Dh; ++d)
+          ASSERT_EQ(got[size_t((n * Hkv * group + h) * Dh + d)], double(T(X[size_t((n * Hkv + h / group) * Dh + d)])))
+              << "row " << n << " head " << h;
+    Buffer rdy = put<double>(r, DY), rdx = r.allocate(DType::F64, narrow);
+    b.ops<T>().expand_heads_backward(dy.data<T>(), dx.data<T>(), N, Hkv, group, Dh);
+    r.ops<double>().expand_heads_backward(rdy.data<double>(), rdx.data<double>(), N, Hkv, group, Dh);
+    const std::vector<double> want = get<double>(r, rdx);
+    for (int64_t n = 0; n < N; ++n)  // the reference's sum, checked against the definition once
+      for (int64_t d = 0; d < Dh; ++d) {
+        double sum = 0;
+        for (int64_t g = 0; g < group; ++g) sum += DY[size_t((n * Hkv * group + g) * Dh + d)];
+        ASSERT_NEAR(want[size_t(n * Hkv * Dh + d)], sum, 1e-12);
+      }
+    expect_close<T>("expand_heads backward", get<T>(b, dx), want, group);
+  }
+}
+
+TEST_P(Conformance, ExpandHeads) {
+  expand_heads_cases<float>(backend());
+  expand_heads_cases<double>(backend());
+}
+
 template <typename T>
 void attention_cases(Backend& b) {
   Backend& r = reference();

@@ -72,6 +72,23 @@ TEST(ConfigRules, HeadDimensionEven) {
                    {"head dimension 3", "model.d_model = 12", "model.heads = 4 (default)", "even", "rotary"});
 }
 
+// model.kv_heads: 0 is model.heads; any other value divides the heads, and latent attention takes no other.
+TEST(ConfigRules, KeyValueHeadsDivideTheHeads) {
+  EXPECT_EQ(from(document_with("model.kv_heads", 0)).model.kv_heads, 4);
+  EXPECT_EQ(from(document_with("model.kv_heads", 2)).model.kv_heads, 2);
+  EXPECT_EQ(from(document_with("model.kv_heads", 1)).model.kv_heads, 1);
+  expect_bad_input([] { from(document_with("model.kv_heads", 3)); },
+                   {"model.kv_heads = 3 (in test.json)", "does not divide", "model.heads = 4 (default)"});
+  expect_bad_input([] { from(document_with("model.kv_heads", 8)); }, {"model.kv_heads = 8", "does not divide"});
+  expect_bad_input([] { from(document_with("model.kv_heads", -1)); }, {"model.kv_heads"});
+  expect_bad_input(
+      [] {
+        from(json{{"model", {{"attention", "mla"}, {"kv_heads", 2}}}});
+      },
+      {"model.kv_heads = 2 (in test.json)", "model.attention = ", "latent"});
+  EXPECT_EQ(from(json{{"model", {{"attention", "mla"}, {"kv_heads", 4}}}}).model.kv_heads, 4);
+}
+
 TEST(ConfigRules, MicroBatchesFillTheStep) {
   expect_bad_input([] { from(document_with("train.global_batch", 10)); },
                    {"train.global_batch = 10", "train.micro_batch = 4 (default)", "multiple"});
@@ -243,6 +260,13 @@ TEST(ConfigRules, TensorParallelSplitsWholeHeads) {
                    {"model.heads = 4 (default) is not a multiple of parallel.tp = 8 (in test.json)", "attention heads",
                     "divisible by 8"});
   EXPECT_EQ(from(document_with("parallel.tp", 4)).parallel.tp, 4);
+  // Whole key/value heads per rank too.
+  expect_bad_input(
+      [] {
+        from(json{{"model", {{"kv_heads", 2}}}, {"parallel", {{"tp", 4}}}});
+      },
+      {"model.kv_heads = 2 (in test.json) is not a multiple of parallel.tp = 4", "key/value heads"});
+  EXPECT_EQ(from(json{{"model", {{"kv_heads", 2}}}, {"parallel", {{"tp", 2}}}}).model.kv_heads, 2);
 }
 
 TEST(ConfigRules, TensorParallelSplitsTheVocabulary) {

@@ -304,6 +304,29 @@ TEST(MemoryEstimate, LatentAttentionIsExactlyWhatTheTrainerAllocates) {
   EXPECT_EQ(estimate_memory(small_config(), 1, 1, 1).kv_cache_per_token, 4 * 2 * 2 * 64);
 }
 
+// Grouped-query attention: Wk, Wv of Hkv Dh columns, the key and value heads' gradients in the scratch, k and v
+// in a key/value cache of Hkv heads; plain and fused (selective recompute: the probabilities rebuilt in the scratch).
+TEST(MemoryEstimate, GroupedQueryAttentionIsExactlyWhatTheTrainerAllocates) {
+  const int64_t D = 64, Dh = 16, layers = 2;
+  for (const char* kv_heads : {"1", "2"})
+    for (const char* recompute : {"none", "selective"})
+      for (bool fused : {false, true}) {
+        Config config = small_config({std::string("model.kv_heads=") + kv_heads,
+                                      std::string("train.recompute=") + recompute, "train.precision=bf16"});
+        if (fused) config.train.device = "cuda";
+        SCOPED_TRACE(std::string("kv_heads ") + kv_heads + ", recompute " + recompute + (fused ? ", fused" : ""));
+        const MemoryEstimate e = estimate_memory(config, 1, 1, 1);
+        const Measured m = measure(config, std::make_unique<SelfCommunicator>("world"), fused);
+        EXPECT_EQ(e.parameters, 4 * m.parameters);
+        EXPECT_EQ(allocated_at_construction(e), m.constructed);
+        EXPECT_EQ(m.peak, m.constructed);
+        const int64_t Hkv = std::stoll(kv_heads);
+        EXPECT_EQ(e.kv_cache_per_token, 4 * layers * 2 * Hkv * Dh);
+        const Config mha = small_config();
+        EXPECT_EQ(estimate_memory(mha, 1, 1, 1).parameters - e.parameters, 4 * layers * 2 * D * (D - Hkv * Dh));
+      }
+}
+
 // The trainer's check: a model no machine holds is refused by name, before anything is allocated.
 TEST(MemoryCheck, RefusesAnImpossibleSizeByName) {
   const std::filesystem::path path =

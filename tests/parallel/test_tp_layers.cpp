@@ -25,6 +25,8 @@ namespace moe {
 namespace {
 
 const ModelShape kShape{256, 16, 2, 4, 24};  // vocab, d_model, layers, heads, ffn_hidden
+// Grouped-query attention: 8 heads reading 4 key/value heads, so at tp 4 a rank's 2 query heads read its 1.
+const ModelShape kGqaShape{256, 16, 2, 8, 24, 4};
 constexpr int64_t kSeq = 8, kBatch = 2;
 
 struct Built {
@@ -35,7 +37,7 @@ struct Built {
 // Layer 0 dense, layer 1 MoE; over `tp` (one rank: the serial model). expert_tp: the MoE layer's experts,
 // shared expert and fallback split by hidden width over tp, instead of its routing group by tokens.
 Built build(Backend& backend, Communicator& tp, bool sequence_parallel, Overflow overflow,
-            RecomputeSpec recompute = Recompute::None, bool expert_tp = false) {
+            RecomputeSpec recompute = Recompute::None, bool expert_tp = false, const ModelShape& shape = kShape) {
   const TpContext ctx{&tp, sequence_parallel};
   const int64_t expert_ranks = expert_tp ? tp.size() : 1;
   const MoeSettingsOf moe = [overflow, expert_ranks](int64_t l) -> std::optional<MoeSettings> {
@@ -48,14 +50,14 @@ Built build(Backend& backend, Communicator& tp, bool sequence_parallel, Overflow
   Built b;
   // Two micro-batch slots (the tests use the first), so that full recompute's one shared set saves memory.
   b.model = std::make_unique<Model<double>>(
-      backend, ModelOptions<double>{.shape = kShape,
+      backend, ModelOptions<double>{.shape = shape,
                                     .seq_len = kSeq,
                                     .max_batch = kBatch,
                                     .recompute = recompute,
-                                    .ffn_factory = tp_ffn_factory<double>(backend, ctx, kShape, moe),
+                                    .ffn_factory = tp_ffn_factory<double>(backend, ctx, shape, moe),
                                     .num_slots = 2,
-                                    .attention_factory = tp_attention_factory<double>(backend, ctx, kShape, kSeq),
-                                    .tp = tensor_parallel_layout<double>(backend, ctx, kShape)});
+                                    .attention_factory = tp_attention_factory<double>(backend, ctx, shape, kSeq),
+                                    .tp = tensor_parallel_layout<double>(backend, ctx, shape)});
   b.gather = std::make_unique<CommunicatorTokenGroup>(tp);
   moe_layer_of(b.model->ffn(1))->set_token_group(b.gather.get());
   b.model->init_params(11);
@@ -78,12 +80,13 @@ void finish_gradients(Model<double>& m, Communicator& tp) {
     if (spec.expert() && spec.split2.axis < 0) tp.allreduce_sum(m.grads() + spec.offset, spec.numel);
 }
 
-void check_against_serial(bool sequence_parallel, Overflow overflow, bool expert_tp = false) {
+void check_against_serial(bool sequence_parallel, Overflow overflow, bool expert_tp = false,
+                          const ModelShape& shape = kShape) {
   auto tp = MpiCommunicator::world();
   const std::unique_ptr<Backend> backend = make_cpu_backend(1);
   SelfCommunicator one("tp");
-  Built serial = build(*backend, one, false, overflow),
-        split = build(*backend, *tp, sequence_parallel, overflow, Recompute::None, expert_tp);
+  Built serial = build(*backend, one, false, overflow, Recompute::None, false, shape),
+        split = build(*backend, *tp, sequence_parallel, overflow, Recompute::None, expert_tp, shape);
   const std::vector<int32_t> t = tokens();
   const double want = serial.model->forward(t.data(), kBatch), got = split.model->forward(t.data(), kBatch);
   EXPECT_NEAR(got, want, 1e-11 * std::abs(want));
@@ -113,6 +116,11 @@ void check_against_serial(bool sequence_parallel, Overflow overflow, bool expert
 TEST(TensorParallelModel, SequenceParallelEqualsSerial) { check_against_serial(true, Overflow::Reroute); }
 TEST(TensorParallelModel, WithoutSequenceParallelismEqualsSerial) { check_against_serial(false, Overflow::Reroute); }
 TEST(TensorParallelModel, DenseFallbackEqualsSerial) { check_against_serial(true, Overflow::Dense); }
+// Each rank's query heads read the key/value heads it holds: Wk, Wv split by key/value heads.
+TEST(TensorParallelModel, GroupedQueryAttentionEqualsSerial) {
+  check_against_serial(true, Overflow::Reroute, false, kGqaShape);
+  check_against_serial(false, Overflow::Dense, false, kGqaShape);
+}
 TEST(TensorParallelModel, ExpertsSplitByHiddenWidthEqualSerial) {
   check_against_serial(true, Overflow::Reroute, true);
   check_against_serial(false, Overflow::Dense, true);

@@ -173,6 +173,25 @@ class CpuOps final : public Ops<T> {
     }
   }
 
+  void expand_heads(const T* x, T* y, int64_t N, int64_t Hkv, int64_t group, int64_t Dh) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t g = 0; g < group; ++g)
+          std::copy_n(x + (n * Hkv + h) * Dh, Dh, y + ((n * Hkv + h) * group + g) * Dh);
+  }
+  void expand_heads_backward(const T* dy, T* dx, int64_t N, int64_t Hkv, int64_t group, int64_t Dh) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t h = 0; h < Hkv; ++h) {
+        T* out = dx + (n * Hkv + h) * Dh;
+        const T* in = dy + (n * Hkv + h) * group * Dh;
+        std::copy_n(in, Dh, out);
+        for (int64_t g = 1; g < group; ++g)
+          for (int64_t d = 0; d < Dh; ++d) out[d] += in[g * Dh + d];
+      }
+  }
+
   void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,
                          int64_t Dh) override {
     cpu::attention_forward(cpu::AttentionShape{B, T_, H, Dh, this->gemm_precision()}, q, k, v, out, probs);

@@ -165,6 +165,29 @@ __global__ void rope_kernel(T* x, const T* cos_sin, int64_t B, int64_t T_, int64
   }
 }
 
+// Grouped-query attention: head h*group + g of each row of y a copy of head h of x (kv_rows = N * Hkv rows of
+// x's heads); one block per row of y's heads.
+template <typename T>
+__global__ void expand_heads_kernel(const T* x, T* y, int64_t kv_rows, int64_t group, int64_t Dh) {
+  MOE_ROW_STRIDE(row, kv_rows * group) {  // row = (n Hkv + h) group + g
+    const T* in = x + (row / group) * Dh;
+    for (int64_t d = threadIdx.x; d < Dh; d += blockDim.x) y[row * Dh + d] = in[d];
+  }
+}
+
+// Its backward: each head of dx the sum of its group's heads of dy, in the group's order (as the CPU sums).
+template <typename T>
+__global__ void expand_heads_backward_kernel(const T* dy, T* dx, int64_t kv_rows, int64_t group, int64_t Dh) {
+  MOE_ROW_STRIDE(row, kv_rows) {
+    const T* in = dy + row * group * Dh;
+    for (int64_t d = threadIdx.x; d < Dh; d += blockDim.x) {
+      T sum = in[d];
+      for (int64_t g = 1; g < group; ++g) sum += in[g * Dh + d];
+      dx[row * Dh + d] = sum;
+    }
+  }
+}
+
 template <typename T>
 __global__ void swiglu_forward_kernel(const T* a, const T* b, T* h, int64_t n) {
   MOE_GRID_STRIDE(i, n) {

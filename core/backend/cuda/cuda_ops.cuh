@@ -109,6 +109,13 @@ class CudaOps final : public Ops<T> {
     launch(row_launch(B * T_ * H, Dh / 2), cuda::rope_kernel<T>, x, rope_table(T_, Dh), B, T_, H, Dh, inverse);
   }
 
+  void expand_heads(const T* x, T* y, int64_t N, int64_t Hkv, int64_t group, int64_t Dh) override {
+    launch(row_launch(N * Hkv * group, Dh), cuda::expand_heads_kernel<T>, x, y, N * Hkv, group, Dh);
+  }
+  void expand_heads_backward(const T* dy, T* dx, int64_t N, int64_t Hkv, int64_t group, int64_t Dh) override {
+    launch(row_launch(N * Hkv, Dh), cuda::expand_heads_backward_kernel<T>, dy, dx, N * Hkv, group, Dh);
+  }
+
   void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,
                          int64_t Dh) override;
   void attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq, T* dk, T* dv,
