@@ -20,6 +20,7 @@
 #include "core/embedding.h"
 #include "core/ffn.h"
 #include "core/params.h"
+#include "core/recompute.h"
 #include "core/state.h"
 
 namespace moe {
@@ -32,24 +33,6 @@ struct ModelShape {
   int64_t ffn_hidden = 384;
   int64_t kv_heads = 0;  // key/value heads of grouped-query attention (0: heads; core/attention.h)
   int64_t head_dim() const { return d_model / heads; }
-};
-
-enum class Recompute {
-  None,  // every layer keeps its activations from forward to backward
-  // Every layer keeps all but its attention probabilities (B, H, T, T): its attention backward recomputes
-  // them from the saved (rotated) q and k, into the backward scratch (Megatron-Core's selective recompute).
-  Selective,
-  Full,  // each layer keeps only its input and recomputes its forward just before its backward
-};
-
-// The recompute policy: `mode` for the layers of global index < `layers` (-1: every layer), None for the
-// others, so a pipeline stage applies it to its own share. A Recompute converts to it (every layer).
-struct RecomputeSpec {
-  Recompute mode = Recompute::None;
-  int64_t layers = -1;
-  // Not explicit: `Model(..., Recompute::Full, ...)` reads as it did before per-layer recompute.
-  RecomputeSpec(Recompute mode = Recompute::None, int64_t layers = -1) : mode(mode), layers(layers) {}
-  Recompute of_layer(int64_t layer) const { return layers < 0 || layer < layers ? mode : Recompute::None; }
 };
 
 // Which part of the model this object holds: layers [first_layer, last_layer) (last_layer -1: through the

@@ -274,8 +274,14 @@ double RouterConfig::tau_at(int64_t step) const {
   return tau_schedule.back().tau;
 }
 
-bool MoeConfig::overflow_has(const std::string& level) const {
+bool MoeConfig::overflow_has(Overflow level) const {
   return std::find(overflow.begin(), overflow.end(), level) != overflow.end();
+}
+
+Overflow MoeConfig::overflow_policy() const {
+  if (overflow_has(Overflow::Reroute))
+    return overflow_has(Overflow::Dense) ? Overflow::RerouteDense : Overflow::Reroute;
+  return overflow_has(Overflow::Dense) ? Overflow::Dense : Overflow::Drop;
 }
 
 Config config_from_json(const json& document, const std::vector<std::string>& overrides, const std::string& origin) {

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/backend/fused_attention.h"
+#include "launch/config/config_choices.h"
 
 namespace moe {
 
@@ -21,9 +21,9 @@ struct TrainConfig {
   int64_t global_batch = 0;  // sequences per optimizer step
   int64_t micro_batch = 0;   // sequences per micro-batch (= one routing group)
   int64_t seq_len = 0;
-  std::string device = "cpu";      // "cpu" | "cuda"
-  std::string precision = "fp32";  // "fp32" | "bf16": what GEMMs read their operands as
-  std::string recompute;           // "none" | "selective" | "full"
+  Device device = Device::Cpu;
+  GemmPrecision precision = GemmPrecision::Fp32;  // what GEMMs read their operands as
+  Recompute recompute = Recompute::None;
   FusedAttention fused_attention = FusedAttention::Deterministic;
   int64_t recompute_layers = -1;  // recompute applies to layers [0, recompute_layers); -1: every layer
   int64_t log_every = 0;
@@ -43,7 +43,7 @@ struct ModelConfig {
   int64_t heads = 0;
   int64_t kv_heads = 0;    // key/value heads (grouped-query attention); model.kv_heads, its 0 read as heads
   int64_t ffn_hidden = 0;  // width of the dense SwiGLU MLP
-  std::string attention;   // "mha" | "mla"
+  AttentionKind attention = AttentionKind::Mha;
   int64_t mla_kv_rank = 0, mla_q_rank = 0, mla_rope_dim = 0;  // model.mla.*
   bool mla_norms = false;                                     // model.mla.norms
 };
@@ -58,11 +58,11 @@ struct RouterConfig {
   std::vector<TauPoint> tau_schedule;  // empty: tau throughout
   bool tau_learned = false;
   double tau_min = 0.1, tau_max = 10.0;
-  std::string noise;  // "gumbel" | "none"
-  std::string score;  // "softmax" | "sigmoid"
+  RouterNoise noise = RouterNoise::None;
+  RouterScore score = RouterScore::Softmax;
   bool normalize = true;
   double bias_balance_rate = 0.0;  // moe.router.bias_balance.rate; 0 = off
-  std::string bias_balance_rule;   // "sign" | "proportional"
+  BiasRule bias_balance_rule = BiasRule::Sign;
   double bias_balance_decay = 0.99, bias_balance_dead_band = 0.1;
   int64_t warmup_steps = 0;  // moe.router.warmup.*
   double warmup_coef = 0.0;
@@ -91,14 +91,16 @@ struct MoeConfig {
   int64_t fallback_hidden = 0;
   RouterConfig router;
   double capacity_factor = 0.0;  // <= 0: no limit
-  std::string drop_policy;       // "probs" | "position"
-  std::string dispatcher;        // "alltoall" | "allgather"
-  // Overflow levels in cascade order: one of "drop", "reroute", "dense", or "reroute" then "dense" or "drop".
-  std::vector<std::string> overflow;
+  DropPolicy drop_policy = DropPolicy::Probs;
+  DispatcherKind dispatcher = DispatcherKind::AllToAll;
+  // Overflow levels in cascade order: one of Drop, Reroute, Dense, or Reroute then Dense or Drop (the rules check).
+  std::vector<Overflow> overflow{Overflow::Drop};
   CapacityAutoConfig capacity_auto;
   double expert_dropout = 0.0;
   MoeLossConfig loss;
-  bool overflow_has(const std::string& level) const;
+  bool overflow_has(Overflow level) const;
+  // The levels as the MoE layer's one policy: Reroute then Dense is RerouteDense, Reroute then Drop is Reroute.
+  Overflow overflow_policy() const;
 };
 
 struct OptimConfig {
@@ -112,9 +114,6 @@ struct OptimConfig {
   double per_expert_clip_hot = 1.0, per_expert_clip_cold = 1.0, per_expert_clip_hot_load = 1.5;
   bool zero = false;
 };
-
-// parallel.pp_schedule: how the stages order their micro-batches (parallel/pp_schedule.h).
-enum class PpSchedule { OneFOneB, Interleaved1F1B };
 
 struct ParallelConfig {
   int64_t tp = 1, pp = 1, ep = 1;
@@ -139,7 +138,7 @@ struct CheckpointConfig {
 };
 
 struct FaultInjection {
-  std::string kind;  // kill | hang | stop | exception | corrupt_checkpoint
+  FaultKind kind = FaultKind::Kill;
   int64_t rank = 0;
   int64_t step = 0;  // fires when this step is done
 };

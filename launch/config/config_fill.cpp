@@ -30,6 +30,11 @@ class FieldReader {
   double number(const std::string& key) { return at(key).get<double>(); }
   bool boolean(const std::string& key) { return at(key).get<bool>(); }
   std::string string(const std::string& key) { return at(key).get<std::string>(); }
+  // A Choice key's value as its enum (launch/config/config_choices.h).
+  template <ConfigChoice E>
+  E choice(const std::string& key) {
+    return choice_from_string<E>(string(key));
+  }
   const json& at(const std::string& key) {
     read_.insert(key);
     return entries_.at(key).value;
@@ -48,14 +53,11 @@ void fill_train(FieldReader& r, Config& c) {
   c.train.global_batch = r.integer("train.global_batch");
   c.train.micro_batch = r.integer("train.micro_batch");
   c.train.seq_len = r.integer("train.seq_len");
-  c.train.device = r.string("train.device");
-  c.train.precision = r.string("train.precision");
-  c.train.recompute = r.string("train.recompute");
+  c.train.device = r.choice<Device>("train.device");
+  c.train.precision = r.choice<GemmPrecision>("train.precision");
+  c.train.recompute = r.choice<Recompute>("train.recompute");
   c.train.recompute_layers = r.integer("train.recompute_layers");
-  const std::string fused = r.string("train.fused_attention");
-  c.train.fused_attention = fused == "off"                ? FusedAttention::Off
-                            : fused == "nondeterministic" ? FusedAttention::Nondeterministic
-                                                          : FusedAttention::Deterministic;
+  c.train.fused_attention = r.choice<FusedAttention>("train.fused_attention");
   c.train.trace = r.boolean("train.trace");
   c.train.trace_from = r.integer("train.trace_from");
   c.train.trace_steps = r.integer("train.trace_steps");
@@ -75,7 +77,7 @@ void fill_model(FieldReader& r, Config& c) {
   c.model.kv_heads = r.integer("model.kv_heads");
   if (c.model.kv_heads == 0) c.model.kv_heads = c.model.heads;
   c.model.ffn_hidden = r.integer("model.ffn_hidden");
-  c.model.attention = r.string("model.attention");
+  c.model.attention = r.choice<AttentionKind>("model.attention");
   c.model.mla_kv_rank = r.integer("model.mla.kv_rank");
   c.model.mla_q_rank = r.integer("model.mla.q_rank");
   c.model.mla_rope_dim = r.integer("model.mla.rope_dim");
@@ -92,11 +94,11 @@ void fill_router(FieldReader& r, Config& c) {
   c.moe.router.warmup_steps = r.integer("moe.router.warmup.steps");
   c.moe.router.warmup_coef = r.number("moe.router.warmup.coef");
   c.moe.router.warmup_freeze_backbone = r.boolean("moe.router.warmup.freeze_backbone");
-  c.moe.router.noise = r.string("moe.router.noise");
-  c.moe.router.score = r.string("moe.router.score");
+  c.moe.router.noise = r.choice<RouterNoise>("moe.router.noise");
+  c.moe.router.score = r.choice<RouterScore>("moe.router.score");
   c.moe.router.normalize = r.boolean("moe.router.normalize");
   c.moe.router.bias_balance_rate = r.number("moe.router.bias_balance.rate");
-  c.moe.router.bias_balance_rule = r.string("moe.router.bias_balance.rule");
+  c.moe.router.bias_balance_rule = r.choice<BiasRule>("moe.router.bias_balance.rule");
   c.moe.router.bias_balance_decay = r.number("moe.router.bias_balance.decay");
   c.moe.router.bias_balance_dead_band = r.number("moe.router.bias_balance.dead_band");
 }
@@ -109,11 +111,12 @@ void fill_moe(FieldReader& r, Config& c) {
   c.moe.shared_experts = r.integer("moe.shared_experts");
   c.moe.fallback_hidden = r.integer("moe.fallback_hidden");
   c.moe.capacity_factor = r.number("moe.capacity_factor");
-  c.moe.drop_policy = r.string("moe.drop_policy");
-  c.moe.dispatcher = r.string("moe.dispatcher");
+  c.moe.drop_policy = r.choice<DropPolicy>("moe.drop_policy");
+  c.moe.dispatcher = r.choice<DispatcherKind>("moe.dispatcher");
   const json& overflow = r.at("moe.overflow");
-  c.moe.overflow = overflow.is_string() ? std::vector<std::string>{overflow.get<std::string>()}
-                                        : overflow.get<std::vector<std::string>>();
+  c.moe.overflow.clear();
+  for (const json& level : overflow.is_string() ? json::array({overflow}) : overflow)
+    c.moe.overflow.push_back(choice_from_string<Overflow>(level.get<std::string>()));
   c.moe.capacity_auto.enabled = r.boolean("moe.capacity_auto.enabled");
   c.moe.capacity_auto.min = r.number("moe.capacity_auto.min");
   c.moe.capacity_auto.max = r.number("moe.capacity_auto.max");
@@ -155,8 +158,7 @@ void fill_parallel(FieldReader& r, Config& c) {
   c.parallel.expert_tp = r.integer("parallel.expert_tp");
   c.parallel.pp_layers = r.at("parallel.pp_layers").get<std::vector<int64_t>>();
   c.parallel.vpp = r.integer("parallel.vpp");
-  c.parallel.pp_schedule =
-      r.string("parallel.pp_schedule") == "interleaved_1f1b" ? PpSchedule::Interleaved1F1B : PpSchedule::OneFOneB;
+  c.parallel.pp_schedule = r.choice<PpSchedule>("parallel.pp_schedule");
   c.parallel.ep_overlap = r.boolean("parallel.ep_overlap");
 }
 
@@ -186,7 +188,8 @@ void fill_fault(FieldReader& r, Config& c) {
   c.fault.probe_timeout_s = r.number("fault.probe_timeout_s");
   c.fault.probe_peers = r.boolean("fault.probe_peers");
   for (const json& f : r.at("fault.inject"))
-    c.fault.inject.push_back({f["kind"].get<std::string>(), f["rank"].get<int64_t>(), f["step"].get<int64_t>()});
+    c.fault.inject.push_back({choice_from_string<FaultKind>(f["kind"].get<std::string>()), f["rank"].get<int64_t>(),
+                              f["step"].get<int64_t>()});
 }
 
 void fill_monitor(FieldReader& r, Config& c) {

@@ -26,7 +26,7 @@ void check_head_dim_even(const Checked& c) {
 }
 void check_kv_heads_divide_heads(const Checked& c) {
   const ModelConfig& m = c.config.model;
-  if (m.attention == "mla" && m.kv_heads != m.heads)
+  if (m.attention == AttentionKind::Mla && m.kv_heads != m.heads)
     MOE_BAD_INPUT(c.show("model.kv_heads") << " with " << c.show("model.attention")
                                            << ": expected 0 or model.heads; latent attention's keys and values come "
                                               "from one shared latent, not from key/value heads");
@@ -84,8 +84,8 @@ void check_heartbeat_interval(const Checked& c) {
 }
 void check_alltoall_faults(const Checked& c) {
   for (const FaultInjection& f : c.config.fault.inject)
-    if ((f.kind == "freeze_alltoall" || f.kind == "mismatch_alltoall") && c.config.parallel.ep < 2)
-      MOE_BAD_INPUT("fault.inject: \"" << f.kind << "\" with " << c.show("parallel.ep")
+    if ((f.kind == FaultKind::FreezeAlltoall || f.kind == FaultKind::MismatchAlltoall) && c.config.parallel.ep < 2)
+      MOE_BAD_INPUT("fault.inject: \"" << to_string(f.kind) << "\" with " << c.show("parallel.ep")
                                        << ": the fault fires at an all-to-all of the ep group, which a single rank "
                                           "does not have; set parallel.ep to 2 or more");
 }
@@ -106,8 +106,8 @@ void check_all_to_all_count(const Checked& c) {
 // ---- Routing techniques and attention (docs/moe.md, docs/model.md) ---------------------------------
 
 void check_overflow_cascade(const Checked& c) {
-  const std::vector<std::string>& levels = c.config.moe.overflow;
-  if (levels.size() == 1 || (levels.size() == 2 && levels[0] == "reroute")) return;
+  const std::vector<Overflow>& levels = c.config.moe.overflow;
+  if (levels.size() == 1 || (levels.size() == 2 && levels[0] == Overflow::Reroute)) return;
   MOE_BAD_INPUT(c.show("moe.overflow") << ": expected one policy, or a cascade that reroutes first: "
                                           "[\"reroute\", \"dense\"] or [\"reroute\", \"drop\"]; \"drop\" and "
                                           "\"dense\" take every assignment that reaches them, so nothing can follow");
@@ -146,7 +146,7 @@ void check_router_tau(const Checked& c) {
 }
 void check_mla(const Checked& c) {
   const ModelConfig& m = c.config.model;
-  if (m.attention != "mla") return;
+  if (m.attention != AttentionKind::Mla) return;
   if (m.mla_rope_dim % 2 != 0)
     MOE_BAD_INPUT(c.show("model.mla.rope_dim") << " is odd; expected an even width: rotary embeddings rotate pairs");
   if (c.config.parallel.tp > 1)
@@ -230,7 +230,7 @@ void check_tp_heads(const Checked& c) {
     require_tp_split(c, "model.heads", c.config.model.heads,
                      "each tensor-parallel rank computes heads / tp whole attention heads (Wq, Wk, Wv split by "
                      "columns, Wo by rows)");
-  if (c.config.parallel.tp > 1 && c.config.model.attention != "mla")
+  if (c.config.parallel.tp > 1 && c.config.model.attention != AttentionKind::Mla)
     require_tp_split(c, "model.kv_heads", c.config.model.kv_heads,
                      "each tensor-parallel rank computes kv_heads / tp whole key/value heads, the ones its query "
                      "heads read (Wk, Wv split by columns)");
@@ -255,7 +255,7 @@ void check_tp_expert_hidden(const Checked& c) {
                    "with " + c.show("parallel.expert_tp") +
                        " each routed expert's hidden width (and the shared experts') is split over the tensor-parallel "
                        "ranks");
-  if (k.moe.overflow_has("dense"))
+  if (k.moe.overflow_has(Overflow::Dense))
     require_tp_split(c, "moe.fallback_hidden", k.moe.fallback_hidden,
                      "with " + c.show("parallel.expert_tp") +
                          " the dense fallback's hidden width is split over the tensor-parallel ranks too");

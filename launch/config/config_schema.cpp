@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/config/config_choices.h"
 #include "launch/config/config_schema_internal.h"
 
 namespace moe::config_schema {
@@ -36,8 +37,10 @@ KeySpec number(std::string key, double def, Range range, std::string doc) {
 KeySpec boolean(std::string key, bool def, std::string doc) {
   return {std::move(key), KeyType::Boolean, def, {}, {}, std::move(doc)};
 }
-KeySpec choice(std::string key, std::string def, std::vector<std::string> choices, std::string doc) {
-  return {std::move(key), KeyType::Choice, std::move(def), {}, std::move(choices), std::move(doc)};
+// A key whose values are the names of enum E (launch/config/config_choices.h), `def` the default.
+template <ConfigChoice E>
+KeySpec choice(std::string key, E def, std::string doc) {
+  return {std::move(key), KeyType::Choice, to_string(def), {}, choice_names<E>(), std::move(doc)};
 }
 KeySpec string(std::string key, std::string def, std::string doc) {
   return {std::move(key), KeyType::String, std::move(def), {}, {}, std::move(doc)};
@@ -52,15 +55,11 @@ KeySpec integer_list(std::string key, Range range, std::string doc) {
   return {std::move(key), KeyType::IntegerList, json::array(), range, {}, std::move(doc)};
 }
 KeySpec faults(std::string key, std::string doc) {
-  return {std::move(key),
-          KeyType::Faults,
-          json::array(),
-          {},
-          {"kill", "hang", "stop", "exception", "corrupt_checkpoint", "freeze_alltoall", "mismatch_alltoall"},
-          std::move(doc)};
+  return {std::move(key), KeyType::Faults, json::array(), {}, choice_names<FaultKind>(), std::move(doc)};
 }
-KeySpec choice_list(std::string key, std::string def, std::vector<std::string> choices, std::string doc) {
-  return {std::move(key), KeyType::ChoiceList, std::move(def), {}, std::move(choices), std::move(doc)};
+template <ConfigChoice E>
+KeySpec choice_list(std::string key, E def, std::string doc) {
+  return {std::move(key), KeyType::ChoiceList, to_string(def), {}, choice_names<E>(), std::move(doc)};
 }
 KeySpec tau_schedule(std::string key, Range range, std::string doc) {
   return {std::move(key), KeyType::TauSchedule, json::array(), range, {}, std::move(doc)};
@@ -82,23 +81,23 @@ std::vector<KeySpec> train_keys() {
       integer("train.micro_batch", 4, at_least(1),
               "sequences per micro-batch (one routing group); a step accumulates global_batch / micro_batch of them"),
       integer("train.seq_len", 128, at_least(2), "tokens per training sequence"),
-      choice("train.device", "cpu", {"cpu", "cuda"},
+      choice("train.device", Device::Cpu,
              "where the model computes: `cpu` (OpenBLAS + OpenMP) or `cuda` (the CUDA backend, docs/gpu.md; one GPU "
              "per rank, each rank on its node's device local_rank mod the devices it sees; every parallel dimension's "
              "backend memory over NCCL)"),
-      choice("train.precision", "fp32", {"fp32", "bf16"},
+      choice("train.precision", GemmPrecision::Fp32,
              "what GEMMs (projections, experts, head, attention's products) read their operands as: `fp32`, or "
              "`bf16` (each operand rounded to bf16, products summed in fp32: tensor cores on a GPU, emulated on the "
              "CPU); parameters, gradients, AdamW state, activations, the router, norms, softmax and losses stay "
              "fp32 (docs/design.md \"Precision\")"),
-      choice("train.recompute", "none", {"none", "selective", "full"},
+      choice("train.recompute", Recompute::None,
              "activation recomputation: `none` keeps activations for backward, `selective` keeps all but the "
              "attention probabilities (recomputed from q and k in backward), `full` keeps each block's input and "
              "recomputes the block"),
       integer("train.recompute_layers", -1, at_least(-1),
               "train.recompute applies to the blocks of index below this, the others keep everything; -1 = every "
               "block; at most model.layers"),
-      choice("train.fused_attention", "deterministic", {"deterministic", "nondeterministic", "off"},
+      choice("train.fused_attention", FusedAttention::Deterministic,
              "the fused attention where it runs (train.device = `cuda` with train.precision = `bf16`: cuDNN's "
              "graphs, docs/gpu.md): `deterministic` (dQ written directly, dS held in workspace: a run repeats bit "
              "for bit), `nondeterministic` (dQ accumulated with atomic adds: less workspace, bits vary from run to "
@@ -138,7 +137,7 @@ std::vector<KeySpec> model_keys() {
               "of model.heads and, with parallel.tp > 1, a multiple of parallel.tp; 0 (the default): model.heads "
               "(multi-head attention); model.attention = mla takes only 0 or model.heads"),
       integer("model.ffn_hidden", 384, at_least(1), "hidden width of the dense SwiGLU MLP"),
-      choice("model.attention", "mha", {"mha", "mla"},
+      choice("model.attention", AttentionKind::Mha,
              "attention of every block: `mha` multi-head attention, `mla` multi-head latent attention (DeepSeek-V2: "
              "keys and values from a shared low-rank latent, queries from another, and a decoupled rotary part; "
              "docs/model.md); `mla` needs parallel.tp = 1"),
@@ -185,12 +184,12 @@ std::vector<KeySpec> moe_keys() {
       number("moe.router.warmup.coef", 0.1, at_least(0), "weight of the router warm-up term"),
       boolean("moe.router.warmup.freeze_backbone", false,
               "during the router warm-up only the routers learn: every other parameter keeps its value"),
-      choice("moe.router.noise", "none", {"gumbel", "none"}, "noise added to the router logits in training"),
-      choice("moe.router.score", "softmax", {"softmax", "sigmoid"}, "how router logits become scores"),
+      choice("moe.router.noise", RouterNoise::None, "noise added to the router logits in training"),
+      choice("moe.router.score", RouterScore::Softmax, "how router logits become scores"),
       boolean("moe.router.normalize", true, "rescale each token's top-k scores to sum to 1"),
       number("moe.router.bias_balance.rate", 0.0, at_least(0),
              "step size of the loss-free balancing bias on router scores; 0 = off"),
-      choice("moe.router.bias_balance.rule", "sign", {"sign", "proportional"},
+      choice("moe.router.bias_balance.rule", BiasRule::Sign,
              "bias update after each step from the loads c_e (mean m): `sign` b += rate * sign(m - c_e); "
              "`proportional` b = decay * b + rate * (m / c_e - 1), 0 inside the dead band (docs/moe.md)"),
       number("moe.router.bias_balance.decay", 0.99, between(0, 1, true, false),
@@ -199,14 +198,14 @@ std::vector<KeySpec> moe_keys() {
              "with rule = proportional: no push while |m / c_e - 1| is at most this"),
       number("moe.capacity_factor", 1.25, unbounded(),
              "expert capacity = factor * tokens * top_k / experts per routing group; <= 0 = no limit"),
-      choice("moe.drop_policy", "probs", {"probs", "position"},
+      choice("moe.drop_policy", DropPolicy::Probs,
              "which assignments a full expert keeps: highest score (`probs`) or earliest token (`position`)"),
-      choice("moe.dispatcher", "alltoall", {"alltoall", "allgather"},
+      choice("moe.dispatcher", DispatcherKind::AllToAll,
              "how rows reach the experts' ranks with parallel.ep > 1: `alltoall` sends each rank only the rows for its "
              "experts; `allgather` gathers every rank's rows and keeps those for its experts, combining back by a "
              "reduce-scatter (ep times the traffic, collectives only). The results are the same bit for bit "
              "(docs/parallel.md \"Dispatchers\")"),
-      choice_list("moe.overflow", "drop", {"drop", "reroute", "dense"},
+      choice_list("moe.overflow", Overflow::Drop,
                   "an assignment over capacity is dropped, rerouted to the next expert with room, or sent to the "
                   "dense fallback MLP; a list is a cascade: `[\"reroute\", \"dense\"]` reroutes, and what finds no "
                   "room goes to the fallback"),
@@ -274,7 +273,7 @@ std::vector<KeySpec> parallel_keys() {
               "model chunks per pipeline stage (virtual pipeline stages, Megatron's interleaved layout): with "
               "parallel.pp = P and vpp = V the layers fall into P * V equal blocks and rank p holds blocks c * P + p "
               "for c = 0..V-1; V > 1 needs parallel.pp >= 2 and parallel.pp_schedule = interleaved_1f1b"),
-      choice("parallel.pp_schedule", "1f1b", {"1f1b", "interleaved_1f1b"},
+      choice("parallel.pp_schedule", PpSchedule::OneFOneB,
              "the pipeline schedule: 1f1b (one forward, one backward; one chunk per stage) or interleaved_1f1b "
              "(parallel.vpp > 1 chunks per stage; the micro-batches per data-parallel rank a multiple of "
              "parallel.pp)"),

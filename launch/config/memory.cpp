@@ -64,19 +64,19 @@ Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) 
   for (int64_t l = s.first; l < s.last; ++l) s.moe_layers += moe.num_experts > 0 && l % moe.every == moe.every - 1;
   s.dense_layers = double(s.last - s.first) - s.moe_layers;
   s.E = double(moe.num_experts), s.K = double(moe.top_k), s.Fe = double(moe.expert_hidden);
-  s.S = double(moe.shared_experts), s.Ff = moe.overflow_has("dense") ? double(moe.fallback_hidden) : 0.0;
+  s.S = double(moe.shared_experts), s.Ff = moe.overflow_has(Overflow::Dense) ? double(moe.fallback_hidden) : 0.0;
   s.capacity_factor = moe.capacity_factor;
-  s.gumbel = moe.router.noise == "gumbel", s.reroute = moe.overflow_has("reroute");
+  s.gumbel = moe.router.noise == RouterNoise::Gumbel, s.reroute = moe.overflow_has(Overflow::Reroute);
   s.tau_learned = moe.router.tau_learned;
   // MoeLayer::backend_plans; a tensor-parallel rank splits the routing group unless the experts split instead.
   s.backend_plans = !s.reroute && s.Ff == 0 && (tp == 1 || s.etp > 1);
-  s.mla = m.attention == "mla";
+  s.mla = m.attention == AttentionKind::Mla;
   s.mla_norms = s.mla && m.mla_norms;
-  s.fused = !s.mla && c.train.device == "cuda" && c.train.precision == "bf16" &&
+  s.fused = !s.mla && c.train.device == Device::Cuda && c.train.precision == GemmPrecision::Bf16 &&
             c.train.fused_attention != FusedAttention::Off;
   s.fused_deterministic = c.train.fused_attention == FusedAttention::Deterministic;
-  s.cuda = c.train.device == "cuda";
-  s.cuda_bf16 = s.cuda && c.train.precision == "bf16";
+  s.cuda = c.train.device == Device::Cuda;
+  s.cuda_bf16 = s.cuda && c.train.precision == GemmPrecision::Bf16;
   s.C = double(m.mla_kv_rank), s.Cq = double(m.mla_q_rank), s.R = double(m.mla_rope_dim);
   return s;
 }
@@ -160,14 +160,14 @@ LayerElements layer_elements(const Sizes& s, bool moe, bool keep_probs) {
 
 // What the model allocates with its slots and scratch (core/model.cpp): layer l recomputes with `mode`
 // when l < recompute_layers (-1: every layer); layer l is an MoE layer when l % every == every - 1.
-ModelBytes model_bytes(const Sizes& s, const std::string& mode, int64_t recompute_layers, int64_t every, double slots) {
+ModelBytes model_bytes(const Sizes& s, Recompute mode, int64_t recompute_layers, int64_t every, double slots) {
   const double N = s.N, D = s.D, rows = s.rows;
   double own = 0, shared = 0, layer_scratch = 0;
   for (int64_t l = s.first; l < s.last; ++l) {
     const bool recomputed = recompute_layers < 0 || l < recompute_layers;
     const bool moe = s.moe_layers > 0 && l % every == every - 1;
-    const LayerElements e = layer_elements(s, moe, !(recomputed && mode == "selective"));
-    if (recomputed && mode == "full")
+    const LayerElements e = layer_elements(s, moe, !(recomputed && mode == Recompute::Selective));
+    if (recomputed && mode == Recompute::Full)
       shared = std::max(shared, e.acts);
     else
       own += e.acts;
@@ -315,8 +315,8 @@ MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int
   m.activations = saturate(model.activations);
   m.scratch = saturate(model.scratch);
   m.routed_rows = saturate(s.moe_layers * routed_bytes_per_layer(s, double(slots)));
-  m.communication =
-      saturate(communication_bytes(s, p, config.optim.zero, double(dp), edp, config.moe.dispatcher == "allgather"));
+  m.communication = saturate(communication_bytes(s, p, config.optim.zero, double(dp), edp,
+                                                 config.moe.dispatcher == DispatcherKind::AllGather));
   m.device_workspace = saturate(device_kept_bytes(s, p.dense + p.expert) + device_transient_bytes(s));
   // A key/value cache would keep k and v (2 Hkv Dh) per token and layer, or latent attention's c_kv and shared
   // rotary key (C + R); fp32.

@@ -36,7 +36,7 @@ Model<float>::FfnFactory inference_ffns(Backend& backend, const CheckpointModel&
 }
 
 Model<float>::AttentionFactory inference_attention(Backend& backend, const Config& c, int64_t seq_len) {
-  if (c.model.attention != "mla") return nullptr;  // the model's default: multi-head rotary attention
+  if (c.model.attention != AttentionKind::Mla) return nullptr;  // the model's default: multi-head rotary attention
   const MlaShape mla{c.model.mla_kv_rank, c.model.mla_q_rank, c.model.mla_rope_dim, c.model.mla_norms};
   return [&backend, c, seq_len, mla](int64_t) -> std::unique_ptr<Attention<float>> {
     return std::make_unique<MlaAttention<float>>(backend, c.model.d_model, c.model.heads, seq_len, c.model.layers, mla);

@@ -20,12 +20,12 @@ std::string refusal(const std::string& key, const std::string& value, const std:
 // What both compute alike: multi-head rotary attention, softmax scores without a selection bias.
 std::string common_refusal(const Config& c, const std::string& arch) {
   const MoeConfig& m = c.moe;
-  if (c.model.attention != "mha")
-    return refusal("model.attention", c.model.attention, arch,
+  if (c.model.attention != AttentionKind::Mha)
+    return refusal("model.attention", to_string(c.model.attention), arch,
                    "its attention is multi-head attention with rotary q and k");
   if (m.num_experts == 0) return refusal("moe.num_experts", "0", arch, "this export is of MoE models");
-  if (m.router.score != "softmax")
-    return refusal("moe.router.score", m.router.score, arch, "its router scores are a softmax");
+  if (m.router.score != RouterScore::Softmax)
+    return refusal("moe.router.score", to_string(m.router.score), arch, "its router scores are a softmax");
   if (m.router.bias_balance_rate != 0)
     return refusal("moe.router.bias_balance.rate", std::to_string(m.router.bias_balance_rate), arch,
                    "it has no per-expert bias in the expert selection");
@@ -120,7 +120,7 @@ void add_decoder(HfModel& m, const Config& c, const FfnTensors& ffn) {
   for (int64_t l = 0; l < c.model.layers; ++l) {
     const std::string hf = "model.layers." + std::to_string(l), p = "layers." + std::to_string(l);
     list.add(hf + ".input_layernorm.weight", {d}, p + ".attn_norm.gain", {D}, Op::Copy);
-    if (c.model.attention == "mla") {
+    if (c.model.attention == AttentionKind::Mla) {
       add_mla(list, c, hf + ".self_attn.", p + ".attn.");
     } else {
       list.add(hf + ".self_attn.q_proj.weight", {d, d}, p + ".attn.wq", {D, D}, Op::TransposeRope, -1, H);
@@ -135,7 +135,7 @@ void add_decoder(HfModel& m, const Config& c, const FfnTensors& ffn) {
     if (!(c.moe.num_experts > 0 && l % c.moe.every == c.moe.every - 1)) continue;
     if (c.moe.router.tau_learned)
       m.dropped.push_back({param(p + ".ffn.tau.log_ratio"), "the learned router temperature, folded into the gate"});
-    if (c.moe.overflow_has("dense"))
+    if (c.moe.overflow_has(Overflow::Dense))
       for (const char* w : {"w1", "w2", "w3"})
         m.dropped.push_back({param(p + ".ffn.fallback." + w),
                              "the dense fallback of assignments over capacity: the exported model is dropless, "
@@ -190,8 +190,8 @@ std::string deepseek_moe_refusal(const Config& c, const std::string& arch) {
   if (m.num_experts < 2)
     return refusal("moe.num_experts", std::to_string(m.num_experts), arch,
                    "its group-limited selection needs at least 2 experts");
-  if (m.router.score != "sigmoid")
-    return refusal("moe.router.score", m.router.score, arch, "its router scores are sigmoids");
+  if (m.router.score != RouterScore::Sigmoid)
+    return refusal("moe.router.score", to_string(m.router.score), arch, "its router scores are sigmoids");
   // Its layers are dense before first_k_dense_replace and MoE from there: the MoE layers must be a suffix.
   const int64_t first = first_moe_layer(c);
   for (int64_t l = 0; l < first; ++l)
@@ -206,8 +206,8 @@ std::string deepseek_moe_refusal(const Config& c, const std::string& arch) {
 // biases) and DeepSeek-V3's MoE block.
 std::string glm4_moe_refusal(const Config& c) {
   const std::string arch = "Glm4MoeForCausalLM";
-  if (c.model.attention != "mha")
-    return refusal("model.attention", c.model.attention, arch,
+  if (c.model.attention != AttentionKind::Mha)
+    return refusal("model.attention", to_string(c.model.attention), arch,
                    "its attention is multi-head attention with rotary q and k");
   return deepseek_moe_refusal(c, arch);
 }
@@ -216,8 +216,8 @@ std::string glm4_moe_refusal(const Config& c) {
 // kv_a_layernorm), and DeepSeek-V3's MoE block.
 std::string deepseek_v3_refusal(const Config& c) {
   const std::string arch = "DeepseekV3ForCausalLM";
-  if (c.model.attention != "mla")
-    return refusal("model.attention", c.model.attention, arch,
+  if (c.model.attention != AttentionKind::Mla)
+    return refusal("model.attention", to_string(c.model.attention), arch,
                    "its attention is multi-head latent attention, with one rotary key shared by all heads");
   if (!c.model.mla_norms)
     return refusal("model.mla.norms", "false", arch,

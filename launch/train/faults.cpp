@@ -60,28 +60,37 @@ void FaultInjector::after_step(int64_t done) {
     const fs::path dir = fs::path(run_dir_) / "faults";
     std::error_code ec;
     fs::create_directories(dir, ec);
-    const fs::path marker = dir / ("fired-" + std::to_string(i) + "-" + f.kind + "-rank" + std::to_string(f.rank) +
-                                   "-step" + std::to_string(f.step));
+    const fs::path marker = dir / ("fired-" + std::to_string(i) + "-" + to_string(f.kind) + "-rank" +
+                                   std::to_string(f.rank) + "-step" + std::to_string(f.step));
     const int fd = ::open(marker.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
     if (fd < 0) continue;  // fired before this restart
     ::fsync(fd);
     ::close(fd);
-    std::fprintf(stderr, "moe: fault injection: %s on rank %lld after step %lld\n", f.kind.c_str(),
+    std::fprintf(stderr, "moe: fault injection: %s on rank %lld after step %lld\n", to_string(f.kind).c_str(),
                  static_cast<long long>(rank_), static_cast<long long>(done));
     std::fflush(stderr);
-    if (f.kind == "kill") {
-      ::raise(SIGKILL);
-    } else if (f.kind == "stop") {
-      ::raise(SIGSTOP);
-    } else if (f.kind == "hang") {
-      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // heartbeats go on; progress does not
-    } else if (f.kind == "exception") {
-      MOE_FAIL("injected exception after step " << done << " on rank " << rank_);
-    } else if (f.kind == "corrupt_checkpoint") {
-      corrupt_newest_checkpoint(checkpoint_root_);
-      ::raise(SIGKILL);
-    } else if ((f.kind == "freeze_alltoall" || f.kind == "mismatch_alltoall") && recorder_) {
-      recorder_->arm(f.kind == "freeze_alltoall" ? FlightFault::FreezeInAlltoall : FlightFault::MismatchAlltoall, "ep");
+    switch (f.kind) {
+      case FaultKind::Kill:
+        ::raise(SIGKILL);
+        break;
+      case FaultKind::Stop:
+        ::raise(SIGSTOP);
+        break;
+      case FaultKind::Hang:
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // heartbeats go on; progress does not
+      case FaultKind::Exception:
+        MOE_FAIL("injected exception after step " << done << " on rank " << rank_);
+      case FaultKind::CorruptCheckpoint:
+        corrupt_newest_checkpoint(checkpoint_root_);
+        ::raise(SIGKILL);
+        break;
+      case FaultKind::FreezeAlltoall:
+      case FaultKind::MismatchAlltoall:
+        if (recorder_)
+          recorder_->arm(
+              f.kind == FaultKind::FreezeAlltoall ? FlightFault::FreezeInAlltoall : FlightFault::MismatchAlltoall,
+              "ep");
+        break;
     }
   }
 }

@@ -35,7 +35,7 @@ struct MemoryPlace {
 };
 MemoryPlace memory_of_this_rank(const Config& config, const RankGrid& grid) {
   const int64_t ranks_here = std::min<int64_t>(std::max(1, launcher_local_size()), grid.sizes().world);
-  if (config.train.device == "cuda") {
+  if (config.train.device == Device::Cuda) {
     const int devices = std::max(1, cuda_device_count()), device = launcher_local_rank() % devices;
     return {double(cuda_device_memory_bytes(device)), (ranks_here + devices - 1) / devices,
             "GPU " + std::to_string(device) + "'s"};
@@ -48,24 +48,25 @@ void check_memory(const Config& config, const RankGrid& grid) {
   const MemoryEstimate need = largest_stage_estimate(config, sizes.tp, sizes.dp, sizes.ep).memory;
   const MemoryPlace place = memory_of_this_rank(config, grid);
   // bf16 GEMMs keep the parameters rounded beside them: in bf16 on a GPU (docs/gpu.md), in fp32 on the CPU.
-  const double rounded_copy = config.train.device == "cuda" ? double(need.parameters) / 2 : double(need.parameters);
-  const double total = double(need.total()) + (config.train.precision == "bf16" ? rounded_copy : 0.0);
+  const double rounded_copy =
+      config.train.device == Device::Cuda ? double(need.parameters) / 2 : double(need.parameters);
+  const double total = double(need.total()) + (config.train.precision == GemmPrecision::Bf16 ? rounded_copy : 0.0);
   if (place.bytes <= 0 || total * double(place.ranks) <= place.bytes) return;
   const ModelConfig& m = config.model;
   const TrainConfig& tc = config.train;
   const std::string shared = place.ranks > 1 ? " on each of its " + std::to_string(place.ranks) + " ranks" : "";
   MOE_BAD_INPUT("training needs about "
                 << format_bytes(total) << " per rank (" << memory_text(need)
-                << (tc.precision == "bf16"
+                << (tc.precision == GemmPrecision::Bf16
                         ? "; and " + format_bytes(rounded_copy) + " of the parameters rounded for bf16 GEMMs"
                         : std::string())
                 << ")" << shared << ", more than " << place.name << " " << format_bytes(place.bytes)
                 << " (model.vocab=" << m.vocab << ", model.d_model=" << m.d_model << ", model.layers=" << m.layers
                 << ", model.ffn_hidden=" << m.ffn_hidden << ", moe.num_experts=" << config.moe.num_experts
                 << ", moe.expert_hidden=" << config.moe.expert_hidden << ", train.micro_batch=" << tc.micro_batch
-                << ", train.seq_len=" << tc.seq_len << ", train.recompute=" << tc.recompute
+                << ", train.seq_len=" << tc.seq_len << ", train.recompute=" << to_string(tc.recompute)
                 << "); make the model or train.micro_batch smaller"
-                << (tc.recompute == "full" ? "" : ", set train.recompute=full")
+                << (tc.recompute == Recompute::Full ? "" : ", set train.recompute=full")
                 << ", or spread the model over more ranks (parallel.tp, parallel.ep, optim.zero)");
 }
 
@@ -81,16 +82,11 @@ MoeSettings moe_settings(const Config& config, int64_t layer) {
   s.tau = m.router.tau_at(0);
   s.tau_learned = m.router.tau_learned, s.tau_min = m.router.tau_min, s.tau_max = m.router.tau_max;
   s.coef_warmup = m.router.warmup_coef, s.warmup_steps = m.router.warmup_steps;
-  s.noise = m.router.noise == "gumbel" ? RouterNoise::Gumbel : RouterNoise::None;
-  s.score = m.router.score == "sigmoid" ? RouterScore::Sigmoid : RouterScore::Softmax;
+  s.noise = m.router.noise, s.score = m.router.score;
   s.normalize = m.router.normalize;
   s.capacity_factor = m.capacity_factor;
   s.capacity_auto = m.capacity_auto.enabled;
-  s.drop_policy = m.drop_policy == "position" ? DropPolicy::Position : DropPolicy::Probs;
-  s.dispatcher = m.dispatcher == "allgather" ? DispatcherKind::AllGather : DispatcherKind::AllToAll;
-  s.overflow = m.overflow_has("reroute") ? (m.overflow_has("dense") ? Overflow::RerouteDense : Overflow::Reroute)
-               : m.overflow_has("dense") ? Overflow::Dense
-                                         : Overflow::Drop;
+  s.drop_policy = m.drop_policy, s.dispatcher = m.dispatcher, s.overflow = m.overflow_policy();
   s.expert_dropout = m.expert_dropout;
   s.coef_aux = m.loss.aux, s.coef_z = m.loss.z, s.coef_entropy = m.loss.entropy, s.coef_death = m.loss.death;
   s.death_floor = m.loss.death_floor;
@@ -125,7 +121,7 @@ int set_threads(Backend& backend, const TrainConfig& tc) {
 Model<float>::AttentionFactory attention_factory(Trainer& t, const ModelShape& shape, const TpContext& tp) {
   const ModelConfig& m = t.config.model;
   const int64_t seq_len = t.config.train.seq_len;
-  if (m.attention != "mla") return tp_attention_factory<float>(t.backend, tp, shape, seq_len);
+  if (m.attention != AttentionKind::Mla) return tp_attention_factory<float>(t.backend, tp, shape, seq_len);
   Backend* backend = &t.backend;
   const MlaShape mla{m.mla_kv_rank, m.mla_q_rank, m.mla_rope_dim, m.mla_norms};
   return [backend, shape, seq_len, mla](int64_t) -> std::unique_ptr<Attention<float>> {
@@ -198,9 +194,6 @@ void build_model(Trainer& t) {
   const TrainConfig& tc = config.train;
   const ModelShape shape{config.model.vocab, config.model.d_model,    config.model.layers,
                          config.model.heads, config.model.ffn_hidden, config.model.kv_heads};
-  const Recompute mode = tc.recompute == "full"        ? Recompute::Full
-                         : tc.recompute == "selective" ? Recompute::Selective
-                                                       : Recompute::None;
   const int64_t pp = config.parallel.pp, stage = t.groups.coords.pp, V = config.parallel.vpp;
   const TpContext tp{t.groups.data.tp, config.parallel.sequence_parallel, t.groups.tp.get()};
   const MoeSettingsOf moe_of = moe_layers(config, t.groups);
@@ -212,7 +205,7 @@ void build_model(Trainer& t) {
                        .shape = shape,
                        .seq_len = tc.seq_len,
                        .max_batch = tc.micro_batch,
-                       .recompute = RecomputeSpec(mode, tc.recompute_layers),
+                       .recompute = RecomputeSpec(tc.recompute, tc.recompute_layers),
                        .ffn_factory = tp_ffn_factory<float>(t.backend, tp, shape, moe_of),
                        .num_slots = slots,
                        .stage = specs[size_t(c)],
@@ -346,7 +339,7 @@ Trainer::Trainer(CheckedConfig checked, TrainPaths paths_in, const data::Corpus&
       groups(make_process_groups(std::move(world), grid)),
       tracer(config.train.trace, config.train.trace_from, config.train.trace_steps) {
   const TrainConfig& tc = config.train;
-  backend.ops<float>().set_gemm_precision(tc.precision == "bf16" ? GemmPrecision::Bf16 : GemmPrecision::Fp32);
+  backend.ops<float>().set_gemm_precision(tc.precision);
   attach_planes(groups, backend);
   install_flight_recorder(groups, flight);  // every communicator, before anything holds one
   build_model(*this);

@@ -279,9 +279,8 @@ double overflow_ratio(const RouterStepStats& st, int64_t top_k) {
 // Balancing biases from the step's counts, adaptive capacity from its overflow, and the dead-expert tracker.
 int64_t update_routing(Trainer& t, int64_t step) {
   const MoeConfig& m = t.config.moe;
-  const BiasBalance balance{m.router.bias_balance_rate,
-                            m.router.bias_balance_rule == "proportional" ? BiasRule::Proportional : BiasRule::Sign,
-                            m.router.bias_balance_decay, m.router.bias_balance_dead_band};
+  const BiasBalance balance{m.router.bias_balance_rate, m.router.bias_balance_rule, m.router.bias_balance_decay,
+                            m.router.bias_balance_dead_band};
   const CapacityAuto capacity{m.capacity_auto.min,         m.capacity_auto.max,    m.capacity_auto.raise_above,
                               m.capacity_auto.lower_below, m.capacity_auto.window, m.capacity_auto.step};
   int64_t dead = 0;

@@ -294,7 +294,8 @@ bool run_step(Loop& loop, int64_t step) {
   maybe_evaluate(loop, done);
   adapt_threads(loop);
   for (const FaultInjection& f : config.fault.inject)  // the newest checkpoint must exist before it is corrupted
-    if (f.kind == "corrupt_checkpoint" && f.step == done && loop.out.checkpointer) loop.out.checkpointer->finish();
+    if (f.kind == FaultKind::CorruptCheckpoint && f.step == done && loop.out.checkpointer)
+      loop.out.checkpointer->finish();
   loop.faults.after_step(done);
   if (loop.options.stop_after_step > 0 && done == loop.options.stop_after_step) {
     if (loop.out.checkpointer) loop.out.checkpointer->finish();
@@ -449,7 +450,7 @@ namespace {
 // MOE_CHECK_DEVICE_MEMORY=1 makes the CPU backend the memory-checking one (core/backend/memory_check.h).
 std::unique_ptr<Backend> make_backend(const TrainOptions& options) {
   const Config config = load_config(options.config_path, options.overrides);
-  if (config.train.device != "cuda")
+  if (config.train.device != Device::Cuda)
     return device_memory_check_requested() ? make_memory_check_backend(0) : make_cpu_backend(0);
   return make_cuda_backend(launcher_local_rank() % std::max(1, cuda_device_count()),
                            CudaOptions{config.train.fused_attention});
@@ -532,10 +533,10 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
   const TrainConfig& tc = t.config.train;
   const std::string held = t.grid.sizes().pp > 1 ? " parameters on pipeline stage 0, " : " parameters per rank, ";
   progress.note("moe train: " + std::to_string(t.model->num_params()) + held + std::to_string(tc.steps) + " steps of " +
-                std::to_string(t.tokens_per_step()) + " tokens on " + layout_text(t) + ", " + tc.precision +
+                std::to_string(t.tokens_per_step()) + " tokens on " + layout_text(t) + ", " + to_string(tc.precision) +
                 " GEMMs, " + std::to_string(t.threads) + " threads per rank (waiting: " +
                 cpu::wait_policy_description() + "); run directory " + t.paths.run_dir);
-  if (tc.device == "cpu") progress.note("CPU GEMMs: " + cpu::cpu_gemm_kernels_description());
+  if (tc.device == Device::Cpu) progress.note("CPU GEMMs: " + cpu::cpu_gemm_kernels_description());
   const GridSizes& sizes = t.grid.sizes();
   const StageEstimate memory = largest_stage_estimate(t.config, sizes.tp, sizes.dp, sizes.ep);
   progress.note("memory per rank" +
@@ -548,7 +549,7 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
       heartbeat,  FaultInjector(t.config.fault.inject, t.groups.rank, t.paths.run_dir, t.paths.ckpt_root.string()),
       start_step, Clock{}};
   loop.faults.set_flight_recorder(t.flight);  // the all-to-all faults act through it
-  if (tc.adapt_threads && tc.device == "cpu") loop.governor.emplace(t.threads);
+  if (tc.adapt_threads && tc.device == Device::Cpu) loop.governor.emplace(t.threads);
   int stop_signal = 0;
   for (int64_t step = start_step; step < tc.steps; ++step) {
     heartbeat.set(Phase::Step, step, "training step (forward, backward, gradient reduction, update)");

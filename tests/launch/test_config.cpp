@@ -40,7 +40,7 @@ TEST(ConfigDefaults, EmptyDocumentGivesTheSmallCpuModel) {
   EXPECT_EQ(c.train.global_batch, 16);
   EXPECT_EQ(c.train.micro_batch, 4);
   EXPECT_EQ(c.train.seq_len, 128);
-  EXPECT_EQ(c.train.recompute, "none");
+  EXPECT_EQ(c.train.recompute, Recompute::None);
   EXPECT_EQ(c.train.recompute_layers, -1);
   EXPECT_EQ(c.train.eval_every, 100);
   EXPECT_EQ(c.train.threads, 0);
@@ -49,11 +49,11 @@ TEST(ConfigDefaults, EmptyDocumentGivesTheSmallCpuModel) {
   EXPECT_EQ(c.model.ffn_hidden, 384);
   EXPECT_EQ(c.moe.num_experts, 0);
   EXPECT_EQ(c.moe.top_k, 2);
-  EXPECT_EQ(c.moe.router.noise, "none");
-  EXPECT_EQ(c.moe.router.score, "softmax");
+  EXPECT_EQ(c.moe.router.noise, RouterNoise::None);
+  EXPECT_EQ(c.moe.router.score, RouterScore::Softmax);
   EXPECT_TRUE(c.moe.router.normalize);
   EXPECT_DOUBLE_EQ(c.moe.capacity_factor, 1.25);
-  EXPECT_EQ(c.moe.overflow, std::vector<std::string>{"drop"});
+  EXPECT_EQ(c.moe.overflow, std::vector<Overflow>{Overflow::Drop});
   EXPECT_DOUBLE_EQ(c.moe.loss.aux, 0.01);
   EXPECT_DOUBLE_EQ(c.moe.loss.death_floor, 0.01);
   EXPECT_DOUBLE_EQ(c.optim.lr, 3e-3);
@@ -94,7 +94,7 @@ TEST(ConfigLoad, FileValuesAndOverrides) {
   EXPECT_EQ(c.train.steps, 6);
   EXPECT_EQ(c.train.seed, 9u);
   EXPECT_DOUBLE_EQ(c.optim.lr, 1.0);  // numbers accept integers
-  EXPECT_EQ(c.moe.router.noise, "gumbel");
+  EXPECT_EQ(c.moe.router.noise, RouterNoise::Gumbel);
   EXPECT_EQ(c.parallel.dp, 0);
   std::filesystem::remove(path);
 }
@@ -134,8 +134,8 @@ TEST(ConfigTypes, ChoicesListTheAllowedValues) {
   expect_bad_input([] { from(document_with("moe.dispatcher", "ring")); },
                    {"moe.dispatcher", "\"ring\"", "\"alltoall\", \"allgather\""});
   expect_bad_input([] { from(document_with("moe.dispatcher", 2)); }, {"moe.dispatcher", "2", "\"allgather\""});
-  EXPECT_EQ(from(document_with("moe.dispatcher", "allgather")).moe.dispatcher, "allgather");
-  EXPECT_EQ(from(json::object()).moe.dispatcher, "alltoall") << "the default";
+  EXPECT_EQ(from(document_with("moe.dispatcher", "allgather")).moe.dispatcher, DispatcherKind::AllGather);
+  EXPECT_EQ(from(json::object()).moe.dispatcher, DispatcherKind::AllToAll) << "the default";
 }
 
 TEST(ConfigRanges, EachBoundIsEnforced) {
@@ -288,7 +288,7 @@ TEST(ConfigSet, OverridesParseAsJsonOrText) {
                             "optim.zero=true", "optim.lr=0.01", "data.sources=[{\"name\": \"a\", \"path\": \"a.txt\"}]",
                             "moe.router={\"tau\": 0.5}", "train.steps=7"});
   EXPECT_EQ(c.train.steps, 7);  // the later --set wins
-  EXPECT_EQ(c.moe.router.noise, "gumbel");
+  EXPECT_EQ(c.moe.router.noise, RouterNoise::Gumbel);
   EXPECT_EQ(c.parallel.dp, 0);
   EXPECT_EQ(c.checkpoint.dir, "2024");
   EXPECT_TRUE(c.optim.zero);

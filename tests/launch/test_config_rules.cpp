@@ -118,7 +118,7 @@ TEST(ConfigRules, MoeEveryAtMostLayers) {
 
 TEST(ConfigRules, RecomputeModesAndLayers) {
   const Config selective = from(json{{"train", {{"recompute", "selective"}, {"recompute_layers", 2}}}});
-  EXPECT_EQ(selective.train.recompute, "selective");
+  EXPECT_EQ(selective.train.recompute, Recompute::Selective);
   EXPECT_EQ(selective.train.recompute_layers, 2);
   EXPECT_EQ(from(document_with("train.recompute_layers", 4)).train.recompute_layers, 4);  // every one of 4 layers
   expect_bad_input([] { from(document_with("train.recompute_layers", 5)); },
@@ -347,10 +347,11 @@ TEST(ConfigRules, SequenceParallelSplitsTheSequence) {
 // ---- Routing techniques and latent attention (docs/moe.md, docs/model.md) ----------------------------------
 
 TEST(ConfigRouting, OverflowIsAPolicyOrACascadeThatReroutesFirst) {
-  EXPECT_EQ(from(json::object(), {"moe.overflow=reroute"}).moe.overflow, std::vector<std::string>{"reroute"});
+  EXPECT_EQ(from(json::object(), {"moe.overflow=reroute"}).moe.overflow, std::vector<Overflow>{Overflow::Reroute});
   const Config cascade = from(json::object(), {R"(moe.overflow=["reroute", "dense"])"});
-  EXPECT_EQ(cascade.moe.overflow, (std::vector<std::string>{"reroute", "dense"}));
-  EXPECT_TRUE(cascade.moe.overflow_has("dense") && cascade.moe.overflow_has("reroute"));
+  EXPECT_EQ(cascade.moe.overflow, (std::vector<Overflow>{Overflow::Reroute, Overflow::Dense}));
+  EXPECT_EQ(cascade.moe.overflow_policy(), Overflow::RerouteDense);
+  EXPECT_TRUE(cascade.moe.overflow_has(Overflow::Dense) && cascade.moe.overflow_has(Overflow::Reroute));
   EXPECT_EQ(cascade.resolved["moe"]["overflow"], json({"reroute", "dense"}));
   expect_bad_input(
       [] {
@@ -430,7 +431,7 @@ TEST(ConfigRouting, AdaptiveCapacityBounds) {
 TEST(ConfigRouting, BiasRuleWarmupAndFrequencyAwareClipping) {
   const Config c = from(json::object(), {"moe.router.bias_balance.rule=proportional", "moe.router.warmup.steps=50",
                                          "optim.per_expert_clip_hot=0.5"});
-  EXPECT_EQ(c.moe.router.bias_balance_rule, "proportional");
+  EXPECT_EQ(c.moe.router.bias_balance_rule, BiasRule::Proportional);
   EXPECT_EQ(c.moe.router.bias_balance_decay, 0.99);
   EXPECT_EQ(c.moe.router.warmup_steps, 50);
   EXPECT_EQ(c.optim.per_expert_clip_hot, 0.5);
@@ -444,7 +445,7 @@ TEST(ConfigRouting, BiasRuleWarmupAndFrequencyAwareClipping) {
 
 TEST(ConfigRouting, LatentAttention) {
   const Config c = from(json::object(), {"model.attention=mla"});
-  EXPECT_EQ(c.model.attention, "mla");
+  EXPECT_EQ(c.model.attention, AttentionKind::Mla);
   EXPECT_EQ(c.model.mla_rope_dim, 16);
   expect_bad_input([] { from(json::object(), {"model.attention=gqa"}); }, {"model.attention", "\"mha\", \"mla\""});
   expect_bad_input(

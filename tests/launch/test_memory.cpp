@@ -53,7 +53,7 @@ TEST(MemoryEstimate, FusedAttentionIsExactlyWhatTheTrainerAllocates) {
     const std::vector<std::string> set = {"train.precision=bf16", std::string("train.recompute=") + recompute};
     Config config = small_config(set);
     const MemoryEstimate plain = estimate_memory(config, 1, 1, 1);
-    config.train.device = "cuda";
+    config.train.device = Device::Cuda;
     SCOPED_TRACE(std::string("recompute ") + recompute);
     const MemoryEstimate e = estimate_memory(config, 1, 1, 1);
     const Measured m = measure(config, std::make_unique<SelfCommunicator>("world"), true);
@@ -71,7 +71,7 @@ TEST(MemoryEstimate, FusedAttentionIsExactlyWhatTheTrainerAllocates) {
 TEST(MemoryEstimate, DeviceWorkspaceIsWhatTheCudaBackendKeepsAndItsLargestCall) {
   Config config = small_config({"train.precision=bf16"});
   EXPECT_EQ(estimate_memory(config, 1, 1, 1).device_workspace, 0) << "the CPU backend takes no workspace";
-  config.train.device = "cuda";
+  config.train.device = Device::Cuda;
   const double N = double(config.train.micro_batch * config.train.seq_len), D = double(config.model.d_model),
                H = double(config.model.heads), T = double(config.train.seq_len), V = double(config.model.vocab);
   const double parameters = double(estimate_memory(config, 1, 1, 1).parameters) / 4;
@@ -87,7 +87,7 @@ TEST(MemoryEstimate, DeviceWorkspaceIsWhatTheCudaBackendKeepsAndItsLargestCall) 
   EXPECT_EQ(estimate_memory(config, 1, 1, 1).device_workspace, int64_t(kept + parameter_copy + atomic));
   config.train.fused_attention = FusedAttention::Off;
   EXPECT_EQ(estimate_memory(config, 1, 1, 1).device_workspace, int64_t(kept + parameter_copy + head));
-  config.train.precision = "fp32";
+  config.train.precision = GemmPrecision::Fp32;
   EXPECT_EQ(estimate_memory(config, 1, 1, 1).device_workspace, int64_t(kept)) << "no copies in fp32";
 }
 
@@ -96,7 +96,7 @@ TEST(MemoryEstimate, DeviceWorkspaceIsWhatTheCudaBackendKeepsAndItsLargestCall) 
 TEST(MemoryEstimate, DeviceWorkspaceOfTheExpertsGroupedGemm) {
   Config config = small_config({"train.precision=bf16", "moe.num_experts=8", "moe.top_k=4", "moe.capacity_factor=0",
                                 "moe.expert_hidden=512", "train.fused_attention=off"});
-  config.train.device = "cuda";
+  config.train.device = Device::Cuda;
   const double N = double(config.train.micro_batch * config.train.seq_len), D = 64, V = 256, T = 32, Dh = 16;
   const double kept = 32 * 1024 * 1024 + 2 * T * (Dh / 2) * 4;
   for (const int64_t ep : {1, 2}) {
@@ -112,7 +112,7 @@ TEST(MemoryEstimate, DeviceWorkspaceOfTheExpertsGroupedGemm) {
 TEST(MemoryEstimate, InterleavedChunksShareTheBackendsOwnMemory) {
   Config config = small_config({"train.precision=bf16", "model.layers=4", "parallel.pp=2", "parallel.vpp=2",
                                 "parallel.pp_schedule=interleaved_1f1b"});
-  config.train.device = "cuda";
+  config.train.device = Device::Cuda;
   const StageEstimate largest = largest_stage_estimate(config, 1, 1, 1);
   const std::vector<StagePart> parts = pipeline_chunk_parts(config, largest.stage, 2);
   ASSERT_EQ(parts.size(), 2u);
@@ -203,9 +203,9 @@ TEST(MemoryEstimate, TensorParallelSplitsTheTensorsOfTheLayout) {
 TEST(MemoryEstimate, TheAllGatherDispatcherStagesEveryRanksRows) {
   Config config = small_config({"moe.num_experts=8"});
   for (const int64_t ep : {1, 2, 4}) {
-    config.moe.dispatcher = "alltoall";
+    config.moe.dispatcher = DispatcherKind::AllToAll;
     const MemoryEstimate alltoall = estimate_memory(config, 1, 4, ep);
-    config.moe.dispatcher = "allgather";
+    config.moe.dispatcher = DispatcherKind::AllGather;
     const MemoryEstimate allgather = estimate_memory(config, 1, 4, ep);
     if (ep == 1) {
       EXPECT_EQ(alltoall.communication, 0);
@@ -313,7 +313,7 @@ TEST(MemoryEstimate, GroupedQueryAttentionIsExactlyWhatTheTrainerAllocates) {
       for (bool fused : {false, true}) {
         Config config = small_config({std::string("model.kv_heads=") + kv_heads,
                                       std::string("train.recompute=") + recompute, "train.precision=bf16"});
-        if (fused) config.train.device = "cuda";
+        if (fused) config.train.device = Device::Cuda;
         SCOPED_TRACE(std::string("kv_heads ") + kv_heads + ", recompute " + recompute + (fused ? ", fused" : ""));
         const MemoryEstimate e = estimate_memory(config, 1, 1, 1);
         const Measured m = measure(config, std::make_unique<SelfCommunicator>("world"), fused);
