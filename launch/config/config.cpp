@@ -328,6 +328,13 @@ its default when absent; the defaults are a small dense model that trains on a C
 
 The resolved config, every key with its value, is written to the run directory as `config.json`.
 
+Everything a run computes is chosen here. A choice (a key whose values are names, such as `train.device` or
+`moe.router.noise`) is read once, when the config is loaded, into the value the program compares
+(launch/config/config_choices.h spells each name once: the allowed values below, and the text of every message
+and file that shows the value). The environment holds no configuration: the variables the program reads (the
+machine's, the launchers' and developers' switches) are listed, with who sets them, in docs/cli.md "Environment
+variables".
+
 ## Overriding keys: `--set`
 
 `moe train --config FILE --set KEY=VALUE ...` replaces one key after the file is read; a later `--set`
