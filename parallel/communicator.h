@@ -1,14 +1,21 @@
-// The communicator seam (docs/design.md "The seams"): collectives and point-to-point transfers over a group
-// of ranks, on typed buffers (pointer, count, DType). MPI implements it for host memory
-// (mpi_communicator.cpp, the control plane), NCCL for a CUDA backend's memory (parallel/nccl/, the data plane;
-// process_groups.h DataPlane). Counts are in elements; displacements
-// of the v-forms are the prefix sums of the counts. Nonblocking forms return a request that must complete
-// (wait, or test until true) before their buffers are touched; count arrays are read before the call
-// returns. Errors throw moe::Error naming the operation, the rank and the host.
+// The communicator seam (docs/design.md "The seams, and which part calls which"): collectives and point-to-point
+// transfers over a group of ranks, on typed buffers (pointer, count, DType). MPI implements it for host memory
+// (mpi_communicator.h, the control plane), NCCL for a CUDA backend's memory (nccl_communicator.h, the data plane;
+// process_groups.h DataPlane), and a group of one copies (self_communicator.h). Decorators wrap one and pass every
+// call on: the flight recorder (flight_recorder.h), the plane check (plane_check.h), the traffic counter
+// (counting_communicator.h). Counts are in elements; displacements of the v-forms are the prefix sums of the
+// counts; count arrays are read before the call returns. Nonblocking forms return a request that must complete
+// (wait, or test until true) before their buffers are touched; on NCCL completing orders the backend's compute
+// stream after the transfer rather than blocking the host (nccl_communicator.h). A receive expects exactly `count`
+// elements: MPI throws when the message differs, NCCL cannot see the count sent and ignores tags (transfers
+// between a pair match in the order issued). Errors throw moe::Error naming the operation and the communicator:
+// MPI's as program errors (exit 1) with the host and world rank, NCCL's as RunFailed (a peer or the device ended
+// the run; core/backend/cuda/cuda_check.h).
 //
 // Reductions sum. bf16 sums accumulate each pair in fp32 and round to bf16 (round to nearest even), so
 // they depend on the reduction order like any low-precision sum; prefer fp32 for gradient sync.
-// The typed convenience forms below (float, double, int32_t, int64_t) name the DType from the C++ type.
+// The typed convenience forms below name the DType from the C++ type (core/dtype.h dtype_of: float, double, bf16,
+// int32_t, int64_t, uint8_t).
 #pragma once
 
 #include <cstdint>
