@@ -36,3 +36,30 @@ pinned_venv() {
   fi
   echo "$want" > "$stamp"
 }
+
+# venv_test_start NAME REQUIREMENTS WHAT [PIP_OPTION...] -- MOE_BINARY SOURCE_DIR VENV: the common start of a test
+# that runs a pinned environment's tools. Checks the test's three arguments and names them (moe, src, venv; config:
+# configs/tiny_moe.json), makes the environment (pinned_venv, REQUIREMENTS relative to SOURCE_DIR), clears the
+# variables an enclosing mpirun leaves (each `moe` the test starts is its own job), and makes a work directory
+# (work) named after NAME, removed at exit, and enters it.
+venv_test_start() {
+  local name=$1 requirements=$2 what=$3
+  shift 3
+  local pip_options=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do
+    pip_options+=("$1")
+    shift
+  done
+  [ $# -gt 0 ] && shift
+  if [ $# -ne 3 ]; then
+    echo "usage: $0 MOE_BINARY SOURCE_DIR VENV" >&2
+    exit 2
+  fi
+  moe=$1 src=$2 venv=$3
+  config="$src/configs/tiny_moe.json"
+  pinned_venv "$venv" "$src/$requirements" "$what" "${pip_options[@]}"
+  unset OMPI_COMM_WORLD_SIZE PMI_SIZE PMIX_SIZE OMPI_COMM_WORLD_LOCAL_SIZE MPI_LOCALNRANKS
+  work=$(mktemp -d "${TMPDIR:-/tmp}/$name.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+  cd "$work"
+}

@@ -17,23 +17,8 @@
 # Usage: test_tensorboard.sh MOE_BINARY SOURCE_DIR VENV
 set -eu
 
-if [ $# -ne 3 ]; then
-  echo "usage: $0 MOE_BINARY SOURCE_DIR VENV" >&2
-  exit 2
-fi
-moe=$1
-src=$2
-venv=$3
-requirements="$src/tests/requirements-tensorboard.txt"
-config="$src/configs/tiny_moe.json"
-
 source "$(dirname "$0")/pinned_venv.sh"
-pinned_venv "$venv" "$requirements" TensorBoard
-unset OMPI_COMM_WORLD_SIZE PMI_SIZE PMIX_SIZE OMPI_COMM_WORLD_LOCAL_SIZE MPI_LOCALNRANKS
-
-work=$(mktemp -d "${TMPDIR:-/tmp}/moe_tensorboard.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-cd "$work"
+venv_test_start moe_tensorboard tests/requirements-tensorboard.txt TensorBoard -- "$@"
 small=(--set train.steps=8 --set model.d_model=32 --set model.layers=2 --set model.heads=2 --set model.ffn_hidden=32
   --set moe.num_experts=4 --set moe.expert_hidden=32 --set train.seq_len=16 --set train.global_batch=2
   --set train.micro_batch=1 --set train.eval_sequences=2 --set train.threads=1 --set train.log_every=2
