@@ -346,14 +346,20 @@ void MoeLayer<T>::plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int
   plan.fate.clear(), plan.assigned_expert.clear(), plan.perm_slot.clear(), plan.row_of_slot.clear();
   st.fallback_token.clear(), st.fallback_weight.clear(), st.fallback_pairs.clear();
   st.fallback_count = host_counts[1], st.fallback_pair_count = host_counts[2];
-  if (!context.training || context.recomputing) return;
-  // The statistics from the offsets and counts: each selected slot is kept or rerouted (a row), computed by the
-  // fallback, or dropped; a token selects min(K, usable experts).
-  const int64_t usable = E - std::count(r.expert_masked.begin(), r.expert_masked.end(), uint8_t(1));
-  for (int64_t e = 0; e < E; ++e)
-    stats_.tokens_per_expert[size_t(e)] += plan.expert_offset[size_t(e + 1)] - plan.expert_offset[size_t(e)];
-  stats_.rerouted += host_counts[0], stats_.fallback += host_counts[2];
-  stats_.dropped += N * std::min(K, usable) - plan.rows() - host_counts[2];
+  if (context.training && !context.recomputing) count_backend_stats(st, host_counts[0], N);
+}
+
+// The statistics of a plan made on the backend, from its offsets and counts: each selected slot is kept or rerouted
+// (a row), computed by the fallback, or dropped; a token selects min(K, usable experts).
+template <typename T>
+void MoeLayer<T>::count_backend_stats(const MoeSlot<T>& st, int64_t rerouted, int64_t N) {
+  const int64_t E = s_.num_experts, K = s_.top_k;
+  const std::vector<uint8_t>& masked = st.routing.expert_masked;
+  const int64_t usable = E - std::count(masked.begin(), masked.end(), uint8_t(1));
+  const std::vector<int64_t>& offset = st.plan.expert_offset;
+  for (int64_t e = 0; e < E; ++e) stats_.tokens_per_expert[size_t(e)] += offset[size_t(e + 1)] - offset[size_t(e)];
+  stats_.rerouted += rerouted, stats_.fallback += st.fallback_pair_count;
+  stats_.dropped += N * std::min(K, usable) - st.plan.rows() - st.fallback_pair_count;
   count_router_stats(st, N);
 }
 

@@ -163,6 +163,8 @@ class MoeLayer final : public FeedForward<T>, public Stateful {
   void dispatch_beside(const ExchangePlan& p, const T* token_rows, T* expert_rows, const std::function<void()>& beside);
   void combine_beside(const ExchangePlan& p, const T* expert_rows, T* token_rows, const std::function<void()>& beside);
   void count_stats(const FfnContext& context, const MoeSlot<T>& st, int64_t N);
+  // The statistics of the backend's plan from its offsets, the fallback's slots and the `rerouted` slots.
+  void count_backend_stats(const MoeSlot<T>& st, int64_t rerouted, int64_t N);
   // The router's share of the statistics (losses, temperature, capacity factor, groups and tokens).
   void count_router_stats(const MoeSlot<T>& st, int64_t N);
   // Router backward of this rank's tokens: its gate-weight gradients (in dw: (G K), this rank's slots) into the
