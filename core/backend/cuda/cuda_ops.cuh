@@ -219,8 +219,9 @@ class CudaOps final : public Ops<T> {
   // run lists its slots in priority order (ties in slot order); a slot's place in its run decides.
   void capacity_keep(const int32_t* selected, const T* score, bool by_score, int64_t capacity, int32_t* assigned,
                      int64_t M, int64_t E) override;
-  // Reroute: the slots in priority order (by_score: sorted by descending score, stably), then one block walks the
-  // overflowed ones in that order, its threads trying a slot's candidates at once (moe_plan_ops.cu).
+  // Reroute: the slots in priority order (by_score: sorted by descending score, stably), the overflowed ones kept in
+  // that order (CUB's DeviceSelect), then one block walks them, its threads trying a slot's candidates at once
+  // (moe_plan_ops.cu).
   void reroute_overflow(const int32_t* preference, int64_t W, const T* score, bool by_score, int64_t capacity,
                         int32_t* assigned, int64_t* rerouted, int64_t N, int64_t K, int64_t E) override;
   // The fallback's rows: each token's and slot's flag, their exclusive sums (CUB) place them.

@@ -16,26 +16,36 @@ __global__ void permuted_rows_kernel(const int32_t* perm_slot, const T* gate, in
   }
 }
 
-// One block: the experts' loads (E <= 1024, shared), then the slots in order. An overflowed slot's candidates
-// (positions c of its row) are tried by the block's threads at once; the first that fits wins, as the host's walk
-// down the row would find it (the rows hold -1 only after their last expert). Each slot is decided before the
-// next is read, so a slot sees every earlier reroute.
-__global__ void reroute_walk_kernel(const int32_t* order, const int32_t* preference, int64_t W, int64_t capacity,
-                                    int32_t* assigned, int64_t* rerouted, int64_t N, int64_t K, int64_t E) {
+// Whether the slot at each place of the priority order overflowed: selected (its token's choice j < K names an
+// expert) and not assigned by capacity.
+__global__ void overflowed_kernel(const int32_t* order, const int32_t* preference, int64_t W, const int32_t* assigned,
+                                  int32_t* flag, int64_t N, int64_t K) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N * K; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t slot = order[i];
+    flag[i] = assigned[slot] < 0 && preference[(slot / K) * W + slot % K] >= 0;
+  }
+}
+
+// One block: the experts' loads (E <= 1024, shared), then the overflowed slots in priority order (`count` of them).
+// A slot's candidates (positions c of its row) are tried by the block's threads at once; the first that fits wins,
+// as the host's walk down the row would find it (the rows hold -1 only after their last expert). Each slot is
+// decided before the next is read, so a slot sees every earlier reroute.
+__global__ void reroute_walk_kernel(const int32_t* overflowed, const int32_t* count, const int32_t* preference,
+                                    int64_t W, int64_t capacity, int32_t* assigned, int64_t* rerouted, int64_t N,
+                                    int64_t K, int64_t E) {
   extern __shared__ int64_t load[];
   __shared__ int64_t best;
   __shared__ int64_t moved;
-  const int64_t M = N * K;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) load[e] = 0;
   if (threadIdx.x == 0) moved = 0;
   __syncthreads();
-  for (int64_t s = threadIdx.x; s < M; s += blockDim.x)
+  for (int64_t s = threadIdx.x; s < N * K; s += blockDim.x)
     if (assigned[s] >= 0) atomicAdd(reinterpret_cast<unsigned long long*>(&load[assigned[s]]), 1ull);
   __syncthreads();
-  for (int64_t i = 0; i < M; ++i) {
-    const int64_t slot = order ? order[i] : i, n = slot / K;
+  const int64_t slots = *count;
+  for (int64_t i = 0; i < slots; ++i) {
+    const int64_t slot = overflowed[i], n = slot / K;
     const int32_t* row = preference + n * W;
-    if (assigned[slot] >= 0 || row[slot % K] < 0) continue;  // the same for every thread: kept, or no choice
     if (threadIdx.x == 0) best = W;
     __syncthreads();
     for (int64_t c = threadIdx.x; c < W; c += blockDim.x) {
@@ -108,10 +118,17 @@ void permuted_rows(cudaStream_t stream, const int32_t* perm_slot, const T* gate,
 template void permuted_rows<float>(cudaStream_t, const int32_t*, const float*, int64_t, int32_t*, float*, int64_t);
 template void permuted_rows<double>(cudaStream_t, const int32_t*, const double*, int64_t, int32_t*, double*, int64_t);
 
-void reroute_walk(cudaStream_t stream, const int32_t* order, const int32_t* preference, int64_t W, int64_t capacity,
-                  int32_t* assigned, int64_t* rerouted, int64_t N, int64_t K, int64_t E) {
-  reroute_walk_kernel<<<1, kThreads, size_t(E) * sizeof(int64_t), stream>>>(order, preference, W, capacity, assigned,
-                                                                            rerouted, N, K, E);
+void overflowed_flags(cudaStream_t stream, const int32_t* order, const int32_t* preference, int64_t W,
+                      const int32_t* assigned, int32_t* flag, int64_t N, int64_t K) {
+  const LaunchConfig c = elementwise_launch(N * K);
+  overflowed_kernel<<<c.blocks, c.threads, 0, stream>>>(order, preference, W, assigned, flag, N, K);
+  MOE_CUDA_LAUNCHED();
+}
+
+void reroute_walk(cudaStream_t stream, const int32_t* overflowed, const int32_t* count, const int32_t* preference,
+                  int64_t W, int64_t capacity, int32_t* assigned, int64_t* rerouted, int64_t N, int64_t K, int64_t E) {
+  reroute_walk_kernel<<<1, kThreads, size_t(E) * sizeof(int64_t), stream>>>(overflowed, count, preference, W, capacity,
+                                                                            assigned, rerouted, N, K, E);
   MOE_CUDA_LAUNCHED();
 }
 

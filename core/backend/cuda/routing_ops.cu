@@ -77,24 +77,39 @@ void CudaOps<T>::capacity_keep(const int32_t* selected, const T* score, bool by_
          static_cast<const int64_t*>(start.ptr), capacity, assigned, M, E);
 }
 
-// The priority order is capacity_keep's first sort alone (by descending score, stably from slot order); by
-// position it is slot order, and the walk reads no order.
+// The priority order is capacity_keep's first sort alone (by descending score, stably from slot order; by position,
+// slot order); the overflowed slots kept in that order (CUB's DeviceSelect, stable); then the one-block walk over
+// them alone, their count read on the device.
 template <typename T>
 void CudaOps<T>::reroute_overflow(const int32_t* preference, int64_t W, const T* score, bool by_score, int64_t capacity,
                                   int32_t* assigned, int64_t* rerouted, int64_t N, int64_t K, int64_t E) {
   const int64_t M = N * K;
   SlotOrder order(*ctx_.allocator, M);
-  const int32_t* priority = nullptr;
+  launch(elementwise_launch(M), cuda::iota_kernel, order.slots(), M);
+  const int32_t* priority = order.slots();
   if (by_score && M > 0) {
     using U = cuda::ScoreKey<T>;
     Workspace keys(*ctx_.allocator, size_t(2 * M) * sizeof(U));
     U* key = static_cast<U*>(keys.ptr);
-    launch(elementwise_launch(M), cuda::iota_kernel, order.slots(), M);
     launch(elementwise_launch(M), cuda::descending_score_keys_kernel<T>, score, key, M);
     radix_sort(key, key + M, order.slots(), order.sorted_slots(), M, int(8 * sizeof(U)));
     priority = order.sorted_slots();
   }
-  cuda::reroute_walk(ctx_.stream, priority, preference, W, capacity, assigned, rerouted, N, K, E);
+  // The flags and the overflowed slots in the keys' halves of the order's space; their count after them.
+  int32_t *flag = order.keys(), *overflowed = order.sorted_keys();
+  Workspace count(*ctx_.allocator, sizeof(int32_t));
+  int32_t* selected_count = static_cast<int32_t*>(count.ptr);
+  MOE_CUDA_CHECK(cudaMemsetAsync(selected_count, 0, sizeof(int32_t), ctx_.stream));
+  if (M > 0) {
+    cuda::overflowed_flags(ctx_.stream, priority, preference, W, assigned, flag, N, K);
+    size_t bytes = 0;
+    MOE_CUDA_CHECK(
+        cub::DeviceSelect::Flagged(nullptr, bytes, priority, flag, overflowed, selected_count, int(M), ctx_.stream));
+    Workspace temp(*ctx_.allocator, std::max<size_t>(bytes, 1));
+    MOE_CUDA_CHECK(
+        cub::DeviceSelect::Flagged(temp.ptr, bytes, priority, flag, overflowed, selected_count, int(M), ctx_.stream));
+  }
+  cuda::reroute_walk(ctx_.stream, overflowed, selected_count, preference, W, capacity, assigned, rerouted, N, K, E);
 }
 
 // Flags per token and slot, their exclusive sums (CUB) as places, then the rows at their places.
