@@ -101,7 +101,8 @@ sizes::MoeShape MoeLayer<T>::shape(int64_t N) const {
           double(group_tokens(N)),
           double(N),
           shared_ ? double(s_.shared_experts * s_.expert_hidden / s_.expert_tp) : 0.0,
-          fallback_ ? double(s_.fallback_hidden / s_.expert_tp) : 0.0};
+          fallback_ ? double(s_.fallback_hidden / s_.expert_tp) : 0.0,
+          reroutes(s_.overflow)};
 }
 
 template <typename T>
@@ -191,14 +192,14 @@ void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, 
   span.emplace(backend_.timeline(), "moe experts", "moe");
   experts_.forward(st.exchange.local_offset, st.experts, ye);
   span.emplace(backend_.timeline(), "moe combine", "moe");
-  const bool fallback = fallback_ && !st.fallback_token.empty();
+  const bool fallback = fallback_ && st.fallback_count > 0;
   combine_beside(st.exchange, ye, v.yp, [&] {
     if (fallback) fallback_forward(context, st, x, v);
   });
   combine(st, v.yp, y, N);
   if (shared_) ops_.add_inplace(y, v.shared_out, N * D);
   if (fallback) {
-    const int64_t Mf = int64_t(st.fallback_token.size());
+    const int64_t Mf = st.fallback_count;
     ops_.scatter_add_rows(v.yf, st.fallback_token_rows.template data<int32_t>(), st.fallback_weights.template data<T>(),
                           y, Mf, D);
   }
@@ -284,6 +285,7 @@ void MoeLayer<T>::plan(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
   st.fallback_token.clear();
   st.fallback_weight.clear();
   st.fallback_pairs.clear();
+  st.fallback_count = st.fallback_pair_count = 0;
   if (!uses_fallback(s_.overflow)) return;
   const T* gate = st.routing.gate.data() + st.first_token * K;
   for (int64_t n = 0; n < N; ++n) {
@@ -296,12 +298,14 @@ void MoeLayer<T>::plan(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
     }
     if (any) st.fallback_token.push_back(int32_t(n)), st.fallback_weight.push_back(T(w));
   }
+  st.fallback_count = int64_t(st.fallback_token.size()), st.fallback_pair_count = int64_t(st.fallback_pairs.size());
 }
 
-// Capacity in MODEL.md's priority order, drop, the stable permutation by expert and each permuted row's token and
-// gate weight, as ops on the backend (the host plan's code is their CPU body, so the same bits); then one wait for
-// what the host needs: the expert offsets (the grouped GEMM's row counts, the all-to-all's split sizes), f and the
-// losses' sums.
+// Capacity in MODEL.md's priority order, the overflow rerouted (reroute, the cascade), the stable permutation by
+// expert and each permuted row's token and gate weight, and the dense fallback's rows, as ops on the backend (the
+// host plan's code is their CPU body, so the same bits); then one wait for what the host needs: the expert offsets
+// (the grouped GEMM's row counts, the all-to-all's split sizes), the plan's counts (the fallback's rows, the
+// statistics), f and the losses' sums.
 template <typename T>
 void MoeLayer<T>::plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
   const int64_t E = s_.num_experts, K = s_.top_k, M = N * K;
@@ -309,34 +313,67 @@ void MoeLayer<T>::plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int
   const sizes::MoePlanBuffers size = sizes::moe_plan_buffers(shape(N), {double(M), 0, 0}, 0, true);
   backend_.reserve(st.assigned, DType::I32, sizes::elements(size.assigned));
   backend_.reserve(st.expert_offset, DType::I64, sizes::elements(size.expert_offset));
+  backend_.reserve(st.plan_counts, DType::I64, sizes::elements(size.plan_counts));
   backend_.reserve(st.perm_slot_rows, DType::I32, sizes::elements(size.perm_slot_rows));
   backend_.reserve(st.slot_row, DType::I32, sizes::elements(size.slot_row));
   backend_.reserve(st.perm_token, DType::I32, sizes::elements(size.perm_token));
   backend_.reserve(st.perm_gate, dtype_of<T>(), sizes::elements(size.perm_gate));
   backend_.reserve(st.gate, dtype_of<T>(), sizes::elements(size.gate));
   int32_t* assigned = st.assigned.template data<int32_t>();
-  ops_.capacity_keep(r.selected_on_backend.template data<int32_t>(), router_.selected_scores(),
-                     s_.drop_policy == DropPolicy::Probs, capacity(N), assigned, M, E);
+  int64_t* counts = st.plan_counts.template data<int64_t>();  // rerouted, the fallback's tokens and slots
+  const bool by_score = s_.drop_policy == DropPolicy::Probs;
+  ops_.capacity_keep(r.selected_on_backend.template data<int32_t>(), router_.selected_scores(), by_score, capacity(N),
+                     assigned, M, E);
+  if (reroutes(s_.overflow))
+    ops_.reroute_overflow(router_.preference_rows(), r.choices, router_.selected_scores(), by_score, capacity(N),
+                          assigned, counts, N, K, E);
   ops_.permute_by_expert(assigned, st.expert_offset.template data<int64_t>(),
                          st.perm_slot_rows.template data<int32_t>(), st.slot_row.template data<int32_t>(), M, E);
   ops_.permuted_rows(st.perm_slot_rows.template data<int32_t>(), r.gate_on_backend.template data<T>(), K,
                      st.perm_token.template data<int32_t>(), st.perm_gate.template data<T>(), M);
   ops_.copy(r.gate_on_backend.template data<T>(), st.gate.template data<T>(), M);
+  if (fallback_) fallback_on_backend(st, size, N);
   router_.read_back(r, N, false);
   DispatchPlan& plan = st.plan;
   plan.expert_offset.resize(size_t(E + 1));
   backend_.copy_to_host(plan.expert_offset.data(), st.expert_offset.template data<int64_t>(), E + 1);
+  // The counts the plan's ops wrote: the rerouted slots' (reroute), the fallback's tokens and slots (fallback).
+  int64_t host_counts[3] = {0, 0, 0};
+  const int64_t first = reroutes(s_.overflow) ? 0 : 1, end = fallback_ ? 3 : 1;
+  if (end > first) backend_.copy_to_host(host_counts + first, counts + first, end - first);
   backend_.synchronize();
   router_.finish(context, r, N);
   plan.fate.clear(), plan.assigned_expert.clear(), plan.perm_slot.clear(), plan.row_of_slot.clear();
   st.fallback_token.clear(), st.fallback_weight.clear(), st.fallback_pairs.clear();
-  if (!context.training || context.recomputing) return;
-  // The statistics from the offsets: each selected slot is kept or dropped; a row selects min(K, usable experts).
-  const int64_t usable = E - std::count(r.expert_masked.begin(), r.expert_masked.end(), uint8_t(1));
-  for (int64_t e = 0; e < E; ++e)
-    stats_.tokens_per_expert[size_t(e)] += plan.expert_offset[size_t(e + 1)] - plan.expert_offset[size_t(e)];
-  stats_.dropped += N * std::min(K, usable) - plan.rows();
+  st.fallback_count = host_counts[1], st.fallback_pair_count = host_counts[2];
+  if (context.training && !context.recomputing) count_backend_stats(st, host_counts[0], N);
+}
+
+// The statistics of a plan made on the backend, from its offsets and counts: each selected slot is kept or rerouted
+// (a row), computed by the fallback, or dropped; a token selects min(K, usable experts).
+template <typename T>
+void MoeLayer<T>::count_backend_stats(const MoeSlot<T>& st, int64_t rerouted, int64_t N) {
+  const int64_t E = s_.num_experts, K = s_.top_k;
+  const std::vector<uint8_t>& masked = st.routing.expert_masked;
+  const int64_t usable = E - std::count(masked.begin(), masked.end(), uint8_t(1));
+  const std::vector<int64_t>& offset = st.plan.expert_offset;
+  for (int64_t e = 0; e < E; ++e) stats_.tokens_per_expert[size_t(e)] += offset[size_t(e + 1)] - offset[size_t(e)];
+  stats_.rerouted += rerouted, stats_.fallback += st.fallback_pair_count;
+  stats_.dropped += N * std::min(K, usable) - st.plan.rows() - st.fallback_pair_count;
   count_router_stats(st, N);
+}
+
+template <typename T>
+void MoeLayer<T>::fallback_on_backend(MoeSlot<T>& st, const sizes::MoePlanBuffers& size, int64_t N) {
+  backend_.reserve(st.fallback_token_rows, DType::I32, sizes::elements(size.fallback_tokens));
+  backend_.reserve(st.fallback_weights, dtype_of<T>(), sizes::elements(size.fallback_weights));
+  backend_.reserve(st.fallback_slot_source, DType::I32, sizes::elements(size.fallback_sources));
+  backend_.reserve(st.fallback_slot, DType::I32, sizes::elements(size.fallback_slots));
+  const Routing<T>& r = st.routing;
+  ops_.fallback_rows(r.selected_on_backend.template data<int32_t>(), st.assigned.template data<int32_t>(),
+                     r.gate_on_backend.template data<T>(), s_.top_k, st.fallback_token_rows.template data<int32_t>(),
+                     st.fallback_weights.template data<T>(), st.fallback_slot_source.template data<int32_t>(),
+                     st.fallback_slot.template data<int32_t>(), st.plan_counts.template data<int64_t>() + 1, N);
 }
 
 template <typename T>
@@ -376,7 +413,7 @@ void MoeLayer<T>::combine(const MoeSlot<T>& st, const T* yp, T* y, int64_t N) co
 // The dense fallback's output yf (Mf, D) of its tokens; the caller adds it to y.
 template <typename T>
 void MoeLayer<T>::fallback_forward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v) {
-  const int64_t D = s_.d_model, Mf = int64_t(st.fallback_token.size());
+  const int64_t D = s_.d_model, Mf = st.fallback_count;
   ops_.gather_rows(x, st.fallback_token_rows.template data<int32_t>(), nullptr, v.xf, Mf, D);
   fallback_->forward(context, v.xf, v.yf, v.fallback_acts, nullptr, Mf);
 }
@@ -421,11 +458,16 @@ const MoeSlot<T>& MoeLayer<T>::host_state() const {
   s.routing.selected = backend_.download(s.routing.selected_on_backend.template data<int32_t>(), M);
   s.routing.gate = backend_.download(s.routing.gate_on_backend.template data<T>(), M);
   s.plan.assigned_expert = backend_.download(s.assigned.template data<int32_t>(), M);
+  // A slot's fate from its selection and assignment: a rerouted slot's expert is never one its token selected, and
+  // every overflowed slot left without one is the fallback's where there is a fallback.
+  const SlotFate unplaced = fallback_ ? SlotFate::Fallback : SlotFate::Dropped;
   s.plan.fate.resize(size_t(M));
-  for (size_t slot = 0; slot < size_t(M); ++slot)
-    s.plan.fate[slot] = s.plan.assigned_expert[slot] >= 0 ? SlotFate::Kept
-                        : s.routing.selected[slot] >= 0   ? SlotFate::Dropped
-                                                          : SlotFate::None;
+  for (size_t slot = 0; slot < size_t(M); ++slot) {
+    const int32_t assigned = s.plan.assigned_expert[slot], selected = s.routing.selected[slot];
+    s.plan.fate[slot] = assigned >= 0   ? (assigned == selected ? SlotFate::Kept : SlotFate::Rerouted)
+                        : selected >= 0 ? unplaced
+                                        : SlotFate::None;
+  }
   return st;
 }
 
@@ -445,7 +487,7 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
   const MoeSlot<T>& st = static_cast<const MoeSlot<T>&>(*slot);
   const ActsView v = carve(const_cast<T*>(acts), N);
   const int64_t M = st.plan.rows(), R = st.exchange.received;
-  const int64_t Mf = int64_t(st.fallback_token.size());
+  const int64_t Mf = st.fallback_count;
   const int64_t G = group_tokens(N);
   const sizes::RoutedRows rows{double(M), double(R), double(Mf)};
   backend_.reserve(scratch_, dtype_of<T>(), sizes::elements(sizes::moe_backward_scratch(shape(N), rows, double(F))));
@@ -520,7 +562,7 @@ void MoeLayer<T>::uncombine(const MoeSlot<T>& st, const T* dy, const T* yp, T* d
 template <typename T>
 void MoeLayer<T>::fallback_backward(const FfnContext& context, const MoeSlot<T>& st, const ActsView& v, const T* dy,
                                     T* dw, T* scratch) {
-  const int64_t D = s_.d_model, Mf = int64_t(st.fallback_token.size());
+  const int64_t D = s_.d_model, Mf = st.fallback_count;
   T* dyf = scratch;       // (Mf, D)
   T* dxf = dyf + Mf * D;  // (Mf, D)
   T* fbs = dxf + Mf * D;  // the fallback MLP's scratch
@@ -528,7 +570,7 @@ void MoeLayer<T>::fallback_backward(const FfnContext& context, const MoeSlot<T>&
   ops_.gather_rows(dy, tokens, st.fallback_weights.template data<T>(), dyf, Mf, D);
   // Each overflowed assignment's gate weight gets its token's dot of dy with the fallback's output (its slot
   // has no routed row, so it was zero).
-  const int64_t Sf = int64_t(st.fallback_pairs.size());
+  const int64_t Sf = st.fallback_pair_count;
   backend_.reserve(dots_, dtype_of<T>(), Mf);
   backend_.reserve(fallback_dots_, dtype_of<T>(), Sf);
   ops_.row_dots(dy, tokens, v.yf, dots_.template data<T>(), Mf, D);

@@ -45,10 +45,14 @@ struct MoeSlot final : FfnSlot {
   // dense fallback computed, its row among the fallback's tokens and its slot (both Sf).
   Buffer perm_token, perm_gate, slot_row, gate, fallback_token_rows, fallback_weights, perm_slot_rows,
       fallback_slot_source, fallback_slot;
-  // Where the backend planned (MoeLayer::backend_plans): the expert that computes each slot (N K, -1 if none) and
-  // the expert offsets (E + 1); `plan` then holds the offsets only (its other fields stay empty).
+  // The dense fallback's tokens (Mf) and the overflowed assignments it computes (Sf), on the host either way.
+  int64_t fallback_count = 0, fallback_pair_count = 0;
+  // Where the backend planned (MoeLayer::backend_plans): the expert that computes each slot (N K, -1 if none), the
+  // expert offsets (E + 1) and, where overflow is rerouted or computed densely, the plan's counts (int64: the slots
+  // rerouted, the fallback's tokens and slots); `plan` then holds the offsets only (its other fields stay empty),
+  // and the fallback's buffers are sized for every token and slot.
   bool planned_on_backend = false;
-  Buffer assigned, expert_offset;
+  Buffer assigned, expert_offset, plan_counts;
 };
 
 template <typename T>
@@ -125,10 +129,12 @@ class MoeLayer final : public FeedForward<T>, public Stateful {
   const MoeSlot<T>& default_state() const;
   // The default slot with the host copies of its routing and plan, read back once where the backend planned.
   const MoeSlot<T>& host_state() const;
-  // The backend plans the dispatch (capacity, drop, the permutation as ops; one wait for the expert offsets, f and
-  // the losses' sums) where nothing needs the host's plan: overflow dropped, the routing group not split. Reroute,
-  // the dense fallback and the cascade, and a split group (restrict_plan), plan on the host (docs/gpu.md).
-  bool backend_plans() const { return s_.overflow == Overflow::Drop && s_.token_shards == 1; }
+  // The backend plans the dispatch (capacity, the overflow's reroute, drop or dense fallback, the permutation as
+  // ops; one wait for the expert offsets, the plan's counts, f and the losses' sums) where nothing needs the host's
+  // plan: the routing group not split. A split group (restrict_plan) plans on the host (docs/gpu.md).
+  bool backend_plans() const { return s_.token_shards == 1; }
+  // The fallback's rows of the backend's plan (fallback_rows), sized for every token and slot.
+  void fallback_on_backend(MoeSlot<T>& st, const sizes::MoePlanBuffers& size, int64_t N);
   void plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int64_t N);
   // Logits, scores and routing of the whole group (gathered when it is split), into the slot and acts.
   void route(const FfnContext& context, const T* x, const ActsView& v, MoeSlot<T>& st, int64_t N);
@@ -157,6 +163,8 @@ class MoeLayer final : public FeedForward<T>, public Stateful {
   void dispatch_beside(const ExchangePlan& p, const T* token_rows, T* expert_rows, const std::function<void()>& beside);
   void combine_beside(const ExchangePlan& p, const T* expert_rows, T* token_rows, const std::function<void()>& beside);
   void count_stats(const FfnContext& context, const MoeSlot<T>& st, int64_t N);
+  // The statistics of the backend's plan from its offsets, the fallback's slots and the `rerouted` slots.
+  void count_backend_stats(const MoeSlot<T>& st, int64_t rerouted, int64_t N);
   // The router's share of the statistics (losses, temperature, capacity factor, groups and tokens).
   void count_router_stats(const MoeSlot<T>& st, int64_t N);
   // Router backward of this rank's tokens: its gate-weight gradients (in dw: (G K), this rank's slots) into the

@@ -156,6 +156,7 @@ inline double tp_wrapper_scratch(bool sequence_parallel, double N, double D) {
 struct MoeShape {
   double D, E, K, G, n;
   double shared_hidden = 0, fallback_hidden = 0;
+  bool reroutes = false;  // overflow rerouted (moe.overflow reroute, alone or in the cascade)
 };
 // Kept (MoeLayer::activation_size): the whole group's logits and scores (G, E), the expert outputs at the token
 // side (n K, D), the shared experts' activations and output (n, D), the fallback's input, activations and output.
@@ -186,25 +187,29 @@ inline double experts_scratch(double R, double F) { return 3 * R * F; }
 // Planned on the host and uploaded (upload_plan): each permuted row's token, gate weight and slot (M), each
 // slot's permuted row and gate weight (n K), the fallback's tokens and their weights (Mf) and, for each of the
 // Sf overflowed assignments it computes, its row among those tokens and its slot. Planned on the backend
-// (plan_on_backend: overflow dropped, the routing group not split): the same permuted buffers sized for every slot
-// (n K), each slot's expert (n K) and the expert offsets (E + 1, int64); no fallback.
+// (plan_on_backend: the routing group not split): the same buffers sized for every slot (n K) and, with a fallback,
+// every token (n), each slot's expert (n K), the expert offsets (E + 1, int64) and, where overflow is rerouted or
+// computed densely, the plan's counts (3 int64: rerouted, the fallback's tokens and slots).
 struct MoePlanBuffers {
   double perm_token = 0, perm_gate = 0, perm_slot_rows = 0, slot_row = 0, gate = 0;
   double fallback_tokens = 0, fallback_weights = 0, fallback_sources = 0, fallback_slots = 0;
-  double assigned = 0, expert_offset = 0;
+  double assigned = 0, expert_offset = 0, plan_counts = 0;
   // Elements of the model's type, of int32 and of int64.
   double values() const { return perm_gate + gate + fallback_weights; }
   double int32s() const {
     return perm_token + perm_slot_rows + slot_row + fallback_tokens + fallback_sources + fallback_slots + assigned;
   }
-  double int64s() const { return expert_offset; }
+  double int64s() const { return expert_offset + plan_counts; }
 };
 inline MoePlanBuffers moe_plan_buffers(const MoeShape& m, const RoutedRows& r, double Sf, bool on_backend) {
   const double slots = m.n * m.K;
   MoePlanBuffers b;
   if (on_backend) {
+    const bool fallback = m.fallback_hidden > 0;
     b.perm_token = b.perm_gate = b.perm_slot_rows = b.slot_row = b.gate = b.assigned = slots;
     b.expert_offset = m.E + 1;
+    b.plan_counts = m.reroutes || fallback ? 3 : 0;
+    if (fallback) b.fallback_tokens = b.fallback_weights = m.n, b.fallback_sources = b.fallback_slots = slots;
     return b;
   }
   b.perm_token = b.perm_gate = b.perm_slot_rows = r.M;

@@ -258,6 +258,20 @@ class Ops {
   // capacity INT64_MAX: no limit (dropless). score: (M), not read unless by_score.
   virtual void capacity_keep(const int32_t* selected, const T* score, bool by_score, int64_t capacity,
                              int32_t* assigned, int64_t M, int64_t E) = 0;
+  // Overflow rerouted (moe.overflow reroute; dispatch_plan.h): after capacity_keep, the overflowed slots (selected,
+  // the first K of their token's preference row, but not assigned) in the same priority order, one after another,
+  // each to the first expert e further down its token's row with fewer than `capacity` assigned slots that the
+  // token neither selected nor was assigned: assigned[s] = e; what finds none stays -1. preference: (N, W), -1
+  // after the last; score: (M), not read unless by_score; assigned: (M), updated; *rerouted (1, written): the slots
+  // rerouted. M = N K.
+  virtual void reroute_overflow(const int32_t* preference, int64_t W, const T* score, bool by_score, int64_t capacity,
+                                int32_t* assigned, int64_t* rerouted, int64_t N, int64_t K, int64_t E) = 0;
+  // The dense fallback's rows (moe.overflow dense, and the cascade's last level): slot s is the fallback's where
+  // selected[s] >= 0 and assigned[s] < 0. token (N): the tokens with such a slot, in order, then -1; weight (N):
+  // each one's such slots' gate weights summed in double in slot order, then 0; source, slot (M): each such slot in
+  // order, its token's row in `token` and the slot, then -1; count (2): the tokens and the slots. All written.
+  virtual void fallback_rows(const int32_t* selected, const int32_t* assigned, const T* gate, int64_t K, int32_t* token,
+                             T* weight, int32_t* source, int32_t* slot, int64_t* count, int64_t N) = 0;
   // The permutation that puts each expert's rows in one block, a stable sort of the slots by assigned expert
   // (assigned: (M), -1 if no expert): offset (E + 1): expert e's rows are [offset[e], offset[e + 1]); perm_slot
   // (M): row -> slot, slots in order within an expert, -1 from offset[E] on; row_of_slot (M): slot -> row, -1

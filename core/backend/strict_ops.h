@@ -70,6 +70,8 @@ enum class OpId : int {
   expert_fractions,
   router_loss_sums,
   capacity_keep,
+  reroute_overflow,
+  fallback_rows,
   permute_by_expert,
   permuted_rows,
   gate_backward,
@@ -123,6 +125,8 @@ inline constexpr const char* kOpNames[] = {"gemm",
                                            "expert_fractions",
                                            "router_loss_sums",
                                            "capacity_keep",
+                                           "reroute_overflow",
+                                           "fallback_rows",
                                            "permute_by_expert",
                                            "permuted_rows",
                                            "gate_backward",
@@ -564,6 +568,30 @@ class StrictOps final : public Ops<T> {
     const auto p1 = r(by_score ? score : nullptr, M, op);
     const auto p2 = r(assigned, M, op);
     run([=, this] { inner_.capacity_keep(p0, p1, by_score, capacity, p2, M, E); });
+  }
+  void reroute_overflow(const int32_t* preference, int64_t W, const T* score, bool by_score, int64_t capacity,
+                        int32_t* assigned, int64_t* rerouted, int64_t N, int64_t K, int64_t E) override {
+    covered(OpId::reroute_overflow);
+    const char* op = "reroute_overflow";
+    const auto p0 = r(preference, N * W, op);
+    const auto p1 = r(by_score ? score : nullptr, N * K, op);
+    const auto p2 = r(assigned, N * K, op);
+    const auto p3 = r(rerouted, 1, op);
+    run([=, this] { inner_.reroute_overflow(p0, W, p1, by_score, capacity, p2, p3, N, K, E); });
+  }
+  void fallback_rows(const int32_t* selected, const int32_t* assigned, const T* gate, int64_t K, int32_t* token,
+                     T* weight, int32_t* source, int32_t* slot, int64_t* count, int64_t N) override {
+    covered(OpId::fallback_rows);
+    const char* op = "fallback_rows";
+    const auto p0 = r(selected, N * K, op);
+    const auto p1 = r(assigned, N * K, op);
+    const auto p2 = r(gate, N * K, op);
+    const auto p3 = r(token, N, op);
+    const auto p4 = r(weight, N, op);
+    const auto p5 = r(source, N * K, op);
+    const auto p6 = r(slot, N * K, op);
+    const auto p7 = r(count, 2, op);
+    run([=, this] { inner_.fallback_rows(p0, p1, p2, K, p3, p4, p5, p6, p7, N); });
   }
   void permute_by_expert(const int32_t* assigned, int64_t* offset, int32_t* perm_slot, int32_t* row_of_slot, int64_t M,
                          int64_t E) override {

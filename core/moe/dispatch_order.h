@@ -1,8 +1,8 @@
 // The dispatch plan's slot order and permutation (MODEL.md "Capacity"), host arithmetic shared by the host plan
 // (core/moe/dispatch_plan.cpp) and the CPU bodies of the plan's ops of core/backend/ops.h (Ops::capacity_keep,
-// Ops::permute_by_expert, Ops::permuted_rows), so that the plan the host makes and the ops' results are the same
-// bits. It lives with the MoE code, not in a backend, as core/moe/gate_weights.h does: no layer includes a
-// backend's own headers.
+// Ops::reroute_overflow, Ops::fallback_rows, Ops::permute_by_expert, Ops::permuted_rows), so that the plan the host
+// makes and the ops' results are the same bits. It lives with the MoE code, not in a backend, as
+// core/moe/gate_weights.h does: no layer includes a backend's own headers.
 #pragma once
 
 #include <algorithm>
@@ -34,6 +34,64 @@ void capacity_keep(const int32_t* selected, const T* score, bool by_score, int64
     std::stable_sort(slots.begin(), slots.end(), before);
     for (size_t i = 0; i < slots.size() && int64_t(i) < capacity; ++i) assigned[slots[i]] = selected[slots[i]];
   }
+}
+
+// Ops::reroute_overflow: after capacity_keep, the overflowed slots (selected, not assigned) in priority order, each
+// to the first expert further down its token's preference row (N, W) that has room and that the token neither
+// selected nor was assigned; what finds none stays unassigned. Returns the slots rerouted.
+template <typename T>
+int64_t reroute_overflow(const int32_t* preference, int64_t W, const T* score, bool by_score, int64_t capacity,
+                         int32_t* assigned, int64_t N, int64_t K, int64_t E) {
+  const int64_t M = N * K;
+  std::vector<int64_t> load(size_t(E), 0);
+  std::vector<int32_t> overflowed;
+  for (int64_t slot = 0; slot < M; ++slot) {
+    if (assigned[slot] >= 0) ++load[size_t(assigned[slot])];
+    if (assigned[slot] < 0 && preference[(slot / K) * W + slot % K] >= 0) overflowed.push_back(int32_t(slot));
+  }
+  // The priority order is total (ties go to the lower slot), so the order the slots were collected in is not seen.
+  std::stable_sort(overflowed.begin(), overflowed.end(),
+                   [=](int32_t a, int32_t b) { return priority_before(score, by_score, a, b); });
+  int64_t rerouted = 0;
+  for (const int32_t slot : overflowed) {
+    const int64_t n = slot / K;
+    const int32_t* row = preference + n * W;
+    for (int64_t c = 0; c < W && row[c] >= 0; ++c) {
+      const int32_t e = row[c];
+      if (load[size_t(e)] >= capacity) continue;
+      bool used = false;
+      for (int64_t i = 0; i < K; ++i) used |= assigned[n * K + i] == e || row[i] == e;
+      if (used) continue;
+      assigned[slot] = e, ++load[size_t(e)], ++rerouted;
+      break;
+    }
+  }
+  return rerouted;
+}
+
+// Ops::fallback_rows: the dense fallback's tokens (those with a selected, unassigned slot, in order) and each one's
+// summed gate weights (in double, slots in order), then for each such slot its token's row among them and the slot;
+// -1 (and 0) after the last. count: the tokens and the slots.
+template <typename T>
+void fallback_rows(const int32_t* selected, const int32_t* assigned, const T* gate, int64_t K, int32_t* token,
+                   T* weight, int32_t* source, int32_t* slot, int64_t* count, int64_t N) {
+  int64_t tokens = 0, slots = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    double w = 0;
+    bool any = false;
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t s = n * K + j;
+      if (selected[s] < 0 || assigned[s] >= 0) continue;
+      w += double(gate[s]), any = true;
+      source[slots] = int32_t(tokens), slot[slots] = int32_t(s), ++slots;
+    }
+    if (any) token[tokens] = int32_t(n), weight[tokens] = T(w), ++tokens;
+  }
+  std::fill(token + tokens, token + N, int32_t(-1));
+  std::fill(weight + tokens, weight + N, T(0));
+  std::fill(source + slots, source + N * K, int32_t(-1));
+  std::fill(slot + slots, slot + N * K, int32_t(-1));
+  count[0] = tokens, count[1] = slots;
 }
 
 // Ops::permute_by_expert: the rows of each expert's contiguous block, slots in order within an expert.

@@ -9,50 +9,26 @@
 namespace moe {
 namespace {
 
-// Capacity first (the kept slots: Ops::capacity_keep's CPU body), then the overflow in priority order. The
-// priority order is total (ties go to the lower slot), so the overflowed slots' order does not depend on how they
-// were collected.
+// Capacity first (the kept slots: Ops::capacity_keep's CPU body), then the overflow in priority order
+// (Ops::reroute_overflow's), each slot's fate from what they assigned.
 template <typename T>
-void apply_capacity(const DispatchRequest<T>& r, DispatchPlan& plan, std::vector<int64_t>& load) {
+void apply_capacity(const DispatchRequest<T>& r, DispatchPlan& plan) {
   const int64_t E = r.experts, K = r.top_k, M = r.tokens * K, C = r.capacity;
   const bool by_score = r.drop_policy == DropPolicy::Probs;
   std::vector<int32_t> selected(static_cast<size_t>(M));
   for (int64_t slot = 0; slot < M; ++slot) selected[size_t(slot)] = r.preference[(slot / K) * r.choices + slot % K];
   std::vector<std::vector<int32_t>> by_expert;
   dispatch_order::capacity_keep(selected.data(), r.score, by_score, C, plan.assigned_expert.data(), M, E, by_expert);
-  std::vector<int32_t> overflowed;
-  for (int64_t e = 0; e < E; ++e) {
-    const auto& slots = by_expert[size_t(e)];
-    load[size_t(e)] = std::min(int64_t(slots.size()), C);
-    for (size_t i = 0; i < slots.size(); ++i) {
-      if (int64_t(i) < C)
-        plan.fate[slots[i]] = SlotFate::Kept;
-      else
-        overflowed.push_back(slots[i]);
-    }
-  }
-  std::stable_sort(overflowed.begin(), overflowed.end(),
-                   [&](int32_t a, int32_t b) { return dispatch_order::priority_before(r.score, by_score, a, b); });
-  for (int32_t slot : overflowed) {
-    if (r.overflow == Overflow::Drop) {
-      plan.fate[slot] = SlotFate::Dropped;
-    } else if (r.overflow == Overflow::Dense) {
-      plan.fate[slot] = SlotFate::Fallback;
-    } else {  // reroute: next expert down the row with room, never one the token already uses
-      const int64_t n = slot / K;
-      const int32_t* row = r.preference + n * r.choices;
-      // What finds no room is dropped, or in the cascade computed by the dense fallback.
-      plan.fate[slot] = r.overflow == Overflow::RerouteDense ? SlotFate::Fallback : SlotFate::Dropped;
-      for (int64_t c = 0; c < r.choices && row[c] >= 0; ++c) {
-        const int32_t e = row[c];
-        if (load[e] >= C) continue;
-        bool used = false;
-        for (int64_t i = 0; i < K; ++i) used |= plan.assigned_expert[n * K + i] == e || row[i] == e;
-        if (used) continue;
-        plan.fate[slot] = SlotFate::Rerouted, plan.assigned_expert[slot] = e, ++load[e];
-        break;
-      }
-    }
+  for (int64_t slot = 0; slot < M; ++slot)
+    if (plan.assigned_expert[size_t(slot)] >= 0) plan.fate[size_t(slot)] = SlotFate::Kept;
+  if (reroutes(r.overflow))
+    dispatch_order::reroute_overflow(r.preference, r.choices, r.score, by_score, C, plan.assigned_expert.data(),
+                                     r.tokens, K, E);
+  // What found no room is dropped, or computed by the dense fallback (dense, and the cascade's last level).
+  const SlotFate unplaced = uses_fallback(r.overflow) ? SlotFate::Fallback : SlotFate::Dropped;
+  for (int64_t slot = 0; slot < M; ++slot) {
+    if (selected[size_t(slot)] < 0 || plan.fate[size_t(slot)] == SlotFate::Kept) continue;
+    plan.fate[size_t(slot)] = plan.assigned_expert[size_t(slot)] >= 0 ? SlotFate::Rerouted : unplaced;
   }
 }
 
@@ -77,8 +53,7 @@ void plan_dispatch(const DispatchRequest<T>& request, DispatchPlan& plan) {
                                 << " choices, capacity " << request.capacity);
   plan.fate.assign(size_t(M), SlotFate::None);
   plan.assigned_expert.assign(size_t(M), -1);
-  std::vector<int64_t> load(static_cast<size_t>(E), 0);
-  apply_capacity(request, plan, load);
+  apply_capacity(request, plan);
   build_permutation(E, M, plan);
 }
 

@@ -21,8 +21,8 @@ template <typename T>
 struct Routing {
   int64_t tokens = 0;   // N, the routing group's tokens
   int64_t choices = 0;  // width of a preference row
-  // The host's copies below are read back only where the host plans the dispatch (reroute, the dense fallback, a
-  // routing group split over ranks); where the backend plans (Router::route_on_backend), only f is, and the
+  // The host's copies below are read back only where the host plans the dispatch (a routing group split over
+  // ranks); where the backend plans (Router::route_on_backend), only f is, and the
   // others stay empty (selected_on_host reads the selection on demand).
   std::vector<int32_t> preference;     // (N, choices): usable experts by p + b, best first, -1 after the last
   std::vector<int32_t> selected;       // (N, K): the first K of each row
@@ -89,6 +89,8 @@ class Router {
   std::vector<float>& bias() { return bias_; }
   // The selected experts' scores (N, K) of the last forward, in backend memory (capacity's priority).
   const T* selected_scores() const { return selected_score_.data<T>(); }
+  // The preference rows (N, routing.choices) of the last forward, in backend memory (reroute walks down them).
+  const int32_t* preference_rows() const { return preference_.data<int32_t>(); }
   // After an optimizer step, from the step's counts: the rule of `balance` (core/moe/settings.h, docs/moe.md).
   void update_bias(const std::vector<int64_t>& counts, const BiasBalance& balance);
 

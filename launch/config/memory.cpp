@@ -37,7 +37,7 @@ struct Sizes {
   double E, K, Fe, S, Ff;           // Ff: the dense fallback's width, 0 unless moe.overflow = "dense"
   double capacity_factor;
   bool gumbel, reroute, tau_learned;
-  bool backend_plans;        // the MoE layers plan on the backend: overflow dropped, the routing group not split
+  bool backend_plans;        // the MoE layers plan on the backend: the routing group not split
   bool mla;                  // model.attention = mla (tp = 1)
   bool mla_norms;            // model.mla.norms: RMSNorms on its latents
   bool fused;                // MhaAttention on cuDNN's fused attention: train.device = cuda with bf16 GEMMs, not off
@@ -69,7 +69,7 @@ Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) 
   s.gumbel = moe.router.noise == RouterNoise::Gumbel, s.reroute = moe.overflow_has(Overflow::Reroute);
   s.tau_learned = moe.router.tau_learned;
   // MoeLayer::backend_plans; a tensor-parallel rank splits the routing group unless the experts split instead.
-  s.backend_plans = !s.reroute && s.Ff == 0 && (tp == 1 || s.etp > 1);
+  s.backend_plans = tp == 1 || s.etp > 1;
   s.mla = m.attention == AttentionKind::Mla;
   s.mla_norms = s.mla && m.mla_norms;
   s.fused = !s.mla && c.train.device == Device::Cuda && c.train.precision == GemmPrecision::Bf16 &&
@@ -102,7 +102,7 @@ sizes::MlaShape mla_shape(const Sizes& s, bool keep_probs) {
 // An MoE layer on this rank: its rows (moe_rows) of the routing group's N; the shared experts and the fallback
 // split by hidden width with the experts (expert_tp).
 sizes::MoeShape moe_shape(const Sizes& s) {
-  return {s.D, s.E, s.K, s.N, moe_rows(s), s.S * s.Fe / s.etp, s.Ff / s.etp};
+  return {s.D, s.E, s.K, s.N, moe_rows(s), s.S * s.Fe / s.etp, s.Ff / s.etp, s.reroute};
 }
 
 ParamCounts param_counts(const Sizes& s) {

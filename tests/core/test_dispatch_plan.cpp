@@ -1,16 +1,22 @@
 // The dispatch plan against a brute-force reference on thousands of random routings: small token,
 // expert and top-k counts, every drop policy and overflow policy, with and without a capacity, scores
 // drawn from a few values so that ties happen, tokens with fewer usable experts than top_k; the overflow cascade
-// (reroute, then the dense fallback) among the policies.
+// (reroute, then the dense fallback) among the policies. Then the plan's backend ops, as the MoE layer runs them
+// (capacity_keep, reroute_overflow, fallback_rows, permute_by_expert), against the host plan on the same routings, on
+// the strict device (and on CUDA where there is one).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "core/backend/cuda_backend.h"
+#include "core/backend/memory_check.h"
 #include "core/moe/dispatch_plan.h"
 
 namespace moe {
@@ -143,6 +149,64 @@ TEST(DispatchPlan, MatchesBruteForceOnRandomRoutings) {
           });
         }
   EXPECT_GT(overflowed, cases) << "the random cases must exercise overflow";
+}
+
+// The layer's plan on the backend for one case: what the host plan decides, from the ops' results.
+void expect_ops_match_host_plan(Backend& b, const Case& c, const std::string& what) {
+  const int64_t N = c.tokens, K = c.top_k, E = c.experts, M = N * K, W = c.choices;
+  DispatchPlan plan;
+  plan_dispatch(request_of(c), plan);
+  std::vector<int32_t> selected(static_cast<size_t>(M));
+  for (int64_t s = 0; s < M; ++s) selected[size_t(s)] = c.preference[size_t((s / K) * W + s % K)];
+  Buffer pref = b.upload(c.preference), sel = b.upload(selected), score = b.upload(c.score);
+  Buffer assigned = b.allocate(DType::I32, M), counts = b.allocate(DType::I64, 3);
+  Buffer offset = b.allocate(DType::I64, E + 1), perm = b.allocate(DType::I32, M), row = b.allocate(DType::I32, M);
+  Buffer token = b.allocate(DType::I32, N), weight = b.allocate(DType::F32, N), source = b.allocate(DType::I32, M),
+         slot = b.allocate(DType::I32, M);
+  Ops<float>& ops = b.ops<float>();
+  const bool by_score = c.drop_policy == DropPolicy::Probs;
+  ops.capacity_keep(sel.data<int32_t>(), score.data<float>(), by_score, c.capacity, assigned.data<int32_t>(), M, E);
+  if (reroutes(c.overflow))
+    ops.reroute_overflow(pref.data<int32_t>(), W, score.data<float>(), by_score, c.capacity, assigned.data<int32_t>(),
+                         counts.data<int64_t>(), N, K, E);
+  // The scores stand for the gate weights.
+  ops.fallback_rows(sel.data<int32_t>(), assigned.data<int32_t>(), score.data<float>(), K, token.data<int32_t>(),
+                    weight.data<float>(), source.data<int32_t>(), slot.data<int32_t>(), counts.data<int64_t>() + 1, N);
+  ops.permute_by_expert(assigned.data<int32_t>(), offset.data<int64_t>(), perm.data<int32_t>(), row.data<int32_t>(), M,
+                        E);
+  ASSERT_EQ(b.download<int32_t>(assigned), plan.assigned_expert) << what;
+  ASSERT_EQ(b.download<int64_t>(offset), plan.expert_offset) << what;
+  std::vector<int32_t> perm_slot = b.download<int32_t>(perm);
+  perm_slot.resize(plan.perm_slot.size());
+  ASSERT_EQ(perm_slot, plan.perm_slot) << what;
+  const std::vector<int64_t> count = b.download<int64_t>(counts);
+  const auto fates = [&](SlotFate f) { return int64_t(std::count(plan.fate.begin(), plan.fate.end(), f)); };
+  if (reroutes(c.overflow)) EXPECT_EQ(count[0], fates(SlotFate::Rerouted)) << what;
+  // Where there is a fallback, its slots are the unassigned selected ones (dense: every overflowed one).
+  std::vector<int32_t> fallback_slots(static_cast<size_t>(count[2]));
+  const std::vector<int32_t> got_slot = b.download<int32_t>(slot);
+  std::copy(got_slot.begin(), got_slot.begin() + count[2], fallback_slots.begin());
+  std::vector<int32_t> want;
+  for (int64_t s = 0; s < M; ++s)
+    if (plan.fate[size_t(s)] == (uses_fallback(c.overflow) ? SlotFate::Fallback : SlotFate::Dropped))
+      want.push_back(int32_t(s));
+  EXPECT_EQ(fallback_slots, want) << what;
+}
+
+TEST(DispatchPlan, BackendOpsMatchTheHostPlanOnRandomRoutings) {
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(make_memory_check_backend(0));
+  if (cuda_device_count() > 0) backends.push_back(make_cuda_backend(0));
+  for (const std::unique_ptr<Backend>& b : backends) {
+    std::mt19937_64 rng(77);
+    int64_t cases = 0;
+    for (DropPolicy drop_policy : {DropPolicy::Probs, DropPolicy::Position})
+      for (Overflow overflow : {Overflow::Drop, Overflow::Reroute, Overflow::Dense, Overflow::RerouteDense})
+        for (bool limited : {true, false})
+          for (int i = 0; i < 100; ++i, ++cases)
+            expect_ops_match_host_plan(*b, random_case(rng, drop_policy, overflow, limited),
+                                       std::string(b->name()) + " case " + std::to_string(cases));
+  }
 }
 
 TEST(DispatchPlan, RefusesRowsNarrowerThanTopK) {

@@ -104,7 +104,7 @@ TEST(MoeAcrossBackends, RoutesIdenticallyAndComputesWithinTolerance) {
   // here before a GPU runs it.
   const std::unique_ptr<Backend> cpu = make_cpu_backend(0),
                                  cuda = cuda_device_count() > 0 ? make_cuda_backend(0) : make_memory_check_backend(0);
-  for (Overflow overflow : {Overflow::Drop, Overflow::Reroute, Overflow::Dense}) {
+  for (Overflow overflow : {Overflow::Drop, Overflow::Reroute, Overflow::Dense, Overflow::RerouteDense}) {
     MoeSettings s;
     s.d_model = 64, s.num_experts = 8, s.top_k = 2, s.expert_hidden = 96, s.layers_total = 4, s.shared_experts = 1;
     s.fallback_hidden = 32, s.noise = RouterNoise::Gumbel, s.capacity_factor = 0.75, s.overflow = overflow;
@@ -131,6 +131,14 @@ TEST(MoeAcrossBackends, RoutesIdenticallyAndComputesWithinTolerance) {
     EXPECT_EQ(got.stats.dropped, ref.stats.dropped);
     EXPECT_EQ(got.stats.rerouted, ref.stats.rerouted);
     EXPECT_EQ(got.stats.fallback, ref.stats.fallback);
+    // The statistics, which the backend's plan counts from its offsets and counts, are the slots' fates.
+    for (const Outcome* o : {&ref, &got}) {
+      const auto fates = [&](SlotFate f) { return int64_t(std::count(o->fate.begin(), o->fate.end(), f)); };
+      EXPECT_EQ(o->stats.dropped, fates(SlotFate::Dropped));
+      EXPECT_EQ(o->stats.rerouted, fates(SlotFate::Rerouted));
+      EXPECT_EQ(o->stats.fallback, fates(SlotFate::Fallback));
+    }
+    EXPECT_GT(ref.stats.dropped + ref.stats.rerouted + ref.stats.fallback, 0) << "capacity 0.75 overflows";
     EXPECT_NEAR(got.stats.aux, ref.stats.aux, 1e-5 * std::max(1.0, std::abs(ref.stats.aux)));
     // fp32 sums of up to d_model + expert_hidden terms in another order.
     EXPECT_LE(relative_error(got.y, ref.y), 1e-5);

@@ -1,11 +1,12 @@
 // The op conformance suite, MoE and optimizer ops: grouped GEMM, Gumbel noise, row softmax and sigmoid,
 // row top-k (with the router's tie rule), gather, scatter-add, combine, row dots, the router's backward (gate
-// weights, losses and scores, against the CPU reference in double), the dispatch plan's capacity and permutation
-// (exact), the AdamW update.
+// weights, losses and scores, against the CPU reference in double), the dispatch plan's capacity, reroute, fallback
+// rows and permutation (exact), the AdamW update.
 // Every backend, fp32 and fp64, data through the backend's buffers, against references written
 // from the definitions in double; index results (top-k) compare exactly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <numeric>
@@ -508,6 +509,147 @@ void dispatch_plan_cases(Backend& b) {
 TEST_P(Conformance, DispatchPlanCapacityAndPermutation) {  // and the permuted rows' tokens and gates
   dispatch_plan_cases<float>(backend());
   dispatch_plan_cases<double>(backend());
+}
+
+// Preference rows of N tokens over E = 6 experts, best first: expert 4 masked (never in a row), two tokens of three
+// preferring experts 0 then 1 or 3 (so that those overflow while others have room), every 5th token with a single
+// usable expert, -1 after the last; and scores (N K) that tie often, +-0 too.
+struct Preferences {
+  int64_t N, K, W = 6;
+  std::vector<int32_t> rows;
+  std::vector<double> score;
+};
+Preferences preferences(int64_t N, int64_t K) {
+  Preferences p{N, K};
+  p.rows.assign(size_t(N * p.W), -1);
+  p.score.resize(size_t(N * K));
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<int32_t> usable = {0, 1, 2, 3, 5};
+    std::rotate(usable.begin(), usable.begin() + (n % 3 == 0 ? (n / 3) % 5 : 0), usable.end());
+    if (n % 3 == 1) std::swap(usable[1], usable[3]);
+    const int64_t length = n % 5 == 2 ? 1 : 5;
+    for (int64_t c = 0; c < length; ++c) p.rows[size_t(n * p.W + c)] = usable[size_t(c)];
+  }
+  for (int64_t s = 0; s < N * K; ++s)
+    p.score[size_t(s)] = s % 11 == 0 ? (s % 2 ? -0.0 : 0.0) : double(float(double((s * 7) % 5) / 4.0));
+  return p;
+}
+
+std::vector<int32_t> selected_of(const Preferences& p) {
+  std::vector<int32_t> selected(size_t(p.N * p.K));
+  for (int64_t s = 0; s < p.N * p.K; ++s) selected[size_t(s)] = p.rows[size_t((s / p.K) * p.W + s % p.K)];
+  return selected;
+}
+
+// Reroute from its definition: the overflowed slots (selected, unassigned) in priority order, one after another,
+// each to the first expert down its row with room that its token neither selected nor was assigned.
+int64_t reference_reroute(const Preferences& p, bool by_score, int64_t capacity, std::vector<int32_t>& assigned) {
+  const std::vector<int32_t> selected = selected_of(p);
+  std::vector<int64_t> load(6, 0);
+  std::vector<int32_t> order;
+  for (int64_t s = 0; s < p.N * p.K; ++s) {
+    if (assigned[size_t(s)] >= 0) ++load[size_t(assigned[size_t(s)])];
+    if (selected[size_t(s)] >= 0 && assigned[size_t(s)] < 0) order.push_back(int32_t(s));
+  }
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    const double x = p.score[size_t(a)], y = p.score[size_t(b)];
+    return by_score && x != y ? x > y : a < b;
+  });
+  int64_t moved = 0;
+  for (const int32_t s : order) {
+    const int64_t n = s / p.K;
+    for (int64_t c = 0; c < p.W; ++c) {
+      const int32_t e = p.rows[size_t(n * p.W + c)];
+      if (e < 0) break;
+      bool taken = load[size_t(e)] >= capacity;
+      for (int64_t j = 0; j < p.K; ++j)
+        taken |= assigned[size_t(n * p.K + j)] == e || selected[size_t(n * p.K + j)] == e;
+      if (taken) continue;
+      assigned[size_t(s)] = e, ++load[size_t(e)], ++moved;
+      break;
+    }
+  }
+  return moved;
+}
+
+template <typename T>
+void reroute_cases(Backend& b) {
+  for (const int64_t N : {int64_t(0), int64_t(1), int64_t(23), int64_t(150)})
+    for (const int64_t K : {int64_t(1), int64_t(2), int64_t(3)}) {
+      const Preferences p = preferences(N, K);
+      const int64_t M = N * K;
+      const std::vector<int32_t> selected = selected_of(p);
+      Buffer rows = put_index(b, p.rows), sc = put<T>(b, p.score), sel = put_index(b, selected);
+      Buffer kept = b.allocate(DType::I32, M), count = b.allocate(DType::I64, 1);
+      for (const bool by_score : {true, false})
+        for (const int64_t C : {int64_t(0), int64_t(1), int64_t(4), int64_t(40), int64_t(INT64_MAX)}) {
+          const std::string what = "N " + std::to_string(N) + " K " + std::to_string(K) +
+                                   (by_score ? " by score" : " by position") + " capacity " + std::to_string(C);
+          std::vector<int32_t> want = reference_keep(selected, p.score, by_score, C);
+          const int64_t moved = reference_reroute(p, by_score, C, want);
+          b.ops<T>().capacity_keep(sel.data<int32_t>(), sc.data<T>(), by_score, C, kept.data<int32_t>(), M, 6);
+          b.ops<T>().reroute_overflow(rows.data<int32_t>(), p.W, sc.data<T>(), by_score, C, kept.data<int32_t>(),
+                                      count.data<int64_t>(), N, K, 6);
+          ASSERT_EQ(b.download<int32_t>(kept), want) << what;
+          EXPECT_EQ(b.download<int64_t>(count), std::vector<int64_t>{moved}) << what;
+          if (N == 150 && C == 40) EXPECT_GT(moved, 0) << what << ": a case that reroutes";
+        }
+    }
+}
+
+TEST_P(Conformance, DispatchPlanReroute) {
+  reroute_cases<float>(backend());
+  reroute_cases<double>(backend());
+}
+
+// The fallback's rows from their definition, over every slot that is selected and not assigned.
+template <typename T>
+void fallback_rows_cases(Backend& b) {
+  for (const int64_t N : {int64_t(0), int64_t(1), int64_t(23), int64_t(150)})
+    for (const int64_t K : {int64_t(1), int64_t(2), int64_t(3)}) {
+      const Preferences p = preferences(N, K);
+      const int64_t M = N * K;
+      const std::vector<int32_t> selected = selected_of(p);
+      const std::vector<double> gate = randn(M, "fallback gate");
+      Buffer sel = put_index(b, selected), g = put<T>(b, gate);
+      Buffer token = b.allocate(DType::I32, N), weight = b.allocate(dtype_of<T>(), N);
+      Buffer source = b.allocate(DType::I32, M), slot = b.allocate(DType::I32, M);
+      Buffer count = b.allocate(DType::I64, 2);
+      for (const int64_t C : {int64_t(0), int64_t(2), int64_t(INT64_MAX)}) {
+        const std::string what =
+            "N " + std::to_string(N) + " K " + std::to_string(K) + " capacity " + std::to_string(C);
+        const std::vector<int32_t> assigned = reference_keep(selected, p.score, true, C);
+        std::vector<int32_t> want_token(size_t(N), -1), want_source(size_t(M), -1), want_slot(size_t(M), -1);
+        std::vector<T> want_weight(size_t(N), T(0));
+        int64_t tokens = 0, slots = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          double w = 0;
+          bool any = false;
+          for (int64_t j = 0; j < K; ++j) {
+            const int64_t s = n * K + j;
+            if (selected[size_t(s)] < 0 || assigned[size_t(s)] >= 0) continue;
+            w += double(T(gate[size_t(s)])), any = true;
+            want_source[size_t(slots)] = int32_t(tokens), want_slot[size_t(slots++)] = int32_t(s);
+          }
+          if (any) want_token[size_t(tokens)] = int32_t(n), want_weight[size_t(tokens++)] = T(w);
+        }
+        Buffer a = put_index(b, assigned);
+        b.ops<T>().fallback_rows(sel.data<int32_t>(), a.data<int32_t>(), g.data<T>(), K, token.data<int32_t>(),
+                                 weight.data<T>(), source.data<int32_t>(), slot.data<int32_t>(), count.data<int64_t>(),
+                                 N);
+        EXPECT_EQ(b.download<int64_t>(count), (std::vector<int64_t>{tokens, slots})) << what;
+        EXPECT_EQ(b.download<int32_t>(token), want_token) << what;
+        EXPECT_EQ(b.download<T>(weight), want_weight) << what;
+        EXPECT_EQ(b.download<int32_t>(source), want_source) << what;
+        EXPECT_EQ(b.download<int32_t>(slot), want_slot) << what;
+        if (N == 150 && K > 1 && C == 2) EXPECT_GT(slots, tokens) << what << ": tokens with several fallback slots";
+      }
+    }
+}
+
+TEST_P(Conformance, DispatchPlanFallbackRows) {
+  fallback_rows_cases<float>(backend());
+  fallback_rows_cases<double>(backend());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(backends()),

@@ -8,11 +8,13 @@
 // per step at dp 1 and 2 per rank at dp 2. The waits of one step on rank 0, by where they are:
 //
 //   routing   one per MoE layer of the rank and micro-batch, none for routing itself: the layer plans on the
-//             backend (Ops::capacity_keep, permute_by_expert, permuted_rows) and reads the expert offsets (the
-//             grouped GEMM's row counts, which cuBLAS takes on the host, and at ep > 1 the all-to-all's split
-//             sizes) with f and the losses' sums: (E + 1) 8 + E 4 + (E + 2) 8 = 184 bytes for E = 8. The host
-//             plan read the router's preference rows, selections, selected scores and gate weights as well,
-//             4 (N, K) arrays of 4 bytes, 16 384 more for N = 512 tokens, K = 2.
+//             backend (Ops::capacity_keep, reroute_overflow, permute_by_expert, permuted_rows, fallback_rows) and
+//             reads the expert offsets (the grouped GEMM's row counts, which cuBLAS takes on the host, and at
+//             ep > 1 the all-to-all's split sizes) with f and the losses' sums: (E + 1) 8 + E 4 + (E + 2) 8 = 184
+//             bytes for E = 8; with overflow rerouted or computed densely, the plan's counts as well (8 bytes for
+//             the rerouted slots, 16 for the fallback's tokens and slots). The host plan read the router's
+//             preference rows (N, K, or N, E where overflow reroutes), selections, selected scores and gate
+//             weights as well: 16 384 more for N = 512 tokens, K = 2, and 28 672 where it rerouted.
 //   loss      one per micro-batch on the rank holding the head: its per-token losses read back (core/model.cpp).
 //   pipeline  one per activation a first stage sends (parallel/pipeline.cpp: the host waits before the send).
 //   norm      one: every parameter segment's sum of squares is written to backend memory
@@ -76,6 +78,17 @@ void expect_within_budget(const Layout& layout) {
 TEST(HostSyncBudget, Ep1) { expect_within_budget({"ep1", 1, {}, 21, 11432}); }
 
 TEST(HostSyncBudget, Ep2) { expect_within_budget({"ep2", 2, {"parallel.ep=2"}, 11, 5848}); }
+
+// Overflow rerouted, computed densely, and both (the cascade) at ep 1, with a capacity that overflows: the same 21
+// waits, each layer's reading its plan's counts beside the offsets (8, 16 and 24 bytes more, 16 layer passes a
+// step), and the fallback's 12 parameter segments 8 bytes each in the norm's read. The host plan read 469 032,
+// 272 520 and 469 128 bytes a step.
+TEST(HostSyncBudget, OverflowLevelsAtEp1) {
+  const std::string cf = "moe.capacity_factor=1.0";
+  expect_within_budget({"reroute", 1, {"moe.overflow=reroute", cf}, 21, 11432 + 16 * 8});
+  expect_within_budget({"dense", 1, {"moe.overflow=dense", cf}, 21, 11432 + 16 * 16 + 96});
+  expect_within_budget({"cascade", 1, {R"(moe.overflow=["reroute", "dense"])", cf}, 21, 11432 + 16 * 24 + 96});
+}
 
 TEST(HostSyncBudget, Tp2Pp2) { expect_within_budget({"tp2_pp2", 4, {"parallel.tp=2", "parallel.pp=2"}, 13, 132112}); }
 

@@ -374,6 +374,14 @@ class CpuOps final : public Ops<T> {
     thread_local std::vector<std::vector<int32_t>> by_expert;
     dispatch_order::capacity_keep(selected, score, by_score, capacity, assigned, M, E, by_expert);
   }
+  void reroute_overflow(const int32_t* preference, int64_t W, const T* score, bool by_score, int64_t capacity,
+                        int32_t* assigned, int64_t* rerouted, int64_t N, int64_t K, int64_t E) override {
+    *rerouted = dispatch_order::reroute_overflow(preference, W, score, by_score, capacity, assigned, N, K, E);
+  }
+  void fallback_rows(const int32_t* selected, const int32_t* assigned, const T* gate, int64_t K, int32_t* token,
+                     T* weight, int32_t* source, int32_t* slot, int64_t* count, int64_t N) override {
+    dispatch_order::fallback_rows(selected, assigned, gate, K, token, weight, source, slot, count, N);
+  }
   void permute_by_expert(const int32_t* assigned, int64_t* offset, int32_t* perm_slot, int32_t* row_of_slot, int64_t M,
                          int64_t E) override {
     dispatch_order::permute_by_expert(assigned, offset, perm_slot, row_of_slot, M, E);

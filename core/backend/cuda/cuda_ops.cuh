@@ -219,6 +219,14 @@ class CudaOps final : public Ops<T> {
   // run lists its slots in priority order (ties in slot order); a slot's place in its run decides.
   void capacity_keep(const int32_t* selected, const T* score, bool by_score, int64_t capacity, int32_t* assigned,
                      int64_t M, int64_t E) override;
+  // Reroute: the slots in priority order (by_score: sorted by descending score, stably), the overflowed ones kept in
+  // that order (CUB's DeviceSelect), then one block walks them, its threads trying a slot's candidates at once
+  // (moe_plan_ops.cu).
+  void reroute_overflow(const int32_t* preference, int64_t W, const T* score, bool by_score, int64_t capacity,
+                        int32_t* assigned, int64_t* rerouted, int64_t N, int64_t K, int64_t E) override;
+  // The fallback's rows: each token's and slot's flag, their exclusive sums (CUB) place them.
+  void fallback_rows(const int32_t* selected, const int32_t* assigned, const T* gate, int64_t K, int32_t* token,
+                     T* weight, int32_t* source, int32_t* slot, int64_t* count, int64_t N) override;
   // The permutation: the slots stably sorted by assigned expert; each expert's first row by binary search.
   void permute_by_expert(const int32_t* assigned, int64_t* offset, int32_t* perm_slot, int32_t* row_of_slot, int64_t M,
                          int64_t E) override;

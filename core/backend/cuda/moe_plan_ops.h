@@ -13,4 +13,22 @@ template <typename T>
 void permuted_rows(cudaStream_t stream, const int32_t* perm_slot, const T* gate, int64_t K, int32_t* perm_token,
                    T* perm_gate, int64_t M);
 
+// Ops::reroute_overflow in two kernels around the caller's compaction: flag[i] = whether the slot order[i] (N K of
+// them) overflowed; then one block walks the `count` overflowed slots (device memory) in their order and reroutes
+// them one after another, its threads trying a slot's candidates at once, the experts' loads in shared memory.
+void overflowed_flags(cudaStream_t stream, const int32_t* order, const int32_t* preference, int64_t W,
+                      const int32_t* assigned, int32_t* flag, int64_t N, int64_t K);
+void reroute_walk(cudaStream_t stream, const int32_t* overflowed, const int32_t* count, const int32_t* preference,
+                  int64_t W, int64_t capacity, int32_t* assigned, int64_t* rerouted, int64_t N, int64_t K, int64_t E);
+
+// Ops::fallback_rows in two kernels around the caller's exclusive sums: the flags of each token (N) and slot (N K)
+// that the fallback computes, then, from their sums, each one's place, the rows, the weights and the counts.
+void fallback_flags(cudaStream_t stream, const int32_t* selected, const int32_t* assigned, int64_t K,
+                    int32_t* token_flag, int32_t* slot_flag, int64_t N);
+template <typename T>
+void fallback_place(cudaStream_t stream, const int32_t* selected, const int32_t* assigned, const T* gate, int64_t K,
+                    const int32_t* token_flag, const int32_t* token_at, const int32_t* slot_flag,
+                    const int32_t* slot_at, int32_t* token, T* weight, int32_t* source, int32_t* slot, int64_t* count,
+                    int64_t N);
+
 }  // namespace moe::cuda
