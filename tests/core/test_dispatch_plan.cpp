@@ -181,7 +181,9 @@ void expect_ops_match_host_plan(Backend& b, const Case& c, const std::string& wh
   ASSERT_EQ(perm_slot, plan.perm_slot) << what;
   const std::vector<int64_t> count = b.download<int64_t>(counts);
   const auto fates = [&](SlotFate f) { return int64_t(std::count(plan.fate.begin(), plan.fate.end(), f)); };
-  if (reroutes(c.overflow)) EXPECT_EQ(count[0], fates(SlotFate::Rerouted)) << what;
+  if (reroutes(c.overflow)) {
+    EXPECT_EQ(count[0], fates(SlotFate::Rerouted)) << what;
+  }
   // Where there is a fallback, its slots are the unassigned selected ones (dense: every overflowed one).
   std::vector<int32_t> fallback_slots(static_cast<size_t>(count[2]));
   const std::vector<int32_t> got_slot = b.download<int32_t>(slot);

@@ -592,7 +592,9 @@ void reroute_cases(Backend& b) {
                                       count.data<int64_t>(), N, K, 6);
           ASSERT_EQ(b.download<int32_t>(kept), want) << what;
           EXPECT_EQ(b.download<int64_t>(count), std::vector<int64_t>{moved}) << what;
-          if (N == 150 && C == 40) EXPECT_GT(moved, 0) << what << ": a case that reroutes";
+          if (N == 150 && C == 40) {
+            EXPECT_GT(moved, 0) << what << ": a case that reroutes";
+          }
         }
     }
 }
@@ -642,7 +644,9 @@ void fallback_rows_cases(Backend& b) {
         EXPECT_EQ(b.download<T>(weight), want_weight) << what;
         EXPECT_EQ(b.download<int32_t>(source), want_source) << what;
         EXPECT_EQ(b.download<int32_t>(slot), want_slot) << what;
-        if (N == 150 && K > 1 && C == 2) EXPECT_GT(slots, tokens) << what << ": tokens with several fallback slots";
+        if (N == 150 && K > 1 && C == 2) {
+          EXPECT_GT(slots, tokens) << what << ": tokens with several fallback slots";
+        }
       }
     }
 }
