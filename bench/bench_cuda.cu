@@ -107,7 +107,6 @@ struct OpFigures {
 OpFigures backend_gemms(const Options& o, GemmPrecision precision) {
   const std::unique_ptr<Backend> b = make_cuda_backend(0);
   Ops<float>& ops = b->ops<float>();
-  ops.set_gemm_precision(precision);
   const int64_t N = o.tokens, D = o.d_model, F = o.expert_hidden, E = o.experts, rows = N * o.top_k;
   Buffer x = b->allocate(DType::F32, rows * D), w = b->allocate(DType::F32, E * D * F),
          y = b->allocate(DType::F32, rows * F);
@@ -115,19 +114,46 @@ OpFigures backend_gemms(const Options& o, GemmPrecision precision) {
   ops.set_parameter_memory(w.data<float>(), E * D * F);
   OpFigures f;
   const double proj = median_seconds(o.reps, [&] {
-    ops.gemm(false, false, N, F, D, 1.f, x.data<float>(), D, w.data<float>(), F, 0.f, y.data<float>(), F);
+    ops.gemm({.M = N,
+              .N = F,
+              .K = D,
+              .A = x.data<float>(),
+              .lda = D,
+              .B = w.data<float>(),
+              .ldb = F,
+              .C = y.data<float>(),
+              .ldc = F,
+              .precision = precision,
+              .weight = GemmWeight::B});
   });
   f.projection_flops_s = 2.0 * double(N) * double(F) * double(D) / proj;
   std::vector<int64_t> offsets(size_t(E) + 1);
   for (int64_t e = 0; e <= E; ++e) offsets[size_t(e)] = rows * e / E;  // balanced routing
   const double grouped = median_seconds(o.reps, [&] {
-    ops.grouped_gemm(false, false, E, offsets.data(), F, D, 1.f, x.data<float>(), w.data<float>(), 0.f,
-                     y.data<float>());
+    ops.grouped_gemm({.groups = E,
+                      .row_offset = offsets.data(),
+                      .N = F,
+                      .K = D,
+                      .A = x.data<float>(),
+                      .B = w.data<float>(),
+                      .C = y.data<float>(),
+                      .precision = precision,
+                      .weight = GemmWeight::B});
   });
   const double flops = 2.0 * double(rows) * double(F) * double(D);
   f.grouped_flops_s = flops / grouped;
   const double dense = median_seconds(o.reps, [&] {
-    ops.gemm(false, false, rows, F, D, 1.f, x.data<float>(), D, w.data<float>(), F, 0.f, y.data<float>(), F);
+    ops.gemm({.M = rows,
+              .N = F,
+              .K = D,
+              .A = x.data<float>(),
+              .lda = D,
+              .B = w.data<float>(),
+              .ldb = F,
+              .C = y.data<float>(),
+              .ldc = F,
+              .precision = precision,
+              .weight = GemmWeight::B});
   });
   f.dense_flops_s = flops / dense;
   return f;
@@ -142,7 +168,6 @@ struct AttentionFigures {
 AttentionFigures attention_seconds(const Options& o) {
   const std::unique_ptr<Backend> b = make_cuda_backend(0);
   Ops<float>& ops = b->ops<float>();
-  ops.set_gemm_precision(GemmPrecision::Bf16);
   const int64_t B = 1, T = o.seq_len, H = o.heads, Dh = o.head_dim, n = B * T * H * Dh;
   Buffer q = b->allocate(DType::F32, n), k = b->allocate(DType::F32, n), v = b->allocate(DType::F32, n),
          out = b->allocate(DType::F32, n), dout = b->allocate(DType::F32, n), dq = b->allocate(DType::F32, n),
@@ -152,20 +177,43 @@ AttentionFigures attention_seconds(const Options& o) {
   {
     Buffer probs = b->allocate(DType::F32, B * H * T * T), scratch = b->allocate(DType::F32, T * T);
     f.plain_s = median_seconds(o.reps, [&] {
-      ops.attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(), probs.data<float>(),
-                            B, T, H, Dh);
-      ops.attention_backward(q.data<float>(), k.data<float>(), v.data<float>(), probs.data<float>(), dout.data<float>(),
-                             dq.data<float>(), dk.data<float>(), dv.data<float>(), scratch.data<float>(), B, T, H, Dh);
+      ops.attention_forward({.shape = {B, T, H, Dh, GemmPrecision::Bf16},
+                             .q = q.data<float>(),
+                             .k = k.data<float>(),
+                             .v = v.data<float>(),
+                             .out = out.data<float>(),
+                             .probs = probs.data<float>()});
+      ops.attention_backward({.shape = {B, T, H, Dh, GemmPrecision::Bf16},
+                              .q = q.data<float>(),
+                              .k = k.data<float>(),
+                              .v = v.data<float>(),
+                              .probs = probs.data<float>(),
+                              .dout = dout.data<float>(),
+                              .dq = dq.data<float>(),
+                              .dk = dk.data<float>(),
+                              .dv = dv.data<float>(),
+                              .scratch = scratch.data<float>()});
     });
   }
-  if (!ops.fused_attention_supported(B, T, H, Dh)) return f;
+  if (!ops.fused_attention_supported({B, T, H, Dh, GemmPrecision::Bf16})) return f;
   Buffer stats = b->allocate(DType::F32, B * H * T);
   f.fused_s = median_seconds(o.reps, [&] {
-    ops.attention_forward_fused(q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
-                                stats.data<float>(), B, T, H, Dh);
-    ops.attention_backward_fused(q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
-                                 stats.data<float>(), dout.data<float>(), dq.data<float>(), dk.data<float>(),
-                                 dv.data<float>(), B, T, H, Dh);
+    ops.attention_forward_fused({.shape = {B, T, H, Dh, GemmPrecision::Bf16},
+                                 .q = q.data<float>(),
+                                 .k = k.data<float>(),
+                                 .v = v.data<float>(),
+                                 .out = out.data<float>(),
+                                 .stats = stats.data<float>()});
+    ops.attention_backward_fused({.shape = {B, T, H, Dh, GemmPrecision::Bf16},
+                                  .q = q.data<float>(),
+                                  .k = k.data<float>(),
+                                  .v = v.data<float>(),
+                                  .out = out.data<float>(),
+                                  .stats = stats.data<float>(),
+                                  .dout = dout.data<float>(),
+                                  .dq = dq.data<float>(),
+                                  .dk = dk.data<float>(),
+                                  .dv = dv.data<float>()});
   });
   return f;
 }

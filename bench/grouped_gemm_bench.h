@@ -81,15 +81,61 @@ struct ExpertOperands {
     const int64_t E = int64_t(off.size()) - 1, R = off.back();
     float *a = acts.a.data<float>(), *b = acts.b.data<float>(), *h = acts.h.data<float>(), *x = acts.xe.data<float>();
     float *dh = scratch.data(), *da = dh + R * F, *db = da + R * F;
-    ops.grouped_gemm(false, false, E, off.data(), F, D, 1.f, x, w1.data(), 0.f, a);
-    ops.grouped_gemm(false, false, E, off.data(), F, D, 1.f, x, w3.data(), 0.f, b);
-    ops.grouped_gemm(false, false, E, off.data(), D, F, 1.f, h, w2.data(), 0.f, y.data());
-    ops.grouped_gemm(true, false, E, off.data(), D, F, 1.f, h, dy.data(), 1.f, dw2.data());
-    ops.grouped_gemm(false, true, E, off.data(), F, D, 1.f, dy.data(), w2.data(), 0.f, dh);
-    ops.grouped_gemm(true, false, E, off.data(), F, D, 1.f, x, da, 1.f, dw1.data());
-    ops.grouped_gemm(true, false, E, off.data(), F, D, 1.f, x, db, 1.f, dw3.data());
-    ops.grouped_gemm(false, true, E, off.data(), D, F, 1.f, da, w1.data(), 0.f, dx.data());
-    ops.grouped_gemm(false, true, E, off.data(), D, F, 1.f, db, w3.data(), 1.f, dx.data());
+    ops.grouped_gemm({.groups = E, .row_offset = off.data(), .N = F, .K = D, .A = x, .B = w1.data(), .C = a});
+    ops.grouped_gemm({.groups = E, .row_offset = off.data(), .N = F, .K = D, .A = x, .B = w3.data(), .C = b});
+    ops.grouped_gemm({.groups = E, .row_offset = off.data(), .N = D, .K = F, .A = h, .B = w2.data(), .C = y.data()});
+    ops.grouped_gemm({.trans_a = true,
+                      .groups = E,
+                      .row_offset = off.data(),
+                      .N = D,
+                      .K = F,
+                      .A = h,
+                      .B = dy.data(),
+                      .beta = 1.f,
+                      .C = dw2.data()});
+    ops.grouped_gemm({.trans_b = true,
+                      .groups = E,
+                      .row_offset = off.data(),
+                      .N = F,
+                      .K = D,
+                      .A = dy.data(),
+                      .B = w2.data(),
+                      .C = dh});
+    ops.grouped_gemm({.trans_a = true,
+                      .groups = E,
+                      .row_offset = off.data(),
+                      .N = F,
+                      .K = D,
+                      .A = x,
+                      .B = da,
+                      .beta = 1.f,
+                      .C = dw1.data()});
+    ops.grouped_gemm({.trans_a = true,
+                      .groups = E,
+                      .row_offset = off.data(),
+                      .N = F,
+                      .K = D,
+                      .A = x,
+                      .B = db,
+                      .beta = 1.f,
+                      .C = dw3.data()});
+    ops.grouped_gemm({.trans_b = true,
+                      .groups = E,
+                      .row_offset = off.data(),
+                      .N = D,
+                      .K = F,
+                      .A = da,
+                      .B = w1.data(),
+                      .C = dx.data()});
+    ops.grouped_gemm({.trans_b = true,
+                      .groups = E,
+                      .row_offset = off.data(),
+                      .N = D,
+                      .K = F,
+                      .A = db,
+                      .B = w3.data(),
+                      .beta = 1.f,
+                      .C = dx.data()});
   }
 };
 
@@ -129,8 +175,15 @@ inline GroupedResult measure_grouped_gemm(Backend& backend, const GroupedShape& 
     x.run_in_cache(experts, off, chunk);
     const double in_cache_s = ic.seconds();
     const Stopwatch m;
-    backend.ops<float>().gemm(false, false, sgemm_n, sgemm_n, sgemm_n, 1.0f, a.data(), sgemm_n, b.data(), sgemm_n, 0.0f,
-                              c.data(), sgemm_n);
+    backend.ops<float>().gemm({.M = sgemm_n,
+                               .N = sgemm_n,
+                               .K = sgemm_n,
+                               .A = a.data(),
+                               .lda = sgemm_n,
+                               .B = b.data(),
+                               .ldb = sgemm_n,
+                               .C = c.data(),
+                               .ldc = sgemm_n});
     const double sgemm_s = m.seconds();
     if (i < warmup) continue;
     grouped.push_back(grouped_s), one.push_back(one_s), gemms.push_back(gemms_s), in_cache.push_back(in_cache_s);

@@ -45,11 +45,11 @@ inline SgemmPeak measure_sgemm_peak(Backend& backend, const std::vector<int64_t>
     fill_uniform(b, 2);
     const double flops = 2.0 * double(n) * double(n) * double(n);
     // One untimed call: the first one starts the thread pool and touches C's pages.
-    ops.gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    ops.gemm({.M = n, .N = n, .K = n, .A = a.data(), .lda = n, .B = b.data(), .ldb = n, .C = c.data(), .ldc = n});
     std::vector<double> rates;
     for (int r = 0; r < reps; ++r) {
       const Stopwatch clock;
-      ops.gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+      ops.gemm({.M = n, .N = n, .K = n, .A = a.data(), .lda = n, .B = b.data(), .ldb = n, .C = c.data(), .ldc = n});
       rates.push_back(flops / clock.seconds() * 1e-9);
     }
     const SgemmSize size{n, summarize(rates)};

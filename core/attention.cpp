@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/linear.h"
 
 namespace moe {
 
@@ -57,14 +58,15 @@ template <typename T>
 void MhaAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) {
   const int64_t N = B * T_, D = D_, Q = Dq_, H = Hl_, Dh = D_ / H_;
   T *q = acts, *k = q + N * Q, *v = k + N * Q, *att = v + N * Q;
-  ops_.gemm(false, false, N, Q, D, T(1), x, D, wq_, Q, T(0), q, Q);
+  const Linear<T> linear(ops_, precision_);
+  linear.forward(x, wq_, q, N, D, Q);
   project_kv(x, k, v, scratch, B);
   ops_.rope(q, B, T_, H, Dh, false);
   if (fused(N))  // the statistics (B, Hl, T) after att
-    ops_.attention_forward_fused(q, k, v, att, att + N * Q, B, T_, H, Dh);
+    ops_.attention_forward_fused({.shape = shape_of(B), .q = q, .k = k, .v = v, .out = att, .stats = att + N * Q});
   else
     plain_forward(q, k, v, att, scratch, B);
-  ops_.gemm(false, false, N, D, Q, T(1), att, Q, wo_, D, T(1), y, D);  // y += att Wo
+  linear.forward(att, wo_, y, N, Q, D, T(1));  // y += att Wo
 }
 
 template <typename T>
@@ -72,8 +74,9 @@ void MhaAttention<T>::project_kv(const T* x, T* k, T* v, T* scratch, int64_t B) 
   const int64_t N = B * T_, D = D_, K = Dkv_, Dh = D_ / H_;
   T* kp = grouped() ? scratch : k;  // the forward does not use the scratch before the attention op's probabilities
   T* vp = grouped() ? scratch + N * K : v;
-  ops_.gemm(false, false, N, K, D, T(1), x, D, wk_, K, T(0), kp, K);
-  ops_.gemm(false, false, N, K, D, T(1), x, D, wv_, K, T(0), vp, K);
+  const Linear<T> linear(ops_, precision_);
+  linear.forward(x, wk_, kp, N, D, K);
+  linear.forward(x, wv_, vp, N, D, K);
   ops_.rope(kp, B, T_, Hkvl_, Dh, false);  // rotated once per key head, then copied to its group
   if (!grouped()) return;
   ops_.expand_heads(kp, k, N, Hkvl_, Hl_ / Hkvl_, Dh);
@@ -82,10 +85,10 @@ void MhaAttention<T>::project_kv(const T* x, T* k, T* v, T* scratch, int64_t B) 
 
 template <typename T>
 void MhaAttention<T>::plain_forward(const T* q, const T* k, const T* v, T* att, T* scratch, int64_t B) {
-  const int64_t N = B * T_, Q = Dq_, H = Hl_, Dh = D_ / H_;
+  const int64_t N = B * T_, Q = Dq_;
   // Probabilities (B, Hl, T, T) not kept go where backward will recompute them: scratch, free until then.
   T* probs = keep_probs_ ? att + N * Q : recomputed_probabilities(scratch, N);
-  ops_.attention_forward(q, k, v, att, probs, B, T_, H, Dh);
+  ops_.attention_forward({.shape = shape_of(B), .q = q, .k = k, .v = v, .out = att, .probs = probs});
 }
 
 template <typename T>
@@ -93,21 +96,31 @@ void MhaAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T*
   const int64_t N = B * T_, D = D_, Q = Dq_, K = Dkv_, H = Hl_, Dh = D_ / H_;
   const T *q = acts, *k = q + N * Q, *v = k + N * Q, *att = v + N * Q;
   T *dq = scratch, *dk = dq + N * Q, *dv = dk + N * Q, *datt = dv + N * Q;
-  ops_.gemm(true, false, Q, D, N, T(1), att, Q, dy, D, T(1), dwo_, D);  // dWo += att^T dy
-  ops_.gemm(false, true, N, Q, D, T(1), dy, D, wo_, D, T(0), datt, Q);  // datt = dy Wo^T
+  const Linear<T> linear(ops_, precision_);
+  linear.weight_backward(att, dy, dwo_, N, Q, D);  // dWo += att^T dy
+  linear.input_backward(dy, wo_, datt, N, Q, D);   // datt = dy Wo^T
   if (fused(N))
-    ops_.attention_backward_fused(q, k, v, att, att + N * Q, datt, dq, dk, dv, B, T_, H, Dh);
+    ops_.attention_backward_fused({.shape = shape_of(B),
+                                   .q = q,
+                                   .k = k,
+                                   .v = v,
+                                   .out = att,
+                                   .stats = att + N * Q,
+                                   .dout = datt,
+                                   .dq = dq,
+                                   .dk = dk,
+                                   .dv = dv});
   else
     plain_backward(q, k, v, att, datt, scratch, B);
   reduce_kv_gradients(dk, dv, scratch, N);
   ops_.rope(dq, B, T_, H, Dh, true);
   ops_.rope(dk, B, T_, Hkvl_, Dh, true);
-  ops_.gemm(true, false, D, Q, N, T(1), x, D, dq, Q, T(1), dwq_, Q);
-  ops_.gemm(true, false, D, K, N, T(1), x, D, dk, K, T(1), dwk_, K);
-  ops_.gemm(true, false, D, K, N, T(1), x, D, dv, K, T(1), dwv_, K);
-  ops_.gemm(false, true, N, D, Q, T(1), dq, Q, wq_, Q, T(0), dx, D);  // dx = dq Wq^T
-  ops_.gemm(false, true, N, D, K, T(1), dk, K, wk_, K, T(1), dx, D);  //    + dk Wk^T
-  ops_.gemm(false, true, N, D, K, T(1), dv, K, wv_, K, T(1), dx, D);  //    + dv Wv^T
+  linear.weight_backward(x, dq, dwq_, N, D, Q);
+  linear.weight_backward(x, dk, dwk_, N, D, K);
+  linear.weight_backward(x, dv, dwv_, N, D, K);
+  linear.input_backward(dq, wq_, dx, N, D, Q);        // dx = dq Wq^T
+  linear.input_backward(dk, wk_, dx, N, D, K, T(1));  //    + dk Wk^T
+  linear.input_backward(dv, wv_, dx, N, D, K, T(1));  //    + dv Wv^T
 }
 
 template <typename T>
@@ -124,17 +137,26 @@ void MhaAttention<T>::reduce_kv_gradients(T*& dk, T*& dv, T* scratch, int64_t N)
 template <typename T>
 void MhaAttention<T>::plain_backward(const T* q, const T* k, const T* v, const T* att, const T* datt, T* scratch,
                                      int64_t B) {
-  const int64_t N = B * T_, Q = Dq_, H = Hl_, Dh = D_ / H_;
+  const int64_t N = B * T_, Q = Dq_;
   T *dq = scratch, *dk = dq + N * Q, *dv = dk + N * Q, *block = dv + 2 * N * Q;
   const T* probs = att + N * Q;
   if (!keep_probs_) {
     // Selective recompute: the same op on the same q and k gives the forward's probabilities bit for bit;
     // its output goes to dq, which attention_backward writes afterwards.
     T* recomputed = recomputed_probabilities(scratch, N);
-    ops_.attention_forward(q, k, v, dq, recomputed, B, T_, H, Dh);
+    ops_.attention_forward({.shape = shape_of(B), .q = q, .k = k, .v = v, .out = dq, .probs = recomputed});
     probs = recomputed;
   }
-  ops_.attention_backward(q, k, v, probs, datt, dq, dk, dv, block, B, T_, H, Dh);
+  ops_.attention_backward({.shape = shape_of(B),
+                           .q = q,
+                           .k = k,
+                           .v = v,
+                           .probs = probs,
+                           .dout = datt,
+                           .dq = dq,
+                           .dk = dk,
+                           .dv = dv,
+                           .scratch = block});
 }
 
 template class MhaAttention<float>;

@@ -29,6 +29,9 @@ class Attention {
   // backward recomputes them from the saved q and k into its scratch (selective recompute). Set once, at
   // the model's construction, before the sizes below are asked for.
   virtual void set_keep_probabilities(bool keep) = 0;
+  // How this layer's GEMMs read their operands (train.precision, through ModelOptions::precision; default fp32).
+  // Set once, at the model's construction, before the sizes below are asked for.
+  virtual void set_precision(GemmPrecision precision) = 0;
   // Elements of saved activations (acts) and of backward scratch for N tokens.
   virtual int64_t activation_size(int64_t N) const = 0;
   virtual int64_t scratch_size(int64_t N) const = 0;
@@ -61,6 +64,7 @@ class MhaAttention final : public Attention<T> {
   void register_params(ParamTable& table, const std::string& prefix) override;
   void bind(const ParamTable& table, T* params, T* grads) override;
   void set_keep_probabilities(bool keep) override { keep_probs_ = keep; }
+  void set_precision(GemmPrecision precision) override { precision_ = precision; }
   // q, k, v, the attention's output (N, Dq) each and, when kept, the probabilities (B, Hl, T, T), with Hl
   // the shard's heads and Dq their width; fused: the statistics (B, Hl, T) instead of the probabilities.
   int64_t activation_size(int64_t N) const override { return sizes::elements(sizes::mha(shape(N), N).activations); }
@@ -85,7 +89,9 @@ class MhaAttention final : public Attention<T> {
   // Grouped: sums the expanded heads' gradients dk, dv into kv_gradients and points dk, dv at those sums.
   void reduce_kv_gradients(T*& dk, T*& dv, T* scratch, int64_t N);
   // Whether the backend runs the fused form for N tokens (B = N / T sequences); the backend keeps the answer.
-  bool fused(int64_t N) const { return N > 0 && ops_.fused_attention_supported(N / T_, T_, Hl_, D_ / H_); }
+  bool fused(int64_t N) const { return N > 0 && ops_.fused_attention_supported(shape_of(N / T_)); }
+  // The attention op's shape for B sequences: the shard's heads at the layer's precision.
+  AttentionShape shape_of(int64_t B) const { return {B, T_, Hl_, D_ / H_, precision_}; }
   // The plain form's attention op (probabilities kept in acts after att, or in scratch) and its backward.
   void plain_forward(const T* q, const T* k, const T* v, T* att, T* scratch, int64_t B);
   void plain_backward(const T* q, const T* k, const T* v, const T* att, const T* datt, T* scratch, int64_t B);
@@ -98,6 +104,7 @@ class MhaAttention final : public Attention<T> {
   int64_t Hl_, Dq_;     // the shard's heads and their width
   int64_t Hkvl_, Dkv_;  // the shard's key and value heads and their width
   bool keep_probs_ = true;
+  GemmPrecision precision_ = GemmPrecision::Fp32;
   std::string prefix_;
   const T *wq_ = nullptr, *wk_ = nullptr, *wv_ = nullptr, *wo_ = nullptr;
   T *dwq_ = nullptr, *dwk_ = nullptr, *dwv_ = nullptr, *dwo_ = nullptr;

@@ -2,6 +2,7 @@
 #include "core/embedding.h"
 
 #include "core/error.h"
+#include "core/linear.h"
 
 namespace moe {
 
@@ -50,7 +51,7 @@ void LmHead<T>::bind(const ParamTable& table, T* params, T* grads) {
 template <typename T>
 void LmHead<T>::forward(const T* xo, const int32_t* targets, T* losses, T* acts, int64_t N) {
   T* logits = acts;
-  ops_.gemm(false, false, N, V_, D_, T(1), xo, D_, weight_, V_, T(0), logits, V_);
+  Linear<T>(ops_, precision_).forward(xo, weight_, logits, N, D_, V_);
   ops_.cross_entropy_forward(logits, targets, losses, N, V_);
 }
 
@@ -59,8 +60,9 @@ void LmHead<T>::backward(const T* xo, const int32_t* targets, T scale, const T* 
   const T* logits = acts;
   T* dlogits = scratch;
   ops_.cross_entropy_backward(logits, targets, scale, dlogits, N, V_);
-  ops_.gemm(true, false, D_, V_, N, T(1), xo, D_, dlogits, V_, T(1), grad_, V_);     // dW += xo^T dlogits
-  ops_.gemm(false, true, N, D_, V_, T(1), dlogits, V_, weight_, V_, T(0), dxo, D_);  // dxo = dlogits W^T
+  const Linear<T> linear(ops_, precision_);
+  linear.weight_backward(xo, dlogits, grad_, N, D_, V_);    // dW += xo^T dlogits
+  linear.input_backward(dlogits, weight_, dxo, N, D_, V_);  // dxo = dlogits W^T
 }
 
 template class TokenEmbedding<float>;

@@ -34,6 +34,9 @@ class OutputHead {
   virtual ~OutputHead() = default;
   // Adds "head.weight" (or this rank's block of it) to the table.
   virtual void register_params(ParamTable& table) = 0;
+  // How the head's GEMMs read their operands (train.precision, through ModelOptions::precision; default fp32). Set
+  // once, at the model's construction.
+  virtual void set_precision(GemmPrecision precision) = 0;
   virtual void bind(const ParamTable& table, T* params, T* grads) = 0;
   // Elements kept from forward to backward, and of backward scratch, for a micro-batch of N tokens.
   virtual int64_t activation_size(int64_t N) const = 0;
@@ -72,6 +75,7 @@ class LmHead final : public OutputHead<T> {
  public:
   LmHead(Backend& backend, int64_t vocab, int64_t d_model);
   void register_params(ParamTable& table) override;
+  void set_precision(GemmPrecision precision) override { precision_ = precision; }
   void bind(const ParamTable& table, T* params, T* grads) override;
   int64_t activation_size(int64_t N) const override {  // the logits
     return sizes::elements(sizes::lm_head(double(N), double(V_)).activations);
@@ -86,6 +90,7 @@ class LmHead final : public OutputHead<T> {
  private:
   Ops<T>& ops_;
   int64_t V_, D_;
+  GemmPrecision precision_ = GemmPrecision::Fp32;
   const T* weight_ = nullptr;
   T* grad_ = nullptr;
 };

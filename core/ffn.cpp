@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/linear.h"
 
 namespace moe {
 
@@ -37,10 +38,11 @@ void DenseMlp<T>::forward(const FfnContext&, const T* x, T* y, T* acts, FfnSlot*
   T* a = acts;               // (N, F) x W1
   T* b = acts + N * F_;      // (N, F) x W3
   T* s = acts + 2 * N * F_;  // (N, F) silu(a) * b
-  ops_.gemm(false, false, N, F_, D_, T(1), x, D_, w1_, F_, T(0), a, F_);
-  ops_.gemm(false, false, N, F_, D_, T(1), x, D_, w3_, F_, T(0), b, F_);
+  const Linear<T> linear(ops_, precision_);
+  linear.forward(x, w1_, a, N, D_, F_);
+  linear.forward(x, w3_, b, N, D_, F_);
   ops_.swiglu_forward(a, b, s, N * F_);
-  ops_.gemm(false, false, N, D_, F_, T(1), s, F_, w2_, D_, T(0), y, D_);
+  linear.forward(s, w2_, y, N, F_, D_);
 }
 
 template <typename T>
@@ -49,16 +51,17 @@ void DenseMlp<T>::backward(const FfnContext&, const T* x, const T* dy, T* dx, co
   const T* a = acts;
   const T* b = acts + N * F_;
   const T* s = acts + 2 * N * F_;
-  T* ds = scratch;                                                         // (N, F)
-  T* da = scratch + N * F_;                                                // (N, F)
-  T* db = scratch + 2 * N * F_;                                            // (N, F)
-  ops_.gemm(true, false, F_, D_, N, T(1), s, F_, dy, D_, T(1), dw2_, D_);  // dW2 += s^T dy
-  ops_.gemm(false, true, N, F_, D_, T(1), dy, D_, w2_, D_, T(0), ds, F_);  // ds = dy W2^T
+  T* ds = scratch;               // (N, F)
+  T* da = scratch + N * F_;      // (N, F)
+  T* db = scratch + 2 * N * F_;  // (N, F)
+  const Linear<T> linear(ops_, precision_);
+  linear.weight_backward(s, dy, dw2_, N, F_, D_);  // dW2 += s^T dy
+  linear.input_backward(dy, w2_, ds, N, F_, D_);   // ds = dy W2^T
   ops_.swiglu_backward(a, b, ds, da, db, N * F_);
-  ops_.gemm(true, false, D_, F_, N, T(1), x, D_, da, F_, T(1), dw1_, F_);  // dW1 += x^T da
-  ops_.gemm(true, false, D_, F_, N, T(1), x, D_, db, F_, T(1), dw3_, F_);  // dW3 += x^T db
-  ops_.gemm(false, true, N, D_, F_, T(1), da, F_, w1_, F_, T(0), dx, D_);  // dx = da W1^T
-  ops_.gemm(false, true, N, D_, F_, T(1), db, F_, w3_, F_, T(1), dx, D_);  //    + db W3^T
+  linear.weight_backward(x, da, dw1_, N, D_, F_);       // dW1 += x^T da
+  linear.weight_backward(x, db, dw3_, N, D_, F_);       // dW3 += x^T db
+  linear.input_backward(da, w1_, dx, N, D_, F_);        // dx = da W1^T
+  linear.input_backward(db, w3_, dx, N, D_, F_, T(1));  //    + db W3^T
 }
 
 template class DenseMlp<float>;

@@ -67,6 +67,9 @@ class FeedForward {
   virtual double forward_flops(int64_t N) const = 0;
   // Adds this layer's parameters to the table under `prefix` (e.g. "layers.3.mlp").
   virtual void register_params(ParamTable& table, const std::string& prefix) = 0;
+  // How this layer's GEMMs read their operands (train.precision, through ModelOptions::precision; default fp32; an
+  // MoE layer's router stays fp32 whatever it is). Set once, at the model's construction.
+  virtual void set_precision(GemmPrecision precision) = 0;
   // Points at the flat buffers once they exist (offsets come from the table).
   virtual void bind(const ParamTable& table, T* params, T* grads) = 0;
   // Elements of saved activations (acts) and of backward scratch for N tokens.
@@ -109,6 +112,7 @@ class DenseMlp final : public FeedForward<T> {
  public:
   DenseMlp(Backend& backend, int64_t d_model, int64_t hidden, int64_t layers_total, TpShard shard = {});
   void register_params(ParamTable& table, const std::string& prefix) override;
+  void set_precision(GemmPrecision precision) override { precision_ = precision; }
   void bind(const ParamTable& table, T* params, T* grads) override;
   int64_t activation_size(int64_t N) const override {
     return sizes::elements(sizes::dense_mlp(double(N), double(F_)).activations);
@@ -127,6 +131,7 @@ class DenseMlp final : public FeedForward<T> {
   Ops<T>& ops_;
   int64_t D_, F_, L_;  // F_: the shard's hidden units
   TpShard shard_;
+  GemmPrecision precision_ = GemmPrecision::Fp32;
   std::string prefix_;
   const T *w1_ = nullptr, *w3_ = nullptr, *w2_ = nullptr;
   T *dw1_ = nullptr, *dw3_ = nullptr, *dw2_ = nullptr;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/linear.h"
 
 namespace moe {
 namespace {
@@ -83,17 +84,39 @@ double MlaAttention<T>::forward_flops(int64_t N) const {
 
 template <typename T>
 void MlaAttention<T>::place(const T* src, int64_t lds, T* dst, int64_t ldd, int64_t rows, T beta) const {
-  ops_.gemm(false, false, rows, R_, R_, T(1), src, lds, identity_.data<T>(), R_, beta, dst, ldd);
+  // The identity is no parameter: both operands are rounded at the call under bf16 GEMMs (exact for it).
+  ops_.gemm({.M = rows,
+             .N = R_,
+             .K = R_,
+             .A = src,
+             .lda = lds,
+             .B = identity_.data<T>(),
+             .ldb = R_,
+             .beta = beta,
+             .C = dst,
+             .ldc = ldd,
+             .precision = precision_});
 }
 
 template <typename T>
 void MlaAttention<T>::latent_forward(const T* x, const T* wd, const T* gain, int64_t width, T* c, T* raw, T* rstd,
                                      int64_t N) const {
   if (!norms_) {
-    ops_.gemm(false, false, N, width, D_, T(1), x, D_, wd, width, T(0), c, width);
+    Linear<T>(ops_, precision_).forward(x, wd, c, N, D_, width);
     return;
   }
-  ops_.gemm(false, false, N, width, D_, T(kLatentScale), x, D_, wd, width, T(0), raw, width);
+  ops_.gemm({.M = N,
+             .N = width,
+             .K = D_,
+             .alpha = T(kLatentScale),
+             .A = x,
+             .lda = D_,
+             .B = wd,
+             .ldb = width,
+             .C = raw,
+             .ldc = width,
+             .precision = precision_,
+             .weight = GemmWeight::B});
   ops_.rmsnorm_forward(raw, gain, c, rstd, N, width);
 }
 
@@ -106,15 +129,41 @@ void MlaAttention<T>::latent_backward(const T* x, const T* wd, const T* gain, in
     ops_.rmsnorm_backward(raw, gain, rstd, dc, draw, dgain, N, width);
     dc = draw, scale = T(kLatentScale);
   }
-  ops_.gemm(false, true, N, D_, width, scale, dc, width, wd, width, beta, dx, D_);  // dx (+)= dc Wd^T
-  ops_.gemm(true, false, D_, width, N, scale, x, D_, dc, width, T(1), dwd, width);  // dWd += x^T dc
+  ops_.gemm({.trans_b = true,
+             .M = N,
+             .N = D_,
+             .K = width,
+             .alpha = scale,
+             .A = dc,
+             .lda = width,
+             .B = wd,
+             .ldb = width,
+             .beta = beta,
+             .C = dx,
+             .ldc = D_,
+             .precision = precision_,
+             .weight = GemmWeight::B});  // dx (+)= dc Wd^T
+  ops_.gemm({.trans_a = true,
+             .M = D_,
+             .N = width,
+             .K = N,
+             .alpha = scale,
+             .A = x,
+             .lda = D_,
+             .B = dc,
+             .ldb = width,
+             .beta = T(1),
+             .C = dwd,
+             .ldc = width,
+             .precision = precision_});  // dWd += x^T dc
 }
 
 template <typename T>
 void MlaAttention<T>::rotary_forward(const T* x, const T* cq, T* q, T* k, T* qr, T* kr, int64_t B) const {
   const int64_t N = B * T_, Hr = H_ * R_, Wh = Dh_ + R_;
-  ops_.gemm(false, false, N, Hr, Q_, T(1), cq, Q_, wqr_, Hr, T(0), qr, Hr);  // qr = c_q Wqr
-  ops_.gemm(false, false, N, R_, D_, T(1), x, D_, wkr_, R_, T(0), kr, R_);   // kr = x Wkr
+  const Linear<T> linear(ops_, precision_);
+  linear.forward(cq, wqr_, qr, N, Q_, Hr);  // qr = c_q Wqr
+  linear.forward(x, wkr_, kr, N, D_, R_);   // kr = x Wkr
   ops_.rope(qr, B, T_, H_, R_, false);
   ops_.rope(kr, B, T_, 1, R_, false);
   for (int64_t h = 0; h < H_; ++h) {
@@ -135,15 +184,16 @@ void MlaAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) 
   if (Cq_ > 0) latent_forward(x, wdq_, gq_, Cq_, cq_kept, cq_raw, rstd_q, N);  // c_q = x Wdq (normalised)
   latent_forward(x, wdkv_, gkv_, C_, ckv, ckv_raw, rstd_kv, N);                // c_kv = x Wdkv (normalised)
   ops_.fill(v, T(0), N * W_);                                                  // values padded with zeros
-  for (int64_t h = 0; h < H_; ++h) {  // each head's content parts, written into its block of the rows
-    ops_.gemm(false, false, N, Dh_, Q_, T(1), cq, Q_, wuq_ + h * Dh_, HD, T(0), q + h * Wh, W_);
-    ops_.gemm(false, false, N, Dh_, C_, T(1), ckv, C_, wuk_ + h * Dh_, HD, T(0), k + h * Wh, W_);
-    ops_.gemm(false, false, N, Dh_, C_, T(1), ckv, C_, wuv_ + h * Dh_, HD, T(0), v + h * Wh, W_);
+  const Linear<T> linear(ops_, precision_);
+  for (int64_t h = 0; h < H_; ++h) {  // each head's content parts (W's columns of the head), into its block of the rows
+    linear.forward(cq, {wuq_ + h * Dh_, HD}, {q + h * Wh, W_}, N, Q_, Dh_);
+    linear.forward(ckv, {wuk_ + h * Dh_, HD}, {k + h * Wh, W_}, N, C_, Dh_);
+    linear.forward(ckv, {wuv_ + h * Dh_, HD}, {v + h * Wh, W_}, N, C_, Dh_);
   }
   rotary_forward(x, cq, q, k, qr, kr, B);
-  ops_.attention_forward(q, k, v, att, probs, B, T_, H_, Wh);
+  ops_.attention_forward({.shape = shape_of(B), .q = q, .k = k, .v = v, .out = att, .probs = probs});
   for (int64_t h = 0; h < H_; ++h)  // y += att_h Wo_h over the heads' value columns (the padding is zero)
-    ops_.gemm(false, false, N, D_, Dh_, T(1), att + h * Wh, W_, wo_ + h * Dh_ * D_, D_, T(1), y, D_);
+    linear.forward({att + h * Wh, W_}, wo_ + h * Dh_ * D_, y, N, Dh_, D_, T(1));
 }
 
 template <typename T>
@@ -156,10 +206,11 @@ void MlaAttention<T>::rotary_backward(const T* x, const T* cq, const T* dq, cons
   }
   ops_.rope(dqr, B, T_, H_, R_, true);
   ops_.rope(dkr, B, T_, 1, R_, true);
-  ops_.gemm(true, false, Q_, Hr, N, T(1), cq, Q_, dqr, Hr, T(1), dwqr_, Hr);  // dWqr += c_q^T dqr
-  ops_.gemm(false, true, N, Q_, Hr, T(1), dqr, Hr, wqr_, Hr, T(1), dcq, Q_);  // dc_q += dqr Wqr^T
-  ops_.gemm(true, false, D_, R_, N, T(1), x, D_, dkr, R_, T(1), dwkr_, R_);   // dWkr += x^T dkr
-  ops_.gemm(false, true, N, D_, R_, T(1), dkr, R_, wkr_, R_, T(1), dx, D_);   // dx += dkr Wkr^T
+  const Linear<T> linear(ops_, precision_);
+  linear.weight_backward(cq, dqr, dwqr_, N, Q_, Hr);       // dWqr += c_q^T dqr
+  linear.input_backward(dqr, wqr_, dcq, N, Q_, Hr, T(1));  // dc_q += dqr Wqr^T
+  linear.weight_backward(x, dkr, dwkr_, N, D_, R_);        // dWkr += x^T dkr
+  linear.input_backward(dkr, wkr_, dx, N, D_, R_, T(1));   // dx += dkr Wkr^T
 }
 
 template <typename T>
@@ -172,24 +223,34 @@ void MlaAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T*
   const T* probs = att + N * W_;
   if (!keep_probs_) {  // selective recompute: the same op on the same q and k, bit for bit (as MhaAttention)
     T* recomputed = recomputed_probabilities(scratch, N);
-    ops_.attention_forward(q, k, v, dq, recomputed, B, T_, H_, Wh);
+    ops_.attention_forward({.shape = shape_of(B), .q = q, .k = k, .v = v, .out = dq, .probs = recomputed});
     probs = recomputed;
   }
   ops_.fill(datt, T(0), N * W_);
+  const Linear<T> linear(ops_, precision_);
   for (int64_t h = 0; h < H_; ++h) {
-    ops_.gemm(true, false, Dh_, D_, N, T(1), att + h * Wh, W_, dy, D_, T(1), dwo_ + h * Dh_ * D_, D_);
-    ops_.gemm(false, true, N, Dh_, D_, T(1), dy, D_, wo_ + h * Dh_ * D_, D_, T(0), datt + h * Wh, W_);
+    linear.weight_backward({att + h * Wh, W_}, dy, dwo_ + h * Dh_ * D_, N, Dh_, D_);
+    linear.input_backward(dy, wo_ + h * Dh_ * D_, {datt + h * Wh, W_}, N, Dh_, D_);
   }
-  ops_.attention_backward(q, k, v, probs, datt, dq, dk, dv, block, B, T_, H_, Wh);
+  ops_.attention_backward({.shape = shape_of(B),
+                           .q = q,
+                           .k = k,
+                           .v = v,
+                           .probs = probs,
+                           .dout = datt,
+                           .dq = dq,
+                           .dk = dk,
+                           .dv = dv,
+                           .scratch = block});
   for (int64_t h = 0; h < H_; ++h) {  // the content parts: into Wuq, Wuk, Wuv and the latents
     const T beta = T(h == 0 ? 0 : 1);
-    const T *dq_h = dq + h * Wh, *dk_h = dk + h * Wh, *dv_h = dv + h * Wh;
-    ops_.gemm(true, false, Q_, Dh_, N, T(1), cq, Q_, dq_h, W_, T(1), dwuq_ + h * Dh_, HD);
-    ops_.gemm(false, true, N, Q_, Dh_, T(1), dq_h, W_, wuq_ + h * Dh_, HD, beta, dcq, Q_);
-    ops_.gemm(true, false, C_, Dh_, N, T(1), ckv, C_, dk_h, W_, T(1), dwuk_ + h * Dh_, HD);
-    ops_.gemm(false, true, N, C_, Dh_, T(1), dk_h, W_, wuk_ + h * Dh_, HD, beta, dckv, C_);
-    ops_.gemm(true, false, C_, Dh_, N, T(1), ckv, C_, dv_h, W_, T(1), dwuv_ + h * Dh_, HD);
-    ops_.gemm(false, true, N, C_, Dh_, T(1), dv_h, W_, wuv_ + h * Dh_, HD, T(1), dckv, C_);
+    const Rows<const T> dq_h{dq + h * Wh, W_}, dk_h{dk + h * Wh, W_}, dv_h{dv + h * Wh, W_};
+    linear.weight_backward(cq, dq_h, {dwuq_ + h * Dh_, HD}, N, Q_, Dh_);
+    linear.input_backward(dq_h, {wuq_ + h * Dh_, HD}, dcq, N, Q_, Dh_, beta);
+    linear.weight_backward(ckv, dk_h, {dwuk_ + h * Dh_, HD}, N, C_, Dh_);
+    linear.input_backward(dk_h, {wuk_ + h * Dh_, HD}, dckv, N, C_, Dh_, beta);
+    linear.weight_backward(ckv, dv_h, {dwuv_ + h * Dh_, HD}, N, C_, Dh_);
+    linear.input_backward(dv_h, {wuv_ + h * Dh_, HD}, dckv, N, C_, Dh_, T(1));
   }
   const T *cq_raw = norm_acts(acts, N), *ckv_raw = cq_raw + N * Cq_, *rstd_q = ckv_raw + N * C_, *rstd_kv = rstd_q + N;
   T *dcq_raw = norm_scratch(scratch, N), *dckv_raw = dcq_raw + N * Cq_;

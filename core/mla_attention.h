@@ -36,6 +36,7 @@ class MlaAttention final : public Attention<T> {
   void register_params(ParamTable& table, const std::string& prefix) override;
   void bind(const ParamTable& table, T* params, T* grads) override;
   void set_keep_probabilities(bool keep) override { keep_probs_ = keep; }
+  void set_precision(GemmPrecision precision) override { precision_ = precision; }
   // c_q (N, Cq; none when Cq is 0), c_kv (N, C), q, k, v, the attention's output (N, W) each, W = H (Dh + R), when kept
   // the probabilities (B, H, T, T), and with norms the latents before them and their inverse RMS (N) each.
   int64_t activation_size(int64_t N) const override { return sizes::elements(sizes::mla(shape(), N).activations); }
@@ -51,6 +52,8 @@ class MlaAttention final : public Attention<T> {
 
  private:
   int64_t probs_size(int64_t N) const { return N * H_ * T_; }
+  // The attention op's shape for B sequences: heads of width Dh + R at the layer's precision.
+  AttentionShape shape_of(int64_t B) const { return {B, T_, H_, Dh_ + R_, precision_}; }
   // The layer's shape, as core/sizes.h declares its sizes.
   sizes::MlaShape shape() const {
     return {double(D_), double(H_), double(T_), double(C_), double(Cq_), double(R_), norms_, keep_probs_};
@@ -82,6 +85,7 @@ class MlaAttention final : public Attention<T> {
   int64_t Q_;  // the queries' input width: Cq, or D when they are projected from x
   bool norms_;
   bool keep_probs_ = true;
+  GemmPrecision precision_ = GemmPrecision::Fp32;
   std::string prefix_;
   Buffer identity_;  // (R, R)
   const T *wdq_ = nullptr, *wuq_ = nullptr, *wqr_ = nullptr, *wdkv_ = nullptr, *wuk_ = nullptr, *wuv_ = nullptr,

@@ -43,11 +43,12 @@ Model<T>::Model(Backend& backend, ModelOptions<T> options)
     embedding_->register_params(table_);
   }
   embed_specs_ = {0, specs()};
-  build_layers(options.ffn_factory, options.attention_factory);
+  build_layers(options.ffn_factory, options.attention_factory, options.precision);
   const int64_t head_first = specs();
   if (stage.head) {
     table_.add({"out_norm.gain", {D}, ParamRole::Norm, false, ParamInit::Ones});
     head_ = tp_.head ? tp_.head() : std::make_unique<LmHead<T>>(backend, V, D);
+    head_->set_precision(options.precision);
     head_->register_params(table_);
   }
   head_specs_ = {head_first, specs()};
@@ -112,7 +113,8 @@ void Model<T>::release_parameters() {
 
 // The stage's layers, in the whole model's order and names: attention norm, attention, FFN norm, FFN.
 template <typename T>
-void Model<T>::build_layers(const FfnFactory& ffn_factory, const AttentionFactory& attention_factory) {
+void Model<T>::build_layers(const FfnFactory& ffn_factory, const AttentionFactory& attention_factory,
+                            GemmPrecision precision) {
   const int64_t D = shape_.d_model, L = shape_.layers;
   for (int64_t l = first_; l < end_; ++l) {
     const std::string p = "layers." + std::to_string(l);
@@ -122,9 +124,11 @@ void Model<T>::build_layers(const FfnFactory& ffn_factory, const AttentionFactor
                                       : std::make_unique<MhaAttention<T>>(backend_, D, shape_.heads, T_, L, TpShard{},
                                                                           shape_.kv_heads));
     attn_.back()->set_keep_probabilities(recompute_[size_t(l - first_)] != Recompute::Selective);
+    attn_.back()->set_precision(precision);
     attn_.back()->register_params(table_, p + ".attn");
     table_.add({p + ".ffn_norm.gain", {D}, ParamRole::Norm, false, ParamInit::Ones});
     ffn_.push_back(ffn_factory ? ffn_factory(l) : std::make_unique<DenseMlp<T>>(backend_, D, shape_.ffn_hidden, L));
+    ffn_.back()->set_precision(precision);
     ffn_.back()->register_params(table_, p + ".ffn");
     layer_specs_.emplace_back(first, int64_t(table_.specs().size()));
   }

@@ -73,6 +73,9 @@ struct ModelOptions {
   StageSpec stage;
   AttentionFactory attention_factory = nullptr;
   TensorParallelLayout<T> tp;
+  // How the layers' GEMMs read their operands (train.precision): each layer is told once, at construction, and
+  // states it on every GEMM it asks the backend for (the routers' stay fp32).
+  GemmPrecision precision = GemmPrecision::Fp32;
 };
 
 template <typename T>
@@ -210,7 +213,7 @@ class Model : public Stateful {
     int64_t batch = 0;  // 0: no forward yet
   };
 
-  void build_layers(const FfnFactory& ffn_factory, const AttentionFactory& attention_factory);
+  void build_layers(const FfnFactory& ffn_factory, const AttentionFactory& attention_factory, GemmPrecision precision);
   void bind_parameters(const ParamTable& table, T* params, T* grads);
   void make_scratch();
   void make_slot(Slot& slot);

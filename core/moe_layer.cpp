@@ -106,6 +106,13 @@ sizes::MoeShape MoeLayer<T>::shape(int64_t N) const {
 }
 
 template <typename T>
+void MoeLayer<T>::set_precision(GemmPrecision precision) {
+  experts_.set_precision(precision);
+  if (shared_) shared_->set_precision(precision);
+  if (fallback_) fallback_->set_precision(precision);
+}
+
+template <typename T>
 int64_t MoeLayer<T>::activation_size(int64_t N) const {
   return sizes::elements(sizes::moe_activations(shape(N)));
 }

@@ -61,6 +61,8 @@ class MoeLayer final : public FeedForward<T>, public Stateful {
   MoeLayer(Backend& backend, const MoeSettings& settings);
 
   void register_params(ParamTable& table, const std::string& prefix) override;
+  // The routed, shared and fallback experts' GEMMs; the router's stay fp32 (docs/moe.md).
+  void set_precision(GemmPrecision precision) override;
   void bind(const ParamTable& table, T* params, T* grads) override;
   int64_t activation_size(int64_t N) const override;
   int64_t scratch_size(int64_t N) const override { return 0; }  // kept inside the layer

@@ -2,6 +2,7 @@
 #include "parallel/tp_layers.h"
 
 #include "core/error.h"
+#include "core/linear.h"
 #include "core/sizes.h"
 #include "parallel/tp_mappings.h"
 #include "parallel/vocab_parallel.h"
@@ -228,7 +229,7 @@ void VocabParallelHead<T>::forward(const T* xo, const int32_t* targets, T* losse
   const T* xg = whole_rows(backend_, tp_, xo, work_.template data<T>(), N, D_);  // gathered again in backward
   T* logits = acts;
   T* lse = logits + N * Vl_;
-  ops_.gemm(false, false, N, Vl_, D_, T(1), xg, D_, weight_, Vl_, T(0), logits, Vl_);
+  Linear<T>(ops_, precision_).forward(xg, weight_, logits, N, D_, Vl_);
   tp::vocab_parallel_cross_entropy_forward(backend_, tp_.host(), logits, targets, losses, lse, N, Vl_);
 }
 
@@ -241,8 +242,9 @@ void VocabParallelHead<T>::backward(const T* xo, const int32_t* targets, T scale
   T* dxg = scratch + N * Vl_;                                                      // (N, D)
   const T* xg = whole_rows(backend_, tp_, xo, scratch + N * Vl_ + N * D_, N, D_);  // (N, D) under sequence parallelism
   tp::vocab_parallel_cross_entropy_backward(backend_, tp_.host(), logits, targets, lse, scale, dlogits, N, Vl_);
-  ops_.gemm(true, false, D_, Vl_, N, T(1), xg, D_, dlogits, Vl_, T(1), grad_, Vl_);     // dW += xg^T dlogits
-  ops_.gemm(false, true, N, D_, Vl_, T(1), dlogits, Vl_, weight_, Vl_, T(0), dxg, D_);  // partial dxg
+  const Linear<T> linear(ops_, precision_);
+  linear.weight_backward(xg, dlogits, grad_, N, D_, Vl_);    // dW += xg^T dlogits
+  linear.input_backward(dlogits, weight_, dxg, N, D_, Vl_);  // partial dxg
   summed_rows(backend_, tp_, ops_, dxg, dxo, N, D_);
 }
 

@@ -55,6 +55,7 @@ class TpAttention final : public Attention<T> {
   void register_params(ParamTable& table, const std::string& prefix) override { inner_.register_params(table, prefix); }
   void bind(const ParamTable& table, T* params, T* grads) override { inner_.bind(table, params, grads); }
   void set_keep_probabilities(bool keep) override { inner_.set_keep_probabilities(keep); }
+  void set_precision(GemmPrecision precision) override { inner_.set_precision(precision); }
   // The shard's activations: the input's rows are all-gathered again in backward, not kept (as
   // Megatron-Core does), so sequence parallelism saves their memory.
   int64_t activation_size(int64_t R) const override { return inner_.activation_size(tp_.tokens(R)); }
@@ -80,6 +81,7 @@ class TpMlp final : public FeedForward<T> {
  public:
   TpMlp(Backend& backend, TpContext tp, int64_t d_model, int64_t hidden, int64_t layers_total);
   void register_params(ParamTable& table, const std::string& prefix) override { inner_.register_params(table, prefix); }
+  void set_precision(GemmPrecision precision) override { inner_.set_precision(precision); }
   void bind(const ParamTable& table, T* params, T* grads) override { inner_.bind(table, params, grads); }
   int64_t activation_size(int64_t R) const override { return inner_.activation_size(tp_.tokens(R)); }
   int64_t scratch_size(int64_t R) const override;  // as TpAttention's
@@ -110,6 +112,7 @@ class TokenSplitFfn final : public FeedForward<T> {
   void register_params(ParamTable& table, const std::string& prefix) override {
     inner_->register_params(table, prefix);
   }
+  void set_precision(GemmPrecision precision) override { inner_->set_precision(precision); }
   void bind(const ParamTable& table, T* params, T* grads) override { inner_->bind(table, params, grads); }
   int64_t activation_size(int64_t N) const override { return inner_->activation_size(N / tp_.size()); }
   int64_t scratch_size(int64_t N) const override { return inner_->scratch_size(N / tp_.size()); }
@@ -144,6 +147,7 @@ class ExpertTpFfn final : public FeedForward<T> {
   void register_params(ParamTable& table, const std::string& prefix) override {
     inner_->register_params(table, prefix);
   }
+  void set_precision(GemmPrecision precision) override { inner_->set_precision(precision); }
   void bind(const ParamTable& table, T* params, T* grads) override { inner_->bind(table, params, grads); }
   int64_t activation_size(int64_t R) const override { return inner_->activation_size(tp_.tokens(R)); }
   // The gathered input and output gradient and the partial input gradient (N, D) each, then the inner's.
@@ -195,6 +199,7 @@ class VocabParallelHead final : public OutputHead<T> {
  public:
   VocabParallelHead(Backend& backend, TpContext tp, int64_t vocab, int64_t d_model);
   void register_params(ParamTable& table) override;
+  void set_precision(GemmPrecision precision) override { precision_ = precision; }
   void bind(const ParamTable& table, T* params, T* grads) override;
   // The block's logits (N, Vl) and their log-sum-exp (N).
   int64_t activation_size(int64_t N) const override { return sizes::elements(footprint(N).activations); }
@@ -214,6 +219,7 @@ class VocabParallelHead final : public OutputHead<T> {
 
   TpContext tp_;
   int64_t V_, Vl_, D_;
+  GemmPrecision precision_ = GemmPrecision::Fp32;
   Buffer work_;  // the gathered input of one forward
   const T* weight_ = nullptr;
   T* grad_ = nullptr;

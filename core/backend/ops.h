@@ -8,35 +8,128 @@
 #pragma once
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
+
+#include "core/error.h"
 
 namespace moe {
 
 // What GEMM operands are read as (docs/design.md "Precision"; train.precision). Fp32: as stored. Bf16: each
 // operand rounded to bf16 (round to nearest even), the products exact and summed in fp32 into C as stored
-// (fp32): what tensor cores' bf16 GEMMs compute, so the CPU backend is their reference. It applies to gemm,
-// grouped_gemm and the four products inside attention (q k^T, p v and their gradients; the softmax stays in
-// the storage type), never to anything else.
+// (fp32): what tensor cores' bf16 GEMMs compute, so the CPU backend is their reference. Each call states its own
+// (GemmArgs, GroupedGemmArgs, Ops::ExpertMlp, AttentionShape; the ops keep no precision between calls): the layers
+// theirs from train.precision, the router fp32 whatever it is. It applies to gemm, grouped_gemm, the experts' MLPs
+// and the four products inside attention (q k^T, p v and their gradients; the softmax stays in the storage type),
+// never to anything else.
 enum class GemmPrecision : uint8_t { Fp32, Bf16 };
+
+// Which operand of a GEMM is a weight: a slice of the parameters' memory (Ops::set_parameter_memory), which a bf16
+// GEMM reads from their rounded copy instead of rounding it again. None: both operands are rounded at the call.
+enum class GemmWeight : uint8_t { None, A, B };
+
+// One GEMM: C(M,N) = alpha * op(A) * op(B) + beta * C, row-major; op(A) is (M,K), op(B) is (K,N). Each call states
+// how its operands are read (precision) and which of them, if any, is a weight; the defaults are the safe ones
+// (alpha 1, beta 0, as stored, no weight). An operand a producer already holds rounded to bf16 (its bf16 copy) would
+// be one more field here beside the operand it stands for, read by a bf16 GEMM instead of rounding that operand.
+template <typename T>
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int64_t M = 0, N = 0, K = 0;
+  T alpha = T(1);
+  const T* A = nullptr;
+  int64_t lda = 0;
+  const T* B = nullptr;
+  int64_t ldb = 0;
+  T beta = T(0);
+  T* C = nullptr;
+  int64_t ldc = 0;
+  GemmPrecision precision = GemmPrecision::Fp32;
+  GemmWeight weight = GemmWeight::None;
+};
+
+// A grouped GEMM over experts: group g owns the rows [row_offset[g], row_offset[g + 1]) of the row-blocked operands
+// (row_offset: groups + 1 values, host memory). Empty groups are skipped.
+//   trans_a = false: C_g (m_g, N) = alpha A_g (m_g, K) op(B_g) + beta C_g, with A and C row-blocked
+//                    (A: (rows, K), C: (rows, N)) and B_g = B + g K N, (K, N) or, trans_b, (N, K).
+//   trans_a = true:  C_g (K, N) = alpha A_g^T B_g + beta C_g, with A: (rows, K) and B: (rows, N)
+//                    row-blocked and C_g = C + g K N (the weight gradients); trans_b must be false.
+// precision and weight as GemmArgs's (the experts' weight stacks are operand B).
+template <typename T>
+struct GroupedGemmArgs {
+  bool trans_a = false, trans_b = false;
+  int64_t groups = 0;
+  const int64_t* row_offset = nullptr;
+  int64_t N = 0, K = 0;
+  T alpha = T(1);
+  const T* A = nullptr;
+  const T* B = nullptr;
+  T beta = T(0);
+  T* C = nullptr;
+  GemmPrecision precision = GemmPrecision::Fp32;
+  GemmWeight weight = GemmWeight::None;
+};
+
+// The shape of one causal attention call, B sequences of T tokens, H heads of width Dh, and the precision of its
+// four products (q k^T, p v and their gradients; their operands are activations, never weights). Head (b, h) has its
+// columns at offset(b, h) of q, k, v and out, (B, T, H*Dh) each.
+struct AttentionShape {
+  int64_t B = 0, T = 0, H = 0, Dh = 0;
+  GemmPrecision precision = GemmPrecision::Fp32;
+  int64_t D() const { return H * Dh; }
+  int64_t offset(int64_t bh) const { return (bh / H) * T * D() + (bh % H) * Dh; }
+  double scale() const { return 1.0 / std::sqrt(double(Dh)); }
+};
+
+// The plain form's operands: probs (B, H, T, T) written by forward (upper triangle zero), read by backward.
+template <typename T>
+struct AttentionForwardArgs {
+  AttentionShape shape;
+  const T *q = nullptr, *k = nullptr, *v = nullptr;
+  T* out = nullptr;
+  T* probs = nullptr;
+};
+// dq, dk, dv written; scratch: (T, T).
+template <typename T>
+struct AttentionBackwardArgs {
+  AttentionShape shape;
+  const T *q = nullptr, *k = nullptr, *v = nullptr, *probs = nullptr, *dout = nullptr;
+  T *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  T* scratch = nullptr;
+};
+// The fused form's: stats (B, H, T), row i of head (b, h) the log-sum-exp over j <= i of the scaled scores
+// q_i . k_j / sqrt(Dh), written by forward and read by backward with its out.
+template <typename T>
+struct FusedAttentionForwardArgs {
+  AttentionShape shape;
+  const T *q = nullptr, *k = nullptr, *v = nullptr;
+  T* out = nullptr;
+  T* stats = nullptr;
+};
+template <typename T>
+struct FusedAttentionBackwardArgs {
+  AttentionShape shape;
+  const T *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr, *stats = nullptr, *dout = nullptr;
+  T *dq = nullptr, *dk = nullptr, *dv = nullptr;
+};
 
 template <typename T>
 class Ops {
  public:
+  using Gemm = GemmArgs<T>;
+  using GroupedGemm = GroupedGemmArgs<T>;
+
   virtual ~Ops() = default;
   virtual const char* name() const = 0;
 
-  // Set by the trainer once (train.precision); the router holds Fp32 around its own GEMMs (Fp32Gemms). Not
-  // for concurrent use: the ops of a backend are driven by one thread.
-  GemmPrecision gemm_precision() const { return gemm_precision_; }
-  void set_gemm_precision(GemmPrecision precision) { gemm_precision_ = precision; }
-
-  // The parameters' memory (n elements from `first`, the model's flat buffer; null: none). With bf16 GEMMs the
-  // backend rounds all of it once, at the first GEMM after a change, and reads every GEMM operand inside it from
-  // that copy (the weights are rounded once per step instead of once per GEMM; PyTorch's autocast keeps such a
-  // cache too). parameters_changed() drops the copy; adamw_update keeps it (it writes the rounded values of what
-  // it updates beside them), so the trainer calls parameters_changed() only where something else wrote the
-  // parameters (the initialisation or a load, ZeRO's all-gather, a frozen backbone's restore). The results are the
-  // same bits either way.
+  // The parameters' memory (n elements from `first`, the model's flat buffer; null: none). A bf16 GEMM reads an
+  // operand it names as a weight (GemmWeight) from their copy rounded to bf16, which the backend makes once, at the
+  // first such GEMM after a change (the weights are rounded once per step instead of once per GEMM; PyTorch's
+  // autocast keeps such a cache too). While it is registered, a GEMM that names a weight outside it is refused;
+  // with none registered a named weight is rounded at the call as the other operand is. parameters_changed() drops
+  // the copy; adamw_update keeps it (it writes the rounded values of what it updates beside them), so the trainer
+  // calls parameters_changed() only where something else wrote the parameters (the initialisation or a load, ZeRO's
+  // all-gather, a frozen backbone's restore). The results are the same bits either way.
   void set_parameter_memory(const T* first, int64_t n) {
     parameters_ = first, parameter_count_ = n;
     parameters_changed();
@@ -49,9 +142,24 @@ class Ops {
   // Whether `x` points into the parameters' memory.
   bool in_parameters(const T* x) const { return parameters_ && x >= parameters_ && x < parameters_ + parameter_count_; }
 
-  // C(M,N) = alpha * op(A) * op(B) + beta * C, row-major; op(A) is (M,K), op(B) is (K,N).
-  virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-                    const T* B, int64_t ldb, T beta, T* C, int64_t ldc) = 0;
+  // C = alpha op(A) op(B) + beta C as `g` says (GemmArgs).
+  void gemm(const Gemm& g) {
+    if (g.weight == GemmWeight::A && g.M > 0 && g.K > 0)  // A as stored: (M, K), or (K, M) transposed
+      check_weight(g.A, g.trans_a ? (g.K - 1) * g.lda + g.M : (g.M - 1) * g.lda + g.K, "gemm");
+    if (g.weight == GemmWeight::B && g.K > 0 && g.N > 0)  // B as stored: (K, N), or (N, K) transposed
+      check_weight(g.B, g.trans_b ? (g.N - 1) * g.ldb + g.K : (g.K - 1) * g.ldb + g.N, "gemm");
+    run_gemm(g);
+  }
+  // The grouped GEMM `g` says (GroupedGemmArgs).
+  void grouped_gemm(const GroupedGemm& g) {
+    const int64_t rows = g.groups > 0 ? g.row_offset[g.groups] - g.row_offset[0] : 0;
+    if (g.weight == GemmWeight::A && rows > 0 && g.K > 0)  // row-blocked (rows, K)
+      check_weight(g.A + g.row_offset[0] * g.K, rows * g.K, "grouped_gemm");
+    if (g.weight == GemmWeight::B && g.groups > 0 && g.K > 0 && g.N > 0)  // a (K, N) stack per group, or row-blocked
+      check_weight(g.trans_a ? g.B + g.row_offset[0] * g.N : g.B, g.trans_a ? rows * g.N : g.groups * g.K * g.N,
+                   "grouped_gemm");
+    run_grouped_gemm(g);
+  }
 
   // The table holds the rows of ids [first, first + rows) (all of them: first 0, rows V; a block of the
   // vocabulary under tensor parallelism). out: (N, D) = table[tokens - first], and 0 for a token outside
@@ -87,39 +195,32 @@ class Ops {
   // Its backward: dx's head h = the sum of dy's heads [h*group, (h+1)*group), in that order (written).
   virtual void expand_heads_backward(const T* dy, T* dx, int64_t N, int64_t Hkv, int64_t group, int64_t Dh) = 0;
 
-  // Causal softmax attention per head. q, k, v, out: (B, T, H*Dh) with head h at columns [h*Dh, (h+1)*Dh);
-  // probs: (B, H, T, T) saved for backward (upper triangle zero).
-  virtual void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,
-                                 int64_t Dh) = 0;
-  // dq, dk, dv written. scratch: (T, T).
-  virtual void attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq, T* dk,
-                                  T* dv, T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) = 0;
+  // Causal softmax attention per head (AttentionForwardArgs), the probabilities saved for backward.
+  virtual void attention_forward(const AttentionForwardArgs<T>& a) = 0;
+  virtual void attention_backward(const AttentionBackwardArgs<T>& a) = 0;
 
   // ---- Fused causal attention (FlashAttention-2's form) -----------------------------------------------
   // The same attention without the (B, H, T, T) probabilities: forward keeps each row's log-sum-exp, backward
   // recomputes the probabilities from q, k and it (docs/design.md "Attention memory"). A layer asks
-  // fused_attention_supported once per shape, before it sizes its memory, and uses the fused form where it says
-  // yes; the answer for a shape stays the same while the GEMM precision and set_fused_attention do.
+  // fused_attention_supported once per shape (its precision included), before it sizes its memory, and uses the
+  // fused form where it says yes; the answer for a shape stays the same while set_fused_attention does.
   //   CPU: the reference, deterministic at any thread count; yes only after set_fused_attention(true) (tests:
   //        CPU training keeps the plain form, its bits and the README's losses).
   //   CUDA: cuDNN's fused flash attention, for fp32 storage under bf16 GEMMs (its operands rounded to bf16, as
   //        the plain form's products read them); no where cuDNN refuses the shape (said once on stderr), for
   //        fp32 GEMMs, fp64, or with train.fused_attention = "off".
-  virtual bool fused_attention_supported(int64_t B, int64_t T_, int64_t H, int64_t Dh) {
-    (void)B, (void)T_, (void)H, (void)Dh;
+  virtual bool fused_attention_supported(const AttentionShape& s) {
+    (void)s;
     return false;
   }
   // Whether layers may use the fused form at all (default: yes; the CPU backend starts with no).
   void set_fused_attention(bool allowed) { fused_attention_ = allowed; }
   bool fused_attention_allowed() const { return fused_attention_; }
-  // out as attention_forward; stats: (B, H, T), row i of head (b, h) the log-sum-exp over j <= i of the scaled
-  // scores q_i . k_j / sqrt(Dh), saved for backward.
-  virtual void attention_forward_fused(const T* q, const T* k, const T* v, T* out, T* stats, int64_t B, int64_t T_,
-                                       int64_t H, int64_t Dh) = 0;
+  // out as attention_forward, and the statistics (FusedAttentionForwardArgs).
+  virtual void attention_forward_fused(const FusedAttentionForwardArgs<T>& a) = 0;
   // After attention_forward_fused (out, stats: its outputs); dout: (B, T, H*Dh). dq, dk, dv written:
   // P = exp(S - stats), D_i = dO_i . O_i, dS = P * (dO V^T - D) scale, dq = dS K, dk = dS^T Q, dv = P^T dO.
-  virtual void attention_backward_fused(const T* q, const T* k, const T* v, const T* out, const T* stats, const T* dout,
-                                        T* dq, T* dk, T* dv, int64_t B, int64_t T_, int64_t H, int64_t Dh) = 0;
+  virtual void attention_backward_fused(const FusedAttentionBackwardArgs<T>& a) = 0;
 
   // h = silu(a) * b, elementwise over n.
   virtual void swiglu_forward(const T* a, const T* b, T* h, int64_t n) = 0;
@@ -166,15 +267,6 @@ class Ops {
   int64_t host_reads() const { return host_reads_.load(); }
 
   // ---- The MoE path ----------------------------------------------------------------------------
-  // Grouped GEMM over experts: group g owns the rows [row_offset[g], row_offset[g + 1]) of the
-  // row-blocked operands (row_offset: groups + 1 values, host memory). Empty groups are skipped.
-  //   trans_a = false: C_g (m_g, N) = alpha A_g (m_g, K) op(B_g) + beta C_g, with A and C row-blocked
-  //                    (A: (rows, K), C: (rows, N)) and B_g = B + g K N, (K, N) or, trans_b, (N, K).
-  //   trans_a = true:  C_g (K, N) = alpha A_g^T B_g + beta C_g, with A: (rows, K) and B: (rows, N)
-  //                    row-blocked and C_g = C + g K N (the weight gradients); trans_b must be false.
-  virtual void grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K,
-                            T alpha, const T* A, const T* B, T beta, T* C) = 0;
-
   // The routed experts' SwiGLU MLPs (core/moe/experts.h): `groups` of them over the row blocks of row_offset
   // (as grouped_gemm's), with weight stacks w1, w3 (groups, D, F) and w2 (groups, F, D) and their gradients.
   struct ExpertMlp {
@@ -183,6 +275,7 @@ class Ops {
     int64_t D, F;
     const T *w1, *w3, *w2;
     T *dw1, *dw3, *dw2;
+    GemmPrecision precision = GemmPrecision::Fp32;  // of its GEMMs (w1, w3, w2 are weights)
   };
   // x: (rows, D). Writes a = x W1, b = x W3, h = silu(a) * b (rows, F) and y = h W2 (rows, D), block by block.
   // This default is the grouped GEMMs and the SwiGLU over all blocks, op after op; a backend may instead run
@@ -190,10 +283,15 @@ class Ops {
   virtual void expert_mlp_forward(const ExpertMlp& e, const T* x, T* a, T* b, T* h, T* y) {
     const int64_t G = e.groups, D = e.D, F = e.F, first = e.row_offset[0], R = e.row_offset[G] - first;
     const int64_t* off = e.row_offset;
-    grouped_gemm(false, false, G, off, F, D, T(1), x, e.w1, T(0), a);  // a = x W1
-    grouped_gemm(false, false, G, off, F, D, T(1), x, e.w3, T(0), b);  // b = x W3
+    const GemmPrecision p = e.precision;
+    constexpr GemmWeight W = GemmWeight::B;
+    grouped_gemm(
+        {.groups = G, .row_offset = off, .N = F, .K = D, .A = x, .B = e.w1, .C = a, .precision = p, .weight = W});
+    grouped_gemm(
+        {.groups = G, .row_offset = off, .N = F, .K = D, .A = x, .B = e.w3, .C = b, .precision = p, .weight = W});
     swiglu_forward(a + first * F, b + first * F, h + first * F, R * F);
-    grouped_gemm(false, false, G, off, D, F, T(1), h, e.w2, T(0), y);  // y = h W2
+    grouped_gemm(
+        {.groups = G, .row_offset = off, .N = D, .K = F, .A = h, .B = e.w2, .C = y, .precision = p, .weight = W});
   }
   // After expert_mlp_forward (x, a, b, h its operands and outputs); dy: (rows, D). dh, da, db: (rows, F)
   // workspace; dx (rows, D) written; dw1, dw3, dw2 accumulate. Default: op after op, as above.
@@ -201,13 +299,40 @@ class Ops {
                                    T* dh, T* da, T* db, T* dx) {
     const int64_t G = e.groups, D = e.D, F = e.F, first = e.row_offset[0], R = e.row_offset[G] - first;
     const int64_t* off = e.row_offset;
-    grouped_gemm(true, false, G, off, D, F, T(1), h, dy, T(1), e.dw2);  // dW2 += h^T dy
-    grouped_gemm(false, true, G, off, F, D, T(1), dy, e.w2, T(0), dh);  // dh = dy W2^T
+    const GemmPrecision p = e.precision;
+    constexpr GemmWeight W = GemmWeight::B;
+    auto grad = [&](const T* A, const T* B, T* dW, int64_t N, int64_t K) {  // dW += A^T B
+      grouped_gemm({.trans_a = true,
+                    .groups = G,
+                    .row_offset = off,
+                    .N = N,
+                    .K = K,
+                    .A = A,
+                    .B = B,
+                    .beta = T(1),
+                    .C = dW,
+                    .precision = p});
+    };
+    auto input = [&](const T* A, const T* w, T beta, T* C, int64_t N, int64_t K) {  // C = A w^T + beta C
+      grouped_gemm({.trans_b = true,
+                    .groups = G,
+                    .row_offset = off,
+                    .N = N,
+                    .K = K,
+                    .A = A,
+                    .B = w,
+                    .beta = beta,
+                    .C = C,
+                    .precision = p,
+                    .weight = W});
+    };
+    grad(h, dy, e.dw2, D, F);         // dW2 += h^T dy
+    input(dy, e.w2, T(0), dh, F, D);  // dh = dy W2^T
     swiglu_backward(a + first * F, b + first * F, dh + first * F, da + first * F, db + first * F, R * F);
-    grouped_gemm(true, false, G, off, F, D, T(1), x, da, T(1), e.dw1);  // dW1 += x^T da
-    grouped_gemm(true, false, G, off, F, D, T(1), x, db, T(1), e.dw3);  // dW3 += x^T db
-    grouped_gemm(false, true, G, off, D, F, T(1), da, e.w1, T(0), dx);  // dx = da W1^T
-    grouped_gemm(false, true, G, off, D, F, T(1), db, e.w3, T(1), dx);  //    + db W3^T
+    grad(x, da, e.dw1, F, D);         // dW1 += x^T da
+    grad(x, db, e.dw3, F, D);         // dW3 += x^T db
+    input(da, e.w1, T(0), dx, D, F);  // dx = da W1^T
+    input(db, e.w3, T(1), dx, D, F);  //    + db W3^T
   }
 
   // Standard Gumbel noise of one Philox stream (core/philox.h, RngStream with this key):
@@ -322,31 +447,22 @@ class Ops {
 
  protected:
   virtual double sum_squares_to_host(const T* x, int64_t n) = 0;  // sum_squares
+  virtual void run_gemm(const Gemm& g) = 0;                       // gemm, its weight checked
+  virtual void run_grouped_gemm(const GroupedGemm& g) = 0;        // grouped_gemm, its weight checked
+  // A GEMM operand named as a weight, `extent` elements from w, must lie inside the parameters' memory while one is
+  // registered: the rounded copy holds nothing else, so a weight outside it is a caller's mistake, refused.
+  void check_weight(const T* w, int64_t extent, const char* op) const {
+    MOE_CHECK(!parameters_ || (w >= parameters_ && w + extent <= parameters_ + parameter_count_),
+              op << ": the operand named as a weight (" << extent << " elements) does not lie in the parameters' "
+                 << "memory (" << parameter_count_ << " elements); name only a slice of the parameters as a weight");
+  }
 
  private:
   std::atomic<int64_t> host_reads_{0};
-  GemmPrecision gemm_precision_ = GemmPrecision::Fp32;
   bool fused_attention_ = true;
   const T* parameters_ = nullptr;
   int64_t parameter_count_ = 0;
   uint64_t parameter_version_ = 0;
-};
-
-// GEMMs as stored while it lives, whatever train.precision, then the precision before: the router's logits
-// and their gradients stay in fp32 end to end (docs/moe.md).
-template <typename T>
-class Fp32Gemms {
- public:
-  explicit Fp32Gemms(Ops<T>& ops) : ops_(ops), kept_(ops.gemm_precision()) {
-    ops.set_gemm_precision(GemmPrecision::Fp32);
-  }
-  ~Fp32Gemms() { ops_.set_gemm_precision(kept_); }
-  Fp32Gemms(const Fp32Gemms&) = delete;
-  Fp32Gemms& operator=(const Fp32Gemms&) = delete;
-
- private:
-  Ops<T>& ops_;
-  GemmPrecision kept_;
 };
 
 }  // namespace moe

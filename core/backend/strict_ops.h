@@ -4,8 +4,8 @@
 // memory, and only after the host synchronises does it see their results. Ops that return a value to the host
 // (sum_squares) synchronise first, as on a GPU. Every pointer must lie inside one live buffer with
 // the op's extent to spare (a read or write past a buffer's end is refused, naming the op, as a GPU would fault
-// or silently corrupt). Host-side arguments (grouped GEMMs' row offsets) are read at the call. The GEMM precision,
-// the fused-attention switch and the parameters' memory are handed on before each op.
+// or silently corrupt). Host-side arguments (grouped GEMMs' row offsets) are read at the call. The fused-attention
+// switch and the parameters' memory are handed on before each op (the GEMM precision travels with each call).
 #pragma once
 
 #include <atomic>
@@ -150,19 +150,18 @@ class StrictOps final : public Ops<T> {
   // Starts with the inner ops' settings (the CPU backend's: no fused attention).
   StrictOps(Ops<T>& inner, const ShadowMemory& shadow, DeferredStream& stream)
       : inner_(inner), shadow_(shadow), stream_(stream) {
-    this->set_gemm_precision(inner.gemm_precision());
     this->set_fused_attention(inner.fused_attention_allowed());
   }
   const char* name() const override { return inner_.name(); }
 
-  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
-            int64_t ldb, T beta, T* C, int64_t ldc) override {
+  void run_gemm(const typename Ops<T>::Gemm& g) override {
     covered(OpId::gemm);
     const char* op = "gemm";
-    const auto p0 = r(A, strided(ta ? K : M, ta ? M : K, lda), op);
-    const auto p1 = r(B, strided(tb ? N : K, tb ? K : N, ldb), op);
-    const auto p2 = r(C, strided(M, N, ldc), op);
-    run([=, this] { inner_.gemm(ta, tb, M, N, K, alpha, p0, lda, p1, ldb, beta, p2, ldc); });
+    typename Ops<T>::Gemm real = g;
+    real.A = r(g.A, strided(g.trans_a ? g.K : g.M, g.trans_a ? g.M : g.K, g.lda), op);
+    real.B = r(g.B, strided(g.trans_b ? g.N : g.K, g.trans_b ? g.K : g.N, g.ldb), op);
+    real.C = r(g.C, strided(g.M, g.N, g.ldc), op);
+    run([=, this] { inner_.gemm(real); });
   }
   void embedding_forward(const int32_t* tokens, const T* table, int64_t first, int64_t rows, T* out, int64_t N,
                          int64_t D) override {
@@ -246,67 +245,56 @@ class StrictOps final : public Ops<T> {
     const auto p1 = r(dx, N * Hkv * Dh, op);
     run([=, this] { inner_.expand_heads_backward(p0, p1, N, Hkv, group, Dh); });
   }
-  void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,
-                         int64_t Dh) override {
+  void attention_forward(const AttentionForwardArgs<T>& a) override {
     covered(OpId::attention_forward);
     const char* op = "attention_forward";
-    const int64_t n = B * T_ * H * Dh;
-    const auto p0 = r(q, n, op);
-    const auto p1 = r(k, n, op);
-    const auto p2 = r(v, n, op);
-    const auto p3 = r(out, n, op);
-    const auto p4 = r(probs, B * H * T_ * T_, op);
-    run([=, this] { inner_.attention_forward(p0, p1, p2, p3, p4, B, T_, H, Dh); });
+    const AttentionShape& s = a.shape;
+    const int64_t n = s.B * s.T * s.H * s.Dh;
+    AttentionForwardArgs<T> real = a;
+    real.q = r(a.q, n, op), real.k = r(a.k, n, op), real.v = r(a.v, n, op), real.out = r(a.out, n, op);
+    real.probs = r(a.probs, s.B * s.H * s.T * s.T, op);
+    run([=, this] { inner_.attention_forward(real); });
   }
-  void attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq, T* dk, T* dv,
-                          T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) override {
+  void attention_backward(const AttentionBackwardArgs<T>& a) override {
     covered(OpId::attention_backward);
     const char* op = "attention_backward";
-    const int64_t n = B * T_ * H * Dh;
-    const auto p0 = r(q, n, op);
-    const auto p1 = r(k, n, op);
-    const auto p2 = r(v, n, op);
-    const auto p3 = r(probs, B * H * T_ * T_, op);
-    const auto p4 = r(dout, n, op);
-    const auto p5 = r(dq, n, op);
-    const auto p6 = r(dk, n, op);
-    const auto p7 = r(dv, n, op);
-    const auto p8 = r(scratch, T_ * T_, op);
-    run([=, this] { inner_.attention_backward(p0, p1, p2, p3, p4, p5, p6, p7, p8, B, T_, H, Dh); });
+    const AttentionShape& s = a.shape;
+    const int64_t n = s.B * s.T * s.H * s.Dh;
+    AttentionBackwardArgs<T> real = a;
+    real.q = r(a.q, n, op), real.k = r(a.k, n, op), real.v = r(a.v, n, op);
+    real.probs = r(a.probs, s.B * s.H * s.T * s.T, op);
+    real.dout = r(a.dout, n, op);
+    real.dq = r(a.dq, n, op), real.dk = r(a.dk, n, op), real.dv = r(a.dv, n, op);
+    real.scratch = r(a.scratch, s.T * s.T, op);
+    run([=, this] { inner_.attention_backward(real); });
   }
-  bool fused_attention_supported(int64_t B, int64_t T_, int64_t H, int64_t Dh) override {
+  bool fused_attention_supported(const AttentionShape& s) override {
     covered(OpId::fused_attention_supported);
     stream_.synchronize();
     apply(settings());
-    return inner_.fused_attention_supported(B, T_, H, Dh);
+    return inner_.fused_attention_supported(s);
   }
-  void attention_forward_fused(const T* q, const T* k, const T* v, T* out, T* stats, int64_t B, int64_t T_, int64_t H,
-                               int64_t Dh) override {
+  void attention_forward_fused(const FusedAttentionForwardArgs<T>& a) override {
     covered(OpId::attention_forward_fused);
     const char* op = "attention_forward_fused";
-    const int64_t n = B * T_ * H * Dh;
-    const auto p0 = r(q, n, op);
-    const auto p1 = r(k, n, op);
-    const auto p2 = r(v, n, op);
-    const auto p3 = r(out, n, op);
-    const auto p4 = r(stats, B * H * T_, op);
-    run([=, this] { inner_.attention_forward_fused(p0, p1, p2, p3, p4, B, T_, H, Dh); });
+    const AttentionShape& s = a.shape;
+    const int64_t n = s.B * s.T * s.H * s.Dh;
+    FusedAttentionForwardArgs<T> real = a;
+    real.q = r(a.q, n, op), real.k = r(a.k, n, op), real.v = r(a.v, n, op), real.out = r(a.out, n, op);
+    real.stats = r(a.stats, s.B * s.H * s.T, op);
+    run([=, this] { inner_.attention_forward_fused(real); });
   }
-  void attention_backward_fused(const T* q, const T* k, const T* v, const T* out, const T* stats, const T* dout, T* dq,
-                                T* dk, T* dv, int64_t B, int64_t T_, int64_t H, int64_t Dh) override {
+  void attention_backward_fused(const FusedAttentionBackwardArgs<T>& a) override {
     covered(OpId::attention_backward_fused);
     const char* op = "attention_backward_fused";
-    const int64_t n = B * T_ * H * Dh;
-    const auto p0 = r(q, n, op);
-    const auto p1 = r(k, n, op);
-    const auto p2 = r(v, n, op);
-    const auto p3 = r(out, n, op);
-    const auto p4 = r(stats, B * H * T_, op);
-    const auto p5 = r(dout, n, op);
-    const auto p6 = r(dq, n, op);
-    const auto p7 = r(dk, n, op);
-    const auto p8 = r(dv, n, op);
-    run([=, this] { inner_.attention_backward_fused(p0, p1, p2, p3, p4, p5, p6, p7, p8, B, T_, H, Dh); });
+    const AttentionShape& s = a.shape;
+    const int64_t n = s.B * s.T * s.H * s.Dh;
+    FusedAttentionBackwardArgs<T> real = a;
+    real.q = r(a.q, n, op), real.k = r(a.k, n, op), real.v = r(a.v, n, op), real.out = r(a.out, n, op);
+    real.stats = r(a.stats, s.B * s.H * s.T, op);
+    real.dout = r(a.dout, n, op);
+    real.dq = r(a.dq, n, op), real.dk = r(a.dk, n, op), real.dv = r(a.dv, n, op);
+    run([=, this] { inner_.attention_backward_fused(real); });
   }
   void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override {
     covered(OpId::swiglu_forward);
@@ -419,16 +407,20 @@ class StrictOps final : public Ops<T> {
     return inner_.sum_squares(r(x, n, "sum_squares"), n);
   }
 
-  void grouped_gemm(bool ta, bool tb, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K, T alpha,
-                    const T* A, const T* B, T beta, T* C) override {
+  void run_grouped_gemm(const typename Ops<T>::GroupedGemm& g) override {
     covered(OpId::grouped_gemm);
     const char* op = "grouped_gemm";
-    const int64_t rows = groups > 0 ? row_offset[groups] : 0;
-    const auto p0 = r(A, rows * K, op);
-    const auto p1 = r(B, ta ? rows * N : groups * K * N, op);
-    const auto p2 = r(C, ta ? groups * K * N : rows * N, op);
-    const std::vector<int64_t> offsets = host_offsets(groups, row_offset);
-    run([=, this] { inner_.grouped_gemm(ta, tb, groups, offsets.data(), N, K, alpha, p0, p1, beta, p2); });
+    const int64_t rows = g.groups > 0 ? g.row_offset[g.groups] : 0, N = g.N, K = g.K;
+    typename Ops<T>::GroupedGemm real = g;
+    real.A = r(g.A, rows * K, op);
+    real.B = r(g.B, g.trans_a ? rows * N : g.groups * K * N, op);
+    real.C = r(g.C, g.trans_a ? g.groups * K * N : rows * N, op);
+    const std::vector<int64_t> offsets = host_offsets(g.groups, g.row_offset);
+    run([=, this] {
+      typename Ops<T>::GroupedGemm call = real;
+      call.row_offset = offsets.data();
+      inner_.grouped_gemm(call);
+    });
   }
   void expert_mlp_forward(const typename Ops<T>::ExpertMlp& e, const T* x, T* a, T* b, T* h, T* y) override {
     covered(OpId::expert_mlp_forward);
@@ -683,10 +675,9 @@ class StrictOps final : public Ops<T> {
     return e;
   }
 
-  // The settings callers make on these ops (GEMM precision, fused attention, the parameters' memory) when an op
-  // is queued, handed to the CPU backend's ops that do the work when it runs.
+  // The settings callers make on these ops (fused attention, the parameters' memory) when an op is queued, handed
+  // to the CPU backend's ops that do the work when it runs.
   struct Settings {
-    GemmPrecision precision;
     bool fused;
     uint64_t version;
     const T* parameters;  // the storage
@@ -697,11 +688,9 @@ class StrictOps final : public Ops<T> {
       queued_version_ = this->parameter_version();
       queued_parameters_ = r(this->parameter_memory(), this->parameter_count(), "the parameters' memory");
     }
-    return {this->gemm_precision(), this->fused_attention_allowed(), queued_version_, queued_parameters_,
-            this->parameter_count()};
+    return {this->fused_attention_allowed(), queued_version_, queued_parameters_, this->parameter_count()};
   }
   void apply(const Settings& s) {
-    inner_.set_gemm_precision(s.precision);
     inner_.set_fused_attention(s.fused);
     if (applied_version_ == s.version) return;
     applied_version_ = s.version;

@@ -24,6 +24,8 @@ class GroupedExperts {
  public:
   GroupedExperts(Backend& backend, int64_t d_model, int64_t hidden)
       : backend_(backend), ops_(backend.ops<T>()), D_(d_model), F_(hidden) {}
+  // How the experts' GEMMs read their operands (FeedForward::set_precision).
+  void set_precision(GemmPrecision precision) { precision_ = precision; }
   void bind(const T* w1, const T* w3, const T* w2, T* dw1, T* dw3, T* dw2) {
     w1_ = w1, w3_ = w3, w2_ = w2, dw1_ = dw1, dw3_ = dw3, dw2_ = dw2;
   }
@@ -39,12 +41,13 @@ class GroupedExperts {
 
  private:
   typename Ops<T>::ExpertMlp mlp(const std::vector<int64_t>& offset) const {
-    return {int64_t(offset.size()) - 1, offset.data(), D_, F_, w1_, w3_, w2_, dw1_, dw3_, dw2_};
+    return {int64_t(offset.size()) - 1, offset.data(), D_, F_, w1_, w3_, w2_, dw1_, dw3_, dw2_, precision_};
   }
 
   Backend& backend_;
   Ops<T>& ops_;
   int64_t D_, F_;
+  GemmPrecision precision_ = GemmPrecision::Fp32;
   const T *w1_ = nullptr, *w3_ = nullptr, *w2_ = nullptr;
   T *dw1_ = nullptr, *dw3_ = nullptr, *dw2_ = nullptr;
 };

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/linear.h"
 #include "core/moe/gate_weights.h"
 
 namespace moe {
@@ -67,8 +68,7 @@ void Router<T>::forward(const FfnContext& context, const T* x, T* logits, T* sco
 template <typename T>
 void Router<T>::logits(const T* x, T* logits, int64_t N) const {
   const int64_t D = s_.d_model, E = s_.num_experts;
-  const Fp32Gemms<T> fp32(ops_);  // the router in fp32 whatever train.precision
-  ops_.gemm(false, false, N, E, D, T(1), x, D, weight_, E, T(0), logits, E);  // z = x Wg
+  Linear<T>(ops_, GemmPrecision::Fp32).forward(x, weight_, logits, N, D, E);  // z = x Wg, fp32 whatever train.precision
 }
 
 template <typename T>
@@ -215,9 +215,9 @@ void Router<T>::scores_backward(const FfnContext& context, const T* logits, cons
 template <typename T>
 void Router<T>::input_backward(const T* x, const T* dz, T* dx, int64_t N) const {
   const int64_t D = s_.d_model, E = s_.num_experts;
-  const Fp32Gemms<T> fp32(ops_);
-  ops_.gemm(true, false, D, E, N, T(1), x, D, dz, E, T(1), grad_, E);             // dWg += x^T dz
-  if (dx) ops_.gemm(false, true, N, D, E, T(1), dz, E, weight_, E, T(1), dx, D);  // dx += dz Wg^T
+  const Linear<T> linear(ops_, GemmPrecision::Fp32);              // fp32 whatever train.precision
+  linear.weight_backward(x, dz, grad_, N, D, E);                  // dWg += x^T dz
+  if (dx) linear.input_backward(dz, weight_, dx, N, D, E, T(1));  // dx += dz Wg^T
 }
 
 // The router losses' gradients into dp (through the scores) and dz (z-loss), weighted by this group's

@@ -211,6 +211,7 @@ void build_model(Trainer& t) {
                        .stage = specs[size_t(c)],
                        .attention_factory = attention_factory(t, shape, tp),
                        .tp = tensor_parallel_layout<float>(t.backend, tp, shape),
+                       .precision = tc.precision,
                    }));
   }
   t.model = t.chunks[0].get();
@@ -322,10 +323,7 @@ data::MixSchedule training_schedule(const Config& config, const data::Corpus& co
 int64_t Trainer::micro_batches() const {
   return config.train.global_batch / (grid.sizes().dp * config.train.micro_batch);
 }
-Trainer::~Trainer() {
-  backend.ops<float>().set_parameter_memory(nullptr, 0);
-  backend.ops<float>().set_gemm_precision(GemmPrecision::Fp32);
-}
+Trainer::~Trainer() { backend.ops<float>().set_parameter_memory(nullptr, 0); }
 int64_t Trainer::tokens_per_step() const { return config.train.global_batch * config.train.seq_len; }
 int64_t Trainer::first_sequence() const { return groups.coords.dp * micro_batches() * config.train.micro_batch; }
 
@@ -339,7 +337,6 @@ Trainer::Trainer(CheckedConfig checked, TrainPaths paths_in, const data::Corpus&
       groups(make_process_groups(std::move(world), grid)),
       tracer(config.train.trace, config.train.trace_from, config.train.trace_steps) {
   const TrainConfig& tc = config.train;
-  backend.ops<float>().set_gemm_precision(tc.precision);
   attach_planes(groups, backend);
   install_flight_recorder(groups, flight);  // every communicator, before anything holds one
   build_model(*this);

@@ -62,7 +62,7 @@ data::MixSchedule training_schedule(const Config& config, const data::Corpus& co
 struct Trainer {
   Trainer(CheckedConfig checked, TrainPaths paths, const data::Corpus& corpus, std::unique_ptr<Communicator> world,
           Backend& backend);
-  // Leaves the backend's GEMMs as it found them: fp32, no parameters' memory (Ops::set_parameter_memory).
+  // Leaves the backend as it found it: no parameters' memory (Ops::set_parameter_memory).
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;

@@ -249,9 +249,18 @@ TEST(AttentionGraph, InterpretedGraphsComputeFusedAttention) {
   auto cpu = make_cpu_backend(1);
   Ops<double>& o = cpu->ops<double>();
   std::vector<double> out(n), stats(B * H * T), dq(n), dk(n), dv(n);
-  o.attention_forward_fused(q.data(), k.data(), v.data(), out.data(), stats.data(), B, T, H, Dh);
-  o.attention_backward_fused(q.data(), k.data(), v.data(), out.data(), stats.data(), dout.data(), dq.data(), dk.data(),
-                             dv.data(), B, T, H, Dh);
+  o.attention_forward_fused(
+      {.shape = {B, T, H, Dh}, .q = q.data(), .k = k.data(), .v = v.data(), .out = out.data(), .stats = stats.data()});
+  o.attention_backward_fused({.shape = {B, T, H, Dh},
+                              .q = q.data(),
+                              .k = k.data(),
+                              .v = v.data(),
+                              .out = out.data(),
+                              .stats = stats.data(),
+                              .dout = dout.data(),
+                              .dq = dq.data(),
+                              .dk = dk.data(),
+                              .dv = dv.data()});
   const double tolerance = 1e-6;  // the scale is a float in the graph
   const AttentionGraph forward = attention_forward_graph(s);
   Interpreter f(forward);

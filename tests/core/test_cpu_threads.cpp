@@ -57,7 +57,19 @@ void expect_gemm_same_bits_at_any_thread_count(int64_t M, int64_t N, int64_t K) 
                              (tb ? " B^T" : " B");
     expect_same_bits_at_any_thread_count<T>(what, [&](Backend& b) {
       std::vector<T> out = C;
-      b.ops<T>().gemm(ta, tb, M, N, K, T(0.5), A.data(), ta ? M : K, B.data(), tb ? K : N, T(0.25), out.data(), N);
+      b.ops<T>().gemm({.trans_a = ta,
+                       .trans_b = tb,
+                       .M = M,
+                       .N = N,
+                       .K = K,
+                       .alpha = T(0.5),
+                       .A = A.data(),
+                       .lda = ta ? M : K,
+                       .B = B.data(),
+                       .ldb = tb ? K : N,
+                       .beta = T(0.25),
+                       .C = out.data(),
+                       .ldc = N});
       return out;
     });
   }
@@ -97,12 +109,22 @@ TEST(CpuThreads, GroupedGemmIsTheSameAtAnyThreadCount) {
       const bool ta = mode == 2, tb = mode == 1;
       const auto A = random_values(size_t(rows * K), 1), B = random_values(size_t(ta ? rows * N : G * K * N), 2);
       const auto C = random_values(size_t(ta ? G * K * N : rows * N), 3);
-      expect_same_bits_at_any_thread_count(
-          "grouping " + std::to_string(c) + " mode " + std::to_string(mode), [&](Backend& b) {
-            std::vector<float> out = C;
-            b.ops<float>().grouped_gemm(ta, tb, G, off.data(), N, K, 0.5f, A.data(), B.data(), 0.25f, out.data());
-            return out;
-          });
+      expect_same_bits_at_any_thread_count("grouping " + std::to_string(c) + " mode " + std::to_string(mode),
+                                           [&](Backend& b) {
+                                             std::vector<float> out = C;
+                                             b.ops<float>().grouped_gemm({.trans_a = ta,
+                                                                          .trans_b = tb,
+                                                                          .groups = G,
+                                                                          .row_offset = off.data(),
+                                                                          .N = N,
+                                                                          .K = K,
+                                                                          .alpha = 0.5f,
+                                                                          .A = A.data(),
+                                                                          .B = B.data(),
+                                                                          .beta = 0.25f,
+                                                                          .C = out.data()});
+                                             return out;
+                                           });
     }
   }
 }
@@ -114,8 +136,18 @@ std::vector<float> attention_both_ways(Backend& b, int64_t B, int64_t T, int64_t
   std::vector<float> result(5 * n + size_t(B * H * T * T)), scratch(size_t(T * T));
   float *out = result.data(), *dq = out + n, *dk = dq + n, *dv = dk + n, *probs = dv + n;
   Ops<float>& o = b.ops<float>();
-  o.attention_forward(q.data(), k.data(), v.data(), out, probs, B, T, H, Dh);
-  o.attention_backward(q.data(), k.data(), v.data(), probs, dout.data(), dq, dk, dv, scratch.data(), B, T, H, Dh);
+  o.attention_forward(
+      {.shape = {B, T, H, Dh}, .q = q.data(), .k = k.data(), .v = v.data(), .out = out, .probs = probs});
+  o.attention_backward({.shape = {B, T, H, Dh},
+                        .q = q.data(),
+                        .k = k.data(),
+                        .v = v.data(),
+                        .probs = probs,
+                        .dout = dout.data(),
+                        .dq = dq,
+                        .dk = dk,
+                        .dv = dv,
+                        .scratch = scratch.data()});
   return result;
 }
 
@@ -134,10 +166,18 @@ std::vector<float> fused_attention_both_ways(Backend& b, int64_t B, int64_t T, i
   std::vector<float> result(4 * n + size_t(B * H * T));
   float *out = result.data(), *dq = out + n, *dk = dq + n, *dv = dk + n, *stats = dv + n;
   Ops<float>& o = b.ops<float>();
-  o.set_gemm_precision(precision);
-  o.attention_forward_fused(q.data(), k.data(), v.data(), out, stats, B, T, H, Dh);
-  o.attention_backward_fused(q.data(), k.data(), v.data(), out, stats, dout.data(), dq, dk, dv, B, T, H, Dh);
-  o.set_gemm_precision(GemmPrecision::Fp32);
+  o.attention_forward_fused(
+      {.shape = {B, T, H, Dh, precision}, .q = q.data(), .k = k.data(), .v = v.data(), .out = out, .stats = stats});
+  o.attention_backward_fused({.shape = {B, T, H, Dh, precision},
+                              .q = q.data(),
+                              .k = k.data(),
+                              .v = v.data(),
+                              .out = out,
+                              .stats = stats,
+                              .dout = dout.data(),
+                              .dq = dq,
+                              .dk = dk,
+                              .dv = dv});
   return result;
 }
 
@@ -164,9 +204,8 @@ std::vector<T> expert_mlps_both_ways(Backend& be, const std::vector<int64_t>& of
   T *a = out.data(), *b = a + R * F, *h = b + R * F, *dh = h + R * F, *da = dh + R * F, *db = da + R * F;
   T *y = db + R * F, *dx = y + R * D, *dw1 = dx + R * D;
   const typename Ops<T>::ExpertMlp e{
-      G, off.data(), D, F, w1.data(), w3.data(), w2.data(), dw1, dw1 + G * D * F, dw1 + 2 * G * D * F};
+      G, off.data(), D, F, w1.data(), w3.data(), w2.data(), dw1, dw1 + G * D * F, dw1 + 2 * G * D * F, precision};
   Ops<T>& o = be.ops<T>();
-  o.set_gemm_precision(precision);
   if (fused) {
     o.expert_mlp_forward(e, x.data(), a, b, h, y);
     o.expert_mlp_backward(e, x.data(), a, b, h, dy.data(), dh, da, db, dx);
@@ -174,7 +213,6 @@ std::vector<T> expert_mlps_both_ways(Backend& be, const std::vector<int64_t>& of
     o.Ops<T>::expert_mlp_forward(e, x.data(), a, b, h, y);
     o.Ops<T>::expert_mlp_backward(e, x.data(), a, b, h, dy.data(), dh, da, db, dx);
   }
-  o.set_gemm_precision(GemmPrecision::Fp32);
   return out;
 }
 

@@ -51,15 +51,25 @@ template <typename T>
 Outputs run_fused(Backend& b, const Shape& s, const Inputs& in, GemmPrecision precision) {
   constexpr DType t = dtype_of<T>();
   Ops<T>& o = b.ops<T>();
-  const GemmPrecision kept = o.gemm_precision();
-  o.set_gemm_precision(precision);
   Buffer q = put<T>(b, in.q), k = put<T>(b, in.k), v = put<T>(b, in.v), dout = put<T>(b, in.dout);
   Buffer out = b.allocate(t, s.n()), stats = b.allocate(t, s.B * s.H * s.T), dq = b.allocate(t, s.n()),
          dk = b.allocate(t, s.n()), dv = b.allocate(t, s.n());
-  o.attention_forward_fused(q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(), stats.data<T>(), s.B, s.T, s.H, s.Dh);
-  o.attention_backward_fused(q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(), stats.data<T>(), dout.data<T>(),
-                             dq.data<T>(), dk.data<T>(), dv.data<T>(), s.B, s.T, s.H, s.Dh);
-  o.set_gemm_precision(kept);
+  o.attention_forward_fused({.shape = {s.B, s.T, s.H, s.Dh, precision},
+                             .q = q.data<T>(),
+                             .k = k.data<T>(),
+                             .v = v.data<T>(),
+                             .out = out.data<T>(),
+                             .stats = stats.data<T>()});
+  o.attention_backward_fused({.shape = {s.B, s.T, s.H, s.Dh, precision},
+                              .q = q.data<T>(),
+                              .k = k.data<T>(),
+                              .v = v.data<T>(),
+                              .out = out.data<T>(),
+                              .stats = stats.data<T>(),
+                              .dout = dout.data<T>(),
+                              .dq = dq.data<T>(),
+                              .dk = dk.data<T>(),
+                              .dv = dv.data<T>()});
   return {get<T>(b, out), get<T>(b, stats), get<T>(b, dq), get<T>(b, dk), get<T>(b, dv)};
 }
 
@@ -67,15 +77,25 @@ template <typename T>
 Outputs run_plain(Backend& b, const Shape& s, const Inputs& in, GemmPrecision precision) {
   constexpr DType t = dtype_of<T>();
   Ops<T>& o = b.ops<T>();
-  const GemmPrecision kept = o.gemm_precision();
-  o.set_gemm_precision(precision);
   Buffer q = put<T>(b, in.q), k = put<T>(b, in.k), v = put<T>(b, in.v), dout = put<T>(b, in.dout);
   Buffer out = b.allocate(t, s.n()), probs = b.allocate(t, s.B * s.H * s.T * s.T), dq = b.allocate(t, s.n()),
          dk = b.allocate(t, s.n()), dv = b.allocate(t, s.n()), scratch = b.allocate(t, s.T * s.T);
-  o.attention_forward(q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(), probs.data<T>(), s.B, s.T, s.H, s.Dh);
-  o.attention_backward(q.data<T>(), k.data<T>(), v.data<T>(), probs.data<T>(), dout.data<T>(), dq.data<T>(),
-                       dk.data<T>(), dv.data<T>(), scratch.data<T>(), s.B, s.T, s.H, s.Dh);
-  o.set_gemm_precision(kept);
+  o.attention_forward({.shape = {s.B, s.T, s.H, s.Dh, precision},
+                       .q = q.data<T>(),
+                       .k = k.data<T>(),
+                       .v = v.data<T>(),
+                       .out = out.data<T>(),
+                       .probs = probs.data<T>()});
+  o.attention_backward({.shape = {s.B, s.T, s.H, s.Dh, precision},
+                        .q = q.data<T>(),
+                        .k = k.data<T>(),
+                        .v = v.data<T>(),
+                        .probs = probs.data<T>(),
+                        .dout = dout.data<T>(),
+                        .dq = dq.data<T>(),
+                        .dk = dk.data<T>(),
+                        .dv = dv.data<T>(),
+                        .scratch = scratch.data<T>()});
   return {get<T>(b, out), get<T>(b, probs), get<T>(b, dq), get<T>(b, dk), get<T>(b, dv)};
 }
 
@@ -153,12 +173,25 @@ TEST(FusedAttention, BackwardMatchesFiniteDifferences) {
   const auto r = testing::random_vector(n, 3, "r");
   std::vector<double> out(n), stats(B * H * T), dq(n), dk(n), dv(n);
   auto objective = [&] {
-    o.attention_forward_fused(q.data(), k.data(), v.data(), out.data(), stats.data(), B, T, H, Dh);
+    o.attention_forward_fused({.shape = {B, T, H, Dh},
+                               .q = q.data(),
+                               .k = k.data(),
+                               .v = v.data(),
+                               .out = out.data(),
+                               .stats = stats.data()});
     return testing::dot(r, out.data());
   };
   objective();
-  o.attention_backward_fused(q.data(), k.data(), v.data(), out.data(), stats.data(), r.data(), dq.data(), dk.data(),
-                             dv.data(), B, T, H, Dh);
+  o.attention_backward_fused({.shape = {B, T, H, Dh},
+                              .q = q.data(),
+                              .k = k.data(),
+                              .v = v.data(),
+                              .out = out.data(),
+                              .stats = stats.data(),
+                              .dout = r.data(),
+                              .dq = dq.data(),
+                              .dk = dk.data(),
+                              .dv = dv.data()});
   testing::expect_gradient_matches("fused attention dq", q, dq, objective);
   testing::expect_gradient_matches("fused attention dk", k, dk, objective);
   testing::expect_gradient_matches("fused attention dv", v, dv, objective);
@@ -233,11 +266,9 @@ void expect_cudnn_matches_cpu(const Shape& s) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "this machine has no CUDA device; bench/device_check.sh runs this";
   auto cuda = make_cuda_backend(0);
   Ops<float>& o = cuda->ops<float>();
-  o.set_gemm_precision(GemmPrecision::Bf16);
   // No fallback here: the check is that cuDNN's fused attention ran.
-  ASSERT_TRUE(o.fused_attention_supported(s.B, s.T, s.H, s.Dh))
+  ASSERT_TRUE(o.fused_attention_supported({s.B, s.T, s.H, s.Dh, GemmPrecision::Bf16}))
       << "cuDNN refused fused attention for " << s.name() << " (see its message on stderr)";
-  o.set_gemm_precision(GemmPrecision::Fp32);
   const Inputs in = random_inputs(s);
   const Outputs got = run_fused<float>(*cuda, s, in, GemmPrecision::Bf16);
   auto cpu = make_cpu_backend(0);

@@ -2,8 +2,9 @@
 // to bf16, so against the double reference of the rounded operands it is within fp32's bound (the products are
 // exact; only the order of the fp32 sums is the backend's), and on the CPU it is bit for bit the fp32 GEMM of
 // the rounded operands. The same for the grouped expert GEMM in both layouts. Attention in bf16 keeps its
-// probabilities from the rounded q and k and stays within a bf16 bound of the fp32 result. Fp32Gemms (the
-// router's guard) reads as stored and restores the precision it found.
+// probabilities from the rounded q and k and stays within a bf16 bound of the fp32 result. Each call states its own
+// precision (an fp32 GEMM between bf16 ones reads as stored), and the operand it names as a weight comes from the
+// parameters' rounded copy, which must hold it: a weight outside the parameters' memory is refused.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -55,12 +56,35 @@ TEST_P(GemmPrecisionTest, Bf16GemmIsTheGemmOfRoundedOperands) {
         Buffer a = put<float>(b, A), bb = put<float>(b, B), c16 = put<float>(b, C), c32 = put<float>(b, C);
         Buffer ar = put<float>(b, rounded(A)), br = put<float>(b, rounded(B));
         Buffer ra = put<double>(r, rounded(A)), rb = put<double>(r, rounded(B)), rc = put<double>(r, C);
-        f.set_gemm_precision(GemmPrecision::Bf16);
-        f.gemm(ta, tb, M, N, K, 0.5f, a.data<float>(), lda, bb.data<float>(), ldb, 0.25f, c16.data<float>(), N);
-        f.set_gemm_precision(GemmPrecision::Fp32);
-        f.gemm(ta, tb, M, N, K, 0.5f, ar.data<float>(), lda, br.data<float>(), ldb, 0.25f, c32.data<float>(), N);
-        r.ops<double>().gemm(ta, tb, M, N, K, 0.5, ra.data<double>(), lda, rb.data<double>(), ldb, 0.25,
-                             rc.data<double>(), N);
+        const Ops<float>::Gemm g{.trans_a = bool(ta),
+                                 .trans_b = bool(tb),
+                                 .M = M,
+                                 .N = N,
+                                 .K = K,
+                                 .alpha = 0.5f,
+                                 .lda = lda,
+                                 .ldb = ldb,
+                                 .beta = 0.25f,
+                                 .ldc = N};
+        Ops<float>::Gemm g16 = g, g32 = g;
+        g16.A = a.data<float>(), g16.B = bb.data<float>(), g16.C = c16.data<float>();
+        g16.precision = GemmPrecision::Bf16;
+        g32.A = ar.data<float>(), g32.B = br.data<float>(), g32.C = c32.data<float>();
+        f.gemm(g16);
+        f.gemm(g32);
+        r.ops<double>().gemm({.trans_a = bool(ta),
+                              .trans_b = bool(tb),
+                              .M = M,
+                              .N = N,
+                              .K = K,
+                              .alpha = 0.5,
+                              .A = ra.data<double>(),
+                              .lda = lda,
+                              .B = rb.data<double>(),
+                              .ldb = ldb,
+                              .beta = 0.25,
+                              .C = rc.data<double>(),
+                              .ldc = N});
         const std::vector<double> got = get<float>(b, c16);
         expect_close<float>("bf16 gemm", got, get<double>(r, rc), K);
         if (GetParam().name == "cpu") {
@@ -84,14 +108,29 @@ TEST_P(GemmPrecisionTest, Bf16GroupedGemmIsTheGroupedGemmOfRoundedOperands) {
       Buffer a = put<float>(b, A), bb = put<float>(b, B), c16 = put<float>(b, C), c32 = put<float>(b, C);
       Buffer ar = put<float>(b, rounded(A)), br = put<float>(b, rounded(B));
       Buffer ra = put<double>(r, rounded(A)), rb = put<double>(r, rounded(B)), rc = put<double>(r, C);
-      f.set_gemm_precision(GemmPrecision::Bf16);
-      f.grouped_gemm(trans_a, trans_b, groups, offsets.data(), N, K, 1.0f, a.data<float>(), bb.data<float>(), 1.0f,
-                     c16.data<float>());
-      f.set_gemm_precision(GemmPrecision::Fp32);
-      f.grouped_gemm(trans_a, trans_b, groups, offsets.data(), N, K, 1.0f, ar.data<float>(), br.data<float>(), 1.0f,
-                     c32.data<float>());
-      r.ops<double>().grouped_gemm(trans_a, trans_b, groups, offsets.data(), N, K, 1.0, ra.data<double>(),
-                                   rb.data<double>(), 1.0, rc.data<double>());
+      const Ops<float>::GroupedGemm g{.trans_a = bool(trans_a),
+                                      .trans_b = bool(trans_b),
+                                      .groups = groups,
+                                      .row_offset = offsets.data(),
+                                      .N = N,
+                                      .K = K,
+                                      .beta = 1.0f};
+      Ops<float>::GroupedGemm g16 = g, g32 = g;
+      g16.A = a.data<float>(), g16.B = bb.data<float>(), g16.C = c16.data<float>();
+      g16.precision = GemmPrecision::Bf16;
+      g32.A = ar.data<float>(), g32.B = br.data<float>(), g32.C = c32.data<float>();
+      f.grouped_gemm(g16);
+      f.grouped_gemm(g32);
+      r.ops<double>().grouped_gemm({.trans_a = bool(trans_a),
+                                    .trans_b = bool(trans_b),
+                                    .groups = groups,
+                                    .row_offset = offsets.data(),
+                                    .N = N,
+                                    .K = K,
+                                    .A = ra.data<double>(),
+                                    .B = rb.data<double>(),
+                                    .beta = 1.0,
+                                    .C = rc.data<double>()});
       const std::vector<double> got = get<float>(b, c16);
       expect_close<float>("bf16 grouped gemm", got, get<double>(r, rc), trans_a ? rows : K);
       if (GetParam().name == "cpu") {
@@ -116,12 +155,23 @@ TEST_P(GemmPrecisionTest, Bf16AttentionStaysWithinBf16OfFp32) {
     Buffer out = b.allocate(DType::F32, n), probs = b.allocate(DType::F32, B * H * T_ * T_);
     Buffer dq = b.allocate(DType::F32, n), dk = b.allocate(DType::F32, n), dv = b.allocate(DType::F32, n);
     Buffer scratch = b.allocate(DType::F32, T_ * T_);
-    f.set_gemm_precision(p);
-    f.attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(), probs.data<float>(), B,
-                        T_, H, Dh);
-    f.attention_backward(q.data<float>(), k.data<float>(), v.data<float>(), probs.data<float>(), dout.data<float>(),
-                         dq.data<float>(), dk.data<float>(), dv.data<float>(), scratch.data<float>(), B, T_, H, Dh);
-    f.set_gemm_precision(GemmPrecision::Fp32);
+    const AttentionShape shape{B, T_, H, Dh, p};
+    f.attention_forward({.shape = shape,
+                         .q = q.data<float>(),
+                         .k = k.data<float>(),
+                         .v = v.data<float>(),
+                         .out = out.data<float>(),
+                         .probs = probs.data<float>()});
+    f.attention_backward({.shape = shape,
+                          .q = q.data<float>(),
+                          .k = k.data<float>(),
+                          .v = v.data<float>(),
+                          .probs = probs.data<float>(),
+                          .dout = dout.data<float>(),
+                          .dq = dq.data<float>(),
+                          .dk = dk.data<float>(),
+                          .dv = dv.data<float>(),
+                          .scratch = scratch.data<float>()});
     return Result{{get<float>(b, out), get<float>(b, dq), get<float>(b, dk), get<float>(b, dv)}, get<float>(b, probs)};
   };
   const Result fp32 = run(GemmPrecision::Fp32, Q, K), bf16 = run(GemmPrecision::Bf16, Q, K);
@@ -135,27 +185,38 @@ TEST_P(GemmPrecisionTest, Bf16AttentionStaysWithinBf16OfFp32) {
   }
 }
 
-TEST_P(GemmPrecisionTest, Fp32GemmsReadsAsStoredAndRestores) {
+// The precision is the call's own: an fp32 GEMM between bf16 ones reads as stored, and a bf16 one after it rounds
+// again (nothing is left behind on the ops, as the router's fp32 GEMMs between the layers' bf16 ones need).
+TEST_P(GemmPrecisionTest, EachCallStatesItsPrecision) {
   Backend& b = backend();
   Ops<float>& f = b.ops<float>();
   const int64_t M = 5, N = 6, K = 7;
   const auto A = randn(M * K, "fA"), B = randn(K * N, "fB");
-  Buffer a = put<float>(b, A), bb = put<float>(b, B), guarded = b.allocate(DType::F32, M * N),
-         plain = b.allocate(DType::F32, M * N);
-  f.gemm(false, false, M, N, K, 1.0f, a.data<float>(), K, bb.data<float>(), N, 0.0f, plain.data<float>(), N);
-  f.set_gemm_precision(GemmPrecision::Bf16);
-  {
-    const Fp32Gemms<float> fp32(f);
-    EXPECT_EQ(f.gemm_precision(), GemmPrecision::Fp32);
-    f.gemm(false, false, M, N, K, 1.0f, a.data<float>(), K, bb.data<float>(), N, 0.0f, guarded.data<float>(), N);
-  }
-  EXPECT_EQ(f.gemm_precision(), GemmPrecision::Bf16);
-  f.set_gemm_precision(GemmPrecision::Fp32);
-  EXPECT_EQ(get<float>(b, guarded), get<float>(b, plain));
+  Buffer a = put<float>(b, A), bb = put<float>(b, B);
+  auto product = [&](GemmPrecision p) {
+    Buffer y = b.allocate(DType::F32, M * N);
+    f.gemm({.M = M,
+            .N = N,
+            .K = K,
+            .A = a.data<float>(),
+            .lda = K,
+            .B = bb.data<float>(),
+            .ldb = N,
+            .C = y.data<float>(),
+            .ldc = N,
+            .precision = p});
+    return get<float>(b, y);
+  };
+  const std::vector<double> bf16 = product(GemmPrecision::Bf16), fp32 = product(GemmPrecision::Fp32);
+  EXPECT_NE(bf16, fp32) << "the bf16 GEMM rounded its operands";
+  EXPECT_EQ(product(GemmPrecision::Bf16), bf16);
+  EXPECT_EQ(product(GemmPrecision::Fp32), fp32);
+  EXPECT_EQ(product(GemmPrecision::Bf16), bf16);
 }
 
-// Operands inside the parameters' memory come from its rounded copy: the same bits as rounding them per GEMM,
-// and the copy follows the parameters after parameters_changed().
+// The operand a GEMM names as its weight comes from the parameters' rounded copy: the same bits as rounding it per
+// GEMM (as a GEMM that names no weight does, or any GEMM while no parameters' memory is registered), and the copy
+// follows the parameters after parameters_changed().
 TEST_P(GemmPrecisionTest, ParameterCopyGivesTheSameBitsAndFollowsChanges) {
   Backend& b = backend();
   Ops<float>& f = b.ops<float>();
@@ -164,22 +225,105 @@ TEST_P(GemmPrecisionTest, ParameterCopyGivesTheSameBitsAndFollowsChanges) {
   Buffer x = put<float>(b, X), params = b.allocate(DType::F32, 2 * K * N);
   b.copy_to_device(params.data<float>(), std::vector<float>(W1.begin(), W1.end()).data(), K * N);
   b.copy_to_device(params.data<float>() + K * N, std::vector<float>(W2.begin(), W2.end()).data(), K * N);
-  f.set_gemm_precision(GemmPrecision::Bf16);
-  auto product = [&](int64_t weight) {  // x W_weight, the weight's leading dimension N
+  // x W_weight, the weight's leading dimension N, named as the weight or not.
+  auto product = [&](int64_t weight, GemmWeight named) {
     Buffer y = b.allocate(DType::F32, M * N);
-    f.gemm(false, false, M, N, K, 1.0f, x.data<float>(), K, params.data<float>() + weight * K * N, N, 0.0f,
-           y.data<float>(), N);
+    f.gemm({.M = M,
+            .N = N,
+            .K = K,
+            .A = x.data<float>(),
+            .lda = K,
+            .B = params.data<float>() + weight * K * N,
+            .ldb = N,
+            .C = y.data<float>(),
+            .ldc = N,
+            .precision = GemmPrecision::Bf16,
+            .weight = named});
     return get<float>(b, y);
   };
-  const std::vector<double> each1 = product(0), each2 = product(1);
+  const std::vector<double> each1 = product(0, GemmWeight::B), each2 = product(1, GemmWeight::B);
+  EXPECT_EQ(product(0, GemmWeight::None), each1);
   f.set_parameter_memory(params.data<float>(), 2 * K * N);
-  EXPECT_EQ(product(0), each1);
-  EXPECT_EQ(product(1), each2);
+  EXPECT_EQ(product(0, GemmWeight::B), each1);
+  EXPECT_EQ(product(1, GemmWeight::B), each2);
+  EXPECT_EQ(product(1, GemmWeight::None), each2);
   b.copy(params.data<float>(), params.data<float>() + K * N, size_t(K * N) * sizeof(float));  // W1 := W2
   f.parameters_changed();
-  EXPECT_EQ(product(0), each2);
+  EXPECT_EQ(product(0, GemmWeight::B), each2);
   f.set_parameter_memory(nullptr, 0);
-  f.set_gemm_precision(GemmPrecision::Fp32);
+}
+
+// While the parameters' memory is registered, a GEMM that names as its weight an operand outside it, or one that
+// runs past its end, is refused at the call, at either precision, on every backend and for the grouped GEMM too;
+// the same operand not named as a weight, or named while no memory is registered, is read.
+TEST_P(GemmPrecisionTest, AWeightOutsideTheParametersIsRefused) {
+  Backend& b = backend();
+  Ops<float>& f = b.ops<float>();
+  const int64_t M = 4, N = 6, K = 5;
+  Buffer x = put<float>(b, randn(M * K, "rx")), w = put<float>(b, randn(K * N, "rw"));
+  Buffer params = put<float>(b, randn(K * N + 7, "rp")), y = b.allocate(DType::F32, M * N);
+  const float* tail = params.data<float>() + 7;  // K N elements ending where the parameters end
+  auto gemm = [&](const float* weight, GemmWeight named, GemmPrecision p) {
+    const bool a = named == GemmWeight::A;  // the weight as A: y^T (N, M) = w^T (N, K) x^T, both transposed
+    if (a)
+      f.gemm({.trans_a = true,
+              .trans_b = true,
+              .M = N,
+              .N = M,
+              .K = K,
+              .A = weight,
+              .lda = N,
+              .B = x.data<float>(),
+              .ldb = K,
+              .C = y.data<float>(),
+              .ldc = M,
+              .precision = p,
+              .weight = named});
+    else
+      f.gemm({.M = M,
+              .N = N,
+              .K = K,
+              .A = x.data<float>(),
+              .lda = K,
+              .B = weight,
+              .ldb = N,
+              .C = y.data<float>(),
+              .ldc = N,
+              .precision = p,
+              .weight = named});
+  };
+  f.set_parameter_memory(params.data<float>(), K * N + 7);
+  for (GemmPrecision p : {GemmPrecision::Fp32, GemmPrecision::Bf16}) {
+    EXPECT_THROW(gemm(w.data<float>(), GemmWeight::B, p), Error);
+    EXPECT_THROW(gemm(w.data<float>(), GemmWeight::A, p), Error);
+    EXPECT_THROW(gemm(params.data<float>() + 8, GemmWeight::B, p), Error) << "runs one element past the end";
+    EXPECT_NO_THROW(gemm(tail, GemmWeight::B, p));
+    EXPECT_NO_THROW(gemm(tail, GemmWeight::A, p));
+    EXPECT_NO_THROW(gemm(w.data<float>(), GemmWeight::None, p));
+  }
+  try {
+    gemm(w.data<float>(), GemmWeight::B, GemmPrecision::Bf16);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not lie in the parameters' memory"), std::string::npos) << e.what();
+  }
+  const std::vector<int64_t> offsets = {0, 1, 4};
+  auto grouped = [&](const float* weight) {  // two experts' (K, 3) weights
+    f.grouped_gemm({.groups = 2,
+                    .row_offset = offsets.data(),
+                    .N = 3,
+                    .K = K,
+                    .A = x.data<float>(),
+                    .B = weight,
+                    .C = y.data<float>(),
+                    .precision = GemmPrecision::Bf16,
+                    .weight = GemmWeight::B});
+  };
+  EXPECT_THROW(grouped(w.data<float>()), Error);
+  EXPECT_NO_THROW(grouped(tail));
+  f.set_parameter_memory(nullptr, 0);
+  EXPECT_NO_THROW(gemm(w.data<float>(), GemmWeight::B, GemmPrecision::Bf16));
+  EXPECT_NO_THROW(grouped(w.data<float>()));
+  b.synchronize();
 }
 
 // AdamW keeps the parameters' rounded copy (Ops::adamw_update): after updates of part of the parameters and then
@@ -194,12 +338,23 @@ TEST_P(GemmPrecisionTest, AdamWUpdatesKeepTheParameterCopyCurrent) {
   Buffer x = put<float>(b, X), params = put<float>(b, W), grads = put<float>(b, G);
   Buffer m = put<float>(b, std::vector<double>(size_t(P), 0.0)), v = put<float>(b, std::vector<double>(size_t(P), 0.0));
   Buffer outside = b.allocate(DType::F32, K * N);
-  f.set_gemm_precision(GemmPrecision::Bf16);
   f.set_parameter_memory(params.data<float>(), P);
-  // x W_weight[:, first column, width columns], W_weight (K, N) with leading dimension N, from `from`.
+  // x W_weight[:, first column, width columns], W_weight (K, N) with leading dimension N, from `from` (named as the
+  // weight where it lies in the parameters).
   auto product = [&](const float* from, int64_t first, int64_t width) {
     Buffer y = b.allocate(DType::F32, M * width);
-    f.gemm(false, false, M, width, K, 1.0f, x.data<float>(), K, from + first, N, 0.0f, y.data<float>(), width);
+    const bool inside = from == params.data<float>() || from == params.data<float>() + K * N;
+    f.gemm({.M = M,
+            .N = width,
+            .K = K,
+            .A = x.data<float>(),
+            .lda = K,
+            .B = from + first,
+            .ldb = N,
+            .C = y.data<float>(),
+            .ldc = width,
+            .precision = GemmPrecision::Bf16,
+            .weight = inside ? GemmWeight::B : GemmWeight::None});
     return get<float>(b, y);
   };
   auto expect_copy_current = [&](const std::string& after) {
@@ -218,7 +373,6 @@ TEST_P(GemmPrecisionTest, AdamWUpdatesKeepTheParameterCopyCurrent) {
   f.adamw_update(params.data<float>(), grads.data<float>(), m.data<float>(), v.data<float>(), P, step);
   expect_copy_current("an update of all of them");
   f.set_parameter_memory(nullptr, 0);
-  f.set_gemm_precision(GemmPrecision::Fp32);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GemmPrecisionTest, ::testing::ValuesIn(backends()),

@@ -82,12 +82,25 @@ TEST(GradCheck, Attention) {
   const auto r = random_vector(n, 3, "r");
   std::vector<double> out(n), probs(B * H * T * T), dq(n), dk(n), dv(n), scratch(T * T);
   auto objective = [&] {
-    ops().attention_forward(q.data(), k.data(), v.data(), out.data(), probs.data(), B, T, H, Dh);
+    ops().attention_forward({.shape = {B, T, H, Dh},
+                             .q = q.data(),
+                             .k = k.data(),
+                             .v = v.data(),
+                             .out = out.data(),
+                             .probs = probs.data()});
     return dot(r, out.data());
   };
   objective();
-  ops().attention_backward(q.data(), k.data(), v.data(), probs.data(), r.data(), dq.data(), dk.data(), dv.data(),
-                           scratch.data(), B, T, H, Dh);
+  ops().attention_backward({.shape = {B, T, H, Dh},
+                            .q = q.data(),
+                            .k = k.data(),
+                            .v = v.data(),
+                            .probs = probs.data(),
+                            .dout = r.data(),
+                            .dq = dq.data(),
+                            .dk = dk.data(),
+                            .dv = dv.data(),
+                            .scratch = scratch.data()});
   expect_gradient_matches("attention dq", q, dq, objective);
   expect_gradient_matches("attention dk", k, dk, objective);
   expect_gradient_matches("attention dv", v, dv, objective);

@@ -585,6 +585,23 @@ TEST(MoeModel, WholeModelGradientAndRecomputeCountsOnce) {
   }
 }
 
+// The layer's GEMM precision (ModelOptions::precision through FeedForward::set_precision) reaches its experts and
+// its dense fallback but not its router: under bf16 GEMMs the router's logits and scores are the fp32 layer's bit
+// for bit, the output is not.
+TEST(MoePrecision, ExpertsFollowTheLayerPrecisionTheRouterStaysFp32) {
+  const MoeSettings s = base_settings();
+  const int64_t N = 12, D = s.d_model, E = s.num_experts;
+  Harness fp32(s, N, 7), bf16(s, N, 7);
+  bf16.layer->set_precision(GemmPrecision::Bf16);
+  const auto x = random_vector(N * D, 4, "x");
+  std::vector<double> y32(size_t(N * D)), y16(size_t(N * D));
+  fp32.layer->forward(x.data(), y32.data(), fp32.acts.data(), N);
+  bf16.layer->forward(x.data(), y16.data(), bf16.acts.data(), N);
+  const std::vector<double> routed32(fp32.acts.begin(), fp32.acts.begin() + 2 * N * E);
+  EXPECT_EQ(std::vector<double>(bf16.acts.begin(), bf16.acts.begin() + 2 * N * E), routed32) << "logits, scores";
+  EXPECT_NE(y16, y32) << "the experts' GEMMs read rounded operands";
+}
+
 TEST(MoeBias, UpdateFollowsSignOfDeficit) {
   MoeLayer<float> layer(test_backend(), [] {
     MoeSettings s;

@@ -48,7 +48,17 @@ void grouped_gemm_cases(Backend& b) {
         if (kOffsets[size_t(g + 1)] > kOffsets[size_t(g)])
           for (int64_t i = 0; i < K * N; ++i) ref[size_t(g * K * N + i)] -= 0.75 * C[size_t(g * K * N + i)];
     Buffer a = put<T>(b, A), bb = put<T>(b, B), c = put<T>(b, C);
-    b.ops<T>().grouped_gemm(ta, tb, G, kOffsets.data(), N, K, T(0.5), a.data<T>(), bb.data<T>(), T(0.25), c.data<T>());
+    b.ops<T>().grouped_gemm({.trans_a = ta,
+                             .trans_b = tb,
+                             .groups = G,
+                             .row_offset = kOffsets.data(),
+                             .N = N,
+                             .K = K,
+                             .alpha = T(0.5),
+                             .A = a.data<T>(),
+                             .B = bb.data<T>(),
+                             .beta = T(0.25),
+                             .C = c.data<T>()});
     expect_close<T>("grouped gemm mode " + std::to_string(mode), get<T>(b, c), ref, ta ? 21 : K);
   }
 }

@@ -16,15 +16,38 @@ template <typename T>
 void gemm_cases(Backend& b) {
   Backend& r = reference();
   for (auto [M, N, K] : {std::array<int64_t, 3>{1, 1, 1}, {7, 13, 5}, {64, 96, 128}, {33, 1, 257}})
-    for (int ta = 0; ta < 2; ++ta)
-      for (int tb = 0; tb < 2; ++tb) {
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
         const auto A = randn(M * K, "A"), B = randn(K * N, "B"), C = randn(M * N, "C");
         const int64_t lda = ta ? M : K, ldb = tb ? K : N;
         Buffer a = put<T>(b, A), bb = put<T>(b, B), c = put<T>(b, C);
         Buffer ra = put<double>(r, A), rb = put<double>(r, B), rc = put<double>(r, C);
-        b.ops<T>().gemm(ta, tb, M, N, K, T(0.5), a.data<T>(), lda, bb.data<T>(), ldb, T(0.25), c.data<T>(), N);
-        r.ops<double>().gemm(ta, tb, M, N, K, 0.5, ra.data<double>(), lda, rb.data<double>(), ldb, 0.25,
-                             rc.data<double>(), N);
+        b.ops<T>().gemm({.trans_a = ta,
+                         .trans_b = tb,
+                         .M = M,
+                         .N = N,
+                         .K = K,
+                         .alpha = T(0.5),
+                         .A = a.data<T>(),
+                         .lda = lda,
+                         .B = bb.data<T>(),
+                         .ldb = ldb,
+                         .beta = T(0.25),
+                         .C = c.data<T>(),
+                         .ldc = N});
+        r.ops<double>().gemm({.trans_a = ta,
+                              .trans_b = tb,
+                              .M = M,
+                              .N = N,
+                              .K = K,
+                              .alpha = 0.5,
+                              .A = ra.data<double>(),
+                              .lda = lda,
+                              .B = rb.data<double>(),
+                              .ldb = ldb,
+                              .beta = 0.25,
+                              .C = rc.data<double>(),
+                              .ldc = N});
         expect_close<T>("gemm", get<T>(b, c), get<double>(r, rc), K);
       }
 }
@@ -273,9 +296,22 @@ void attention_cases(Backend& b) {
     Buffer out = be.allocate(t, n), probs = be.allocate(t, P), dq = be.allocate(t, n), dk = be.allocate(t, n),
            dv = be.allocate(t, n), scratch = be.allocate(t, T_ * T_);
     Ops<U>& o = be.ops<U>();
-    o.attention_forward(q.data<U>(), k.data<U>(), v.data<U>(), out.data<U>(), probs.data<U>(), B, T_, H, Dh);
-    o.attention_backward(q.data<U>(), k.data<U>(), v.data<U>(), probs.data<U>(), dout.data<U>(), dq.data<U>(),
-                         dk.data<U>(), dv.data<U>(), scratch.data<U>(), B, T_, H, Dh);
+    o.attention_forward({.shape = {B, T_, H, Dh},
+                         .q = q.data<U>(),
+                         .k = k.data<U>(),
+                         .v = v.data<U>(),
+                         .out = out.data<U>(),
+                         .probs = probs.data<U>()});
+    o.attention_backward({.shape = {B, T_, H, Dh},
+                          .q = q.data<U>(),
+                          .k = k.data<U>(),
+                          .v = v.data<U>(),
+                          .probs = probs.data<U>(),
+                          .dout = dout.data<U>(),
+                          .dq = dq.data<U>(),
+                          .dk = dk.data<U>(),
+                          .dv = dv.data<U>(),
+                          .scratch = scratch.data<U>()});
     return std::array<std::vector<double>, 4>{get<U>(be, out), get<U>(be, dq), get<U>(be, dk), get<U>(be, dv)};
   };
   const auto got = run(b, T(0)), ref = run(r, 0.0);
@@ -296,7 +332,7 @@ void fused_attention_cases(Backend& b) {
   const bool allowed = o.fused_attention_allowed(), ref_allowed = r.ops<double>().fused_attention_allowed();
   o.set_fused_attention(true);
   r.ops<double>().set_fused_attention(true);
-  if (o.fused_attention_supported(B, T_, H, Dh)) {
+  if (o.fused_attention_supported({B, T_, H, Dh})) {
     const auto Q = randn(n, "q"), K = randn(n, "k"), V = randn(n, "v"), DO = randn(n, "do");
     auto run = [&](Backend& be, auto zero) {
       using U = decltype(zero);
@@ -305,9 +341,22 @@ void fused_attention_cases(Backend& b) {
       Buffer out = be.allocate(t, n), stats = be.allocate(t, B * H * T_), dq = be.allocate(t, n),
              dk = be.allocate(t, n), dv = be.allocate(t, n);
       Ops<U>& u = be.ops<U>();
-      u.attention_forward_fused(q.data<U>(), k.data<U>(), v.data<U>(), out.data<U>(), stats.data<U>(), B, T_, H, Dh);
-      u.attention_backward_fused(q.data<U>(), k.data<U>(), v.data<U>(), out.data<U>(), stats.data<U>(), dout.data<U>(),
-                                 dq.data<U>(), dk.data<U>(), dv.data<U>(), B, T_, H, Dh);
+      u.attention_forward_fused({.shape = {B, T_, H, Dh},
+                                 .q = q.data<U>(),
+                                 .k = k.data<U>(),
+                                 .v = v.data<U>(),
+                                 .out = out.data<U>(),
+                                 .stats = stats.data<U>()});
+      u.attention_backward_fused({.shape = {B, T_, H, Dh},
+                                  .q = q.data<U>(),
+                                  .k = k.data<U>(),
+                                  .v = v.data<U>(),
+                                  .out = out.data<U>(),
+                                  .stats = stats.data<U>(),
+                                  .dout = dout.data<U>(),
+                                  .dq = dq.data<U>(),
+                                  .dk = dk.data<U>(),
+                                  .dv = dv.data<U>()});
       return std::array<std::vector<double>, 5>{get<U>(be, out), get<U>(be, stats), get<U>(be, dq), get<U>(be, dk),
                                                 get<U>(be, dv)};
     };

@@ -174,9 +174,32 @@ TEST(SmallGemm, GroupedGemmBitsIndependentOfThreads) {
     Ops<float>* ops = &backend->ops<float>();
     std::vector<float> C(size_t(form == 2 ? groups * K * N : rows * (form == 0 ? N : K)), 0.5f);
     if (form == 0)
-      ops->grouped_gemm(false, false, groups, offsets.data(), N, K, 1.f, A.data(), W.data(), 0.f, C.data());
-    if (form == 1) ops->grouped_gemm(false, true, groups, offsets.data(), K, N, 1.f, G.data(), W.data(), 0.f, C.data());
-    if (form == 2) ops->grouped_gemm(true, false, groups, offsets.data(), N, K, 1.f, A.data(), G.data(), 1.f, C.data());
+      ops->grouped_gemm({.groups = groups,
+                         .row_offset = offsets.data(),
+                         .N = N,
+                         .K = K,
+                         .A = A.data(),
+                         .B = W.data(),
+                         .C = C.data()});
+    if (form == 1)
+      ops->grouped_gemm({.trans_b = true,
+                         .groups = groups,
+                         .row_offset = offsets.data(),
+                         .N = K,
+                         .K = N,
+                         .A = G.data(),
+                         .B = W.data(),
+                         .C = C.data()});
+    if (form == 2)
+      ops->grouped_gemm({.trans_a = true,
+                         .groups = groups,
+                         .row_offset = offsets.data(),
+                         .N = N,
+                         .K = K,
+                         .A = A.data(),
+                         .B = G.data(),
+                         .beta = 1.f,
+                         .C = C.data()});
     return C;
   };
   for (int form = 0; form < 3; ++form) {

@@ -78,8 +78,17 @@ TEST(StrictDevice, OpsRefuseHostMemoryAndExtentsPastABufferNamingTheOp) {
   m = refusal([&] { ops.copy(b.data<float>() + 4, c.data<float>(), 16); });
   EXPECT_NE(m.find("copy: 64 bytes at"), std::string::npos) << m;
   EXPECT_NE(m.find("past a buffer's end"), std::string::npos) << m;
-  m = refusal(
-      [&] { ops.gemm(false, false, 4, 4, 5, 1.0f, b.data<float>(), 5, c.data<float>(), 4, 0.0f, c.data<float>(), 4); });
+  m = refusal([&] {
+    ops.gemm({.M = 4,
+              .N = 4,
+              .K = 5,
+              .A = b.data<float>(),
+              .lda = 5,
+              .B = c.data<float>(),
+              .ldb = 4,
+              .C = c.data<float>(),
+              .ldc = 4});
+  });
   EXPECT_NE(m.find("gemm: 80 bytes"), std::string::npos) << "A is (4, 5) at lda 5: 20 floats, past 16: " << m;
   EXPECT_NO_THROW(ops.fill(b.data<float>() + 4, 2.0f, 12)) << "an extent that ends at the buffer's end";
 }

@@ -44,15 +44,15 @@ class CpuOps final : public Ops<T> {
   CpuOps() { this->set_fused_attention(false); }
   const char* name() const override { return "cpu"; }
 
-  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
-            int64_t ldb, T beta, T* C, int64_t ldc) override {
-    if (M == 0 || N == 0) return;
-    if (K == 0) {  // BLAS leaves C untouched for K == 0 only when beta == 1
-      for (int64_t i = 0; i < M; ++i)
-        for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
+  void run_gemm(const typename Ops<T>::Gemm& g) override {
+    if (g.M == 0 || g.N == 0) return;
+    if (g.K == 0) {  // BLAS leaves C untouched for K == 0 only when beta == 1
+      for (int64_t i = 0; i < g.M; ++i)
+        for (int64_t j = 0; j < g.N; ++j) g.C[i * g.ldc + j] = g.beta == T(0) ? T(0) : g.beta * g.C[i * g.ldc + j];
       return;
     }
-    cpu::gemm_at(gemm_inputs(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    cpu::gemm_at(gemm_inputs(g.precision, g.weight), g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, g.A, g.lda, g.B,
+                 g.ldb, g.beta, g.C, g.ldc);
   }
 
   void embedding_forward(const int32_t* tokens, const T* table, int64_t first, int64_t rows, T* out, int64_t N,
@@ -192,29 +192,20 @@ class CpuOps final : public Ops<T> {
       }
   }
 
-  void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,
-                         int64_t Dh) override {
-    cpu::attention_forward(cpu::AttentionShape{B, T_, H, Dh, this->gemm_precision()}, q, k, v, out, probs);
+  void attention_forward(const AttentionForwardArgs<T>& a) override {
+    cpu::attention_forward(a.shape, a.q, a.k, a.v, a.out, a.probs);
   }
-
-  void attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq, T* dk, T* dv,
-                          T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) override {
-    cpu::attention_backward(cpu::AttentionShape{B, T_, H, Dh, this->gemm_precision()}, q, k, v, probs, dout, dq, dk, dv,
-                            scratch);
+  void attention_backward(const AttentionBackwardArgs<T>& a) override {
+    cpu::attention_backward(a.shape, a.q, a.k, a.v, a.probs, a.dout, a.dq, a.dk, a.dv, a.scratch);
   }
 
   // The fused form is the reference for other backends; layers use it here only when asked to.
-  bool fused_attention_supported(int64_t, int64_t, int64_t, int64_t) override {
-    return this->fused_attention_allowed();
+  bool fused_attention_supported(const AttentionShape&) override { return this->fused_attention_allowed(); }
+  void attention_forward_fused(const FusedAttentionForwardArgs<T>& a) override {
+    cpu::fused_attention_forward(a.shape, a.q, a.k, a.v, a.out, a.stats);
   }
-  void attention_forward_fused(const T* q, const T* k, const T* v, T* out, T* stats, int64_t B, int64_t T_, int64_t H,
-                               int64_t Dh) override {
-    cpu::fused_attention_forward(cpu::AttentionShape{B, T_, H, Dh, this->gemm_precision()}, q, k, v, out, stats);
-  }
-  void attention_backward_fused(const T* q, const T* k, const T* v, const T* out, const T* stats, const T* dout, T* dq,
-                                T* dk, T* dv, int64_t B, int64_t T_, int64_t H, int64_t Dh) override {
-    cpu::fused_attention_backward(cpu::AttentionShape{B, T_, H, Dh, this->gemm_precision()}, q, k, v, out, stats, dout,
-                                  dq, dk, dv);
+  void attention_backward_fused(const FusedAttentionBackwardArgs<T>& a) override {
+    cpu::fused_attention_backward(a.shape, a.q, a.k, a.v, a.out, a.stats, a.dout, a.dq, a.dk, a.dv);
   }
 
   // In blocks on all threads (cpu/expert_mlp.h: float through cpu/vector_math.h, double as written).
@@ -321,17 +312,17 @@ class CpuOps final : public Ops<T> {
     return total;
   }
 
-  void grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K,
-                    T alpha, const T* A, const T* B, T beta, T* C) override {
-    MOE_CHECK(!(trans_a && trans_b), "grouped gemm: trans_a with trans_b is not an expert shape");
-    cpu::grouped_gemm(gemm_inputs(), trans_a, trans_b, groups, row_offset, N, K, alpha, A, B, beta, C);
+  void run_grouped_gemm(const typename Ops<T>::GroupedGemm& g) override {
+    MOE_CHECK(!(g.trans_a && g.trans_b), "grouped gemm: trans_a with trans_b is not an expert shape");
+    cpu::grouped_gemm(gemm_inputs(g.precision, g.weight), g.trans_a, g.trans_b, g.groups, g.row_offset, g.N, g.K,
+                      g.alpha, g.A, g.B, g.beta, g.C);
   }
   void expert_mlp_forward(const typename Ops<T>::ExpertMlp& e, const T* x, T* a, T* b, T* h, T* y) override {
-    cpu::expert_mlp_forward(gemm_inputs(), e, x, a, b, h, y);
+    cpu::expert_mlp_forward(gemm_inputs(e.precision, GemmWeight::None), e, x, a, b, h, y);
   }
   void expert_mlp_backward(const typename Ops<T>::ExpertMlp& e, const T* x, const T* a, const T* b, const T* h,
                            const T* dy, T* dh, T* da, T* db, T* dx) override {
-    cpu::expert_mlp_backward(gemm_inputs(), e, x, a, b, h, dy, dh, da, db, dx);
+    cpu::expert_mlp_backward(gemm_inputs(e.precision, GemmWeight::None), e, x, a, b, h, dy, dh, da, db, dx);
   }
   void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) override {
     cpu::gumbel_noise(key, step, first_counter, out, n);
@@ -407,10 +398,11 @@ class CpuOps final : public Ops<T> {
   }
 
  private:
-  // How this call's GEMMs read their operands; with bf16 GEMMs, the parameters' rounded copy brought up to date
-  // first (Ops::set_parameter_memory), on the calling thread before any parallel region.
-  cpu::GemmInputs<T> gemm_inputs() {
-    cpu::GemmInputs<T> in{this->gemm_precision()};
+  // How a call's GEMMs read their operands (its precision, the operand it names as a weight); with bf16 GEMMs,
+  // the parameters' rounded copy brought up to date first (Ops::set_parameter_memory), on the calling thread
+  // before any parallel region.
+  cpu::GemmInputs<T> gemm_inputs(GemmPrecision precision, GemmWeight weight) {
+    cpu::GemmInputs<T> in{precision, weight};
     if (in.precision == GemmPrecision::Fp32 || !this->parameter_memory()) return in;
     if (rounded_version_ != this->parameter_version() ||
         rounded_parameters_.size() != size_t(this->parameter_count())) {

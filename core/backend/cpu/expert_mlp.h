@@ -69,10 +69,11 @@ void expert_forward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e,
                     T* h, T* y) {
   const int64_t D = e.D, F = e.F, first = e.row_offset[g] * F, n = (e.row_offset[g + 1] - e.row_offset[g]) * F;
   const int64_t* off = e.row_offset;
-  grouped_gemm_group(p, false, false, g, off, F, D, T(1), x, e.w1, T(0), a);  // a = x W1
-  grouped_gemm_group(p, false, false, g, off, F, D, T(1), x, e.w3, T(0), b);  // b = x W3
+  const GemmInputs<T> w = p.with_weight(GemmWeight::B);                       // the weight stacks
+  grouped_gemm_group(w, false, false, g, off, F, D, T(1), x, e.w1, T(0), a);  // a = x W1
+  grouped_gemm_group(w, false, false, g, off, F, D, T(1), x, e.w3, T(0), b);  // b = x W3
   swiglu_forward_blocks(a + first, b + first, h + first, n);
-  grouped_gemm_group(p, false, false, g, off, D, F, T(1), h, e.w2, T(0), y);  // y = h W2
+  grouped_gemm_group(w, false, false, g, off, D, F, T(1), h, e.w2, T(0), y);  // y = h W2
 }
 
 // Expert g's backward (Ops::expert_mlp_backward), as expert_forward.
@@ -81,13 +82,14 @@ void expert_backward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e
                      const T* b, const T* h, const T* dy, T* dh, T* da, T* db, T* dx) {
   const int64_t D = e.D, F = e.F, first = e.row_offset[g] * F, n = (e.row_offset[g + 1] - e.row_offset[g]) * F;
   const int64_t* off = e.row_offset;
+  const GemmInputs<T> w = p.with_weight(GemmWeight::B);                        // the weight stacks
   grouped_gemm_group(p, true, false, g, off, D, F, T(1), h, dy, T(1), e.dw2);  // dW2 += h^T dy
-  grouped_gemm_group(p, false, true, g, off, F, D, T(1), dy, e.w2, T(0), dh);  // dh = dy W2^T
+  grouped_gemm_group(w, false, true, g, off, F, D, T(1), dy, e.w2, T(0), dh);  // dh = dy W2^T
   swiglu_backward_blocks(a + first, b + first, dh + first, da + first, db + first, n);
   grouped_gemm_group(p, true, false, g, off, F, D, T(1), x, da, T(1), e.dw1);  // dW1 += x^T da
   grouped_gemm_group(p, true, false, g, off, F, D, T(1), x, db, T(1), e.dw3);  // dW3 += x^T db
-  grouped_gemm_group(p, false, true, g, off, D, F, T(1), da, e.w1, T(0), dx);  // dx = da W1^T
-  grouped_gemm_group(p, false, true, g, off, D, F, T(1), db, e.w3, T(1), dx);  //    + db W3^T
+  grouped_gemm_group(w, false, true, g, off, D, F, T(1), da, e.w1, T(0), dx);  // dx = da W1^T
+  grouped_gemm_group(w, false, true, g, off, D, F, T(1), db, e.w3, T(1), dx);  //    + db W3^T
 }
 
 // Ops::expert_mlp_forward: the experts too large to share (GroupSchedule) one after another on all threads, then

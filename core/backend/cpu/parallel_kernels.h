@@ -139,18 +139,27 @@ const T* rounded_to_bf16(const T* X, int64_t rows, int64_t cols, int64_t ld, std
   return out;
 }
 
-// How a GEMM reads its operands: as stored (Fp32), or rounded to bf16 (Bf16), an operand inside the parameters'
-// memory [parameters, parameters + count) from `rounded`, their rounded copy (Ops::set_parameter_memory).
+// How a GEMM reads its operands: as stored (Fp32), or rounded to bf16 (Bf16), the operand the call names as a weight
+// from `rounded`, the rounded copy of the parameters' memory [parameters, parameters + count)
+// (Ops::set_parameter_memory), where there is one.
 template <typename T>
 struct GemmInputs {
   GemmPrecision precision = GemmPrecision::Fp32;
+  GemmWeight weight = GemmWeight::None;
   const T* parameters = nullptr;
   int64_t count = 0;
   const T* rounded = nullptr;
-  // The rounded form of operand X (rows, cols, ld): the parameters' copy at the same offset and ld, or a packed
-  // copy in `buffer` (ld = cols).
-  const T* operand(const T* X, int64_t rows, int64_t cols, int64_t& ld, std::vector<T>& buffer) const {
-    if (rounded && X >= parameters && X < parameters + count) return rounded + (X - parameters);
+  // The same inputs for a GEMM that names `w` as its weight.
+  GemmInputs with_weight(GemmWeight w) const {
+    GemmInputs in = *this;
+    in.weight = w;
+    return in;
+  }
+  // The rounded form of operand X (rows, cols, ld), `which` of the GEMM's: the parameters' copy at the same offset
+  // and ld for the weight, or a packed copy in `buffer` (ld = cols).
+  const T* operand(GemmWeight which, const T* X, int64_t rows, int64_t cols, int64_t& ld,
+                   std::vector<T>& buffer) const {
+    if (which == weight && rounded && X >= parameters && X < parameters + count) return rounded + (X - parameters);
     const T* packed = rounded_to_bf16(X, rows, cols, ld, buffer);
     ld = cols;
     return packed;
@@ -179,8 +188,8 @@ void gemm_at(const GemmInputs<T>& in, bool ta, bool tb, int64_t M, int64_t N, in
   if (in.precision == GemmPrecision::Fp32)
     return gemm_kernel(group_rows, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   thread_local std::vector<T> a_buffer, b_buffer;
-  const T* a = in.operand(A, ta ? K : M, ta ? M : K, lda, a_buffer);
-  const T* b = in.operand(B, tb ? N : K, tb ? K : N, ldb, b_buffer);
+  const T* a = in.operand(GemmWeight::A, A, ta ? K : M, ta ? M : K, lda, a_buffer);
+  const T* b = in.operand(GemmWeight::B, B, tb ? N : K, tb ? K : N, ldb, b_buffer);
   gemm_kernel(group_rows, ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
 }
 
@@ -268,14 +277,8 @@ void softmax_backward_row(const T* p, T* d, int64_t i, int64_t T_, T scale) {
   for (int64_t j = i + 1; j < T_; ++j) d[j] = T(0);
 }
 
-// The shape of one attention call; head (b, h) has its columns at offset(b, h) of q, k, v, out.
-struct AttentionShape {
-  int64_t B, T, H, Dh;
-  GemmPrecision precision = GemmPrecision::Fp32;  // of its four products (operands are activations)
-  int64_t D() const { return H * Dh; }
-  int64_t offset(int64_t bh) const { return (bh / H) * T * D() + (bh % H) * Dh; }
-  double scale() const { return 1.0 / std::sqrt(double(Dh)); }
-};
+// The shape of one attention call (Ops' own).
+using AttentionShape = moe::AttentionShape;
 
 // One head's forward. rows_parallel: the softmax rows split among threads (when heads are not).
 template <typename T>

@@ -14,55 +14,112 @@ namespace moe::cuda {
 
 // Per (batch, head): S = scale Q K^T into the probabilities, the causal softmax over its rows, O = P V.
 template <typename T>
-void CudaOps<T>::attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_,
-                                   int64_t H, int64_t Dh) {
-  const int64_t D = H * Dh;
-  const T scale = T(1.0 / std::sqrt(double(Dh)));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t off = b * T_ * D + h * Dh;
-      T* P = probs + (b * H + h) * T_ * T_;
-      gemm(false, true, T_, T_, Dh, scale, q + off, D, k + off, D, T(0), P, T_);
-    }
-  launch_rows(row_launch(B * H * T_, T_), cuda::causal_softmax_kernel<T>, probs, B * H * T_, T_);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t off = b * T_ * D + h * Dh;
-      gemm(false, false, T_, Dh, T_, T(1), probs + (b * H + h) * T_ * T_, T_, v + off, D, T(0), out + off, D);
-    }
+void CudaOps<T>::attention_forward(const AttentionForwardArgs<T>& a) {
+  const AttentionShape& s = a.shape;
+  const int64_t B = s.B, T_ = s.T, H = s.H, Dh = s.Dh, D = s.D();
+  const GemmPrecision p = s.precision;
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t off = s.offset(bh);
+    T* P = a.probs + bh * T_ * T_;
+    this->gemm({.trans_b = true,
+                .M = T_,
+                .N = T_,
+                .K = Dh,
+                .alpha = T(s.scale()),
+                .A = a.q + off,
+                .lda = D,
+                .B = a.k + off,
+                .ldb = D,
+                .C = P,
+                .ldc = T_,
+                .precision = p});
+  }
+  launch_rows(row_launch(B * H * T_, T_), cuda::causal_softmax_kernel<T>, a.probs, B * H * T_, T_);
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t off = s.offset(bh);
+    this->gemm({.M = T_,
+                .N = Dh,
+                .K = T_,
+                .A = a.probs + bh * T_ * T_,
+                .lda = T_,
+                .B = a.v + off,
+                .ldb = D,
+                .C = a.out + off,
+                .ldc = D,
+                .precision = p});
+  }
 }
 
 template <typename T>
-void CudaOps<T>::attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq, T* dk,
-                                    T* dv, T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) {
-  const int64_t D = H * Dh;
-  const double scale = 1.0 / std::sqrt(double(Dh));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t off = b * T_ * D + h * Dh;
-      const T* P = probs + (b * H + h) * T_ * T_;
-      gemm(false, true, T_, T_, Dh, T(1), dout + off, D, v + off, D, T(0), scratch, T_);  // dP = dO V^T
-      gemm(true, false, T_, Dh, T_, T(1), P, T_, dout + off, D, T(0), dv + off, D);       // dV = P^T dO
-      launch_rows(row_launch(T_, T_), cuda::softmax_backward_kernel<T>, P, scratch, T_, scale);
-      gemm(false, false, T_, Dh, T_, T(1), scratch, T_, k + off, D, T(0), dq + off, D);  // dQ = dS K
-      gemm(true, false, T_, Dh, T_, T(1), scratch, T_, q + off, D, T(0), dk + off, D);   // dK = dS^T Q
-    }
+void CudaOps<T>::attention_backward(const AttentionBackwardArgs<T>& a) {
+  const AttentionShape& s = a.shape;
+  const int64_t B = s.B, T_ = s.T, H = s.H, Dh = s.Dh, D = s.D();
+  const GemmPrecision p = s.precision;
+  T* dS = a.scratch;
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t off = s.offset(bh);
+    const T* P = a.probs + bh * T_ * T_;
+    this->gemm({.trans_b = true,
+                .M = T_,
+                .N = T_,
+                .K = Dh,
+                .A = a.dout + off,
+                .lda = D,
+                .B = a.v + off,
+                .ldb = D,
+                .C = dS,
+                .ldc = T_,
+                .precision = p});  // dP = dO V^T
+    this->gemm({.trans_a = true,
+                .M = T_,
+                .N = Dh,
+                .K = T_,
+                .A = P,
+                .lda = T_,
+                .B = a.dout + off,
+                .ldb = D,
+                .C = a.dv + off,
+                .ldc = D,
+                .precision = p});  // dV = P^T dO
+    launch_rows(row_launch(T_, T_), cuda::softmax_backward_kernel<T>, P, dS, T_, s.scale());
+    this->gemm({.M = T_,
+                .N = Dh,
+                .K = T_,
+                .A = dS,
+                .lda = T_,
+                .B = a.k + off,
+                .ldb = D,
+                .C = a.dq + off,
+                .ldc = D,
+                .precision = p});  // dQ = dS K
+    this->gemm({.trans_a = true,
+                .M = T_,
+                .N = Dh,
+                .K = T_,
+                .A = dS,
+                .lda = T_,
+                .B = a.q + off,
+                .ldb = D,
+                .C = a.dk + off,
+                .ldc = D,
+                .precision = p});  // dK = dS^T Q
+  }
 }
 
 // Fused attention runs on cuDNN for fp32 storage under bf16 GEMMs (cudnn_attention.h), where it built the shape's
 // plans; the operands are rounded to bf16 as the plain form's products read them.
 template <typename T>
-bool CudaOps<T>::fused_attention_supported(int64_t B, int64_t T_, int64_t H, int64_t Dh) {
+bool CudaOps<T>::fused_attention_supported(const AttentionShape& s) {
   if constexpr (sizeof(T) != 4) {
     return false;
   } else {
 #ifdef MOE_HAVE_CUDNN
-    if (!ctx_.attention || !this->fused_attention_allowed() || this->gemm_precision() != GemmPrecision::Bf16 ||
-        !cudnn_enabled_ || Dh % 8 != 0)
+    if (!ctx_.attention || !this->fused_attention_allowed() || s.precision != GemmPrecision::Bf16 || !cudnn_enabled_ ||
+        s.Dh % 8 != 0)
       return false;
-    return ctx_.attention->supported({B, T_, H, Dh});
+    return ctx_.attention->supported({s.B, s.T, s.H, s.Dh});
 #else
-    (void)B, (void)T_, (void)H, (void)Dh;
+    (void)s;
     return false;
 #endif
   }
@@ -78,9 +135,11 @@ struct Bf16Sections {
 };
 
 template <typename T>
-void CudaOps<T>::attention_forward_fused(const T* q, const T* k, const T* v, T* out, T* stats, int64_t B, int64_t T_,
-                                         int64_t H, int64_t Dh) {
-  MOE_CHECK(fused_attention_supported(B, T_, H, Dh),
+void CudaOps<T>::attention_forward_fused(const FusedAttentionForwardArgs<T>& a) {
+  const int64_t B = a.shape.B, T_ = a.shape.T, H = a.shape.H, Dh = a.shape.Dh;
+  const T *q = a.q, *k = a.k, *v = a.v;
+  T *out = a.out, *stats = a.stats;
+  MOE_CHECK(fused_attention_supported(a.shape),
             "fused attention on the cuda backend for B " << B << " T " << T_ << " H " << H << " Dh " << Dh);
 #ifdef MOE_HAVE_CUDNN
   if constexpr (sizeof(T) == 4) {
@@ -97,10 +156,11 @@ void CudaOps<T>::attention_forward_fused(const T* q, const T* k, const T* v, T* 
 }
 
 template <typename T>
-void CudaOps<T>::attention_backward_fused(const T* q, const T* k, const T* v, const T* out, const T* stats,
-                                          const T* dout, T* dq, T* dk, T* dv, int64_t B, int64_t T_, int64_t H,
-                                          int64_t Dh) {
-  MOE_CHECK(fused_attention_supported(B, T_, H, Dh),
+void CudaOps<T>::attention_backward_fused(const FusedAttentionBackwardArgs<T>& a) {
+  const int64_t B = a.shape.B, T_ = a.shape.T, H = a.shape.H, Dh = a.shape.Dh;
+  const T *q = a.q, *k = a.k, *v = a.v, *out = a.out, *stats = a.stats, *dout = a.dout;
+  T *dq = a.dq, *dk = a.dk, *dv = a.dv;
+  MOE_CHECK(fused_attention_supported(a.shape),
             "fused attention on the cuda backend for B " << B << " T " << T_ << " H " << H << " Dh " << Dh);
 #ifdef MOE_HAVE_CUDNN
   if constexpr (sizeof(T) == 4) {
@@ -138,28 +198,17 @@ const T* CudaOps<T>::rope_table(int64_t T_, int64_t Dh) {
   return static_cast<const T*>(rope_);
 }
 
-template void CudaOps<float>::attention_forward(const float*, const float*, const float*, float*, float*, int64_t,
-                                                int64_t, int64_t, int64_t);
-template void CudaOps<float>::attention_backward(const float*, const float*, const float*, const float*, const float*,
-                                                 float*, float*, float*, float*, int64_t, int64_t, int64_t, int64_t);
-template bool CudaOps<float>::fused_attention_supported(int64_t, int64_t, int64_t, int64_t);
-template void CudaOps<float>::attention_forward_fused(const float*, const float*, const float*, float*, float*, int64_t,
-                                                      int64_t, int64_t, int64_t);
-template void CudaOps<float>::attention_backward_fused(const float*, const float*, const float*, const float*,
-                                                       const float*, const float*, float*, float*, float*, int64_t,
-                                                       int64_t, int64_t, int64_t);
+template void CudaOps<float>::attention_forward(const AttentionForwardArgs<float>&);
+template void CudaOps<float>::attention_backward(const AttentionBackwardArgs<float>&);
+template bool CudaOps<float>::fused_attention_supported(const AttentionShape&);
+template void CudaOps<float>::attention_forward_fused(const FusedAttentionForwardArgs<float>&);
+template void CudaOps<float>::attention_backward_fused(const FusedAttentionBackwardArgs<float>&);
 template const float* CudaOps<float>::rope_table(int64_t, int64_t);
-template void CudaOps<double>::attention_forward(const double*, const double*, const double*, double*, double*, int64_t,
-                                                 int64_t, int64_t, int64_t);
-template void CudaOps<double>::attention_backward(const double*, const double*, const double*, const double*,
-                                                  const double*, double*, double*, double*, double*, int64_t, int64_t,
-                                                  int64_t, int64_t);
-template bool CudaOps<double>::fused_attention_supported(int64_t, int64_t, int64_t, int64_t);
-template void CudaOps<double>::attention_forward_fused(const double*, const double*, const double*, double*, double*,
-                                                       int64_t, int64_t, int64_t, int64_t);
-template void CudaOps<double>::attention_backward_fused(const double*, const double*, const double*, const double*,
-                                                        const double*, const double*, double*, double*, double*,
-                                                        int64_t, int64_t, int64_t, int64_t);
+template void CudaOps<double>::attention_forward(const AttentionForwardArgs<double>&);
+template void CudaOps<double>::attention_backward(const AttentionBackwardArgs<double>&);
+template bool CudaOps<double>::fused_attention_supported(const AttentionShape&);
+template void CudaOps<double>::attention_forward_fused(const FusedAttentionForwardArgs<double>&);
+template void CudaOps<double>::attention_backward_fused(const FusedAttentionBackwardArgs<double>&);
 template const double* CudaOps<double>::rope_table(int64_t, int64_t);
 
 }  // namespace moe::cuda

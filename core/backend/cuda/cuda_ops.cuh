@@ -76,13 +76,11 @@ class CudaOps final : public Ops<T> {
   const char* name() const override { return "cuda"; }
 
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
-  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
-            int64_t ldb, T beta, T* C, int64_t ldc) override {
-    if (M == 0 || N == 0) return;
-    if (this->gemm_precision() == GemmPrecision::Bf16 && K > 0)
-      return gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    MOE_CUBLAS_CHECK(blas_gemm<T>(ctx_.blas, op(trans_b), op(trans_a), int(N), int(M), int(K), &alpha, B, int(ldb), A,
-                                  int(lda), &beta, C, int(ldc)));
+  void run_gemm(const typename Ops<T>::Gemm& g) override {
+    if (g.M == 0 || g.N == 0) return;
+    if (g.precision == GemmPrecision::Bf16 && g.K > 0) return gemm_bf16(g);
+    MOE_CUBLAS_CHECK(blas_gemm<T>(ctx_.blas, op(g.trans_b), op(g.trans_a), int(g.N), int(g.M), int(g.K), &g.alpha, g.B,
+                                  int(g.ldb), g.A, int(g.lda), &g.beta, g.C, int(g.ldc)));
   }
 
   void embedding_forward(const int32_t* tokens, const T* table, int64_t first, int64_t rows, T* out, int64_t N,
@@ -116,15 +114,11 @@ class CudaOps final : public Ops<T> {
     launch(row_launch(N * Hkv, Dh), cuda::expand_heads_backward_kernel<T>, dy, dx, N * Hkv, group, Dh);
   }
 
-  void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t T_, int64_t H,
-                         int64_t Dh) override;
-  void attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq, T* dk, T* dv,
-                          T* scratch, int64_t B, int64_t T_, int64_t H, int64_t Dh) override;
-  bool fused_attention_supported(int64_t B, int64_t T_, int64_t H, int64_t Dh) override;
-  void attention_forward_fused(const T* q, const T* k, const T* v, T* out, T* stats, int64_t B, int64_t T_, int64_t H,
-                               int64_t Dh) override;
-  void attention_backward_fused(const T* q, const T* k, const T* v, const T* out, const T* stats, const T* dout, T* dq,
-                                T* dk, T* dv, int64_t B, int64_t T_, int64_t H, int64_t Dh) override;
+  void attention_forward(const AttentionForwardArgs<T>& a) override;
+  void attention_backward(const AttentionBackwardArgs<T>& a) override;
+  bool fused_attention_supported(const AttentionShape& s) override;
+  void attention_forward_fused(const FusedAttentionForwardArgs<T>& a) override;
+  void attention_backward_fused(const FusedAttentionBackwardArgs<T>& a) override;
 
   void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override {
     launch(elementwise_launch(n), cuda::swiglu_forward_kernel<T>, a, b, h, n);
@@ -175,8 +169,7 @@ class CudaOps final : public Ops<T> {
   double sum_squares_to_host(const T* x, int64_t n) override;
   void sum_squares_into(const T* x, int64_t n, double* out) override;
 
-  void grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N, int64_t K,
-                    T alpha, const T* A, const T* B, T beta, T* C) override;
+  void run_grouped_gemm(const typename Ops<T>::GroupedGemm& g) override;
 
   void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) override {
     launch(elementwise_launch(n), cuda::gumbel_noise_kernel, key, step, first_counter, out, n);
@@ -290,8 +283,7 @@ class CudaOps final : public Ops<T> {
   // one thread per (run of a key, column).
   void sorted_scatter_add(ScatterOrder& order, const T* src, const T* scale, T* dst, int64_t rows, int64_t D);
 
-  void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-                 const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+  void gemm_bf16(const typename Ops<T>::Gemm& g);
   // x (rows, cols, leading dimension ld) as a bf16 GEMM reads it, packed into `out`: bf16 bits for fp32
   // storage, values rounded to bf16 in T for fp64.
   void round_operand(const T* x, int64_t rows, int64_t cols, int64_t ld, void* out);
@@ -300,8 +292,10 @@ class CudaOps final : public Ops<T> {
   // An operand inside the parameters' memory (Ops::set_parameter_memory) read from their rounded copy, at the
   // same offset and leading dimension; the copy is remade at the first use after a change. Null outside it.
   const void* rounded_parameter(const T* x);
-  // X rounded for a GEMM: the parameters' copy (ld kept), or a packed copy in `w` (ld becomes cols).
-  const void* gemm_operand(const T* X, int64_t rows, int64_t cols, int64_t& ld, std::optional<Workspace>& w);
+  // X rounded for a GEMM: the parameters' copy (ld kept) where the call names X as its weight, or a packed copy in
+  // `w` (ld becomes cols).
+  const void* gemm_operand(const T* X, bool weight, int64_t rows, int64_t cols, int64_t& ld,
+                           std::optional<Workspace>& w);
   // Where p's rounded value sits in the parameters' copy while the copy is current (adamw_update writes it there
   // and so keeps it current); null otherwise (no copy yet, a stale one, or p outside the parameters).
   void* current_rounded(const T* p) {

@@ -14,11 +14,15 @@ namespace moe::cuda {
 // GemmPrecision::Bf16: both operands rounded into packed workspace, then cuBLAS with bf16 inputs, fp32
 // products summed in fp32 (tensor cores) into the fp32 C. fp64 storage: the rounded values in fp64, a DGEMM.
 template <typename T>
-void CudaOps<T>::gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
-                           int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
-  std::optional<Workspace> a_space, b_space;  // for operands outside the parameters
-  const void* a = gemm_operand(A, trans_a ? K : M, trans_a ? M : K, lda, a_space);
-  const void* b = gemm_operand(B, trans_b ? N : K, trans_b ? K : N, ldb, b_space);
+void CudaOps<T>::gemm_bf16(const typename Ops<T>::Gemm& g) {
+  const bool trans_a = g.trans_a, trans_b = g.trans_b;
+  const int64_t M = g.M, N = g.N, K = g.K, ldc = g.ldc;
+  int64_t lda = g.lda, ldb = g.ldb;
+  const T alpha = g.alpha, beta = g.beta;
+  T* C = g.C;
+  std::optional<Workspace> a_space, b_space;  // for operands that are not the weight
+  const void* a = gemm_operand(g.A, g.weight == GemmWeight::A, trans_a ? K : M, trans_a ? M : K, lda, a_space);
+  const void* b = gemm_operand(g.B, g.weight == GemmWeight::B, trans_b ? N : K, trans_b ? K : N, ldb, b_space);
   if constexpr (sizeof(T) == 4) {
     MOE_CUBLAS_CHECK(cublasGemmEx(ctx_.blas, op(trans_b), op(trans_a), int(N), int(M), int(K), &alpha, b, CUDA_R_16BF,
                                   int(ldb), a, CUDA_R_16BF, int(lda), &beta, C, CUDA_R_32F, int(ldc),
@@ -64,8 +68,10 @@ const void* CudaOps<T>::rounded_parameter(const T* x) {
 }
 
 template <typename T>
-const void* CudaOps<T>::gemm_operand(const T* X, int64_t rows, int64_t cols, int64_t& ld, std::optional<Workspace>& w) {
-  if (const void* r = rounded_parameter(X)) return r;
+const void* CudaOps<T>::gemm_operand(const T* X, bool weight, int64_t rows, int64_t cols, int64_t& ld,
+                                     std::optional<Workspace>& w) {
+  if (weight)
+    if (const void* r = rounded_parameter(X)) return r;
   w.emplace(*ctx_.allocator, size_t(sizes::rounded_operand_bytes(double(rows * cols), double(sizeof(T)))));
   round_operand(X, rows, cols, ld, w->ptr);
   ld = cols;
@@ -86,18 +92,21 @@ cublasStatus_t grouped_call(cublasHandle_t h, const cublasOperation_t* ta, const
 // One cuBLAS call for every non-empty expert: the plan's per-group arguments on the host, its operand
 // pointers in a device array.
 template <typename T>
-void CudaOps<T>::grouped_gemm(bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N,
-                              int64_t K, T alpha, const T* A, const T* B, T beta, T* C) {
-  const GroupedGemmPlan plan = plan_grouped_gemm(trans_a, trans_b, groups, row_offset, N, K);
+void CudaOps<T>::run_grouped_gemm(const typename Ops<T>::GroupedGemm& g) {
+  const int64_t groups = g.groups, N = g.N, K = g.K;
+  const int64_t* row_offset = g.row_offset;
+  const T alpha = g.alpha, beta = g.beta, *A = g.A, *B = g.B;
+  T* C = g.C;
+  const GroupedGemmPlan plan = plan_grouped_gemm(g.trans_a, g.trans_b, groups, row_offset, N, K);
   const size_t P = plan.problems();
   if (P == 0) return;
-  if (this->gemm_precision() == GemmPrecision::Bf16 && K > 0) {
+  if (g.precision == GemmPrecision::Bf16 && K > 0) {
     // Both operands are contiguous, so rounded whole as one row each (the plan's offsets hold for the copies);
-    // the experts' weights come from the parameters' rounded copy when they are parameters.
-    int64_t a_count = row_offset[groups] * K, b_count = trans_a ? row_offset[groups] * N : groups * K * N;
+    // the experts' weights come from the parameters' rounded copy when the call names them.
+    int64_t a_count = row_offset[groups] * K, b_count = g.trans_a ? row_offset[groups] * N : groups * K * N;
     std::optional<Workspace> a_space, b_space;
-    const void* a = gemm_operand(A, 1, a_count, a_count, a_space);
-    const void* b = gemm_operand(B, 1, b_count, b_count, b_space);
+    const void* a = gemm_operand(A, g.weight == GemmWeight::A, 1, a_count, a_count, a_space);
+    const void* b = gemm_operand(B, g.weight == GemmWeight::B, 1, b_count, b_count, b_space);
     return grouped_call_bf16(plan, alpha, a, b, beta, C);
   }
   std::vector<cublasOperation_t> ta(P), tb(P);
@@ -181,22 +190,19 @@ void CudaOps<T>::grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const v
   }
 }
 
-template void CudaOps<float>::gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
-                                        const float*, int64_t, float, float*, int64_t);
+template void CudaOps<float>::gemm_bf16(const Ops<float>::Gemm&);
 template void CudaOps<float>::round_operand(const float*, int64_t, int64_t, int64_t, void*);
 template const void* CudaOps<float>::rounded_parameter(const float*);
-template const void* CudaOps<float>::gemm_operand(const float*, int64_t, int64_t, int64_t&, std::optional<Workspace>&);
-template void CudaOps<float>::grouped_gemm(bool, bool, int64_t, const int64_t*, int64_t, int64_t, float, const float*,
-                                           const float*, float, float*);
+template const void* CudaOps<float>::gemm_operand(const float*, bool, int64_t, int64_t, int64_t&,
+                                                  std::optional<Workspace>&);
+template void CudaOps<float>::run_grouped_gemm(const Ops<float>::GroupedGemm&);
 template void CudaOps<float>::grouped_call_bf16(const GroupedGemmPlan&, float, const void*, const void*, float, float*);
-template void CudaOps<double>::gemm_bf16(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
-                                         const double*, int64_t, double, double*, int64_t);
+template void CudaOps<double>::gemm_bf16(const Ops<double>::Gemm&);
 template void CudaOps<double>::round_operand(const double*, int64_t, int64_t, int64_t, void*);
 template const void* CudaOps<double>::rounded_parameter(const double*);
-template const void* CudaOps<double>::gemm_operand(const double*, int64_t, int64_t, int64_t&,
+template const void* CudaOps<double>::gemm_operand(const double*, bool, int64_t, int64_t, int64_t&,
                                                    std::optional<Workspace>&);
-template void CudaOps<double>::grouped_gemm(bool, bool, int64_t, const int64_t*, int64_t, int64_t, double,
-                                            const double*, const double*, double, double*);
+template void CudaOps<double>::run_grouped_gemm(const Ops<double>::GroupedGemm&);
 template void CudaOps<double>::grouped_call_bf16(const GroupedGemmPlan&, double, const void*, const void*, double,
                                                  double*);
 
