@@ -246,21 +246,18 @@ template <typename T>
 void MoeLayer<T>::route(const FfnContext& context, const T* x, const ActsView& v, MoeSlot<T>& st, int64_t N) {
   if (s_.token_shards == 1) {
     router_.logits(x, v.logits, N);
-    if (backend_plans())
-      router_.route_on_backend(context, v.logits, v.scores, st.routing, N);  // plan_on_backend waits
-    else
-      router_.route(context, v.logits, v.scores, st.routing, N);
-    st.first_token = 0;
-    return;
+  } else {
+    MOE_CHECK(group_ && group_->size() == s_.token_shards,
+              "an MoE layer whose routing group is split over " << s_.token_shards << " ranks needs their all-gather");
+    backend_.reserve(local_logits_, dtype_of<T>(), N * s_.num_experts);
+    router_.logits(x, local_logits_.template data<T>(), N);
+    group_->allgather(local_logits_.template data<T>(), v.logits, N * s_.num_experts);
   }
-  MOE_CHECK(group_ && group_->size() == s_.token_shards,
-            "an MoE layer whose routing group is split over " << s_.token_shards << " ranks needs their all-gather");
-  const int64_t E = s_.num_experts;
-  backend_.reserve(local_logits_, dtype_of<T>(), N * E);
-  router_.logits(x, local_logits_.template data<T>(), N);
-  group_->allgather(local_logits_.template data<T>(), v.logits, N * E);
-  router_.route(context, v.logits, v.scores, st.routing, group_tokens(N));
   st.first_token = s_.token_shard * N;
+  if (backend_plans())
+    router_.route_on_backend(context, v.logits, v.scores, st.routing, group_tokens(N));  // plan_on_backend waits
+  else
+    router_.route(context, v.logits, v.scores, st.routing, group_tokens(N));
 }
 
 // Capacity and overflow over the router's preferences for the whole group, its statistics, then this
@@ -298,13 +295,14 @@ void MoeLayer<T>::plan(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
   }
 }
 
-// Capacity in MODEL.md's priority order, drop, the stable permutation by expert and each permuted row's token and
-// gate weight, as ops on the backend (the host plan's code is their CPU body, so the same bits); then one wait for
-// what the host needs: the expert offsets (the grouped GEMM's row counts, the all-to-all's split sizes), f and the
-// losses' sums.
+// Capacity in MODEL.md's priority order over the whole routing group, drop, the stable permutation by expert (of the
+// group, then this rank's part of it where the group is split) and each permuted row's token and gate weight, as ops
+// on the backend (the host plan's code is their CPU body, so the same bits); then one wait for what the host needs:
+// the expert offsets (the grouped GEMM's row counts, the all-to-all's split sizes; a split group's whole ones for
+// the statistics), f and the losses' sums.
 template <typename T>
 void MoeLayer<T>::plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
-  const int64_t E = s_.num_experts, K = s_.top_k, M = N * K;
+  const int64_t E = s_.num_experts, K = s_.top_k, M = N * K, G = group_tokens(N), lo = st.first_token * K;
   Routing<T>& r = st.routing;
   const sizes::MoePlanBuffers size = sizes::moe_plan_buffers(shape(N), {double(M), 0, 0}, 0, true);
   backend_.reserve(st.assigned, DType::I32, sizes::elements(size.assigned));
@@ -316,27 +314,52 @@ void MoeLayer<T>::plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int
   backend_.reserve(st.gate, dtype_of<T>(), sizes::elements(size.gate));
   int32_t* assigned = st.assigned.template data<int32_t>();
   ops_.capacity_keep(r.selected_on_backend.template data<int32_t>(), router_.selected_scores(),
-                     s_.drop_policy == DropPolicy::Probs, capacity(N), assigned, M, E);
-  ops_.permute_by_expert(assigned, st.expert_offset.template data<int64_t>(),
-                         st.perm_slot_rows.template data<int32_t>(), st.slot_row.template data<int32_t>(), M, E);
-  ops_.permuted_rows(st.perm_slot_rows.template data<int32_t>(), r.gate_on_backend.template data<T>(), K,
-                     st.perm_token.template data<int32_t>(), st.perm_gate.template data<T>(), M);
-  ops_.copy(r.gate_on_backend.template data<T>(), st.gate.template data<T>(), M);
-  router_.read_back(r, N, false);
+                     s_.drop_policy == DropPolicy::Probs, capacity(G), assigned, G * K, E);
+  const bool split = G > N, counting = context.training && !context.recomputing;
+  if (split)
+    permute_split_group(st, N);
+  else
+    ops_.permute_by_expert(assigned, st.expert_offset.template data<int64_t>(),
+                           st.perm_slot_rows.template data<int32_t>(), st.slot_row.template data<int32_t>(), M, E);
+  const T* gate = r.gate_on_backend.template data<T>() + lo;  // this rank's tokens' gate weights
+  ops_.permuted_rows(st.perm_slot_rows.template data<int32_t>(), gate, K, st.perm_token.template data<int32_t>(),
+                     st.perm_gate.template data<T>(), M);
+  ops_.copy(gate, st.gate.template data<T>(), M);
+  router_.read_back(r, G, false);
   DispatchPlan& plan = st.plan;
   plan.expert_offset.resize(size_t(E + 1));
   backend_.copy_to_host(plan.expert_offset.data(), st.expert_offset.template data<int64_t>(), E + 1);
+  std::vector<int64_t> group_offset(split && counting ? size_t(E + 1) : 0);
+  if (!group_offset.empty()) backend_.copy_to_host(group_offset.data(), group_offset_.template data<int64_t>(), E + 1);
   backend_.synchronize();
-  router_.finish(context, r, N);
+  router_.finish(context, r, G);
   plan.fate.clear(), plan.assigned_expert.clear(), plan.perm_slot.clear(), plan.row_of_slot.clear();
   st.fallback_token.clear(), st.fallback_weight.clear(), st.fallback_pairs.clear();
-  if (!context.training || context.recomputing) return;
-  // The statistics from the offsets: each selected slot is kept or dropped; a row selects min(K, usable experts).
+  if (!counting) return;
+  // The whole group's statistics (as every rank of a split group counts them) from its offsets: each selected slot
+  // is kept or dropped; a row selects min(K, usable experts).
+  const std::vector<int64_t>& offset = split ? group_offset : plan.expert_offset;
   const int64_t usable = E - std::count(r.expert_masked.begin(), r.expert_masked.end(), uint8_t(1));
-  for (int64_t e = 0; e < E; ++e)
-    stats_.tokens_per_expert[size_t(e)] += plan.expert_offset[size_t(e + 1)] - plan.expert_offset[size_t(e)];
-  stats_.dropped += N * std::min(K, usable) - plan.rows();
-  count_router_stats(st, N);
+  for (int64_t e = 0; e < E; ++e) stats_.tokens_per_expert[size_t(e)] += offset[size_t(e + 1)] - offset[size_t(e)];
+  stats_.dropped += G * std::min(K, usable) - offset[size_t(E)];
+  count_router_stats(st, G);
+}
+
+// A routing group split over ranks: the whole group's permutation (the layer's workspace), then this rank's part of
+// it into the slot's buffers (Ops::restrict_permutation: restrict_plan's CPU body).
+template <typename T>
+void MoeLayer<T>::permute_split_group(MoeSlot<T>& st, int64_t N) {
+  const int64_t E = s_.num_experts, K = s_.top_k, G = group_tokens(N), lo = st.first_token * K;
+  const sizes::GroupPermutation size = sizes::moe_group_permutation(shape(N), true);
+  backend_.reserve(group_offset_, DType::I64, sizes::elements(size.offset));
+  backend_.reserve(group_perm_slot_, DType::I32, sizes::elements(size.perm_slot));
+  backend_.reserve(group_row_of_slot_, DType::I32, sizes::elements(size.row_of_slot));
+  int64_t* offset = group_offset_.template data<int64_t>();
+  int32_t* perm_slot = group_perm_slot_.template data<int32_t>();
+  ops_.permute_by_expert(st.assigned.template data<int32_t>(), offset, perm_slot,
+                         group_row_of_slot_.template data<int32_t>(), G * K, E);
+  ops_.restrict_permutation(offset, perm_slot, lo, lo + N * K, st.expert_offset.template data<int64_t>(),
+                            st.perm_slot_rows.template data<int32_t>(), st.slot_row.template data<int32_t>(), G * K, E);
 }
 
 template <typename T>
@@ -415,17 +438,18 @@ template <typename T>
 const MoeSlot<T>& MoeLayer<T>::host_state() const {
   const MoeSlot<T>& st = default_state();
   if (!st.planned_on_backend || !st.plan.fate.empty() || st.routing.tokens == 0) return st;
-  // Filled once per forward, on demand (tests, benchmarks): the slot is this layer's, written by its forwards.
+  // Filled once per forward, on demand (tests, benchmarks): the slot is this layer's, written by its forwards. As
+  // the host plan keeps them: the whole group's selection and gate weights, this rank's slots' experts and fates.
   MoeSlot<T>& s = const_cast<MoeSlot<T>&>(st);
-  const int64_t M = s.routing.tokens * s_.top_k;
-  s.routing.selected = backend_.download(s.routing.selected_on_backend.template data<int32_t>(), M);
-  s.routing.gate = backend_.download(s.routing.gate_on_backend.template data<T>(), M);
-  s.plan.assigned_expert = backend_.download(s.assigned.template data<int32_t>(), M);
+  const int64_t K = s_.top_k, G = s.routing.tokens, lo = s.first_token * K, M = G / s_.token_shards * K;
+  s.routing.selected = backend_.download(s.routing.selected_on_backend.template data<int32_t>(), G * K);
+  s.routing.gate = backend_.download(s.routing.gate_on_backend.template data<T>(), G * K);
+  s.plan.assigned_expert = backend_.download(s.assigned.template data<int32_t>() + lo, M);
   s.plan.fate.resize(size_t(M));
   for (size_t slot = 0; slot < size_t(M); ++slot)
-    s.plan.fate[slot] = s.plan.assigned_expert[slot] >= 0 ? SlotFate::Kept
-                        : s.routing.selected[slot] >= 0   ? SlotFate::Dropped
-                                                          : SlotFate::None;
+    s.plan.fate[slot] = s.plan.assigned_expert[slot] >= 0            ? SlotFate::Kept
+                        : s.routing.selected[size_t(lo) + slot] >= 0 ? SlotFate::Dropped
+                                                                     : SlotFate::None;
   return st;
 }
 

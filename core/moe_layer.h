@@ -45,8 +45,9 @@ struct MoeSlot final : FfnSlot {
   // dense fallback computed, its row among the fallback's tokens and its slot (both Sf).
   Buffer perm_token, perm_gate, slot_row, gate, fallback_token_rows, fallback_weights, perm_slot_rows,
       fallback_slot_source, fallback_slot;
-  // Where the backend planned (MoeLayer::backend_plans): the expert that computes each slot (N K, -1 if none) and
-  // the expert offsets (E + 1); `plan` then holds the offsets only (its other fields stay empty).
+  // Where the backend planned (MoeLayer::backend_plans): the expert that computes each slot of the whole routing
+  // group (G K, -1 if none) and this rank's expert offsets (E + 1); `plan` then holds the offsets only (its other
+  // fields stay empty).
   bool planned_on_backend = false;
   Buffer assigned, expert_offset;
 };
@@ -126,10 +127,12 @@ class MoeLayer final : public FeedForward<T>, public Stateful {
   // The default slot with the host copies of its routing and plan, read back once where the backend planned.
   const MoeSlot<T>& host_state() const;
   // The backend plans the dispatch (capacity, drop, the permutation as ops; one wait for the expert offsets, f and
-  // the losses' sums) where nothing needs the host's plan: overflow dropped, the routing group not split. Reroute,
-  // the dense fallback and the cascade, and a split group (restrict_plan), plan on the host (docs/gpu.md).
-  bool backend_plans() const { return s_.overflow == Overflow::Drop && s_.token_shards == 1; }
+  // the losses' sums) where nothing needs the host's plan: overflow dropped, the routing group whole or split over
+  // ranks (Ops::restrict_permutation takes this rank's part). Reroute, the dense fallback and the cascade plan on
+  // the host (docs/gpu.md).
+  bool backend_plans() const { return s_.overflow == Overflow::Drop; }
   void plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int64_t N);
+  void permute_split_group(MoeSlot<T>& st, int64_t N);
   // Logits, scores and routing of the whole group (gathered when it is split), into the slot and acts.
   void route(const FfnContext& context, const T* x, const ActsView& v, MoeSlot<T>& st, int64_t N);
   // The whole group's plan and statistics, then this rank's part of the plan and its fallback tokens.
@@ -183,6 +186,8 @@ class MoeLayer final : public FeedForward<T>, public Stateful {
 
   // Workspace of one forward or backward call (no micro-batch state), kept to avoid reallocating.
   Buffer scratch_, token_rows_, expert_out_, dots_, fallback_dots_, local_logits_;
+  // A split routing group planned on the backend: the whole group's permutation before this rank's part is taken.
+  Buffer group_offset_, group_perm_slot_, group_row_of_slot_;
 };
 
 }  // namespace moe

@@ -186,8 +186,8 @@ inline double experts_scratch(double R, double F) { return 3 * R * F; }
 // Planned on the host and uploaded (upload_plan): each permuted row's token, gate weight and slot (M), each
 // slot's permuted row and gate weight (n K), the fallback's tokens and their weights (Mf) and, for each of the
 // Sf overflowed assignments it computes, its row among those tokens and its slot. Planned on the backend
-// (plan_on_backend: overflow dropped, the routing group not split): the same permuted buffers sized for every slot
-// (n K), each slot's expert (n K) and the expert offsets (E + 1, int64); no fallback.
+// (plan_on_backend: overflow dropped): the same permuted buffers sized for every slot (n K), the expert of each slot
+// of the whole routing group (G K) and the expert offsets (E + 1, int64); no fallback.
 struct MoePlanBuffers {
   double perm_token = 0, perm_gate = 0, perm_slot_rows = 0, slot_row = 0, gate = 0;
   double fallback_tokens = 0, fallback_weights = 0, fallback_sources = 0, fallback_slots = 0;
@@ -203,7 +203,8 @@ inline MoePlanBuffers moe_plan_buffers(const MoeShape& m, const RoutedRows& r, d
   const double slots = m.n * m.K;
   MoePlanBuffers b;
   if (on_backend) {
-    b.perm_token = b.perm_gate = b.perm_slot_rows = b.slot_row = b.gate = b.assigned = slots;
+    b.perm_token = b.perm_gate = b.perm_slot_rows = b.slot_row = b.gate = slots;
+    b.assigned = m.G * m.K;
     b.expert_offset = m.E + 1;
     return b;
   }
@@ -212,6 +213,18 @@ inline MoePlanBuffers moe_plan_buffers(const MoeShape& m, const RoutedRows& r, d
   b.fallback_tokens = b.fallback_weights = r.Mf;
   b.fallback_sources = b.fallback_slots = Sf;
   return b;
+}
+// A routing group split over ranks (G > n) and planned on the backend: the whole group's permutation, the layer's
+// workspace until this rank's part is taken (core/moe_layer.cpp permute_split_group): row -> slot and slot -> row
+// (G K, int32) and the expert offsets (E + 1, int64); none otherwise.
+struct GroupPermutation {
+  double perm_slot = 0, row_of_slot = 0, offset = 0;
+  double int32s() const { return perm_slot + row_of_slot; }
+  double int64s() const { return offset; }
+};
+inline GroupPermutation moe_group_permutation(const MoeShape& m, bool on_backend) {
+  if (!on_backend || m.G <= m.n) return {};
+  return {m.G * m.K, m.G * m.K, m.E + 1};
 }
 // The router's buffers on the backend (core/moe/router.cpp), for G tokens of the routing group and W preference
 // choices (E when overflow reroutes, else K). Held by the layer: the Gumbel noise (G, E) while training with it,
