@@ -52,6 +52,10 @@ inline SlotIo slot_io(double N, double rows, double D, bool embedding, bool head
   return io;
 }
 
+// The model's staging of a step's per-token losses on the stage with the head (core/loss_staging.h): `sections`
+// forwards (the step's micro-batches of this rank) of up to N tokens each, read once.
+inline double loss_staging(double sections, double N) { return sections * N; }
+
 // ---- The pipeline executor (parallel/pipeline.cpp) ----
 
 // Per micro-batch slot a chunk keeps in flight, each a message of the stage's rows of the residual stream (rows,

@@ -315,7 +315,9 @@ MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int
   m.parameters = saturate(kFloat * (p.dense + p.expert));
   m.gradients = m.parameters;
   m.optimizer = saturate(optimizer_bytes(p, config.optim.zero, double(dp), edp));
-  m.activations = saturate(model.activations);
+  // The rank with the head stages its micro-batches' per-token losses for one read per step (core/loss_staging.h).
+  const double micro_batches = double(config.train.global_batch / (dp * config.train.micro_batch));
+  m.activations = saturate(model.activations + (s.head ? kFloat * sizes::loss_staging(micro_batches, s.N) : 0.0));
   m.scratch = saturate(model.scratch);
   m.routed_rows = saturate(s.moe_layers * routed_bytes_per_layer(s, double(slots)));
   m.communication = saturate(communication_bytes(s, p, config.optim.zero, double(dp), edp,

@@ -211,6 +211,7 @@ void build_model(Trainer& t) {
                        .stage = specs[size_t(c)],
                        .attention_factory = attention_factory(t, shape, tp),
                        .tp = tensor_parallel_layout<float>(t.backend, tp, shape),
+                       .loss_sections = t.micro_batches(),
                    }));
   }
   t.model = t.chunks[0].get();
