@@ -72,14 +72,15 @@ PipelineExecutor<T>::PipelineExecutor(const std::vector<Model<T>*>& chunks, Comm
 template <typename T>
 PipelineExecutor<T>::~PipelineExecutor() = default;
 
-// Waits for the slot's previous send of this kind, then sends a copy of `data`.
+// Waits for the slot's previous send of this kind, then sends a copy of `data`. The host does not wait for the
+// copy: the data plane takes the buffer after the backend's work queued before the send (communicator.h), NCCL on
+// its stream after the compute stream's, so the send is ordered after the copy on the device.
 template <typename T>
 void PipelineExecutor<T>::send(Slot& slot, std::unique_ptr<Request>& request, Buffer& buffer, const T* data, int peer,
                                int tag) {
   if (request) request->wait();
   Backend& backend = chunks_[0]->backend();
   backend.copy(buffer.template data<T>(), data, size_t(rows_) * sizeof(T));
-  backend.synchronize();
   request = pp_.isend(buffer.template data<T>(), rows_, peer, tag);
 }
 

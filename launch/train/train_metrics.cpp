@@ -46,10 +46,8 @@ void pipeline_forward(Trainer& t, const int32_t* tokens, int64_t B) {
       pp.recv(input.data<float>(), n, int((v - 1) % P), kTag + int(v));
     }
     model.forward(0, tokens, B, v > 0 ? input.data<float>() : nullptr);
-    if (v < last_virtual) {
-      model.backend().synchronize();
-      pp.send(model.output_activation(0), n, int((v + 1) % P), kTag + int(v + 1));
-    }
+    // The data plane takes the activation after the forward's queued work (communicator.h): no host wait.
+    if (v < last_virtual) pp.send(model.output_activation(0), n, int((v + 1) % P), kTag + int(v + 1));
   }
 }
 
