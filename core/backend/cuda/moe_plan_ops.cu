@@ -3,6 +3,7 @@
 #include <cub/cub.cuh>
 
 #include "core/backend/cuda/cuda_check.h"
+#include "core/backend/cuda/cuda_ops.cuh"
 #include "core/backend/cuda/launch_config.h"
 #include "core/backend/cuda/moe_plan_ops.h"
 
@@ -41,16 +42,6 @@ __global__ void part_offsets_kernel(const int64_t* offset, const int32_t* row, i
     part_offset[e] = row[offset[e]];
 }
 
-// Device workspace of one call, back to the allocator's cache when it goes.
-struct Scratch {
-  Scratch(CachingAllocator& a, size_t bytes) : allocator(a), ptr(a.allocate(bytes)) {}
-  ~Scratch() { allocator.free(ptr); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  CachingAllocator& allocator;
-  void* ptr;
-};
-
 }  // namespace
 
 void restrict_permutation(cudaStream_t stream, CachingAllocator& allocator, const int64_t* offset,
@@ -60,7 +51,7 @@ void restrict_permutation(cudaStream_t stream, CachingAllocator& allocator, cons
     MOE_CUDA_CHECK(cudaMemsetAsync(part_perm_slot, 0xFF, size_t(hi - lo) * sizeof(int32_t), stream));
     MOE_CUDA_CHECK(cudaMemsetAsync(part_row_of_slot, 0xFF, size_t(hi - lo) * sizeof(int32_t), stream));
   }
-  Scratch space(allocator, size_t(2 * (M + 1)) * sizeof(int32_t));
+  Workspace space(allocator, size_t(2 * (M + 1)) * sizeof(int32_t));
   int32_t* flag = static_cast<int32_t*>(space.ptr);
   int32_t* row = flag + (M + 1);
   const LaunchConfig f = elementwise_launch(M + 1);
@@ -68,7 +59,7 @@ void restrict_permutation(cudaStream_t stream, CachingAllocator& allocator, cons
   MOE_CUDA_LAUNCHED();
   size_t bytes = 0;
   MOE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, bytes, flag, row, int(M + 1), stream));
-  Scratch temp(allocator, std::max<size_t>(bytes, 1));
+  Workspace temp(allocator, std::max<size_t>(bytes, 1));
   MOE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp.ptr, bytes, flag, row, int(M + 1), stream));
   if (M > 0) {
     const LaunchConfig c = elementwise_launch(M);
