@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -71,6 +72,7 @@ Model<T>::Model(Backend& backend, ModelOptions<T> options)
   slots_.resize(size_t(num_slots));
   for (Slot& slot : slots_) make_slot(slot);
   make_scratch();
+  if (stage.head) loss_staging_ = std::make_unique<LossStaging<T>>(backend, options.loss_sections, max_batch_ * T_);
 }
 
 // Every layer's parameters and gradients, found by name in `table`, which carves `P` and `G`.
@@ -321,11 +323,27 @@ double Model<T>::head_forward(Slot& s, int64_t N) {
   // The stage's last block has normalised its output already (block_forward); a stage of the head alone has not.
   if (stage_layers() == 0) ops_.rmsnorm_forward(s.x.back(), out_norm_, s.xo, s.rstd_o, rows(N), D);
   head_->forward(s.xo, s.targets.template data<int32_t>(), s.losses.template data<T>(), s.head_acts, N);
+  if (staging_losses_) {  // read with the others' (staged_losses)
+    loss_staging_->add(s.losses.template data<T>(), N);
+    return std::numeric_limits<double>::quiet_NaN();
+  }
   // The loss is what the host needs: the per-token losses copied out once, summed in token order.
   const std::vector<T> losses = backend_.download(s.losses.template data<T>(), N);
-  double total = 0;
-  for (int64_t i = 0; i < N; ++i) total += double(losses[size_t(i)]);
-  return total;
+  return token_loss_sum(losses.data(), N);
+}
+
+template <typename T>
+void Model<T>::stage_losses() {
+  MOE_CHECK(stage_.head, "per-token losses staged on a pipeline stage without the head");
+  loss_staging_->clear();
+  staging_losses_ = true;
+}
+
+template <typename T>
+std::vector<double> Model<T>::staged_losses() {
+  MOE_CHECK(staging_losses_, "staged losses read without stage_losses()");
+  staging_losses_ = false;
+  return loss_staging_->read();
 }
 
 template <typename T>

@@ -19,6 +19,7 @@
 #include "core/backend/backend.h"
 #include "core/embedding.h"
 #include "core/ffn.h"
+#include "core/loss_staging.h"
 #include "core/params.h"
 #include "core/recompute.h"
 #include "core/state.h"
@@ -76,6 +77,9 @@ struct ModelOptions {
   // How the layers' GEMMs read their operands (train.precision): each layer is told once, at construction, and
   // states it on every GEMM it asks the backend for (the routers' stay fp32).
   GemmPrecision precision = GemmPrecision::Fp32;
+  // Forwards whose per-token losses one read covers while staging (stage_losses; the trainer's micro-batches per
+  // step), each of up to max_batch sequences; 0: a staged forward's losses are read at once.
+  int64_t loss_sections = 0;
 };
 
 template <typename T>
@@ -151,6 +155,12 @@ class Model : public Stateful {
   // A stage without the embedding, after backward of `slot`: the gradient (rows(B*T), D) of its input activation,
   // what the previous stage's backward takes (nullptr when the stage has the embedding).
   const T* input_grad(int slot) const { return slots_[size_t(slot)].input_grad.template data<T>(); }
+  // Per-token losses read once for many forwards (docs/gpu.md "Host synchronisations"; a stage with the head): after
+  // stage_losses(), each forward leaves its losses on the backend (core/loss_staging.h) and returns NaN, its sum not
+  // known yet; staged_losses() reads them and returns each forward's sum in order, the bits forward returns
+  // unstaged, and ends the staging.
+  void stage_losses();
+  std::vector<double> staged_losses();
   // Per-token losses of the forward in `slot`: (B*T), in the backend's memory (a stage with the head).
   const T* token_losses(int slot) const { return slots_[size_t(slot)].losses.template data<T>(); }
   // The logits (B*T, V) of the forward in `slot`, in the backend's memory: a stage with the whole vocabulary's
@@ -263,6 +273,8 @@ class Model : public Stateful {
   T* layer_scratch_ = nullptr;  // the attention's, the FFN's or the head's backward scratch
   FfnContext context_;          // of the next forwards
   GradReadyHook grad_ready_;
+  std::unique_ptr<LossStaging<T>> loss_staging_;  // with the head
+  bool staging_losses_ = false;
   // Spec index ranges of the table: the embedding, each layer of the stage, the output norm and head.
   std::pair<int64_t, int64_t> embed_specs_, head_specs_;
   std::vector<std::pair<int64_t, int64_t>> layer_specs_;

@@ -254,21 +254,18 @@ template <typename T>
 void MoeLayer<T>::route(const FfnContext& context, const T* x, const ActsView& v, MoeSlot<T>& st, int64_t N) {
   if (s_.token_shards == 1) {
     router_.logits(x, v.logits, N);
-    if (backend_plans())
-      router_.route_on_backend(context, v.logits, v.scores, st.routing, N);  // plan_on_backend waits
-    else
-      router_.route(context, v.logits, v.scores, st.routing, N);
-    st.first_token = 0;
-    return;
+  } else {
+    MOE_CHECK(group_ && group_->size() == s_.token_shards,
+              "an MoE layer whose routing group is split over " << s_.token_shards << " ranks needs their all-gather");
+    backend_.reserve(local_logits_, dtype_of<T>(), N * s_.num_experts);
+    router_.logits(x, local_logits_.template data<T>(), N);
+    group_->allgather(local_logits_.template data<T>(), v.logits, N * s_.num_experts);
   }
-  MOE_CHECK(group_ && group_->size() == s_.token_shards,
-            "an MoE layer whose routing group is split over " << s_.token_shards << " ranks needs their all-gather");
-  const int64_t E = s_.num_experts;
-  backend_.reserve(local_logits_, dtype_of<T>(), N * E);
-  router_.logits(x, local_logits_.template data<T>(), N);
-  group_->allgather(local_logits_.template data<T>(), v.logits, N * E);
-  router_.route(context, v.logits, v.scores, st.routing, group_tokens(N));
   st.first_token = s_.token_shard * N;
+  if (backend_plans())
+    router_.route_on_backend(context, v.logits, v.scores, st.routing, group_tokens(N));  // plan_on_backend waits
+  else
+    router_.route(context, v.logits, v.scores, st.routing, group_tokens(N));
 }
 
 // Capacity and overflow over the router's preferences for the whole group, its statistics, then this
@@ -308,16 +305,9 @@ void MoeLayer<T>::plan(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
   st.fallback_count = int64_t(st.fallback_token.size()), st.fallback_pair_count = int64_t(st.fallback_pairs.size());
 }
 
-// Capacity in MODEL.md's priority order, the overflow rerouted (reroute, the cascade), the stable permutation by
-// expert and each permuted row's token and gate weight, and the dense fallback's rows, as ops on the backend (the
-// host plan's code is their CPU body, so the same bits); then one wait for what the host needs: the expert offsets
-// (the grouped GEMM's row counts, the all-to-all's split sizes), the plan's counts (the fallback's rows, the
-// statistics), f and the losses' sums.
+// The backend plan's buffers of a slot (sizes::moe_plan_buffers), kept across forwards.
 template <typename T>
-void MoeLayer<T>::plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
-  const int64_t E = s_.num_experts, K = s_.top_k, M = N * K;
-  Routing<T>& r = st.routing;
-  const sizes::MoePlanBuffers size = sizes::moe_plan_buffers(shape(N), {double(M), 0, 0}, 0, true);
+void MoeLayer<T>::reserve_plan(MoeSlot<T>& st, const sizes::MoePlanBuffers& size) {
   backend_.reserve(st.assigned, DType::I32, sizes::elements(size.assigned));
   backend_.reserve(st.expert_offset, DType::I64, sizes::elements(size.expert_offset));
   backend_.reserve(st.plan_counts, DType::I64, sizes::elements(size.plan_counts));
@@ -326,48 +316,88 @@ void MoeLayer<T>::plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int
   backend_.reserve(st.perm_token, DType::I32, sizes::elements(size.perm_token));
   backend_.reserve(st.perm_gate, dtype_of<T>(), sizes::elements(size.perm_gate));
   backend_.reserve(st.gate, dtype_of<T>(), sizes::elements(size.gate));
+}
+
+// Capacity in MODEL.md's priority order over the whole routing group, the overflow rerouted (reroute, the cascade),
+// the stable permutation by expert (of the group, then this rank's part of it where the group is split), each
+// permuted row's token and gate weight, and the dense fallback's rows of this rank's tokens, as ops on the backend
+// (the host plan's code is their CPU body, so the same bits); then one wait for what the host needs: the expert
+// offsets (the grouped GEMM's row counts, the all-to-all's split sizes; a split group's whole ones for the
+// statistics), the plan's counts (the fallback's rows, the statistics), f and the losses' sums.
+template <typename T>
+void MoeLayer<T>::plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
+  const int64_t E = s_.num_experts, K = s_.top_k, M = N * K, G = group_tokens(N), lo = st.first_token * K;
+  Routing<T>& r = st.routing;
+  const sizes::MoePlanBuffers size = sizes::moe_plan_buffers(shape(N), {double(M), 0, 0}, 0, true);
+  reserve_plan(st, size);
   int32_t* assigned = st.assigned.template data<int32_t>();
   int64_t* counts = st.plan_counts.template data<int64_t>();  // rerouted, the fallback's tokens and slots
   const bool by_score = s_.drop_policy == DropPolicy::Probs;
-  ops_.capacity_keep(r.selected_on_backend.template data<int32_t>(), router_.selected_scores(), by_score, capacity(N),
-                     assigned, M, E);
+  ops_.capacity_keep(r.selected_on_backend.template data<int32_t>(), router_.selected_scores(), by_score, capacity(G),
+                     assigned, G * K, E);
   if (reroutes(s_.overflow))
-    ops_.reroute_overflow(router_.preference_rows(), r.choices, router_.selected_scores(), by_score, capacity(N),
-                          assigned, counts, N, K, E);
-  ops_.permute_by_expert(assigned, st.expert_offset.template data<int64_t>(),
-                         st.perm_slot_rows.template data<int32_t>(), st.slot_row.template data<int32_t>(), M, E);
-  ops_.permuted_rows(st.perm_slot_rows.template data<int32_t>(), r.gate_on_backend.template data<T>(), K,
-                     st.perm_token.template data<int32_t>(), st.perm_gate.template data<T>(), M);
-  ops_.copy(r.gate_on_backend.template data<T>(), st.gate.template data<T>(), M);
+    ops_.reroute_overflow(router_.preference_rows(), r.choices, router_.selected_scores(), by_score, capacity(G),
+                          assigned, counts, G, K, E);
+  const bool split = G > N, counting = context.training && !context.recomputing;
+  if (split)
+    permute_split_group(st, N);
+  else
+    ops_.permute_by_expert(assigned, st.expert_offset.template data<int64_t>(),
+                           st.perm_slot_rows.template data<int32_t>(), st.slot_row.template data<int32_t>(), M, E);
+  const T* gate = r.gate_on_backend.template data<T>() + lo;  // this rank's tokens' gate weights
+  ops_.permuted_rows(st.perm_slot_rows.template data<int32_t>(), gate, K, st.perm_token.template data<int32_t>(),
+                     st.perm_gate.template data<T>(), M);
+  ops_.copy(gate, st.gate.template data<T>(), M);
   if (fallback_) fallback_on_backend(st, size, N);
-  router_.read_back(r, N, false);
+  router_.read_back(r, G, false);
   DispatchPlan& plan = st.plan;
   plan.expert_offset.resize(size_t(E + 1));
   backend_.copy_to_host(plan.expert_offset.data(), st.expert_offset.template data<int64_t>(), E + 1);
+  std::vector<int64_t> group_offset(split && counting ? size_t(E + 1) : 0);
+  if (!group_offset.empty()) backend_.copy_to_host(group_offset.data(), group_offset_.template data<int64_t>(), E + 1);
   // The counts the plan's ops wrote: the rerouted slots' (reroute), the fallback's tokens and slots (fallback).
   int64_t host_counts[3] = {0, 0, 0};
   const int64_t first = reroutes(s_.overflow) ? 0 : 1, end = fallback_ ? 3 : 1;
   if (end > first) backend_.copy_to_host(host_counts + first, counts + first, end - first);
   backend_.synchronize();
-  router_.finish(context, r, N);
+  router_.finish(context, r, G);
   plan.fate.clear(), plan.assigned_expert.clear(), plan.perm_slot.clear(), plan.row_of_slot.clear();
   st.fallback_token.clear(), st.fallback_weight.clear(), st.fallback_pairs.clear();
   st.fallback_count = host_counts[1], st.fallback_pair_count = host_counts[2];
-  if (context.training && !context.recomputing) count_backend_stats(st, host_counts[0], N);
+  if (counting) count_backend_stats(st, split ? group_offset : plan.expert_offset, host_counts[0], G);
 }
 
-// The statistics of a plan made on the backend, from its offsets and counts: each selected slot is kept or rerouted
-// (a row), computed by the fallback, or dropped; a token selects min(K, usable experts).
+// The whole routing group's statistics (as every rank of a split group counts them) from its expert offsets and the
+// group's rerouted slots: each selected slot is kept or rerouted (a row), computed by the fallback (where there is
+// one, every selected slot left without an expert), or dropped; a token selects min(K, usable experts).
 template <typename T>
-void MoeLayer<T>::count_backend_stats(const MoeSlot<T>& st, int64_t rerouted, int64_t N) {
+void MoeLayer<T>::count_backend_stats(const MoeSlot<T>& st, const std::vector<int64_t>& offset, int64_t rerouted,
+                                      int64_t G) {
   const int64_t E = s_.num_experts, K = s_.top_k;
   const std::vector<uint8_t>& masked = st.routing.expert_masked;
   const int64_t usable = E - std::count(masked.begin(), masked.end(), uint8_t(1));
-  const std::vector<int64_t>& offset = st.plan.expert_offset;
   for (int64_t e = 0; e < E; ++e) stats_.tokens_per_expert[size_t(e)] += offset[size_t(e + 1)] - offset[size_t(e)];
-  stats_.rerouted += rerouted, stats_.fallback += st.fallback_pair_count;
-  stats_.dropped += N * std::min(K, usable) - st.plan.rows() - st.fallback_pair_count;
-  count_router_stats(st, N);
+  const int64_t selected = G * std::min(K, usable), rows = offset[size_t(E)];
+  const int64_t fallback = fallback_ ? selected - rows : 0;
+  stats_.rerouted += rerouted, stats_.fallback += fallback, stats_.dropped += selected - rows - fallback;
+  count_router_stats(st, G);
+}
+
+// A routing group split over ranks: the whole group's permutation (the layer's workspace), then this rank's part of
+// it into the slot's buffers (Ops::restrict_permutation: restrict_plan's CPU body).
+template <typename T>
+void MoeLayer<T>::permute_split_group(MoeSlot<T>& st, int64_t N) {
+  const int64_t E = s_.num_experts, K = s_.top_k, G = group_tokens(N), lo = st.first_token * K;
+  const sizes::GroupPermutation size = sizes::moe_group_permutation(shape(N), true);
+  backend_.reserve(group_offset_, DType::I64, sizes::elements(size.offset));
+  backend_.reserve(group_perm_slot_, DType::I32, sizes::elements(size.perm_slot));
+  backend_.reserve(group_row_of_slot_, DType::I32, sizes::elements(size.row_of_slot));
+  int64_t* offset = group_offset_.template data<int64_t>();
+  int32_t* perm_slot = group_perm_slot_.template data<int32_t>();
+  ops_.permute_by_expert(st.assigned.template data<int32_t>(), offset, perm_slot,
+                         group_row_of_slot_.template data<int32_t>(), G * K, E);
+  ops_.restrict_permutation(offset, perm_slot, lo, lo + N * K, st.expert_offset.template data<int64_t>(),
+                            st.perm_slot_rows.template data<int32_t>(), st.slot_row.template data<int32_t>(), G * K, E);
 }
 
 template <typename T>
@@ -377,10 +407,12 @@ void MoeLayer<T>::fallback_on_backend(MoeSlot<T>& st, const sizes::MoePlanBuffer
   backend_.reserve(st.fallback_slot_source, DType::I32, sizes::elements(size.fallback_sources));
   backend_.reserve(st.fallback_slot, DType::I32, sizes::elements(size.fallback_slots));
   const Routing<T>& r = st.routing;
-  ops_.fallback_rows(r.selected_on_backend.template data<int32_t>(), st.assigned.template data<int32_t>(),
-                     r.gate_on_backend.template data<T>(), s_.top_k, st.fallback_token_rows.template data<int32_t>(),
-                     st.fallback_weights.template data<T>(), st.fallback_slot_source.template data<int32_t>(),
-                     st.fallback_slot.template data<int32_t>(), st.plan_counts.template data<int64_t>() + 1, N);
+  const int64_t lo = st.first_token * s_.top_k;  // this rank's tokens' slots in the routing group
+  ops_.fallback_rows(r.selected_on_backend.template data<int32_t>() + lo, st.assigned.template data<int32_t>() + lo,
+                     r.gate_on_backend.template data<T>() + lo, s_.top_k,
+                     st.fallback_token_rows.template data<int32_t>(), st.fallback_weights.template data<T>(),
+                     st.fallback_slot_source.template data<int32_t>(), st.fallback_slot.template data<int32_t>(),
+                     st.plan_counts.template data<int64_t>() + 1, N);
 }
 
 template <typename T>
@@ -459,18 +491,19 @@ template <typename T>
 const MoeSlot<T>& MoeLayer<T>::host_state() const {
   const MoeSlot<T>& st = default_state();
   if (!st.planned_on_backend || !st.plan.fate.empty() || st.routing.tokens == 0) return st;
-  // Filled once per forward, on demand (tests, benchmarks): the slot is this layer's, written by its forwards.
+  // Filled once per forward, on demand (tests, benchmarks): the slot is this layer's, written by its forwards. As
+  // the host plan keeps them: the whole group's selection and gate weights, this rank's slots' experts and fates.
   MoeSlot<T>& s = const_cast<MoeSlot<T>&>(st);
-  const int64_t M = s.routing.tokens * s_.top_k;
-  s.routing.selected = backend_.download(s.routing.selected_on_backend.template data<int32_t>(), M);
-  s.routing.gate = backend_.download(s.routing.gate_on_backend.template data<T>(), M);
-  s.plan.assigned_expert = backend_.download(s.assigned.template data<int32_t>(), M);
+  const int64_t K = s_.top_k, G = s.routing.tokens, lo = s.first_token * K, M = G / s_.token_shards * K;
+  s.routing.selected = backend_.download(s.routing.selected_on_backend.template data<int32_t>(), G * K);
+  s.routing.gate = backend_.download(s.routing.gate_on_backend.template data<T>(), G * K);
+  s.plan.assigned_expert = backend_.download(s.assigned.template data<int32_t>() + lo, M);
   // A slot's fate from its selection and assignment: a rerouted slot's expert is never one its token selected, and
   // every overflowed slot left without one is the fallback's where there is a fallback.
   const SlotFate unplaced = fallback_ ? SlotFate::Fallback : SlotFate::Dropped;
   s.plan.fate.resize(size_t(M));
   for (size_t slot = 0; slot < size_t(M); ++slot) {
-    const int32_t assigned = s.plan.assigned_expert[slot], selected = s.routing.selected[slot];
+    const int32_t assigned = s.plan.assigned_expert[slot], selected = s.routing.selected[size_t(lo) + slot];
     s.plan.fate[slot] = assigned >= 0   ? (assigned == selected ? SlotFate::Kept : SlotFate::Rerouted)
                         : selected >= 0 ? unplaced
                                         : SlotFate::None;

@@ -45,12 +45,12 @@ struct MoeSlot final : FfnSlot {
   // dense fallback computed, its row among the fallback's tokens and its slot (both Sf).
   Buffer perm_token, perm_gate, slot_row, gate, fallback_token_rows, fallback_weights, perm_slot_rows,
       fallback_slot_source, fallback_slot;
-  // The dense fallback's tokens (Mf) and the overflowed assignments it computes (Sf), on the host either way.
+  // The dense fallback's tokens (Mf) and the overflowed assignments it computes (Sf) of this rank's tokens.
   int64_t fallback_count = 0, fallback_pair_count = 0;
-  // Where the backend planned (MoeLayer::backend_plans): the expert that computes each slot (N K, -1 if none), the
-  // expert offsets (E + 1) and, where overflow is rerouted or computed densely, the plan's counts (int64: the slots
-  // rerouted, the fallback's tokens and slots); `plan` then holds the offsets only (its other fields stay empty),
-  // and the fallback's buffers are sized for every token and slot.
+  // Where the backend planned (MoeLayer::backend_plans): the expert that computes each slot of the whole routing
+  // group (G K, -1 if none), this rank's expert offsets (E + 1) and, where overflow is rerouted or computed densely,
+  // the plan's counts (int64: the group's slots rerouted, this rank's fallback tokens and slots); `plan` then holds
+  // the offsets only (its other fields stay empty), and the fallback's buffers are sized for every token and slot.
   bool planned_on_backend = false;
   Buffer assigned, expert_offset, plan_counts;
 };
@@ -131,13 +131,15 @@ class MoeLayer final : public FeedForward<T>, public Stateful {
   const MoeSlot<T>& default_state() const;
   // The default slot with the host copies of its routing and plan, read back once where the backend planned.
   const MoeSlot<T>& host_state() const;
-  // The backend plans the dispatch (capacity, the overflow's reroute, drop or dense fallback, the permutation as
-  // ops; one wait for the expert offsets, the plan's counts, f and the losses' sums) where nothing needs the host's
-  // plan: the routing group not split. A split group (restrict_plan) plans on the host (docs/gpu.md).
-  bool backend_plans() const { return s_.token_shards == 1; }
-  // The fallback's rows of the backend's plan (fallback_rows), sized for every token and slot.
+  // The backend plans the dispatch (capacity over the whole routing group, the overflow's reroute, drop or dense
+  // fallback, the permutation, and this rank's part of it where the group is split over ranks, as ops; one wait for
+  // the expert offsets, the plan's counts, f and the losses' sums) for every overflow policy and layout.
+  bool backend_plans() const { return true; }
+  // The fallback's rows of this rank's tokens in the backend's plan (fallback_rows), sized for every token and slot.
   void fallback_on_backend(MoeSlot<T>& st, const sizes::MoePlanBuffers& size, int64_t N);
+  void reserve_plan(MoeSlot<T>& st, const sizes::MoePlanBuffers& size);
   void plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int64_t N);
+  void permute_split_group(MoeSlot<T>& st, int64_t N);
   // Logits, scores and routing of the whole group (gathered when it is split), into the slot and acts.
   void route(const FfnContext& context, const T* x, const ActsView& v, MoeSlot<T>& st, int64_t N);
   // The whole group's plan and statistics, then this rank's part of the plan and its fallback tokens.
@@ -166,7 +168,7 @@ class MoeLayer final : public FeedForward<T>, public Stateful {
   void combine_beside(const ExchangePlan& p, const T* expert_rows, T* token_rows, const std::function<void()>& beside);
   void count_stats(const FfnContext& context, const MoeSlot<T>& st, int64_t N);
   // The statistics of the backend's plan from its offsets, the fallback's slots and the `rerouted` slots.
-  void count_backend_stats(const MoeSlot<T>& st, int64_t rerouted, int64_t N);
+  void count_backend_stats(const MoeSlot<T>& st, const std::vector<int64_t>& offset, int64_t rerouted, int64_t G);
   // The router's share of the statistics (losses, temperature, capacity factor, groups and tokens).
   void count_router_stats(const MoeSlot<T>& st, int64_t N);
   // Router backward of this rank's tokens: its gate-weight gradients (in dw: (G K), this rank's slots) into the
@@ -193,6 +195,8 @@ class MoeLayer final : public FeedForward<T>, public Stateful {
 
   // Workspace of one forward or backward call (no micro-batch state), kept to avoid reallocating.
   Buffer scratch_, token_rows_, expert_out_, dots_, fallback_dots_, local_logits_;
+  // A split routing group planned on the backend: the whole group's permutation before this rank's part is taken.
+  Buffer group_offset_, group_perm_slot_, group_row_of_slot_;
 };
 
 }  // namespace moe

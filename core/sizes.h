@@ -52,6 +52,10 @@ inline SlotIo slot_io(double N, double rows, double D, bool embedding, bool head
   return io;
 }
 
+// The model's staging of a step's per-token losses on the stage with the head (core/loss_staging.h): `sections`
+// forwards (the step's micro-batches of this rank) of up to N tokens each, read once.
+inline double loss_staging(double sections, double N) { return sections * N; }
+
 // ---- The pipeline executor (parallel/pipeline.cpp) ----
 
 // Per micro-batch slot a chunk keeps in flight, each a message of the stage's rows of the residual stream (rows,
@@ -187,9 +191,10 @@ inline double experts_scratch(double R, double F) { return 3 * R * F; }
 // Planned on the host and uploaded (upload_plan): each permuted row's token, gate weight and slot (M), each
 // slot's permuted row and gate weight (n K), the fallback's tokens and their weights (Mf) and, for each of the
 // Sf overflowed assignments it computes, its row among those tokens and its slot. Planned on the backend
-// (plan_on_backend: the routing group not split): the same buffers sized for every slot (n K) and, with a fallback,
-// every token (n), each slot's expert (n K), the expert offsets (E + 1, int64) and, where overflow is rerouted or
-// computed densely, the plan's counts (3 int64: rerouted, the fallback's tokens and slots).
+// (plan_on_backend): the same permuted buffers sized for every slot (n K) and, with a fallback, every token (n), the
+// expert of each slot of the whole routing group (G K), the expert offsets (E + 1, int64) and, where overflow is
+// rerouted or computed densely, the plan's counts (3 int64: the group's rerouted slots, this rank's fallback tokens
+// and slots).
 struct MoePlanBuffers {
   double perm_token = 0, perm_gate = 0, perm_slot_rows = 0, slot_row = 0, gate = 0;
   double fallback_tokens = 0, fallback_weights = 0, fallback_sources = 0, fallback_slots = 0;
@@ -206,7 +211,8 @@ inline MoePlanBuffers moe_plan_buffers(const MoeShape& m, const RoutedRows& r, d
   MoePlanBuffers b;
   if (on_backend) {
     const bool fallback = m.fallback_hidden > 0;
-    b.perm_token = b.perm_gate = b.perm_slot_rows = b.slot_row = b.gate = b.assigned = slots;
+    b.perm_token = b.perm_gate = b.perm_slot_rows = b.slot_row = b.gate = slots;
+    b.assigned = m.G * m.K;
     b.expert_offset = m.E + 1;
     b.plan_counts = m.reroutes || fallback ? 3 : 0;
     if (fallback) b.fallback_tokens = b.fallback_weights = m.n, b.fallback_sources = b.fallback_slots = slots;
@@ -217,6 +223,18 @@ inline MoePlanBuffers moe_plan_buffers(const MoeShape& m, const RoutedRows& r, d
   b.fallback_tokens = b.fallback_weights = r.Mf;
   b.fallback_sources = b.fallback_slots = Sf;
   return b;
+}
+// A routing group split over ranks (G > n) and planned on the backend: the whole group's permutation, the layer's
+// workspace until this rank's part is taken (core/moe_layer.cpp permute_split_group): row -> slot and slot -> row
+// (G K, int32) and the expert offsets (E + 1, int64); none otherwise.
+struct GroupPermutation {
+  double perm_slot = 0, row_of_slot = 0, offset = 0;
+  double int32s() const { return perm_slot + row_of_slot; }
+  double int64s() const { return offset; }
+};
+inline GroupPermutation moe_group_permutation(const MoeShape& m, bool on_backend) {
+  if (!on_backend || m.G <= m.n) return {};
+  return {m.G * m.K, m.G * m.K, m.E + 1};
 }
 // The router's buffers on the backend (core/moe/router.cpp), for G tokens of the routing group and W preference
 // choices (E when overflow reroutes, else K). Held by the layer: the Gumbel noise (G, E) while training with it,

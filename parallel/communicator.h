@@ -6,11 +6,15 @@
 // (counting_communicator.h). Counts are in elements; displacements of the v-forms are the prefix sums of the
 // counts; count arrays are read before the call returns. Nonblocking forms return a request that must complete
 // (wait, or test until true) before their buffers are touched; on NCCL completing orders the backend's compute
-// stream after the transfer rather than blocking the host (nccl_communicator.h). A receive expects exactly `count`
-// elements: MPI throws when the message differs, NCCL cannot see the count sent and ignores tags (transfers
-// between a pair match in the order issued). Errors throw moe::Error naming the operation and the communicator:
-// MPI's as program errors (exit 1) with the host and world rank, NCCL's as RunFailed (a peer or the device ended
-// the run; core/backend/cuda/cuda_check.h).
+// stream after the transfer rather than blocking the host (nccl_communicator.h). A data-plane communicator
+// (process_groups.h DataPlane) takes backend memory after the backend's work queued before the call, so its
+// callers do not wait for the backend first: NCCL's stream follows the compute stream; over the CPU backend that
+// work has run when its call returns; over the memory-checking backend the plane check runs the backend's queue
+// before MPI reads the storage (plane_check.h), as NCCL's stream order would, and no host wait of a GPU run. A receive
+// expects exactly `count` elements: MPI throws when the message differs, NCCL cannot see the count sent and ignores
+// tags (transfers between a pair match in the order issued). Errors throw moe::Error naming the operation and the
+// communicator: MPI's as program errors (exit 1) with the host and world rank, NCCL's as RunFailed (a peer or the
+// device ended the run; core/backend/cuda/cuda_check.h).
 //
 // Reductions sum. bf16 sums accumulate each pair in fp32 and round to bf16 (round to nearest even), so
 // they depend on the reduction order like any low-precision sum; prefer fp32 for gradient sync.

@@ -72,14 +72,15 @@ PipelineExecutor<T>::PipelineExecutor(const std::vector<Model<T>*>& chunks, Comm
 template <typename T>
 PipelineExecutor<T>::~PipelineExecutor() = default;
 
-// Waits for the slot's previous send of this kind, then sends a copy of `data`.
+// Waits for the slot's previous send of this kind, then sends a copy of `data`. The host does not wait for the
+// copy: the data plane takes the buffer after the backend's work queued before the send (communicator.h), NCCL on
+// its stream after the compute stream's, so the send is ordered after the copy on the device.
 template <typename T>
 void PipelineExecutor<T>::send(Slot& slot, std::unique_ptr<Request>& request, Buffer& buffer, const T* data, int peer,
                                int tag) {
   if (request) request->wait();
   Backend& backend = chunks_[0]->backend();
   backend.copy(buffer.template data<T>(), data, size_t(rows_) * sizeof(T));
-  backend.synchronize();
   request = pp_.isend(buffer.template data<T>(), rows_, peer, tag);
 }
 
@@ -107,7 +108,7 @@ int PipelineExecutor<T>::tag(int64_t mb, int64_t receiving_chunk, PipeOp kind) c
 }
 
 template <typename T>
-void PipelineExecutor<T>::run_action(size_t i, const MicroBatches& micro_batches, double loss_scale, double& loss) {
+void PipelineExecutor<T>::run_action(size_t i, const MicroBatches& micro_batches, double loss_scale) {
   const PipeAction& a = actions_[i];
   std::vector<Slot>& slots = slots_[size_t(a.chunk)];
   const int slot = int(a.micro_batch % int64_t(slots.size()));
@@ -124,7 +125,7 @@ void PipelineExecutor<T>::run_action(size_t i, const MicroBatches& micro_batches
         micro_batches.before_chunk_forward(a.micro_batch, a.chunk);
       else
         micro_batches.before_forward(a.micro_batch);
-      loss += model.forward(slot, tokens_.data(), batch_, v == 0 ? nullptr : s.received.template data<T>());
+      model.forward(slot, tokens_.data(), batch_, v == 0 ? nullptr : s.received.template data<T>());
       break;
     case PipeOp::SendActivation:
       send(s, s.activation_sent, s.activation_out, model.output_activation(slot), peer(a.chunk, 1),
@@ -147,17 +148,22 @@ void PipelineExecutor<T>::run_action(size_t i, const MicroBatches& micro_batches
 
 template <typename T>
 double PipelineExecutor<T>::run(const MicroBatches& micro_batches, double loss_scale) {
-  double loss = 0;
+  // The last stage's per-token losses stay on the backend until every action has run: one read for the step.
+  Model<T>* head = chunks_.back()->stage().head ? chunks_.back() : nullptr;
+  if (head) head->stage_losses();
   for (size_t i = 0; i < actions_.size(); ++i) {
     if (micro_batches.around) micro_batches.around(actions_[i], true);
-    run_action(i, micro_batches, loss_scale, loss);
+    run_action(i, micro_batches, loss_scale);
     if (micro_batches.around) micro_batches.around(actions_[i], false);
   }
   for (std::vector<Slot>& slots : slots_)
     for (Slot& s : slots)
       for (std::unique_ptr<Request>* r : {&s.activation_sent, &s.gradient_sent})
         if (*r) (*r)->wait(), r->reset();
-  return chunks_.back()->stage().head ? loss : 0.0;
+  double loss = 0;  // the micro-batches' sums in the order of their forwards
+  if (head)
+    for (const double sum : head->staged_losses()) loss += sum;
+  return loss;
 }
 
 template class PipelineExecutor<float>;

@@ -64,7 +64,7 @@ class PipelineExecutor {
   struct Slot;  // one slot's receive and send buffers and sends in flight
   void send(Slot& slot, std::unique_ptr<Request>& request, Buffer& buffer, const T* data, int peer, int tag);
   bool receives_next(size_t action) const;  // whether action + 1 is a receive
-  void run_action(size_t i, const MicroBatches& micro_batches, double loss_scale, double& loss);
+  void run_action(size_t i, const MicroBatches& micro_batches, double loss_scale);
   int peer(int64_t chunk, int64_t step) const;  // the rank of virtual stage (chunk's) + step
   int tag(int64_t mb, int64_t receiving_chunk, PipeOp kind) const;
 

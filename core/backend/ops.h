@@ -403,6 +403,14 @@ class Ops {
   // where assigned is. All written.
   virtual void permute_by_expert(const int32_t* assigned, int64_t* offset, int32_t* perm_slot, int32_t* row_of_slot,
                                  int64_t M, int64_t E) = 0;
+  // One part of a permutation, a routing group's when its tokens are split over ranks: the rows of permute_by_expert's
+  // offset (E + 1) and perm_slot (offset[E] rows) whose slots lie in [lo, hi), in the same order (by expert, slots
+  // in order), renumbered from 0, and their slots renumbered from lo: part_offset (E + 1), part_perm_slot (hi - lo):
+  // row -> slot - lo, -1 from part_offset[E] on; part_row_of_slot (hi - lo): slot - lo -> row, -1 where the slot
+  // has none. All written; the same as permute_by_expert of the part's own assignments.
+  virtual void restrict_permutation(const int64_t* offset, const int32_t* perm_slot, int64_t lo, int64_t hi,
+                                    int64_t* part_offset, int32_t* part_perm_slot, int32_t* part_row_of_slot, int64_t M,
+                                    int64_t E) = 0;
   // What the row-moving ops take from the permutation: each permuted row's token and gate weight,
   // perm_token[r] = perm_slot[r] / K and perm_gate[r] = gate[perm_slot[r]], -1 and 0 where perm_slot[r] < 0.
   // perm_slot, perm_token, perm_gate: (M); gate: (M), by slot.

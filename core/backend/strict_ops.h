@@ -73,6 +73,7 @@ enum class OpId : int {
   reroute_overflow,
   fallback_rows,
   permute_by_expert,
+  restrict_permutation,
   permuted_rows,
   gate_backward,
   router_loss_backward,
@@ -128,6 +129,7 @@ inline constexpr const char* kOpNames[] = {"gemm",
                                            "reroute_overflow",
                                            "fallback_rows",
                                            "permute_by_expert",
+                                           "restrict_permutation",
                                            "permuted_rows",
                                            "gate_backward",
                                            "router_loss_backward",
@@ -594,6 +596,19 @@ class StrictOps final : public Ops<T> {
     const auto p2 = r(perm_slot, M, op);
     const auto p3 = r(row_of_slot, M, op);
     run([=, this] { inner_.permute_by_expert(p0, p1, p2, p3, M, E); });
+  }
+  void restrict_permutation(const int64_t* offset, const int32_t* perm_slot, int64_t lo, int64_t hi,
+                            int64_t* part_offset, int32_t* part_perm_slot, int32_t* part_row_of_slot, int64_t M,
+                            int64_t E) override {
+    covered(OpId::restrict_permutation);
+    const char* op = "restrict_permutation";
+    MOE_CHECK(0 <= lo && lo <= hi && hi <= M, op << ": part [" << lo << ", " << hi << ") of " << M << " slots");
+    const auto p0 = r(offset, E + 1, op);
+    const auto p1 = r(perm_slot, M, op);
+    const auto p2 = r(part_offset, E + 1, op);
+    const auto p3 = r(part_perm_slot, hi - lo, op);
+    const auto p4 = r(part_row_of_slot, hi - lo, op);
+    run([=, this] { inner_.restrict_permutation(p0, p1, lo, hi, p2, p3, p4, M, E); });
   }
   void permuted_rows(const int32_t* perm_slot, const T* gate, int64_t K, int32_t* perm_token, T* perm_gate,
                      int64_t M) override {

@@ -1,8 +1,8 @@
 // The dispatch plan's slot order and permutation (MODEL.md "Capacity"), host arithmetic shared by the host plan
 // (core/moe/dispatch_plan.cpp) and the CPU bodies of the plan's ops of core/backend/ops.h (Ops::capacity_keep,
-// Ops::reroute_overflow, Ops::fallback_rows, Ops::permute_by_expert, Ops::permuted_rows), so that the plan the host
-// makes and the ops' results are the same bits. It lives with the MoE code, not in a backend, as
-// core/moe/gate_weights.h does: no layer includes a backend's own headers.
+// Ops::reroute_overflow, Ops::fallback_rows, Ops::permute_by_expert, Ops::restrict_permutation, Ops::permuted_rows),
+// so that the plan the host makes and the ops' results are the same bits. It lives with the MoE code, not in a
+// backend, as core/moe/gate_weights.h does: no layer includes a backend's own headers.
 #pragma once
 
 #include <algorithm>
@@ -108,6 +108,27 @@ void permute_by_expert(const int32_t* assigned, int64_t* offset, int32_t* perm_s
     if (assigned[slot] >= 0) perm_slot[fill[size_t(assigned[slot])]++] = int32_t(slot);
   std::fill(row_of_slot, row_of_slot + M, Row(-1));
   for (int64_t r = 0; r < offset[E]; ++r) row_of_slot[perm_slot[r]] = Row(r);
+}
+
+// Ops::restrict_permutation: the rows of the permutation (offset, perm_slot over its slots) whose slots lie in
+// [lo, hi), in the permutation's order (by expert, slots in order), renumbered from 0, their slots from lo. perm_slot
+// lists offset[E] rows; part_perm_slot and part_row_of_slot hold hi - lo, -1 where unused.
+template <typename Row>
+void restrict_permutation(const int64_t* offset, const int32_t* perm_slot, int64_t lo, int64_t hi, int64_t* part_offset,
+                          int32_t* part_perm_slot, Row* part_row_of_slot, int64_t E) {
+  std::fill(part_perm_slot, part_perm_slot + (hi - lo), int32_t(-1));
+  std::fill(part_row_of_slot, part_row_of_slot + (hi - lo), Row(-1));
+  int64_t rows = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    part_offset[e] = rows;
+    for (int64_t r = offset[e]; r < offset[e + 1]; ++r) {
+      const int64_t slot = perm_slot[r];
+      if (slot < lo || slot >= hi) continue;
+      part_row_of_slot[slot - lo] = Row(rows);
+      part_perm_slot[rows++] = int32_t(slot - lo);
+    }
+  }
+  part_offset[E] = rows;
 }
 
 // Ops::permuted_rows: each permuted row's token and gate weight.

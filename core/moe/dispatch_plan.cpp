@@ -65,17 +65,13 @@ DispatchPlan restrict_plan(const DispatchPlan& plan, int64_t top_k, int64_t firs
   DispatchPlan part;
   part.fate.assign(plan.fate.begin() + lo, plan.fate.begin() + hi);
   part.assigned_expert.assign(plan.assigned_expert.begin() + lo, plan.assigned_expert.begin() + hi);
-  part.row_of_slot.assign(size_t(hi - lo), -1);
-  part.expert_offset.assign(size_t(experts + 1), 0);
-  for (int64_t e = 0; e < experts; ++e) {
-    for (int64_t r = plan.expert_offset[size_t(e)]; r < plan.expert_offset[size_t(e) + 1]; ++r) {
-      const int64_t slot = plan.perm_slot[size_t(r)];
-      if (slot < lo || slot >= hi) continue;
-      part.row_of_slot[size_t(slot - lo)] = int64_t(part.perm_slot.size());
-      part.perm_slot.push_back(int32_t(slot - lo));
-    }
-    part.expert_offset[size_t(e) + 1] = int64_t(part.perm_slot.size());
-  }
+  part.row_of_slot.resize(size_t(hi - lo));
+  part.perm_slot.resize(size_t(hi - lo));
+  part.expert_offset.resize(size_t(experts + 1));
+  dispatch_order::restrict_permutation(plan.expert_offset.data(), plan.perm_slot.data(), lo, hi,
+                                       part.expert_offset.data(), part.perm_slot.data(), part.row_of_slot.data(),
+                                       experts);
+  part.perm_slot.resize(size_t(part.expert_offset[size_t(experts)]));
   return part;
 }
 

@@ -45,8 +45,8 @@ void plan_dispatch(const DispatchRequest<T>& request, DispatchPlan& plan);
 
 // The part of a whole routing group's plan that concerns tokens [first, first + count) (one rank's block
 // when the group's tokens are split over ranks): their slots, renumbered from 0, and their rows, in the
-// whole plan's order (by expert, tokens in order), renumbered from 0. Every decision stays the whole
-// group's.
+// whole plan's order (by expert, tokens in order), renumbered from 0 (Ops::restrict_permutation's CPU body). Every
+// decision stays the whole group's.
 DispatchPlan restrict_plan(const DispatchPlan& plan, int64_t top_k, int64_t first, int64_t count);
 
 }  // namespace moe

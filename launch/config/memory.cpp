@@ -37,7 +37,7 @@ struct Sizes {
   double E, K, Fe, S, Ff;           // Ff: the dense fallback's width, 0 unless moe.overflow = "dense"
   double capacity_factor;
   bool gumbel, reroute, tau_learned;
-  bool backend_plans;        // the MoE layers plan on the backend: the routing group not split
+  bool backend_plans;        // the MoE layers plan on the backend (every overflow policy, split groups too)
   bool mla;                  // model.attention = mla (tp = 1)
   bool mla_norms;            // model.mla.norms: RMSNorms on its latents
   bool fused;                // MhaAttention on cuDNN's fused attention: train.device = cuda with bf16 GEMMs, not off
@@ -68,8 +68,8 @@ Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) 
   s.capacity_factor = moe.capacity_factor;
   s.gumbel = moe.router.noise == RouterNoise::Gumbel, s.reroute = moe.overflow_has(Overflow::Reroute);
   s.tau_learned = moe.router.tau_learned;
-  // MoeLayer::backend_plans; a tensor-parallel rank splits the routing group unless the experts split instead.
-  s.backend_plans = tp == 1 || s.etp > 1;
+  // MoeLayer::backend_plans.
+  s.backend_plans = true;
   s.mla = m.attention == AttentionKind::Mla;
   s.mla_norms = s.mla && m.mla_norms;
   s.fused = !s.mla && c.train.device == Device::Cuda && c.train.precision == GemmPrecision::Bf16 &&
@@ -265,10 +265,13 @@ double routed_bytes_per_layer(const Sizes& s, double slots) {
                           kInt32 * (plan.int32s() + router.selected) + kInt64 * plan.int64s() + kByte * router.clamped;
   // The layer's workspace: gathered token rows (M, D) and expert outputs (R, D) over several expert-parallel ranks,
   // row dots (M, or Mf and the fallback's Sf), and the backward scratch (dyp, dxp (M, D), dye, dxe (R, D), the
-  // experts' 3 R F, dp, dz (N, E), dw (N K), and the shared experts' or the fallback's scratch).
+  // experts' 3 R F, dp, dz (N, E), dw (N K), and the shared experts' or the fallback's scratch), and a split routing
+  // group's permutation where the backend plans.
   const double backward = sizes::moe_backward_scratch(moe_shape(s), {M, R, Mf}, F);
+  const sizes::GroupPermutation group = sizes::moe_group_permutation(moe_shape(s), s.backend_plans);
   const double workspace =
-      kFloat * (sizes::moe_exchange_rows(M, R, D, s.ep == 1) + std::max(M, Mf) + r.overflowed + backward);
+      kFloat * (sizes::moe_exchange_rows(M, R, D, s.ep == 1) + std::max(M, Mf) + r.overflowed + backward) +
+      kInt32 * group.int32s() + kInt64 * group.int64s();
   const double router_layer = kDouble * router.layer_doubles() + kInt32 * router.layer_int32s() +
                               kFloat * (router.selected_score + router.bias) + kByte * router.mask;
   return slots * per_slot + workspace + router_layer;
@@ -312,7 +315,9 @@ MemoryEstimate estimate_memory(const Config& config, int64_t tp, int64_t dp, int
   m.parameters = saturate(kFloat * (p.dense + p.expert));
   m.gradients = m.parameters;
   m.optimizer = saturate(optimizer_bytes(p, config.optim.zero, double(dp), edp));
-  m.activations = saturate(model.activations);
+  // The rank with the head stages its micro-batches' per-token losses for one read per step (core/loss_staging.h).
+  const double micro_batches = double(config.train.global_batch / (dp * config.train.micro_batch));
+  m.activations = saturate(model.activations + (s.head ? kFloat * sizes::loss_staging(micro_batches, s.N) : 0.0));
   m.scratch = saturate(model.scratch);
   m.routed_rows = saturate(s.moe_layers * routed_bytes_per_layer(s, double(slots)));
   m.communication = saturate(communication_bytes(s, p, config.optim.zero, double(dp), edp,

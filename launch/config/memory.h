@@ -25,7 +25,8 @@ struct MemoryEstimate {
   int64_t parameters = 0;
   int64_t gradients = 0;
   int64_t optimizer = 0;    // AdamW's two fp32 moments of what this rank updates (a 1/dp share with ZeRO)
-  int64_t activations = 0;  // kept by the micro-batch slots from forward to backward (train.recompute)
+  int64_t activations = 0;  // kept by the micro-batch slots from forward to backward (train.recompute), and the
+                            // step's staged per-token losses on the rank with the head
   int64_t scratch = 0;      // workspace of one forward or backward, shared by the layers and slots
   // MoE layers: the router's buffers, the dispatch plan's, expert-side activations and the layers' workspaces,
   // sized by the routing at the first forward: estimated with capacity (N K rows when dropless), balanced over ranks.

@@ -29,14 +29,13 @@ nlohmann::json moe_metrics(const RouterStepStats& st, int64_t top_k) {
 }
 
 // One held-out micro-batch forward through the pipeline stages: virtual stage v (chunk c of rank v mod pp, as
-// c * pp + rank) takes its input activation from virtual stage v - 1 and passes its output to v + 1. Returns
-// the sum of its token losses on the last virtual stage's rank, 0 on the others.
-double pipeline_forward(Trainer& t, const int32_t* tokens, int64_t B) {
+// c * pp + rank) takes its input activation from virtual stage v - 1 and passes its output to v + 1. Its token
+// losses are staged on the last virtual stage's rank (evaluate reads them).
+void pipeline_forward(Trainer& t, const int32_t* tokens, int64_t B) {
   constexpr int kTag = 1 << 20;          // apart from the training schedule's tags (2 * micro-batch, + 1)
   Communicator& pp = *t.groups.data.pp;  // activations: backend memory
   const int stage = pp.rank(), P = pp.size();
   const int64_t last_virtual = P * int64_t(t.chunks.size()) - 1;
-  double loss = 0;
   for (size_t c = 0; c < t.chunks.size(); ++c) {
     Model<float>& model = *t.chunks[c];
     const int64_t v = virtual_stage(P, stage, int64_t(c));
@@ -46,13 +45,10 @@ double pipeline_forward(Trainer& t, const int32_t* tokens, int64_t B) {
       input = model.backend().allocate(dtype_of<float>(), n);
       pp.recv(input.data<float>(), n, int((v - 1) % P), kTag + int(v));
     }
-    loss += model.forward(0, tokens, B, v > 0 ? input.data<float>() : nullptr);
-    if (v < last_virtual) {
-      model.backend().synchronize();
-      pp.send(model.output_activation(0), n, int((v + 1) % P), kTag + int(v + 1));
-    }
+    model.forward(0, tokens, B, v > 0 ? input.data<float>() : nullptr);
+    // The data plane takes the activation after the forward's queued work (communicator.h): no host wait.
+    if (v < last_virtual) pp.send(model.output_activation(0), n, int((v + 1) % P), kTag + int(v + 1));
   }
-  return loss;
 }
 
 }  // namespace
@@ -125,15 +121,30 @@ EvalResult evaluate(Trainer& t) {
   EvalResult r;
   std::vector<int32_t> tokens(size_t(micro * (T + 1)));
   double total = 0, total_tokens = 0;
+  // The losses stay on the backend of the rank with the head until the pass's end (read sooner only when more
+  // forwards than a step's micro-batches fill its staging): each source's sum is its forwards' sums in order.
+  Model<float>& last = *t.chunks.back();
+  const bool head = last.stage().head;
+  if (head) last.stage_losses();
+  std::vector<int64_t> forwards;  // per source
   for (int32_t s = 0; s < loader.num_sources(); ++s) {
     const int64_t n = std::min(tc.eval_sequences, loader.heldout_count(s));
-    double source_loss = 0;
-    for (int64_t start = 0; start < n; start += micro) {
+    forwards.push_back(0);
+    for (int64_t start = 0; start < n; start += micro, ++forwards.back()) {
       const int64_t B = std::min(micro, n - start);
       for (int64_t b = 0; b < B; ++b) loader.heldout_sequence(s, start + b, tokens.data() + b * (T + 1));
       for (const auto& chunk : t.chunks) chunk->set_context(false, 0, 0, 0.0, 0);
-      source_loss += t.pipeline ? pipeline_forward(t, tokens.data(), B) : t.model->forward(tokens.data(), B);
+      if (t.pipeline)
+        pipeline_forward(t, tokens.data(), B);
+      else
+        t.model->forward(tokens.data(), B);
     }
+  }
+  const std::vector<double> sums = head ? last.staged_losses() : std::vector<double>();
+  size_t next = 0;
+  for (int32_t s = 0; s < loader.num_sources(); ++s) {
+    double source_loss = 0;
+    for (int64_t f = 0; f < forwards[size_t(s)]; ++f) source_loss += head ? sums[next++] : 0.0;
     r.by_source.emplace_back(loader.source_name(s), source_loss);
   }
   if (t.pipeline) {  // the losses are the last stage's

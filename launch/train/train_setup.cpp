@@ -212,6 +212,7 @@ void build_model(Trainer& t) {
                        .attention_factory = attention_factory(t, shape, tp),
                        .tp = tensor_parallel_layout<float>(t.backend, tp, shape),
                        .precision = tc.precision,
+                       .loss_sections = t.micro_batches(),
                    }));
   }
   t.model = t.chunks[0].get();

@@ -164,7 +164,7 @@ double forward_backward(Trainer& t, int64_t step, double loss_scale) {
   for (MoeLayer<float>* m : t.moe_layers) m->reset_stats();
   if (t.pipeline) return pipeline_forward_backward(t, step, loss_scale);
   t.buckets->start(model.grads());
-  double loss_sum = 0;
+  model.stage_losses();  // each micro-batch's losses stay on the backend until the step's end
   for (int64_t mb = 0; mb < micro_batches; ++mb) {
     load_micro_batch(t, step, mb, tokens.data());
     set_micro_batch_context(t, model, step, mb);
@@ -173,7 +173,7 @@ double forward_backward(Trainer& t, int64_t step, double loss_scale) {
       model.set_grad_ready_hook([&](int64_t first, int64_t end) { t.buckets->mark_ready(first, end); });
     {
       const auto span = t.tracer.span("forward", "compute", mb);
-      loss_sum += model.forward(tokens.data(), tc.micro_batch);
+      model.forward(tokens.data(), tc.micro_batch);
     }
     {
       const auto span = t.tracer.span("backward", "compute", mb);
@@ -186,6 +186,9 @@ double forward_backward(Trainer& t, int64_t step, double loss_scale) {
     t.buckets->finish();
   }
   sum_partial_gradients_over_tp(t);
+  // One read for the step: each micro-batch's sum, added in micro-batch order as forward's were.
+  double loss_sum = 0;
+  for (const double sum : model.staged_losses()) loss_sum += sum;
   return loss_sum;
 }
 

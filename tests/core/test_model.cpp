@@ -39,6 +39,41 @@ TEST(Model, RecomputeGivesIdenticalGradients) {
   EXPECT_EQ(0, std::memcmp(plain.grads(), recomputed.grads(), sizeof(float) * plain.num_params()));
 }
 
+// Staged per-token losses (docs/gpu.md "Host synchronisations"): each forward's sum is the bits an unstaged forward
+// returns, micro-batches of different sizes included; one read covers as many forwards as the staging has sections
+// (more make it read early), and a model without sections reads each forward's losses at once.
+TEST(Model, StagedLossesAreEachForwardsSumReadOncePerFilledStaging) {
+  const ModelShape shape{256, 32, 2, 2, 40};
+  const int64_t T = 12, B = 3;
+  std::vector<std::vector<int32_t>> batches;
+  std::vector<int64_t> sizes = {3, 1, 2, 3, 3};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<int32_t> tokens = make_tokens(B, T, shape.vocab);
+    for (int32_t& t : tokens) t = int32_t((t + 7 * int32_t(i)) % shape.vocab);
+    batches.push_back(tokens);
+  }
+  Model<float> plain(test_backend(), {.shape = shape, .seq_len = T, .max_batch = B});
+  plain.init_params(8);
+  std::vector<double> want;
+  for (size_t i = 0; i < sizes.size(); ++i) want.push_back(plain.forward(batches[i].data(), sizes[i]));
+  for (const int64_t sections : {0, 2, 5, 8}) {
+    Model<float> m(test_backend(), {.shape = shape, .seq_len = T, .max_batch = B, .loss_sections = sections});
+    m.init_params(8);
+    m.stage_losses();
+    const int64_t before = test_backend().host_traffic().syncs;
+    for (size_t i = 0; i < sizes.size(); ++i)
+      EXPECT_TRUE(std::isnan(m.forward(batches[i].data(), sizes[i]))) << "a staged forward's sum is not known yet";
+    const std::vector<double> got = m.staged_losses();
+    const int64_t reads = test_backend().host_traffic().syncs - before;
+    EXPECT_EQ(got, want) << sections << " sections";  // exactly: the same sums in the same order
+    // Sections of B sequences: the forwards' 3, 1, 2, 3, 3 sequences fill 2 sections (6) after the third and are
+    // read then and at the end; 5 or 8 hold all 12 (one read); none reads each forward at once.
+    const int64_t expected = sections == 0 ? 5 : sections == 2 ? 2 : 1;
+    EXPECT_EQ(reads, expected) << sections << " sections";
+    EXPECT_EQ(m.forward(batches[0].data(), sizes[0]), want[0]) << "unstaged again after staged_losses";
+  }
+}
+
 TEST(Model, SameInputsSameBits) {
   const ModelShape shape{256, 32, 2, 2, 40};
   const int64_t T = 12, B = 2;

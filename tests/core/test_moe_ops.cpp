@@ -1,7 +1,7 @@
 // The op conformance suite, MoE and optimizer ops: grouped GEMM, Gumbel noise, row softmax and sigmoid,
 // row top-k (with the router's tie rule), gather, scatter-add, combine, row dots, the router's backward (gate
 // weights, losses and scores, against the CPU reference in double), the dispatch plan's capacity, reroute, fallback
-// rows and permutation (exact), the AdamW update.
+// rows and permutation and a part of it (exact), the AdamW update.
 // Every backend, fp32 and fp64, data through the backend's buffers, against references written
 // from the definitions in double; index results (top-k) compare exactly.
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <numeric>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tests/core/conformance.h"
@@ -465,6 +466,37 @@ std::vector<int32_t> reference_keep(const std::vector<int32_t>& selected, const 
   return assigned;
 }
 
+// One part [lo, hi) of the permutation (a rank's tokens of a split routing group), from its definition: the part's
+// own slots permuted by expert, slots in order, renumbered from lo. Empty, whole, leading, trailing and middle parts.
+template <typename T>
+void restrict_permutation_cases(Backend& b, const Buffer& off, const Buffer& perm, const std::vector<int32_t>& kept,
+                                int64_t M, int64_t E, const std::string& what) {
+  const std::vector<std::pair<int64_t, int64_t>> parts = {{0, 0}, {0, M}, {0, M / 2}, {M / 2, M}, {M / 3, 2 * M / 3}};
+  for (const auto& [lo, hi] : parts) {
+    std::vector<int64_t> want_off(size_t(E + 1), 0);
+    std::vector<int32_t> want_perm, want_row(size_t(hi - lo), -1);
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t s = lo; s < hi; ++s)
+        if (kept[size_t(s)] == e)
+          want_row[size_t(s - lo)] = int32_t(want_perm.size()), want_perm.push_back(int32_t(s - lo));
+      want_off[size_t(e + 1)] = int64_t(want_perm.size());
+    }
+    want_perm.resize(size_t(hi - lo), -1);
+    // Poisoned outputs: every entry must be written.
+    Buffer part_off = b.upload(std::vector<int64_t>(size_t(E + 1), 77));
+    Buffer part_perm = b.upload(std::vector<int32_t>(size_t(std::max<int64_t>(hi - lo, 1)), 77));
+    Buffer part_row = b.upload(std::vector<int32_t>(size_t(std::max<int64_t>(hi - lo, 1)), 77));
+    b.ops<T>().restrict_permutation(off.data<int64_t>(), perm.data<int32_t>(), lo, hi, part_off.data<int64_t>(),
+                                    part_perm.data<int32_t>(), part_row.data<int32_t>(), M, E);
+    const std::string part = what + " part [" + std::to_string(lo) + ", " + std::to_string(hi) + ")";
+    EXPECT_EQ(b.download<int64_t>(part_off), want_off) << part;
+    std::vector<int32_t> got_perm = b.download<int32_t>(part_perm), got_row = b.download<int32_t>(part_row);
+    got_perm.resize(size_t(hi - lo)), got_row.resize(size_t(hi - lo));
+    EXPECT_EQ(got_perm, want_perm) << part;
+    EXPECT_EQ(got_row, want_row) << part;
+  }
+}
+
 template <typename T>
 void dispatch_plan_cases(Backend& b) {
   const int64_t E = 6;
@@ -500,6 +532,7 @@ void dispatch_plan_cases(Backend& b) {
         EXPECT_EQ(b.download<int64_t>(off), want_off) << what;
         EXPECT_EQ(b.download<int32_t>(perm), want_perm) << what;
         EXPECT_EQ(b.download<int32_t>(row), want_row) << what;
+        restrict_permutation_cases<T>(b, off, perm, want, M, E, what);
         // Each permuted row's token and gate weight (the scores stand for the gate weights), K of 1 to 3.
         for (const int64_t K : {int64_t(1), int64_t(2), int64_t(3)}) {
           std::vector<int32_t> want_token(static_cast<size_t>(M), -1);
@@ -516,7 +549,7 @@ void dispatch_plan_cases(Backend& b) {
   }
 }
 
-TEST_P(Conformance, DispatchPlanCapacityAndPermutation) {  // and the permuted rows' tokens and gates
+TEST_P(Conformance, DispatchPlanCapacityAndPermutation) {  // its parts, the permuted rows' tokens and gates
   dispatch_plan_cases<float>(backend());
   dispatch_plan_cases<double>(backend());
 }

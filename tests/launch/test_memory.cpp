@@ -244,7 +244,8 @@ TEST(MemoryEstimate, SequenceParallelSplitsTheResidualStream) {
   auto expected_activations = [&](double rows) {
     const double layer = 3 * rows * D + 2 * rows + 4 * N * D / tp + N * (H / tp) * T + 3 * N * F / tp;
     const double arena = (L + 1) * rows * D + L * layer + rows * D + rows + N * V / tp + N;
-    return int64_t(4 * (arena + N) + 4 * 2 * N);  // with the per-token losses and the token ids
+    // With the per-token losses and the token ids, and the step's 2 micro-batches' losses staged for one read.
+    return int64_t(4 * (arena + N) + 4 * 2 * N + 4 * 2 * N);
   };
   EXPECT_EQ(estimate_memory(config, 2, 1, 1).activations, expected_activations(N / tp));
   config.parallel.sequence_parallel = false;

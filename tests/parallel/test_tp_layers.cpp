@@ -116,6 +116,12 @@ void check_against_serial(bool sequence_parallel, Overflow overflow, bool expert
 TEST(TensorParallelModel, SequenceParallelEqualsSerial) { check_against_serial(true, Overflow::Reroute); }
 TEST(TensorParallelModel, WithoutSequenceParallelismEqualsSerial) { check_against_serial(false, Overflow::Reroute); }
 TEST(TensorParallelModel, DenseFallbackEqualsSerial) { check_against_serial(true, Overflow::Dense); }
+// Dropped overflow: the split group plans on the backend (Ops::restrict_permutation takes this rank's part).
+TEST(TensorParallelModel, CapacityDroppingPlannedOnTheBackendEqualsSerial) {
+  check_against_serial(true, Overflow::Drop);
+  check_against_serial(false, Overflow::Drop);
+  check_against_serial(true, Overflow::Drop, true);
+}
 // Each rank's query heads read the key/value heads it holds: Wk, Wv split by key/value heads.
 TEST(TensorParallelModel, GroupedQueryAttentionEqualsSerial) {
   check_against_serial(true, Overflow::Reroute, false, kGqaShape);
@@ -124,6 +130,52 @@ TEST(TensorParallelModel, GroupedQueryAttentionEqualsSerial) {
 TEST(TensorParallelModel, ExpertsSplitByHiddenWidthEqualSerial) {
   check_against_serial(true, Overflow::Reroute, true);
   check_against_serial(false, Overflow::Dense, true);
+}
+
+// One MoE layer whose routing group is split over the tp ranks, forwarded one at a time, against the same layer
+// over the whole group: the routing it keeps (read back on demand where the backend planned) is the whole group's
+// selection and its own tokens' slots of the whole plan, the experts that compute them and their fates; dropped
+// overflow plans on the backend (Ops::restrict_permutation), rerouting and the dense fallback on the host
+// (restrict_plan).
+TEST(TensorParallelMoe, SplitGroupKeepsItsPartOfTheWholePlan) {
+  auto tp = MpiCommunicator::world();
+  const std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  const int64_t P = tp->size(), n = 6, G = n * P, D = kShape.d_model, K = 2;
+  CommunicatorTokenGroup group(*tp);
+  for (const Overflow overflow : {Overflow::Drop, Overflow::Reroute, Overflow::Dense}) {
+    MoeSettings s = test::stressed_moe_settings(kShape, 1);
+    s.overflow = overflow, s.fallback_hidden = 8;
+    MoeSettings own = s;
+    own.token_shards = P, own.token_shard = tp->rank();
+    MoeLayer<double> whole(*backend, s), split(*backend, own);
+    split.set_token_group(&group);
+    ParamTable tw, ts;
+    whole.register_params(tw, "moe"), split.register_params(ts, "moe");
+    std::vector<double> pw(size_t(tw.numel())), gw(pw.size()), ps(size_t(ts.numel())), gs(ps.size());
+    tw.initialize(pw.data(), 7), ts.initialize(ps.data(), 7);
+    for (std::vector<double>* p : {&pw, &ps})
+      for (double& v : *p) v *= 8;  // routing far from uniform
+    whole.bind(tw, pw.data(), gw.data()), split.bind(ts, ps.data(), gs.data());
+    FfnContext ctx;
+    ctx.training = true, ctx.seed = 5, ctx.step = 3, ctx.router_loss_scale = 0.5;
+    whole.set_context(ctx), split.set_context(ctx);
+    std::vector<double> x(size_t(G * D)), y(x.size()), ys(size_t(n * D));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(double(i) * 0.7);
+    std::vector<double> aw(size_t(whole.activation_size(G))), as(size_t(split.activation_size(n)));
+    whole.forward(x.data(), y.data(), aw.data(), G);
+    split.forward(x.data() + tp->rank() * n * D, ys.data(), as.data(), n);
+    const std::string what = "overflow " + std::to_string(int(overflow)) + " rank " + std::to_string(tp->rank());
+    EXPECT_EQ(split.selected_expert(), whole.selected_expert()) << what;
+    const auto own_part = [&](const auto& all) {
+      const auto first = all.begin() + std::ptrdiff_t(tp->rank() * n * K);
+      return std::vector(first, first + std::ptrdiff_t(n * K));
+    };
+    ASSERT_EQ(whole.assigned_expert().size(), size_t(G * K)) << what;
+    EXPECT_EQ(split.assigned_expert(), own_part(whole.assigned_expert())) << what;
+    EXPECT_EQ(split.slot_fate(), own_part(whole.slot_fate())) << what;
+    EXPECT_NE(std::count(whole.slot_fate().begin(), whole.slot_fate().end(), SlotFate::Kept), G * K)
+        << what << ": capacity must overflow for the test to mean something";
+  }
 }
 
 // Recompute at tp 2 and 4 (docs/design.md): selective, full, and full of the first layer only give the

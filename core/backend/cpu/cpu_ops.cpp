@@ -377,6 +377,11 @@ class CpuOps final : public Ops<T> {
                          int64_t E) override {
     dispatch_order::permute_by_expert(assigned, offset, perm_slot, row_of_slot, M, E);
   }
+  void restrict_permutation(const int64_t* offset, const int32_t* perm_slot, int64_t lo, int64_t hi,
+                            int64_t* part_offset, int32_t* part_perm_slot, int32_t* part_row_of_slot, int64_t /*M*/,
+                            int64_t E) override {
+    dispatch_order::restrict_permutation(offset, perm_slot, lo, hi, part_offset, part_perm_slot, part_row_of_slot, E);
+  }
   void permuted_rows(const int32_t* perm_slot, const T* gate, int64_t K, int32_t* perm_token, T* perm_gate,
                      int64_t M) override {
     dispatch_order::permuted_rows(perm_slot, gate, K, perm_token, perm_gate, M);

@@ -223,6 +223,12 @@ class CudaOps final : public Ops<T> {
   // The permutation: the slots stably sorted by assigned expert; each expert's first row by binary search.
   void permute_by_expert(const int32_t* assigned, int64_t* offset, int32_t* perm_slot, int32_t* row_of_slot, int64_t M,
                          int64_t E) override;
+  void restrict_permutation(const int64_t* offset, const int32_t* perm_slot, int64_t lo, int64_t hi,
+                            int64_t* part_offset, int32_t* part_perm_slot, int32_t* part_row_of_slot, int64_t M,
+                            int64_t E) override {
+    cuda::restrict_permutation(ctx_.stream, *ctx_.allocator, offset, perm_slot, lo, hi, part_offset, part_perm_slot,
+                               part_row_of_slot, M, E);
+  }
   void permuted_rows(const int32_t* perm_slot, const T* gate, int64_t K, int32_t* perm_token, T* perm_gate,
                      int64_t M) override {
     cuda::permuted_rows(ctx_.stream, perm_slot, gate, K, perm_token, perm_gate, M);
