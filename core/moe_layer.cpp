@@ -183,7 +183,6 @@ void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, 
   T* xp = alias ? st.experts.xe.template data<T>() : token_rows_.template data<T>();
   std::optional<TimelineSpan> span(std::in_place, backend_.timeline(), "moe dispatch", "moe");
   plan_beside(st, [&] {
-    upload_plan(st, N);
     ops_.gather_rows(x, st.perm_token.template data<int32_t>(), nullptr, xp, M, D);
     if (shared_) shared_->forward(context, x, v.shared_out, v.shared_acts, nullptr, N);
   });
@@ -262,47 +261,7 @@ void MoeLayer<T>::route(const FfnContext& context, const T* x, const ActsView& v
     group_->allgather(local_logits_.template data<T>(), v.logits, N * s_.num_experts);
   }
   st.first_token = s_.token_shard * N;
-  if (backend_plans())
-    router_.route_on_backend(context, v.logits, v.scores, st.routing, group_tokens(N));  // plan_on_backend waits
-  else
-    router_.route(context, v.logits, v.scores, st.routing, group_tokens(N));
-}
-
-// Capacity and overflow over the router's preferences for the whole group, its statistics, then this
-// rank's part of the plan and the tokens the dense fallback computes.
-template <typename T>
-void MoeLayer<T>::plan(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
-  st.planned_on_backend = backend_plans();
-  if (st.planned_on_backend) {
-    plan_on_backend(context, st, N);
-    return;
-  }
-  const int64_t K = s_.top_k, G = group_tokens(N);
-  DispatchRequest<T> request;
-  request.tokens = G, request.experts = s_.num_experts, request.top_k = K;
-  request.choices = st.routing.choices, request.preference = st.routing.preference.data();
-  request.score = st.routing.selected_score.data();
-  request.capacity = capacity(G), request.drop_policy = s_.drop_policy, request.overflow = s_.overflow;
-  plan_dispatch(request, st.plan);
-  count_stats(context, st, G);
-  if (s_.token_shards > 1) st.plan = restrict_plan(st.plan, K, st.first_token, N);
-  st.fallback_token.clear();
-  st.fallback_weight.clear();
-  st.fallback_pairs.clear();
-  st.fallback_count = st.fallback_pair_count = 0;
-  if (!uses_fallback(s_.overflow)) return;
-  const T* gate = st.routing.gate.data() + st.first_token * K;
-  for (int64_t n = 0; n < N; ++n) {
-    double w = 0;
-    bool any = false;
-    for (int64_t j = 0; j < K; ++j) {
-      if (st.plan.fate[n * K + j] != SlotFate::Fallback) continue;
-      w += double(gate[n * K + j]), any = true;
-      st.fallback_pairs.push_back({int32_t(st.fallback_token.size()), int32_t(n * K + j)});
-    }
-    if (any) st.fallback_token.push_back(int32_t(n)), st.fallback_weight.push_back(T(w));
-  }
-  st.fallback_count = int64_t(st.fallback_token.size()), st.fallback_pair_count = int64_t(st.fallback_pairs.size());
+  router_.route_on_backend(context, v.logits, v.scores, st.routing, group_tokens(N));  // plan waits
 }
 
 // The backend plan's buffers of a slot (sizes::moe_plan_buffers), kept across forwards.
@@ -325,10 +284,10 @@ void MoeLayer<T>::reserve_plan(MoeSlot<T>& st, const sizes::MoePlanBuffers& size
 // offsets (the grouped GEMM's row counts, the all-to-all's split sizes; a split group's whole ones for the
 // statistics), the plan's counts (the fallback's rows, the statistics), f and the losses' sums.
 template <typename T>
-void MoeLayer<T>::plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
+void MoeLayer<T>::plan(const FfnContext& context, MoeSlot<T>& st, int64_t N) {
   const int64_t E = s_.num_experts, K = s_.top_k, M = N * K, G = group_tokens(N), lo = st.first_token * K;
   Routing<T>& r = st.routing;
-  const sizes::MoePlanBuffers size = sizes::moe_plan_buffers(shape(N), {double(M), 0, 0}, 0, true);
+  const sizes::MoePlanBuffers size = sizes::moe_plan_buffers(shape(N));
   reserve_plan(st, size);
   int32_t* assigned = st.assigned.template data<int32_t>();
   int64_t* counts = st.plan_counts.template data<int64_t>();  // rerouted, the fallback's tokens and slots
@@ -362,7 +321,6 @@ void MoeLayer<T>::plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int
   backend_.synchronize();
   router_.finish(context, r, G);
   plan.fate.clear(), plan.assigned_expert.clear(), plan.perm_slot.clear(), plan.row_of_slot.clear();
-  st.fallback_token.clear(), st.fallback_weight.clear(), st.fallback_pairs.clear();
   st.fallback_count = host_counts[1], st.fallback_pair_count = host_counts[2];
   if (counting) count_backend_stats(st, split ? group_offset : plan.expert_offset, host_counts[0], G);
 }
@@ -388,7 +346,7 @@ void MoeLayer<T>::count_backend_stats(const MoeSlot<T>& st, const std::vector<in
 template <typename T>
 void MoeLayer<T>::permute_split_group(MoeSlot<T>& st, int64_t N) {
   const int64_t E = s_.num_experts, K = s_.top_k, G = group_tokens(N), lo = st.first_token * K;
-  const sizes::GroupPermutation size = sizes::moe_group_permutation(shape(N), true);
+  const sizes::GroupPermutation size = sizes::moe_group_permutation(shape(N));
   backend_.reserve(group_offset_, DType::I64, sizes::elements(size.offset));
   backend_.reserve(group_perm_slot_, DType::I32, sizes::elements(size.perm_slot));
   backend_.reserve(group_row_of_slot_, DType::I32, sizes::elements(size.row_of_slot));
@@ -416,34 +374,6 @@ void MoeLayer<T>::fallback_on_backend(MoeSlot<T>& st, const sizes::MoePlanBuffer
 }
 
 template <typename T>
-void MoeLayer<T>::upload_plan(MoeSlot<T>& st, int64_t N) const {
-  if (st.planned_on_backend) return;  // the plan is already there
-  const int64_t K = s_.top_k, M = st.plan.rows();
-  const sizes::MoePlanBuffers size = sizes::moe_plan_buffers(shape(N), {double(M), 0, double(st.fallback_token.size())},
-                                                             double(st.fallback_pairs.size()), false);
-  const auto gate = st.routing.gate.begin() + st.first_token * K;  // this rank's tokens' gate weights
-  std::vector<int32_t> perm_token(size_t(sizes::elements(size.perm_token))),
-      slot_row(size_t(sizes::elements(size.slot_row)));
-  std::vector<T> perm_gate(size_t(sizes::elements(size.perm_gate)));
-  for (int64_t r = 0; r < M; ++r) {
-    const int32_t slot = st.plan.perm_slot[size_t(r)];
-    perm_token[size_t(r)] = int32_t(slot / K), perm_gate[size_t(r)] = gate[slot];
-  }
-  for (int64_t slot = 0; slot < N * K; ++slot) slot_row[size_t(slot)] = int32_t(st.plan.row_of_slot[size_t(slot)]);
-  st.perm_token = backend_.upload(perm_token);
-  st.perm_gate = backend_.upload(perm_gate);
-  st.slot_row = backend_.upload(slot_row);
-  st.gate = backend_.upload(std::vector<T>(gate, gate + sizes::elements(size.gate)));
-  st.fallback_token_rows = backend_.upload(st.fallback_token);
-  st.fallback_weights = backend_.upload(st.fallback_weight);
-  st.perm_slot_rows = backend_.upload(st.plan.perm_slot);
-  std::vector<int32_t> source, slot;
-  for (const auto& [row, s] : st.fallback_pairs) source.push_back(row), slot.push_back(s);
-  st.fallback_slot_source = backend_.upload(source);
-  st.fallback_slot = backend_.upload(slot);
-}
-
-template <typename T>
 void MoeLayer<T>::combine(const MoeSlot<T>& st, const T* yp, T* y, int64_t N) const {
   ops_.combine_rows(yp, st.slot_row.template data<int32_t>(), st.gate.template data<T>(), y, N, s_.top_k, s_.d_model,
                     false);
@@ -455,20 +385,6 @@ void MoeLayer<T>::fallback_forward(const FfnContext& context, const MoeSlot<T>& 
   const int64_t D = s_.d_model, Mf = st.fallback_count;
   ops_.gather_rows(x, st.fallback_token_rows.template data<int32_t>(), nullptr, v.xf, Mf, D);
   fallback_->forward(context, v.xf, v.yf, v.fallback_acts, nullptr, Mf);
-}
-
-// Statistics are counted once per real training forward, never on a recompute.
-template <typename T>
-void MoeLayer<T>::count_stats(const FfnContext& context, const MoeSlot<T>& st, int64_t N) {
-  if (!context.training || context.recomputing) return;
-  const int64_t K = s_.top_k;
-  for (int64_t slot = 0; slot < N * K; ++slot) {
-    if (st.plan.assigned_expert[slot] >= 0) ++stats_.tokens_per_expert[st.plan.assigned_expert[slot]];
-    stats_.dropped += st.plan.fate[slot] == SlotFate::Dropped;
-    stats_.rerouted += st.plan.fate[slot] == SlotFate::Rerouted;
-    stats_.fallback += st.plan.fate[slot] == SlotFate::Fallback;
-  }
-  count_router_stats(st, N);
 }
 
 template <typename T>
@@ -490,7 +406,7 @@ double MoeLayer<T>::router_loss(const FfnSlot* slot) const {
 template <typename T>
 const MoeSlot<T>& MoeLayer<T>::host_state() const {
   const MoeSlot<T>& st = default_state();
-  if (!st.planned_on_backend || !st.plan.fate.empty() || st.routing.tokens == 0) return st;
+  if (!st.plan.fate.empty() || st.routing.tokens == 0) return st;
   // Filled once per forward, on demand (tests, benchmarks): the slot is this layer's, written by its forwards. As
   // the host plan keeps them: the whole group's selection and gate weights, this rank's slots' experts and fates.
   MoeSlot<T>& s = const_cast<MoeSlot<T>&>(st);

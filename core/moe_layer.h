@@ -29,11 +29,8 @@ namespace moe {
 template <typename T>
 struct MoeSlot final : FfnSlot {
   Routing<T> routing;
+  // The expert offsets of this rank's rows (E + 1); the slots' experts and fates only in host_state()'s copy.
   DispatchPlan plan;
-  std::vector<int32_t> fallback_token;  // tokens computed by the dense fallback
-  std::vector<T> fallback_weight;       // their summed overflowed gate weights
-  // Each overflowed assignment the fallback computes: its token's row among fallback_token, and its slot.
-  std::vector<std::pair<int32_t, int32_t>> fallback_pairs;
   ExchangePlan exchange;
   ExpertActs<T> experts;
   // A routing group split over ranks: `routing` is the whole group's, `plan` this rank's block's, whose
@@ -47,11 +44,10 @@ struct MoeSlot final : FfnSlot {
       fallback_slot_source, fallback_slot;
   // The dense fallback's tokens (Mf) and the overflowed assignments it computes (Sf) of this rank's tokens.
   int64_t fallback_count = 0, fallback_pair_count = 0;
-  // Where the backend planned (MoeLayer::backend_plans): the expert that computes each slot of the whole routing
-  // group (G K, -1 if none), this rank's expert offsets (E + 1) and, where overflow is rerouted or computed densely,
-  // the plan's counts (int64: the group's slots rerouted, this rank's fallback tokens and slots); `plan` then holds
-  // the offsets only (its other fields stay empty), and the fallback's buffers are sized for every token and slot.
-  bool planned_on_backend = false;
+  // The plan on the backend (MoeLayer::plan): the expert that computes each slot of the whole routing group (G K, -1
+  // if none), this rank's expert offsets (E + 1) and, where overflow is rerouted or computed densely, the plan's
+  // counts (int64: the group's slots rerouted, this rank's fallback tokens and slots); the fallback's buffers are
+  // sized for every token and slot.
   Buffer assigned, expert_offset, plan_counts;
 };
 
@@ -131,25 +127,20 @@ class MoeLayer final : public FeedForward<T>, public Stateful {
   const MoeSlot<T>& default_state() const;
   // The default slot with the host copies of its routing and plan, read back once where the backend planned.
   const MoeSlot<T>& host_state() const;
-  // The backend plans the dispatch (capacity over the whole routing group, the overflow's reroute, drop or dense
-  // fallback, the permutation, and this rank's part of it where the group is split over ranks, as ops; one wait for
-  // the expert offsets, the plan's counts, f and the losses' sums) for every overflow policy and layout.
-  bool backend_plans() const { return true; }
   // The fallback's rows of this rank's tokens in the backend's plan (fallback_rows), sized for every token and slot.
   void fallback_on_backend(MoeSlot<T>& st, const sizes::MoePlanBuffers& size, int64_t N);
   void reserve_plan(MoeSlot<T>& st, const sizes::MoePlanBuffers& size);
-  void plan_on_backend(const FfnContext& context, MoeSlot<T>& st, int64_t N);
   void permute_split_group(MoeSlot<T>& st, int64_t N);
   // Logits, scores and routing of the whole group (gathered when it is split), into the slot and acts.
   void route(const FfnContext& context, const T* x, const ActsView& v, MoeSlot<T>& st, int64_t N);
-  // The whole group's plan and statistics, then this rank's part of the plan and its fallback tokens.
+  // The dispatch plan on the backend (capacity over the whole routing group, the overflow's reroute, drop or dense
+  // fallback, the permutation, and this rank's part of it where the group is split over ranks, as ops), then one
+  // wait for the expert offsets, the plan's counts, f and the losses' sums, and the statistics.
   void plan(const FfnContext& context, MoeSlot<T>& st, int64_t N);
   // y[n] = sum_j w_j * yp[row(n, j)], choices in order for each token (deterministic).
   void combine(const MoeSlot<T>& st, const T* yp, T* y, int64_t N) const;
   // The dense fallback's output yf of its tokens (the caller adds it to y).
   void fallback_forward(const FfnContext& context, const MoeSlot<T>& st, const T* x, const ActsView& v);
-  // The plan's indices and weights to the backend.
-  void upload_plan(MoeSlot<T>& st, int64_t N) const;
   // dyp: (M, D) un-weighted output gradients in permuted order; dw: (N K) gate-weight gradients of this rank's
   // slots (backend memory, zeroed), each routed slot's written.
   void uncombine(const MoeSlot<T>& st, const T* dy, const T* yp, T* dyp, T* dw);
@@ -166,7 +157,6 @@ class MoeLayer final : public FeedForward<T>, public Stateful {
   bool aliased_sides() const { return s_.ep_size == 1; }
   void dispatch_beside(const ExchangePlan& p, const T* token_rows, T* expert_rows, const std::function<void()>& beside);
   void combine_beside(const ExchangePlan& p, const T* expert_rows, T* token_rows, const std::function<void()>& beside);
-  void count_stats(const FfnContext& context, const MoeSlot<T>& st, int64_t N);
   // The statistics of the backend's plan from its offsets, the fallback's slots and the `rerouted` slots.
   void count_backend_stats(const MoeSlot<T>& st, const std::vector<int64_t>& offset, int64_t rerouted, int64_t G);
   // The router's share of the statistics (losses, temperature, capacity factor, groups and tokens).

@@ -187,14 +187,13 @@ inline double expert_activations(double R, double D, double F) { return R * D + 
 inline double moe_exchange_rows(double M, double R, double D, bool one_rank) { return one_rank ? 0.0 : (M + R) * D; }
 // GroupedExperts' backward scratch: 3 R F.
 inline double experts_scratch(double R, double F) { return 3 * R * F; }
-// The dispatch plan's buffers on the backend per slot (core/moe_layer.cpp MoeSlot), for the n tokens' n K slots.
-// Planned on the host and uploaded (upload_plan): each permuted row's token, gate weight and slot (M), each
-// slot's permuted row and gate weight (n K), the fallback's tokens and their weights (Mf) and, for each of the
-// Sf overflowed assignments it computes, its row among those tokens and its slot. Planned on the backend
-// (plan_on_backend): the same permuted buffers sized for every slot (n K) and, with a fallback, every token (n), the
-// expert of each slot of the whole routing group (G K), the expert offsets (E + 1, int64) and, where overflow is
-// rerouted or computed densely, the plan's counts (3 int64: the group's rerouted slots, this rank's fallback tokens
-// and slots).
+// The dispatch plan's buffers on the backend per slot (core/moe_layer.cpp MoeSlot, planned by MoeLayer::plan), for
+// the n tokens' n K slots: the permuted buffers sized for every slot (n K: each permuted row's token, gate weight
+// and slot, each slot's permuted row and gate weight) and, with a fallback, every token (n: the fallback's tokens
+// and their weights) and slot (n K: for each overflowed assignment it computes, its row among those tokens and its
+// slot), the expert of each slot of the whole routing group (G K), the expert offsets (E + 1, int64) and, where
+// overflow is rerouted or computed densely, the plan's counts (3 int64: the group's rerouted slots, this rank's
+// fallback tokens and slots).
 struct MoePlanBuffers {
   double perm_token = 0, perm_gate = 0, perm_slot_rows = 0, slot_row = 0, gate = 0;
   double fallback_tokens = 0, fallback_weights = 0, fallback_sources = 0, fallback_slots = 0;
@@ -206,25 +205,18 @@ struct MoePlanBuffers {
   }
   double int64s() const { return expert_offset + plan_counts; }
 };
-inline MoePlanBuffers moe_plan_buffers(const MoeShape& m, const RoutedRows& r, double Sf, bool on_backend) {
+inline MoePlanBuffers moe_plan_buffers(const MoeShape& m) {
   const double slots = m.n * m.K;
+  const bool fallback = m.fallback_hidden > 0;
   MoePlanBuffers b;
-  if (on_backend) {
-    const bool fallback = m.fallback_hidden > 0;
-    b.perm_token = b.perm_gate = b.perm_slot_rows = b.slot_row = b.gate = slots;
-    b.assigned = m.G * m.K;
-    b.expert_offset = m.E + 1;
-    b.plan_counts = m.reroutes || fallback ? 3 : 0;
-    if (fallback) b.fallback_tokens = b.fallback_weights = m.n, b.fallback_sources = b.fallback_slots = slots;
-    return b;
-  }
-  b.perm_token = b.perm_gate = b.perm_slot_rows = r.M;
-  b.slot_row = b.gate = slots;
-  b.fallback_tokens = b.fallback_weights = r.Mf;
-  b.fallback_sources = b.fallback_slots = Sf;
+  b.perm_token = b.perm_gate = b.perm_slot_rows = b.slot_row = b.gate = slots;
+  b.assigned = m.G * m.K;
+  b.expert_offset = m.E + 1;
+  b.plan_counts = m.reroutes || fallback ? 3 : 0;
+  if (fallback) b.fallback_tokens = b.fallback_weights = m.n, b.fallback_sources = b.fallback_slots = slots;
   return b;
 }
-// A routing group split over ranks (G > n) and planned on the backend: the whole group's permutation, the layer's
+// A routing group split over ranks (G > n): the whole group's permutation, the layer's
 // workspace until this rank's part is taken (core/moe_layer.cpp permute_split_group): row -> slot and slot -> row
 // (G K, int32) and the expert offsets (E + 1, int64); none otherwise.
 struct GroupPermutation {
@@ -232,8 +224,8 @@ struct GroupPermutation {
   double int32s() const { return perm_slot + row_of_slot; }
   double int64s() const { return offset; }
 };
-inline GroupPermutation moe_group_permutation(const MoeShape& m, bool on_backend) {
-  if (!on_backend || m.G <= m.n) return {};
+inline GroupPermutation moe_group_permutation(const MoeShape& m) {
+  if (m.G <= m.n) return {};
   return {m.G * m.K, m.G * m.K, m.E + 1};
 }
 // The router's buffers on the backend (core/moe/router.cpp), for G tokens of the routing group and W preference

@@ -21,9 +21,9 @@ template <typename T>
 struct Routing {
   int64_t tokens = 0;   // N, the routing group's tokens
   int64_t choices = 0;  // width of a preference row
-  // The host's copies below are read back only where the host plans the dispatch (a routing group split over
-  // ranks); where the backend plans (Router::route_on_backend), only f is, and the
-  // others stay empty (selected_on_host reads the selection on demand).
+  // The host's copies below are read back by Router::route (the host's form, for tests and tools); the MoE layer
+  // routes on the backend (Router::route_on_backend) and reads only f, the others staying empty (selected_on_host
+  // reads the selection on demand).
   std::vector<int32_t> preference;     // (N, choices): usable experts by p + b, best first, -1 after the last
   std::vector<int32_t> selected;       // (N, K): the first K of each row
   std::vector<T> selected_score;       // (N, K): p of each selected expert

@@ -37,7 +37,6 @@ struct Sizes {
   double E, K, Fe, S, Ff;           // Ff: the dense fallback's width, 0 unless moe.overflow = "dense"
   double capacity_factor;
   bool gumbel, reroute, tau_learned;
-  bool backend_plans;        // the MoE layers plan on the backend (every overflow policy, split groups too)
   bool mla;                  // model.attention = mla (tp = 1)
   bool mla_norms;            // model.mla.norms: RMSNorms on its latents
   bool fused;                // MhaAttention on cuDNN's fused attention: train.device = cuda with bf16 GEMMs, not off
@@ -68,8 +67,6 @@ Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) 
   s.capacity_factor = moe.capacity_factor;
   s.gumbel = moe.router.noise == RouterNoise::Gumbel, s.reroute = moe.overflow_has(Overflow::Reroute);
   s.tau_learned = moe.router.tau_learned;
-  // MoeLayer::backend_plans.
-  s.backend_plans = true;
   s.mla = m.attention == AttentionKind::Mla;
   s.mla_norms = s.mla && m.mla_norms;
   s.fused = !s.mla && c.train.device == Device::Cuda && c.train.precision == GemmPrecision::Bf16 &&
@@ -258,7 +255,7 @@ double routed_bytes_per_layer(const Sizes& s, double slots) {
   const double D = s.D, K = s.K, E = s.E, F = s.Fe / s.etp;
   const double M = r.token_side, R = r.expert_side, Mf = r.fallback;
   // Per slot: expert-side xe (R, D) and a, b, h (R, F), and the dispatch plan's buffers.
-  const sizes::MoePlanBuffers plan = sizes::moe_plan_buffers(moe_shape(s), {M, R, Mf}, r.overflowed, s.backend_plans);
+  const sizes::MoePlanBuffers plan = sizes::moe_plan_buffers(moe_shape(s));
   // The router's buffers (core/moe/router.cpp) over the routing group: the layer's, and each slot's routing.
   const sizes::RouterBuffers router = sizes::router_buffers(s.N, E, K, s.reroute ? E : K, s.gumbel, s.tau_learned);
   const double per_slot = kFloat * (sizes::expert_activations(R, D, F) + plan.values() + router.slot_values()) +
@@ -266,9 +263,9 @@ double routed_bytes_per_layer(const Sizes& s, double slots) {
   // The layer's workspace: gathered token rows (M, D) and expert outputs (R, D) over several expert-parallel ranks,
   // row dots (M, or Mf and the fallback's Sf), and the backward scratch (dyp, dxp (M, D), dye, dxe (R, D), the
   // experts' 3 R F, dp, dz (N, E), dw (N K), and the shared experts' or the fallback's scratch), and a split routing
-  // group's permutation where the backend plans.
+  // group's permutation.
   const double backward = sizes::moe_backward_scratch(moe_shape(s), {M, R, Mf}, F);
-  const sizes::GroupPermutation group = sizes::moe_group_permutation(moe_shape(s), s.backend_plans);
+  const sizes::GroupPermutation group = sizes::moe_group_permutation(moe_shape(s));
   const double workspace =
       kFloat * (sizes::moe_exchange_rows(M, R, D, s.ep == 1) + std::max(M, Mf) + r.overflowed + backward) +
       kInt32 * group.int32s() + kInt64 * group.int64s();
