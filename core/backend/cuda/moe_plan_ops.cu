@@ -106,27 +106,29 @@ __global__ void fallback_place_kernel(const int32_t* selected, const int32_t* as
     }
     if (token_flag[n]) token[token_at[n]] = int32_t(n), weight[token_at[n]] = T(w);
   }
-  // flag[i] = 1 where row i (of M, and 0 at i = M) is the part's: its slot lies in [lo, hi) (-1, no slot, does not).
-  __global__ void part_flags_kernel(const int32_t* perm_slot, int64_t lo, int64_t hi, int32_t* flag, int64_t M) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i <= M; i += int64_t(gridDim.x) * blockDim.x)
-      flag[i] = i < M && perm_slot[i] >= lo && perm_slot[i] < hi;
-  }
+}
 
-  // Each of the part's rows at its place among them (row: the flags' exclusive prefix sum), and its inverse.
-  __global__ void part_rows_kernel(const int32_t* perm_slot, const int32_t* flag, const int32_t* row, int64_t lo,
-                                   int32_t* part_perm_slot, int32_t* part_row_of_slot, int64_t M) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M; i += int64_t(gridDim.x) * blockDim.x) {
-      if (!flag[i]) continue;
-      part_perm_slot[row[i]] = int32_t(perm_slot[i] - lo);
-      part_row_of_slot[perm_slot[i] - lo] = row[i];
-    }
-  }
+// flag[i] = 1 where row i (of M, and 0 at i = M) is the part's: its slot lies in [lo, hi) (-1, no slot, does not).
+__global__ void part_flags_kernel(const int32_t* perm_slot, int64_t lo, int64_t hi, int32_t* flag, int64_t M) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i <= M; i += int64_t(gridDim.x) * blockDim.x)
+    flag[i] = i < M && perm_slot[i] >= lo && perm_slot[i] < hi;
+}
 
-  // Expert e's first row in the part: the part's rows before the permutation's first row of e.
-  __global__ void part_offsets_kernel(const int64_t* offset, const int32_t* row, int64_t* part_offset, int64_t E) {
-    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e <= E; e += int64_t(gridDim.x) * blockDim.x)
-      part_offset[e] = row[offset[e]];
+// Each of the part's rows at its place among them (row: the flags' exclusive prefix sum), and its inverse.
+__global__ void part_rows_kernel(const int32_t* perm_slot, const int32_t* flag, const int32_t* row, int64_t lo,
+                                 int32_t* part_perm_slot, int32_t* part_row_of_slot, int64_t M) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M; i += int64_t(gridDim.x) * blockDim.x) {
+    if (!flag[i]) continue;
+    part_perm_slot[row[i]] = int32_t(perm_slot[i] - lo);
+    part_row_of_slot[perm_slot[i] - lo] = row[i];
   }
+}
+
+// Expert e's first row in the part: the part's rows before the permutation's first row of e.
+__global__ void part_offsets_kernel(const int64_t* offset, const int32_t* row, int64_t* part_offset, int64_t E) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e <= E; e += int64_t(gridDim.x) * blockDim.x)
+    part_offset[e] = row[offset[e]];
+}
 
 }  // namespace
 
