@@ -230,7 +230,7 @@ void VocabParallelHead<T>::forward(const T* xo, const int32_t* targets, T* losse
   T* logits = acts;
   T* lse = logits + N * Vl_;
   Linear<T>(ops_, precision_).forward(xg, weight_, logits, N, D_, Vl_);
-  tp::vocab_parallel_cross_entropy_forward(backend_, tp_.host(), logits, targets, losses, lse, N, Vl_);
+  tp::vocab_parallel_cross_entropy_forward(backend_, *tp_.comm, logits, targets, losses, lse, N, Vl_);
 }
 
 template <typename T>

@@ -240,6 +240,11 @@ class Ops {
   // logit where the block holds the row's target, else 0.
   virtual void logits_sum_exp(const T* logits, const int32_t* targets, int64_t first, const double* row_max,
                               double* sums, int64_t N, int64_t V) = 0;
+  // row_max (N): each row's largest of the P blocks' maxima in block_max (P, N: every rank's logits_row_max).
+  virtual void logits_max_over_blocks(const double* block_max, double* row_max, int64_t P, int64_t N) = 0;
+  // From row_max (N) and the whole vocabulary's sums (2 N, as logits_sum_exp's summed over the blocks): each row's
+  // log-sum-exp l = row_max + log(sum), lse = l and losses = l - the target's logit (N each, written).
+  virtual void logits_loss_finish(const double* row_max, const double* sums, T* lse, T* losses, int64_t N) = 0;
   // dlogits = exp(logit - lse) * scale, less scale at the target's column where the block holds it (written).
   virtual void logits_softmax_backward(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
                                        T* dlogits, int64_t N, int64_t V) = 0;

@@ -46,6 +46,8 @@ enum class OpId : int {
   cross_entropy_backward,
   logits_row_max,
   logits_sum_exp,
+  logits_max_over_blocks,
+  logits_loss_finish,
   logits_softmax_backward,
   add_inplace,
   add,
@@ -102,6 +104,8 @@ inline constexpr const char* kOpNames[] = {"gemm",
                                            "cross_entropy_backward",
                                            "logits_row_max",
                                            "logits_sum_exp",
+                                           "logits_max_over_blocks",
+                                           "logits_loss_finish",
                                            "logits_softmax_backward",
                                            "add_inplace",
                                            "add",
@@ -349,6 +353,22 @@ class StrictOps final : public Ops<T> {
     const auto p2 = r(row_max, N, op);
     const auto p3 = r(sums, 2 * N, op);
     run([=, this] { inner_.logits_sum_exp(p0, p1, first, p2, p3, N, V); });
+  }
+  void logits_max_over_blocks(const double* block_max, double* row_max, int64_t P, int64_t N) override {
+    covered(OpId::logits_max_over_blocks);
+    const char* op = "logits_max_over_blocks";
+    const auto p0 = r(block_max, P * N, op);
+    const auto p1 = r(row_max, N, op);
+    run([=, this] { inner_.logits_max_over_blocks(p0, p1, P, N); });
+  }
+  void logits_loss_finish(const double* row_max, const double* sums, T* lse, T* losses, int64_t N) override {
+    covered(OpId::logits_loss_finish);
+    const char* op = "logits_loss_finish";
+    const auto p0 = r(row_max, N, op);
+    const auto p1 = r(sums, 2 * N, op);
+    const auto p2 = r(lse, N, op);
+    const auto p3 = r(losses, N, op);
+    run([=, this] { inner_.logits_loss_finish(p0, p1, p2, p3, N); });
   }
   void logits_softmax_backward(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
                                T* dlogits, int64_t N, int64_t V) override {

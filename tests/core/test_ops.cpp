@@ -424,6 +424,31 @@ void vocab_block_cases(Backend& b) {
   expect_close<T>("logits softmax backward", got[2], ref[2], 1);
 }
 
+// The blocks' maxima merged (exact: the largest of each row's P values, wherever it is), and the log-sum-exp and
+// loss from the whole rows' maxima and sums.
+template <typename T>
+void vocab_finish_cases(Backend& b) {
+  const int64_t N = 11, P = 3;
+  const std::vector<double> block_max = randn(P * N, "block maxima", 4.0), row_max = randn(N, "row maxima", 4.0);
+  std::vector<double> sums = randn(2 * N, "sums", 1.0);
+  for (int64_t n = 0; n < N; ++n) sums[size_t(n)] = 1.0 + std::abs(sums[size_t(n)]) * 30;  // >= 1: one term is 1
+  Buffer bm = put<double>(b, block_max), merged = b.allocate(DType::F64, N);
+  b.ops<T>().logits_max_over_blocks(bm.data<double>(), merged.data<double>(), P, N);
+  std::vector<double> want_max(static_cast<size_t>(N)), want_lse(static_cast<size_t>(N)),
+      want_loss(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) {
+    want_max[size_t(n)] = std::max({block_max[size_t(n)], block_max[size_t(N + n)], block_max[size_t(2 * N + n)]});
+    const double l = row_max[size_t(n)] + std::log(sums[size_t(n)]);
+    want_lse[size_t(n)] = double(T(l)), want_loss[size_t(n)] = double(T(l - sums[size_t(N + n)]));
+  }
+  EXPECT_EQ(b.download<double>(merged), want_max) << "logits_max_over_blocks";
+  Buffer rm = put<double>(b, row_max), s = put<double>(b, sums);
+  Buffer lse = b.allocate(dtype_of<T>(), N), loss = b.allocate(dtype_of<T>(), N);
+  b.ops<T>().logits_loss_finish(rm.data<double>(), s.data<double>(), lse.data<T>(), loss.data<T>(), N);
+  expect_close<T>("logits_loss_finish lse", get<T>(b, lse), want_lse, 1);
+  expect_close<T>("logits_loss_finish losses", get<T>(b, loss), want_loss, 1);
+}
+
 TEST_P(Conformance, AttentionAndLoss) {
   attention_cases<float>(backend());
   attention_cases<double>(backend());
@@ -433,6 +458,8 @@ TEST_P(Conformance, AttentionAndLoss) {
   loss_cases<double>(backend());
   vocab_block_cases<float>(backend());
   vocab_block_cases<double>(backend());
+  vocab_finish_cases<float>(backend());
+  vocab_finish_cases<double>(backend());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(backends()),

@@ -260,6 +260,20 @@ class CpuOps final : public Ops<T> {
       sums[N + n] = t >= 0 && t < V ? double(logits[n * V + t]) : 0.0;
     }
   }
+  // Blocks in rank order (the maximum is exact in any order).
+  void logits_max_over_blocks(const double* block_max, double* row_max, int64_t P, int64_t N) override {
+    for (int64_t n = 0; n < N; ++n) {
+      double m = block_max[n];
+      for (int64_t r = 1; r < P; ++r) m = std::max(m, block_max[r * N + n]);
+      row_max[n] = m;
+    }
+  }
+  void logits_loss_finish(const double* row_max, const double* sums, T* lse, T* losses, int64_t N) override {
+    for (int64_t n = 0; n < N; ++n) {
+      const double l = row_max[n] + std::log(sums[n]);
+      lse[n] = T(l), losses[n] = T(l - sums[N + n]);
+    }
+  }
   void logits_softmax_backward(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
                                T* dlogits, int64_t N, int64_t V) override {
 #pragma omp parallel for schedule(static)

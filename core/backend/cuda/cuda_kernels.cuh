@@ -377,6 +377,25 @@ __global__ void logits_sum_exp_kernel(const T* logits, const int32_t* targets, i
   }
 }
 
+// The blocks' maxima in rank order, one thread per row (exact in any order). A template (of double) as the header's
+// other kernels, so that every file that includes it may instantiate it.
+template <typename D>
+__global__ void logits_max_over_blocks_kernel(const D* block_max, D* row_max, int64_t P, int64_t N) {
+  MOE_GRID_STRIDE(n, N) {
+    D m = block_max[n];
+    for (int64_t r = 1; r < P; ++r) m = fmax(m, block_max[r * N + n]);
+    row_max[n] = m;
+  }
+}
+
+template <typename T>
+__global__ void logits_loss_finish_kernel(const double* row_max, const double* sums, T* lse, T* losses, int64_t N) {
+  MOE_GRID_STRIDE(n, N) {
+    const double l = row_max[n] + log(sums[n]);
+    lse[n] = T(l), losses[n] = T(l - sums[N + n]);
+  }
+}
+
 template <typename T>
 __global__ void logits_softmax_backward_kernel(const T* logits, const int32_t* targets, int64_t first, const T* lse,
                                                T scale, T* dlogits, int64_t N, int64_t V) {

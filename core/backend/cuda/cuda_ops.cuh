@@ -142,6 +142,12 @@ class CudaOps final : public Ops<T> {
                       int64_t N, int64_t V) override {
     launch_rows(row_launch(N, V), cuda::logits_sum_exp_kernel<T>, logits, targets, first, row_max, sums, N, V);
   }
+  void logits_max_over_blocks(const double* block_max, double* row_max, int64_t P, int64_t N) override {
+    launch(elementwise_launch(N), cuda::logits_max_over_blocks_kernel<double>, block_max, row_max, P, N);
+  }
+  void logits_loss_finish(const double* row_max, const double* sums, T* lse, T* losses, int64_t N) override {
+    launch(elementwise_launch(N), cuda::logits_loss_finish_kernel<T>, row_max, sums, lse, losses, N);
+  }
   void logits_softmax_backward(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
                                T* dlogits, int64_t N, int64_t V) override {
     launch(row_launch(N, V), cuda::logits_softmax_backward_kernel<T>, logits, targets, first, lse, scale, dlogits, N,
