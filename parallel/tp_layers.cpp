@@ -241,7 +241,7 @@ void VocabParallelHead<T>::backward(const T* xo, const int32_t* targets, T scale
   T* dlogits = scratch;                                                            // (N, Vl)
   T* dxg = scratch + N * Vl_;                                                      // (N, D)
   const T* xg = whole_rows(backend_, tp_, xo, scratch + N * Vl_ + N * D_, N, D_);  // (N, D) under sequence parallelism
-  tp::vocab_parallel_cross_entropy_backward(backend_, tp_.host(), logits, targets, lse, scale, dlogits, N, Vl_);
+  tp::vocab_parallel_cross_entropy_backward(backend_, *tp_.comm, logits, targets, lse, scale, dlogits, N, Vl_);
   const Linear<T> linear(ops_, precision_);
   linear.weight_backward(xg, dlogits, grad_, N, D_, Vl_);    // dW += xg^T dlogits
   linear.input_backward(dlogits, weight_, dxg, N, D_, Vl_);  // partial dxg

@@ -31,14 +31,11 @@
 
 namespace moe {
 
-// The tensor-parallel group as the layers see it: `comm` moves backend memory (activations: the group's
-// data-plane communicator), `control` host memory (the vocabulary-parallel cross-entropy's row sums; the
-// same communicator when null).
+// The tensor-parallel group as the layers see it: `comm`, the group's data-plane communicator, moves backend memory
+// (activations, partial gradients, the vocabulary-parallel cross-entropy's row maxima and sums).
 struct TpContext {
   Communicator* comm = nullptr;
   bool sequence_parallel = true;
-  Communicator* control = nullptr;
-  Communicator& host() const { return control ? *control : *comm; }
   TpShard shard() const { return {comm->size(), comm->rank()}; }
   // The rows of a micro-batch of N tokens this rank's residual stream holds, and back.
   int64_t rows(int64_t N) const { return sequence_parallel ? N / comm->size() : N; }

@@ -195,7 +195,7 @@ void build_model(Trainer& t) {
   const ModelShape shape{config.model.vocab, config.model.d_model,    config.model.layers,
                          config.model.heads, config.model.ffn_hidden, config.model.kv_heads};
   const int64_t pp = config.parallel.pp, stage = t.groups.coords.pp, V = config.parallel.vpp;
-  const TpContext tp{t.groups.data.tp, config.parallel.sequence_parallel, t.groups.tp.get()};
+  const TpContext tp{t.groups.data.tp, config.parallel.sequence_parallel};
   const MoeSettingsOf moe_of = moe_layers(config, t.groups);
   const std::vector<StageSpec> specs = chunk_specs(config, stage);
   for (int64_t c = 0; c < int64_t(specs.size()); ++c) {
