@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "core/host_device.h"
 
@@ -84,6 +85,21 @@ MOE_HOST_DEVICE constexpr float bf16_to_float(bf16 x) { return bits_float(uint32
 template <typename T>
 MOE_HOST_DEVICE constexpr T round_to_bf16(T x) {
   return T(bf16_to_float(float_to_bf16(float(x))));
+}
+
+// An activation its producer holds rounded to bf16 (train.precision = bf16; docs/design.md "Precision"): a tensor
+// only bf16 GEMMs read (the experts' dispatched rows and their SwiGLU output), so its rounding is the GEMM's own and
+// the results are the same bits. fp32 storage keeps the bf16 bits (half the memory and half the bytes moved); fp64
+// storage (the gradient checks) the rounded values in fp64.
+template <typename T>
+using Rounded = std::conditional_t<std::is_same_v<T, float>, bf16, T>;
+
+template <typename T>
+MOE_HOST_DEVICE constexpr Rounded<T> to_rounded(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return float_to_bf16(x);
+  else
+    return round_to_bf16(x);
 }
 
 template <typename T>

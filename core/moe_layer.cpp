@@ -179,17 +179,27 @@ void MoeLayer<T>::forward(const FfnContext& context, const T* x, T* y, T* acts, 
   // Otherwise kept across forwards: allocating (and zeroing) them every time cost as much as the gather itself.
   const bool alias = aliased_sides();
   if (alias) experts_.resize(st.experts, M);
-  if (!alias) backend_.reserve(token_rows_, dtype_of<T>(), M * D);
-  T* xp = alias ? st.experts.xe.template data<T>() : token_rows_.template data<T>();
+  // Under bf16 GEMMs the rows are gathered rounded and travel so (GroupedExperts::rounded): the exchange moves them
+  // as `width` elements of T a row, bits it never computes on (d_model is even: config_rules.cpp).
+  const bool rounded = experts_.rounded();
+  const int64_t width = rounded ? D * int64_t(sizeof(Rounded<T>)) / int64_t(sizeof(T)) : D;
+  MOE_CHECK(width * int64_t(sizeof(T)) == D * int64_t(rounded ? sizeof(Rounded<T>) : sizeof(T)),
+            "rows of " << D << " rounded values are not a whole number of exchange elements");
+  if (!alias) backend_.reserve(token_rows_, dtype_of<T>(), M * width);
+  void* xp = alias ? st.experts.xe.raw() : token_rows_.raw();
   std::optional<TimelineSpan> span(std::in_place, backend_.timeline(), "moe dispatch", "moe");
   plan_beside(st, [&] {
-    ops_.gather_rows(x, st.perm_token.template data<int32_t>(), nullptr, xp, M, D);
+    const int32_t* token = st.perm_token.template data<int32_t>();
+    if (rounded)
+      ops_.gather_rows_rounded(x, token, static_cast<Rounded<T>*>(xp), M, D);
+    else
+      ops_.gather_rows(x, token, nullptr, static_cast<T*>(xp), M, D);
     if (shared_) shared_->forward(context, x, v.shared_out, v.shared_acts, nullptr, N);
   });
   const int64_t R = st.exchange.received;
   MOE_CHECK(!alias || R == M, "one rank's experts receive " << R << " rows of its " << M << " permuted rows");
   if (!alias) experts_.resize(st.experts, R);
-  dispatcher_->dispatch(st.exchange, xp, st.experts.xe.template data<T>(), D);
+  dispatcher_->dispatch(st.exchange, static_cast<const T*>(xp), static_cast<T*>(st.experts.xe.raw()), width);
 
   // Experts, then their outputs back to the tokens' ranks (the dense fallback computing meanwhile), and the
   // gate-weighted sum, the shared experts' and the fallback's outputs added in that order.

@@ -179,12 +179,19 @@ inline double expert_parameters(double El, double D, double F) { return 3 * El *
 struct RoutedRows {
   double M, R, Mf;
 };
-// The experts' activations per slot (core/moe/experts.h ExpertActs): xe (R, D) and a, b, h (R, F).
-inline double expert_activations(double R, double D, double F) { return R * D + 3 * R * F; }
+// The experts' activations per slot (core/moe/experts.h ExpertActs): xe (R, D) and a, b, h (R, F), xe and h held
+// rounded under bf16 GEMMs (held: as moe_exchange_rows's).
+inline double expert_activations(double R, double D, double F, double held = 1) {
+  return held * (R * D + R * F) + 2 * R * F;
+}
 // The MoE layer's gathered token rows (M, D) and its experts' outputs (R, D), kept across forwards; none over one
 // expert-parallel rank, where the gather writes the experts' input and the experts write the permuted output in
 // place (core/moe_layer.cpp aliased_sides).
-inline double moe_exchange_rows(double M, double R, double D, bool one_rank) { return one_rank ? 0.0 : (M + R) * D; }
+// held: the size of a row value held rounded (Rounded, under bf16 GEMMs) in elements of the model's type (0.5: bf16
+// beside fp32; 1: not rounded), for the gathered rows, which travel rounded.
+inline double moe_exchange_rows(double M, double R, double D, bool one_rank, double held = 1) {
+  return one_rank ? 0.0 : held * M * D + R * D;
+}
 // GroupedExperts' backward scratch: 3 R F.
 inline double experts_scratch(double R, double F) { return 3 * R * F; }
 // The dispatch plan's buffers on the backend per slot (core/moe_layer.cpp MoeSlot, planned by MoeLayer::plan), for

@@ -10,7 +10,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace moe {
@@ -30,14 +32,15 @@ enum class GemmWeight : uint8_t { None, A, B };
 
 // One GEMM: C(M,N) = alpha * op(A) * op(B) + beta * C, row-major; op(A) is (M,K), op(B) is (K,N). Each call states
 // how its operands are read (precision) and which of them, if any, is a weight; the defaults are the safe ones
-// (alpha 1, beta 0, as stored, no weight). An operand a producer already holds rounded to bf16 (its bf16 copy) would
-// be one more field here beside the operand it stands for, read by a bf16 GEMM instead of rounding that operand.
+// (alpha 1, beta 0, as stored, no weight). A_rounded: operand A as its producer holds it rounded (Rounded), in A's
+// place (A null, same lda), for a bf16 GEMM only.
 template <typename T>
 struct GemmArgs {
   bool trans_a = false, trans_b = false;
   int64_t M = 0, N = 0, K = 0;
   T alpha = T(1);
   const T* A = nullptr;
+  const Rounded<T>* A_rounded = nullptr;
   int64_t lda = 0;
   const T* B = nullptr;
   int64_t ldb = 0;
@@ -54,7 +57,7 @@ struct GemmArgs {
 //                    (A: (rows, K), C: (rows, N)) and B_g = B + g K N, (K, N) or, trans_b, (N, K).
 //   trans_a = true:  C_g (K, N) = alpha A_g^T B_g + beta C_g, with A: (rows, K) and B: (rows, N)
 //                    row-blocked and C_g = C + g K N (the weight gradients); trans_b must be false.
-// precision and weight as GemmArgs's (the experts' weight stacks are operand B).
+// precision, weight and A_rounded as GemmArgs's (the experts' weight stacks are operand B).
 template <typename T>
 struct GroupedGemmArgs {
   bool trans_a = false, trans_b = false;
@@ -63,6 +66,7 @@ struct GroupedGemmArgs {
   int64_t N = 0, K = 0;
   T alpha = T(1);
   const T* A = nullptr;
+  const Rounded<T>* A_rounded = nullptr;
   const T* B = nullptr;
   T beta = T(0);
   T* C = nullptr;
@@ -144,6 +148,7 @@ class Ops {
 
   // C = alpha op(A) op(B) + beta C as `g` says (GemmArgs).
   void gemm(const Gemm& g) {
+    check_rounded_operand(g.A, g.A_rounded, g.precision, g.weight, "gemm");
     if (g.weight == GemmWeight::A && g.M > 0 && g.K > 0)  // A as stored: (M, K), or (K, M) transposed
       check_weight(g.A, g.trans_a ? (g.K - 1) * g.lda + g.M : (g.M - 1) * g.lda + g.K, "gemm");
     if (g.weight == GemmWeight::B && g.K > 0 && g.N > 0)  // B as stored: (K, N), or (N, K) transposed
@@ -152,6 +157,7 @@ class Ops {
   }
   // The grouped GEMM `g` says (GroupedGemmArgs).
   void grouped_gemm(const GroupedGemm& g) {
+    check_rounded_operand(g.A, g.A_rounded, g.precision, g.weight, "grouped_gemm");
     const int64_t rows = g.groups > 0 ? g.row_offset[g.groups] - g.row_offset[0] : 0;
     if (g.weight == GemmWeight::A && rows > 0 && g.K > 0)  // row-blocked (rows, K)
       check_weight(g.A + g.row_offset[0] * g.K, rows * g.K, "grouped_gemm");
@@ -224,6 +230,8 @@ class Ops {
 
   // h = silu(a) * b, elementwise over n.
   virtual void swiglu_forward(const T* a, const T* b, T* h, int64_t n) = 0;
+  // h = silu(a) * b as swiglu_forward computes it, held rounded (for the bf16 GEMMs that read it).
+  virtual void swiglu_forward_rounded(const T* a, const T* b, Rounded<T>* h, int64_t n) = 0;
   // da, db written.
   virtual void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) = 0;
 
@@ -286,58 +294,22 @@ class Ops {
   // This default is the grouped GEMMs and the SwiGLU over all blocks, op after op; a backend may instead run
   // each block's whole sequence at once (the CPU backend does), with the same bits.
   virtual void expert_mlp_forward(const ExpertMlp& e, const T* x, T* a, T* b, T* h, T* y) {
-    const int64_t G = e.groups, D = e.D, F = e.F, first = e.row_offset[0], R = e.row_offset[G] - first;
-    const int64_t* off = e.row_offset;
-    const GemmPrecision p = e.precision;
-    constexpr GemmWeight W = GemmWeight::B;
-    grouped_gemm(
-        {.groups = G, .row_offset = off, .N = F, .K = D, .A = x, .B = e.w1, .C = a, .precision = p, .weight = W});
-    grouped_gemm(
-        {.groups = G, .row_offset = off, .N = F, .K = D, .A = x, .B = e.w3, .C = b, .precision = p, .weight = W});
-    swiglu_forward(a + first * F, b + first * F, h + first * F, R * F);
-    grouped_gemm(
-        {.groups = G, .row_offset = off, .N = D, .K = F, .A = h, .B = e.w2, .C = y, .precision = p, .weight = W});
+    expert_mlp_forward_as<T>(e, x, a, b, h, y);
   }
   // After expert_mlp_forward (x, a, b, h its operands and outputs); dy: (rows, D). dh, da, db: (rows, F)
   // workspace; dx (rows, D) written; dw1, dw3, dw2 accumulate. Default: op after op, as above.
   virtual void expert_mlp_backward(const ExpertMlp& e, const T* x, const T* a, const T* b, const T* h, const T* dy,
                                    T* dh, T* da, T* db, T* dx) {
-    const int64_t G = e.groups, D = e.D, F = e.F, first = e.row_offset[0], R = e.row_offset[G] - first;
-    const int64_t* off = e.row_offset;
-    const GemmPrecision p = e.precision;
-    constexpr GemmWeight W = GemmWeight::B;
-    auto grad = [&](const T* A, const T* B, T* dW, int64_t N, int64_t K) {  // dW += A^T B
-      grouped_gemm({.trans_a = true,
-                    .groups = G,
-                    .row_offset = off,
-                    .N = N,
-                    .K = K,
-                    .A = A,
-                    .B = B,
-                    .beta = T(1),
-                    .C = dW,
-                    .precision = p});
-    };
-    auto input = [&](const T* A, const T* w, T beta, T* C, int64_t N, int64_t K) {  // C = A w^T + beta C
-      grouped_gemm({.trans_b = true,
-                    .groups = G,
-                    .row_offset = off,
-                    .N = N,
-                    .K = K,
-                    .A = A,
-                    .B = w,
-                    .beta = beta,
-                    .C = C,
-                    .precision = p,
-                    .weight = W});
-    };
-    grad(h, dy, e.dw2, D, F);         // dW2 += h^T dy
-    input(dy, e.w2, T(0), dh, F, D);  // dh = dy W2^T
-    swiglu_backward(a + first * F, b + first * F, dh + first * F, da + first * F, db + first * F, R * F);
-    grad(x, da, e.dw1, F, D);         // dW1 += x^T da
-    grad(x, db, e.dw3, F, D);         // dW3 += x^T db
-    input(da, e.w1, T(0), dx, D, F);  // dx = da W1^T
-    input(db, e.w3, T(1), dx, D, F);  //    + db W3^T
+    expert_mlp_backward_as<T>(e, x, a, b, h, dy, dh, da, db, dx);
+  }
+  // The same with bf16 GEMMs (e.precision Bf16) on the rows x and h held rounded (Rounded): x as the dispatch
+  // gathered it, h as swiglu_forward_rounded writes it; the same bits as expert_mlp_forward and _backward.
+  virtual void expert_mlp_forward_rounded(const ExpertMlp& e, const Rounded<T>* x, T* a, T* b, Rounded<T>* h, T* y) {
+    expert_mlp_forward_as<Rounded<T>, true>(e, x, a, b, h, y);
+  }
+  virtual void expert_mlp_backward_rounded(const ExpertMlp& e, const Rounded<T>* x, const T* a, const T* b,
+                                           const Rounded<T>* h, const T* dy, T* dh, T* da, T* db, T* dx) {
+    expert_mlp_backward_as<Rounded<T>, true>(e, x, a, b, h, dy, dh, da, db, dx);
   }
 
   // Standard Gumbel noise of one Philox stream (core/philox.h, RngStream with this key):
@@ -355,6 +327,8 @@ class Ops {
 
   // dst[r] = scale[r] * src[index[r]] (scale null: a copy); index < 0 gives a zero row. dst: (rows, D).
   virtual void gather_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) = 0;
+  // dst[r] = src[index[r]] held rounded (for the bf16 GEMMs that read it); index < 0 gives a zero row.
+  virtual void gather_rows_rounded(const T* src, const int32_t* index, Rounded<T>* dst, int64_t rows, int64_t D) = 0;
   // dst[index[r]] += scale[r] * src[r] (scale null: src[r]); rows sharing a destination add in row order.
   virtual void scatter_add_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows,
                                 int64_t D) = 0;
@@ -464,6 +438,80 @@ class Ops {
   virtual void run_grouped_gemm(const GroupedGemm& g) = 0;        // grouped_gemm, its weight checked
   // A GEMM operand named as a weight, `extent` elements from w, must lie inside the parameters' memory while one is
   // registered: the rounded copy holds nothing else, so a weight outside it is a caller's mistake, refused.
+  // The default expert MLP, op after op, on x and h as stored (X = T) or held rounded (kRounded).
+  template <typename X, bool kRounded = false>
+  static GroupedGemm with_operand(GroupedGemm g, const X* A) {
+    if constexpr (kRounded)
+      g.A_rounded = A;
+    else
+      g.A = A;
+    return g;
+  }
+  template <typename X, bool kRounded = false>
+  void expert_mlp_forward_as(const ExpertMlp& e, const X* x, T* a, T* b, X* h, T* y) {
+    const int64_t G = e.groups, D = e.D, F = e.F, first = e.row_offset[0], R = e.row_offset[G] - first;
+    const int64_t* off = e.row_offset;
+    const GemmPrecision p = e.precision;
+    constexpr GemmWeight W = GemmWeight::B;
+    auto forward = [&](const X* A, const T* w, T* C, int64_t N, int64_t K) {  // C = A w
+      grouped_gemm(with_operand<X, kRounded>(
+          {.groups = G, .row_offset = off, .N = N, .K = K, .B = w, .C = C, .precision = p, .weight = W}, A));
+    };
+    forward(x, e.w1, a, F, D);
+    forward(x, e.w3, b, F, D);
+    if constexpr (kRounded)
+      swiglu_forward_rounded(a + first * F, b + first * F, h + first * F, R * F);
+    else
+      swiglu_forward(a + first * F, b + first * F, h + first * F, R * F);
+    forward(h, e.w2, y, D, F);
+  }
+  template <typename X, bool kRounded = false>
+  void expert_mlp_backward_as(const ExpertMlp& e, const X* x, const T* a, const T* b, const X* h, const T* dy, T* dh,
+                              T* da, T* db, T* dx) {
+    const int64_t G = e.groups, D = e.D, F = e.F, first = e.row_offset[0], R = e.row_offset[G] - first;
+    const int64_t* off = e.row_offset;
+    const GemmPrecision p = e.precision;
+    constexpr GemmWeight W = GemmWeight::B;
+    auto grad = [&](const X* A, const T* B, T* dW, int64_t N, int64_t K) {  // dW += A^T B
+      grouped_gemm(with_operand<X, kRounded>({.trans_a = true,
+                                              .groups = G,
+                                              .row_offset = off,
+                                              .N = N,
+                                              .K = K,
+                                              .B = B,
+                                              .beta = T(1),
+                                              .C = dW,
+                                              .precision = p},
+                                             A));
+    };
+    auto input = [&](const T* A, const T* w, T beta, T* C, int64_t N, int64_t K) {  // C = A w^T + beta C
+      grouped_gemm({.trans_b = true,
+                    .groups = G,
+                    .row_offset = off,
+                    .N = N,
+                    .K = K,
+                    .A = A,
+                    .B = w,
+                    .beta = beta,
+                    .C = C,
+                    .precision = p,
+                    .weight = W});
+    };
+    grad(h, dy, e.dw2, D, F);         // dW2 += h^T dy
+    input(dy, e.w2, T(0), dh, F, D);  // dh = dy W2^T
+    swiglu_backward(a + first * F, b + first * F, dh + first * F, da + first * F, db + first * F, R * F);
+    grad(x, da, e.dw1, F, D);         // dW1 += x^T da
+    grad(x, db, e.dw3, F, D);         // dW3 += x^T db
+    input(da, e.w1, T(0), dx, D, F);  // dx = da W1^T
+    input(db, e.w3, T(1), dx, D, F);  //    + db W3^T
+  }
+
+  // A producer's rounded operand stands in for A under a bf16 GEMM, never beside it nor as a weight.
+  static void check_rounded_operand(const T* A, const Rounded<T>* A_rounded, GemmPrecision precision, GemmWeight weight,
+                                    const char* op) {
+    MOE_CHECK(!A_rounded || (!A && precision == GemmPrecision::Bf16 && weight != GemmWeight::A),
+              op << ": a rounded operand A is read in A's place (A null) by a bf16 GEMM, and is not a weight");
+  }
   void check_weight(const T* w, int64_t extent, const char* op) const {
     MOE_CHECK(!parameters_ || (w >= parameters_ && w + extent <= parameters_ + parameter_count_),
               op << ": the operand named as a weight (" << extent << " elements) does not lie in the parameters' "

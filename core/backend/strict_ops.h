@@ -41,6 +41,7 @@ enum class OpId : int {
   attention_forward_fused,
   attention_backward_fused,
   swiglu_forward,
+  swiglu_forward_rounded,
   swiglu_backward,
   cross_entropy_forward,
   cross_entropy_backward,
@@ -60,11 +61,14 @@ enum class OpId : int {
   grouped_gemm,
   expert_mlp_forward,
   expert_mlp_backward,
+  expert_mlp_forward_rounded,
+  expert_mlp_backward_rounded,
   gumbel_noise,
   softmax_rows,
   sigmoid_rows,
   topk_rows,
   gather_rows,
+  gather_rows_rounded,
   scatter_add_rows,
   combine_rows,
   row_dots,
@@ -99,6 +103,7 @@ inline constexpr const char* kOpNames[] = {"gemm",
                                            "attention_forward_fused",
                                            "attention_backward_fused",
                                            "swiglu_forward",
+                                           "swiglu_forward_rounded",
                                            "swiglu_backward",
                                            "cross_entropy_forward",
                                            "cross_entropy_backward",
@@ -118,11 +123,14 @@ inline constexpr const char* kOpNames[] = {"gemm",
                                            "grouped_gemm",
                                            "expert_mlp_forward",
                                            "expert_mlp_backward",
+                                           "expert_mlp_forward_rounded",
+                                           "expert_mlp_backward_rounded",
                                            "gumbel_noise",
                                            "softmax_rows",
                                            "sigmoid_rows",
                                            "topk_rows",
                                            "gather_rows",
+                                           "gather_rows_rounded",
                                            "scatter_add_rows",
                                            "combine_rows",
                                            "row_dots",
@@ -165,6 +173,7 @@ class StrictOps final : public Ops<T> {
     const char* op = "gemm";
     typename Ops<T>::Gemm real = g;
     real.A = r(g.A, strided(g.trans_a ? g.K : g.M, g.trans_a ? g.M : g.K, g.lda), op);
+    real.A_rounded = r(g.A_rounded, strided(g.trans_a ? g.K : g.M, g.trans_a ? g.M : g.K, g.lda), op);
     real.B = r(g.B, strided(g.trans_b ? g.N : g.K, g.trans_b ? g.K : g.N, g.ldb), op);
     real.C = r(g.C, strided(g.M, g.N, g.ldc), op);
     run([=, this] { inner_.gemm(real); });
@@ -310,6 +319,14 @@ class StrictOps final : public Ops<T> {
     const auto p2 = r(h, n, op);
     run([=, this] { inner_.swiglu_forward(p0, p1, p2, n); });
   }
+  void swiglu_forward_rounded(const T* a, const T* b, Rounded<T>* h, int64_t n) override {
+    covered(OpId::swiglu_forward_rounded);
+    const char* op = "swiglu_forward_rounded";
+    const auto p0 = r(a, n, op);
+    const auto p1 = r(b, n, op);
+    const auto p2 = r(h, n, op);
+    run([=, this] { inner_.swiglu_forward_rounded(p0, p1, p2, n); });
+  }
   void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) override {
     covered(OpId::swiglu_backward);
     const char* op = "swiglu_backward";
@@ -435,6 +452,7 @@ class StrictOps final : public Ops<T> {
     const int64_t rows = g.groups > 0 ? g.row_offset[g.groups] : 0, N = g.N, K = g.K;
     typename Ops<T>::GroupedGemm real = g;
     real.A = r(g.A, rows * K, op);
+    real.A_rounded = r(g.A_rounded, rows * K, op);
     real.B = r(g.B, g.trans_a ? rows * N : g.groups * K * N, op);
     real.C = r(g.C, g.trans_a ? g.groups * K * N : rows * N, op);
     const std::vector<int64_t> offsets = host_offsets(g.groups, g.row_offset);
@@ -474,6 +492,40 @@ class StrictOps final : public Ops<T> {
     const auto p9 = r(dx, rd, op);
     const std::vector<int64_t> offsets = host_offsets(e.groups, e.row_offset);
     run([=, this] { inner_.expert_mlp_backward(with_offsets(p0, offsets), p1, p2, p3, p4, p5, p6, p7, p8, p9); });
+  }
+  void expert_mlp_forward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, T* a, T* b, Rounded<T>* h,
+                                  T* y) override {
+    covered(OpId::expert_mlp_forward_rounded);
+    const char* op = "expert_mlp_forward_rounded";
+    const int64_t rows = e.groups > 0 ? e.row_offset[e.groups] : 0;
+    const auto p0 = real_weights(e, op);
+    const auto p1 = r(x, rows * e.D, op);
+    const auto p2 = r(a, rows * e.F, op);
+    const auto p3 = r(b, rows * e.F, op);
+    const auto p4 = r(h, rows * e.F, op);
+    const auto p5 = r(y, rows * e.D, op);
+    const std::vector<int64_t> offsets = host_offsets(e.groups, e.row_offset);
+    run([=, this] { inner_.expert_mlp_forward_rounded(with_offsets(p0, offsets), p1, p2, p3, p4, p5); });
+  }
+  void expert_mlp_backward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, const T* a, const T* b,
+                                   const Rounded<T>* h, const T* dy, T* dh, T* da, T* db, T* dx) override {
+    covered(OpId::expert_mlp_backward_rounded);
+    const char* op = "expert_mlp_backward_rounded";
+    const int64_t rows = e.groups > 0 ? e.row_offset[e.groups] : 0, rf = rows * e.F, rd = rows * e.D;
+    const auto p0 = real_weights(e, op);
+    const auto p1 = r(x, rd, op);
+    const auto p2 = r(a, rf, op);
+    const auto p3 = r(b, rf, op);
+    const auto p4 = r(h, rf, op);
+    const auto p5 = r(dy, rd, op);
+    const auto p6 = r(dh, rf, op);
+    const auto p7 = r(da, rf, op);
+    const auto p8 = r(db, rf, op);
+    const auto p9 = r(dx, rd, op);
+    const std::vector<int64_t> offsets = host_offsets(e.groups, e.row_offset);
+    run([=, this] {
+      inner_.expert_mlp_backward_rounded(with_offsets(p0, offsets), p1, p2, p3, p4, p5, p6, p7, p8, p9);
+    });
   }
 
   void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) override {
@@ -517,6 +569,14 @@ class StrictOps final : public Ops<T> {
     const auto p2 = r(scale, rows, op);
     const auto p3 = r(dst, rows * D, op);
     run([=, this] { inner_.gather_rows(p0, p1, p2, p3, rows, D); });
+  }
+  void gather_rows_rounded(const T* src, const int32_t* index, Rounded<T>* dst, int64_t rows, int64_t D) override {
+    covered(OpId::gather_rows_rounded);
+    const char* op = "gather_rows_rounded";
+    const auto p0 = r(src, 0, op);
+    const auto p1 = r(index, rows, op);
+    const auto p2 = r(dst, rows * D, op);
+    run([=, this] { inner_.gather_rows_rounded(p0, p1, p2, rows, D); });
   }
   void scatter_add_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) override {
     covered(OpId::scatter_add_rows);

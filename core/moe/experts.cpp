@@ -6,15 +6,20 @@ namespace moe {
 template <typename T>
 void GroupedExperts<T>::resize(ExpertActs<T>& acts, int64_t R) const {
   constexpr DType kType = dtype_of<T>();
-  backend_.reserve(acts.xe, kType, R * D_);
+  const DType held = rounded() ? dtype_of<Rounded<T>>() : kType;  // xe and h
+  backend_.reserve(acts.xe, held, R * D_);
   backend_.reserve(acts.a, kType, R * F_), backend_.reserve(acts.b, kType, R * F_),
-      backend_.reserve(acts.h, kType, R * F_);
+      backend_.reserve(acts.h, held, R * F_);
 }
 
 template <typename T>
 void GroupedExperts<T>::forward(const std::vector<int64_t>& offset, ExpertActs<T>& acts, T* y) const {
-  ops_.expert_mlp_forward(mlp(offset), acts.xe.template data<T>(), acts.a.template data<T>(), acts.b.template data<T>(),
-                          acts.h.template data<T>(), y);
+  if (rounded())
+    ops_.expert_mlp_forward_rounded(mlp(offset), acts.xe.template data<Rounded<T>>(), acts.a.template data<T>(),
+                                    acts.b.template data<T>(), acts.h.template data<Rounded<T>>(), y);
+  else
+    ops_.expert_mlp_forward(mlp(offset), acts.xe.template data<T>(), acts.a.template data<T>(),
+                            acts.b.template data<T>(), acts.h.template data<T>(), y);
 }
 
 template <typename T>
@@ -24,8 +29,12 @@ void GroupedExperts<T>::backward(const std::vector<int64_t>& offset, const Exper
   T* dh = scratch;  // (R, F) each
   T* da = scratch + R * F;
   T* db = da + R * F;
-  ops_.expert_mlp_backward(mlp(offset), acts.xe.template data<T>(), acts.a.template data<T>(),
-                           acts.b.template data<T>(), acts.h.template data<T>(), dy, dh, da, db, dx);
+  if (rounded())
+    ops_.expert_mlp_backward_rounded(mlp(offset), acts.xe.template data<Rounded<T>>(), acts.a.template data<T>(),
+                                     acts.b.template data<T>(), acts.h.template data<Rounded<T>>(), dy, dh, da, db, dx);
+  else
+    ops_.expert_mlp_backward(mlp(offset), acts.xe.template data<T>(), acts.a.template data<T>(),
+                             acts.b.template data<T>(), acts.h.template data<T>(), dy, dh, da, db, dx);
 }
 
 template class GroupedExperts<float>;

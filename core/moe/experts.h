@@ -13,7 +13,8 @@
 namespace moe {
 
 // Expert-side activations of one routing group, kept for the backward: xe (R, D), a = xe W1,
-// b = xe W3, h = silu(a) * b, all (R, F).
+// b = xe W3, h = silu(a) * b, all (R, F). Under bf16 GEMMs xe and h, which only GEMMs read, are held rounded
+// (Rounded: bf16 for fp32 storage), the same bits in half the memory.
 template <typename T>
 struct ExpertActs {
   Buffer xe, a, b, h;  // in the backend's memory
@@ -26,6 +27,8 @@ class GroupedExperts {
       : backend_(backend), ops_(backend.ops<T>()), D_(d_model), F_(hidden) {}
   // How the experts' GEMMs read their operands (FeedForward::set_precision).
   void set_precision(GemmPrecision precision) { precision_ = precision; }
+  // Whether xe and h are held rounded: with bf16 GEMMs. The dispatch then gathers xe rounded.
+  bool rounded() const { return precision_ == GemmPrecision::Bf16; }
   void bind(const T* w1, const T* w3, const T* w2, T* dw1, T* dw3, T* dw2) {
     w1_ = w1, w3_ = w3, w2_ = w2, dw1_ = dw1, dw3_ = dw3, dw2_ = dw2;
   }

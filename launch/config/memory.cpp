@@ -43,6 +43,7 @@ struct Sizes {
   bool fused_deterministic;  // its backward holds dS (B, H, T, T) bf16 in cuDNN's workspace
   bool cuda;                 // train.device = cuda: the backend's own device memory (device_kept_bytes, ...)
   bool cuda_bf16;            // train.device = cuda with bf16 GEMMs: activation operands rounded into workspace
+  double held;               // a value held rounded (the experts' xe and h under bf16 GEMMs) in floats: 0.5 or 1
   double C, Cq, R;           // its latent widths and rotary width
 };
 
@@ -74,6 +75,7 @@ Sizes sizes_of(const Config& c, int64_t tp, int64_t ep, const StagePart& stage) 
   s.fused_deterministic = c.train.fused_attention == FusedAttention::Deterministic;
   s.cuda = c.train.device == Device::Cuda;
   s.cuda_bf16 = s.cuda && c.train.precision == GemmPrecision::Bf16;
+  s.held = c.train.precision == GemmPrecision::Bf16 ? 0.5 : 1.0;
   s.C = double(m.mla_kv_rank), s.Cq = double(m.mla_q_rank), s.R = double(m.mla_rope_dim);
   return s;
 }
@@ -229,9 +231,10 @@ double device_kept_bytes(const Sizes& s, double parameters) {
 // The CUDA backend's largest transient workspace of one call (0 elsewhere), in bytes: taken from its caching
 // allocator for the call and given back (core/backend/cuda), so the largest call counts. With bf16 GEMMs each GEMM
 // rounds its activation operands (the parameters come from their kept copy): the largest are the head's weight
-// gradient, x^T (N, D) by dlogits (N, V / tp), and an expert layer's, xe^T (R, D) by dh (R, Fe / etp) with the
-// grouped call's pointer array; the fused attention's backward (sizes::fused_attention_backward_bytes). Not counted:
-// the small per-call workspaces (the gradient norm's partial sums, the sorts' storage, which CUB states at run time).
+// gradient, x^T (N, D) by dlogits (N, V / tp), and an expert layer's largest operand that is not held rounded
+// already (its da (R, Fe / etp) or dy (R, D)) with the grouped call's pointer array; the fused attention's backward
+// (sizes::fused_attention_backward_bytes). Not counted: the small per-call workspaces (the gradient norm's partial
+// sums, the sorts' storage, which CUB states at run time).
 double device_transient_bytes(const Sizes& s) {
   if (!s.cuda) return 0;
   double largest = 0;
@@ -239,9 +242,9 @@ double device_transient_bytes(const Sizes& s) {
   if (s.cuda_bf16) {
     if (s.head) largest = std::max(largest, sizes::rounded_operand_bytes(s.N * (s.D + s.V / s.tp), kFloat));
     if (s.moe_layers > 0)
-      largest =
-          std::max(largest, sizes::rounded_operand_bytes(routed_rows(s).expert_side * (s.D + s.Fe / s.etp), kFloat) +
-                                sizes::grouped_gemm_pointer_bytes(s.E / s.ep));
+      largest = std::max(
+          largest, sizes::rounded_operand_bytes(routed_rows(s).expert_side * std::max(s.D, s.Fe / s.etp), kFloat) +
+                       sizes::grouped_gemm_pointer_bytes(s.E / s.ep));
   }
   if (s.fused && s.dense_layers + s.moe_layers > 0)
     largest = std::max(largest, sizes::fused_attention_backward_bytes(
@@ -258,7 +261,7 @@ double routed_bytes_per_layer(const Sizes& s, double slots) {
   const sizes::MoePlanBuffers plan = sizes::moe_plan_buffers(moe_shape(s));
   // The router's buffers (core/moe/router.cpp) over the routing group: the layer's, and each slot's routing.
   const sizes::RouterBuffers router = sizes::router_buffers(s.N, E, K, s.reroute ? E : K, s.gumbel, s.tau_learned);
-  const double per_slot = kFloat * (sizes::expert_activations(R, D, F) + plan.values() + router.slot_values()) +
+  const double per_slot = kFloat * (sizes::expert_activations(R, D, F, s.held) + plan.values() + router.slot_values()) +
                           kInt32 * (plan.int32s() + router.selected) + kInt64 * plan.int64s() + kByte * router.clamped;
   // The layer's workspace: gathered token rows (M, D) and expert outputs (R, D) over several expert-parallel ranks,
   // row dots (M, or Mf and the fallback's Sf), and the backward scratch (dyp, dxp (M, D), dye, dxe (R, D), the
@@ -267,7 +270,7 @@ double routed_bytes_per_layer(const Sizes& s, double slots) {
   const double backward = sizes::moe_backward_scratch(moe_shape(s), {M, R, Mf}, F);
   const sizes::GroupPermutation group = sizes::moe_group_permutation(moe_shape(s));
   const double workspace =
-      kFloat * (sizes::moe_exchange_rows(M, R, D, s.ep == 1) + std::max(M, Mf) + r.overflowed + backward) +
+      kFloat * (sizes::moe_exchange_rows(M, R, D, s.ep == 1, s.held) + std::max(M, Mf) + r.overflowed + backward) +
       kInt32 * group.int32s() + kInt64 * group.int64s();
   const double router_layer = kDouble * router.layer_doubles() + kInt32 * router.layer_int32s() +
                               kFloat * (router.selected_score + router.bias) + kByte * router.mask;

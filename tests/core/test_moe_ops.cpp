@@ -699,6 +699,200 @@ TEST_P(Conformance, DispatchPlanFallbackRows) {
   fallback_rows_cases<double>(backend());
 }
 
+// ---- Operands held rounded by their producers (dtype.h Rounded; train.precision = bf16) ----------------------
+
+// Host values rounded as a producer holds them, and the values they stand for.
+template <typename T>
+std::vector<Rounded<T>> held(const std::vector<double>& host) {
+  std::vector<Rounded<T>> out(host.size());
+  for (size_t i = 0; i < host.size(); ++i) out[i] = to_rounded(T(host[i]));
+  return out;
+}
+template <typename T>
+std::vector<double> values(const std::vector<Rounded<T>>& v) {
+  std::vector<double> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if constexpr (std::is_same_v<T, float>)
+      out[i] = bf16_to_float(v[i]);
+    else
+      out[i] = v[i];
+  }
+  return out;
+}
+template <typename T>
+std::vector<double> rounded_values(std::vector<double> v) {
+  for (double& x : v) x = double(round_to_bf16(T(x)));
+  return v;
+}
+
+// A bf16 GEMM reads a rounded A in A's place: the same bits as rounding A at the call, every layout, plain and
+// grouped (strided A for the plain one).
+template <typename T>
+void rounded_operand_gemm_cases(Backend& b) {
+  Ops<T>& o = b.ops<T>();
+  const int64_t M = 9, N = 11, K = 14;
+  for (int mode = 0; mode < 3; ++mode) {  // A B, A B^T, A^T B
+    const bool ta = mode == 2, tb = mode == 1;
+    const int64_t lda = (ta ? M : K) + 2;
+    const auto A = randn((ta ? K : M) * lda, "rA"), B = randn(K * N, "rB"), C = randn(M * N, "rC");
+    Buffer a = put<T>(b, A), held_a = b.upload(held<T>(A)), bb = put<T>(b, B), c1 = put<T>(b, C), c2 = put<T>(b, C);
+    typename Ops<T>::Gemm g{.trans_a = ta,
+                            .trans_b = tb,
+                            .M = M,
+                            .N = N,
+                            .K = K,
+                            .alpha = T(0.5),
+                            .lda = lda,
+                            .B = bb.data<T>(),
+                            .ldb = tb ? K : N,
+                            .beta = T(0.25),
+                            .C = c1.data<T>(),
+                            .ldc = N,
+                            .precision = GemmPrecision::Bf16};
+    g.A = a.data<T>();
+    o.gemm(g);
+    g.A = nullptr, g.A_rounded = held_a.data<Rounded<T>>(), g.C = c2.data<T>();
+    o.gemm(g);
+    EXPECT_EQ(get<T>(b, c1), get<T>(b, c2)) << "gemm mode " << mode;
+  }
+  const int64_t G = int64_t(kOffsets.size()) - 1, rows = kOffsets.back();
+  for (int mode = 0; mode < 3; ++mode) {
+    const bool ta = mode == 2, tb = mode == 1;
+    const auto A = randn(rows * K, "gA"), B = randn(ta ? rows * N : G * K * N, "gB");
+    const auto C = randn(ta ? G * K * N : rows * N, "gC");
+    Buffer a = put<T>(b, A), held_a = b.upload(held<T>(A)), bb = put<T>(b, B), c1 = put<T>(b, C), c2 = put<T>(b, C);
+    typename Ops<T>::GroupedGemm g{.trans_a = ta,
+                                   .trans_b = tb,
+                                   .groups = G,
+                                   .row_offset = kOffsets.data(),
+                                   .N = N,
+                                   .K = K,
+                                   .B = bb.data<T>(),
+                                   .beta = T(1),
+                                   .C = c1.data<T>(),
+                                   .precision = GemmPrecision::Bf16};
+    g.A = a.data<T>();
+    o.grouped_gemm(g);
+    g.A = nullptr, g.A_rounded = held_a.data<Rounded<T>>(), g.C = c2.data<T>();
+    o.grouped_gemm(g);
+    EXPECT_EQ(get<T>(b, c1), get<T>(b, c2)) << "grouped gemm mode " << mode;
+  }
+}
+
+TEST_P(Conformance, GemmReadsARoundedOperandInAsPlace) {
+  rounded_operand_gemm_cases<float>(backend());
+  rounded_operand_gemm_cases<double>(backend());
+}
+
+// A rounded operand is for a bf16 GEMM, in A's place: beside A, with fp32 GEMMs or as a weight it is refused.
+TEST_P(Conformance, ARoundedOperandIsRefusedOutsideABf16GemmsA) {
+  Backend& b = backend();
+  Buffer a = put<float>(b, randn(4, "x")), held_a = b.upload(held<float>(randn(4, "x"))),
+         c = put<float>(b, randn(4, "c"));
+  Ops<float>::Gemm g{.M = 2,
+                     .N = 2,
+                     .K = 2,
+                     .A_rounded = held_a.data<bf16>(),
+                     .lda = 2,
+                     .B = a.data<float>(),
+                     .ldb = 2,
+                     .C = c.data<float>(),
+                     .ldc = 2};
+  EXPECT_THROW(b.ops<float>().gemm(g), Error) << "fp32";
+  g.precision = GemmPrecision::Bf16, g.A = a.data<float>();
+  EXPECT_THROW(b.ops<float>().gemm(g), Error) << "beside A";
+  g.A = nullptr, g.weight = GemmWeight::A;
+  EXPECT_THROW(b.ops<float>().gemm(g), Error) << "as a weight";
+}
+
+// The producers: the SwiGLU's output and the dispatch's gathered rows held rounded are what the plain ops write,
+// rounded, on the same backend; and against the reference, within its bound before the rounding.
+template <typename T>
+void rounded_producer_cases(Backend& b) {
+  Ops<T>& o = b.ops<T>();
+  const int64_t n = 777, rows = 9, D = 13;
+  const auto A = randn(n, "sa"), B = randn(n, "sb");
+  Buffer a = put<T>(b, A), bb = put<T>(b, B), h = b.allocate(dtype_of<T>(), n),
+         hr = b.allocate(dtype_of<Rounded<T>>(), n);
+  o.swiglu_forward(a.data<T>(), bb.data<T>(), h.data<T>(), n);
+  o.swiglu_forward_rounded(a.data<T>(), bb.data<T>(), hr.data<Rounded<T>>(), n);
+  EXPECT_EQ(values<T>(b.download<Rounded<T>>(hr)), rounded_values<T>(get<T>(b, h))) << "swiglu forward";
+  const auto X = randn(20 * D, "gx");
+  const std::vector<int32_t> index = {3, -1, 0, 19, 7, 7, 12, -1, 5};
+  Buffer x = put<T>(b, X), ix = put_index(b, index), out = b.allocate(dtype_of<Rounded<T>>(), rows * D);
+  o.gather_rows_rounded(x.data<T>(), ix.data<int32_t>(), out.data<Rounded<T>>(), rows, D);
+  std::vector<double> ref(size_t(rows * D), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < D; ++d)
+      if (index[size_t(r)] >= 0) ref[size_t(r * D + d)] = X[size_t(index[size_t(r)] * D + d)];
+  EXPECT_EQ(values<T>(b.download<Rounded<T>>(out)), rounded_values<T>(ref)) << "gather rows";
+}
+
+TEST_P(Conformance, RoundedProducersWriteTheRoundedValues) {
+  rounded_producer_cases<float>(backend());
+  rounded_producer_cases<double>(backend());
+}
+
+// The experts' MLP on rows held rounded (x as the dispatch gathers it, h as its SwiGLU writes it) is the bf16 MLP
+// on the rows as stored, bit for bit: a, b, y, dx and the weight gradients equal, h its rounded values. Both the
+// backend's own and Ops' default (op after op, which a backend without its own runs).
+template <typename T>
+void expert_mlp_rounded_cases(Backend& b) {
+  const int64_t G = int64_t(kOffsets.size()) - 1, rows = kOffsets.back(), D = 12, F = 20;
+  const auto X = randn(rows * D, "mx"), DY = randn(rows * D, "mdy"), W1 = randn(G * D * F, "w1", 0.3),
+             W3 = randn(G * D * F, "w3", 0.3), W2 = randn(G * F * D, "w2", 0.3), DW = randn(G * D * F, "dw");
+  auto run = [&](bool rounded, bool by_default) {
+    constexpr DType t = dtype_of<T>(), held_type = dtype_of<Rounded<T>>();
+    Buffer x = put<T>(b, X), xr = b.upload(held<T>(X)), dy = put<T>(b, DY);
+    Buffer w1 = put<T>(b, W1), w3 = put<T>(b, W3), w2 = put<T>(b, W2);
+    Buffer dw1 = put<T>(b, DW), dw3 = put<T>(b, DW), dw2 = put<T>(b, DW);
+    Buffer a = b.allocate(t, rows * F), bb = b.allocate(t, rows * F), h = b.allocate(rounded ? held_type : t, rows * F),
+           y = b.allocate(t, rows * D), dh = b.allocate(t, rows * F), da = b.allocate(t, rows * F),
+           db = b.allocate(t, rows * F), dx = b.allocate(t, rows * D);
+    const typename Ops<T>::ExpertMlp e{G,
+                                       kOffsets.data(),
+                                       D,
+                                       F,
+                                       w1.data<T>(),
+                                       w3.data<T>(),
+                                       w2.data<T>(),
+                                       dw1.data<T>(),
+                                       dw3.data<T>(),
+                                       dw2.data<T>(),
+                                       GemmPrecision::Bf16};
+    Ops<T>& o = b.ops<T>();
+    if (rounded && by_default) {
+      o.Ops<T>::expert_mlp_forward_rounded(e, xr.data<Rounded<T>>(), a.data<T>(), bb.data<T>(), h.data<Rounded<T>>(),
+                                           y.data<T>());
+      o.Ops<T>::expert_mlp_backward_rounded(e, xr.data<Rounded<T>>(), a.data<T>(), bb.data<T>(), h.data<Rounded<T>>(),
+                                            dy.data<T>(), dh.data<T>(), da.data<T>(), db.data<T>(), dx.data<T>());
+    } else if (rounded) {
+      o.expert_mlp_forward_rounded(e, xr.data<Rounded<T>>(), a.data<T>(), bb.data<T>(), h.data<Rounded<T>>(),
+                                   y.data<T>());
+      o.expert_mlp_backward_rounded(e, xr.data<Rounded<T>>(), a.data<T>(), bb.data<T>(), h.data<Rounded<T>>(),
+                                    dy.data<T>(), dh.data<T>(), da.data<T>(), db.data<T>(), dx.data<T>());
+    } else {
+      o.expert_mlp_forward(e, x.data<T>(), a.data<T>(), bb.data<T>(), h.data<T>(), y.data<T>());
+      o.expert_mlp_backward(e, x.data<T>(), a.data<T>(), bb.data<T>(), h.data<T>(), dy.data<T>(), dh.data<T>(),
+                            da.data<T>(), db.data<T>(), dx.data<T>());
+    }
+    const std::vector<double> hv = rounded ? values<T>(b.download<Rounded<T>>(h)) : rounded_values<T>(get<T>(b, h));
+    return std::array<std::vector<double>, 8>{
+        get<T>(b, a), get<T>(b, bb), hv, get<T>(b, y), get<T>(b, dx), get<T>(b, dw1), get<T>(b, dw3), get<T>(b, dw2)};
+  };
+  const auto plain = run(false, false), rounded = run(true, false), by_default = run(true, true);
+  const char* names[8] = {"a", "b", "h rounded", "y", "dx", "dw1", "dw3", "dw2"};
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(plain[size_t(i)], rounded[size_t(i)]) << "expert mlp " << names[i];
+    EXPECT_EQ(plain[size_t(i)], by_default[size_t(i)]) << "expert mlp, Ops' default, " << names[i];
+  }
+}
+
+TEST_P(Conformance, ExpertMlpOnRoundedRowsIsTheBf16Mlp) {
+  expert_mlp_rounded_cases<float>(backend());
+  expert_mlp_rounded_cases<double>(backend());
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(backends()),
                          [](const auto& info) { return info.param.name; });
 

@@ -51,8 +51,12 @@ class CpuOps final : public Ops<T> {
         for (int64_t j = 0; j < g.N; ++j) g.C[i * g.ldc + j] = g.beta == T(0) ? T(0) : g.beta * g.C[i * g.ldc + j];
       return;
     }
-    cpu::gemm_at(gemm_inputs(g.precision, g.weight), g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, g.A, g.lda, g.B,
-                 g.ldb, g.beta, g.C, g.ldc);
+    if (g.A_rounded)
+      cpu::gemm_at(gemm_inputs(g.precision, g.weight), g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, g.A_rounded, g.lda,
+                   g.B, g.ldb, g.beta, g.C, g.ldc);
+    else
+      cpu::gemm_at(gemm_inputs(g.precision, g.weight), g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, g.A, g.lda, g.B,
+                   g.ldb, g.beta, g.C, g.ldc);
   }
 
   void embedding_forward(const int32_t* tokens, const T* table, int64_t first, int64_t rows, T* out, int64_t N,
@@ -210,6 +214,9 @@ class CpuOps final : public Ops<T> {
 
   // In blocks on all threads (cpu/expert_mlp.h: float through cpu/vector_math.h, double as written).
   void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override { cpu::swiglu_forward_blocks(a, b, h, n); }
+  void swiglu_forward_rounded(const T* a, const T* b, Rounded<T>* h, int64_t n) override {
+    cpu::swiglu_forward_as<T, true>(a, b, h, n);
+  }
 
   void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) override {
     cpu::swiglu_backward_blocks(a, b, dh, da, db, n);
@@ -328,8 +335,12 @@ class CpuOps final : public Ops<T> {
 
   void run_grouped_gemm(const typename Ops<T>::GroupedGemm& g) override {
     MOE_CHECK(!(g.trans_a && g.trans_b), "grouped gemm: trans_a with trans_b is not an expert shape");
-    cpu::grouped_gemm(gemm_inputs(g.precision, g.weight), g.trans_a, g.trans_b, g.groups, g.row_offset, g.N, g.K,
-                      g.alpha, g.A, g.B, g.beta, g.C);
+    if (g.A_rounded)
+      cpu::grouped_gemm(gemm_inputs(g.precision, g.weight), g.trans_a, g.trans_b, g.groups, g.row_offset, g.N, g.K,
+                        g.alpha, g.A_rounded, g.B, g.beta, g.C);
+    else
+      cpu::grouped_gemm(gemm_inputs(g.precision, g.weight), g.trans_a, g.trans_b, g.groups, g.row_offset, g.N, g.K,
+                        g.alpha, g.A, g.B, g.beta, g.C);
   }
   void expert_mlp_forward(const typename Ops<T>::ExpertMlp& e, const T* x, T* a, T* b, T* h, T* y) override {
     cpu::expert_mlp_forward(gemm_inputs(e.precision, GemmWeight::None), e, x, a, b, h, y);
@@ -337,6 +348,17 @@ class CpuOps final : public Ops<T> {
   void expert_mlp_backward(const typename Ops<T>::ExpertMlp& e, const T* x, const T* a, const T* b, const T* h,
                            const T* dy, T* dh, T* da, T* db, T* dx) override {
     cpu::expert_mlp_backward(gemm_inputs(e.precision, GemmWeight::None), e, x, a, b, h, dy, dh, da, db, dx);
+  }
+  void expert_mlp_forward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, T* a, T* b, Rounded<T>* h,
+                                  T* y) override {
+    MOE_CHECK(e.precision == GemmPrecision::Bf16, "expert_mlp_forward_rounded: rounded rows are read by bf16 GEMMs");
+    cpu::expert_mlp_forward<T, true>(gemm_inputs(e.precision, GemmWeight::None), e, x, a, b, h, y);
+  }
+  void expert_mlp_backward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, const T* a, const T* b,
+                                   const Rounded<T>* h, const T* dy, T* dh, T* da, T* db, T* dx) override {
+    MOE_CHECK(e.precision == GemmPrecision::Bf16, "expert_mlp_backward_rounded: rounded rows are read by bf16 GEMMs");
+    cpu::expert_mlp_backward<T, Rounded<T>>(gemm_inputs(e.precision, GemmWeight::None), e, x, a, b, h, dy, dh, da, db,
+                                            dx);
   }
   void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) override {
     cpu::gumbel_noise(key, step, first_counter, out, n);
@@ -353,6 +375,9 @@ class CpuOps final : public Ops<T> {
   }
   void gather_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) override {
     cpu::gather_rows(src, index, scale, dst, rows, D);
+  }
+  void gather_rows_rounded(const T* src, const int32_t* index, Rounded<T>* dst, int64_t rows, int64_t D) override {
+    cpu::gather_rows_rounded(src, index, dst, rows, D);
   }
   void scatter_add_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) override {
     cpu::scatter_add_rows(src, index, scale, dst, rows, D);

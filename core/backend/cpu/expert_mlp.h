@@ -48,6 +48,14 @@ void swiglu_backward_span(const T* a, const T* b, const T* dh, T* da, T* db, int
 // The SwiGLU over n in blocks of kSwigluBlock, the blocks shared among the threads where there are several here.
 constexpr int64_t kSwigluBlock = 256;
 
+// h = silu(a) * b over n (at most kSwigluBlock) as swiglu_forward_span computes it, held rounded.
+template <typename T>
+void swiglu_forward_rounded_span(const T* a, const T* b, Rounded<T>* h, int64_t n) {
+  T value[kSwigluBlock];
+  swiglu_forward_span(a, b, value, n);
+  for (int64_t i = 0; i < n; ++i) h[i] = to_rounded(value[i]);
+}
+
 template <typename T>
 void swiglu_forward_blocks(const T* a, const T* b, T* h, int64_t n) {
 #pragma omp parallel for schedule(static) if (usable_threads() > 1)
@@ -62,24 +70,37 @@ void swiglu_backward_blocks(const T* a, const T* b, const T* dh, T* da, T* db, i
     swiglu_backward_span(a + first, b + first, dh + first, da + first, db + first, std::min(kSwigluBlock, n - first));
 }
 
+// The SwiGLU's forward in blocks (above), h as stored or (kRounded) held rounded.
+template <typename T, bool kRounded>
+void swiglu_forward_as(const T* a, const T* b, std::conditional_t<kRounded, Rounded<T>, T>* h, int64_t n) {
+  if constexpr (kRounded) {
+#pragma omp parallel for schedule(static) if (usable_threads() > 1)
+    for (int64_t first = 0; first < n; first += kSwigluBlock)
+      swiglu_forward_rounded_span(a + first, b + first, h + first, std::min(kSwigluBlock, n - first));
+  } else {
+    swiglu_forward_blocks(a, b, h, n);
+  }
+}
+
 // Expert g's forward over its block of rows: a = x W1, b = x W3, h = silu(a) * b, y = h W2. Outside a parallel
 // region each op takes all threads (the GEMMs by their blocks); inside one, the calling thread alone.
-template <typename T>
-void expert_forward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, int64_t g, const T* x, T* a, T* b,
-                    T* h, T* y) {
+// With kRounded, x and h are held rounded (Ops::expert_mlp_forward_rounded).
+template <typename T, bool kRounded = false, typename X = std::conditional_t<kRounded, Rounded<T>, T>>
+void expert_forward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, int64_t g, const X* x, T* a, T* b,
+                    X* h, T* y) {
   const int64_t D = e.D, F = e.F, first = e.row_offset[g] * F, n = (e.row_offset[g + 1] - e.row_offset[g]) * F;
   const int64_t* off = e.row_offset;
   const GemmInputs<T> w = p.with_weight(GemmWeight::B);                       // the weight stacks
   grouped_gemm_group(w, false, false, g, off, F, D, T(1), x, e.w1, T(0), a);  // a = x W1
   grouped_gemm_group(w, false, false, g, off, F, D, T(1), x, e.w3, T(0), b);  // b = x W3
-  swiglu_forward_blocks(a + first, b + first, h + first, n);
+  swiglu_forward_as<T, kRounded>(a + first, b + first, h + first, n);
   grouped_gemm_group(w, false, false, g, off, D, F, T(1), h, e.w2, T(0), y);  // y = h W2
 }
 
-// Expert g's backward (Ops::expert_mlp_backward), as expert_forward.
-template <typename T>
-void expert_backward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, int64_t g, const T* x, const T* a,
-                     const T* b, const T* h, const T* dy, T* dh, T* da, T* db, T* dx) {
+// Expert g's backward (Ops::expert_mlp_backward), as expert_forward (X: how x and h are held).
+template <typename T, typename X = T>
+void expert_backward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, int64_t g, const X* x, const T* a,
+                     const T* b, const X* h, const T* dy, T* dh, T* da, T* db, T* dx) {
   const int64_t D = e.D, F = e.F, first = e.row_offset[g] * F, n = (e.row_offset[g + 1] - e.row_offset[g]) * F;
   const int64_t* off = e.row_offset;
   const GemmInputs<T> w = p.with_weight(GemmWeight::B);                        // the weight stacks
@@ -94,21 +115,22 @@ void expert_backward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e
 
 // Ops::expert_mlp_forward: the experts too large to share (GroupSchedule) one after another on all threads, then
 // the rest concurrently, each expert's whole sequence on one thread.
-template <typename T>
-void expert_mlp_forward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, const T* x, T* a, T* b, T* h,
+// kRounded: x and h held rounded (Ops::expert_mlp_forward_rounded).
+template <typename T, bool kRounded = false, typename X = std::conditional_t<kRounded, Rounded<T>, T>>
+void expert_mlp_forward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, const X* x, T* a, T* b, X* h,
                         T* y) {
   const GroupSchedule s = schedule_groups(e.groups, e.row_offset);
-  for (int64_t g : s.alone) expert_forward(p, e, g, x, a, b, h, y);
-  run_groups(s.shared, [&](int64_t g) { expert_forward(p, e, g, x, a, b, h, y); });
+  for (int64_t g : s.alone) expert_forward<T, kRounded>(p, e, g, x, a, b, h, y);
+  run_groups(s.shared, [&](int64_t g) { expert_forward<T, kRounded>(p, e, g, x, a, b, h, y); });
 }
 
 // Ops::expert_mlp_backward, as expert_mlp_forward.
-template <typename T>
-void expert_mlp_backward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, const T* x, const T* a,
-                         const T* b, const T* h, const T* dy, T* dh, T* da, T* db, T* dx) {
+template <typename T, typename X = T>
+void expert_mlp_backward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, const X* x, const T* a,
+                         const T* b, const X* h, const T* dy, T* dh, T* da, T* db, T* dx) {
   const GroupSchedule s = schedule_groups(e.groups, e.row_offset);
-  for (int64_t g : s.alone) expert_backward(p, e, g, x, a, b, h, dy, dh, da, db, dx);
-  run_groups(s.shared, [&](int64_t g) { expert_backward(p, e, g, x, a, b, h, dy, dh, da, db, dx); });
+  for (int64_t g : s.alone) expert_backward<T, X>(p, e, g, x, a, b, h, dy, dh, da, db, dx);
+  run_groups(s.shared, [&](int64_t g) { expert_backward<T, X>(p, e, g, x, a, b, h, dy, dh, da, db, dx); });
 }
 
 }  // namespace moe::cpu

@@ -124,6 +124,19 @@ void gather_rows(const T* src, const int32_t* index, const T* scale, T* dst, int
   }
 }
 
+// Ops::gather_rows_rounded: the rows held rounded (dtype.h to_rounded).
+template <typename T>
+void gather_rows_rounded(const T* src, const int32_t* index, Rounded<T>* dst, int64_t rows, int64_t D) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    Rounded<T>* out = dst + r * D;
+    if (index[r] < 0)
+      std::fill_n(out, D, Rounded<T>{});
+    else
+      for (int64_t d = 0; d < D; ++d) out[d] = to_rounded(src[int64_t(index[r]) * D + d]);
+  }
+}
+
 // Columns are split among threads; each column adds its rows in row order (deterministic).
 template <typename T>
 void scatter_add_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) {

@@ -193,12 +193,27 @@ void gemm_at(const GemmInputs<T>& in, bool ta, bool tb, int64_t M, int64_t N, in
   gemm_kernel(group_rows, ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
 }
 
+// The same with A held rounded by its producer (bf16 bits; a bf16 GEMM): its values widened exactly to fp32 in a
+// buffer of the calling thread, the GEMM as on the operand it was rounded from (read as bf16 whatever in.precision
+// says: the ops that take a rounded operand check that their GEMMs are bf16, outside any parallel region).
+inline void gemm_at(const GemmInputs<float>& in, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                    const bf16* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+                    int64_t group_rows = 0) {
+  thread_local std::vector<float> a_buffer, b_buffer;
+  const int64_t rows = ta ? K : M, cols = ta ? M : K;
+  a_buffer.resize(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) a_buffer[size_t(r * cols + c)] = bf16_to_float(A[r * lda + c]);
+  const float* b = in.operand(GemmWeight::B, B, tb ? N : K, tb ? K : N, ldb, b_buffer);
+  gemm_kernel(group_rows, ta, tb, M, N, K, alpha, a_buffer.data(), cols, b, ldb, beta, C, ldc);
+}
+
 // ---- Grouped GEMM (Ops::grouped_gemm) ----------------------------------------------------------------
 
 // Group g of a grouped GEMM as one GEMM (see Ops::grouped_gemm for the operand layout).
-template <typename T>
+template <typename T, typename X = T>
 void grouped_gemm_group(const GemmInputs<T>& p, bool trans_a, bool trans_b, int64_t g, const int64_t* row_offset,
-                        int64_t N, int64_t K, T alpha, const T* A, const T* B, T beta, T* C) {
+                        int64_t N, int64_t K, T alpha, const X* A, const T* B, T beta, T* C) {
   const int64_t r0 = row_offset[g], m = row_offset[g + 1] - r0;
   if (!trans_a)
     gemm_at(p, false, trans_b, m, N, K, alpha, A + r0 * K, K, B + g * K * N, trans_b ? K : N, beta, C + r0 * N, N, m);
@@ -241,9 +256,9 @@ inline GroupSchedule schedule_groups(int64_t groups, const int64_t* row_offset) 
   return s;
 }
 
-template <typename T>
+template <typename T, typename X = T>
 void grouped_gemm(const GemmInputs<T>& p, bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset,
-                  int64_t N, int64_t K, T alpha, const T* A, const T* B, T beta, T* C) {
+                  int64_t N, int64_t K, T alpha, const X* A, const T* B, T beta, T* C) {
   const GroupSchedule s = schedule_groups(groups, row_offset);
   for (int64_t g : s.alone) grouped_gemm_group(p, trans_a, trans_b, g, row_offset, N, K, alpha, A, B, beta, C);
   run_groups(s.shared,

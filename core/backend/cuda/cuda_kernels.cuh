@@ -196,6 +196,15 @@ __global__ void swiglu_forward_kernel(const T* a, const T* b, T* h, int64_t n) {
   }
 }
 
+// swiglu_forward_kernel's h held rounded (Rounded: the bf16 GEMM's operand).
+template <typename T>
+__global__ void swiglu_forward_rounded_kernel(const T* a, const T* b, Rounded<T>* h, int64_t n) {
+  MOE_GRID_STRIDE(i, n) {
+    const T sig = T(1) / (T(1) + exp(-a[i]));
+    h[i] = to_rounded(T(a[i] * sig * b[i]));
+  }
+}
+
 template <typename T>
 __global__ void swiglu_backward_kernel(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) {
   MOE_GRID_STRIDE(i, n) {
@@ -477,6 +486,16 @@ __global__ void gather_rows_kernel(const T* src, const int32_t* index, const T* 
     const int32_t from = index[r];
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
       dst[r * D + d] = from < 0 ? T(0) : (scale ? scale[r] * src[int64_t(from) * D + d] : src[int64_t(from) * D + d]);
+  }
+}
+
+template <typename T>
+__global__ void gather_rows_rounded_kernel(const T* src, const int32_t* index, Rounded<T>* dst, int64_t rows,
+                                           int64_t D) {
+  MOE_ROW_STRIDE(r, rows) {
+    const int32_t from = index[r];
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+      dst[r * D + d] = to_rounded(from < 0 ? T(0) : src[int64_t(from) * D + d]);
   }
 }
 

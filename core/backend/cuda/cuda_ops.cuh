@@ -123,6 +123,9 @@ class CudaOps final : public Ops<T> {
   void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override {
     launch(elementwise_launch(n), cuda::swiglu_forward_kernel<T>, a, b, h, n);
   }
+  void swiglu_forward_rounded(const T* a, const T* b, Rounded<T>* h, int64_t n) override {
+    launch(elementwise_launch(n), cuda::swiglu_forward_rounded_kernel<T>, a, b, h, n);
+  }
   void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) override {
     launch(elementwise_launch(n), cuda::swiglu_backward_kernel<T>, a, b, dh, da, db, n);
   }
@@ -193,6 +196,9 @@ class CudaOps final : public Ops<T> {
 
   void gather_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) override {
     launch(row_launch(rows, D), cuda::gather_rows_kernel<T>, src, index, scale, dst, rows, D);
+  }
+  void gather_rows_rounded(const T* src, const int32_t* index, Rounded<T>* dst, int64_t rows, int64_t D) override {
+    launch(row_launch(rows, D), cuda::gather_rows_rounded_kernel<T>, src, index, dst, rows, D);
   }
   void scatter_add_rows(const T* src, const int32_t* index, const T* scale, T* dst, int64_t rows, int64_t D) override;
   void combine_rows(const T* src, const int32_t* index, const T* weight, T* dst, int64_t N, int64_t K, int64_t D,

@@ -21,7 +21,9 @@ void CudaOps<T>::gemm_bf16(const typename Ops<T>::Gemm& g) {
   const T alpha = g.alpha, beta = g.beta;
   T* C = g.C;
   std::optional<Workspace> a_space, b_space;  // for operands that are not the weight
-  const void* a = gemm_operand(g.A, g.weight == GemmWeight::A, trans_a ? K : M, trans_a ? M : K, lda, a_space);
+  const void* a = g.A_rounded
+                      ? static_cast<const void*>(g.A_rounded)  // as its producer rounded it
+                      : gemm_operand(g.A, g.weight == GemmWeight::A, trans_a ? K : M, trans_a ? M : K, lda, a_space);
   const void* b = gemm_operand(g.B, g.weight == GemmWeight::B, trans_b ? N : K, trans_b ? K : N, ldb, b_space);
   if constexpr (sizeof(T) == 4) {
     MOE_CUBLAS_CHECK(cublasGemmEx(ctx_.blas, op(trans_b), op(trans_a), int(N), int(M), int(K), &alpha, b, CUDA_R_16BF,
@@ -105,7 +107,8 @@ void CudaOps<T>::run_grouped_gemm(const typename Ops<T>::GroupedGemm& g) {
     // the experts' weights come from the parameters' rounded copy when the call names them.
     int64_t a_count = row_offset[groups] * K, b_count = g.trans_a ? row_offset[groups] * N : groups * K * N;
     std::optional<Workspace> a_space, b_space;
-    const void* a = gemm_operand(A, g.weight == GemmWeight::A, 1, a_count, a_count, a_space);
+    const void* a = g.A_rounded ? static_cast<const void*>(g.A_rounded)
+                                : gemm_operand(A, g.weight == GemmWeight::A, 1, a_count, a_count, a_space);
     const void* b = gemm_operand(B, g.weight == GemmWeight::B, 1, b_count, b_count, b_space);
     return grouped_call_bf16(plan, alpha, a, b, beta, C);
   }
