@@ -149,7 +149,7 @@ inline GroupedResult measure_grouped_gemm(Backend& backend, const GroupedShape& 
   const std::vector<int64_t> off = random_row_offsets(E, R, 99), whole = {0, R};
   ExpertOperands x;
   for (auto* v : {&x.xe, &x.y, &x.dy, &x.dx}) v->resize(size_t(R * D));
-  x.scratch.resize(size_t(GroupedExperts<float>::scratch_size(R, F)));
+  x.scratch.resize(size_t(sizes::elements(sizes::experts_scratch(double(R), double(F)))));  // fp32 GEMMs
   for (auto* v : {&x.w1, &x.w3, &x.w2, &x.dw1, &x.dw3, &x.dw2}) v->resize(size_t(E * D * F));
   uint64_t seed = 5;
   for (auto* v : {&x.xe, &x.dy, &x.w1, &x.w3, &x.w2}) fill_uniform(*v, ++seed);

@@ -87,10 +87,10 @@ MOE_HOST_DEVICE constexpr T round_to_bf16(T x) {
   return T(bf16_to_float(float_to_bf16(float(x))));
 }
 
-// An activation its producer holds rounded to bf16 (train.precision = bf16; docs/design.md "Precision"): a tensor
-// only bf16 GEMMs read (the experts' dispatched rows and their SwiGLU output), so its rounding is the GEMM's own and
-// the results are the same bits. fp32 storage keeps the bf16 bits (half the memory and half the bytes moved); fp64
-// storage (the gradient checks) the rounded values in fp64.
+// An activation its producer holds rounded to bf16 (train.precision = bf16): a tensor the routed experts keep
+// (their rows, a = x W1, b = x W3, the SwiGLU's output; docs/design.md "Precision"): fp32
+// storage keeps the bf16 bits (half the memory and half the bytes moved); fp64 storage (the gradient checks) the
+// rounded values in fp64.
 template <typename T>
 using Rounded = std::conditional_t<std::is_same_v<T, float>, bf16, T>;
 
@@ -100,6 +100,15 @@ MOE_HOST_DEVICE constexpr Rounded<T> to_rounded(T x) {
     return float_to_bf16(x);
   else
     return round_to_bf16(x);
+}
+
+// The value a held-rounded element stands for, in its storage type.
+template <typename T>
+MOE_HOST_DEVICE constexpr T from_rounded(Rounded<T> x) {
+  if constexpr (std::is_same_v<T, float>)
+    return bf16_to_float(x);
+  else
+    return x;
 }
 
 template <typename T>

@@ -102,7 +102,8 @@ sizes::MoeShape MoeLayer<T>::shape(int64_t N) const {
           double(N),
           shared_ ? double(s_.shared_experts * s_.expert_hidden / s_.expert_tp) : 0.0,
           fallback_ ? double(s_.fallback_hidden / s_.expert_tp) : 0.0,
-          reroutes(s_.overflow)};
+          reroutes(s_.overflow),
+          experts_.rounded() ? double(sizeof(Rounded<T>)) / double(sizeof(T)) : 0.0};
 }
 
 template <typename T>
@@ -458,16 +459,16 @@ void MoeLayer<T>::backward(const FfnContext& context, const T* x, const T* dy, T
   const sizes::RoutedRows rows{double(M), double(R), double(Mf)};
   backend_.reserve(scratch_, dtype_of<T>(), sizes::elements(sizes::moe_backward_scratch(shape(N), rows, double(F))));
   T* c = scratch_.template data<T>();
-  T* dyp = c;                                            // (M, D) token side
-  T* dxp = (c += M * D);                                 // (M, D) token side
-  T* dye = (c += M * D);                                 // (R, D) expert side
-  T* dxe = (c += R * D);                                 // (R, D) expert side
-  if (aliased_sides()) dye = dyp, dxe = dxp;             // one rank: the same rows, nothing to move
-  T* es = (c += R * D);                                  // experts' scratch
-  T* dp = (c += GroupedExperts<T>::scratch_size(R, F));  // (G, E), the whole routing group's
-  T* dz = (c += G * E);                                  // (G, E)
-  T* dw = (c += G * E);                                  // (G K)
-  T* sub = (c += G * K);  // shared experts' or fallback's scratch (used one after the other)
+  T* dyp = c;                                 // (M, D) token side
+  T* dxp = (c += M * D);                      // (M, D) token side
+  T* dye = (c += M * D);                      // (R, D) expert side
+  T* dxe = (c += R * D);                      // (R, D) expert side
+  if (aliased_sides()) dye = dyp, dxe = dxp;  // one rank: the same rows, nothing to move
+  T* es = (c += R * D);                       // experts' scratch
+  T* dp = (c += experts_.scratch_size(R));    // (G, E), the whole routing group's
+  T* dz = (c += G * E);                       // (G, E)
+  T* dw = (c += G * E);                       // (G K)
+  T* sub = (c += G * K);                      // shared experts' or fallback's scratch (used one after the other)
   ops_.fill(dp, T(0), G * E);
   ops_.fill(dz, T(0), G * E);
   ops_.fill(dw, T(0), G * K);

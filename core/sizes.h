@@ -161,6 +161,9 @@ struct MoeShape {
   double D, E, K, G, n;
   double shared_hidden = 0, fallback_hidden = 0;
   bool reroutes = false;  // overflow rerouted (moe.overflow reroute, alone or in the cascade)
+  // The routed experts' tensors held rounded (bf16 GEMMs): the size of a held value in elements of the model's type
+  // (0.5: bf16 beside fp32; 1: fp64's rounded values); 0: not held rounded.
+  double held = 0;
 };
 // Kept (MoeLayer::activation_size): the whole group's logits and scores (G, E), the expert outputs at the token
 // side (n K, D), the shared experts' activations and output (n, D), the fallback's input, activations and output.
@@ -179,11 +182,9 @@ inline double expert_parameters(double El, double D, double F) { return 3 * El *
 struct RoutedRows {
   double M, R, Mf;
 };
-// The experts' activations per slot (core/moe/experts.h ExpertActs): xe (R, D) and a, b, h (R, F), xe and h held
-// rounded under bf16 GEMMs (held: as moe_exchange_rows's).
-inline double expert_activations(double R, double D, double F, double held = 1) {
-  return held * (R * D + R * F) + 2 * R * F;
-}
+// The experts' activations per slot (core/moe/experts.h ExpertActs): xe (R, D) and a, b, h (R, F), all held rounded
+// under bf16 GEMMs (held: as moe_exchange_rows's).
+inline double expert_activations(double R, double D, double F, double held = 1) { return held * (R * D + 3 * R * F); }
 // The MoE layer's gathered token rows (M, D) and its experts' outputs (R, D), kept across forwards; none over one
 // expert-parallel rank, where the gather writes the experts' input and the experts write the permuted output in
 // place (core/moe_layer.cpp aliased_sides).
@@ -192,8 +193,11 @@ inline double expert_activations(double R, double D, double F, double held = 1) 
 inline double moe_exchange_rows(double M, double R, double D, bool one_rank, double held = 1) {
   return one_rank ? 0.0 : held * M * D + R * D;
 }
-// GroupedExperts' backward scratch: 3 R F.
-inline double experts_scratch(double R, double F) { return 3 * R * F; }
+// GroupedExperts' backward scratch: dh, da, db (R, F); with its tensors held rounded (held > 0, as MoeShape's) dh
+// (R, F), and da, db (R, F) and dy (R, D) held.
+inline double experts_scratch(double R, double F, double D = 0, double held = 0) {
+  return held > 0 ? R * F + held * (2 * R * F + R * D) : 3 * R * F;
+}
 // The dispatch plan's buffers on the backend per slot (core/moe_layer.cpp MoeSlot, planned by MoeLayer::plan), for
 // the n tokens' n K slots: the permuted buffers sized for every slot (n K: each permuted row's token, gate weight
 // and slot, each slot's permuted row and gate weight) and, with a fallback, every token (n: the fallback's tokens
@@ -278,7 +282,7 @@ inline double moe_backward_scratch(const MoeShape& m, const RoutedRows& r, doubl
   const double shared = m.shared_hidden > 0 ? dense_mlp(m.n, m.shared_hidden).scratch : 0.0;
   const double fallback =
       m.fallback_hidden > 0 ? dense_mlp(fallback_rows, m.fallback_hidden).scratch + 2 * fallback_rows * m.D : 0.0;
-  return 2 * r.M * m.D + 2 * r.R * m.D + experts_scratch(r.R, F) + 2 * m.G * m.E + m.G * m.K +
+  return 2 * r.M * m.D + 2 * r.R * m.D + experts_scratch(r.R, F, m.D, m.held) + 2 * m.G * m.E + m.G * m.K +
          std::max(shared, fallback);
 }
 

@@ -57,7 +57,9 @@ struct GemmArgs {
 //                    (A: (rows, K), C: (rows, N)) and B_g = B + g K N, (K, N) or, trans_b, (N, K).
 //   trans_a = true:  C_g (K, N) = alpha A_g^T B_g + beta C_g, with A: (rows, K) and B: (rows, N)
 //                    row-blocked and C_g = C + g K N (the weight gradients); trans_b must be false.
-// precision, weight and A_rounded as GemmArgs's (the experts' weight stacks are operand B).
+// precision, weight and A_rounded as GemmArgs's (the experts' weight stacks are operand B), B_rounded likewise for B
+// (not a weight). C_rounded: C written held rounded (the fp32 result rounded as it is stored; bf16 GEMMs, beta 0,
+// trans_a false) in C's place (C null).
 template <typename T>
 struct GroupedGemmArgs {
   bool trans_a = false, trans_b = false;
@@ -68,8 +70,10 @@ struct GroupedGemmArgs {
   const T* A = nullptr;
   const Rounded<T>* A_rounded = nullptr;
   const T* B = nullptr;
+  const Rounded<T>* B_rounded = nullptr;
   T beta = T(0);
   T* C = nullptr;
+  Rounded<T>* C_rounded = nullptr;
   GemmPrecision precision = GemmPrecision::Fp32;
   GemmWeight weight = GemmWeight::None;
 };
@@ -158,6 +162,12 @@ class Ops {
   // The grouped GEMM `g` says (GroupedGemmArgs).
   void grouped_gemm(const GroupedGemm& g) {
     check_rounded_operand(g.A, g.A_rounded, g.precision, g.weight, "grouped_gemm");
+    MOE_CHECK(!g.B_rounded || (!g.B && g.precision == GemmPrecision::Bf16 && g.weight != GemmWeight::B),
+              "grouped_gemm: a rounded operand B is read in B's place (B null) by a bf16 GEMM, and is not a weight");
+    MOE_CHECK(
+        !g.C_rounded || (!g.C && g.precision == GemmPrecision::Bf16 && g.beta == T(0) && !g.trans_a && !g.B_rounded),
+        "grouped_gemm: a rounded C is written in C's place (C null) by a bf16 GEMM with beta 0 of A by a weight "
+        "stack");
     const int64_t rows = g.groups > 0 ? g.row_offset[g.groups] - g.row_offset[0] : 0;
     if (g.weight == GemmWeight::A && rows > 0 && g.K > 0)  // row-blocked (rows, K)
       check_weight(g.A + g.row_offset[0] * g.K, rows * g.K, "grouped_gemm");
@@ -230,10 +240,15 @@ class Ops {
 
   // h = silu(a) * b, elementwise over n.
   virtual void swiglu_forward(const T* a, const T* b, T* h, int64_t n) = 0;
-  // h = silu(a) * b as swiglu_forward computes it, held rounded (for the bf16 GEMMs that read it).
-  virtual void swiglu_forward_rounded(const T* a, const T* b, Rounded<T>* h, int64_t n) = 0;
+  // h = silu(a) * b of a and b held rounded, as swiglu_forward computes it on their values, h held rounded.
+  virtual void swiglu_forward_rounded(const Rounded<T>* a, const Rounded<T>* b, Rounded<T>* h, int64_t n) = 0;
   // da, db written.
   virtual void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) = 0;
+  // swiglu_backward on a and b held rounded, da and db written held rounded (only bf16 GEMMs read them).
+  virtual void swiglu_backward_rounded(const Rounded<T>* a, const Rounded<T>* b, const T* dh, Rounded<T>* da,
+                                       Rounded<T>* db, int64_t n) = 0;
+  // out = x held rounded, elementwise over n.
+  virtual void round_values(const T* x, Rounded<T>* out, int64_t n) = 0;
 
   // Cross-entropy of logits (N, V) against targets (N); losses: (N) per-token -log p[target].
   virtual void cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, int64_t N, int64_t V) = 0;
@@ -294,23 +309,28 @@ class Ops {
   // This default is the grouped GEMMs and the SwiGLU over all blocks, op after op; a backend may instead run
   // each block's whole sequence at once (the CPU backend does), with the same bits.
   virtual void expert_mlp_forward(const ExpertMlp& e, const T* x, T* a, T* b, T* h, T* y) {
-    expert_mlp_forward_as<T>(e, x, a, b, h, y);
+    expert_mlp_forward_as<false>(e, x, a, b, h, y);
   }
   // After expert_mlp_forward (x, a, b, h its operands and outputs); dy: (rows, D). dh, da, db: (rows, F)
   // workspace; dx (rows, D) written; dw1, dw3, dw2 accumulate. Default: op after op, as above.
   virtual void expert_mlp_backward(const ExpertMlp& e, const T* x, const T* a, const T* b, const T* h, const T* dy,
                                    T* dh, T* da, T* db, T* dx) {
-    expert_mlp_backward_as<T>(e, x, a, b, h, dy, dh, da, db, dx);
+    expert_mlp_backward_plain(e, x, a, b, h, dy, dh, da, db, dx);
   }
-  // The same with bf16 GEMMs (e.precision Bf16) on the rows x and h held rounded (Rounded): x as the dispatch
-  // gathered it, h as swiglu_forward_rounded writes it; the same bits as expert_mlp_forward and _backward.
-  virtual void expert_mlp_forward_rounded(const ExpertMlp& e, const Rounded<T>* x, T* a, T* b, Rounded<T>* h, T* y) {
-    expert_mlp_forward_as<Rounded<T>, true>(e, x, a, b, h, y);
+  // The experts' MLP keeping its tensors held rounded (Rounded; bf16 GEMMs, e.precision Bf16): x as the dispatch
+  // gathered it, a and b as the GEMMs' fp32 results rounded as they are stored (GroupedGemmArgs::C_rounded), h the
+  // SwiGLU of their values rounded (swiglu_forward_rounded), and the backward's SwiGLU on them
+  // (swiglu_backward_rounded): half the memory of expert_mlp_forward's, its results within bf16's rounding of a and
+  // b. The backward's operands that only its GEMMs read are held rounded too, each rounded once: dy into dy_held
+  // (rows, D), da and db (rows, F) as the SwiGLU's backward writes them; dh (rows, F) stays in T. The default: op
+  // after op, as above.
+  virtual void expert_mlp_forward_rounded(const ExpertMlp& e, const Rounded<T>* x, Rounded<T>* a, Rounded<T>* b,
+                                          Rounded<T>* h, T* y) {
+    expert_mlp_forward_as<true>(e, x, a, b, h, y);
   }
-  virtual void expert_mlp_backward_rounded(const ExpertMlp& e, const Rounded<T>* x, const T* a, const T* b,
-                                           const Rounded<T>* h, const T* dy, T* dh, T* da, T* db, T* dx) {
-    expert_mlp_backward_as<Rounded<T>, true>(e, x, a, b, h, dy, dh, da, db, dx);
-  }
+  virtual void expert_mlp_backward_rounded(const ExpertMlp& e, const Rounded<T>* x, const Rounded<T>* a,
+                                           const Rounded<T>* b, const Rounded<T>* h, const T* dy, Rounded<T>* dy_held,
+                                           T* dh, Rounded<T>* da, Rounded<T>* db, T* dx);
 
   // Standard Gumbel noise of one Philox stream (core/philox.h, RngStream with this key):
   // out[i] = gumbel(a = step, b = first_counter + i) for i < n, in double.
@@ -436,53 +456,57 @@ class Ops {
   virtual double sum_squares_to_host(const T* x, int64_t n) = 0;  // sum_squares
   virtual void run_gemm(const Gemm& g) = 0;                       // gemm, its weight checked
   virtual void run_grouped_gemm(const GroupedGemm& g) = 0;        // grouped_gemm, its weight checked
-  // A GEMM operand named as a weight, `extent` elements from w, must lie inside the parameters' memory while one is
-  // registered: the rounded copy holds nothing else, so a weight outside it is a caller's mistake, refused.
-  // The default expert MLP, op after op, on x and h as stored (X = T) or held rounded (kRounded).
-  template <typename X, bool kRounded = false>
-  static GroupedGemm with_operand(GroupedGemm g, const X* A) {
+  // The default expert MLP, op after op: x, a, b and h as stored (X = T), or held rounded (kRounded, X = Rounded<T>).
+  template <bool kRounded>
+  using Held = std::conditional_t<kRounded, Rounded<T>, T>;
+  template <bool kRounded>
+  static GroupedGemm reading(GroupedGemm g, const Held<kRounded>* A) {
     if constexpr (kRounded)
       g.A_rounded = A;
     else
       g.A = A;
     return g;
   }
-  template <typename X, bool kRounded = false>
-  void expert_mlp_forward_as(const ExpertMlp& e, const X* x, T* a, T* b, X* h, T* y) {
+  template <bool kRounded>
+  static GroupedGemm writing(GroupedGemm g, Held<kRounded>* C) {
+    if constexpr (kRounded)
+      g.C_rounded = C;
+    else
+      g.C = C;
+    return g;
+  }
+  template <bool kRounded, typename X = Held<kRounded>>
+  void expert_mlp_forward_as(const ExpertMlp& e, const X* x, X* a, X* b, X* h, T* y) {
     const int64_t G = e.groups, D = e.D, F = e.F, first = e.row_offset[0], R = e.row_offset[G] - first;
-    const int64_t* off = e.row_offset;
-    const GemmPrecision p = e.precision;
-    constexpr GemmWeight W = GemmWeight::B;
-    auto forward = [&](const X* A, const T* w, T* C, int64_t N, int64_t K) {  // C = A w
-      grouped_gemm(with_operand<X, kRounded>(
-          {.groups = G, .row_offset = off, .N = N, .K = K, .B = w, .C = C, .precision = p, .weight = W}, A));
-    };
-    forward(x, e.w1, a, F, D);
-    forward(x, e.w3, b, F, D);
+    const GroupedGemm g{.groups = G, .row_offset = e.row_offset, .precision = e.precision, .weight = GemmWeight::B};
+    auto shape = [](GroupedGemm s, const T* w, int64_t N, int64_t K) { return s.B = w, s.N = N, s.K = K, s; };
+    grouped_gemm(writing<kRounded>(reading<kRounded>(shape(g, e.w1, F, D), x), a));  // a = x W1
+    grouped_gemm(writing<kRounded>(reading<kRounded>(shape(g, e.w3, F, D), x), b));  // b = x W3
     if constexpr (kRounded)
       swiglu_forward_rounded(a + first * F, b + first * F, h + first * F, R * F);
     else
       swiglu_forward(a + first * F, b + first * F, h + first * F, R * F);
-    forward(h, e.w2, y, D, F);
+    GroupedGemm out = reading<kRounded>(shape(g, e.w2, D, F), h);  // y = h W2
+    out.C = y;
+    grouped_gemm(out);
   }
-  template <typename X, bool kRounded = false>
-  void expert_mlp_backward_as(const ExpertMlp& e, const X* x, const T* a, const T* b, const X* h, const T* dy, T* dh,
-                              T* da, T* db, T* dx) {
+  void expert_mlp_backward_plain(const ExpertMlp& e, const T* x, const T* a, const T* b, const T* h, const T* dy, T* dh,
+                                 T* da, T* db, T* dx) {
     const int64_t G = e.groups, D = e.D, F = e.F, first = e.row_offset[0], R = e.row_offset[G] - first;
     const int64_t* off = e.row_offset;
     const GemmPrecision p = e.precision;
     constexpr GemmWeight W = GemmWeight::B;
-    auto grad = [&](const X* A, const T* B, T* dW, int64_t N, int64_t K) {  // dW += A^T B
-      grouped_gemm(with_operand<X, kRounded>({.trans_a = true,
-                                              .groups = G,
-                                              .row_offset = off,
-                                              .N = N,
-                                              .K = K,
-                                              .B = B,
-                                              .beta = T(1),
-                                              .C = dW,
-                                              .precision = p},
-                                             A));
+    auto grad = [&](const T* A, const T* B, T* dW, int64_t N, int64_t K) {  // dW += A^T B
+      grouped_gemm({.trans_a = true,
+                    .groups = G,
+                    .row_offset = off,
+                    .N = N,
+                    .K = K,
+                    .A = A,
+                    .B = B,
+                    .beta = T(1),
+                    .C = dW,
+                    .precision = p});
     };
     auto input = [&](const T* A, const T* w, T beta, T* C, int64_t N, int64_t K) {  // C = A w^T + beta C
       grouped_gemm({.trans_b = true,
@@ -512,6 +536,8 @@ class Ops {
     MOE_CHECK(!A_rounded || (!A && precision == GemmPrecision::Bf16 && weight != GemmWeight::A),
               op << ": a rounded operand A is read in A's place (A null) by a bf16 GEMM, and is not a weight");
   }
+  // A GEMM operand named as a weight, `extent` elements from w, must lie inside the parameters' memory while one is
+  // registered: the rounded copy holds nothing else, so a weight outside it is a caller's mistake, refused.
   void check_weight(const T* w, int64_t extent, const char* op) const {
     MOE_CHECK(!parameters_ || (w >= parameters_ && w + extent <= parameters_ + parameter_count_),
               op << ": the operand named as a weight (" << extent << " elements) does not lie in the parameters' "
@@ -525,5 +551,49 @@ class Ops {
   int64_t parameter_count_ = 0;
   uint64_t parameter_version_ = 0;
 };
+
+// Ops::expert_mlp_backward_rounded's default, op after op: every GEMM operand held rounded.
+template <typename T>
+void Ops<T>::expert_mlp_backward_rounded(const ExpertMlp& e, const Rounded<T>* x, const Rounded<T>* a,
+                                         const Rounded<T>* b, const Rounded<T>* h, const T* dy, Rounded<T>* dy_held,
+                                         T* dh, Rounded<T>* da, Rounded<T>* db, T* dx) {
+  const int64_t G = e.groups, D = e.D, F = e.F, first = e.row_offset[0], R = e.row_offset[G] - first;
+  const int64_t* off = e.row_offset;
+  const GemmPrecision p = e.precision;
+  constexpr GemmWeight W = GemmWeight::B;
+  auto grad = [&](const Rounded<T>* A, const Rounded<T>* B, T* dW, int64_t N, int64_t K) {  // dW += A^T B
+    grouped_gemm({.trans_a = true,
+                  .groups = G,
+                  .row_offset = off,
+                  .N = N,
+                  .K = K,
+                  .A_rounded = A,
+                  .B_rounded = B,
+                  .beta = T(1),
+                  .C = dW,
+                  .precision = p});
+  };
+  auto input = [&](const Rounded<T>* A, const T* w, T beta, T* C, int64_t N, int64_t K) {  // C = A w^T + beta C
+    grouped_gemm({.trans_b = true,
+                  .groups = G,
+                  .row_offset = off,
+                  .N = N,
+                  .K = K,
+                  .A_rounded = A,
+                  .B = w,
+                  .beta = beta,
+                  .C = C,
+                  .precision = p,
+                  .weight = W});
+  };
+  round_values(dy + first * D, dy_held + first * D, R * D);
+  grad(h, dy_held, e.dw2, D, F);         // dW2 += h^T dy
+  input(dy_held, e.w2, T(0), dh, F, D);  // dh = dy W2^T
+  swiglu_backward_rounded(a + first * F, b + first * F, dh + first * F, da + first * F, db + first * F, R * F);
+  grad(x, da, e.dw1, F, D);         // dW1 += x^T da
+  grad(x, db, e.dw3, F, D);         // dW3 += x^T db
+  input(da, e.w1, T(0), dx, D, F);  // dx = da W1^T
+  input(db, e.w3, T(1), dx, D, F);  //    + db W3^T
+}
 
 }  // namespace moe

@@ -43,6 +43,8 @@ enum class OpId : int {
   swiglu_forward,
   swiglu_forward_rounded,
   swiglu_backward,
+  swiglu_backward_rounded,
+  round_values,
   cross_entropy_forward,
   cross_entropy_backward,
   logits_row_max,
@@ -105,6 +107,8 @@ inline constexpr const char* kOpNames[] = {"gemm",
                                            "swiglu_forward",
                                            "swiglu_forward_rounded",
                                            "swiglu_backward",
+                                           "swiglu_backward_rounded",
+                                           "round_values",
                                            "cross_entropy_forward",
                                            "cross_entropy_backward",
                                            "logits_row_max",
@@ -319,13 +323,30 @@ class StrictOps final : public Ops<T> {
     const auto p2 = r(h, n, op);
     run([=, this] { inner_.swiglu_forward(p0, p1, p2, n); });
   }
-  void swiglu_forward_rounded(const T* a, const T* b, Rounded<T>* h, int64_t n) override {
+  void swiglu_forward_rounded(const Rounded<T>* a, const Rounded<T>* b, Rounded<T>* h, int64_t n) override {
     covered(OpId::swiglu_forward_rounded);
     const char* op = "swiglu_forward_rounded";
     const auto p0 = r(a, n, op);
     const auto p1 = r(b, n, op);
     const auto p2 = r(h, n, op);
     run([=, this] { inner_.swiglu_forward_rounded(p0, p1, p2, n); });
+  }
+  void round_values(const T* x, Rounded<T>* out, int64_t n) override {
+    covered(OpId::round_values);
+    const auto p0 = r(x, n, "round_values");
+    const auto p1 = r(out, n, "round_values");
+    run([=, this] { inner_.round_values(p0, p1, n); });
+  }
+  void swiglu_backward_rounded(const Rounded<T>* a, const Rounded<T>* b, const T* dh, Rounded<T>* da, Rounded<T>* db,
+                               int64_t n) override {
+    covered(OpId::swiglu_backward_rounded);
+    const char* op = "swiglu_backward_rounded";
+    const auto p0 = r(a, n, op);
+    const auto p1 = r(b, n, op);
+    const auto p2 = r(dh, n, op);
+    const auto p3 = r(da, n, op);
+    const auto p4 = r(db, n, op);
+    run([=, this] { inner_.swiglu_backward_rounded(p0, p1, p2, p3, p4, n); });
   }
   void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) override {
     covered(OpId::swiglu_backward);
@@ -454,7 +475,9 @@ class StrictOps final : public Ops<T> {
     real.A = r(g.A, rows * K, op);
     real.A_rounded = r(g.A_rounded, rows * K, op);
     real.B = r(g.B, g.trans_a ? rows * N : g.groups * K * N, op);
+    real.B_rounded = r(g.B_rounded, g.trans_a ? rows * N : g.groups * K * N, op);
     real.C = r(g.C, g.trans_a ? g.groups * K * N : rows * N, op);
+    real.C_rounded = r(g.C_rounded, rows * N, op);
     const std::vector<int64_t> offsets = host_offsets(g.groups, g.row_offset);
     run([=, this] {
       typename Ops<T>::GroupedGemm call = real;
@@ -493,8 +516,8 @@ class StrictOps final : public Ops<T> {
     const std::vector<int64_t> offsets = host_offsets(e.groups, e.row_offset);
     run([=, this] { inner_.expert_mlp_backward(with_offsets(p0, offsets), p1, p2, p3, p4, p5, p6, p7, p8, p9); });
   }
-  void expert_mlp_forward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, T* a, T* b, Rounded<T>* h,
-                                  T* y) override {
+  void expert_mlp_forward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, Rounded<T>* a,
+                                  Rounded<T>* b, Rounded<T>* h, T* y) override {
     covered(OpId::expert_mlp_forward_rounded);
     const char* op = "expert_mlp_forward_rounded";
     const int64_t rows = e.groups > 0 ? e.row_offset[e.groups] : 0;
@@ -507,8 +530,9 @@ class StrictOps final : public Ops<T> {
     const std::vector<int64_t> offsets = host_offsets(e.groups, e.row_offset);
     run([=, this] { inner_.expert_mlp_forward_rounded(with_offsets(p0, offsets), p1, p2, p3, p4, p5); });
   }
-  void expert_mlp_backward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, const T* a, const T* b,
-                                   const Rounded<T>* h, const T* dy, T* dh, T* da, T* db, T* dx) override {
+  void expert_mlp_backward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, const Rounded<T>* a,
+                                   const Rounded<T>* b, const Rounded<T>* h, const T* dy, Rounded<T>* dy_held, T* dh,
+                                   Rounded<T>* da, Rounded<T>* db, T* dx) override {
     covered(OpId::expert_mlp_backward_rounded);
     const char* op = "expert_mlp_backward_rounded";
     const int64_t rows = e.groups > 0 ? e.row_offset[e.groups] : 0, rf = rows * e.F, rd = rows * e.D;
@@ -518,13 +542,14 @@ class StrictOps final : public Ops<T> {
     const auto p3 = r(b, rf, op);
     const auto p4 = r(h, rf, op);
     const auto p5 = r(dy, rd, op);
-    const auto p6 = r(dh, rf, op);
-    const auto p7 = r(da, rf, op);
-    const auto p8 = r(db, rf, op);
-    const auto p9 = r(dx, rd, op);
+    const auto p6 = r(dy_held, rd, op);
+    const auto p7 = r(dh, rf, op);
+    const auto p8 = r(da, rf, op);
+    const auto p9 = r(db, rf, op);
+    const auto p10 = r(dx, rd, op);
     const std::vector<int64_t> offsets = host_offsets(e.groups, e.row_offset);
     run([=, this] {
-      inner_.expert_mlp_backward_rounded(with_offsets(p0, offsets), p1, p2, p3, p4, p5, p6, p7, p8, p9);
+      inner_.expert_mlp_backward_rounded(with_offsets(p0, offsets), p1, p2, p3, p4, p5, p6, p7, p8, p9, p10);
     });
   }
 

@@ -13,8 +13,8 @@
 namespace moe {
 
 // Expert-side activations of one routing group, kept for the backward: xe (R, D), a = xe W1,
-// b = xe W3, h = silu(a) * b, all (R, F). Under bf16 GEMMs xe and h, which only GEMMs read, are held rounded
-// (Rounded: bf16 for fp32 storage), the same bits in half the memory.
+// b = xe W3, h = silu(a) * b, all (R, F). Under bf16 GEMMs all four are held rounded (Rounded: bf16 for fp32
+// storage; Ops::expert_mlp_forward_rounded), half the memory.
 template <typename T>
 struct ExpertActs {
   Buffer xe, a, b, h;  // in the backend's memory
@@ -27,7 +27,7 @@ class GroupedExperts {
       : backend_(backend), ops_(backend.ops<T>()), D_(d_model), F_(hidden) {}
   // How the experts' GEMMs read their operands (FeedForward::set_precision).
   void set_precision(GemmPrecision precision) { precision_ = precision; }
-  // Whether xe and h are held rounded: with bf16 GEMMs. The dispatch then gathers xe rounded.
+  // Whether the activations are held rounded: with bf16 GEMMs. The dispatch then gathers xe rounded.
   bool rounded() const { return precision_ == GemmPrecision::Bf16; }
   void bind(const T* w1, const T* w3, const T* w2, T* dw1, T* dw3, T* dw2) {
     w1_ = w1, w3_ = w3, w2_ = w2, dw1_ = dw1, dw3_ = dw3, dw2_ = dw2;
@@ -36,10 +36,12 @@ class GroupedExperts {
   void resize(ExpertActs<T>& acts, int64_t R) const;
   // offset: El + 1 block offsets; acts.xe filled; writes acts.a, b, h and y: (R, D).
   void forward(const std::vector<int64_t>& offset, ExpertActs<T>& acts, T* y) const;
-  // dy: (R, D); scratch: 3 R F; dx: (R, D) written; parameter gradients accumulate.
+  // dy: (R, D); scratch: scratch_size(R); dx: (R, D) written; parameter gradients accumulate.
   void backward(const std::vector<int64_t>& offset, const ExpertActs<T>& acts, const T* dy, T* scratch, T* dx) const;
-  static int64_t scratch_size(int64_t R, int64_t hidden) {
-    return sizes::elements(sizes::experts_scratch(double(R), double(hidden)));
+  // The backward's scratch for R rows (sizes::experts_scratch).
+  int64_t scratch_size(int64_t R) const {
+    const double held = rounded() ? double(sizeof(Rounded<T>)) / double(sizeof(T)) : 0.0;
+    return sizes::elements(sizes::experts_scratch(double(R), double(F_), double(D_), held));
   }
 
  private:

@@ -43,7 +43,7 @@ struct Sizes {
   bool fused_deterministic;  // its backward holds dS (B, H, T, T) bf16 in cuDNN's workspace
   bool cuda;                 // train.device = cuda: the backend's own device memory (device_kept_bytes, ...)
   bool cuda_bf16;            // train.device = cuda with bf16 GEMMs: activation operands rounded into workspace
-  double held;               // a value held rounded (the experts' xe and h under bf16 GEMMs) in floats: 0.5 or 1
+  double held;               // a value held rounded (the experts' activations under bf16 GEMMs) in floats: 0.5 or 1
   double C, Cq, R;           // its latent widths and rotary width
 };
 
@@ -101,7 +101,7 @@ sizes::MlaShape mla_shape(const Sizes& s, bool keep_probs) {
 // An MoE layer on this rank: its rows (moe_rows) of the routing group's N; the shared experts and the fallback
 // split by hidden width with the experts (expert_tp).
 sizes::MoeShape moe_shape(const Sizes& s) {
-  return {s.D, s.E, s.K, s.N, moe_rows(s), s.S * s.Fe / s.etp, s.Ff / s.etp, s.reroute};
+  return {s.D, s.E, s.K, s.N, moe_rows(s), s.S * s.Fe / s.etp, s.Ff / s.etp, s.reroute, s.held < 1 ? s.held : 0.0};
 }
 
 ParamCounts param_counts(const Sizes& s) {

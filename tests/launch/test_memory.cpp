@@ -92,7 +92,7 @@ TEST(MemoryEstimate, DeviceWorkspaceIsWhatTheCudaBackendKeepsAndItsLargestCall) 
 }
 
 // An MoE layer's grouped GEMM on the CUDA backend: its largest operand not held rounded, da (R, Fe), in bf16 (xe and
-// h arrive rounded) and the grouped call's pointers (3 per local expert) when larger than the head's; dropless
+// h are held rounded) and the grouped call's pointers (3 per local expert) when larger than the head's; dropless
 // R = N K.
 TEST(MemoryEstimate, DeviceWorkspaceOfTheExpertsGroupedGemm) {
   Config config = small_config({"train.precision=bf16", "moe.num_experts=8", "moe.top_k=4", "moe.capacity_factor=0",
@@ -160,7 +160,7 @@ TEST(MemoryEstimate, DroplessRoutedRowsAreExactlyWhatOneForwardAndBackwardAlloca
       {"moe.num_experts=4", "moe.router.noise=gumbel", "train.recompute=full"},
       {"moe.num_experts=8", "moe.top_k=3", "moe.every=2", "moe.shared_experts=1", "train.recompute=selective"},
       {"moe.num_experts=4", "moe.top_k=1", "moe.router.tau_learned=true", "moe.router.noise=gumbel"},
-      {"moe.num_experts=4", "train.precision=bf16"},  // the experts' rows and SwiGLU output held rounded
+      {"moe.num_experts=4", "train.precision=bf16"},  // the experts' activations held rounded
   };
   for (std::vector<std::string> extra : cases) {
     extra.push_back("moe.capacity_factor=0");

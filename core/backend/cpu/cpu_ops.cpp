@@ -214,8 +214,16 @@ class CpuOps final : public Ops<T> {
 
   // In blocks on all threads (cpu/expert_mlp.h: float through cpu/vector_math.h, double as written).
   void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override { cpu::swiglu_forward_blocks(a, b, h, n); }
-  void swiglu_forward_rounded(const T* a, const T* b, Rounded<T>* h, int64_t n) override {
+  void swiglu_forward_rounded(const Rounded<T>* a, const Rounded<T>* b, Rounded<T>* h, int64_t n) override {
     cpu::swiglu_forward_as<T, true>(a, b, h, n);
+  }
+  void swiglu_backward_rounded(const Rounded<T>* a, const Rounded<T>* b, const T* dh, Rounded<T>* da, Rounded<T>* db,
+                               int64_t n) override {
+    cpu::swiglu_backward_as<T, true>(a, b, dh, da, db, n);
+  }
+  void round_values(const T* x, Rounded<T>* out, int64_t n) override {
+#pragma omp parallel for schedule(static) if (n >= (int64_t(1) << 16))
+    for (int64_t i = 0; i < n; ++i) out[i] = to_rounded(x[i]);
   }
 
   void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) override {
@@ -335,13 +343,21 @@ class CpuOps final : public Ops<T> {
 
   void run_grouped_gemm(const typename Ops<T>::GroupedGemm& g) override {
     MOE_CHECK(!(g.trans_a && g.trans_b), "grouped gemm: trans_a with trans_b is not an expert shape");
+    const cpu::GemmInputs<T> in = gemm_inputs(g.precision, g.weight);
+    auto with_a = [&](const auto* A) {
+      if (g.C_rounded)
+        return cpu::grouped_gemm_rounded(in, g.trans_b, g.groups, g.row_offset, g.N, g.K, g.alpha, A, g.B, g.C_rounded);
+      if (g.B_rounded)
+        return cpu::grouped_gemm(in, g.trans_a, g.trans_b, g.groups, g.row_offset, g.N, g.K, g.alpha, A, g.B_rounded,
+                                 g.beta, g.C);
+      cpu::grouped_gemm(in, g.trans_a, g.trans_b, g.groups, g.row_offset, g.N, g.K, g.alpha, A, g.B, g.beta, g.C);
+    };
     if (g.A_rounded)
-      cpu::grouped_gemm(gemm_inputs(g.precision, g.weight), g.trans_a, g.trans_b, g.groups, g.row_offset, g.N, g.K,
-                        g.alpha, g.A_rounded, g.B, g.beta, g.C);
+      with_a(g.A_rounded);
     else
-      cpu::grouped_gemm(gemm_inputs(g.precision, g.weight), g.trans_a, g.trans_b, g.groups, g.row_offset, g.N, g.K,
-                        g.alpha, g.A, g.B, g.beta, g.C);
+      with_a(g.A);
   }
+
   void expert_mlp_forward(const typename Ops<T>::ExpertMlp& e, const T* x, T* a, T* b, T* h, T* y) override {
     cpu::expert_mlp_forward(gemm_inputs(e.precision, GemmWeight::None), e, x, a, b, h, y);
   }
@@ -349,16 +365,17 @@ class CpuOps final : public Ops<T> {
                            const T* dy, T* dh, T* da, T* db, T* dx) override {
     cpu::expert_mlp_backward(gemm_inputs(e.precision, GemmWeight::None), e, x, a, b, h, dy, dh, da, db, dx);
   }
-  void expert_mlp_forward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, T* a, T* b, Rounded<T>* h,
-                                  T* y) override {
+  void expert_mlp_forward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, Rounded<T>* a,
+                                  Rounded<T>* b, Rounded<T>* h, T* y) override {
     MOE_CHECK(e.precision == GemmPrecision::Bf16, "expert_mlp_forward_rounded: rounded rows are read by bf16 GEMMs");
     cpu::expert_mlp_forward<T, true>(gemm_inputs(e.precision, GemmWeight::None), e, x, a, b, h, y);
   }
-  void expert_mlp_backward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, const T* a, const T* b,
-                                   const Rounded<T>* h, const T* dy, T* dh, T* da, T* db, T* dx) override {
+  void expert_mlp_backward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, const Rounded<T>* a,
+                                   const Rounded<T>* b, const Rounded<T>* h, const T* dy, Rounded<T>* dy_held, T* dh,
+                                   Rounded<T>* da, Rounded<T>* db, T* dx) override {
     MOE_CHECK(e.precision == GemmPrecision::Bf16, "expert_mlp_backward_rounded: rounded rows are read by bf16 GEMMs");
-    cpu::expert_mlp_backward<T, Rounded<T>>(gemm_inputs(e.precision, GemmWeight::None), e, x, a, b, h, dy, dh, da, db,
-                                            dx);
+    cpu::expert_mlp_backward_rounded(gemm_inputs(e.precision, GemmWeight::None), e, x, a, b, h, dy, dy_held, dh, da, db,
+                                     dx);
   }
   void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) override {
     cpu::gumbel_noise(key, step, first_counter, out, n);

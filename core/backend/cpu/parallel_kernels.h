@@ -193,32 +193,62 @@ void gemm_at(const GemmInputs<T>& in, bool ta, bool tb, int64_t M, int64_t N, in
   gemm_kernel(group_rows, ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
 }
 
-// The same with A held rounded by its producer (bf16 bits; a bf16 GEMM): its values widened exactly to fp32 in a
-// buffer of the calling thread, the GEMM as on the operand it was rounded from (read as bf16 whatever in.precision
-// says: the ops that take a rounded operand check that their GEMMs are bf16, outside any parallel region).
-inline void gemm_at(const GemmInputs<float>& in, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                    const bf16* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-                    int64_t group_rows = 0) {
-  thread_local std::vector<float> a_buffer, b_buffer;
-  const int64_t rows = ta ? K : M, cols = ta ? M : K;
-  a_buffer.resize(size_t(rows * cols));
+// An operand held rounded by its producer (bf16 bits; a bf16 GEMM): its values widened exactly to fp32 into `buffer`,
+// packed (ld = cols). The GEMM on them is the GEMM of the operand they were rounded from.
+inline const float* held_operand(const bf16* X, int64_t rows, int64_t cols, int64_t& ld, std::vector<float>& buffer) {
+  buffer.resize(size_t(rows * cols));
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) a_buffer[size_t(r * cols + c)] = bf16_to_float(A[r * lda + c]);
-  const float* b = in.operand(GemmWeight::B, B, tb ? N : K, tb ? K : N, ldb, b_buffer);
-  gemm_kernel(group_rows, ta, tb, M, N, K, alpha, a_buffer.data(), cols, b, ldb, beta, C, ldc);
+    for (int64_t c = 0; c < cols; ++c) buffer[size_t(r * cols + c)] = bf16_to_float(X[r * ld + c]);
+  ld = cols;
+  return buffer.data();
+}
+
+// gemm_at with either operand held rounded (X = bf16; read as bf16 whatever in.precision says: the ops that take a
+// rounded operand check that their GEMMs are bf16, outside any parallel region); fp32 storage only (fp64 holds the
+// rounded values in its own type, which the plain form reads).
+template <typename XA, typename XB>
+requires(std::is_same_v<XA, bf16> ||
+         std::is_same_v<XB, bf16>) void gemm_at(const GemmInputs<float>& in, bool ta, bool tb, int64_t M, int64_t N,
+                                                int64_t K, float alpha, const XA* A, int64_t lda, const XB* B,
+                                                int64_t ldb, float beta, float* C, int64_t ldc,
+                                                int64_t group_rows = 0) {
+  thread_local std::vector<float> a_buffer, b_buffer;
+  const float* a = nullptr;
+  const float* b = nullptr;
+  if constexpr (std::is_same_v<XA, bf16>)
+    a = held_operand(A, ta ? K : M, ta ? M : K, lda, a_buffer);
+  else
+    a = in.operand(GemmWeight::A, A, ta ? K : M, ta ? M : K, lda, a_buffer);
+  if constexpr (std::is_same_v<XB, bf16>)
+    b = held_operand(B, tb ? N : K, tb ? K : N, ldb, b_buffer);
+  else
+    b = in.operand(GemmWeight::B, B, tb ? N : K, tb ? K : N, ldb, b_buffer);
+  gemm_kernel(group_rows, ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
 }
 
 // ---- Grouped GEMM (Ops::grouped_gemm) ----------------------------------------------------------------
 
 // Group g of a grouped GEMM as one GEMM (see Ops::grouped_gemm for the operand layout).
-template <typename T, typename X = T>
+template <typename T, typename X = T, typename Y = T>
 void grouped_gemm_group(const GemmInputs<T>& p, bool trans_a, bool trans_b, int64_t g, const int64_t* row_offset,
-                        int64_t N, int64_t K, T alpha, const X* A, const T* B, T beta, T* C) {
+                        int64_t N, int64_t K, T alpha, const X* A, const Y* B, T beta, T* C) {
   const int64_t r0 = row_offset[g], m = row_offset[g + 1] - r0;
   if (!trans_a)
     gemm_at(p, false, trans_b, m, N, K, alpha, A + r0 * K, K, B + g * K * N, trans_b ? K : N, beta, C + r0 * N, N, m);
   else
     gemm_at(p, true, false, K, N, m, alpha, A + r0 * K, K, B + r0 * N, N, beta, C + g * K * N, N, m);
+}
+
+// Group g's GEMM (trans_a false, beta 0) written held rounded (GroupedGemmArgs::C_rounded): the result in a buffer
+// of the calling thread, rounded as it is stored.
+template <typename T, typename X = T>
+void grouped_gemm_group_rounded(const GemmInputs<T>& p, bool trans_b, int64_t g, const int64_t* row_offset, int64_t N,
+                                int64_t K, T alpha, const X* A, const T* B, Rounded<T>* C) {
+  const int64_t r0 = row_offset[g], m = row_offset[g + 1] - r0;
+  thread_local std::vector<T> result;
+  result.resize(size_t(m * N));
+  gemm_at(p, false, trans_b, m, N, K, alpha, A + r0 * K, K, B + g * K * N, trans_b ? K : N, T(0), result.data(), N, m);
+  for (int64_t i = 0; i < m * N; ++i) C[r0 * N + i] = to_rounded(result[size_t(i)]);
 }
 
 // f(g) for each group of `order`, one group per thread at a time, in that order. A lone group runs on the calling
@@ -256,13 +286,22 @@ inline GroupSchedule schedule_groups(int64_t groups, const int64_t* row_offset) 
   return s;
 }
 
-template <typename T, typename X = T>
+template <typename T, typename X = T, typename Y = T>
 void grouped_gemm(const GemmInputs<T>& p, bool trans_a, bool trans_b, int64_t groups, const int64_t* row_offset,
-                  int64_t N, int64_t K, T alpha, const X* A, const T* B, T beta, T* C) {
+                  int64_t N, int64_t K, T alpha, const X* A, const Y* B, T beta, T* C) {
   const GroupSchedule s = schedule_groups(groups, row_offset);
   for (int64_t g : s.alone) grouped_gemm_group(p, trans_a, trans_b, g, row_offset, N, K, alpha, A, B, beta, C);
   run_groups(s.shared,
              [&](int64_t g) { grouped_gemm_group(p, trans_a, trans_b, g, row_offset, N, K, alpha, A, B, beta, C); });
+}
+
+// grouped_gemm into C held rounded (trans_a false, beta 0).
+template <typename T, typename X = T>
+void grouped_gemm_rounded(const GemmInputs<T>& p, bool trans_b, int64_t groups, const int64_t* row_offset, int64_t N,
+                          int64_t K, T alpha, const X* A, const T* B, Rounded<T>* C) {
+  const GroupSchedule s = schedule_groups(groups, row_offset);
+  for (int64_t g : s.alone) grouped_gemm_group_rounded(p, trans_b, g, row_offset, N, K, alpha, A, B, C);
+  run_groups(s.shared, [&](int64_t g) { grouped_gemm_group_rounded(p, trans_b, g, row_offset, N, K, alpha, A, B, C); });
 }
 
 // ---- Causal attention (Ops::attention_forward / attention_backward) ---------------------------------

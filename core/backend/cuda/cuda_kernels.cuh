@@ -196,13 +196,32 @@ __global__ void swiglu_forward_kernel(const T* a, const T* b, T* h, int64_t n) {
   }
 }
 
-// swiglu_forward_kernel's h held rounded (Rounded: the bf16 GEMM's operand).
+// swiglu_forward_kernel on a and b held rounded, h held rounded (the experts' kept tensors under bf16 GEMMs).
 template <typename T>
-__global__ void swiglu_forward_rounded_kernel(const T* a, const T* b, Rounded<T>* h, int64_t n) {
+__global__ void swiglu_forward_rounded_kernel(const Rounded<T>* a, const Rounded<T>* b, Rounded<T>* h, int64_t n) {
   MOE_GRID_STRIDE(i, n) {
-    const T sig = T(1) / (T(1) + exp(-a[i]));
-    h[i] = to_rounded(T(a[i] * sig * b[i]));
+    const T av = from_rounded<T>(a[i]), bv = from_rounded<T>(b[i]);
+    const T sig = T(1) / (T(1) + exp(-av));
+    h[i] = to_rounded(T(av * sig * bv));
   }
+}
+
+// swiglu_backward_kernel on a and b held rounded, da and db held rounded.
+template <typename T>
+__global__ void swiglu_backward_rounded_kernel(const Rounded<T>* a, const Rounded<T>* b, const T* dh, Rounded<T>* da,
+                                               Rounded<T>* db, int64_t n) {
+  MOE_GRID_STRIDE(i, n) {
+    const T av = from_rounded<T>(a[i]), bv = from_rounded<T>(b[i]);
+    const T sig = T(1) / (T(1) + exp(-av));
+    db[i] = to_rounded(T(dh[i] * av * sig));
+    da[i] = to_rounded(T(dh[i] * bv * sig * (T(1) + av * (T(1) - sig))));
+  }
+}
+
+// out = x held rounded (Ops::round_values).
+template <typename T>
+__global__ void round_values_kernel(const T* x, Rounded<T>* out, int64_t n) {
+  MOE_GRID_STRIDE(i, n) out[i] = to_rounded(x[i]);
 }
 
 template <typename T>

@@ -123,8 +123,15 @@ class CudaOps final : public Ops<T> {
   void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override {
     launch(elementwise_launch(n), cuda::swiglu_forward_kernel<T>, a, b, h, n);
   }
-  void swiglu_forward_rounded(const T* a, const T* b, Rounded<T>* h, int64_t n) override {
+  void swiglu_forward_rounded(const Rounded<T>* a, const Rounded<T>* b, Rounded<T>* h, int64_t n) override {
     launch(elementwise_launch(n), cuda::swiglu_forward_rounded_kernel<T>, a, b, h, n);
+  }
+  void swiglu_backward_rounded(const Rounded<T>* a, const Rounded<T>* b, const T* dh, Rounded<T>* da, Rounded<T>* db,
+                               int64_t n) override {
+    launch(elementwise_launch(n), cuda::swiglu_backward_rounded_kernel<T>, a, b, dh, da, db, n);
+  }
+  void round_values(const T* x, Rounded<T>* out, int64_t n) override {
+    launch(elementwise_launch(n), cuda::round_values_kernel<T>, x, out, n);
   }
   void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) override {
     launch(elementwise_launch(n), cuda::swiglu_backward_kernel<T>, a, b, dh, da, db, n);
@@ -332,8 +339,9 @@ class CudaOps final : public Ops<T> {
   static constexpr size_t kOperandBytes = sizeof(T) == 4 ? 2 : sizeof(T);  // per element of a rounded operand
   // cuBLAS refused the grouped bf16 GEMM into fp32 (its grouped Ex lists no such type combination): from then on
   // one GEMM per expert, without asking again.
-  bool grouped_bf16_refused_ = false;
-  void grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const void* A, const void* B, T beta, T* C);
+  bool grouped_bf16_refused_[2] = {false, false};  // into fp32 C, into bf16 C
+  void grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const void* A, const void* B, T beta, void* C,
+                         bool c_rounded);
 
   template <typename Kernel, typename... Args>
   void launch(LaunchConfig c, Kernel kernel, Args... args) {

@@ -109,8 +109,16 @@ void CudaOps<T>::run_grouped_gemm(const typename Ops<T>::GroupedGemm& g) {
     std::optional<Workspace> a_space, b_space;
     const void* a = g.A_rounded ? static_cast<const void*>(g.A_rounded)
                                 : gemm_operand(A, g.weight == GemmWeight::A, 1, a_count, a_count, a_space);
-    const void* b = gemm_operand(B, g.weight == GemmWeight::B, 1, b_count, b_count, b_space);
-    return grouped_call_bf16(plan, alpha, a, b, beta, C);
+    const void* b = g.B_rounded ? static_cast<const void*>(g.B_rounded)
+                                : gemm_operand(B, g.weight == GemmWeight::B, 1, b_count, b_count, b_space);
+    if (!g.C_rounded) return grouped_call_bf16(plan, alpha, a, b, beta, C, false);
+    grouped_call_bf16(plan, alpha, a, b, beta, g.C_rounded, true);
+    if constexpr (sizeof(T) == 8) {  // fp64 storage: the DGEMM's results rounded in place
+      T* rows = g.C_rounded + row_offset[0] * N;
+      const int64_t count = (row_offset[groups] - row_offset[0]) * N;
+      round_into(rows, 1, count, count, rows);
+    }
+    return;
   }
   std::vector<cublasOperation_t> ta(P), tb(P);
   std::vector<T> alphas(P, alpha), betas(P, beta);
@@ -134,13 +142,18 @@ void CudaOps<T>::run_grouped_gemm(const typename Ops<T>::GroupedGemm& g) {
 }
 
 // The grouped GEMM on rounded operands (packed like the originals). fp32 storage: one
-// cublasGemmGroupedBatchedEx with bf16 inputs and fp32 C; where this cuBLAS does not take that combination,
-// one cublasGemmEx per expert (said once on stderr). fp64 storage: the rounded values through the DGEMM path.
+// cublasGemmGroupedBatchedEx with bf16 inputs and fp32 C, or bf16 C (c_rounded: GroupedGemmArgs::C_rounded, the
+// fp32 sums rounded as they are stored); where this cuBLAS does not take that combination, one cublasGemmEx per
+// expert (said once on stderr). fp64 storage: the rounded values through the DGEMM path (the caller rounds a
+// c_rounded result).
 template <typename T>
-void CudaOps<T>::grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const void* A, const void* B, T beta, T* C) {
+void CudaOps<T>::grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const void* A, const void* B, T beta, void* C,
+                                   bool c_rounded) {
   const size_t P = plan.problems();
   const auto* a = static_cast<const char*>(A);
   const auto* b = static_cast<const char*>(B);
+  const size_t c_bytes = c_rounded ? sizeof(Rounded<T>) : sizeof(T);
+  const cudaDataType_t c_type = c_rounded && sizeof(T) == 4 ? CUDA_R_16BF : CUDA_R_32F;
   std::vector<cublasOperation_t> ta(P), tb(P);
   std::vector<T> alphas(P, alpha), betas(P, beta);
   std::vector<int> sizes(P, 1);
@@ -149,7 +162,7 @@ void CudaOps<T>::grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const v
     ta[i] = op(plan.trans_first[i]), tb[i] = op(plan.trans_second[i]);
     host_pointers[i] = b + plan.first_offset[i] * int64_t(kOperandBytes);
     host_pointers[P + i] = a + plan.second_offset[i] * int64_t(kOperandBytes);
-    host_pointers[2 * P + i] = C + plan.c_offset[i];
+    host_pointers[2 * P + i] = static_cast<char*>(C) + plan.c_offset[i] * int64_t(c_bytes);
   }
   // The device array of operand pointers the grouped calls read (the per-expert fallback needs none).
   std::optional<Workspace> pointers;
@@ -168,27 +181,26 @@ void CudaOps<T>::grouped_call_bf16(const GroupedGemmPlan& plan, T alpha, const v
                                      int(P), sizes.data()));
     return;
   } else {
-    if (!grouped_bf16_refused_) {
+    if (!grouped_bf16_refused_[c_rounded]) {
       const void* const* device = device_pointers();
-      const cublasStatus_t grouped =
-          cublasGemmGroupedBatchedEx(ctx_.blas, ta.data(), tb.data(), plan.m.data(), plan.n.data(), plan.k.data(),
-                                     alphas.data(), device, CUDA_R_16BF, plan.ld_first.data(), device + P, CUDA_R_16BF,
-                                     plan.ld_second.data(), betas.data(), const_cast<void* const*>(device + 2 * P),
-                                     CUDA_R_32F, plan.ld_c.data(), int(P), sizes.data(), CUBLAS_COMPUTE_32F);
+      const cublasStatus_t grouped = cublasGemmGroupedBatchedEx(
+          ctx_.blas, ta.data(), tb.data(), plan.m.data(), plan.n.data(), plan.k.data(), alphas.data(), device,
+          CUDA_R_16BF, plan.ld_first.data(), device + P, CUDA_R_16BF, plan.ld_second.data(), betas.data(),
+          const_cast<void* const*>(device + 2 * P), c_type, plan.ld_c.data(), int(P), sizes.data(), CUBLAS_COMPUTE_32F);
       if (grouped == CUBLAS_STATUS_SUCCESS) return;
       if (grouped != CUBLAS_STATUS_NOT_SUPPORTED && grouped != CUBLAS_STATUS_INVALID_VALUE)
         MOE_RUN_FAILED("cublasGemmGroupedBatchedEx: " << cublasGetStatusString(grouped));
-      grouped_bf16_refused_ = true;
-      static bool said = false;
-      if (!said)
-        std::fprintf(stderr, "moe: this cuBLAS has no grouped bf16 GEMM into fp32 (%s); one GEMM per expert instead\n",
-                     cublasGetStatusString(grouped));
-      said = true;
+      grouped_bf16_refused_[c_rounded] = true;
+      static bool said[2] = {false, false};
+      if (!said[c_rounded])
+        std::fprintf(stderr, "moe: this cuBLAS has no grouped bf16 GEMM into %s (%s); one GEMM per expert instead\n",
+                     c_rounded ? "bf16" : "fp32", cublasGetStatusString(grouped));
+      said[c_rounded] = true;
     }
     for (size_t i = 0; i < P; ++i)
       MOE_CUBLAS_CHECK(cublasGemmEx(ctx_.blas, ta[i], tb[i], plan.m[i], plan.n[i], plan.k[i], &alpha, host_pointers[i],
                                     CUDA_R_16BF, plan.ld_first[i], host_pointers[P + i], CUDA_R_16BF, plan.ld_second[i],
-                                    &beta, const_cast<void*>(host_pointers[2 * P + i]), CUDA_R_32F, plan.ld_c[i],
+                                    &beta, const_cast<void*>(host_pointers[2 * P + i]), c_type, plan.ld_c[i],
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 }
@@ -199,7 +211,8 @@ template const void* CudaOps<float>::rounded_parameter(const float*);
 template const void* CudaOps<float>::gemm_operand(const float*, bool, int64_t, int64_t, int64_t&,
                                                   std::optional<Workspace>&);
 template void CudaOps<float>::run_grouped_gemm(const Ops<float>::GroupedGemm&);
-template void CudaOps<float>::grouped_call_bf16(const GroupedGemmPlan&, float, const void*, const void*, float, float*);
+template void CudaOps<float>::grouped_call_bf16(const GroupedGemmPlan&, float, const void*, const void*, float, void*,
+                                                bool);
 template void CudaOps<double>::gemm_bf16(const Ops<double>::Gemm&);
 template void CudaOps<double>::round_operand(const double*, int64_t, int64_t, int64_t, void*);
 template const void* CudaOps<double>::rounded_parameter(const double*);
@@ -207,6 +220,6 @@ template const void* CudaOps<double>::gemm_operand(const double*, bool, int64_t,
                                                    std::optional<Workspace>&);
 template void CudaOps<double>::run_grouped_gemm(const Ops<double>::GroupedGemm&);
 template void CudaOps<double>::grouped_call_bf16(const GroupedGemmPlan&, double, const void*, const void*, double,
-                                                 double*);
+                                                 void*, bool);
 
 }  // namespace moe::cuda
