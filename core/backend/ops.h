@@ -315,7 +315,7 @@ class Ops {
   // workspace; dx (rows, D) written; dw1, dw3, dw2 accumulate. Default: op after op, as above.
   virtual void expert_mlp_backward(const ExpertMlp& e, const T* x, const T* a, const T* b, const T* h, const T* dy,
                                    T* dh, T* da, T* db, T* dx) {
-    expert_mlp_backward_plain(e, x, a, b, h, dy, dh, da, db, dx);
+    expert_mlp_backward_as<false>(e, x, a, b, h, dy, dh, da, db, dx);
   }
   // The experts' MLP keeping its tensors held rounded (Rounded; bf16 GEMMs, e.precision Bf16): x as the dispatch
   // gathered it, a and b as the GEMMs' fp32 results rounded as they are stored (GroupedGemmArgs::C_rounded), h the
@@ -330,7 +330,11 @@ class Ops {
   }
   virtual void expert_mlp_backward_rounded(const ExpertMlp& e, const Rounded<T>* x, const Rounded<T>* a,
                                            const Rounded<T>* b, const Rounded<T>* h, const T* dy, Rounded<T>* dy_held,
-                                           T* dh, Rounded<T>* da, Rounded<T>* db, T* dx);
+                                           T* dh, Rounded<T>* da, Rounded<T>* db, T* dx) {
+    const int64_t first = e.row_offset[0], rows = e.row_offset[e.groups] - first;
+    round_values(dy + first * e.D, dy_held + first * e.D, rows * e.D);
+    expert_mlp_backward_as<true>(e, x, a, b, h, dy_held, dh, da, db, dx);
+  }
 
   // Standard Gumbel noise of one Philox stream (core/philox.h, RngStream with this key):
   // out[i] = gumbel(a = step, b = first_counter + i) for i < n, in double.
@@ -456,7 +460,8 @@ class Ops {
   virtual double sum_squares_to_host(const T* x, int64_t n) = 0;  // sum_squares
   virtual void run_gemm(const Gemm& g) = 0;                       // gemm, its weight checked
   virtual void run_grouped_gemm(const GroupedGemm& g) = 0;        // grouped_gemm, its weight checked
-  // The default expert MLP, op after op: x, a, b and h as stored (X = T), or held rounded (kRounded, X = Rounded<T>).
+  // The default expert MLP, op after op: its tensors as stored (X = T), or held rounded (kRounded, X = Rounded<T>),
+  // read and written through the GEMM arguments' plain or rounded operands.
   template <bool kRounded>
   using Held = std::conditional_t<kRounded, Rounded<T>, T>;
   template <bool kRounded>
@@ -490,40 +495,36 @@ class Ops {
     out.C = y;
     grouped_gemm(out);
   }
-  void expert_mlp_backward_plain(const ExpertMlp& e, const T* x, const T* a, const T* b, const T* h, const T* dy, T* dh,
-                                 T* da, T* db, T* dx) {
+  template <bool kRounded>
+  static GroupedGemm reading_b(GroupedGemm g, const Held<kRounded>* B) {
+    if constexpr (kRounded)
+      g.B_rounded = B;
+    else
+      g.B = B;
+    return g;
+  }
+  // Its backward, dy as its GEMMs read it (held rounded with kRounded: Ops::expert_mlp_backward_rounded's dy_held).
+  template <bool kRounded, typename X = Held<kRounded>>
+  void expert_mlp_backward_as(const ExpertMlp& e, const X* x, const X* a, const X* b, const X* h, const X* dy, T* dh,
+                              X* da, X* db, T* dx) {
     const int64_t G = e.groups, D = e.D, F = e.F, first = e.row_offset[0], R = e.row_offset[G] - first;
-    const int64_t* off = e.row_offset;
-    const GemmPrecision p = e.precision;
-    constexpr GemmWeight W = GemmWeight::B;
-    auto grad = [&](const T* A, const T* B, T* dW, int64_t N, int64_t K) {  // dW += A^T B
-      grouped_gemm({.trans_a = true,
-                    .groups = G,
-                    .row_offset = off,
-                    .N = N,
-                    .K = K,
-                    .A = A,
-                    .B = B,
-                    .beta = T(1),
-                    .C = dW,
-                    .precision = p});
+    const GroupedGemm g{.groups = G, .row_offset = e.row_offset, .precision = e.precision};
+    auto grad = [&](const X* A, const X* B, T* dW, int64_t N, int64_t K) {  // dW += A^T B
+      GroupedGemm s = reading_b<kRounded>(reading<kRounded>(g, A), B);
+      s.trans_a = true, s.N = N, s.K = K, s.beta = T(1), s.C = dW;
+      grouped_gemm(s);
     };
-    auto input = [&](const T* A, const T* w, T beta, T* C, int64_t N, int64_t K) {  // C = A w^T + beta C
-      grouped_gemm({.trans_b = true,
-                    .groups = G,
-                    .row_offset = off,
-                    .N = N,
-                    .K = K,
-                    .A = A,
-                    .B = w,
-                    .beta = beta,
-                    .C = C,
-                    .precision = p,
-                    .weight = W});
+    auto input = [&](const X* A, const T* w, T beta, T* C, int64_t N, int64_t K) {  // C = A w^T + beta C
+      GroupedGemm s = reading<kRounded>(g, A);
+      s.trans_b = true, s.N = N, s.K = K, s.B = w, s.beta = beta, s.C = C, s.weight = GemmWeight::B;
+      grouped_gemm(s);
     };
     grad(h, dy, e.dw2, D, F);         // dW2 += h^T dy
     input(dy, e.w2, T(0), dh, F, D);  // dh = dy W2^T
-    swiglu_backward(a + first * F, b + first * F, dh + first * F, da + first * F, db + first * F, R * F);
+    if constexpr (kRounded)
+      swiglu_backward_rounded(a + first * F, b + first * F, dh + first * F, da + first * F, db + first * F, R * F);
+    else
+      swiglu_backward(a + first * F, b + first * F, dh + first * F, da + first * F, db + first * F, R * F);
     grad(x, da, e.dw1, F, D);         // dW1 += x^T da
     grad(x, db, e.dw3, F, D);         // dW3 += x^T db
     input(da, e.w1, T(0), dx, D, F);  // dx = da W1^T
@@ -551,49 +552,5 @@ class Ops {
   int64_t parameter_count_ = 0;
   uint64_t parameter_version_ = 0;
 };
-
-// Ops::expert_mlp_backward_rounded's default, op after op: every GEMM operand held rounded.
-template <typename T>
-void Ops<T>::expert_mlp_backward_rounded(const ExpertMlp& e, const Rounded<T>* x, const Rounded<T>* a,
-                                         const Rounded<T>* b, const Rounded<T>* h, const T* dy, Rounded<T>* dy_held,
-                                         T* dh, Rounded<T>* da, Rounded<T>* db, T* dx) {
-  const int64_t G = e.groups, D = e.D, F = e.F, first = e.row_offset[0], R = e.row_offset[G] - first;
-  const int64_t* off = e.row_offset;
-  const GemmPrecision p = e.precision;
-  constexpr GemmWeight W = GemmWeight::B;
-  auto grad = [&](const Rounded<T>* A, const Rounded<T>* B, T* dW, int64_t N, int64_t K) {  // dW += A^T B
-    grouped_gemm({.trans_a = true,
-                  .groups = G,
-                  .row_offset = off,
-                  .N = N,
-                  .K = K,
-                  .A_rounded = A,
-                  .B_rounded = B,
-                  .beta = T(1),
-                  .C = dW,
-                  .precision = p});
-  };
-  auto input = [&](const Rounded<T>* A, const T* w, T beta, T* C, int64_t N, int64_t K) {  // C = A w^T + beta C
-    grouped_gemm({.trans_b = true,
-                  .groups = G,
-                  .row_offset = off,
-                  .N = N,
-                  .K = K,
-                  .A_rounded = A,
-                  .B = w,
-                  .beta = beta,
-                  .C = C,
-                  .precision = p,
-                  .weight = W});
-  };
-  round_values(dy + first * D, dy_held + first * D, R * D);
-  grad(h, dy_held, e.dw2, D, F);         // dW2 += h^T dy
-  input(dy_held, e.w2, T(0), dh, F, D);  // dh = dy W2^T
-  swiglu_backward_rounded(a + first * F, b + first * F, dh + first * F, da + first * F, db + first * F, R * F);
-  grad(x, da, e.dw1, F, D);         // dW1 += x^T da
-  grad(x, db, e.dw3, F, D);         // dW3 += x^T db
-  input(da, e.w1, T(0), dx, D, F);  // dx = da W1^T
-  input(db, e.w3, T(1), dx, D, F);  //    + db W3^T
-}
 
 }  // namespace moe
