@@ -58,23 +58,36 @@ template <typename T>
 void MhaAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) {
   const int64_t N = B * T_, D = D_, Q = Dq_, H = Hl_, Dh = D_ / H_;
   T *q = acts, *k = q + N * Q, *v = k + N * Q, *att = v + N * Q;
-  const Linear<T> linear(ops_, precision_);
-  linear.forward(x, wq_, q, N, D, Q);
-  project_kv(x, k, v, scratch, B);
+  if (held()) {
+    Rounded<T>* xr = held_input(acts, scratch, N);
+    ops_.round_values(x, xr, N * D);  // once for the three projections (and, kept, their weight gradients)
+    project(HeldRows<T>{xr}, q, k, v, scratch, B);
+  } else {
+    project(Rows<const T>(x), q, k, v, scratch, B);
+  }
   ops_.rope(q, B, T_, H, Dh, false);
   if (fused(N))  // the statistics (B, Hl, T) after att
     ops_.attention_forward_fused({.shape = shape_of(B), .q = q, .k = k, .v = v, .out = att, .stats = att + N * Q});
   else
     plain_forward(q, k, v, att, scratch, B);
-  linear.forward(att, wo_, y, N, Q, D, T(1));  // y += att Wo
+  Linear<T>(ops_, precision_).forward(att, wo_, y, N, Q, D, T(1));  // y += att Wo
 }
 
 template <typename T>
-void MhaAttention<T>::project_kv(const T* x, T* k, T* v, T* scratch, int64_t B) {
+Rounded<T>* MhaAttention<T>::held_input(const T* acts, T* scratch, int64_t N) const {
+  if (!keep_input_) return held_scratch(scratch, N);
+  const int64_t input = sizes::elements(sizes::mha_held_input(shape(N), double(N)));
+  return reinterpret_cast<Rounded<T>*>(const_cast<T*>(acts) + activation_size(N) - input);
+}
+
+template <typename T>
+template <typename X>
+void MhaAttention<T>::project(const X& x, T* q, T* k, T* v, T* scratch, int64_t B) {
   const int64_t N = B * T_, D = D_, K = Dkv_, Dh = D_ / H_;
   T* kp = grouped() ? scratch : k;  // the forward does not use the scratch before the attention op's probabilities
   T* vp = grouped() ? scratch + N * K : v;
   const Linear<T> linear(ops_, precision_);
+  linear.forward(x, wq_, q, N, D, Dq_);
   linear.forward(x, wk_, kp, N, D, K);
   linear.forward(x, wv_, vp, N, D, K);
   ops_.rope(kp, B, T_, Hkvl_, Dh, false);  // rotated once per key head, then copied to its group
@@ -93,12 +106,16 @@ void MhaAttention<T>::plain_forward(const T* q, const T* k, const T* v, T* att, 
 
 template <typename T>
 void MhaAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) {
-  const int64_t N = B * T_, D = D_, Q = Dq_, K = Dkv_, H = Hl_, Dh = D_ / H_;
+  const int64_t N = B * T_, D = D_, Q = Dq_, H = Hl_, Dh = D_ / H_;
   const T *q = acts, *k = q + N * Q, *v = k + N * Q, *att = v + N * Q;
   T *dq = scratch, *dk = dq + N * Q, *dv = dk + N * Q, *datt = dv + N * Q;
-  const Linear<T> linear(ops_, precision_);
-  linear.weight_backward(att, dy, dwo_, N, Q, D);  // dWo += att^T dy
-  linear.input_backward(dy, wo_, datt, N, Q, D);   // datt = dy Wo^T
+  if (held()) {
+    Rounded<T>* dyr = held_scratch(scratch, N);
+    ops_.round_values(dy, dyr, N * D);  // once for Wo's two products
+    output_backward(HeldRows<T>{dyr}, att, datt, N);
+  } else {
+    output_backward(Rows<const T>(dy), att, datt, N);
+  }
   if (fused(N))
     ops_.attention_backward_fused({.shape = shape_of(B),
                                    .q = q,
@@ -115,6 +132,39 @@ void MhaAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T*
   reduce_kv_gradients(dk, dv, scratch, N);
   ops_.rope(dq, B, T_, H, Dh, true);
   ops_.rope(dk, B, T_, Hkvl_, Dh, true);
+  if (held())
+    held_projections_backward(x, dq, dk, dv, dx, acts, scratch, N);
+  else
+    projections_backward(Rows<const T>(x), Rows<const T>(dq), Rows<const T>(dk), Rows<const T>(dv), dx, N);
+}
+
+template <typename T>
+template <typename Y>
+void MhaAttention<T>::output_backward(const Y& dy, const T* att, T* datt, int64_t N) {
+  const Linear<T> linear(ops_, precision_);
+  linear.weight_backward(Rows<const T>(att), dy, dwo_, N, Dq_, D_);  // dWo += att^T dy
+  linear.input_backward(dy, wo_, datt, N, Dq_, D_);                  // datt = dy Wo^T
+}
+
+template <typename T>
+void MhaAttention<T>::held_projections_backward(const T* x, const T* dq, const T* dk, const T* dv, T* dx, const T* acts,
+                                                T* scratch, int64_t N) {
+  const int64_t D = D_, Q = Dq_, K = Dkv_;
+  Rounded<T>* xr = held_input(acts, scratch, N);  // not kept: where dy was, free since Wo's products
+  if (!keep_input_) ops_.round_values(x, xr, N * D);
+  Rounded<T>* dqr = held_scratch(scratch, N) + N * D;
+  Rounded<T>*dkr = dqr + N * Q, *dvr = dkr + N * K;
+  ops_.round_values(dq, dqr, N * Q);
+  ops_.round_values(dk, dkr, N * K);
+  ops_.round_values(dv, dvr, N * K);
+  projections_backward(HeldRows<T>{xr}, HeldRows<T>{dqr}, HeldRows<T>{dkr}, HeldRows<T>{dvr}, dx, N);
+}
+
+template <typename T>
+template <typename X, typename Y>
+void MhaAttention<T>::projections_backward(const X& x, const Y& dq, const Y& dk, const Y& dv, T* dx, int64_t N) {
+  const int64_t D = D_, Q = Dq_, K = Dkv_;
+  const Linear<T> linear(ops_, precision_);
   linear.weight_backward(x, dq, dwq_, N, D, Q);
   linear.weight_backward(x, dk, dwk_, N, D, K);
   linear.weight_backward(x, dv, dwv_, N, D, K);

@@ -32,6 +32,9 @@ class Attention {
   // How this layer's GEMMs read their operands (train.precision, through ModelOptions::precision; default fp32).
   // Set once, at the model's construction, before the sizes below are asked for.
   virtual void set_precision(GemmPrecision precision) = 0;
+  // Whether the layer keeps what its backward reads of x in acts (MhaAttention under bf16 GEMMs: x rounded once):
+  // then forward's x need not outlive the call and backward is given none (x null). Asked after set_precision.
+  virtual bool keeps_input() const { return false; }
   // Elements of saved activations (acts) and of backward scratch for N tokens.
   virtual int64_t activation_size(int64_t N) const = 0;
   virtual int64_t scratch_size(int64_t N) const = 0;
@@ -65,8 +68,16 @@ class MhaAttention final : public Attention<T> {
   void bind(const ParamTable& table, T* params, T* grads) override;
   void set_keep_probabilities(bool keep) override { keep_probs_ = keep; }
   void set_precision(GemmPrecision precision) override { precision_ = precision; }
+  // Under bf16 GEMMs the layer rounds each activation its GEMMs read once (Ops::round_values) and they read the
+  // rounded copy (HeldRows): x for the three projections and their weight gradients, kept in acts when keep_input
+  // (the default) or rounded again in backward from the x it is given; dy for Wo's two products; dq, dk, dv for
+  // theirs. The same bits as rounding at every GEMM. A tensor-parallel wrapper gathering its input again in backward
+  // (sequence parallelism) sets keep_input false, so as not to keep all N rows. Set before the sizes are asked for.
+  void set_keep_input(bool keep) { keep_input_ = keep; }
+  bool keeps_input() const override { return held() && keep_input_; }
   // q, k, v, the attention's output (N, Dq) each and, when kept, the probabilities (B, Hl, T, T), with Hl
-  // the shard's heads and Dq their width; fused: the statistics (B, Hl, T) instead of the probabilities.
+  // the shard's heads and Dq their width; fused: the statistics (B, Hl, T) instead of the probabilities; then the
+  // held input (sizes::mha_held_input).
   int64_t activation_size(int64_t N) const override { return sizes::elements(sizes::mha(shape(N), N).activations); }
   // dq, dk, dv, d(att) (N, Dq) each and, plain, one (T, T) block and, when not kept, the recomputed probabilities.
   int64_t scratch_size(int64_t N) const override { return sizes::elements(sizes::mha(shape(N), N).scratch); }
@@ -78,14 +89,36 @@ class MhaAttention final : public Attention<T> {
   int64_t probs_size(int64_t N) const { return N * Hl_ * T_; }  // B * Hl * T * T
   // The shard's shape for N tokens, as core/sizes.h declares its sizes.
   sizes::MhaShape shape(int64_t N) const {
-    return {double(D_), double(Hl_), double(Dq_), double(T_), keep_probs_, fused(N), double(Dkv_)};
+    return {double(D_), double(Hl_),  double(Dq_),          double(T_),   keep_probs_,
+            fused(N),   double(Dkv_), held() ? kHeld : 0.0, keeps_input()};
   }
   bool grouped() const { return Hkvl_ < Hl_; }
-  // Grouped: the key and value heads' gradients (N, Dkv) each, at the end of the backward scratch.
-  T* kv_gradients(T* scratch, int64_t N) const { return scratch + scratch_size(N) - 2 * N * Dkv_; }
-  // The projections of k and v: grouped, into the start of the forward scratch (N, Dkv) each, then expanded
-  // into k and v; else straight into them.
-  void project_kv(const T* x, T* k, T* v, T* scratch, int64_t B);
+  bool held() const { return precision_ == GemmPrecision::Bf16; }
+  static constexpr double kHeld = double(sizeof(Rounded<T>)) / double(sizeof(T));
+  // The held scratch (sizes::mha_held_scratch) at the end of the scratch: dy, or x not kept, (N, D), then dq, dk, dv.
+  int64_t held_scratch_size(int64_t N) const { return sizes::elements(sizes::mha_held_scratch(shape(N), double(N))); }
+  Rounded<T>* held_scratch(T* scratch, int64_t N) const {
+    return reinterpret_cast<Rounded<T>*>(scratch + scratch_size(N) - held_scratch_size(N));
+  }
+  // The input held rounded: in acts after the rest when kept, else at the start of the held scratch.
+  Rounded<T>* held_input(const T* acts, T* scratch, int64_t N) const;
+  // Grouped: the key and value heads' gradients (N, Dkv) each, before the held scratch at the end of the backward's.
+  T* kv_gradients(T* scratch, int64_t N) const {
+    return scratch + scratch_size(N) - held_scratch_size(N) - 2 * N * Dkv_;
+  }
+  // q = x Wq, and the projections of k and v: grouped, into the start of the forward scratch (N, Dkv) each, then
+  // expanded into k and v; else straight into them. X: Rows or HeldRows (core/linear.h).
+  template <typename X>
+  void project(const X& x, T* q, T* k, T* v, T* scratch, int64_t B);
+  // Wo's products from dy (as stored or held), datt = dy Wo^T written.
+  template <typename Y>
+  void output_backward(const Y& dy, const T* att, T* datt, int64_t N);
+  // The projections' weight and input gradients from x and dq, dk, dv (as stored or held); dx written.
+  template <typename X, typename Y>
+  void projections_backward(const X& x, const Y& dq, const Y& dk, const Y& dv, T* dx, int64_t N);
+  // backward's tail under bf16 GEMMs: dq, dk, dv and, not kept, x rounded once each into the held scratch.
+  void held_projections_backward(const T* x, const T* dq, const T* dk, const T* dv, T* dx, const T* acts, T* scratch,
+                                 int64_t N);
   // Grouped: sums the expanded heads' gradients dk, dv into kv_gradients and points dk, dv at those sums.
   void reduce_kv_gradients(T*& dk, T*& dv, T* scratch, int64_t N);
   // Whether the backend runs the fused form for N tokens (B = N / T sequences); the backend keeps the answer.
@@ -103,7 +136,7 @@ class MhaAttention final : public Attention<T> {
   TpShard shard_;
   int64_t Hl_, Dq_;     // the shard's heads and their width
   int64_t Hkvl_, Dkv_;  // the shard's key and value heads and their width
-  bool keep_probs_ = true;
+  bool keep_probs_ = true, keep_input_ = true;
   GemmPrecision precision_ = GemmPrecision::Fp32;
   std::string prefix_;
   const T *wq_ = nullptr, *wk_ = nullptr, *wv_ = nullptr, *wo_ = nullptr;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/backend/ops.h"
 
@@ -21,61 +22,100 @@ struct Rows {
   int64_t ld;
 };
 
+// A matrix operand its producer holds rounded (Rounded<T>: bf16 beside fp32), read by bf16 GEMMs in place of
+// rounding it (GemmArgs::A_rounded, B_rounded); its rows as Rows's.
+template <typename T>
+struct HeldRows {
+  int64_t stride(int64_t cols) const { return ld > 0 ? ld : cols; }
+  const Rounded<T>* p;
+  int64_t ld = 0;
+};
+
+// What a Linear product reads a matrix operand as: as stored (Rows) or held rounded (HeldRows).
+template <typename X, typename T>
+concept LinearOperand = std::is_same_v<X, Rows<const T>> || std::is_same_v<X, HeldRows<T>>;
+
 template <typename T>
 class Linear {
  public:
+  using Gemm = typename Ops<T>::Gemm;
   Linear(Ops<T>& ops, GemmPrecision precision) : ops_(ops), precision_(precision) {}
 
   // y (rows, out) = x W + beta y.
+  template <typename X>
+  requires LinearOperand<X, T>
+  void forward(const X& x, Rows<const T> w, Rows<T> y, int64_t rows, int64_t in, int64_t out, T beta = T(0)) const {
+    ops_.gemm(with_a({.M = rows,
+                      .N = out,
+                      .K = in,
+                      .lda = x.stride(in),
+                      .B = w.p,
+                      .ldb = w.stride(out),
+                      .beta = beta,
+                      .C = y.p,
+                      .ldc = y.stride(out),
+                      .precision = precision_,
+                      .weight = GemmWeight::B},
+                     x.p));
+  }
   void forward(Rows<const T> x, Rows<const T> w, Rows<T> y, int64_t rows, int64_t in, int64_t out,
                T beta = T(0)) const {
-    ops_.gemm({.M = rows,
-               .N = out,
-               .K = in,
-               .A = x.p,
-               .lda = x.stride(in),
-               .B = w.p,
-               .ldb = w.stride(out),
-               .beta = beta,
-               .C = y.p,
-               .ldc = y.stride(out),
-               .precision = precision_,
-               .weight = GemmWeight::B});
+    forward<Rows<const T>>(x, w, y, rows, in, out, beta);
   }
   // dx (rows, in) = dy W^T + beta dx, dy: (rows, out).
+  template <typename Y>
+  requires LinearOperand<Y, T>
+  void input_backward(const Y& dy, Rows<const T> w, Rows<T> dx, int64_t rows, int64_t in, int64_t out,
+                      T beta = T(0)) const {
+    ops_.gemm(with_a({.trans_b = true,
+                      .M = rows,
+                      .N = in,
+                      .K = out,
+                      .lda = dy.stride(out),
+                      .B = w.p,
+                      .ldb = w.stride(out),
+                      .beta = beta,
+                      .C = dx.p,
+                      .ldc = dx.stride(in),
+                      .precision = precision_,
+                      .weight = GemmWeight::B},
+                     dy.p));
+  }
   void input_backward(Rows<const T> dy, Rows<const T> w, Rows<T> dx, int64_t rows, int64_t in, int64_t out,
                       T beta = T(0)) const {
-    ops_.gemm({.trans_b = true,
-               .M = rows,
-               .N = in,
-               .K = out,
-               .A = dy.p,
-               .lda = dy.stride(out),
-               .B = w.p,
-               .ldb = w.stride(out),
-               .beta = beta,
-               .C = dx.p,
-               .ldc = dx.stride(in),
-               .precision = precision_,
-               .weight = GemmWeight::B});
+    input_backward<Rows<const T>>(dy, w, dx, rows, in, out, beta);
   }
   // dW (in, out) += x^T dy.
+  template <typename X, typename Y>
+  requires LinearOperand<X, T> && LinearOperand<Y, T>
+  void weight_backward(const X& x, const Y& dy, Rows<T> dw, int64_t rows, int64_t in, int64_t out) const {
+    ops_.gemm(with_b(with_a({.trans_a = true,
+                             .M = in,
+                             .N = out,
+                             .K = rows,
+                             .lda = x.stride(in),
+                             .ldb = dy.stride(out),
+                             .beta = T(1),
+                             .C = dw.p,
+                             .ldc = dw.stride(out),
+                             .precision = precision_},
+                            x.p),
+                     dy.p));
+  }
   void weight_backward(Rows<const T> x, Rows<const T> dy, Rows<T> dw, int64_t rows, int64_t in, int64_t out) const {
-    ops_.gemm({.trans_a = true,
-               .M = in,
-               .N = out,
-               .K = rows,
-               .A = x.p,
-               .lda = x.stride(in),
-               .B = dy.p,
-               .ldb = dy.stride(out),
-               .beta = T(1),
-               .C = dw.p,
-               .ldc = dw.stride(out),
-               .precision = precision_});
+    weight_backward<Rows<const T>, Rows<const T>>(x, dy, dw, rows, in, out);
   }
 
  private:
+  static Gemm with_a(Gemm g, const T* a) { return g.A = a, g; }
+  static Gemm with_a(Gemm g, const Rounded<T>* a) requires(!std::is_same_v<Rounded<T>, T>) {
+    return g.A_rounded = a, g;
+  }
+  static Gemm with_b(Gemm g, const T* b) { return g.B = b, g; }
+  static Gemm with_b(Gemm g, const Rounded<T>* b) requires(!std::is_same_v<Rounded<T>, T>) {
+    return g.B_rounded = b, g;
+  }
+
   Ops<T>& ops_;
   GemmPrecision precision_;
 };

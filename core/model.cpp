@@ -190,15 +190,17 @@ void Model<T>::make_slot(Slot& slot) {
 template <typename T>
 int64_t Model<T>::acts_size(int64_t i) const {
   const int64_t R = rows(max_batch_ * T_), D = shape_.d_model;
-  return sizes::elements(sizes::block_activations(double(R), double(D))) + attn_[size_t(i)]->activation_size(R) +
-         ffn_[size_t(i)]->activation_size(R);
+  const bool keeps_input = attn_[size_t(i)]->keeps_input();
+  return sizes::elements(sizes::block_activations(double(R), double(D), keeps_input)) +
+         attn_[size_t(i)]->activation_size(R) + ffn_[size_t(i)]->activation_size(R);
 }
 
 template <typename T>
 typename Model<T>::BlockActs Model<T>::carve_acts(int64_t i, T*& cursor) const {
   const int64_t R = rows(max_batch_ * T_), D = shape_.d_model;
   BlockActs a;
-  for (T** p : {&a.xa, &a.h, &a.xf}) *p = cursor, cursor += R * D;
+  if (!attn_[size_t(i)]->keeps_input()) a.xa = cursor, cursor += R * D;
+  for (T** p : {&a.h, &a.xf}) *p = cursor, cursor += R * D;
   a.rstd_a = cursor, cursor += R;
   a.rstd_f = cursor, cursor += R;
   a.attn = cursor, cursor += attn_[size_t(i)]->activation_size(R);
@@ -242,8 +244,10 @@ void Model<T>::block_forward(int64_t i, const FfnContext& context, Slot& s, int6
   const T* x_in = s.x[size_t(i)];
   T* x_out = s.x[size_t(i) + 1];
   // h = x + Attn(RMSNorm_a(x)): h starts as a copy of x, made in the norm's pass, and the attention adds into it
-  ops_.rmsnorm_forward_residual(x_in, nullptr, a.h, w.attn_norm, a.xa, a.rstd_a, N, D);
-  attn_[size_t(i)]->forward(a.xa, a.h, a.attn, layer_scratch_, B);
+  T* xa =
+      a.xa ? a.xa : dtmp_;  // an attention keeping its input reads xa in the call alone: dtmp is free until backward
+  ops_.rmsnorm_forward_residual(x_in, nullptr, a.h, w.attn_norm, xa, a.rstd_a, N, D);
+  attn_[size_t(i)]->forward(xa, a.h, a.attn, layer_scratch_, B);
   // x = h + FFN(RMSNorm_f(h))
   ops_.rmsnorm_forward(a.h, w.ffn_norm, a.xf, a.rstd_f, N, D);
   ffn_[size_t(i)]->forward(context, a.xf, ffn_out_, a.ffn, s.ffn[size_t(i)].get(), N);

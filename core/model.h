@@ -204,8 +204,8 @@ class Model : public Stateful {
     const T *attn_norm, *ffn_norm;
     T *d_attn_norm, *d_ffn_norm;
   };
-  struct BlockActs {  // one layer's saved activations for one micro-batch
-    T *xa, *rstd_a, *attn, *h, *xf, *rstd_f, *ffn;
+  struct BlockActs {  // one layer's saved activations for one micro-batch; xa null where the attention keeps its input
+    T *xa = nullptr, *rstd_a = nullptr, *attn = nullptr, *h = nullptr, *xf = nullptr, *rstd_f = nullptr, *ffn = nullptr;
   };
 
   // One micro-batch in flight: its inputs, activations, FFN states and the context of its forward.

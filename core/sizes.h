@@ -26,8 +26,11 @@ inline int64_t elements(double count) { return int64_t(count); }
 // ---- The model's own (core/model.cpp) ----
 
 // Around a layer's attention and FFN, on the `rows` of the residual stream this rank holds: xa, h, xf
-// (rows, D) and the two norms' inverse RMS (rows).
-inline double block_activations(double rows, double D) { return 3 * rows * D + 2 * rows; }
+// (rows, D) and the two norms' inverse RMS (rows); without xa where the attention keeps its own copy of its input
+// (Attention::keeps_input).
+inline double block_activations(double rows, double D, bool attention_keeps_input = false) {
+  return (attention_keeps_input ? 2 : 3) * rows * D + 2 * rows;
+}
 // The output norm before the head: xo (rows, D) and its inverse RMS (rows).
 inline double output_norm_activations(double rows, double D) { return rows * D + rows; }
 // The residual stream of a slot: each of the stage's layers' input, then the last one's output (rows, D).
@@ -91,20 +94,30 @@ struct MhaShape {
   double D, Hl, Dq, T;
   bool keep_probs = true, fused = false;
   double Dkv = 0;
+  // Under bf16 GEMMs the size of a value held rounded in elements of the model's type (0.5: bf16 beside fp32; 1:
+  // fp64's rounded values), 0 otherwise; keep_input: the input kept held rounded for the backward.
+  double held = 0;
+  bool keep_input = false;
   double kv_width() const { return Dkv > 0 ? Dkv : Dq; }
   bool grouped() const { return kv_width() < Dq; }
 };
+// Held (bf16 GEMMs): the input rounded once, (N, D) held, kept when keep_input; the backward's scratch holds dy or
+// the input not kept (N, D) and dq, dk, dv (N, Dq + 2 Dkv) rounded once each, the forward's the input not kept.
+inline double mha_held_input(const MhaShape& a, double N) { return a.keep_input ? a.held * N * a.D : 0.0; }
+inline double mha_held_scratch(const MhaShape& a, double N) { return a.held * N * (a.D + a.Dq + 2 * a.kv_width()); }
 // Wq (D, Dq), Wk, Wv (D, Dkv) and Wo (Dq, D).
 inline double mha_parameters(const MhaShape& a) { return 2 * a.D * a.Dq + 2 * a.D * a.kv_width(); }
 // Kept: q, k, v, the attention's output (N, Dq) (grouped: k and v expanded to every query head) and the
-// probabilities (B, Hl, T, T) or, fused, each row's log-sum-exp (B, Hl, T). Scratch: dq, dk, dv, d(att) (N, Dq)
-// and, plain, one (T, T) block and the recomputed probabilities when not kept; grouped, then the key and value
-// heads' own gradients (N, Dkv) each (forward projects k and v into the start of the scratch, then expands them).
+// probabilities (B, Hl, T, T) or, fused, each row's log-sum-exp (B, Hl, T), then the held input. Scratch: dq, dk,
+// dv, d(att) (N, Dq) and, plain, one (T, T) block and the recomputed probabilities when not kept; grouped, then the
+// key and value heads' own gradients (N, Dkv) each (forward projects k and v into the start of the scratch, then
+// expands them); then the held scratch.
 inline Footprint mha(const MhaShape& a, double N) {
   const double probs = N * a.Hl * a.T, kv_grads = a.grouped() ? 2 * N * a.kv_width() : 0.0;
-  if (a.fused) return {4 * N * a.Dq + N * a.Hl, 4 * N * a.Dq + kv_grads};
-  return {4 * N * a.Dq + (a.keep_probs ? probs : 0.0),
-          4 * N * a.Dq + a.T * a.T + (a.keep_probs ? 0.0 : probs) + kv_grads};
+  const double input = mha_held_input(a, N), held = mha_held_scratch(a, N);
+  if (a.fused) return {4 * N * a.Dq + N * a.Hl + input, 4 * N * a.Dq + kv_grads + held};
+  return {4 * N * a.Dq + (a.keep_probs ? probs : 0.0) + input,
+          4 * N * a.Dq + a.T * a.T + (a.keep_probs ? 0.0 : probs) + kv_grads + held};
 }
 
 // MlaAttention: H heads on sequences of T, latents C (key/value) and Cq (query; 0: the queries projected from x

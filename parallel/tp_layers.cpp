@@ -53,7 +53,9 @@ TpAttention<T>::TpAttention(Backend& backend, TpContext tp, int64_t d_model, int
       tp_(tp),
       D_(d_model),
       T_(seq_len),
-      inner_(backend, d_model, heads, seq_len, layers_total, tp.shard(), kv_heads) {}
+      inner_(backend, d_model, heads, seq_len, layers_total, tp.shard(), kv_heads) {
+  inner_.set_keep_input(!tp.sequence_parallel);
+}
 
 template <typename T>
 int64_t TpAttention<T>::scratch_size(int64_t R) const {

@@ -53,8 +53,10 @@ class TpAttention final : public Attention<T> {
   void bind(const ParamTable& table, T* params, T* grads) override { inner_.bind(table, params, grads); }
   void set_keep_probabilities(bool keep) override { inner_.set_keep_probabilities(keep); }
   void set_precision(GemmPrecision precision) override { inner_.set_precision(precision); }
-  // The shard's activations: the input's rows are all-gathered again in backward, not kept (as
-  // Megatron-Core does), so sequence parallelism saves their memory.
+  // Without sequence parallelism the shard keeps its input as MhaAttention does (bf16 GEMMs: rounded once).
+  bool keeps_input() const override { return inner_.keeps_input(); }
+  // The shard's activations: under sequence parallelism the input's rows are all-gathered again in backward, not
+  // kept (as Megatron-Core does), so sequence parallelism saves their memory.
   int64_t activation_size(int64_t R) const override { return inner_.activation_size(tp_.tokens(R)); }
   // Under sequence parallelism the gathered input, output gradient and partial input gradient (N, D) each,
   // then the shard's scratch.

@@ -33,7 +33,7 @@ enum class GemmWeight : uint8_t { None, A, B };
 // One GEMM: C(M,N) = alpha * op(A) * op(B) + beta * C, row-major; op(A) is (M,K), op(B) is (K,N). Each call states
 // how its operands are read (precision) and which of them, if any, is a weight; the defaults are the safe ones
 // (alpha 1, beta 0, as stored, no weight). A_rounded: operand A as its producer holds it rounded (Rounded), in A's
-// place (A null, same lda), for a bf16 GEMM only.
+// place (A null, same lda), for a bf16 GEMM only, and not a weight; B_rounded likewise for B.
 template <typename T>
 struct GemmArgs {
   bool trans_a = false, trans_b = false;
@@ -43,6 +43,7 @@ struct GemmArgs {
   const Rounded<T>* A_rounded = nullptr;
   int64_t lda = 0;
   const T* B = nullptr;
+  const Rounded<T>* B_rounded = nullptr;
   int64_t ldb = 0;
   T beta = T(0);
   T* C = nullptr;
@@ -152,7 +153,8 @@ class Ops {
 
   // C = alpha op(A) op(B) + beta C as `g` says (GemmArgs).
   void gemm(const Gemm& g) {
-    check_rounded_operand(g.A, g.A_rounded, g.precision, g.weight, "gemm");
+    check_rounded_operand(g.A, g.A_rounded, g.precision, g.weight == GemmWeight::A, "gemm", 'A');
+    check_rounded_operand(g.B, g.B_rounded, g.precision, g.weight == GemmWeight::B, "gemm", 'B');
     if (g.weight == GemmWeight::A && g.M > 0 && g.K > 0)  // A as stored: (M, K), or (K, M) transposed
       check_weight(g.A, g.trans_a ? (g.K - 1) * g.lda + g.M : (g.M - 1) * g.lda + g.K, "gemm");
     if (g.weight == GemmWeight::B && g.K > 0 && g.N > 0)  // B as stored: (K, N), or (N, K) transposed
@@ -161,9 +163,8 @@ class Ops {
   }
   // The grouped GEMM `g` says (GroupedGemmArgs).
   void grouped_gemm(const GroupedGemm& g) {
-    check_rounded_operand(g.A, g.A_rounded, g.precision, g.weight, "grouped_gemm");
-    MOE_CHECK(!g.B_rounded || (!g.B && g.precision == GemmPrecision::Bf16 && g.weight != GemmWeight::B),
-              "grouped_gemm: a rounded operand B is read in B's place (B null) by a bf16 GEMM, and is not a weight");
+    check_rounded_operand(g.A, g.A_rounded, g.precision, g.weight == GemmWeight::A, "grouped_gemm", 'A');
+    check_rounded_operand(g.B, g.B_rounded, g.precision, g.weight == GemmWeight::B, "grouped_gemm", 'B');
     MOE_CHECK(
         !g.C_rounded || (!g.C && g.precision == GemmPrecision::Bf16 && g.beta == T(0) && !g.trans_a && !g.B_rounded),
         "grouped_gemm: a rounded C is written in C's place (C null) by a bf16 GEMM with beta 0 of A by a weight "
@@ -531,11 +532,12 @@ class Ops {
     input(db, e.w3, T(1), dx, D, F);  //    + db W3^T
   }
 
-  // A producer's rounded operand stands in for A under a bf16 GEMM, never beside it nor as a weight.
-  static void check_rounded_operand(const T* A, const Rounded<T>* A_rounded, GemmPrecision precision, GemmWeight weight,
-                                    const char* op) {
-    MOE_CHECK(!A_rounded || (!A && precision == GemmPrecision::Bf16 && weight != GemmWeight::A),
-              op << ": a rounded operand A is read in A's place (A null) by a bf16 GEMM, and is not a weight");
+  // A producer's rounded operand stands in for operand `name` under a bf16 GEMM, never beside it nor as a weight.
+  static void check_rounded_operand(const T* X, const Rounded<T>* X_rounded, GemmPrecision precision, bool weight,
+                                    const char* op, char name) {
+    MOE_CHECK(!X_rounded || (!X && precision == GemmPrecision::Bf16 && !weight),
+              op << ": a rounded operand " << name << " is read in " << name << "'s place (" << name
+                 << " null) by a bf16 GEMM, and is not a weight");
   }
   // A GEMM operand named as a weight, `extent` elements from w, must lie inside the parameters' memory while one is
   // registered: the rounded copy holds nothing else, so a weight outside it is a caller's mistake, refused.

@@ -179,6 +179,7 @@ class StrictOps final : public Ops<T> {
     real.A = r(g.A, strided(g.trans_a ? g.K : g.M, g.trans_a ? g.M : g.K, g.lda), op);
     real.A_rounded = r(g.A_rounded, strided(g.trans_a ? g.K : g.M, g.trans_a ? g.M : g.K, g.lda), op);
     real.B = r(g.B, strided(g.trans_b ? g.N : g.K, g.trans_b ? g.K : g.N, g.ldb), op);
+    real.B_rounded = r(g.B_rounded, strided(g.trans_b ? g.N : g.K, g.trans_b ? g.K : g.N, g.ldb), op);
     real.C = r(g.C, strided(g.M, g.N, g.ldc), op);
     run([=, this] { inner_.gemm(real); });
   }

@@ -91,8 +91,18 @@ double moe_rows(const Sizes& s) { return s.etp > 1 ? s.N : s.N / s.tp; }
 
 // Multi-head attention's shard on this rank: H / tp heads of the D / tp columns of Wq and rows of Wo, and
 // Hkv / tp key/value heads of the Hkv D / H / tp columns of Wk and Wv.
+// Under bf16 GEMMs its input rounded once, kept but where sequence parallelism gathers it again in backward.
 sizes::MhaShape mha_shape(const Sizes& s, bool keep_probs) {
-  return {s.D, s.H / s.tp, s.D / s.tp, s.T, keep_probs, s.fused, s.Hkv * (s.D / s.H) / s.tp};
+  const bool bf16 = s.held < 1;
+  return {s.D,
+          s.H / s.tp,
+          s.D / s.tp,
+          s.T,
+          keep_probs,
+          s.fused,
+          s.Hkv * (s.D / s.H) / s.tp,
+          bf16 ? s.held : 0.0,
+          bf16 && !s.sequence_parallel};
 }
 // Latent attention (tp = 1).
 sizes::MlaShape mla_shape(const Sizes& s, bool keep_probs) {
@@ -150,7 +160,8 @@ LayerElements layer_elements(const Sizes& s, bool moe, bool keep_probs) {
       s.mla ? sizes::mla(mla_shape(s, keep_probs), N) : sizes::mha(mha_shape(s, keep_probs), N);
   const sizes::Footprint mlp = sizes::dense_mlp(N, s.F / s.tp);
   LayerElements e;
-  e.acts = sizes::block_activations(s.rows, s.D) + attention.activations +
+  const bool keeps_input = !s.mla && mha_shape(s, keep_probs).keep_input;
+  e.acts = sizes::block_activations(s.rows, s.D, keeps_input) + attention.activations +
            (moe ? sizes::moe_activations(moe_shape(s)) : mlp.activations);
   // The MoE layer keeps its own scratch; split by hidden width it is a tp region like the MLP.
   e.scratch = std::max(attention.scratch + wrapped, moe ? (s.etp > 1 ? wrapped : 0.0) : mlp.scratch + wrapped);

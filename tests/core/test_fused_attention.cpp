@@ -243,6 +243,50 @@ TEST(FusedAttention, LayerUsesItWhereTheBackendSaysSoAndMatchesThePlainLayer) {
   check_fused_layer(6, 2);
 }
 
+// Under bf16 GEMMs the layer rounds x, dy and dq, dk, dv once each and its GEMMs read the rounded copies
+// (MhaAttention::set_keep_input): keeping x rounded in its activations (half of x's memory; the caller need not
+// keep x, Attention::keeps_input) or rounding it again in backward gives the same bits, and in fp32 nothing is held.
+void check_held_layer(int64_t H, int64_t Hkv) {
+  SCOPED_TRACE(std::to_string(H) + " heads, " + std::to_string(Hkv) + " key/value heads");
+  const int64_t B = 2, T = 7, D = 12, N = B * T, Dkv = Hkv * (D / H);
+  auto backend = make_cpu_backend(1);
+  MhaAttention<float> kept(*backend, D, H, T, 2, TpShard{}, Hkv), again(*backend, D, H, T, 2, TpShard{}, Hkv),
+      fp32(*backend, D, H, T, 2, TpShard{}, Hkv);
+  kept.set_precision(GemmPrecision::Bf16), again.set_precision(GemmPrecision::Bf16), again.set_keep_input(false);
+  EXPECT_TRUE(kept.keeps_input());
+  EXPECT_FALSE(again.keeps_input());
+  EXPECT_FALSE(fp32.keeps_input());
+  EXPECT_EQ(kept.activation_size(N), fp32.activation_size(N) + N * D / 2);
+  EXPECT_EQ(again.activation_size(N), fp32.activation_size(N));
+  EXPECT_EQ(kept.scratch_size(N), fp32.scratch_size(N) + N * (D + D + 2 * Dkv) / 2);
+  ParamTable table;
+  kept.register_params(table, "attn");
+  ParamTable again_table;
+  again.register_params(again_table, "attn");
+  std::vector<float> params(table.numel()), kept_grads(table.numel(), 0.0f), again_grads(table.numel(), 0.0f);
+  table.initialize(params.data(), 5);
+  kept.bind(table, params.data(), kept_grads.data());
+  again.bind(again_table, params.data(), again_grads.data());
+  std::vector<float> x(N * D), dy(N * D);
+  const auto xd = testing::random_vector(N * D, 5, "x"), dyd = testing::random_vector(N * D, 5, "dy");
+  for (int64_t i = 0; i < N * D; ++i) x[size_t(i)] = float(xd[size_t(i)]), dy[size_t(i)] = float(dyd[size_t(i)]);
+  std::vector<float> y_kept(N * D, 0.0f), y_again(N * D, 0.0f), dx_kept(N * D), dx_again(N * D);
+  std::vector<float> acts_kept(kept.activation_size(N)), acts_again(again.activation_size(N));
+  std::vector<float> scratch_kept(kept.scratch_size(N)), scratch_again(again.scratch_size(N));
+  kept.forward(x.data(), y_kept.data(), acts_kept.data(), scratch_kept.data(), B);
+  again.forward(x.data(), y_again.data(), acts_again.data(), scratch_again.data(), B);
+  EXPECT_EQ(y_kept, y_again);
+  kept.backward(nullptr, dy.data(), dx_kept.data(), acts_kept.data(), scratch_kept.data(), B);  // x not needed
+  again.backward(x.data(), dy.data(), dx_again.data(), acts_again.data(), scratch_again.data(), B);
+  EXPECT_EQ(dx_kept, dx_again);
+  EXPECT_EQ(kept_grads, again_grads);
+}
+
+TEST(FusedAttention, LayerHoldsItsGemmOperandsRoundedUnderBf16Gemms) {
+  check_held_layer(3, 3);
+  check_held_layer(6, 2);
+}
+
 // ---- cuDNN on the CUDA backend -------------------------------------------------------------------------
 
 // |got - ref| against bf16's unit round-off u = 2^-8: the outputs are written in bf16 (u/2 each) and the

@@ -726,7 +726,7 @@ std::vector<double> rounded_values(std::vector<double> v) {
 }
 
 // A bf16 GEMM reads a rounded A in A's place: the same bits as rounding A at the call, every layout, plain and
-// grouped (strided A for the plain one); a grouped weight gradient reads B held rounded likewise.
+// grouped (strided A for the plain one); a plain GEMM and a grouped weight gradient read B held rounded likewise.
 template <typename T>
 void rounded_operand_gemm_cases(Backend& b) {
   Ops<T>& o = b.ops<T>();
@@ -754,6 +754,13 @@ void rounded_operand_gemm_cases(Backend& b) {
     g.A = nullptr, g.A_rounded = held_a.data<Rounded<T>>(), g.C = c2.data<T>();
     o.gemm(g);
     EXPECT_EQ(get<T>(b, c1), get<T>(b, c2)) << "gemm mode " << mode;
+    Buffer held_b = b.upload(held<T>(B)), c3 = put<T>(b, C), c4 = put<T>(b, C);
+    g.B = nullptr, g.B_rounded = held_b.data<Rounded<T>>(), g.C = c3.data<T>();
+    o.gemm(g);
+    EXPECT_EQ(get<T>(b, c1), get<T>(b, c3)) << "gemm mode " << mode << ", A and B held rounded";
+    g.A = a.data<T>(), g.A_rounded = nullptr, g.C = c4.data<T>();
+    o.gemm(g);
+    EXPECT_EQ(get<T>(b, c1), get<T>(b, c4)) << "gemm mode " << mode << ", B held rounded";
   }
   const int64_t G = int64_t(kOffsets.size()) - 1, rows = kOffsets.back();
   for (int mode = 0; mode < 3; ++mode) {
@@ -809,6 +816,13 @@ TEST_P(Conformance, ARoundedOperandIsRefusedOutsideABf16GemmsA) {
   EXPECT_THROW(b.ops<float>().gemm(g), Error) << "beside A";
   g.A = nullptr, g.weight = GemmWeight::A;
   EXPECT_THROW(b.ops<float>().gemm(g), Error) << "as a weight";
+  // B held rounded likewise: in B's place, not a weight.
+  g.A = a.data<float>(), g.A_rounded = nullptr, g.weight = GemmWeight::None, g.B_rounded = held_a.data<bf16>();
+  EXPECT_THROW(b.ops<float>().gemm(g), Error) << "B beside B";
+  g.B = nullptr, g.weight = GemmWeight::B;
+  EXPECT_THROW(b.ops<float>().gemm(g), Error) << "B as a weight";
+  g.weight = GemmWeight::None;
+  EXPECT_NO_THROW(b.ops<float>().gemm(g)) << "B held rounded";
   // A grouped GEMM writing C held rounded: bf16, beta 0, not the weight-gradient form, in C's place.
   const std::vector<int64_t> offsets = {0, 2};
   Buffer c_held = b.allocate(DType::BF16, 4);

@@ -51,12 +51,17 @@ class CpuOps final : public Ops<T> {
         for (int64_t j = 0; j < g.N; ++j) g.C[i * g.ldc + j] = g.beta == T(0) ? T(0) : g.beta * g.C[i * g.ldc + j];
       return;
     }
+    const cpu::GemmInputs<T> in = gemm_inputs(g.precision, g.weight);
+    auto with_a = [&](const auto* A) {
+      if (g.B_rounded)
+        return cpu::gemm_at(in, g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, A, g.lda, g.B_rounded, g.ldb, g.beta, g.C,
+                            g.ldc);
+      cpu::gemm_at(in, g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, A, g.lda, g.B, g.ldb, g.beta, g.C, g.ldc);
+    };
     if (g.A_rounded)
-      cpu::gemm_at(gemm_inputs(g.precision, g.weight), g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, g.A_rounded, g.lda,
-                   g.B, g.ldb, g.beta, g.C, g.ldc);
+      with_a(g.A_rounded);
     else
-      cpu::gemm_at(gemm_inputs(g.precision, g.weight), g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, g.A, g.lda, g.B,
-                   g.ldb, g.beta, g.C, g.ldc);
+      with_a(g.A);
   }
 
   void embedding_forward(const int32_t* tokens, const T* table, int64_t first, int64_t rows, T* out, int64_t N,

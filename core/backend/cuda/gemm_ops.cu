@@ -24,7 +24,9 @@ void CudaOps<T>::gemm_bf16(const typename Ops<T>::Gemm& g) {
   const void* a = g.A_rounded
                       ? static_cast<const void*>(g.A_rounded)  // as its producer rounded it
                       : gemm_operand(g.A, g.weight == GemmWeight::A, trans_a ? K : M, trans_a ? M : K, lda, a_space);
-  const void* b = gemm_operand(g.B, g.weight == GemmWeight::B, trans_b ? N : K, trans_b ? K : N, ldb, b_space);
+  const void* b = g.B_rounded
+                      ? static_cast<const void*>(g.B_rounded)
+                      : gemm_operand(g.B, g.weight == GemmWeight::B, trans_b ? N : K, trans_b ? K : N, ldb, b_space);
   if constexpr (sizeof(T) == 4) {
     MOE_CUBLAS_CHECK(cublasGemmEx(ctx_.blas, op(trans_b), op(trans_a), int(N), int(M), int(K), &alpha, b, CUDA_R_16BF,
                                   int(ldb), a, CUDA_R_16BF, int(lda), &beta, C, CUDA_R_32F, int(ldc),
