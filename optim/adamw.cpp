@@ -57,14 +57,16 @@ std::vector<double> sum_squares(Backend& backend, const float* data,
   for (const std::vector<Segment>* list : lists) count += int64_t(list->size());
   std::vector<double> totals(lists.size(), 0.0);
   if (count == 0) return totals;
-  // Each segment's sum into backend memory, then all of them in one download, added up in the segments' order.
-  Ops<float>& ops = backend.ops<float>();
-  Buffer sums = backend.allocate(DType::F64, count);
-  int64_t at = 0;
+  // Every segment's sum into backend memory in one op, then all of them in one download, added up in the segments'
+  // order.
+  std::vector<SumSegment> segments;
+  segments.reserve(size_t(count));
   for (const std::vector<Segment>* list : lists)
-    for (const Segment& s : *list) ops.sum_squares_into(data + s.offset, s.length, sums.data<double>() + at++);
+    for (const Segment& s : *list) segments.push_back({s.offset, s.length});
+  Buffer sums = backend.allocate(DType::F64, count);
+  backend.ops<float>().sum_squares_segments_into(data, segments.data(), count, sums.data<double>());
   const std::vector<double> each = backend.download<double>(sums);
-  at = 0;
+  int64_t at = 0;
   for (size_t l = 0; l < lists.size(); ++l)
     for (size_t i = 0; i < lists[l]->size(); ++i) totals[l] += each[size_t(at++)];
   return totals;

@@ -77,7 +77,8 @@ class AdamW : public Stateful {
 double clip_grad_norm(Backend& backend, float* grads, int64_t n, double clip);
 // Sum of squares over segments (fixed order).
 double sum_squares(Backend& backend, const float* data, const std::vector<Segment>& segments);
-// The sums of several lists of segments, each as sum_squares gives it (the same bits), with one host wait.
+// The sums of several lists of segments, each as sum_squares gives it (the same bits): every segment's sum in one
+// op (Ops::sum_squares_segments_into), read back with one host wait.
 std::vector<double> sum_squares(Backend& backend, const float* data,
                                 const std::vector<const std::vector<Segment>*>& lists);
 void scale_segments(Backend& backend, float* data, const std::vector<Segment>& segments, float factor);

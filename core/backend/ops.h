@@ -122,6 +122,12 @@ struct FusedAttentionBackwardArgs {
   T *dq = nullptr, *dk = nullptr, *dv = nullptr;
 };
 
+// One segment of a sum of squares over many (Ops::sum_squares_segments_into): `length` elements from `offset`,
+// counted from the call's base pointer.
+struct SumSegment {
+  int64_t offset = 0, length = 0;
+};
+
 template <typename T>
 class Ops {
  public:
@@ -292,6 +298,13 @@ class Ops {
   // The same sum written to backend memory (*out, one double) instead of returned: no wait, so that the sums of
   // many segments reach the host in one download.
   virtual void sum_squares_into(const T* x, int64_t n, double* out) = 0;
+  // The sums of squares of `count` segments of one buffer: out[i] (count doubles in backend memory, written) is
+  // bit for bit what sum_squares_into(base + segments[i].offset, segments[i].length, out + i) writes on the same
+  // backend (an empty segment's is 0); `segments` is a host array, read at the call, of offsets and lengths >= 0,
+  // each segment inside the buffer that holds base. The gradient norm's sums in one call: on CUDA two launches
+  // whatever the count (every chunk of every segment in one, then a block per segment finishing its chunks'
+  // partials in a fixed tree), so the order depends on the segments' lengths alone and a run repeats bit for bit.
+  virtual void sum_squares_segments_into(const T* base, const SumSegment* segments, int64_t count, double* out) = 0;
   // The ops so far that returned a value to the host (Backend::host_traffic).
   int64_t host_reads() const { return host_reads_.load(); }
 

@@ -8,6 +8,7 @@
 // switch and the parameters' memory are handed on before each op (the GEMM precision travels with each call).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <string>
@@ -60,6 +61,7 @@ enum class OpId : int {
   scale,
   sum_squares,
   sum_squares_into,
+  sum_squares_segments_into,
   grouped_gemm,
   expert_mlp_forward,
   expert_mlp_backward,
@@ -124,6 +126,7 @@ inline constexpr const char* kOpNames[] = {"gemm",
                                            "scale",
                                            "sum_squares",
                                            "sum_squares_into",
+                                           "sum_squares_segments_into",
                                            "grouped_gemm",
                                            "expert_mlp_forward",
                                            "expert_mlp_backward",
@@ -460,6 +463,23 @@ class StrictOps final : public Ops<T> {
     const auto p0 = r(x, n, "sum_squares_into");
     const auto p1 = r(out, 1, "sum_squares_into");
     run([=, this] { inner_.sum_squares_into(p0, n, p1); });
+  }
+  // Each segment's read checked, and all of them within base's buffer (the CPU's op reads them from base); the
+  // host array is copied at the call.
+  void sum_squares_segments_into(const T* base, const SumSegment* segments, int64_t count, double* out) override {
+    covered(OpId::sum_squares_segments_into);
+    const char* op = "sum_squares_segments_into";
+    std::vector<SumSegment> list(segments, segments + std::max<int64_t>(count, 0));
+    int64_t extent = 0;
+    for (const SumSegment& s : list) {
+      MOE_CHECK(s.offset >= 0 && s.length >= 0,
+                op << ": a segment at offset " << s.offset << " of length " << s.length << "; both must be >= 0");
+      r(base + s.offset, s.length, op);
+      extent = std::max(extent, s.offset + s.length);
+    }
+    const auto p0 = r(base, extent, op);
+    const auto p1 = r(out, count, op);
+    run([=, this, list = std::move(list)] { inner_.sum_squares_segments_into(p0, list.data(), count, p1); });
   }
   double sum_squares_to_host(const T* x, int64_t n) override {
     covered(OpId::sum_squares);

@@ -3,6 +3,7 @@
 // kernels' launch configurations. And what a build or machine without CUDA says when asked for the backend.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "core/backend/cuda/grouped_gemm_plan.h"
 #include "core/backend/cuda/host_wait.h"
 #include "core/backend/cuda/launch_config.h"
+#include "core/backend/cuda/sum_segments_plan.h"
 #include "core/backend/cuda_backend.h"
 #include "core/error.h"
 
@@ -269,6 +271,35 @@ TEST(LaunchConfig, RowBlocksArePowersOfTwoNoWiderThanNeeded) {
   EXPECT_EQ(row_launch(10, 100000).threads, 256u);
   EXPECT_EQ(row_launch(0, 8).blocks, 1u);
   EXPECT_EQ(row_launch(int64_t(1) << 20, 8).blocks, cuda::kMaxBlocks);  // the kernels loop over the rest
+}
+
+// The segments' sums' plan: chunks of 4096 up to 16 384 of them, longer beyond, so a segment never has more; the
+// chunks of all segments numbered in order, and every chunk found in the segment whose elements it covers.
+TEST(SumSegmentsPlan, CutsEverySegmentIntoChunksAndFindsEachChunksSegment) {
+  using namespace cuda;
+  const int64_t most = kMostPartials * kSumChunk;
+  EXPECT_EQ(sum_chunk_count(0), 0);
+  EXPECT_EQ(sum_chunk_length(most), kSumChunk);
+  EXPECT_EQ(sum_chunk_count(most), kMostPartials);
+  EXPECT_EQ(sum_chunk_length(most + 1), 2 * kSumChunk);
+  EXPECT_EQ(sum_chunk_count(most + 1), kMostPartials / 2 + 1);
+  EXPECT_LE(sum_chunk_count(int64_t(6.2e9)), kMostPartials);
+  const std::vector<SumSegment> segments = {{0, 0}, {3, 1}, {4, 4097}, {0, 0}, {0, 0}, {9, 3 * most + 5}, {1, 4096}};
+  const std::vector<SumChunks> plan = sum_chunks_plan(segments.data(), int64_t(segments.size()));
+  ASSERT_EQ(plan.size(), segments.size() + 1);
+  int64_t chunk = 0;
+  for (size_t s = 0; s < segments.size(); ++s) {
+    EXPECT_EQ(plan[s].first, chunk);
+    int64_t covered = 0;
+    for (int64_t c = 0; c < sum_chunk_count(segments[s].length); ++c, ++chunk) {
+      EXPECT_EQ(segment_of_chunk(plan.data(), int64_t(segments.size()), chunk), int64_t(s)) << "chunk " << chunk;
+      covered += std::min(plan[s].chunk, segments[s].length - c * plan[s].chunk);
+    }
+    EXPECT_EQ(covered, segments[s].length) << "segment " << s;
+  }
+  EXPECT_EQ(plan.back().first, chunk);
+  const SumSegment negative{0, -1};
+  EXPECT_THROW(sum_chunks_plan(&negative, 1), Error);
 }
 
 TEST(CudaBackend, WithoutADeviceItIsRefusedByName) {

@@ -4,6 +4,7 @@
 // backend adds a row to conformance::backends(). The MoE ops are in test_moe_ops.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -198,9 +199,9 @@ TEST_P(Conformance, NormsAndElementwise) {
   elementwise_cases<double>(backend());
 }
 
-// The gradient norm's sum of squares over more chunks of 4096 than one group of the CUDA backend's tree over the
-// partials holds (two levels of it, the last group short): within the suite's bound, 8 eps(T) sqrt(n), of the sum
-// of the values as stored (in long double), and sum_squares_into gives the same bits.
+// The gradient norm's sum of squares over more chunks of 4096 than the CUDA backend's block over the partials has
+// threads (two or three partials each): within the suite's bound, 8 eps(T) sqrt(n), of the sum of the values as
+// stored (in long double), and sum_squares_into gives the same bits.
 template <typename T>
 void long_sum_cases(Backend& b) {
   const int64_t n = 4096 * (2 * 256 + 3) + 17;
@@ -219,6 +220,72 @@ void long_sum_cases(Backend& b) {
 TEST_P(Conformance, SumSquaresOverManyChunks) {
   long_sum_cases<float>(backend());
   long_sum_cases<double>(backend());
+}
+
+// Segments for sum_squares_segments_into: empty ones, ones of one element to several chunks of 4096 (the last
+// short), offsets not aligned, one overlapping others, the last ending at the buffer's end.
+std::vector<SumSegment> sum_segments() {
+  std::vector<SumSegment> segments;
+  int64_t at = 3;
+  for (int64_t length : {int64_t(0), int64_t(1), int64_t(4095), int64_t(4096), int64_t(4097), int64_t(0),
+                         int64_t(3 * 4096 + 7), int64_t(999), int64_t(0), int64_t(2 * 4096 + 1)}) {
+    segments.push_back({at, length});
+    at += length + int64_t(segments.size() % 3);
+  }
+  for (int64_t i = 0; i < 30; ++i) {
+    segments.push_back({at, i * 2713 % 10007});
+    at += segments.back().length + i % 2;
+  }
+  segments.push_back({5, 5000});
+  return segments;
+}
+
+// Every segment's sum in one op: each what sum_squares_into writes for it on the same backend, bit for bit, and
+// within 8 eps(T) sqrt(length) of its sum in long double.
+template <typename T>
+void segment_sum_cases(Backend& b) {
+  const std::vector<SumSegment> segments = sum_segments();
+  const int64_t count = int64_t(segments.size());
+  int64_t n = 0;
+  for (const SumSegment& s : segments) n = std::max(n, s.offset + s.length);
+  const auto X = randn(n, "segment sums");
+  Buffer x = put<T>(b, X), one_op = b.allocate(DType::F64, count), each = b.allocate(DType::F64, count);
+  Ops<T>& f = b.ops<T>();
+  f.sum_squares_segments_into(x.data<T>(), segments.data(), count, one_op.data<double>());
+  for (int64_t i = 0; i < count; ++i)
+    f.sum_squares_into(x.data<T>() + segments[size_t(i)].offset, segments[size_t(i)].length, each.data<double>() + i);
+  const std::vector<double> got = b.download<double>(one_op), want = b.download<double>(each);
+  for (size_t i = 0; i < segments.size(); ++i) {
+    EXPECT_EQ(got[i], want[i]) << "segment " << i;
+    long double exact = 0;
+    for (int64_t k = segments[i].offset; k < segments[i].offset + segments[i].length; ++k)
+      exact += (long double)(T(X[size_t(k)])) * (long double)(T(X[size_t(k)]));
+    const double bound = 8 * eps<T>() * std::sqrt(double(std::max<int64_t>(segments[i].length, 1)));
+    EXPECT_NEAR(got[i], double(exact), bound * double(exact)) << "segment " << i;
+  }
+}
+
+TEST_P(Conformance, SumSquaresOfSegmentsInOneOp) {
+  segment_sum_cases<float>(backend());
+  segment_sum_cases<double>(backend());
+}
+
+// A segment longer than CUDA's 16 384 chunks of 4096 (its chunks lengthen) beside short ones, in fp32, of a value
+// whose squares add up exactly in double in any order: each sum is the exact one, so every element is counted
+// once, and the same bits as sum_squares_into.
+TEST_P(Conformance, SumSquaresOfALongSegmentCountEveryElementOnce) {
+  Backend& b = backend();
+  const int64_t n = 16384 * int64_t(4096) + 3 * 4096 + 5;
+  const std::vector<SumSegment> segments = {{1, n - 1}, {0, 0}, {7, 4097}, {0, n}};
+  Buffer x = b.allocate(DType::F32, n), one_op = b.allocate(DType::F64, 4), each = b.allocate(DType::F64, 4);
+  Ops<float>& f = b.ops<float>();
+  f.fill(x.data<float>(), 0.75f, n);
+  f.sum_squares_segments_into(x.data<float>(), segments.data(), 4, one_op.data<double>());
+  for (size_t i = 0; i < segments.size(); ++i)
+    f.sum_squares_into(x.data<float>() + segments[i].offset, segments[i].length, each.data<double>() + i);
+  const std::vector<double> got = b.download<double>(one_op);
+  EXPECT_EQ(got, b.download<double>(each));
+  for (size_t i = 0; i < segments.size(); ++i) EXPECT_EQ(got[i], 0.5625 * double(segments[i].length)) << i;
 }
 
 // A strided block of rows copied within the backend: a column block out of a wider matrix, into one, and rows

@@ -93,6 +93,31 @@ TEST(StrictDevice, OpsRefuseHostMemoryAndExtentsPastABufferNamingTheOp) {
   EXPECT_NO_THROW(ops.fill(b.data<float>() + 4, 2.0f, 12)) << "an extent that ends at the buffer's end";
 }
 
+// The segments' sums check each segment's read and the sums' write: a segment past the buffer's end, one at a
+// negative offset and too short an output are refused, naming the op; a segment that ends at the buffer's end runs.
+TEST(StrictDevice, SegmentSumsRefuseASegmentOutsideTheBuffer) {
+  const auto backend = make_memory_check_backend(1);
+  Ops<float>& ops = backend->ops<float>();
+  const std::vector<float> values = {1, 2, 3, 4, 5, 6, 7, 8};
+  Buffer x = backend->upload(values), sums = backend->allocate(DType::F64, 2);
+  std::vector<SumSegment> segments = {{0, 2}, {5, 4}, {1, 1}};
+  auto sum = [&](int64_t count) {
+    return refusal(
+        [&] { ops.sum_squares_segments_into(x.data<float>(), segments.data(), count, sums.data<double>()); });
+  };
+  std::string m = sum(2);
+  EXPECT_NE(m.find("sum_squares_segments_into: 16 bytes at"), std::string::npos) << m;
+  EXPECT_NE(m.find("past a buffer's end"), std::string::npos) << m;
+  segments[1] = {-1, 2};
+  m = sum(2);
+  EXPECT_NE(m.find("sum_squares_segments_into: a segment at offset -1"), std::string::npos) << m;
+  segments[1] = {5, 3};
+  m = sum(3);
+  EXPECT_NE(m.find("sum_squares_segments_into: 24 bytes at"), std::string::npos) << "3 sums into 2 doubles: " << m;
+  EXPECT_EQ(sum(2), "") << "a segment that ends at the buffer's end";
+  EXPECT_EQ(backend->download<double>(sums), (std::vector<double>{5, 36 + 49 + 64}));
+}
+
 TEST(StrictDevice, CopiesAndOpsReachTheStorage) {
   const auto backend = make_memory_check_backend(1);
   const std::vector<float> x = {1, 2, 3, 4, 5, 6};

@@ -331,6 +331,9 @@ class CpuOps final : public Ops<T> {
   }
 
   void sum_squares_into(const T* x, int64_t n, double* out) override { *out = sum_squares_to_host(x, n); }
+  void sum_squares_segments_into(const T* base, const SumSegment* segments, int64_t count, double* out) override {
+    for (int64_t i = 0; i < count; ++i) out[i] = sum_squares_to_host(base + segments[i].offset, segments[i].length);
+  }
   double sum_squares_to_host(const T* x, int64_t n) override {
     const int64_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
     std::vector<double> partial(size_t(std::max<int64_t>(chunks, 1)), 0.0);

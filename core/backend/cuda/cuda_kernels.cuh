@@ -13,6 +13,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "core/backend/cuda/sum_segments_plan.h"
 #include "core/dtype.h"
 #include "core/moe/gate_weights.h"
 #include "core/philox.h"
@@ -280,29 +281,33 @@ __global__ void from_bf16_kernel(const uint16_t* x, T* out, int64_t n) {
   MOE_GRID_STRIDE(i, n) out[i] = T(bf16_to_float(bf16{x[i]}));
 }
 
-// Sum of squares: chunk c of `chunk` elements into partial[c] (one block each), then the partials in order.
+// Sums of squares of segments (sum_segments_plan.h), level 1: chunk c of all segments' chunks into partial[c],
+// one block each, each thread its strided elements in order, then block_sum's fixed tree.
 template <typename T>
-__global__ void sum_squares_chunks_kernel(const T* x, int64_t n, int64_t chunk, double* partial, int64_t chunks) {
+__global__ void sum_squares_chunks_kernel(const T* base, const SumChunks* plan, int64_t count, double* partial,
+                                          int64_t chunks) {
   extern __shared__ double shared[];
   MOE_ROW_STRIDE(c, chunks) {
-    const int64_t end = min(n, (c + 1) * chunk);
-    double s = 0;
-    for (int64_t i = c * chunk + threadIdx.x; i < end; i += blockDim.x) s += double(x[i]) * double(x[i]);
-    s = block_sum(s, shared);
-    if (threadIdx.x == 0) partial[c] = s;
+    const SumChunks s = plan[segment_of_chunk(plan, count, c)];
+    const T* x = base + s.offset;
+    const int64_t begin = (c - s.first) * s.chunk, end = min(s.length, begin + s.chunk);
+    double sum = 0;
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) sum += double(x[i]) * double(x[i]);
+    sum = block_sum(sum, shared);
+    if (threadIdx.x == 0) partial[c] = sum;
   }
 }
-// One level of the tree over the partials: group g of `group` consecutive values (the last one shorter) summed by
-// one block of a fixed width, each thread its strided values in order, then block_sum's fixed tree. The host
-// applies levels until one value is left, so the shape depends on n alone, never on the device.
-__global__ inline void sum_groups_kernel(const double* in, int64_t n, int64_t group, double* out, int64_t groups) {
+// Level 2: segment s's partials (at most kMostPartials) summed by one block of a fixed width, each thread its
+// strided values in order, then block_sum's fixed tree; an empty segment's sum is 0.
+__global__ inline void sum_segment_partials_kernel(const double* partial, const SumChunks* plan, int64_t count,
+                                                   double* out) {
   extern __shared__ double shared[];
-  MOE_ROW_STRIDE(g, groups) {
-    const int64_t end = min(n, (g + 1) * group);
-    double s = 0;
-    for (int64_t i = g * group + threadIdx.x; i < end; i += blockDim.x) s += in[i];
-    s = block_sum(s, shared);
-    if (threadIdx.x == 0) out[g] = s;
+  MOE_ROW_STRIDE(s, count) {
+    const int64_t end = plan[s + 1].first;
+    double sum = 0;
+    for (int64_t i = plan[s].first + threadIdx.x; i < end; i += blockDim.x) sum += partial[i];
+    sum = block_sum(sum, shared);
+    if (threadIdx.x == 0) out[s] = sum;
   }
 }
 

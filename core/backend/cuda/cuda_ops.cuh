@@ -184,6 +184,7 @@ class CudaOps final : public Ops<T> {
   void scale(T* y, T factor, int64_t n) override { launch(elementwise_launch(n), cuda::scale_kernel<T>, y, factor, n); }
   double sum_squares_to_host(const T* x, int64_t n) override;
   void sum_squares_into(const T* x, int64_t n, double* out) override;
+  void sum_squares_segments_into(const T* base, const SumSegment* segments, int64_t count, double* out) override;
 
   void run_grouped_gemm(const typename Ops<T>::GroupedGemm& g) override;
 

@@ -1,9 +1,10 @@
-// The CUDA ops on the optimizer's side: AdamW, and the sums of squares of the gradient norm (fixed chunks,
+// The CUDA ops on the optimizer's side: AdamW, and the sums of squares of the gradient norm (a fixed tree,
 // whatever the device) with RMSNorm's gain gradient, the other chunked sum.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "core/backend/cuda/cuda_ops.cuh"
 
@@ -17,28 +18,33 @@ void CudaOps<T>::adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const typ
          s.eps, s.decay, static_cast<R*>(current_rounded(p)));
 }
 
-// Chunks of 4096 elements (the CPU's), each summed by one block; then the chunks' partials by a tree of fixed
-// shape: groups of kSumGroup summed by one block of kThreads each, level after level, until one value is left
-// (1.5 M partials of the bench's 6.2 G gradients: three levels of small launches, where one thread adding them in
-// order was L2-latency bound). The shape depends on n alone, so a run repeats bit for bit on any device; the
-// order is not the CPU's (its partials in order), within the conformance bound.
+// The one-segment case of the segments' sums, so that both give the same bits.
 template <typename T>
 void CudaOps<T>::sum_squares_into(const T* x, int64_t n, double* out) {
-  constexpr int64_t kChunk = 4096, kSumGroup = cuda::kThreads;
-  const int64_t chunks = std::max<int64_t>(1, (n + kChunk - 1) / kChunk);
-  const int64_t second = (chunks + kSumGroup - 1) / kSumGroup;  // the most any level after the first makes
-  Workspace partial(*ctx_.allocator, size_t(chunks + second) * sizeof(double));
-  double* level[2] = {static_cast<double*>(partial.ptr), static_cast<double*>(partial.ptr) + chunks};
-  launch_rows(row_launch(chunks, kChunk), cuda::sum_squares_chunks_kernel<T>, x, n, kChunk, level[0], chunks);
-  int64_t count = chunks;
-  for (int from = 0;; from = 1 - from) {
-    const int64_t groups = (count + kSumGroup - 1) / kSumGroup;
-    double* to = groups == 1 ? out : level[1 - from];
-    const LaunchConfig tree{uint32_t(std::min<int64_t>(groups, cuda::kMaxBlocks)), cuda::kThreads};
-    launch_rows(tree, cuda::sum_groups_kernel, level[from], count, kSumGroup, to, groups);
-    if (groups == 1) return;
-    count = groups;
-  }
+  const SumSegment whole{0, n};
+  sum_squares_segments_into(x, &whole, 1, out);
+}
+
+// Two launches whatever the count (sum_segments_plan.h): every chunk of every segment, one block each, then a block
+// per segment over its chunks' partials. Each sum's order depends on its segment's length alone (the chunks of a
+// segment and its partials' tree), so a run repeats bit for bit on any device; it is not the CPU's order (its
+// partials in order), within the conformance bound.
+template <typename T>
+void CudaOps<T>::sum_squares_segments_into(const T* base, const SumSegment* segments, int64_t count, double* out) {
+  if (count <= 0) return;
+  const std::vector<cuda::SumChunks> plan = cuda::sum_chunks_plan(segments, count);
+  const int64_t chunks = plan.back().first;
+  Workspace table(*ctx_.allocator, plan.size() * sizeof(cuda::SumChunks));
+  Workspace partial(*ctx_.allocator, size_t(std::max<int64_t>(chunks, 1)) * sizeof(double));
+  // From pageable memory: returns once the host table is staged, so it may go out of scope.
+  MOE_CUDA_CHECK(cudaMemcpyAsync(table.ptr, plan.data(), plan.size() * sizeof(cuda::SumChunks), cudaMemcpyHostToDevice,
+                                 ctx_.stream));
+  const auto* device_plan = static_cast<const cuda::SumChunks*>(table.ptr);
+  double* partials = static_cast<double*>(partial.ptr);
+  if (chunks > 0)
+    launch_rows(row_launch(chunks, cuda::kThreads), cuda::sum_squares_chunks_kernel<T>, base, device_plan, count,
+                partials, chunks);
+  launch_rows(row_launch(count, cuda::kThreads), cuda::sum_segment_partials_kernel, partials, device_plan, count, out);
 }
 
 template <typename T>
@@ -80,6 +86,7 @@ void CudaOps<T>::rmsnorm_dgain(const T* x, const T* rstd, const T* dy, T* dgain,
 template void CudaOps<float>::adamw_update(float*, const float*, float*, float*, int64_t,
                                            const typename Ops<float>::AdamWStep&);
 template void CudaOps<float>::sum_squares_into(const float*, int64_t, double*);
+template void CudaOps<float>::sum_squares_segments_into(const float*, const SumSegment*, int64_t, double*);
 template double CudaOps<float>::sum_squares_to_host(const float*, int64_t);
 template void CudaOps<float>::rmsnorm_backward_add(const float*, const float*, const float*, const float*, float*,
                                                    float*, int64_t, int64_t);
@@ -88,6 +95,7 @@ template void CudaOps<float>::rmsnorm_backward(const float*, const float*, const
 template void CudaOps<double>::adamw_update(double*, const double*, double*, double*, int64_t,
                                             const typename Ops<double>::AdamWStep&);
 template void CudaOps<double>::sum_squares_into(const double*, int64_t, double*);
+template void CudaOps<double>::sum_squares_segments_into(const double*, const SumSegment*, int64_t, double*);
 template double CudaOps<double>::sum_squares_to_host(const double*, int64_t);
 template void CudaOps<double>::rmsnorm_backward_add(const double*, const double*, const double*, const double*, double*,
                                                     double*, int64_t, int64_t);
