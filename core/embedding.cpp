@@ -58,11 +58,18 @@ void LmHead<T>::forward(const T* xo, const int32_t* targets, T* losses, T* acts,
 template <typename T>
 void LmHead<T>::backward(const T* xo, const int32_t* targets, T scale, const T* acts, T* scratch, T* dxo, int64_t N) {
   const T* logits = acts;
-  T* dlogits = scratch;
-  ops_.cross_entropy_backward(logits, targets, scale, dlogits, N, V_);
   const Linear<T> linear(ops_, precision_);
-  linear.weight_backward(xo, dlogits, grad_, N, D_, V_);    // dW += xo^T dlogits
-  linear.input_backward(dlogits, weight_, dxo, N, D_, V_);  // dxo = dlogits W^T
+  auto products = [&](const auto& dlogits) {
+    linear.weight_backward(Rows<const T>(xo), dlogits, grad_, N, D_, V_);  // dW += xo^T dlogits
+    linear.input_backward(dlogits, weight_, dxo, N, D_, V_);               // dxo = dlogits W^T
+  };
+  if (held()) {
+    Rounded<T>* dlogits = reinterpret_cast<Rounded<T>*>(scratch);
+    ops_.cross_entropy_backward_rounded(logits, targets, scale, dlogits, N, V_);
+    return products(HeldRows<T>{dlogits});
+  }
+  ops_.cross_entropy_backward(logits, targets, scale, scratch, N, V_);
+  products(Rows<const T>(scratch));
 }
 
 template class TokenEmbedding<float>;

@@ -77,17 +77,19 @@ class LmHead final : public OutputHead<T> {
   void register_params(ParamTable& table) override;
   void set_precision(GemmPrecision precision) override { precision_ = precision; }
   void bind(const ParamTable& table, T* params, T* grads) override;
-  int64_t activation_size(int64_t N) const override {  // the logits
-    return sizes::elements(sizes::lm_head(double(N), double(V_)).activations);
-  }
-  int64_t scratch_size(int64_t N) const override {  // their gradient
-    return sizes::elements(sizes::lm_head(double(N), double(V_)).scratch);
-  }
+  int64_t activation_size(int64_t N) const override { return sizes::elements(footprint(N).activations); }  // logits
+  // Their gradient; under bf16 GEMMs, its only readers, written held rounded (Ops::cross_entropy_backward_rounded).
+  int64_t scratch_size(int64_t N) const override { return sizes::elements(footprint(N).scratch); }
   double forward_flops(int64_t N) const override { return 2.0 * double(N) * double(D_) * double(V_); }
   void forward(const T* xo, const int32_t* targets, T* losses, T* acts, int64_t N) override;
   void backward(const T* xo, const int32_t* targets, T scale, const T* acts, T* scratch, T* dxo, int64_t N) override;
 
  private:
+  bool held() const { return precision_ == GemmPrecision::Bf16; }
+  sizes::Footprint footprint(int64_t N) const {
+    return sizes::lm_head(double(N), double(V_), held() ? double(sizeof(Rounded<T>)) / double(sizeof(T)) : 0.0);
+  }
+
   Ops<T>& ops_;
   int64_t V_, D_;
   GemmPrecision precision_ = GemmPrecision::Fp32;

@@ -34,7 +34,35 @@ void DenseMlp<T>::bind(const ParamTable& table, T* params, T* grads) {
 }
 
 template <typename T>
+typename Ops<T>::ExpertMlp DenseMlp<T>::as_expert(const int64_t* rows) const {
+  return {1, rows, D_, F_, w1_, w3_, w2_, dw1_, dw3_, dw2_, precision_};
+}
+
+// Held: x rounded once, a and b the GEMMs' results rounded, h their SwiGLU rounded (acts: x, a, b, h).
+template <typename T>
+void DenseMlp<T>::held_forward(const T* x, T* y, T* acts, int64_t N) {
+  Rounded<T>* xr = reinterpret_cast<Rounded<T>*>(acts);
+  Rounded<T>*a = xr + N * D_, *b = a + N * F_, *h = b + N * F_;
+  const int64_t rows[2] = {0, N};
+  ops_.round_values(x, xr, N * D_);
+  ops_.expert_mlp_forward_rounded(as_expert(rows), xr, a, b, h, y);
+}
+
+// Scratch: dh (N, F), then dy, da, db held rounded (as GroupedExperts' backward).
+template <typename T>
+void DenseMlp<T>::held_backward(const T* dy, T* dx, const T* acts, T* scratch, int64_t N) {
+  const Rounded<T>* xr = reinterpret_cast<const Rounded<T>*>(acts);
+  const Rounded<T>*a = xr + N * D_, *b = a + N * F_, *h = b + N * F_;
+  T* dh = scratch;
+  Rounded<T>* dy_held = reinterpret_cast<Rounded<T>*>(scratch + N * F_);
+  Rounded<T>*da = dy_held + N * D_, *db = da + N * F_;
+  const int64_t rows[2] = {0, N};
+  ops_.expert_mlp_backward_rounded(as_expert(rows), xr, a, b, h, dy, dy_held, dh, da, db, dx);
+}
+
+template <typename T>
 void DenseMlp<T>::forward(const FfnContext&, const T* x, T* y, T* acts, FfnSlot*, int64_t N) {
+  if (held()) return held_forward(x, y, acts, N);
   T* a = acts;               // (N, F) x W1
   T* b = acts + N * F_;      // (N, F) x W3
   T* s = acts + 2 * N * F_;  // (N, F) silu(a) * b
@@ -48,6 +76,7 @@ void DenseMlp<T>::forward(const FfnContext&, const T* x, T* y, T* acts, FfnSlot*
 template <typename T>
 void DenseMlp<T>::backward(const FfnContext&, const T* x, const T* dy, T* dx, const T* acts, FfnSlot*, T* scratch,
                            int64_t N) {
+  if (held()) return held_backward(dy, dx, acts, scratch, N);
   const T* a = acts;
   const T* b = acts + N * F_;
   const T* s = acts + 2 * N * F_;

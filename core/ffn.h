@@ -114,12 +114,10 @@ class DenseMlp final : public FeedForward<T> {
   void register_params(ParamTable& table, const std::string& prefix) override;
   void set_precision(GemmPrecision precision) override { precision_ = precision; }
   void bind(const ParamTable& table, T* params, T* grads) override;
-  int64_t activation_size(int64_t N) const override {
-    return sizes::elements(sizes::dense_mlp(double(N), double(F_)).activations);
-  }
-  int64_t scratch_size(int64_t N) const override {
-    return sizes::elements(sizes::dense_mlp(double(N), double(F_)).scratch);
-  }
+  // a, b, h (N, F); under bf16 GEMMs x, a, b, h held rounded, computed as the routed experts' (one group:
+  // Ops::expert_mlp_forward_rounded), so that a dense layer, the shared experts and the fallback keep half.
+  int64_t activation_size(int64_t N) const override { return sizes::elements(footprint(N).activations); }
+  int64_t scratch_size(int64_t N) const override { return sizes::elements(footprint(N).scratch); }
   using FeedForward<T>::forward;
   using FeedForward<T>::backward;
   void forward(const FfnContext& context, const T* x, T* y, T* acts, FfnSlot* slot, int64_t N) override;
@@ -128,6 +126,16 @@ class DenseMlp final : public FeedForward<T> {
   double forward_flops(int64_t N) const override { return 6.0 * double(N) * double(D_) * double(F_); }
 
  private:
+  bool held() const { return precision_ == GemmPrecision::Bf16; }
+  sizes::Footprint footprint(int64_t N) const {
+    constexpr double kHeld = double(sizeof(Rounded<T>)) / double(sizeof(T));
+    return sizes::dense_mlp(double(N), double(F_), double(D_), held() ? kHeld : 0.0);
+  }
+  // The experts' MLP of one group of N rows on this layer's weights.
+  typename Ops<T>::ExpertMlp as_expert(const int64_t* rows) const;
+  void held_forward(const T* x, T* y, T* acts, int64_t N);
+  void held_backward(const T* dy, T* dx, const T* acts, T* scratch, int64_t N);
+
   Ops<T>& ops_;
   int64_t D_, F_, L_;  // F_: the shard's hidden units
   TpShard shard_;

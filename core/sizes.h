@@ -76,13 +76,15 @@ inline PipelineSlot pipeline_slot(double rows, double D) { return {rows * D, row
 inline double embedding_parameters(double V, double D) { return V * D; }
 // The head (D, V), or this rank's columns (V / tp).
 inline double head_parameters(double V, double D) { return D * V; }
-// LmHead: the logits (N, V) kept, their gradient in scratch.
-inline Footprint lm_head(double N, double V) { return {N * V, N * V}; }
+// A gradient of n values held rounded (held > 0: bf16 GEMMs, as MoeShape's) or as stored, in the model's elements.
+inline double held_or_stored(double n, double held) { return held > 0 ? std::ceil(held * n) : n; }
+// LmHead: the logits (N, V) kept, their gradient in scratch (held rounded under bf16 GEMMs, their only readers).
+inline Footprint lm_head(double N, double V, double held = 0) { return {N * V, held_or_stored(N * V, held)}; }
 // VocabParallelHead with Vl columns: the block's logits (N, Vl) and their log-sum-exp (N) kept; in scratch the
-// block's logit gradients, the input's partial gradient (N, D) and, under sequence parallelism, the input
-// gathered again (N, D).
-inline Footprint vocab_parallel_head(double N, double Vl, double D, bool sequence_parallel) {
-  return {N * Vl + N, N * Vl + N * D + (sequence_parallel ? N * D : 0.0)};
+// block's logit gradients (held rounded as lm_head's), the input's partial gradient (N, D) and, under sequence
+// parallelism, the input gathered again (N, D).
+inline Footprint vocab_parallel_head(double N, double Vl, double D, bool sequence_parallel, double held = 0) {
+  return {N * Vl + N, held_or_stored(N * Vl, held) + N * D + (sequence_parallel ? N * D : 0.0)};
 }
 
 // ---- Attention (core/attention.h, core/mla_attention.h) ----
@@ -155,8 +157,12 @@ inline double mla_identity(const MlaShape& a) { return a.R * a.R; }
 
 // DenseMlp with F hidden units (the shard's): W1, W3 (D, F) and W2 (F, D).
 inline double mlp_parameters(double D, double F) { return 3 * D * F; }
-// a, b, h (N, F) kept, as many in scratch.
-inline Footprint dense_mlp(double N, double F) { return {3 * N * F, 3 * N * F}; }
+// a, b, h (N, F) kept, as many in scratch; held > 0 (bf16 GEMMs, as MoeShape's): x (N, D) and a, b, h held
+// rounded, the scratch GroupedExperts' (experts_scratch).
+inline Footprint dense_mlp(double N, double F, double D = 0, double held = 0) {
+  if (held > 0) return {held * (N * D + 3 * N * F), N * F + held * (2 * N * F + N * D)};
+  return {3 * N * F, 3 * N * F};
+}
 
 // ---- Tensor-parallel wrappers (parallel/tp_layers.cpp) ----
 
@@ -182,8 +188,8 @@ struct MoeShape {
 // side (n K, D), the shared experts' activations and output (n, D), the fallback's input, activations and output.
 inline double moe_activations(const MoeShape& m) {
   double count = 2 * m.G * m.E + m.n * m.K * m.D;
-  if (m.shared_hidden > 0) count += dense_mlp(m.n, m.shared_hidden).activations + m.n * m.D;
-  if (m.fallback_hidden > 0) count += 2 * m.n * m.D + dense_mlp(m.n, m.fallback_hidden).activations;
+  if (m.shared_hidden > 0) count += dense_mlp(m.n, m.shared_hidden, m.D, m.held).activations + m.n * m.D;
+  if (m.fallback_hidden > 0) count += 2 * m.n * m.D + dense_mlp(m.n, m.fallback_hidden, m.D, m.held).activations;
   return count;
 }
 // The router (D, E), and the learned temperature's log-ratio (1) when learned.
@@ -292,9 +298,10 @@ inline DispatcherStaging allgather_staging(double ep, double block_rows, double 
 // gradient and output gradient (rows, D) beside its scratch).
 inline double moe_backward_scratch(const MoeShape& m, const RoutedRows& r, double F) {
   const double fallback_rows = std::max(r.Mf, 1.0);
-  const double shared = m.shared_hidden > 0 ? dense_mlp(m.n, m.shared_hidden).scratch : 0.0;
+  const double shared = m.shared_hidden > 0 ? dense_mlp(m.n, m.shared_hidden, m.D, m.held).scratch : 0.0;
   const double fallback =
-      m.fallback_hidden > 0 ? dense_mlp(fallback_rows, m.fallback_hidden).scratch + 2 * fallback_rows * m.D : 0.0;
+      m.fallback_hidden > 0 ? dense_mlp(fallback_rows, m.fallback_hidden, m.D, m.held).scratch + 2 * fallback_rows * m.D
+                            : 0.0;
   return 2 * r.M * m.D + 2 * r.R * m.D + experts_scratch(r.R, F, m.D, m.held) + 2 * m.G * m.E + m.G * m.K +
          std::max(shared, fallback);
 }

@@ -240,13 +240,23 @@ void VocabParallelHead<T>::backward(const T* xo, const int32_t* targets, T scale
                                     int64_t N) {
   const T* logits = acts;
   const T* lse = logits + N * Vl_;
-  T* dlogits = scratch;                                                            // (N, Vl)
-  T* dxg = scratch + N * Vl_;                                                      // (N, D)
-  const T* xg = whole_rows(backend_, tp_, xo, scratch + N * Vl_ + N * D_, N, D_);  // (N, D) under sequence parallelism
-  tp::vocab_parallel_cross_entropy_backward(backend_, *tp_.comm, logits, targets, lse, scale, dlogits, N, Vl_);
+  const int64_t L = dlogits_size(N);                                         // (N, Vl), as stored or held rounded
+  T* dxg = scratch + L;                                                      // (N, D)
+  const T* xg = whole_rows(backend_, tp_, xo, scratch + L + N * D_, N, D_);  // (N, D) under sequence parallelism
   const Linear<T> linear(ops_, precision_);
-  linear.weight_backward(xg, dlogits, grad_, N, D_, Vl_);    // dW += xg^T dlogits
-  linear.input_backward(dlogits, weight_, dxg, N, D_, Vl_);  // partial dxg
+  auto products = [&](const auto& dlogits) {
+    linear.weight_backward(Rows<const T>(xg), dlogits, grad_, N, D_, Vl_);  // dW += xg^T dlogits
+    linear.input_backward(dlogits, weight_, dxg, N, D_, Vl_);               // partial dxg
+  };
+  if (held()) {
+    Rounded<T>* dlogits = reinterpret_cast<Rounded<T>*>(scratch);
+    tp::vocab_parallel_cross_entropy_backward_rounded(backend_, *tp_.comm, logits, targets, lse, scale, dlogits, N,
+                                                      Vl_);
+    products(HeldRows<T>{dlogits});
+  } else {
+    tp::vocab_parallel_cross_entropy_backward(backend_, *tp_.comm, logits, targets, lse, scale, scratch, N, Vl_);
+    products(Rows<const T>(scratch));
+  }
   summed_rows(backend_, tp_, ops_, dxg, dxo, N, D_);
 }
 

@@ -212,8 +212,16 @@ class VocabParallelHead final : public OutputHead<T> {
  private:
   Backend& backend_;
   Ops<T>& ops_;
+  // Under bf16 GEMMs the logits' gradient is written held rounded for its only readers, the two GEMMs.
+  bool held() const { return precision_ == GemmPrecision::Bf16; }
   sizes::Footprint footprint(int64_t N) const {
-    return sizes::vocab_parallel_head(double(N), double(Vl_), double(D_), tp_.sequence_parallel);
+    const double held_size = held() ? double(sizeof(Rounded<T>)) / double(sizeof(T)) : 0.0;
+    return sizes::vocab_parallel_head(double(N), double(Vl_), double(D_), tp_.sequence_parallel, held_size);
+  }
+  // The elements of scratch the logits' gradient takes.
+  int64_t dlogits_size(int64_t N) const {
+    const double held_size = held() ? double(sizeof(Rounded<T>)) / double(sizeof(T)) : 0.0;
+    return sizes::elements(sizes::held_or_stored(double(N) * double(Vl_), held_size));
   }
 
   TpContext tp_;

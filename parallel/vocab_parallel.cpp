@@ -32,6 +32,14 @@ void vocab_parallel_cross_entropy_backward(Backend& backend, const Communicator&
   backend.ops<T>().logits_softmax_backward(logits, targets, int64_t(group.rank()) * Vl, lse, scale, dlogits, N, Vl);
 }
 
+template <typename T>
+void vocab_parallel_cross_entropy_backward_rounded(Backend& backend, const Communicator& group, const T* logits,
+                                                   const int32_t* targets, const T* lse, T scale, Rounded<T>* dlogits,
+                                                   int64_t N, int64_t Vl) {
+  backend.ops<T>().logits_softmax_backward_rounded(logits, targets, int64_t(group.rank()) * Vl, lse, scale, dlogits, N,
+                                                   Vl);
+}
+
 template void vocab_parallel_cross_entropy_forward<float>(Backend&, Communicator&, const float*, const int32_t*, float*,
                                                           float*, int64_t, int64_t);
 template void vocab_parallel_cross_entropy_forward<double>(Backend&, Communicator&, const double*, const int32_t*,
@@ -41,5 +49,11 @@ template void vocab_parallel_cross_entropy_backward<float>(Backend&, const Commu
 template void vocab_parallel_cross_entropy_backward<double>(Backend&, const Communicator&, const double*,
                                                             const int32_t*, const double*, double, double*, int64_t,
                                                             int64_t);
+template void vocab_parallel_cross_entropy_backward_rounded<float>(Backend&, const Communicator&, const float*,
+                                                                   const int32_t*, const float*, float, bf16*, int64_t,
+                                                                   int64_t);
+template void vocab_parallel_cross_entropy_backward_rounded<double>(Backend&, const Communicator&, const double*,
+                                                                    const int32_t*, const double*, double, double*,
+                                                                    int64_t, int64_t);
 
 }  // namespace moe::tp

@@ -26,5 +26,10 @@ template <typename T>
 void vocab_parallel_cross_entropy_backward(Backend& backend, const Communicator& group, const T* logits,
                                            const int32_t* targets, const T* lse, T scale, T* dlogits, int64_t N,
                                            int64_t Vl);
+// The same dlogits written held rounded (Ops::logits_softmax_backward_rounded), for bf16 GEMMs.
+template <typename T>
+void vocab_parallel_cross_entropy_backward_rounded(Backend& backend, const Communicator& group, const T* logits,
+                                                   const int32_t* targets, const T* lse, T scale, Rounded<T>* dlogits,
+                                                   int64_t N, int64_t Vl);
 
 }  // namespace moe::tp

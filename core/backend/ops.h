@@ -262,6 +262,10 @@ class Ops {
   // dlogits = (softmax(logits) - onehot(target)) * scale (written).
   virtual void cross_entropy_backward(const T* logits, const int32_t* targets, T scale, T* dlogits, int64_t N,
                                       int64_t V) = 0;
+  // cross_entropy_backward's dlogits written held rounded (for the head's bf16 GEMMs, its only readers): the bits
+  // of rounding its values, without their (N, V) in the storage type.
+  virtual void cross_entropy_backward_rounded(const T* logits, const int32_t* targets, T scale, Rounded<T>* dlogits,
+                                              int64_t N, int64_t V) = 0;
 
   // Cross-entropy over a vocabulary split over ranks (parallel/vocab_parallel.h), on this rank's block of V
   // logits per row, vocabulary ids [first, first + V). row_max (N, double): each row's largest logit.
@@ -278,6 +282,9 @@ class Ops {
   // dlogits = exp(logit - lse) * scale, less scale at the target's column where the block holds it (written).
   virtual void logits_softmax_backward(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
                                        T* dlogits, int64_t N, int64_t V) = 0;
+  // logits_softmax_backward's dlogits written held rounded, as cross_entropy_backward_rounded.
+  virtual void logits_softmax_backward_rounded(const T* logits, const int32_t* targets, int64_t first, const T* lse,
+                                               T scale, Rounded<T>* dlogits, int64_t N, int64_t V) = 0;
 
   // y += x over n (the residual stream).
   virtual void add_inplace(T* y, const T* x, int64_t n) = 0;

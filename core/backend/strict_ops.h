@@ -48,11 +48,13 @@ enum class OpId : int {
   round_values,
   cross_entropy_forward,
   cross_entropy_backward,
+  cross_entropy_backward_rounded,
   logits_row_max,
   logits_sum_exp,
   logits_max_over_blocks,
   logits_loss_finish,
   logits_softmax_backward,
+  logits_softmax_backward_rounded,
   add_inplace,
   add,
   copy,
@@ -113,11 +115,13 @@ inline constexpr const char* kOpNames[] = {"gemm",
                                            "round_values",
                                            "cross_entropy_forward",
                                            "cross_entropy_backward",
+                                           "cross_entropy_backward_rounded",
                                            "logits_row_max",
                                            "logits_sum_exp",
                                            "logits_max_over_blocks",
                                            "logits_loss_finish",
                                            "logits_softmax_backward",
+                                           "logits_softmax_backward_rounded",
                                            "add_inplace",
                                            "add",
                                            "copy",
@@ -379,6 +383,15 @@ class StrictOps final : public Ops<T> {
     const auto p2 = r(dlogits, N * V, op);
     run([=, this] { inner_.cross_entropy_backward(p0, p1, scale, p2, N, V); });
   }
+  void cross_entropy_backward_rounded(const T* logits, const int32_t* targets, T scale, Rounded<T>* dlogits, int64_t N,
+                                      int64_t V) override {
+    covered(OpId::cross_entropy_backward_rounded);
+    const char* op = "cross_entropy_backward_rounded";
+    const auto p0 = r(logits, N * V, op);
+    const auto p1 = r(targets, N, op);
+    const auto p2 = r(dlogits, N * V, op);
+    run([=, this] { inner_.cross_entropy_backward_rounded(p0, p1, scale, p2, N, V); });
+  }
   void logits_row_max(const T* logits, int64_t N, int64_t V, double* row_max) override {
     covered(OpId::logits_row_max);
     const char* op = "logits_row_max";
@@ -421,6 +434,16 @@ class StrictOps final : public Ops<T> {
     const auto p2 = r(lse, N, op);
     const auto p3 = r(dlogits, N * V, op);
     run([=, this] { inner_.logits_softmax_backward(p0, p1, first, p2, scale, p3, N, V); });
+  }
+  void logits_softmax_backward_rounded(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
+                                       Rounded<T>* dlogits, int64_t N, int64_t V) override {
+    covered(OpId::logits_softmax_backward_rounded);
+    const char* op = "logits_softmax_backward_rounded";
+    const auto p0 = r(logits, N * V, op);
+    const auto p1 = r(targets, N, op);
+    const auto p2 = r(lse, N, op);
+    const auto p3 = r(dlogits, N * V, op);
+    run([=, this] { inner_.logits_softmax_backward_rounded(p0, p1, first, p2, scale, p3, N, V); });
   }
   void add_inplace(T* y, const T* x, int64_t n) override {
     covered(OpId::add_inplace);

@@ -89,11 +89,12 @@ struct ParamCounts {
 // its experts' hidden width is split over the tp ranks instead (expert_tp = tp).
 double moe_rows(const Sizes& s) { return s.etp > 1 ? s.N : s.N / s.tp; }
 
+// The size of a value held rounded under bf16 GEMMs (sizes' `held`), 0 under fp32 ones.
+double bf16_held(const Sizes& s) { return s.held < 1 ? s.held : 0.0; }
 // Multi-head attention's shard on this rank: H / tp heads of the D / tp columns of Wq and rows of Wo, and
 // Hkv / tp key/value heads of the Hkv D / H / tp columns of Wk and Wv.
 // Under bf16 GEMMs its input rounded once, kept but where sequence parallelism gathers it again in backward.
 sizes::MhaShape mha_shape(const Sizes& s, bool keep_probs) {
-  const bool bf16 = s.held < 1;
   return {s.D,
           s.H / s.tp,
           s.D / s.tp,
@@ -101,8 +102,8 @@ sizes::MhaShape mha_shape(const Sizes& s, bool keep_probs) {
           keep_probs,
           s.fused,
           s.Hkv * (s.D / s.H) / s.tp,
-          bf16 ? s.held : 0.0,
-          bf16 && !s.sequence_parallel};
+          bf16_held(s),
+          bf16_held(s) > 0 && !s.sequence_parallel};
 }
 // Latent attention (tp = 1).
 sizes::MlaShape mla_shape(const Sizes& s, bool keep_probs) {
@@ -111,7 +112,7 @@ sizes::MlaShape mla_shape(const Sizes& s, bool keep_probs) {
 // An MoE layer on this rank: its rows (moe_rows) of the routing group's N; the shared experts and the fallback
 // split by hidden width with the experts (expert_tp).
 sizes::MoeShape moe_shape(const Sizes& s) {
-  return {s.D, s.E, s.K, s.N, moe_rows(s), s.S * s.Fe / s.etp, s.Ff / s.etp, s.reroute, s.held < 1 ? s.held : 0.0};
+  return {s.D, s.E, s.K, s.N, moe_rows(s), s.S * s.Fe / s.etp, s.Ff / s.etp, s.reroute, bf16_held(s)};
 }
 
 ParamCounts param_counts(const Sizes& s) {
@@ -158,7 +159,7 @@ LayerElements layer_elements(const Sizes& s, bool moe, bool keep_probs) {
   const double wrapped = sizes::tp_wrapper_scratch(s.sequence_parallel, N, s.D);
   const sizes::Footprint attention =
       s.mla ? sizes::mla(mla_shape(s, keep_probs), N) : sizes::mha(mha_shape(s, keep_probs), N);
-  const sizes::Footprint mlp = sizes::dense_mlp(N, s.F / s.tp);
+  const sizes::Footprint mlp = sizes::dense_mlp(N, s.F / s.tp, s.D, bf16_held(s));
   LayerElements e;
   const bool keeps_input = !s.mla && mha_shape(s, keep_probs).keep_input;
   e.acts = sizes::block_activations(s.rows, s.D, keeps_input) + attention.activations +
@@ -186,8 +187,9 @@ ModelBytes model_bytes(const Sizes& s, Recompute mode, int64_t recompute_layers,
   // The head keeps xo, rstd_o (rows) and its activations: the logits (N, V), or split: the block's logits
   // (N, V/tp) and their log-sum-exp; its backward the logits' gradient, split: also the partial dx and,
   // under sequence parallelism, the input gathered again (N, D).
-  const sizes::Footprint head =
-      s.tp > 1 ? sizes::vocab_parallel_head(N, s.V / s.tp, D, s.sequence_parallel) : sizes::lm_head(N, s.V);
+  const sizes::Footprint head = s.tp > 1
+                                    ? sizes::vocab_parallel_head(N, s.V / s.tp, D, s.sequence_parallel, bf16_held(s))
+                                    : sizes::lm_head(N, s.V, bf16_held(s));
   const double head_scratch = s.head ? head.scratch : 0.0;
   const double arena = sizes::residual_stream(double(s.last - s.first), rows, D) + own +
                        (s.head ? sizes::output_norm_activations(rows, D) + head.activations : 0.0);
@@ -241,8 +243,8 @@ double device_kept_bytes(const Sizes& s, double parameters) {
 
 // The CUDA backend's largest transient workspace of one call (0 elsewhere), in bytes: taken from its caching
 // allocator for the call and given back (core/backend/cuda), so the largest call counts. With bf16 GEMMs each GEMM
-// rounds its activation operands (the parameters come from their kept copy): the largest are the head's weight
-// gradient, x^T (N, D) by dlogits (N, V / tp), and an expert layer's largest operand that is not held rounded
+// rounds its activation operands (the parameters come from their kept copy): the largest are the head's input x
+// (N, D) (its logits' gradient is written held rounded), and an expert layer's largest operand that is not held rounded
 // already (its da (R, Fe / etp) or dy (R, D)) with the grouped call's pointer array; the fused attention's backward
 // (sizes::fused_attention_backward_bytes). Not counted: the small per-call workspaces (the gradient norm's partial
 // sums, the sorts' storage, which CUB states at run time).
@@ -251,7 +253,7 @@ double device_transient_bytes(const Sizes& s) {
   double largest = 0;
   if (s.moe_layers > 0) largest = sizes::grouped_gemm_pointer_bytes(s.E / s.ep);
   if (s.cuda_bf16) {
-    if (s.head) largest = std::max(largest, sizes::rounded_operand_bytes(s.N * (s.D + s.V / s.tp), kFloat));
+    if (s.head) largest = std::max(largest, sizes::rounded_operand_bytes(s.N * s.D, kFloat));
     if (s.moe_layers > 0)
       largest = std::max(
           largest, sizes::rounded_operand_bytes(routed_rows(s).expert_side * std::max(s.D, s.Fe / s.etp), kFloat) +

@@ -2,7 +2,8 @@
 // to bf16, so against the double reference of the rounded operands it is within fp32's bound (the products are
 // exact; only the order of the fp32 sums is the backend's), and on the CPU it is bit for bit the fp32 GEMM of
 // the rounded operands. The same for the grouped expert GEMM in both layouts. Attention in bf16 keeps its
-// probabilities from the rounded q and k and stays within a bf16 bound of the fp32 result. Each call states its own
+// probabilities from the rounded q and k and stays within a bf16 bound of the fp32 result; so does the dense MLP
+// holding its tensors rounded. Each call states its own
 // precision (an fp32 GEMM between bf16 ones reads as stored), and the operand it names as a weight comes from the
 // parameters' rounded copy, which must hold it: a weight outside the parameters' memory is refused.
 #include <gtest/gtest.h>
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/ffn.h"
+#include "core/params.h"
 #include "tests/core/conformance.h"
 
 namespace moe::conformance {
@@ -181,6 +184,43 @@ TEST_P(GemmPrecisionTest, Bf16AttentionStaysWithinBf16OfFp32) {
   for (int i = 0; i < 4; ++i) {
     const double apart = max_relative(bf16.outputs[size_t(i)], fp32.outputs[size_t(i)]);
     EXPECT_LE(apart, 8 * std::ldexp(1.0, -8) * std::sqrt(double(T_))) << names[i] << ": within bf16's bound";
+    EXPECT_GT(apart, 1e-5) << names[i] << ": the operands were rounded";
+  }
+}
+
+// The dense SwiGLU MLP (a dense layer, the shared experts, the fallback) under bf16 GEMMs holds x, a, b, h rounded
+// as the routed experts do (one group of Ops::expert_mlp_forward_rounded): half the activations of fp32's a, b, h
+// plus x, its scratch the experts', and every output and gradient within bf16's bound of the fp32 layer.
+TEST_P(GemmPrecisionTest, Bf16DenseMlpHoldsItsTensorsRoundedWithinBf16OfFp32) {
+  Backend& b = backend();
+  const int64_t N = 10, D = 12, F = 20;
+  const auto X = randn(N * D, "mlp x"), DY = randn(N * D, "mlp dy");
+  auto run = [&](GemmPrecision p) {
+    DenseMlp<float> mlp(b, D, F, 2);
+    mlp.set_precision(p);
+    ParamTable table;
+    mlp.register_params(table, "mlp");
+    std::vector<double> init(size_t(table.numel()));
+    table.initialize(init.data(), 7);
+    for (double& w : init) w *= 20;  // O(1) weights so that the nonlinearity matters
+    Buffer params = put<float>(b, init), grads = put<float>(b, std::vector<double>(init.size(), 0.0));
+    mlp.bind(table, params.data<float>(), grads.data<float>());
+    if (p == GemmPrecision::Bf16) {
+      EXPECT_EQ(mlp.activation_size(N), (N * D + 3 * N * F) / 2);
+      EXPECT_EQ(mlp.scratch_size(N), N * F + (2 * N * F + N * D) / 2);
+    }
+    Buffer x = put<float>(b, X), dy = put<float>(b, DY), y = b.allocate(DType::F32, N * D),
+           dx = b.allocate(DType::F32, N * D), acts = b.allocate(DType::F32, mlp.activation_size(N)),
+           scratch = b.allocate(DType::F32, mlp.scratch_size(N));
+    mlp.forward(x.data<float>(), y.data<float>(), acts.data<float>(), N);
+    mlp.backward(x.data<float>(), dy.data<float>(), dx.data<float>(), acts.data<float>(), scratch.data<float>(), N);
+    return std::array<std::vector<double>, 3>{get<float>(b, y), get<float>(b, dx), get<float>(b, grads)};
+  };
+  const auto fp32 = run(GemmPrecision::Fp32), bf16 = run(GemmPrecision::Bf16);
+  const char* names[3] = {"y", "dx", "parameter gradients"};
+  for (int i = 0; i < 3; ++i) {
+    const double apart = max_relative(bf16[size_t(i)], fp32[size_t(i)]);
+    EXPECT_LE(apart, 8 * std::ldexp(1.0, -8)) << names[i] << ": within bf16's bound";
     EXPECT_GT(apart, 1e-5) << names[i] << ": the operands were rounded";
   }
 }

@@ -848,6 +848,26 @@ TEST_P(Conformance, ARoundedOperandIsRefusedOutsideABf16GemmsA) {
 // da and db rounded; round_values rounds; the dispatch's gathered rows held rounded are the rows rounded; a grouped
 // GEMM writing C held rounded writes its fp32 result rounded (exactly on the CPU backends; on a GPU, whose GEMM may sum
 // in another order, within one bf16 unit of it). Each against the same backend's plain op.
+// The head's logit gradients written held rounded: the op's own values rounded, over a whole vocabulary (an odd V, a
+// target in each row) and over a block of it (targets in and outside [first, first + V)).
+template <typename T>
+void rounded_logit_gradient_cases(Backend& b) {
+  Ops<T>& o = b.ops<T>();
+  const int64_t N = 7, V = 37, first = 30;
+  const std::vector<int32_t> targets = {0, 36, 5, 12, 20, 31, 1}, block_targets = {0, 36, 5, 40, 30, 31, 66};
+  Buffer logits = put<T>(b, randn(N * V, "ce logits", 3.0)), t = put_index(b, targets),
+         bt = put_index(b, block_targets);
+  Buffer lse = put<T>(b, randn(N, "ce lse", 0.5)), d = b.allocate(dtype_of<T>(), N * V),
+         dr = b.allocate(dtype_of<Rounded<T>>(), N * V);
+  o.cross_entropy_backward(logits.data<T>(), t.data<int32_t>(), T(0.125), d.data<T>(), N, V);
+  o.cross_entropy_backward_rounded(logits.data<T>(), t.data<int32_t>(), T(0.125), dr.data<Rounded<T>>(), N, V);
+  EXPECT_EQ(values<T>(b.download<Rounded<T>>(dr)), rounded_values<T>(get<T>(b, d))) << "cross-entropy backward";
+  o.logits_softmax_backward(logits.data<T>(), bt.data<int32_t>(), first, lse.data<T>(), T(0.125), d.data<T>(), N, V);
+  o.logits_softmax_backward_rounded(logits.data<T>(), bt.data<int32_t>(), first, lse.data<T>(), T(0.125),
+                                    dr.data<Rounded<T>>(), N, V);
+  EXPECT_EQ(values<T>(b.download<Rounded<T>>(dr)), rounded_values<T>(get<T>(b, d))) << "vocabulary block backward";
+}
+
 template <typename T>
 void rounded_producer_cases(Backend& b, bool exact_gemm) {
   Ops<T>& o = b.ops<T>();
@@ -877,6 +897,7 @@ void rounded_producer_cases(Backend& b, bool exact_gemm) {
     for (int64_t d = 0; d < D; ++d)
       if (index[size_t(r)] >= 0) ref[size_t(r * D + d)] = X[size_t(index[size_t(r)] * D + d)];
   EXPECT_EQ(values<T>(b.download<Rounded<T>>(out)), rounded_values<T>(ref)) << "gather rows";
+  rounded_logit_gradient_cases<T>(b);
   const int64_t G = int64_t(kOffsets.size()) - 1, R = kOffsets.back(), N = 24, K = 17;
   for (const bool tb : {false, true}) {
     Buffer ga = put<T>(b, randn(R * K, "gA")), gb = put<T>(b, randn(G * K * N, "gB"));

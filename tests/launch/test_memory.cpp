@@ -65,18 +65,18 @@ TEST(MemoryEstimate, FusedAttentionIsExactlyWhatTheTrainerAllocates) {
 
 // The CUDA backend's own device memory (train.device = cuda), each by core/sizes.h's terms, which the backend
 // allocates by: what it keeps (cuBLAS's 32 MiB workspace, the rotary table (T, Dh / 2) of cos and sin, with bf16
-// GEMMs the parameters' bf16 copy) and its largest transient workspace of one call: the head's weight-gradient
-// operands in bf16, or the fused attention backward's bf16 sections, statistics and row sums and dS (B, H, T, T)
-// bf16 (deterministic) or dQ in fp32; none on the CPU.
+// GEMMs the parameters' bf16 copy) and its largest transient workspace of one call: the head's input in bf16 (its
+// logits' gradient is written so), or the fused attention backward's bf16 sections, statistics and row sums and dS (B,
+// H, T, T) bf16 (deterministic) or dQ in fp32; none on the CPU.
 TEST(MemoryEstimate, DeviceWorkspaceIsWhatTheCudaBackendKeepsAndItsLargestCall) {
   Config config = small_config({"train.precision=bf16"});
   EXPECT_EQ(estimate_memory(config, 1, 1, 1).device_workspace, 0) << "the CPU backend takes no workspace";
   config.train.device = Device::Cuda;
   const double N = double(config.train.micro_batch * config.train.seq_len), D = double(config.model.d_model),
-               H = double(config.model.heads), T = double(config.train.seq_len), V = double(config.model.vocab);
+               H = double(config.model.heads), T = double(config.train.seq_len);
   const double parameters = double(estimate_memory(config, 1, 1, 1).parameters) / 4;
   const double kept = 32 * 1024 * 1024 + 2 * T * (D / H / 2) * 4, parameter_copy = 2 * parameters;
-  const double head = 2 * N * (D + V), attention = 2 * 8 * N * D + 2 * 4 * N * H;
+  const double head = 2 * N * D, attention = 2 * 8 * N * D + 2 * 4 * N * H;
   const double deterministic = std::max(head, attention + 2 * N * H * T),
                atomic = std::max(head, attention + 4 * N * D);
   const MemoryEstimate e = estimate_memory(config, 1, 1, 1);
@@ -98,12 +98,12 @@ TEST(MemoryEstimate, DeviceWorkspaceOfTheExpertsGroupedGemm) {
   Config config = small_config({"train.precision=bf16", "moe.num_experts=8", "moe.top_k=4", "moe.capacity_factor=0",
                                 "moe.expert_hidden=512", "train.fused_attention=off"});
   config.train.device = Device::Cuda;
-  const double N = double(config.train.micro_batch * config.train.seq_len), D = 64, V = 256, T = 32, Dh = 16;
+  const double N = double(config.train.micro_batch * config.train.seq_len), D = 64, T = 32, Dh = 16;
   const double kept = 32 * 1024 * 1024 + 2 * T * (Dh / 2) * 4;
   for (const int64_t ep : {1, 2}) {
     const MemoryEstimate e = estimate_memory(config, 1, 2, ep);
     const double R = N * 4, experts = 2 * R * 512 + 3 * (8.0 / double(ep)) * sizeof(void*);
-    ASSERT_GT(experts, 2 * N * (D + V)) << "the head's is smaller";
+    ASSERT_GT(experts, 2 * N * D) << "the head's is smaller";
     EXPECT_EQ(e.device_workspace, int64_t(kept + 2 * double(e.parameters) / 4 + experts)) << "ep " << ep;
   }
 }

@@ -249,14 +249,11 @@ class CpuOps final : public Ops<T> {
 
   void cross_entropy_backward(const T* logits, const int32_t* targets, T scale, T* dlogits, int64_t N,
                               int64_t V) override {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; ++i) {
-      const T* z = logits + i * V;
-      T* d = dlogits + i * V;
-      const double* e = cpu::exp_shifted(z, cpu::log_sum_exp(z, V), V);
-      for (int64_t j = 0; j < V; ++j) d[j] = T(e[j] * double(scale));
-      d[targets[i]] -= scale;
-    }
+    softmax_rows_backward<false>(logits, targets, 0, nullptr, scale, dlogits, N, V);
+  }
+  void cross_entropy_backward_rounded(const T* logits, const int32_t* targets, T scale, Rounded<T>* dlogits, int64_t N,
+                                      int64_t V) override {
+    softmax_rows_backward<true>(logits, targets, 0, nullptr, scale, dlogits, N, V);
   }
 
   // Each row in column order, in double: the bits whatever the thread count.
@@ -296,12 +293,30 @@ class CpuOps final : public Ops<T> {
   }
   void logits_softmax_backward(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
                                T* dlogits, int64_t N, int64_t V) override {
+    softmax_rows_backward<false>(logits, targets, first, lse, scale, dlogits, N, V);
+  }
+  void logits_softmax_backward_rounded(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
+                                       Rounded<T>* dlogits, int64_t N, int64_t V) override {
+    softmax_rows_backward<true>(logits, targets, first, lse, scale, dlogits, N, V);
+  }
+  // (softmax(logits) - onehot(target - first)) * scale per row, from each row's log-sum-exp (lse null: its own),
+  // written as stored or, kRounded, held rounded: the same T values rounded.
+  template <bool kRounded, typename D = std::conditional_t<kRounded, Rounded<T>, T>>
+  static void softmax_rows_backward(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
+                                    D* dlogits, int64_t N, int64_t V) {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      const double* e = cpu::exp_shifted(logits + n * V, double(lse[n]), V);
-      for (int64_t v = 0; v < V; ++v) dlogits[n * V + v] = T(e[v] * double(scale));
+      const T* z = logits + n * V;
+      const double* e = cpu::exp_shifted(z, lse ? double(lse[n]) : cpu::log_sum_exp(z, V), V);
       const int64_t t = int64_t(targets[n]) - first;
-      if (t >= 0 && t < V) dlogits[n * V + t] -= scale;
+      for (int64_t v = 0; v < V; ++v) {
+        const T d = T(e[v] * double(scale));
+        const T value = v == t ? T(d - scale) : d;
+        if constexpr (kRounded)
+          dlogits[n * V + v] = to_rounded(value);
+        else
+          dlogits[n * V + v] = value;
+      }
     }
   }
 

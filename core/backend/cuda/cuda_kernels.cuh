@@ -368,16 +368,27 @@ __global__ void cross_entropy_forward_kernel(const T* logits, const int32_t* tar
   }
 }
 
-template <typename T>
-__global__ void cross_entropy_backward_kernel(const T* logits, const int32_t* targets, T scale, T* dlogits, int64_t N,
-                                              int64_t V) {
+// A value written as stored or, kRounded, held rounded (fp64 holds its rounded values, so the flag says which).
+template <typename T, bool kRounded>
+using Stored = std::conditional_t<kRounded, Rounded<T>, T>;
+template <bool kRounded, typename T>
+__device__ inline Stored<T, kRounded> stored(T v) {
+  if constexpr (kRounded)
+    return to_rounded(v);
+  else
+    return v;
+}
+
+template <typename T, bool kRounded = false>
+__global__ void cross_entropy_backward_kernel(const T* logits, const int32_t* targets, T scale,
+                                              Stored<T, kRounded>* dlogits, int64_t N, int64_t V) {
   extern __shared__ double shared[];
   MOE_ROW_STRIDE(i, N) {
     const T* z = logits + i * V;
     const double lse = row_log_sum_exp(z, V, shared);
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
       const T d = T(exp(double(z[j]) - lse) * double(scale));
-      dlogits[i * V + j] = j == targets[i] ? d - scale : d;
+      dlogits[i * V + j] = stored<kRounded>(j == targets[i] ? T(d - scale) : d);
     }
   }
 }
@@ -429,16 +440,16 @@ __global__ void logits_loss_finish_kernel(const double* row_max, const double* s
   }
 }
 
-template <typename T>
+template <typename T, bool kRounded = false>
 __global__ void logits_softmax_backward_kernel(const T* logits, const int32_t* targets, int64_t first, const T* lse,
-                                               T scale, T* dlogits, int64_t N, int64_t V) {
+                                               T scale, Stored<T, kRounded>* dlogits, int64_t N, int64_t V) {
   MOE_ROW_STRIDE(i, N) {
     const double row_lse = double(lse[i]);
     const int64_t target = int64_t(targets[i]) - first;
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
       const int64_t k = i * V + j;
       const T d = T(exp(double(logits[k]) - row_lse) * double(scale));
-      dlogits[k] = j == target ? d - scale : d;
+      dlogits[k] = stored<kRounded>(j == target ? T(d - scale) : d);
     }
   }
 }

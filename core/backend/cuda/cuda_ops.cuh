@@ -144,6 +144,10 @@ class CudaOps final : public Ops<T> {
                               int64_t V) override {
     launch_rows(row_launch(N, V), cuda::cross_entropy_backward_kernel<T>, logits, targets, scale, dlogits, N, V);
   }
+  void cross_entropy_backward_rounded(const T* logits, const int32_t* targets, T scale, Rounded<T>* dlogits, int64_t N,
+                                      int64_t V) override {
+    launch_rows(row_launch(N, V), cuda::cross_entropy_backward_kernel<T, true>, logits, targets, scale, dlogits, N, V);
+  }
 
   void logits_row_max(const T* logits, int64_t N, int64_t V, double* row_max) override {
     launch_rows(row_launch(N, V), cuda::logits_row_max_kernel<T>, logits, N, V, row_max);
@@ -162,6 +166,11 @@ class CudaOps final : public Ops<T> {
                                T* dlogits, int64_t N, int64_t V) override {
     launch(row_launch(N, V), cuda::logits_softmax_backward_kernel<T>, logits, targets, first, lse, scale, dlogits, N,
            V);
+  }
+  void logits_softmax_backward_rounded(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
+                                       Rounded<T>* dlogits, int64_t N, int64_t V) override {
+    launch(row_launch(N, V), cuda::logits_softmax_backward_kernel<T, true>, logits, targets, first, lse, scale, dlogits,
+           N, V);
   }
 
   void add_inplace(T* y, const T* x, int64_t n) override {
