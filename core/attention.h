@@ -35,6 +35,10 @@ class Attention {
   // Whether the layer keeps what its backward reads of x in acts (MhaAttention under bf16 GEMMs: x rounded once):
   // then forward's x need not outlive the call and backward is given none (x null). Asked after set_precision.
   virtual bool keeps_input() const { return false; }
+  // Where a layer keeping its input holds it rounded in acts, for N tokens (activation_size's N): its producer, the
+  // norm before it, writes it there (Ops::rmsnorm_forward_residual_rounded: the norm and the cast in one pass), and
+  // forward is then given x null. Null where the layer keeps no input.
+  virtual Rounded<T>* held_input(T* acts, int64_t N) const { return nullptr; }
   // Elements of saved activations (acts) and of backward scratch for N tokens.
   virtual int64_t activation_size(int64_t N) const = 0;
   virtual int64_t scratch_size(int64_t N) const = 0;
@@ -70,11 +74,15 @@ class MhaAttention final : public Attention<T> {
   void set_precision(GemmPrecision precision) override { precision_ = precision; }
   // Under bf16 GEMMs the layer rounds each activation its GEMMs read once (Ops::round_values) and they read the
   // rounded copy (HeldRows): x for the three projections and their weight gradients, kept in acts when keep_input
-  // (the default) or rounded again in backward from the x it is given; dy for Wo's two products; dq, dk, dv for
-  // theirs. The same bits as rounding at every GEMM. A tensor-parallel wrapper gathering its input again in backward
-  // (sequence parallelism) sets keep_input false, so as not to keep all N rows. Set before the sizes are asked for.
+  // (the default; the model's norm writes it there, held_input) or rounded again in backward from the x it is given; dy
+  // for Wo's two products; dq, dk, dv for theirs. The same bits as rounding at every GEMM. A tensor-parallel wrapper
+  // gathering its input again in backward (sequence parallelism) sets keep_input false, so as not to keep all N rows.
+  // Set before the sizes are asked for.
   void set_keep_input(bool keep) { keep_input_ = keep; }
   bool keeps_input() const override { return held() && keep_input_; }
+  Rounded<T>* held_input(T* acts, int64_t N) const override {
+    return keeps_input() ? input_held(acts, nullptr, N) : nullptr;
+  }
   // q, k, v, the attention's output (N, Dq) each and, when kept, the probabilities (B, Hl, T, T), with Hl
   // the shard's heads and Dq their width; fused: the statistics (B, Hl, T) instead of the probabilities; then the
   // held input (sizes::mha_held_input).
@@ -101,7 +109,7 @@ class MhaAttention final : public Attention<T> {
     return reinterpret_cast<Rounded<T>*>(scratch + scratch_size(N) - held_scratch_size(N));
   }
   // The input held rounded: in acts after the rest when kept, else at the start of the held scratch.
-  Rounded<T>* held_input(const T* acts, T* scratch, int64_t N) const;
+  Rounded<T>* input_held(const T* acts, T* scratch, int64_t N) const;
   // Grouped: the key and value heads' gradients (N, Dkv) each, before the held scratch at the end of the backward's.
   T* kv_gradients(T* scratch, int64_t N) const {
     return scratch + scratch_size(N) - held_scratch_size(N) - 2 * N * Dkv_;

@@ -244,10 +244,15 @@ void Model<T>::block_forward(int64_t i, const FfnContext& context, Slot& s, int6
   const T* x_in = s.x[size_t(i)];
   T* x_out = s.x[size_t(i) + 1];
   // h = x + Attn(RMSNorm_a(x)): h starts as a copy of x, made in the norm's pass, and the attention adds into it
-  T* xa =
-      a.xa ? a.xa : dtmp_;  // an attention keeping its input reads xa in the call alone: dtmp is free until backward
-  ops_.rmsnorm_forward_residual(x_in, nullptr, a.h, w.attn_norm, xa, a.rstd_a, N, D);
-  attn_[size_t(i)]->forward(xa, a.h, a.attn, layer_scratch_, B);
+  // An attention keeping its input rounded has the norm write it there: the norm, the copy and the cast in one pass.
+  Attention<T>& attention = *attn_[size_t(i)];
+  if (Rounded<T>* held = attention.held_input(a.attn, N)) {
+    ops_.rmsnorm_forward_residual_rounded(x_in, nullptr, a.h, w.attn_norm, held, a.rstd_a, N, D);
+    attention.forward(nullptr, a.h, a.attn, layer_scratch_, B);
+  } else {
+    ops_.rmsnorm_forward_residual(x_in, nullptr, a.h, w.attn_norm, a.xa, a.rstd_a, N, D);
+    attention.forward(a.xa, a.h, a.attn, layer_scratch_, B);
+  }
   // x = h + FFN(RMSNorm_f(h))
   ops_.rmsnorm_forward(a.h, w.ffn_norm, a.xf, a.rstd_f, N, D);
   ffn_[size_t(i)]->forward(context, a.xf, ffn_out_, a.ffn, s.ffn[size_t(i)].get(), N);

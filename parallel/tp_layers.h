@@ -55,6 +55,7 @@ class TpAttention final : public Attention<T> {
   void set_precision(GemmPrecision precision) override { inner_.set_precision(precision); }
   // Without sequence parallelism the shard keeps its input as MhaAttention does (bf16 GEMMs: rounded once).
   bool keeps_input() const override { return inner_.keeps_input(); }
+  Rounded<T>* held_input(T* acts, int64_t R) const override { return inner_.held_input(acts, tp_.tokens(R)); }
   // The shard's activations: under sequence parallelism the input's rows are all-gathered again in backward, not
   // kept (as Megatron-Core does), so sequence parallelism saves their memory.
   int64_t activation_size(int64_t R) const override { return inner_.activation_size(tp_.tokens(R)); }

@@ -203,6 +203,10 @@ class Ops {
   // an add (or copy) and a norm. x, r, sum, y: (N, D); rstd: (N).
   virtual void rmsnorm_forward_residual(const T* x, const T* r, T* sum, const T* gain, T* y, T* rstd, int64_t N,
                                         int64_t D) = 0;
+  // rmsnorm_forward_residual with y written held rounded (for a layer whose bf16 GEMMs alone read it): the norm, the
+  // residual copy and the cast in one pass, the bits of rounding its y.
+  virtual void rmsnorm_forward_residual_rounded(const T* x, const T* r, T* sum, const T* gain, Rounded<T>* y, T* rstd,
+                                                int64_t N, int64_t D) = 0;
   // rmsnorm_backward with dx added into the stream's gradient (dres += dx, accumulates) instead of written, without
   // the (N, D) dx in between; dgain += as rmsnorm_backward.
   virtual void rmsnorm_backward_add(const T* x, const T* gain, const T* rstd, const T* dy, T* dres, T* dgain, int64_t N,

@@ -32,6 +32,7 @@ enum class OpId : int {
   rmsnorm_forward,
   rmsnorm_backward,
   rmsnorm_forward_residual,
+  rmsnorm_forward_residual_rounded,
   rmsnorm_backward_add,
   rope,
   expand_heads,
@@ -99,6 +100,7 @@ inline constexpr const char* kOpNames[] = {"gemm",
                                            "rmsnorm_forward",
                                            "rmsnorm_backward",
                                            "rmsnorm_forward_residual",
+                                           "rmsnorm_forward_residual_rounded",
                                            "rmsnorm_backward_add",
                                            "rope",
                                            "expand_heads",
@@ -240,6 +242,18 @@ class StrictOps final : public Ops<T> {
     const auto p4 = r(y, N * D, op);
     const auto p5 = r(rstd, N, op);
     run([=, this] { inner_.rmsnorm_forward_residual(p0, p1, p2, p3, p4, p5, N, D); });
+  }
+  void rmsnorm_forward_residual_rounded(const T* x, const T* res, T* sum, const T* gain, Rounded<T>* y, T* rstd,
+                                        int64_t N, int64_t D) override {
+    covered(OpId::rmsnorm_forward_residual_rounded);
+    const char* op = "rmsnorm_forward_residual_rounded";
+    const auto p0 = r(x, N * D, op);
+    const T* p1 = res ? r(res, N * D, op) : nullptr;
+    const auto p2 = r(sum, N * D, op);
+    const auto p3 = r(gain, D, op);
+    const auto p4 = r(y, N * D, op);
+    const auto p5 = r(rstd, N, op);
+    run([=, this] { inner_.rmsnorm_forward_residual_rounded(p0, p1, p2, p3, p4, p5, N, D); });
   }
   void rmsnorm_backward_add(const T* x, const T* gain, const T* rstd, const T* dy, T* dres, T* dgain, int64_t N,
                             int64_t D) override {

@@ -245,7 +245,8 @@ TEST(FusedAttention, LayerUsesItWhereTheBackendSaysSoAndMatchesThePlainLayer) {
 
 // Under bf16 GEMMs the layer rounds x, dy and dq, dk, dv once each and its GEMMs read the rounded copies
 // (MhaAttention::set_keep_input): keeping x rounded in its activations (half of x's memory; the caller need not
-// keep x, Attention::keeps_input) or rounding it again in backward gives the same bits, and in fp32 nothing is held.
+// keep x, Attention::keeps_input; its producer may write it there, held_input) or rounding it again in backward
+// gives the same bits, and in fp32 nothing is held.
 void check_held_layer(int64_t H, int64_t Hkv) {
   SCOPED_TRACE(std::to_string(H) + " heads, " + std::to_string(Hkv) + " key/value heads");
   const int64_t B = 2, T = 7, D = 12, N = B * T, Dkv = Hkv * (D / H);
@@ -276,6 +277,15 @@ void check_held_layer(int64_t H, int64_t Hkv) {
   kept.forward(x.data(), y_kept.data(), acts_kept.data(), scratch_kept.data(), B);
   again.forward(x.data(), y_again.data(), acts_again.data(), scratch_again.data(), B);
   EXPECT_EQ(y_kept, y_again);
+  EXPECT_EQ(again.held_input(acts_again.data(), N), nullptr) << "keeps no input";
+  // Its producer writing the input held (as the model's norm does) and forward given none: the same bits.
+  std::vector<float> y_given(N * D, 0.0f), acts_given(kept.activation_size(N));
+  Rounded<float>* held = kept.held_input(acts_given.data(), N);
+  ASSERT_NE(held, nullptr);
+  backend->ops<float>().round_values(x.data(), held, N * D);
+  kept.forward(nullptr, y_given.data(), acts_given.data(), scratch_kept.data(), B);
+  EXPECT_EQ(y_given, y_kept);
+  EXPECT_EQ(acts_given, acts_kept);
   kept.backward(nullptr, dy.data(), dx_kept.data(), acts_kept.data(), scratch_kept.data(), B);  // x not needed
   again.backward(x.data(), dy.data(), dx_again.data(), acts_again.data(), scratch_again.data(), B);
   EXPECT_EQ(dx_kept, dx_again);

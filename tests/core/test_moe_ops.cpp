@@ -868,6 +868,28 @@ void rounded_logit_gradient_cases(Backend& b) {
   EXPECT_EQ(values<T>(b.download<Rounded<T>>(dr)), rounded_values<T>(get<T>(b, d))) << "vocabulary block backward";
 }
 
+// The residual norm writing its output held rounded: the plain op's sum and inverse RMS bit for bit, its y rounded,
+// with the residual branch and without.
+template <typename T>
+void rounded_norm_cases(Backend& b) {
+  Ops<T>& o = b.ops<T>();
+  const int64_t N = 5, D = 19;
+  Buffer x = put<T>(b, randn(N * D, "nx")), r = put<T>(b, randn(N * D, "nr")), gain = put<T>(b, randn(D, "ng", 0.5));
+  for (const bool branch : {false, true}) {
+    Buffer sum = b.allocate(dtype_of<T>(), N * D), y = b.allocate(dtype_of<T>(), N * D),
+           rstd = b.allocate(dtype_of<T>(), N), sum2 = b.allocate(dtype_of<T>(), N * D),
+           yr = b.allocate(dtype_of<Rounded<T>>(), N * D), rstd2 = b.allocate(dtype_of<T>(), N);
+    const T* res = branch ? r.data<T>() : nullptr;
+    o.rmsnorm_forward_residual(x.data<T>(), res, sum.data<T>(), gain.data<T>(), y.data<T>(), rstd.data<T>(), N, D);
+    o.rmsnorm_forward_residual_rounded(x.data<T>(), res, sum2.data<T>(), gain.data<T>(), yr.data<Rounded<T>>(),
+                                       rstd2.data<T>(), N, D);
+    EXPECT_EQ(get<T>(b, sum2), get<T>(b, sum)) << "residual norm's sum, branch " << branch;
+    EXPECT_EQ(get<T>(b, rstd2), get<T>(b, rstd)) << "residual norm's inverse RMS, branch " << branch;
+    EXPECT_EQ(values<T>(b.download<Rounded<T>>(yr)), rounded_values<T>(get<T>(b, y)))
+        << "residual norm, branch " << branch;
+  }
+}
+
 template <typename T>
 void rounded_producer_cases(Backend& b, bool exact_gemm) {
   Ops<T>& o = b.ops<T>();
@@ -898,6 +920,7 @@ void rounded_producer_cases(Backend& b, bool exact_gemm) {
       if (index[size_t(r)] >= 0) ref[size_t(r * D + d)] = X[size_t(index[size_t(r)] * D + d)];
   EXPECT_EQ(values<T>(b.download<Rounded<T>>(out)), rounded_values<T>(ref)) << "gather rows";
   rounded_logit_gradient_cases<T>(b);
+  rounded_norm_cases<T>(b);
   const int64_t G = int64_t(kOffsets.size()) - 1, R = kOffsets.back(), N = 24, K = 17;
   for (const bool tb : {false, true}) {
     Buffer ga = put<T>(b, randn(R * K, "gA")), gb = put<T>(b, randn(G * K * N, "gB"));

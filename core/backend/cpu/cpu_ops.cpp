@@ -101,16 +101,17 @@ class CpuOps final : public Ops<T> {
   void rmsnorm_forward_residual(const T* x, const T* r, T* sum, const T* gain, T* y, T* rstd, int64_t N,
                                 int64_t D) override {
 #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i)
+      residual_norm_row(x + i * D, r ? r + i * D : nullptr, sum + i * D, gain, y + i * D, rstd + i, D);
+  }
+  void rmsnorm_forward_residual_rounded(const T* x, const T* r, T* sum, const T* gain, Rounded<T>* y, T* rstd,
+                                        int64_t N, int64_t D) override {
+#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i) {
-      const T* xi = x + i * D;
-      T* si = sum + i * D;
-      if (r) {
-        const T* ri = r + i * D;
-        for (int64_t j = 0; j < D; ++j) si[j] = xi[j] + ri[j];
-      } else {
-        std::copy(xi, xi + D, si);
-      }
-      rmsnorm_row(si, gain, y + i * D, rstd + i, D);  // the row still in cache
+      thread_local std::vector<T> row;
+      row.resize(size_t(D));
+      residual_norm_row(x + i * D, r ? r + i * D : nullptr, sum + i * D, gain, row.data(), rstd + i, D);
+      for (int64_t j = 0; j < D; ++j) y[i * D + j] = to_rounded(row[size_t(j)]);
     }
   }
 
@@ -123,6 +124,14 @@ class CpuOps final : public Ops<T> {
     rmsnorm_backward_rows(x, gain, rstd, dy, dres, dgain, N, D, true);
   }
   // One row of rmsnorm_forward: y = x rstd gain, rstd from the sum of squares in double.
+  // si = xi + ri (ri null: a copy of xi), then its norm, the row still in cache.
+  static void residual_norm_row(const T* xi, const T* ri, T* si, const T* gain, T* yi, T* rstd, int64_t D) {
+    if (ri)
+      for (int64_t j = 0; j < D; ++j) si[j] = xi[j] + ri[j];
+    else
+      std::copy(xi, xi + D, si);
+    rmsnorm_row(si, gain, yi, rstd, D);
+  }
   static void rmsnorm_row(const T* xi, const T* gain, T* yi, T* rstd, int64_t D) {
     double ss = 0;
     for (int64_t j = 0; j < D; ++j) ss += double(xi[j]) * xi[j];

@@ -80,11 +80,22 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* gain, T* y, T* rstd,
   }
 }
 
+// A value written as stored or, kRounded, held rounded (fp64 holds its rounded values, so the flag says which).
+template <typename T, bool kRounded>
+using Stored = std::conditional_t<kRounded, Rounded<T>, T>;
+template <bool kRounded, typename T>
+__device__ inline Stored<T, kRounded> stored(T v) {
+  if constexpr (kRounded)
+    return to_rounded(v);
+  else
+    return v;
+}
+
 // sum = x + r (r null: x) and y = RMSNorm(sum), as rmsnorm_forward_kernel on sum: each thread reads back the
 // elements of sum it wrote itself.
-template <typename T>
-__global__ void rmsnorm_forward_residual_kernel(const T* x, const T* r, T* sum, const T* gain, T* y, T* rstd, int64_t N,
-                                                int64_t D) {
+template <typename T, bool kRounded = false>
+__global__ void rmsnorm_forward_residual_kernel(const T* x, const T* r, T* sum, const T* gain, Stored<T, kRounded>* y,
+                                                T* rstd, int64_t N, int64_t D) {
   extern __shared__ double shared[];
   MOE_ROW_STRIDE(i, N) {
     T* si = sum + i * D;
@@ -97,7 +108,7 @@ __global__ void rmsnorm_forward_residual_kernel(const T* x, const T* r, T* sum, 
     ss = block_sum(ss, shared);
     const T rs = T(1.0 / sqrt(ss / double(D) + kRmsEps));
     if (threadIdx.x == 0) rstd[i] = rs;
-    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) y[i * D + j] = si[j] * rs * gain[j];
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) y[i * D + j] = stored<kRounded>(T(si[j] * rs * gain[j]));
   }
 }
 
@@ -366,17 +377,6 @@ __global__ void cross_entropy_forward_kernel(const T* logits, const int32_t* tar
     const int32_t t = targets[i];
     if (threadIdx.x == 0) losses[i] = t >= 0 && t < V ? T(lse - double(logits[i * V + t])) : T(NAN);
   }
-}
-
-// A value written as stored or, kRounded, held rounded (fp64 holds its rounded values, so the flag says which).
-template <typename T, bool kRounded>
-using Stored = std::conditional_t<kRounded, Rounded<T>, T>;
-template <bool kRounded, typename T>
-__device__ inline Stored<T, kRounded> stored(T v) {
-  if constexpr (kRounded)
-    return to_rounded(v);
-  else
-    return v;
 }
 
 template <typename T, bool kRounded = false>

@@ -99,6 +99,10 @@ class CudaOps final : public Ops<T> {
                                 int64_t D) override {
     launch_rows(row_launch(N, D), cuda::rmsnorm_forward_residual_kernel<T>, x, r, sum, gain, y, rstd, N, D);
   }
+  void rmsnorm_forward_residual_rounded(const T* x, const T* r, T* sum, const T* gain, Rounded<T>* y, T* rstd,
+                                        int64_t N, int64_t D) override {
+    launch_rows(row_launch(N, D), cuda::rmsnorm_forward_residual_kernel<T, true>, x, r, sum, gain, y, rstd, N, D);
+  }
   void rmsnorm_backward_add(const T* x, const T* gain, const T* rstd, const T* dy, T* dres, T* dgain, int64_t N,
                             int64_t D) override;
 
