@@ -27,22 +27,25 @@ namespace {
 using json = nlohmann::json;
 using namespace test_support;
 
+// bf16 GEMMs too: the attention's input, the MLP's tensors and the head's logit gradient held rounded.
 TEST(MemoryEstimate, DenseModelIsExactlyWhatTheTrainerAllocates) {
   for (const char* recompute : {"none", "full"})
-    for (const char* zero : {"false", "true"}) {
-      const Config config =
-          small_config({std::string("train.recompute=") + recompute, std::string("optim.zero=") + zero});
-      SCOPED_TRACE(std::string("recompute ") + recompute + ", zero " + zero);
-      const MemoryEstimate e = estimate_memory(config, 1, 1, 1);
-      const Measured m = measure(config, std::make_unique<SelfCommunicator>("world"));
-      EXPECT_EQ(e.parameters, 4 * m.parameters);
-      EXPECT_EQ(e.gradients, 4 * m.parameters);
-      EXPECT_EQ(e.optimizer, 8 * m.parameters);  // two fp32 moments; ZeRO over one rank keeps them all
-      EXPECT_EQ(allocated_at_construction(e), m.constructed);
-      EXPECT_EQ(m.peak, m.constructed) << "a dense model allocates nothing in forward or backward";
-      EXPECT_EQ(e.routed_rows, 0);
-      EXPECT_EQ(e.communication, 0);
-    }
+    for (const char* zero : {"false", "true"})
+      for (const char* precision : {"fp32", "bf16"}) {
+        const Config config =
+            small_config({std::string("train.recompute=") + recompute, std::string("optim.zero=") + zero,
+                          std::string("train.precision=") + precision});
+        SCOPED_TRACE(std::string("recompute ") + recompute + ", zero " + zero + ", " + precision);
+        const MemoryEstimate e = estimate_memory(config, 1, 1, 1);
+        const Measured m = measure(config, std::make_unique<SelfCommunicator>("world"));
+        EXPECT_EQ(e.parameters, 4 * m.parameters);
+        EXPECT_EQ(e.gradients, 4 * m.parameters);
+        EXPECT_EQ(e.optimizer, 8 * m.parameters);  // two fp32 moments; ZeRO over one rank keeps them all
+        EXPECT_EQ(allocated_at_construction(e), m.constructed);
+        EXPECT_EQ(m.peak, m.constructed) << "a dense model allocates nothing in forward or backward";
+        EXPECT_EQ(e.routed_rows, 0);
+        EXPECT_EQ(e.communication, 0);
+      }
 }
 
 // train.device = cuda with bf16 GEMMs counts cuDNN's fused attention: each row's log-sum-exp kept instead of the
@@ -133,6 +136,7 @@ TEST(MemoryEstimate, MoeModelExactAtConstructionRoutedRowsWithinTenPercent) {
       {"moe.num_experts=4", "moe.capacity_factor=0", "train.recompute=full"},  // dropless
       {"moe.num_experts=8", "moe.top_k=3", "moe.overflow=reroute", "moe.capacity_factor=1.0"},
       {"moe.num_experts=4", "moe.router.tau_learned=true"},  // the temperature's log-ratio, one parameter a layer
+      {"moe.num_experts=4", "moe.capacity_factor=0.5", "moe.overflow=dense", "train.precision=bf16"},  // held fallback
   };
   for (const std::vector<std::string>& extra : cases) {
     const Config config = small_config(extra);
@@ -161,6 +165,7 @@ TEST(MemoryEstimate, DroplessRoutedRowsAreExactlyWhatOneForwardAndBackwardAlloca
       {"moe.num_experts=8", "moe.top_k=3", "moe.every=2", "moe.shared_experts=1", "train.recompute=selective"},
       {"moe.num_experts=4", "moe.top_k=1", "moe.router.tau_learned=true", "moe.router.noise=gumbel"},
       {"moe.num_experts=4", "train.precision=bf16"},  // the experts' activations held rounded
+      {"moe.num_experts=8", "moe.top_k=3", "moe.every=2", "moe.shared_experts=1", "train.precision=bf16"},
   };
   for (std::vector<std::string> extra : cases) {
     extra.push_back("moe.capacity_factor=0");

@@ -26,6 +26,11 @@ TEST(MemoryEstimate, TensorParallelTrainerAllocatesExactlyTheEstimate) {
       {"moe.num_experts=4", "moe.every=2", "moe.shared_experts=1", "parallel.expert_tp=2"},
       {"moe.num_experts=4", "parallel.expert_tp=2", "parallel.sequence_parallel=false", "moe.overflow=dense",
        "moe.fallback_hidden=16"},
+      // bf16: the attention keeps its input held (without sequence parallelism), the MLPs and the head hold theirs
+      {"train.precision=bf16"},
+      {"train.precision=bf16", "parallel.sequence_parallel=false"},
+      {"train.precision=bf16", "moe.num_experts=4", "moe.every=2", "moe.shared_experts=1",
+       "parallel.sequence_parallel=false"},
   };
   for (const std::vector<std::string>& extra : cases) {
     std::vector<std::string> keys = {"parallel.tp=2"};
