@@ -155,7 +155,8 @@ void MhaAttention<T>::held_projections_backward(const T* x, const T* dq, const T
   Rounded<T>* xr = input_held(acts, scratch, N);  // not kept: where dy was, free since Wo's products
   if (!keep_input_) ops_.round_values(x, xr, N * D);
   Rounded<T>* dqr = held_scratch(scratch, N) + N * D;
-  Rounded<T>*dkr = dqr + N * Q, *dvr = dkr + N * K;
+  Rounded<T>* dkr = dqr + N * Q;
+  Rounded<T>* dvr = dkr + N * K;
   ops_.round_values(dq, dqr, N * Q);
   ops_.round_values(dk, dkr, N * K);
   ops_.round_values(dv, dvr, N * K);

@@ -42,7 +42,9 @@ typename Ops<T>::ExpertMlp DenseMlp<T>::as_expert(const int64_t* rows) const {
 template <typename T>
 void DenseMlp<T>::held_forward(const T* x, T* y, T* acts, int64_t N) {
   Rounded<T>* xr = reinterpret_cast<Rounded<T>*>(acts);
-  Rounded<T>*a = xr + N * D_, *b = a + N * F_, *h = b + N * F_;
+  Rounded<T>* a = xr + N * D_;
+  Rounded<T>* b = a + N * F_;
+  Rounded<T>* h = b + N * F_;
   const int64_t rows[2] = {0, N};
   ops_.round_values(x, xr, N * D_);
   ops_.expert_mlp_forward_rounded(as_expert(rows), xr, a, b, h, y);
@@ -52,10 +54,13 @@ void DenseMlp<T>::held_forward(const T* x, T* y, T* acts, int64_t N) {
 template <typename T>
 void DenseMlp<T>::held_backward(const T* dy, T* dx, const T* acts, T* scratch, int64_t N) {
   const Rounded<T>* xr = reinterpret_cast<const Rounded<T>*>(acts);
-  const Rounded<T>*a = xr + N * D_, *b = a + N * F_, *h = b + N * F_;
+  const Rounded<T>* a = xr + N * D_;
+  const Rounded<T>* b = a + N * F_;
+  const Rounded<T>* h = b + N * F_;
   T* dh = scratch;
   Rounded<T>* dy_held = reinterpret_cast<Rounded<T>*>(scratch + N * F_);
-  Rounded<T>*da = dy_held + N * D_, *db = da + N * F_;
+  Rounded<T>* da = dy_held + N * D_;
+  Rounded<T>* db = da + N * F_;
   const int64_t rows[2] = {0, N};
   ops_.expert_mlp_backward_rounded(as_expert(rows), xr, a, b, h, dy, dy_held, dh, da, db, dx);
 }
