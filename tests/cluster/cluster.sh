@@ -143,6 +143,9 @@ cluster_up() {
   for i in $(seq 1 "$n"); do cluster_add_host "$i" "$slots"; done
   export CLUSTER_DIR CLUSTER_ID CLUSTER_SUBNET CLUSTER_BRIDGE CLUSTER_LOCAL CLUSTER_HOSTFILE CLUSTER_LOGIN_ADDRESS
   export MOE_CLUSTER_DIR="$CLUSTER_DIR"
+  # What the machine gives every process (OPENBLAS_*: which BLAS kernels run), which a login on a host made from the
+  # same machine image has too: the agent gives the hosts the login node's (tests/cluster/rsh_agent.sh).
+  env | grep -E '^OPENBLAS_[A-Za-z0-9_]*=' > "$CLUSTER_DIR/machine_env" || true
   export OMPI_MCA_plm_rsh_agent="$CLUSTER_SOURCE_DIR/rsh_agent.sh"
   export OMPI_MCA_btl=tcp,self
   export OMPI_MCA_btl_tcp_if_include="$CLUSTER_SUBNET.0/24"

@@ -11,6 +11,7 @@ source "$(dirname "$0")/cluster.sh"
 cluster_login "$0" "$@"
 source "$(dirname "$0")/checks.sh"
 
+export OPENBLAS_MOE_HARNESS=machine  # a machine-wide setting (cluster_up records OPENBLAS_*), harmless to OpenBLAS
 cluster_up 3 2
 export MOE_CLUSTER_CONNECT_TIMEOUT=1
 
@@ -35,6 +36,8 @@ check "mh2 resolves mh3" contains "$(cluster_exec mh2 'getent hosts mh3')" "$CLU
 env_on_host=$(MOE_HARNESS_SECRET=x cluster_exec mh1 env)
 check "the agent passes no variable of the caller" lacks "$env_on_host" MOE_HARNESS_SECRET
 check "nor OpenMPI's" lacks "$env_on_host" OMPI_MCA_btl
+check "the machine's own settings reach the hosts, as on hosts of one image" contains "$env_on_host" \
+  OPENBLAS_MOE_HARNESS=machine
 check "the agent runs a shell command line" test "$(cluster_exec mh2 'echo a; echo b' | tr -d '\n')" = ab
 check "an option before the host is skipped, as ssh's" test "$("$CLUSTER_SOURCE_DIR/rsh_agent.sh" -x mh3 hostname)" = mh3
 "$CLUSTER_SOURCE_DIR/rsh_agent.sh" nohost true 2> err.txt
