@@ -14,4 +14,10 @@ namespace moe {
 // every rank throw the same error (kind and message) if it threw.
 void on_rank0_agree(Communicator& world, const std::function<void()>& check);
 
+// Every rank's OpenBLAS kernel set (cpu::blas_core()), gathered: empty where all run the same set, else a warning
+// naming each set and the first rank (and host) on it. Sets round their GEMMs differently, so such a run does not
+// repeat one on other hosts or in another layout bit for bit (hosts whose environments set OPENBLAS_CORETYPE
+// differently, or CPUs OpenBLAS tells apart). Collective.
+std::string blas_kernels_disagreement(Communicator& world);
+
 }  // namespace moe

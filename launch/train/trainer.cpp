@@ -536,7 +536,11 @@ TrainResult run_train(const TrainOptions& options, Backend& backend, std::unique
                 std::to_string(t.tokens_per_step()) + " tokens on " + layout_text(t) + ", " + to_string(tc.precision) +
                 " GEMMs, " + std::to_string(t.threads) + " threads per rank (waiting: " +
                 cpu::wait_policy_description() + "); run directory " + t.paths.run_dir);
-  if (tc.device == Device::Cpu) progress.note("CPU GEMMs: " + cpu::cpu_gemm_kernels_description());
+  if (tc.device == Device::Cpu) {
+    progress.note("CPU GEMMs: " + cpu::cpu_gemm_kernels_description());
+    const std::string mixed = blas_kernels_disagreement(*t.groups.world);  // said whatever --quiet says
+    if (t.leader() && !mixed.empty()) std::fprintf(stderr, "moe: warning: %s\n", mixed.c_str());
+  }
   const GridSizes& sizes = t.grid.sizes();
   const StageEstimate memory = largest_stage_estimate(t.config, sizes.tp, sizes.dp, sizes.ep);
   progress.note("memory per rank" +

@@ -2,7 +2,7 @@
 # The OpenBLAS kernels `moe train` runs (core/backend/cpu/blas_kernels.h, docs/design.md "BLAS kernels"): never
 # OpenBLAS's generic Prescott set on a CPU with AVX2 (where the library does not know the CPU, the program runs
 # again with OPENBLAS_CORETYPE set), the startup line and the manifest name the same set, and a variable the user
-# set is kept as it is. Where the environment sets OPENBLAS_CORETYPE already (some machines do, for CPUs on which
+# set is kept as it is; ranks on different sets are warned of. Where the environment sets OPENBLAS_CORETYPE already (some machines do, for CPUs on which
 # OpenBLAS's own choice is wrong), the test keeps it and checks that it is kept.
 #
 # Usage: test_blas_kernels.sh MOE_BINARY SOURCE_DIR
@@ -77,6 +77,20 @@ else
     check "the user's OPENBLAS_CORETYPE is kept (and what it leaves unused said)" $? \
       "$(grep 'CPU GEMMs' "$work/chosen.out")"
   fi
+fi
+
+# Ranks on different kernel sets (hosts whose environments set OPENBLAS_CORETYPE differently): the run goes on and
+# says so once, naming each set's first rank; a run whose ranks agree says nothing (the one-rank runs above).
+grep -q "different OpenBLAS kernels" "$work/plain.out"
+check "one rank: no warning of different kernels" $((1 - $?)) "$(cat "$work/plain.out")"
+if command -v mpirun > /dev/null; then
+  rank=("$moe" train --config "$config" "${small[@]}" --run-dir "$work/mixed")
+  mpirun --allow-run-as-root --oversubscribe --bind-to none -np 1 -x OPENBLAS_CORETYPE=Prescott "${rank[@]}" : \
+    -np 1 -x OPENBLAS_CORETYPE=Core2 "${rank[@]}" > "$work/mixed.out" 2>&1
+  check "ranks on different kernels: exits 0" $? "$(cat "$work/mixed.out")"
+  [ "$(grep -c "moe: warning: the ranks run different OpenBLAS kernels (Core2 from rank 1 on .*; Prescott from rank 0 on" \
+    "$work/mixed.out")" = 1 ]
+  check "ranks on different kernels: one warning naming each set's first rank" $? "$(cat "$work/mixed.out")"
 fi
 
 echo "$passed passed, $failed failed"
