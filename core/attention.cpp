@@ -59,7 +59,7 @@ void MhaAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) 
   const int64_t N = B * T_, D = D_, Q = Dq_, H = Hl_, Dh = D_ / H_;
   T *q = acts, *k = q + N * Q, *v = k + N * Q, *att = v + N * Q;
   if (held()) {
-    Rounded<T>* xr = input_held(acts, scratch, N);
+    Rounded<T>* xr = rounded_input(acts, scratch, N);
     MOE_CHECK(x || keep_input_, "attention forward: no input, and none kept (held_input)");
     if (x)
       ops_.round_values(x, xr, N * D);  // once for the projections (kept: their weight gradients); null: its norm's
@@ -76,7 +76,7 @@ void MhaAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) 
 }
 
 template <typename T>
-Rounded<T>* MhaAttention<T>::input_held(const T* acts, T* scratch, int64_t N) const {
+Rounded<T>* MhaAttention<T>::rounded_input(const T* acts, T* scratch, int64_t N) const {
   if (!keep_input_) return held_scratch(scratch, N);
   const int64_t input = sizes::elements(sizes::mha_held_input(shape(N), double(N)));
   return reinterpret_cast<Rounded<T>*>(const_cast<T*>(acts) + activation_size(N) - input);
@@ -152,7 +152,7 @@ template <typename T>
 void MhaAttention<T>::held_projections_backward(const T* x, const T* dq, const T* dk, const T* dv, T* dx, const T* acts,
                                                 T* scratch, int64_t N) {
   const int64_t D = D_, Q = Dq_, K = Dkv_;
-  Rounded<T>* xr = input_held(acts, scratch, N);  // not kept: where dy was, free since Wo's products
+  Rounded<T>* xr = rounded_input(acts, scratch, N);  // not kept: where dy was, free since Wo's products
   if (!keep_input_) ops_.round_values(x, xr, N * D);
   Rounded<T>* dqr = held_scratch(scratch, N) + N * D;
   Rounded<T>* dkr = dqr + N * Q;

@@ -81,7 +81,7 @@ class MhaAttention final : public Attention<T> {
   void set_keep_input(bool keep) { keep_input_ = keep; }
   bool keeps_input() const override { return held() && keep_input_; }
   Rounded<T>* held_input(T* acts, int64_t N) const override {
-    return keeps_input() ? input_held(acts, nullptr, N) : nullptr;
+    return keeps_input() ? rounded_input(acts, nullptr, N) : nullptr;
   }
   // q, k, v, the attention's output (N, Dq) each and, when kept, the probabilities (B, Hl, T, T), with Hl
   // the shard's heads and Dq their width; fused: the statistics (B, Hl, T) instead of the probabilities; then the
@@ -98,18 +98,17 @@ class MhaAttention final : public Attention<T> {
   // The shard's shape for N tokens, as core/sizes.h declares its sizes.
   sizes::MhaShape shape(int64_t N) const {
     return {double(D_), double(Hl_),  double(Dq_),          double(T_),   keep_probs_,
-            fused(N),   double(Dkv_), held() ? kHeld : 0.0, keeps_input()};
+            fused(N),   double(Dkv_), held_size<T>(held()), keeps_input()};
   }
   bool grouped() const { return Hkvl_ < Hl_; }
   bool held() const { return precision_ == GemmPrecision::Bf16; }
-  static constexpr double kHeld = double(sizeof(Rounded<T>)) / double(sizeof(T));
   // The held scratch (sizes::mha_held_scratch) at the end of the scratch: dy, or x not kept, (N, D), then dq, dk, dv.
   int64_t held_scratch_size(int64_t N) const { return sizes::elements(sizes::mha_held_scratch(shape(N), double(N))); }
   Rounded<T>* held_scratch(T* scratch, int64_t N) const {
     return reinterpret_cast<Rounded<T>*>(scratch + scratch_size(N) - held_scratch_size(N));
   }
   // The input held rounded: in acts after the rest when kept, else at the start of the held scratch.
-  Rounded<T>* input_held(const T* acts, T* scratch, int64_t N) const;
+  Rounded<T>* rounded_input(const T* acts, T* scratch, int64_t N) const;
   // Grouped: the key and value heads' gradients (N, Dkv) each, before the held scratch at the end of the backward's.
   T* kv_gradients(T* scratch, int64_t N) const {
     return scratch + scratch_size(N) - held_scratch_size(N) - 2 * N * Dkv_;

@@ -87,12 +87,20 @@ MOE_HOST_DEVICE constexpr T round_to_bf16(T x) {
   return T(bf16_to_float(float_to_bf16(float(x))));
 }
 
-// An activation its producer holds rounded to bf16 (train.precision = bf16): a tensor the routed experts keep
-// (their rows, a = x W1, b = x W3, the SwiGLU's output; docs/design.md "Precision"): fp32
+// An activation its producer holds rounded to bf16 (train.precision = bf16): a tensor the layers keep for their bf16
+// GEMMs (the experts' rows, a = x W1, b = x W3, the SwiGLU's output, the attention's input; docs/design.md
+// "Precision"): fp32
 // storage keeps the bf16 bits (half the memory and half the bytes moved); fp64 storage (the gradient checks) the
 // rounded values in fp64.
 template <typename T>
 using Rounded = std::conditional_t<std::is_same_v<T, float>, bf16, T>;
+
+// The size of a value held rounded in elements of T where `held` (0.5: bf16 beside fp32; 1: fp64's rounded values),
+// else 0: the `held` of core/sizes.h's footprints.
+template <typename T>
+constexpr double held_size(bool held) {
+  return held ? double(sizeof(Rounded<T>)) / double(sizeof(T)) : 0.0;
+}
 
 template <typename T>
 MOE_HOST_DEVICE constexpr Rounded<T> to_rounded(T x) {

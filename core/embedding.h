@@ -86,9 +86,7 @@ class LmHead final : public OutputHead<T> {
 
  private:
   bool held() const { return precision_ == GemmPrecision::Bf16; }
-  sizes::Footprint footprint(int64_t N) const {
-    return sizes::lm_head(double(N), double(V_), held() ? double(sizeof(Rounded<T>)) / double(sizeof(T)) : 0.0);
-  }
+  sizes::Footprint footprint(int64_t N) const { return sizes::lm_head(double(N), double(V_), held_size<T>(held())); }
 
   Ops<T>& ops_;
   int64_t V_, D_;

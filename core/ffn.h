@@ -128,8 +128,7 @@ class DenseMlp final : public FeedForward<T> {
  private:
   bool held() const { return precision_ == GemmPrecision::Bf16; }
   sizes::Footprint footprint(int64_t N) const {
-    constexpr double kHeld = double(sizeof(Rounded<T>)) / double(sizeof(T));
-    return sizes::dense_mlp(double(N), double(F_), double(D_), held() ? kHeld : 0.0);
+    return sizes::dense_mlp(double(N), double(F_), double(D_), held_size<T>(held()));
   }
   // The experts' MLP of one group of N rows on this layer's weights.
   typename Ops<T>::ExpertMlp as_expert(const int64_t* rows) const;

@@ -103,7 +103,7 @@ sizes::MoeShape MoeLayer<T>::shape(int64_t N) const {
           shared_ ? double(s_.shared_experts * s_.expert_hidden / s_.expert_tp) : 0.0,
           fallback_ ? double(s_.fallback_hidden / s_.expert_tp) : 0.0,
           reroutes(s_.overflow),
-          experts_.rounded() ? double(sizeof(Rounded<T>)) / double(sizeof(T)) : 0.0};
+          held_size<T>(experts_.rounded())};
 }
 
 template <typename T>

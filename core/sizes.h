@@ -157,11 +157,18 @@ inline double mla_identity(const MlaShape& a) { return a.R * a.R; }
 
 // DenseMlp with F hidden units (the shard's): W1, W3 (D, F) and W2 (F, D).
 inline double mlp_parameters(double D, double F) { return 3 * D * F; }
-// a, b, h (N, F) kept, as many in scratch; held > 0 (bf16 GEMMs, as MoeShape's): x (N, D) and a, b, h held
-// rounded, the scratch GroupedExperts' (experts_scratch).
+// The experts' activations per slot (core/moe/experts.h ExpertActs): xe (R, D) and a, b, h (R, F), all held rounded
+// under bf16 GEMMs (held: as moe_exchange_rows's).
+inline double expert_activations(double R, double D, double F, double held = 1) { return held * (R * D + 3 * R * F); }
+// GroupedExperts' backward scratch: dh, da, db (R, F); with its tensors held rounded (held > 0, as MoeShape's) dh
+// (R, F), and da, db (R, F) and dy (R, D) held.
+inline double experts_scratch(double R, double F, double D = 0, double held = 0) {
+  return held > 0 ? R * F + held * (2 * R * F + R * D) : 3 * R * F;
+}
+// DenseMlp: a, b, h (N, F) kept, as many in scratch; held > 0 (bf16 GEMMs, as MoeShape's): computed as one group
+// of the experts, their activations (x too) and scratch.
 inline Footprint dense_mlp(double N, double F, double D = 0, double held = 0) {
-  if (held > 0) return {held * (N * D + 3 * N * F), N * F + held * (2 * N * F + N * D)};
-  return {3 * N * F, 3 * N * F};
+  return {held > 0 ? expert_activations(N, D, F, held) : 3 * N * F, experts_scratch(N, F, D, held)};
 }
 
 // ---- Tensor-parallel wrappers (parallel/tp_layers.cpp) ----
@@ -201,9 +208,6 @@ inline double expert_parameters(double El, double D, double F) { return 3 * El *
 struct RoutedRows {
   double M, R, Mf;
 };
-// The experts' activations per slot (core/moe/experts.h ExpertActs): xe (R, D) and a, b, h (R, F), all held rounded
-// under bf16 GEMMs (held: as moe_exchange_rows's).
-inline double expert_activations(double R, double D, double F, double held = 1) { return held * (R * D + 3 * R * F); }
 // The MoE layer's gathered token rows (M, D) and its experts' outputs (R, D), kept across forwards; none over one
 // expert-parallel rank, where the gather writes the experts' input and the experts write the permuted output in
 // place (core/moe_layer.cpp aliased_sides).
@@ -211,11 +215,6 @@ inline double expert_activations(double R, double D, double F, double held = 1) 
 // beside fp32; 1: not rounded), for the gathered rows, which travel rounded.
 inline double moe_exchange_rows(double M, double R, double D, bool one_rank, double held = 1) {
   return one_rank ? 0.0 : held * M * D + R * D;
-}
-// GroupedExperts' backward scratch: dh, da, db (R, F); with its tensors held rounded (held > 0, as MoeShape's) dh
-// (R, F), and da, db (R, F) and dy (R, D) held.
-inline double experts_scratch(double R, double F, double D = 0, double held = 0) {
-  return held > 0 ? R * F + held * (2 * R * F + R * D) : 3 * R * F;
 }
 // The dispatch plan's buffers on the backend per slot (core/moe_layer.cpp MoeSlot, planned by MoeLayer::plan), for
 // the n tokens' n K slots: the permuted buffers sized for every slot (n K: each permuted row's token, gate weight

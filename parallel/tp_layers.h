@@ -216,13 +216,11 @@ class VocabParallelHead final : public OutputHead<T> {
   // Under bf16 GEMMs the logits' gradient is written held rounded for its only readers, the two GEMMs.
   bool held() const { return precision_ == GemmPrecision::Bf16; }
   sizes::Footprint footprint(int64_t N) const {
-    const double held_size = held() ? double(sizeof(Rounded<T>)) / double(sizeof(T)) : 0.0;
-    return sizes::vocab_parallel_head(double(N), double(Vl_), double(D_), tp_.sequence_parallel, held_size);
+    return sizes::vocab_parallel_head(double(N), double(Vl_), double(D_), tp_.sequence_parallel, held_size<T>(held()));
   }
   // The elements of scratch the logits' gradient takes.
   int64_t dlogits_size(int64_t N) const {
-    const double held_size = held() ? double(sizeof(Rounded<T>)) / double(sizeof(T)) : 0.0;
-    return sizes::elements(sizes::held_or_stored(double(N) * double(Vl_), held_size));
+    return sizes::elements(sizes::held_or_stored(double(N) * double(Vl_), held_size<T>(held())));
   }
 
   TpContext tp_;

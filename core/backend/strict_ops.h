@@ -233,27 +233,13 @@ class StrictOps final : public Ops<T> {
   }
   void rmsnorm_forward_residual(const T* x, const T* res, T* sum, const T* gain, T* y, T* rstd, int64_t N,
                                 int64_t D) override {
-    covered(OpId::rmsnorm_forward_residual);
-    const char* op = "rmsnorm_forward_residual";
-    const auto p0 = r(x, N * D, op);
-    const T* p1 = res ? r(res, N * D, op) : nullptr;
-    const auto p2 = r(sum, N * D, op);
-    const auto p3 = r(gain, D, op);
-    const auto p4 = r(y, N * D, op);
-    const auto p5 = r(rstd, N, op);
-    run([=, this] { inner_.rmsnorm_forward_residual(p0, p1, p2, p3, p4, p5, N, D); });
+    residual_norm(OpId::rmsnorm_forward_residual, x, res, sum, gain, y, rstd, N, D,
+                  [this, N, D](auto... p) { inner_.rmsnorm_forward_residual(p..., N, D); });
   }
   void rmsnorm_forward_residual_rounded(const T* x, const T* res, T* sum, const T* gain, Rounded<T>* y, T* rstd,
                                         int64_t N, int64_t D) override {
-    covered(OpId::rmsnorm_forward_residual_rounded);
-    const char* op = "rmsnorm_forward_residual_rounded";
-    const auto p0 = r(x, N * D, op);
-    const T* p1 = res ? r(res, N * D, op) : nullptr;
-    const auto p2 = r(sum, N * D, op);
-    const auto p3 = r(gain, D, op);
-    const auto p4 = r(y, N * D, op);
-    const auto p5 = r(rstd, N, op);
-    run([=, this] { inner_.rmsnorm_forward_residual_rounded(p0, p1, p2, p3, p4, p5, N, D); });
+    residual_norm(OpId::rmsnorm_forward_residual_rounded, x, res, sum, gain, y, rstd, N, D,
+                  [this, N, D](auto... p) { inner_.rmsnorm_forward_residual_rounded(p..., N, D); });
   }
   void rmsnorm_backward_add(const T* x, const T* gain, const T* rstd, const T* dy, T* dres, T* dgain, int64_t N,
                             int64_t D) override {
@@ -390,21 +376,17 @@ class StrictOps final : public Ops<T> {
   }
   void cross_entropy_backward(const T* logits, const int32_t* targets, T scale, T* dlogits, int64_t N,
                               int64_t V) override {
-    covered(OpId::cross_entropy_backward);
-    const char* op = "cross_entropy_backward";
-    const auto p0 = r(logits, N * V, op);
-    const auto p1 = r(targets, N, op);
-    const auto p2 = r(dlogits, N * V, op);
-    run([=, this] { inner_.cross_entropy_backward(p0, p1, scale, p2, N, V); });
+    logit_gradients(OpId::cross_entropy_backward, logits, targets, nullptr, dlogits, N, V,
+                    [this, scale, N, V](const T* z, const int32_t* t, const T*, T* d) {
+                      inner_.cross_entropy_backward(z, t, scale, d, N, V);
+                    });
   }
   void cross_entropy_backward_rounded(const T* logits, const int32_t* targets, T scale, Rounded<T>* dlogits, int64_t N,
                                       int64_t V) override {
-    covered(OpId::cross_entropy_backward_rounded);
-    const char* op = "cross_entropy_backward_rounded";
-    const auto p0 = r(logits, N * V, op);
-    const auto p1 = r(targets, N, op);
-    const auto p2 = r(dlogits, N * V, op);
-    run([=, this] { inner_.cross_entropy_backward_rounded(p0, p1, scale, p2, N, V); });
+    logit_gradients(OpId::cross_entropy_backward_rounded, logits, targets, nullptr, dlogits, N, V,
+                    [this, scale, N, V](const T* z, const int32_t* t, const T*, Rounded<T>* d) {
+                      inner_.cross_entropy_backward_rounded(z, t, scale, d, N, V);
+                    });
   }
   void logits_row_max(const T* logits, int64_t N, int64_t V, double* row_max) override {
     covered(OpId::logits_row_max);
@@ -441,23 +423,17 @@ class StrictOps final : public Ops<T> {
   }
   void logits_softmax_backward(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
                                T* dlogits, int64_t N, int64_t V) override {
-    covered(OpId::logits_softmax_backward);
-    const char* op = "logits_softmax_backward";
-    const auto p0 = r(logits, N * V, op);
-    const auto p1 = r(targets, N, op);
-    const auto p2 = r(lse, N, op);
-    const auto p3 = r(dlogits, N * V, op);
-    run([=, this] { inner_.logits_softmax_backward(p0, p1, first, p2, scale, p3, N, V); });
+    logit_gradients(OpId::logits_softmax_backward, logits, targets, lse, dlogits, N, V,
+                    [this, first, scale, N, V](const T* z, const int32_t* t, const T* l, T* d) {
+                      inner_.logits_softmax_backward(z, t, first, l, scale, d, N, V);
+                    });
   }
   void logits_softmax_backward_rounded(const T* logits, const int32_t* targets, int64_t first, const T* lse, T scale,
                                        Rounded<T>* dlogits, int64_t N, int64_t V) override {
-    covered(OpId::logits_softmax_backward_rounded);
-    const char* op = "logits_softmax_backward_rounded";
-    const auto p0 = r(logits, N * V, op);
-    const auto p1 = r(targets, N, op);
-    const auto p2 = r(lse, N, op);
-    const auto p3 = r(dlogits, N * V, op);
-    run([=, this] { inner_.logits_softmax_backward_rounded(p0, p1, first, p2, scale, p3, N, V); });
+    logit_gradients(OpId::logits_softmax_backward_rounded, logits, targets, lse, dlogits, N, V,
+                    [this, first, scale, N, V](const T* z, const int32_t* t, const T* l, Rounded<T>* d) {
+                      inner_.logits_softmax_backward_rounded(z, t, first, l, scale, d, N, V);
+                    });
   }
   void add_inplace(T* y, const T* x, int64_t n) override {
     covered(OpId::add_inplace);
@@ -832,6 +808,35 @@ class StrictOps final : public Ops<T> {
  private:
   // Elements from the first of `rows` rows of `cols`, `ld` apart, to the last one's end.
   static int64_t strided(int64_t rows, int64_t cols, int64_t ld) { return rows > 0 ? (rows - 1) * ld + cols : 0; }
+  // A residual norm's checks (as stored or, Y = Rounded<T>, its output held rounded), then `call` with the real
+  // pointers (x, r, sum, gain, y, rstd) on the stream.
+  template <typename Y, typename Call>
+  void residual_norm(OpId id, const T* x, const T* res, T* sum, const T* gain, Y* y, T* rstd, int64_t N, int64_t D,
+                     Call call) {
+    covered(id);
+    const char* op = kOpNames[size_t(id)];
+    const auto p0 = r(x, N * D, op);
+    const T* p1 = res ? r(res, N * D, op) : nullptr;
+    const auto p2 = r(sum, N * D, op);
+    const auto p3 = r(gain, D, op);
+    const auto p4 = r(y, N * D, op);
+    const auto p5 = r(rstd, N, op);
+    run([=] { call(p0, p1, p2, p3, p4, p5); });
+  }
+  // The logits' gradient's checks (lse, N values, where given; dlogits as stored or held rounded), then `call` with
+  // the real logits, targets, lse and dlogits on the stream.
+  template <typename Y, typename Call>
+  void logit_gradients(OpId id, const T* logits, const int32_t* targets, const T* lse, Y* dlogits, int64_t N, int64_t V,
+                       Call call) {
+    covered(id);
+    const char* op = kOpNames[size_t(id)];
+    const auto p0 = r(logits, N * V, op);
+    const auto p1 = r(targets, N, op);
+    const T* p2 = lse ? r(lse, N, op) : nullptr;
+    const auto p3 = r(dlogits, N * V, op);
+    run([=] { call(p0, p1, p2, p3); });
+  }
+
   template <typename P>
   P* r(P* p, int64_t n, const char* op) const {
     using Bare = std::remove_const_t<P>;

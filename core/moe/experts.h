@@ -40,8 +40,7 @@ class GroupedExperts {
   void backward(const std::vector<int64_t>& offset, const ExpertActs<T>& acts, const T* dy, T* scratch, T* dx) const;
   // The backward's scratch for R rows (sizes::experts_scratch).
   int64_t scratch_size(int64_t R) const {
-    const double held = rounded() ? double(sizeof(Rounded<T>)) / double(sizeof(T)) : 0.0;
-    return sizes::elements(sizes::experts_scratch(double(R), double(F_), double(D_), held));
+    return sizes::elements(sizes::experts_scratch(double(R), double(F_), double(D_), held_size<T>(rounded())));
   }
 
  private:

@@ -123,7 +123,6 @@ class CpuOps final : public Ops<T> {
                             int64_t D) override {
     rmsnorm_backward_rows(x, gain, rstd, dy, dres, dgain, N, D, true);
   }
-  // One row of rmsnorm_forward: y = x rstd gain, rstd from the sum of squares in double.
   // si = xi + ri (ri null: a copy of xi), then its norm, the row still in cache.
   static void residual_norm_row(const T* xi, const T* ri, T* si, const T* gain, T* yi, T* rstd, int64_t D) {
     if (ri)
@@ -132,6 +131,7 @@ class CpuOps final : public Ops<T> {
       std::copy(xi, xi + D, si);
     rmsnorm_row(si, gain, yi, rstd, D);
   }
+  // One row of rmsnorm_forward: y = x rstd gain, rstd from the sum of squares in double.
   static void rmsnorm_row(const T* xi, const T* gain, T* yi, T* rstd, int64_t D) {
     double ss = 0;
     for (int64_t j = 0; j < D; ++j) ss += double(xi[j]) * xi[j];
