@@ -3,7 +3,17 @@
 # another version of the file (VENV/requirements.sha256). When it cannot be made (no network) the calling test
 # fails, unless MOE_TEST_OFFLINE=1 says this machine is offline: then it is skipped (exit 77). WHAT names the
 # packages in the messages; PIP_OPTIONs go to pip install (e.g. --no-deps). Sourced by the tests that need one.
+# Tests that share an environment may start together (ctest -j): one makes it while the others wait on VENV.lock
+# (flock), then find it made.
 pinned_venv() {
+  mkdir -p "$(dirname "$1")"
+  (flock 9 && make_pinned_venv "$@") 9> "$1.lock"
+  local status=$?
+  [ "$status" = 0 ] || exit "$status"
+}
+
+# pinned_venv's work, under its lock (a subshell: exit 77 or 1 leaves it with that status).
+make_pinned_venv() {
   local venv=$1 requirements=$2 what=$3
   shift 3
   # Debian's python3 (python3-venv) first: a pyenv python3 may lack ensurepip.
