@@ -75,7 +75,10 @@ class MhaAttention final : public Attention<T> {
   // Under bf16 GEMMs the layer rounds each activation its GEMMs read once (Ops::round_values) and they read the
   // rounded copy (HeldRows): x for the three projections and their weight gradients, kept in acts when keep_input
   // (the default; the model's norm writes it there, held_input) or rounded again in backward from the x it is given; dy
-  // for Wo's two products; dq, dk, dv for theirs. The same bits as rounding at every GEMM. A tensor-parallel wrapper
+  // for Wo's two products; dq, dk, dv for theirs, dq and dk rotated back as they are rounded (Ops::rope_rounded). It
+  // keeps q, k, v and the attention's output held rounded too, q and k rotated as they are rounded, the output written
+  // so by the attention op, which reads them all in place (cuDNN's fused form included). The same bits as rounding at
+  // every GEMM and product. A tensor-parallel wrapper
   // gathering its input again in backward (sequence parallelism) sets keep_input false, so as not to keep all N rows.
   // Set before the sizes are asked for.
   void set_keep_input(bool keep) { keep_input_ = keep; }
@@ -84,8 +87,9 @@ class MhaAttention final : public Attention<T> {
     return keeps_input() ? rounded_input(acts, nullptr, N) : nullptr;
   }
   // q, k, v, the attention's output (N, Dq) each and, when kept, the probabilities (B, Hl, T, T), with Hl
-  // the shard's heads and Dq their width; fused: the statistics (B, Hl, T) instead of the probabilities; then the
-  // held input (sizes::mha_held_input).
+  // the shard's heads and Dq their width; fused: the statistics (B, Hl, T) instead of the probabilities. Under bf16
+  // GEMMs the probabilities or statistics first, then the four held rounded from a 256-byte boundary, then the held
+  // input (sizes::mha).
   int64_t activation_size(int64_t N) const override { return sizes::elements(sizes::mha(shape(N), N).activations); }
   // dq, dk, dv, d(att) (N, Dq) each and, plain, one (T, T) block and, when not kept, the recomputed probabilities.
   int64_t scratch_size(int64_t N) const override { return sizes::elements(sizes::mha(shape(N), N).scratch); }
@@ -114,27 +118,47 @@ class MhaAttention final : public Attention<T> {
     return scratch + scratch_size(N) - held_scratch_size(N) - 2 * N * Dkv_;
   }
   // q = x Wq, and the projections of k and v: grouped, into the start of the forward scratch (N, Dkv) each, then
-  // expanded into k and v; else straight into them. X: Rows or HeldRows (core/linear.h).
+  // rotated once per key head and expanded into k and v; else straight into them. X: Rows or HeldRows (core/linear.h).
   template <typename X>
   void project(const X& x, T* q, T* k, T* v, T* scratch, int64_t B);
-  // Wo's products from dy (as stored or held), datt = dy Wo^T written.
-  template <typename Y>
-  void output_backward(const Y& dy, const T* att, T* datt, int64_t N);
+  // The attention's operands an op reads: q, k, v as stored or held rounded (Ops' attention args).
+  struct Inputs {
+    const T *q = nullptr, *k = nullptr, *v = nullptr;
+    const Rounded<T>*q_rounded = nullptr, *k_rounded = nullptr, *v_rounded = nullptr;
+    template <typename A>
+    A into(A a) const {
+      a.q = q, a.k = k, a.v = v, a.q_rounded = q_rounded, a.k_rounded = k_rounded, a.v_rounded = v_rounded;
+      return a;
+    }
+  };
+  // Under bf16 GEMMs q, k, v and the attention's output held rounded in acts (N, Dq) each, from a boundary of
+  // kHeldAlignment bytes after the probabilities or statistics (the room for it in sizes::kMhaHeldPad): cuDNN reads
+  // and writes them in place.
+  struct Held {
+    Rounded<T>*q, *k, *v, *att;
+  };
+  static constexpr uintptr_t kHeldAlignment = 256;
+  Held held_tensors(const T* acts, int64_t N) const;
+  void held_forward(const T* x, T* y, T* acts, T* scratch, int64_t B);
+  void held_backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B);
+  // Held: q, k, v projected from the held input into the scratch, then rotated and rounded into h.
+  void held_project(const Rounded<T>* xr, const Held& h, T* scratch, int64_t B);
+  // The attention op (fused or plain) and its backward; saved: the probabilities or statistics in acts.
+  void attend(const Inputs& in, T* out, Rounded<T>* out_rounded, T* saved, T* scratch, int64_t B);
+  void attend_backward(const Inputs& in, const T* out, const Rounded<T>* out_rounded, const T* saved, const T* datt,
+                       T* scratch, int64_t B);
+  // Wo's products from the attention's output and dy (each as stored or held), datt = dy Wo^T written.
+  template <typename A, typename Y>
+  void output_backward(const A& att, const Y& dy, T* datt, int64_t N);
   // The projections' weight and input gradients from x and dq, dk, dv (as stored or held); dx written.
   template <typename X, typename Y>
   void projections_backward(const X& x, const Y& dq, const Y& dk, const Y& dv, T* dx, int64_t N);
-  // backward's tail under bf16 GEMMs: dq, dk, dv and, not kept, x rounded once each into the held scratch.
-  void held_projections_backward(const T* x, const T* dq, const T* dk, const T* dv, T* dx, const T* acts, T* scratch,
-                                 int64_t N);
   // Grouped: sums the expanded heads' gradients dk, dv into kv_gradients and points dk, dv at those sums.
   void reduce_kv_gradients(T*& dk, T*& dv, T* scratch, int64_t N);
   // Whether the backend runs the fused form for N tokens (B = N / T sequences); the backend keeps the answer.
   bool fused(int64_t N) const { return N > 0 && ops_.fused_attention_supported(shape_of(N / T_)); }
   // The attention op's shape for B sequences: the shard's heads at the layer's precision.
   AttentionShape shape_of(int64_t B) const { return {B, T_, Hl_, D_ / H_, precision_}; }
-  // The plain form's attention op (probabilities kept in acts after att, or in scratch) and its backward.
-  void plain_forward(const T* q, const T* k, const T* v, T* att, T* scratch, int64_t B);
-  void plain_backward(const T* q, const T* k, const T* v, const T* att, const T* datt, T* scratch, int64_t B);
   // Probabilities not kept: in scratch after dq, dk, dv, d(att) and the (T, T) block.
   T* recomputed_probabilities(T* scratch, int64_t N) const { return scratch + 4 * N * Dq_ + T_ * T_; }
 

@@ -119,6 +119,17 @@ MOE_HOST_DEVICE constexpr T from_rounded(Rounded<T> x) {
     return x;
 }
 
+// A value written as stored or, kRounded, held rounded (fp64 holds its rounded values, so the flag says which).
+template <typename T, bool kRounded>
+using Stored = std::conditional_t<kRounded, Rounded<T>, T>;
+template <bool kRounded, typename T>
+MOE_HOST_DEVICE constexpr Stored<T, kRounded> stored(T v) {
+  if constexpr (kRounded)
+    return to_rounded(v);
+  else
+    return v;
+}
+
 template <typename T>
 constexpr DType dtype_of();
 template <>

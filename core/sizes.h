@@ -109,16 +109,19 @@ inline double mha_held_input(const MhaShape& a, double N) { return a.keep_input 
 inline double mha_held_scratch(const MhaShape& a, double N) { return a.held * N * (a.D + a.Dq + 2 * a.kv_width()); }
 // Wq (D, Dq), Wk, Wv (D, Dkv) and Wo (Dq, D).
 inline double mha_parameters(const MhaShape& a) { return 2 * a.D * a.Dq + 2 * a.D * a.kv_width(); }
-// Kept: q, k, v, the attention's output (N, Dq) (grouped: k and v expanded to every query head) and the
-// probabilities (B, Hl, T, T) or, fused, each row's log-sum-exp (B, Hl, T), then the held input. Scratch: dq, dk,
-// dv, d(att) (N, Dq) and, plain, one (T, T) block and the recomputed probabilities when not kept; grouped, then the
-// key and value heads' own gradients (N, Dkv) each (forward projects k and v into the start of the scratch, then
-// expands them); then the held scratch.
+// Under bf16 GEMMs the room before MhaAttention's held q, k, v and output in which they start at a 256-byte boundary.
+inline constexpr double kMhaHeldPad = 64;
+// Kept: q, k, v, the attention's output (N, Dq) (grouped: k and v expanded to every query head), held rounded under
+// bf16 GEMMs (after the pad), and the probabilities (B, Hl, T, T) or, fused, each row's log-sum-exp (B, Hl, T), then
+// the held input. Scratch: dq, dk, dv, d(att) (N, Dq) and, plain, one (T, T) block and the recomputed probabilities
+// when not kept; grouped, then the key and value heads' own gradients (N, Dkv) each (forward projects k and v into
+// the start of the scratch, then expands them; held, it projects q, k, v there first); then the held scratch.
 inline Footprint mha(const MhaShape& a, double N) {
   const double probs = N * a.Hl * a.T, kv_grads = a.grouped() ? 2 * N * a.kv_width() : 0.0;
   const double input = mha_held_input(a, N), held = mha_held_scratch(a, N);
-  if (a.fused) return {4 * N * a.Dq + N * a.Hl + input, 4 * N * a.Dq + kv_grads + held};
-  return {4 * N * a.Dq + (a.keep_probs ? probs : 0.0) + input,
+  const double kept = a.held > 0 ? a.held * 4 * N * a.Dq + kMhaHeldPad : 4 * N * a.Dq;
+  if (a.fused) return {kept + N * a.Hl + input, 4 * N * a.Dq + kv_grads + held};
+  return {kept + (a.keep_probs ? probs : 0.0) + input,
           4 * N * a.Dq + a.T * a.T + (a.keep_probs ? 0.0 : probs) + kv_grads + held};
 }
 
@@ -329,9 +332,10 @@ inline double grouped_gemm_pointer_bytes(double problems) { return 3 * problems 
 inline double rope_table_bytes(double T, double Dh, double storage) { return 2 * T * std::floor(Dh / 2) * storage; }
 
 // Fused attention (attention_ops.cu, cudnn_attention.cu) over B sequences of T, H heads of width Dh: the bf16
-// copies in one workspace of sections at 256-byte boundaries (forward: q, k, v, O; backward: q, k, v, O, dO, dq, dk,
-// dv), the statistics (B H T fp32) in aligned workspace, the graph's workspace tensors each padded to 256 bytes
-// (attention_graph.cpp; the backward's dO . O per row in fp32 and, nondeterministic, dQ accumulated in fp32), and
+// copies in one workspace of sections at 256-byte boundaries (MhaAttention's q, k, v and O are read and written where
+// it holds them, so its backward's sections are dO, dq, dk, dv; an operand given in fp32 or not 16-byte aligned takes
+// one more each), the statistics (B H T fp32) in aligned workspace, the graph's workspace tensors each padded to 256
+// bytes (attention_graph.cpp; the backward's dO . O per row in fp32 and, nondeterministic, dQ accumulated in fp32), and
 // cuDNN's own workspace, which its execution plan states at run time: the estimate takes dS (B H T T bf16) for
 // the deterministic backward, none otherwise.
 inline double bf16_sections_bytes(double sections, double n) { return sections * std::ceil(n / 128) * 128 * 2; }
@@ -353,9 +357,12 @@ inline double cudnn_backward_bytes(const FusedAttentionShape& a) {
   return a.deterministic ? a.B * a.H * a.T * a.T * 2 : 0.0;
 }
 inline double fused_attention_backward_bytes(const FusedAttentionShape& a) {
-  return bf16_sections_bytes(8, a.B * a.T * a.H * a.Dh) + attention_stats_bytes(a.B, a.T, a.H) +
+  return bf16_sections_bytes(4, a.B * a.T * a.H * a.Dh) + attention_stats_bytes(a.B, a.T, a.H) +
          attention_backward_graph_bytes(a) + cudnn_backward_bytes(a);
 }
+// The plain attention writing its output held rounded (attention_ops.cu): the product P V in the storage type for N
+// tokens of width Dq, then rounded once.
+inline double attention_held_output_bytes(double N, double Dq, double type_size) { return N * Dq * type_size; }
 // The fused attention of an MhaAttention shard on N tokens.
 inline FusedAttentionShape fused_attention_shape(const MhaShape& a, double N, bool deterministic) {
   return {N / a.T, a.T, a.Hl, a.Dq / a.Hl, deterministic};

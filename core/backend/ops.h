@@ -90,6 +90,12 @@ struct AttentionShape {
   double scale() const { return 1.0 / std::sqrt(double(Dh)); }
 };
 
+// Held operands (bf16 GEMMs only, shape.precision Bf16): q, k and v may come held rounded by their producer, all three
+// (q_rounded, k_rounded, v_rounded in q, k and v's places, those null), and out may be held rounded (out_rounded in
+// out's place): the four products read bf16 operands anyway, and D_i = dO_i . O_i of the fused backward reads O
+// rounded, so holding them gives the bits of rounding them at every call (MhaAttention keeps them so: half the
+// memory, and the rounding passes gone).
+
 // The plain form's operands: probs (B, H, T, T) written by forward (upper triangle zero), read by backward.
 template <typename T>
 struct AttentionForwardArgs {
@@ -97,6 +103,8 @@ struct AttentionForwardArgs {
   const T *q = nullptr, *k = nullptr, *v = nullptr;
   T* out = nullptr;
   T* probs = nullptr;
+  const Rounded<T>*q_rounded = nullptr, *k_rounded = nullptr, *v_rounded = nullptr;
+  Rounded<T>* out_rounded = nullptr;
 };
 // dq, dk, dv written; scratch: (T, T).
 template <typename T>
@@ -105,6 +113,7 @@ struct AttentionBackwardArgs {
   const T *q = nullptr, *k = nullptr, *v = nullptr, *probs = nullptr, *dout = nullptr;
   T *dq = nullptr, *dk = nullptr, *dv = nullptr;
   T* scratch = nullptr;
+  const Rounded<T>*q_rounded = nullptr, *k_rounded = nullptr, *v_rounded = nullptr;
 };
 // The fused form's: stats (B, H, T), row i of head (b, h) the log-sum-exp over j <= i of the scaled scores
 // q_i . k_j / sqrt(Dh), written by forward and read by backward with its out.
@@ -114,13 +123,32 @@ struct FusedAttentionForwardArgs {
   const T *q = nullptr, *k = nullptr, *v = nullptr;
   T* out = nullptr;
   T* stats = nullptr;
+  const Rounded<T>*q_rounded = nullptr, *k_rounded = nullptr, *v_rounded = nullptr;
+  Rounded<T>* out_rounded = nullptr;
 };
 template <typename T>
 struct FusedAttentionBackwardArgs {
   AttentionShape shape;
   const T *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr, *stats = nullptr, *dout = nullptr;
   T *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  const Rounded<T>*q_rounded = nullptr, *k_rounded = nullptr, *v_rounded = nullptr, *out_rounded = nullptr;
 };
+
+// An attention call's operands as held or as stored (each backend's attention ops check them so): q, k, v all held
+// or none, each given once, held ones under bf16 GEMMs only; out (where the call has one) given once.
+template <typename A>
+void check_attention_operands(const A& a, const char* op) {
+  bool held = a.q_rounded || a.k_rounded || a.v_rounded;
+  MOE_CHECK(held ? (a.q_rounded && a.k_rounded && a.v_rounded && !a.q && !a.k && !a.v) : (a.q && a.k && a.v),
+            op << ": q, k and v are given all as stored or all held rounded (q_rounded, k_rounded, v_rounded), "
+               << "each once");
+  if constexpr (requires { a.out_rounded; }) {
+    MOE_CHECK(!a.out != !a.out_rounded, op << ": out is given as stored or held rounded (out_rounded), once");
+    held = held || a.out_rounded;
+  }
+  MOE_CHECK(!held || a.shape.precision == GemmPrecision::Bf16,
+            op << ": held operands are read by bf16 products only (shape.precision Bf16)");
+}
 
 // One segment of a sum of squares over many (Ops::sum_squares_segments_into): `length` elements from `offset`,
 // counted from the call's base pointer.
@@ -215,6 +243,9 @@ class Ops {
   // Rotary embedding in place on x: (B, T, H, Dh), pairs (2i, 2i+1) of each head rotated by
   // angle t * base^(-2i/Dh). inverse = true applies the transpose (the backward of the forward).
   virtual void rope(T* x, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) = 0;
+  // The rotation in the cast: y = rope(x) held rounded (x unchanged; y (B, T, H, Dh)), the bits of rope then
+  // round_values, in one pass (attention's q and k as its products read them, and dq, dk as their GEMMs do).
+  virtual void rope_rounded(const T* x, Rounded<T>* y, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) = 0;
 
   // Grouped-query attention's key and value heads (docs/model.md): x (N, Hkv*Dh), y (N, Hkv*group*Dh) with
   // y's head h*group + g a copy of x's head h (each of x's heads read by its group of query heads).

@@ -35,6 +35,7 @@ enum class OpId : int {
   rmsnorm_forward_residual_rounded,
   rmsnorm_backward_add,
   rope,
+  rope_rounded,
   expand_heads,
   expand_heads_backward,
   attention_forward,
@@ -103,6 +104,7 @@ inline constexpr const char* kOpNames[] = {"gemm",
                                            "rmsnorm_forward_residual_rounded",
                                            "rmsnorm_backward_add",
                                            "rope",
+                                           "rope_rounded",
                                            "expand_heads",
                                            "expand_heads_backward",
                                            "attention_forward",
@@ -258,6 +260,13 @@ class StrictOps final : public Ops<T> {
     const auto p0 = r(x, B * T_ * H * Dh, "rope");
     run([=, this] { inner_.rope(p0, B, T_, H, Dh, inverse); });
   }
+  void rope_rounded(const T* x, Rounded<T>* y, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) override {
+    covered(OpId::rope_rounded);
+    const char* op = "rope_rounded";
+    const auto p0 = r(x, B * T_ * H * Dh, op);
+    const auto p1 = r(y, B * T_ * H * Dh, op);
+    run([=, this] { inner_.rope_rounded(p0, p1, B, T_, H, Dh, inverse); });
+  }
   void expand_heads(const T* x, T* y, int64_t N, int64_t Hkv, int64_t group, int64_t Dh) override {
     covered(OpId::expand_heads);
     const char* op = "expand_heads";
@@ -275,20 +284,20 @@ class StrictOps final : public Ops<T> {
   void attention_forward(const AttentionForwardArgs<T>& a) override {
     covered(OpId::attention_forward);
     const char* op = "attention_forward";
+    check_attention_operands(a, op);  // at the call, as a device's op would
     const AttentionShape& s = a.shape;
     const int64_t n = s.B * s.T * s.H * s.Dh;
-    AttentionForwardArgs<T> real = a;
-    real.q = r(a.q, n, op), real.k = r(a.k, n, op), real.v = r(a.v, n, op), real.out = r(a.out, n, op);
+    AttentionForwardArgs<T> real = real_operands(a, n, op);
     real.probs = r(a.probs, s.B * s.H * s.T * s.T, op);
     run([=, this] { inner_.attention_forward(real); });
   }
   void attention_backward(const AttentionBackwardArgs<T>& a) override {
     covered(OpId::attention_backward);
     const char* op = "attention_backward";
+    check_attention_operands(a, op);  // at the call, as a device's op would
     const AttentionShape& s = a.shape;
     const int64_t n = s.B * s.T * s.H * s.Dh;
-    AttentionBackwardArgs<T> real = a;
-    real.q = r(a.q, n, op), real.k = r(a.k, n, op), real.v = r(a.v, n, op);
+    AttentionBackwardArgs<T> real = real_operands(a, n, op);
     real.probs = r(a.probs, s.B * s.H * s.T * s.T, op);
     real.dout = r(a.dout, n, op);
     real.dq = r(a.dq, n, op), real.dk = r(a.dk, n, op), real.dv = r(a.dv, n, op);
@@ -304,20 +313,20 @@ class StrictOps final : public Ops<T> {
   void attention_forward_fused(const FusedAttentionForwardArgs<T>& a) override {
     covered(OpId::attention_forward_fused);
     const char* op = "attention_forward_fused";
+    check_attention_operands(a, op);  // at the call, as a device's op would
     const AttentionShape& s = a.shape;
     const int64_t n = s.B * s.T * s.H * s.Dh;
-    FusedAttentionForwardArgs<T> real = a;
-    real.q = r(a.q, n, op), real.k = r(a.k, n, op), real.v = r(a.v, n, op), real.out = r(a.out, n, op);
+    FusedAttentionForwardArgs<T> real = real_operands(a, n, op);
     real.stats = r(a.stats, s.B * s.H * s.T, op);
     run([=, this] { inner_.attention_forward_fused(real); });
   }
   void attention_backward_fused(const FusedAttentionBackwardArgs<T>& a) override {
     covered(OpId::attention_backward_fused);
     const char* op = "attention_backward_fused";
+    check_attention_operands(a, op);  // at the call, as a device's op would
     const AttentionShape& s = a.shape;
     const int64_t n = s.B * s.T * s.H * s.Dh;
-    FusedAttentionBackwardArgs<T> real = a;
-    real.q = r(a.q, n, op), real.k = r(a.k, n, op), real.v = r(a.v, n, op), real.out = r(a.out, n, op);
+    FusedAttentionBackwardArgs<T> real = real_operands(a, n, op);
     real.stats = r(a.stats, s.B * s.H * s.T, op);
     real.dout = r(a.dout, n, op);
     real.dq = r(a.dq, n, op), real.dk = r(a.dk, n, op), real.dv = r(a.dv, n, op);
@@ -841,6 +850,14 @@ class StrictOps final : public Ops<T> {
   P* r(P* p, int64_t n, const char* op) const {
     using Bare = std::remove_const_t<P>;
     return static_cast<P*>(shadow_.real(const_cast<Bare*>(p), size_t(n > 0 ? n : 0) * sizeof(P), op));
+  }
+  // An attention call's q, k, v and out (where it has one), as stored or held rounded, n elements each.
+  template <typename A>
+  A real_operands(A a, int64_t n, const char* op) const {
+    a.q = r(a.q, n, op), a.k = r(a.k, n, op), a.v = r(a.v, n, op);
+    a.q_rounded = r(a.q_rounded, n, op), a.k_rounded = r(a.k_rounded, n, op), a.v_rounded = r(a.v_rounded, n, op);
+    if constexpr (requires { a.out; }) a.out = r(a.out, n, op), a.out_rounded = r(a.out_rounded, n, op);
+    return a;
   }
   typename Ops<T>::ExpertMlp real_weights(typename Ops<T>::ExpertMlp e, const char* op) const {
     const int64_t n = e.groups * e.D * e.F;

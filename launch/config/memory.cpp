@@ -246,7 +246,8 @@ double device_kept_bytes(const Sizes& s, double parameters) {
 // rounds its activation operands (the parameters come from their kept copy): the largest are the head's input x
 // (N, D) (its logits' gradient is written held rounded), and an expert layer's largest operand that is not held rounded
 // already (its da (R, Fe / etp) or dy (R, D)) with the grouped call's pointer array; the fused attention's backward
-// (sizes::fused_attention_backward_bytes). Not counted: the small per-call workspaces (the gradient norm's partial
+// (sizes::fused_attention_backward_bytes), or the plain attention's output before it is rounded (N, Dq) in fp32
+// (sizes::attention_held_output_bytes). Not counted: the small per-call workspaces (the gradient norm's partial
 // sums, the sorts' storage, which CUB states at run time).
 double device_transient_bytes(const Sizes& s) {
   if (!s.cuda) return 0;
@@ -259,9 +260,12 @@ double device_transient_bytes(const Sizes& s) {
           largest, sizes::rounded_operand_bytes(routed_rows(s).expert_side * std::max(s.D, s.Fe / s.etp), kFloat) +
                        sizes::grouped_gemm_pointer_bytes(s.E / s.ep));
   }
-  if (s.fused && s.dense_layers + s.moe_layers > 0)
+  const bool attention = s.dense_layers + s.moe_layers > 0;
+  if (s.fused && attention)
     largest = std::max(largest, sizes::fused_attention_backward_bytes(
                                     sizes::fused_attention_shape(mha_shape(s, true), s.N, s.fused_deterministic)));
+  if (s.cuda_bf16 && !s.fused && !s.mla && attention)
+    largest = std::max(largest, sizes::attention_held_output_bytes(s.N, s.D / s.tp, kFloat));
   return largest;
 }
 

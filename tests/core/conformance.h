@@ -12,11 +12,13 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/backend/backend.h"
 #include "core/backend/cuda_backend.h"
 #include "core/backend/memory_check.h"
+#include "core/dtype.h"
 #include "core/philox.h"
 
 namespace moe::conformance {
@@ -58,6 +60,30 @@ template <typename T>
 std::vector<double> get(Backend& b, const Buffer& buffer) {
   const std::vector<T> v = b.download<T>(buffer);
   return {v.begin(), v.end()};
+}
+
+// Host values rounded as a producer holds them, and the values they stand for.
+template <typename T>
+std::vector<Rounded<T>> held(const std::vector<double>& host) {
+  std::vector<Rounded<T>> out(host.size());
+  for (size_t i = 0; i < host.size(); ++i) out[i] = to_rounded(T(host[i]));
+  return out;
+}
+template <typename T>
+std::vector<double> values(const std::vector<Rounded<T>>& v) {
+  std::vector<double> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if constexpr (std::is_same_v<T, float>)
+      out[i] = bf16_to_float(v[i]);
+    else
+      out[i] = v[i];
+  }
+  return out;
+}
+template <typename T>
+std::vector<double> rounded_values(std::vector<double> v) {
+  for (double& x : v) x = double(round_to_bf16(T(x)));
+  return v;
 }
 
 // Unit round-off of T.

@@ -701,30 +701,6 @@ TEST_P(Conformance, DispatchPlanFallbackRows) {
 
 // ---- Operands held rounded by their producers (dtype.h Rounded; train.precision = bf16) ----------------------
 
-// Host values rounded as a producer holds them, and the values they stand for.
-template <typename T>
-std::vector<Rounded<T>> held(const std::vector<double>& host) {
-  std::vector<Rounded<T>> out(host.size());
-  for (size_t i = 0; i < host.size(); ++i) out[i] = to_rounded(T(host[i]));
-  return out;
-}
-template <typename T>
-std::vector<double> values(const std::vector<Rounded<T>>& v) {
-  std::vector<double> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    if constexpr (std::is_same_v<T, float>)
-      out[i] = bf16_to_float(v[i]);
-    else
-      out[i] = v[i];
-  }
-  return out;
-}
-template <typename T>
-std::vector<double> rounded_values(std::vector<double> v) {
-  for (double& x : v) x = double(round_to_bf16(T(x)));
-  return v;
-}
-
 // A bf16 GEMM reads a rounded A in A's place: the same bits as rounding A at the call, every layout, plain and
 // grouped (strided A for the plain one); a plain GEMM and a grouped weight gradient read B held rounded likewise.
 template <typename T>

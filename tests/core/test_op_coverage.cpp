@@ -1,7 +1,7 @@
-// ggml's coverage rule for the op conformance suites: after every case of tests/core/test_ops.cpp and
-// test_moe_ops.cpp has run (this program holds both), each op of Ops must have run on the memory-checking
-// backend, which every case runs on (the "strict" row of conformance::backends()). An op without a case fails
-// here, naming it. Registered as one ctest test (the check needs the whole run, not one case at a time).
+// ggml's coverage rule for the op conformance suites: after every case of tests/core/test_ops.cpp,
+// test_moe_ops.cpp and test_held_ops.cpp has run (this program holds all three), each op of Ops must have run on the
+// memory-checking backend, which every case runs on (the "strict" row of conformance::backends()). An op without a case
+// fails here, naming it. Registered as one ctest test (the check needs the whole run, not one case at a time).
 #include <gtest/gtest.h>
 
 #include <string>

@@ -170,25 +170,10 @@ class CpuOps final : public Ops<T> {
   }
 
   void rope(T* x, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) override {
-    MOE_CHECK(Dh % 2 == 0, "rotary embedding needs an even head width, got " << Dh);
-    const int64_t pairs = Dh / 2;
-    const RopeTable& table = rope_table(T_, Dh);
-    const std::vector<T>& cos_table = table.cos;
-    const std::vector<T>& sin_table = inverse ? table.minus_sin : table.sin;
-#pragma omp parallel for schedule(static)
-    for (int64_t bt = 0; bt < B * T_; ++bt) {
-      const int64_t t = bt % T_;
-      const T* c = cos_table.data() + t * pairs;
-      const T* s = sin_table.data() + t * pairs;
-      for (int64_t h = 0; h < H; ++h) {
-        T* v = x + (bt * H + h) * Dh;
-        for (int64_t i = 0; i < pairs; ++i) {
-          const T x0 = v[2 * i], x1 = v[2 * i + 1];
-          v[2 * i] = x0 * c[i] - x1 * s[i];
-          v[2 * i + 1] = x0 * s[i] + x1 * c[i];
-        }
-      }
-    }
+    rotate<false>(x, x, B, T_, H, Dh, inverse);
+  }
+  void rope_rounded(const T* x, Rounded<T>* y, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) override {
+    rotate<true>(x, y, B, T_, H, Dh, inverse);
   }
 
   void expand_heads(const T* x, T* y, int64_t N, int64_t Hkv, int64_t group, int64_t Dh) override {
@@ -211,19 +196,31 @@ class CpuOps final : public Ops<T> {
   }
 
   void attention_forward(const AttentionForwardArgs<T>& a) override {
-    cpu::attention_forward(a.shape, a.q, a.k, a.v, a.out, a.probs);
+    check_attention_operands(a, "attention_forward");
+    with_operands(a, [&](auto q, auto k, auto v, auto rounded, auto out) {
+      cpu::attention_forward<decltype(rounded)::value>(a.shape, q, k, v, out, a.probs);
+    });
   }
   void attention_backward(const AttentionBackwardArgs<T>& a) override {
-    cpu::attention_backward(a.shape, a.q, a.k, a.v, a.probs, a.dout, a.dq, a.dk, a.dv, a.scratch);
+    check_attention_operands(a, "attention_backward");
+    with_inputs(a, [&](auto q, auto k, auto v) {
+      cpu::attention_backward(a.shape, q, k, v, a.probs, a.dout, a.dq, a.dk, a.dv, a.scratch);
+    });
   }
 
   // The fused form is the reference for other backends; layers use it here only when asked to.
   bool fused_attention_supported(const AttentionShape&) override { return this->fused_attention_allowed(); }
   void attention_forward_fused(const FusedAttentionForwardArgs<T>& a) override {
-    cpu::fused_attention_forward(a.shape, a.q, a.k, a.v, a.out, a.stats);
+    check_attention_operands(a, "attention_forward_fused");
+    with_operands(a, [&](auto q, auto k, auto v, auto rounded, auto out) {
+      cpu::fused_attention_forward<decltype(rounded)::value>(a.shape, q, k, v, out, a.stats);
+    });
   }
   void attention_backward_fused(const FusedAttentionBackwardArgs<T>& a) override {
-    cpu::fused_attention_backward(a.shape, a.q, a.k, a.v, a.out, a.stats, a.dout, a.dq, a.dk, a.dv);
+    check_attention_operands(a, "attention_backward_fused");
+    with_operands(a, [&](auto q, auto k, auto v, auto, auto out) {
+      cpu::fused_attention_backward(a.shape, q, k, v, out, a.stats, a.dout, a.dq, a.dk, a.dv);
+    });
   }
 
   // In blocks on all threads (cpu/expert_mlp.h: float through cpu/vector_math.h, double as written).
@@ -517,6 +514,50 @@ class CpuOps final : public Ops<T> {
   }
   std::vector<T> rounded_parameters_;
   uint64_t rounded_version_ = ~uint64_t(0);
+
+  // f(q, k, v) on an attention call's inputs as it gives them: as stored or held rounded (Ops' attention args).
+  template <typename A, typename F>
+  static void with_inputs(const A& a, F&& f) {
+    if (a.q_rounded)
+      f(a.q_rounded, a.k_rounded, a.v_rounded);
+    else
+      f(a.q, a.k, a.v);
+  }
+  // f(q, k, v, rounded, out) likewise, out as given too: rounded std::true_type where it is held rounded.
+  template <typename A, typename F>
+  static void with_operands(const A& a, F&& f) {
+    with_inputs(a, [&](auto q, auto k, auto v) {
+      if (a.out_rounded)
+        f(q, k, v, std::true_type{}, a.out_rounded);
+      else
+        f(q, k, v, std::false_type{}, a.out);
+    });
+  }
+
+  // y = x rotated (rope's pairs): in place (y = x), or held rounded (kRounded; fp64 holds the rounded values).
+  template <bool kRounded, typename Y>
+  void rotate(const T* x, Y* y, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) {
+    MOE_CHECK(Dh % 2 == 0, "rotary embedding needs an even head width, got " << Dh);
+    const int64_t pairs = Dh / 2;
+    const RopeTable& table = rope_table(T_, Dh);
+    const std::vector<T>& cos_table = table.cos;
+    const std::vector<T>& sin_table = inverse ? table.minus_sin : table.sin;
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < B * T_; ++bt) {
+      const int64_t t = bt % T_;
+      const T* c = cos_table.data() + t * pairs;
+      const T* s = sin_table.data() + t * pairs;
+      for (int64_t h = 0; h < H; ++h) {
+        const T* in = x + (bt * H + h) * Dh;
+        Y* out = y + (bt * H + h) * Dh;
+        for (int64_t i = 0; i < pairs; ++i) {
+          const T x0 = in[2 * i], x1 = in[2 * i + 1];
+          out[2 * i] = moe::stored<kRounded>(T(x0 * c[i] - x1 * s[i]));
+          out[2 * i + 1] = moe::stored<kRounded>(T(x0 * s[i] + x1 * c[i]));
+        }
+      }
+    }
+  }
 
   // cos and sin of angle t * base^(-2i/Dh) for t < T, i < Dh / 2, kept for the last shape asked for: every
   // layer of a step asks for the same one.

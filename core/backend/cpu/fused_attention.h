@@ -20,16 +20,16 @@ namespace moe::cpu {
 
 // One head's forward: S = scale Q K^T in `block` (T, T), its causal softmax rows (stats: their log-sum-exp),
 // O = P V. rows_parallel: the rows split among threads (when heads are not).
-template <typename T>
-void fused_head_forward(const AttentionShape& s, int64_t bh, const T* q, const T* k, const T* v, T* out, T* stats,
-                        T* block, bool rows_parallel) {
+template <bool kRounded, typename T, typename X>
+void fused_head_forward(const AttentionShape& s, int64_t bh, const X* q, const X* k, const X* v,
+                        Stored<T, kRounded>* out, T* stats, T* block, bool rows_parallel) {
   const int64_t off = s.offset(bh), D = s.D(), T_ = s.T;
   const GemmInputs<T> p{s.precision};
   T* lse = stats + bh * T_;
   gemm_at(p, false, true, T_, T_, s.Dh, T(s.scale()), q + off, D, k + off, D, T(0), block, T_);
 #pragma omp parallel for schedule(static) if (rows_parallel)
   for (int64_t i = 0; i < T_; ++i) lse[i] = T(causal_softmax_row(block + i * T_, i, T_));
-  gemm_at(p, false, false, T_, s.Dh, T_, T(1), block, T_, v + off, D, T(0), out + off, D);
+  gemm_into<kRounded>(p, false, false, T_, s.Dh, T_, T(1), block, T_, v + off, D, out + off, D);
 }
 
 // Row i of P = exp(S - lse_i) over j <= i, zero after, in place on the scores; the exponentials all at once
@@ -41,14 +41,22 @@ void probabilities_row(T* row, int64_t i, int64_t T_, double lse) {
   for (int64_t j = i + 1; j < T_; ++j) row[j] = T(0);
 }
 
+// An operand of D_i as the products read it: rounded to bf16 under bf16 GEMMs (already, where it is held rounded).
+template <typename X>
+double product_operand(X x, bool bf16) {
+  if constexpr (std::is_same_v<X, moe::bf16>)
+    return double(bf16_to_float(x));
+  else
+    return bf16 ? double(round_to_bf16(x)) : double(x);
+}
+
 // Row i of dS = P * (dP - D_i) * scale in place on dP, with D_i = dO_i . O_i (both read as the products read
-// them: rounded to bf16 under bf16 GEMMs), in double.
-template <typename T>
-void fused_softmax_backward_row(const AttentionShape& s, const T* p, T* d, const T* dout_i, const T* out_i, int64_t i) {
+// them: rounded to bf16 under bf16 GEMMs), in double. O: out as stored or held rounded.
+template <typename T, typename O>
+void fused_softmax_backward_row(const AttentionShape& s, const T* p, T* d, const T* dout_i, const O* out_i, int64_t i) {
   const bool bf16 = s.precision == GemmPrecision::Bf16;
   double D_i = 0;
-  for (int64_t c = 0; c < s.Dh; ++c)
-    D_i += bf16 ? double(round_to_bf16(dout_i[c])) * double(round_to_bf16(out_i[c])) : double(dout_i[c]) * out_i[c];
+  for (int64_t c = 0; c < s.Dh; ++c) D_i += product_operand(dout_i[c], bf16) * product_operand(out_i[c], bf16);
   const double scale = s.scale();
   for (int64_t j = 0; j <= i; ++j) d[j] = T(double(p[j]) * (double(d[j]) - D_i) * scale);
   for (int64_t j = i + 1; j < s.T; ++j) d[j] = T(0);
@@ -56,8 +64,8 @@ void fused_softmax_backward_row(const AttentionShape& s, const T* p, T* d, const
 
 // One head's backward with two (T, T) buffers of the calling thread: P recomputed into `probs`, dP then dS in
 // `grad`.
-template <typename T>
-void fused_head_backward(const AttentionShape& s, int64_t bh, const T* q, const T* k, const T* v, const T* out,
+template <typename T, typename X, typename O>
+void fused_head_backward(const AttentionShape& s, int64_t bh, const X* q, const X* k, const X* v, const O* out,
                          const T* stats, const T* dout, T* dq, T* dk, T* dv, T* probs, T* grad, bool rows_parallel) {
   const int64_t off = s.offset(bh), D = s.D(), T_ = s.T, Dh = s.Dh;
   const GemmInputs<T> p{s.precision};
@@ -75,25 +83,28 @@ void fused_head_backward(const AttentionShape& s, int64_t bh, const T* q, const 
 }
 
 // Heads concurrently, each thread with its own buffers, or one at a time on all threads, as the plain form.
-template <typename T>
-void fused_attention_forward(const AttentionShape& s, const T* q, const T* k, const T* v, T* out, T* stats) {
+template <bool kRounded, typename T, typename X>
+void fused_attention_forward(const AttentionShape& s, const X* q, const X* k, const X* v, Stored<T, kRounded>* out,
+                             T* stats) {
   const int threads = usable_threads();
   const int64_t heads = s.B * s.H;
   if (!heads_in_parallel(s, threads)) {
     std::vector<T> block(size_t(s.T * s.T));
-    for (int64_t bh = 0; bh < heads; ++bh) fused_head_forward(s, bh, q, k, v, out, stats, block.data(), threads > 1);
+    for (int64_t bh = 0; bh < heads; ++bh)
+      fused_head_forward<kRounded>(s, bh, q, k, v, out, stats, block.data(), threads > 1);
     return;
   }
 #pragma omp parallel
   {
     std::vector<T> block(size_t(s.T * s.T));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < heads; ++bh) fused_head_forward(s, bh, q, k, v, out, stats, block.data(), false);
+    for (int64_t bh = 0; bh < heads; ++bh)
+      fused_head_forward<kRounded>(s, bh, q, k, v, out, stats, block.data(), false);
   }
 }
 
-template <typename T>
-void fused_attention_backward(const AttentionShape& s, const T* q, const T* k, const T* v, const T* out, const T* stats,
+template <typename T, typename X, typename O>
+void fused_attention_backward(const AttentionShape& s, const X* q, const X* k, const X* v, const O* out, const T* stats,
                               const T* dout, T* dq, T* dk, T* dv) {
   const int threads = usable_threads();
   const int64_t heads = s.B * s.H;

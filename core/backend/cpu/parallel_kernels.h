@@ -334,22 +334,39 @@ void softmax_backward_row(const T* p, T* d, int64_t i, int64_t T_, T scale) {
 // The shape of one attention call (Ops' own).
 using AttentionShape = moe::AttentionShape;
 
-// One head's forward. rows_parallel: the softmax rows split among threads (when heads are not).
-template <typename T>
-void attention_head_forward(const AttentionShape& s, int64_t bh, const T* q, const T* k, const T* v, T* out, T* probs,
-                            bool rows_parallel) {
+// C = alpha op(A) op(B) (beta 0) as computed, or held rounded (kRounded: the result in a buffer of the calling
+// thread, rounded as it is stored: attention's output held for its bf16 readers).
+template <bool kRounded, typename T, typename XA, typename XB>
+void gemm_into(const GemmInputs<T>& p, bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const XA* A,
+               int64_t lda, const XB* B, int64_t ldb, Stored<T, kRounded>* C, int64_t ldc) {
+  if constexpr (!kRounded) {
+    gemm_at(p, ta, tb, M, N, K, alpha, A, lda, B, ldb, T(0), C, ldc);
+  } else {
+    thread_local std::vector<T> result;
+    result.resize(size_t(M * N));
+    gemm_at(p, ta, tb, M, N, K, alpha, A, lda, B, ldb, T(0), result.data(), N);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = to_rounded(result[size_t(i * N + j)]);
+  }
+}
+
+// One head's forward. rows_parallel: the softmax rows split among threads (when heads are not). X: q, k, v as stored
+// or held rounded (Ops' attention args); out likewise (kRounded).
+template <bool kRounded, typename T, typename X>
+void attention_head_forward(const AttentionShape& s, int64_t bh, const X* q, const X* k, const X* v,
+                            Stored<T, kRounded>* out, T* probs, bool rows_parallel) {
   const int64_t off = s.offset(bh), D = s.D(), T_ = s.T;
   T* P = probs + bh * T_ * T_;
   const GemmInputs<T> p{s.precision};
   gemm_at(p, false, true, T_, T_, s.Dh, T(s.scale()), q + off, D, k + off, D, T(0), P, T_);
 #pragma omp parallel for schedule(static) if (rows_parallel)
   for (int64_t i = 0; i < T_; ++i) causal_softmax_row(P + i * T_, i, T_);
-  gemm_at(p, false, false, T_, s.Dh, T_, T(1), P, T_, v + off, D, T(0), out + off, D);
+  gemm_into<kRounded>(p, false, false, T_, s.Dh, T_, T(1), P, T_, v + off, D, out + off, D);
 }
 
 // One head's backward; dS: (T, T) scratch of the calling thread.
-template <typename T>
-void attention_head_backward(const AttentionShape& s, int64_t bh, const T* q, const T* k, const T* v, const T* probs,
+template <typename T, typename X>
+void attention_head_backward(const AttentionShape& s, int64_t bh, const X* q, const X* k, const X* v, const T* probs,
                              const T* dout, T* dq, T* dk, T* dv, T* dS, bool rows_parallel) {
   const int64_t off = s.offset(bh), D = s.D(), T_ = s.T, Dh = s.Dh;
   const T* P = probs + bh * T_ * T_;
@@ -366,21 +383,22 @@ void attention_head_backward(const AttentionShape& s, int64_t bh, const T* q, co
 // a time with its GEMMs and softmax rows on all threads.
 inline bool heads_in_parallel(const AttentionShape& s, int threads) { return threads > 1 && s.B * s.H >= 2 * threads; }
 
-template <typename T>
-void attention_forward(const AttentionShape& s, const T* q, const T* k, const T* v, T* out, T* probs) {
+template <bool kRounded, typename T, typename X>
+void attention_forward(const AttentionShape& s, const X* q, const X* k, const X* v, Stored<T, kRounded>* out,
+                       T* probs) {
   const int threads = usable_threads();
   const int64_t heads = s.B * s.H;
   if (!heads_in_parallel(s, threads)) {
-    for (int64_t bh = 0; bh < heads; ++bh) attention_head_forward(s, bh, q, k, v, out, probs, threads > 1);
+    for (int64_t bh = 0; bh < heads; ++bh) attention_head_forward<kRounded>(s, bh, q, k, v, out, probs, threads > 1);
     return;
   }
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t bh = 0; bh < heads; ++bh) attention_head_forward(s, bh, q, k, v, out, probs, false);
+  for (int64_t bh = 0; bh < heads; ++bh) attention_head_forward<kRounded>(s, bh, q, k, v, out, probs, false);
 }
 
 // scratch: (T, T) for the serial form; the concurrent form gives each thread its own.
-template <typename T>
-void attention_backward(const AttentionShape& s, const T* q, const T* k, const T* v, const T* probs, const T* dout,
+template <typename T, typename X>
+void attention_backward(const AttentionShape& s, const X* q, const X* k, const X* v, const T* probs, const T* dout,
                         T* dq, T* dk, T* dv, T* scratch) {
   const int threads = usable_threads();
   const int64_t heads = s.B * s.H;

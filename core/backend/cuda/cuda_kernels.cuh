@@ -80,17 +80,6 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* gain, T* y, T* rstd,
   }
 }
 
-// A value written as stored or, kRounded, held rounded (fp64 holds its rounded values, so the flag says which).
-template <typename T, bool kRounded>
-using Stored = std::conditional_t<kRounded, Rounded<T>, T>;
-template <bool kRounded, typename T>
-__device__ inline Stored<T, kRounded> stored(T v) {
-  if constexpr (kRounded)
-    return to_rounded(v);
-  else
-    return v;
-}
-
 // sum = x + r (r null: x) and y = RMSNorm(sum), as rmsnorm_forward_kernel on sum: each thread reads back the
 // elements of sum it wrote itself.
 template <typename T, bool kRounded = false>
@@ -159,20 +148,22 @@ __global__ void rmsnorm_dgain_total_kernel(const double* partial, int64_t chunks
 
 // ---- rotary embedding, SwiGLU, elementwise -----------------------------------------------------------
 
-template <typename T>
 // cos_sin: (T, Dh / 2, 2) of cos and sin of angle t * base^(-2i/Dh), made on the host as the CPU makes its
-// table (so the same values), kept per shape by the backend.
-__global__ void rope_kernel(T* x, const T* cos_sin, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) {
+// table (so the same values), kept per shape by the backend. y = x rotated: in place (y = x), or held rounded.
+template <typename T, bool kRounded = false>
+__global__ void rope_kernel(const T* x, Stored<T, kRounded>* y, const T* cos_sin, int64_t B, int64_t T_, int64_t H,
+                            int64_t Dh, bool inverse) {
   const int64_t pairs = Dh / 2;
   MOE_ROW_STRIDE(bth, B * T_ * H) {  // one head's vector of one position
     const int64_t t = (bth / H) % T_;
-    T* v = x + bth * Dh;
+    const T* in = x + bth * Dh;
+    Stored<T, kRounded>* out = y + bth * Dh;
     for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) {
       const T c = cos_sin[2 * (t * pairs + i)], sine = cos_sin[2 * (t * pairs + i) + 1];
       const T s = inverse ? -sine : sine;
-      const T x0 = v[2 * i], x1 = v[2 * i + 1];
-      v[2 * i] = x0 * c - x1 * s;
-      v[2 * i + 1] = x0 * s + x1 * c;
+      const T x0 = in[2 * i], x1 = in[2 * i + 1];
+      out[2 * i] = stored<kRounded>(T(x0 * c - x1 * s));
+      out[2 * i + 1] = stored<kRounded>(T(x0 * s + x1 * c));
     }
   }
 }

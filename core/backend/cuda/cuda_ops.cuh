@@ -26,6 +26,7 @@
 namespace moe::cuda {
 
 class CudnnAttention;  // cudnn_attention.h, where cuDNN is built
+struct Bf16Sections;   // attention_ops.cu
 
 inline cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
@@ -108,7 +109,11 @@ class CudaOps final : public Ops<T> {
 
   void rope(T* x, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) override {
     MOE_CHECK(Dh % 2 == 0, "rotary embedding needs an even head width, got " << Dh);
-    launch(row_launch(B * T_ * H, Dh / 2), cuda::rope_kernel<T>, x, rope_table(T_, Dh), B, T_, H, Dh, inverse);
+    launch(row_launch(B * T_ * H, Dh / 2), cuda::rope_kernel<T>, x, x, rope_table(T_, Dh), B, T_, H, Dh, inverse);
+  }
+  void rope_rounded(const T* x, Rounded<T>* y, int64_t B, int64_t T_, int64_t H, int64_t Dh, bool inverse) override {
+    MOE_CHECK(Dh % 2 == 0, "rotary embedding needs an even head width, got " << Dh);
+    launch(row_launch(B * T_ * H, Dh / 2), cuda::rope_kernel<T, true>, x, y, rope_table(T_, Dh), B, T_, H, Dh, inverse);
   }
 
   void expand_heads(const T* x, T* y, int64_t N, int64_t Hkv, int64_t group, int64_t Dh) override {
@@ -323,6 +328,11 @@ class CudaOps final : public Ops<T> {
   void sorted_scatter_add(ScatterOrder& order, const T* src, const T* scale, T* dst, int64_t rows, int64_t D);
 
   void gemm_bf16(const typename Ops<T>::Gemm& g);
+  // The fused attention's bf16 operands and results (attention_ops.cu): a held operand where cuDNN can read it in
+  // place, else the next section of `b` (x rounded into it, or the held one copied); a result to where the call
+  // wants it (widened into out, or copied into out_rounded where it is not there already).
+  const void* cudnn_operand(const T* x, const void* held, int64_t n, const Bf16Sections& b, int64_t& next);
+  void store_cudnn_result(const uint16_t* result, T* out, void* out_rounded, int64_t n);
   // x (rows, cols, leading dimension ld) as a bf16 GEMM reads it, packed into `out`: bf16 bits for fp32
   // storage, values rounded to bf16 in T for fp64.
   void round_operand(const T* x, int64_t rows, int64_t cols, int64_t ld, void* out);
