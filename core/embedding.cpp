@@ -51,7 +51,13 @@ void LmHead<T>::bind(const ParamTable& table, T* params, T* grads) {
 template <typename T>
 void LmHead<T>::forward(const T* xo, const int32_t* targets, T* losses, T* acts, int64_t N) {
   T* logits = acts;
-  Linear<T>(ops_, precision_).forward(xo, weight_, logits, N, D_, V_);
+  const Linear<T> linear(ops_, precision_);
+  if (Rounded<T>* xr = held_input(acts, N)) {
+    if (xo) ops_.round_values(xo, xr, N * D_);  // null: the output norm wrote it
+    linear.forward(HeldRows<T>{xr}, weight_, logits, N, D_, V_);
+  } else {
+    linear.forward(xo, weight_, logits, N, D_, V_);
+  }
   ops_.cross_entropy_forward(logits, targets, losses, N, V_);
 }
 
@@ -59,17 +65,17 @@ template <typename T>
 void LmHead<T>::backward(const T* xo, const int32_t* targets, T scale, const T* acts, T* scratch, T* dxo, int64_t N) {
   const T* logits = acts;
   const Linear<T> linear(ops_, precision_);
-  auto products = [&](const auto& dlogits) {
-    linear.weight_backward(Rows<const T>(xo), dlogits, grad_, N, D_, V_);  // dW += xo^T dlogits
-    linear.input_backward(dlogits, weight_, dxo, N, D_, V_);               // dxo = dlogits W^T
+  auto products = [&](const auto& x, const auto& dlogits) {
+    linear.weight_backward(x, dlogits, grad_, N, D_, V_);     // dW += xo^T dlogits
+    linear.input_backward(dlogits, weight_, dxo, N, D_, V_);  // dxo = dlogits W^T
   };
-  if (held()) {
+  if (held()) {  // xo held in acts
     Rounded<T>* dlogits = reinterpret_cast<Rounded<T>*>(scratch);
     ops_.cross_entropy_backward_rounded(logits, targets, scale, dlogits, N, V_);
-    return products(HeldRows<T>{dlogits});
+    return products(HeldRows<T>{held_input(const_cast<T*>(acts), N)}, HeldRows<T>{dlogits});
   }
   ops_.cross_entropy_backward(logits, targets, scale, scratch, N, V_);
-  products(Rows<const T>(scratch));
+  products(Rows<const T>(xo), Rows<const T>(scratch));
 }
 
 template class TokenEmbedding<float>;

@@ -42,6 +42,14 @@ class OutputHead {
   virtual int64_t activation_size(int64_t N) const = 0;
   virtual int64_t scratch_size(int64_t N) const = 0;
   virtual double forward_flops(int64_t N) const = 0;
+  // Whether the head keeps its input held rounded in acts for its two GEMMs (under bf16 GEMMs, where the rank has
+  // all N rows): then the output norm writes it there (held_input, for N tokens) and forward and backward are given
+  // xo null; forward given an xo rounds it there itself. Asked after set_precision.
+  virtual bool keeps_input() const { return false; }
+  virtual Rounded<T>* held_input(T* acts, int64_t N) const {
+    (void)acts, (void)N;
+    return nullptr;
+  }
   // xo: this rank's rows of the normalised output; targets: (N); losses: (N) written with every token's
   // -log p(target) (the whole micro-batch's on every rank); acts: activation_size(N).
   virtual void forward(const T* xo, const int32_t* targets, T* losses, T* acts, int64_t N) = 0;
@@ -77,7 +85,12 @@ class LmHead final : public OutputHead<T> {
   void register_params(ParamTable& table) override;
   void set_precision(GemmPrecision precision) override { precision_ = precision; }
   void bind(const ParamTable& table, T* params, T* grads) override;
-  int64_t activation_size(int64_t N) const override { return sizes::elements(footprint(N).activations); }  // logits
+  // The logits (N, V) and, under bf16 GEMMs, the input held rounded (N, D).
+  int64_t activation_size(int64_t N) const override { return sizes::elements(footprint(N).activations); }
+  bool keeps_input() const override { return held(); }
+  Rounded<T>* held_input(T* acts, int64_t N) const override {
+    return held() ? reinterpret_cast<Rounded<T>*>(acts + N * V_) : nullptr;
+  }
   // Their gradient; under bf16 GEMMs, its only readers, written held rounded (Ops::cross_entropy_backward_rounded).
   int64_t scratch_size(int64_t N) const override { return sizes::elements(footprint(N).scratch); }
   double forward_flops(int64_t N) const override { return 2.0 * double(N) * double(D_) * double(V_); }
@@ -86,7 +99,9 @@ class LmHead final : public OutputHead<T> {
 
  private:
   bool held() const { return precision_ == GemmPrecision::Bf16; }
-  sizes::Footprint footprint(int64_t N) const { return sizes::lm_head(double(N), double(V_), held_size<T>(held())); }
+  sizes::Footprint footprint(int64_t N) const {
+    return sizes::lm_head(double(N), double(V_), held_size<T>(held()), double(D_));
+  }
 
   Ops<T>& ops_;
   int64_t V_, D_;

@@ -157,7 +157,8 @@ void Model<T>::make_slot(Slot& slot) {
   for (int64_t i = 0; i < L; ++i)
     if (recompute_[size_t(i)] != Recompute::Full) own += acts_size(i);
   const int64_t head =
-      stage_.head ? sizes::elements(sizes::output_norm_activations(double(R), double(D))) + head_->activation_size(N)
+      stage_.head ? sizes::elements(sizes::output_norm_activations(double(R), double(D), head_->keeps_input())) +
+                        head_->activation_size(N)
                   : 0;
   const int64_t residual = sizes::elements(sizes::residual_stream(double(L), double(R), double(D)));
   slot.arena = backend_.allocate(dtype_of<T>(), residual + own + head);
@@ -172,7 +173,7 @@ void Model<T>::make_slot(Slot& slot) {
     }
   }
   if (stage_.head) {
-    slot.xo = cursor, cursor += R * D;
+    if (!head_->keeps_input()) slot.xo = cursor, cursor += R * D;  // else the head keeps it, held rounded
     slot.rstd_o = cursor, cursor += R;
     slot.head_acts = cursor, cursor += head_->activation_size(N);
   }
@@ -257,9 +258,23 @@ void Model<T>::block_forward(int64_t i, const FfnContext& context, Slot& s, int6
   ops_.rmsnorm_forward(a.h, w.ffn_norm, a.xf, a.rstd_f, N, D);
   ffn_[size_t(i)]->forward(context, a.xf, ffn_out_, a.ffn, s.ffn[size_t(i)].get(), N);
   if (stage_.head && i + 1 == stage_layers())  // the stream's last add and the output norm in one pass
-    ops_.rmsnorm_forward_residual(a.h, ffn_out_, x_out, out_norm_, s.xo, s.rstd_o, N, D);
+    output_norm(a.h, ffn_out_, x_out, s, B);
   else
     ops_.add(a.h, ffn_out_, x_out, N * D);
+}
+
+// xo = RMSNorm_o(x + r) with sum = x + r (r null: x; sum then written only where xo is held), where the head reads
+// it: held rounded in its activations when it keeps its input (the norm, the residual add and the cast in one pass),
+// else s.xo.
+template <typename T>
+void Model<T>::output_norm(const T* x, const T* r, T* sum, Slot& s, int64_t B) {
+  const int64_t N = rows(B * T_), D = shape_.d_model;
+  if (Rounded<T>* held = head_->held_input(s.head_acts, B * T_))
+    ops_.rmsnorm_forward_residual_rounded(x, r, sum, out_norm_, held, s.rstd_o, N, D);
+  else if (r)
+    ops_.rmsnorm_forward_residual(x, r, sum, out_norm_, s.xo, s.rstd_o, N, D);
+  else
+    ops_.rmsnorm_forward(x, out_norm_, s.xo, s.rstd_o, N, D);
 }
 
 template <typename T>
@@ -328,9 +343,9 @@ double Model<T>::forward(int slot, const int32_t* tokens, int64_t B, const T* in
 
 template <typename T>
 double Model<T>::head_forward(Slot& s, int64_t N) {
-  const int64_t D = shape_.d_model;
-  // The stage's last block has normalised its output already (block_forward); a stage of the head alone has not.
-  if (stage_layers() == 0) ops_.rmsnorm_forward(s.x.back(), out_norm_, s.xo, s.rstd_o, rows(N), D);
+  // The stage's last block has normalised its output already (block_forward); a stage of the head alone has not
+  // (its residual copy goes to dtmp_, free until backward).
+  if (stage_layers() == 0) output_norm(s.x.back(), nullptr, dtmp_, s, N / T_);
   head_->forward(s.xo, s.targets.template data<int32_t>(), s.losses.template data<T>(), s.head_acts, N);
   if (staging_losses_) {  // read with the others' (staged_losses)
     loss_staging_->add(s.losses.template data<T>(), N);

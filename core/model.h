@@ -232,6 +232,8 @@ class Model : public Stateful {
   int64_t stage_layers() const { return end_ - first_; }
   void stage_inputs(Slot& s, const int32_t* tokens, int64_t B);
   double head_forward(Slot& s, int64_t N);
+  // The output norm of B sequences' stream x (+ r), writing the head's input (model.cpp).
+  void output_norm(const T* x, const T* r, T* sum, Slot& s, int64_t B);
   void head_backward(Slot& s, double loss_scale, int64_t N);
   void block_forward(int64_t i, const FfnContext& context, Slot& s, int64_t B);
   void block_backward(int64_t i, const FfnContext& context, Slot& s, T* dres, int64_t B);

@@ -32,7 +32,11 @@ inline double block_activations(double rows, double D, bool attention_keeps_inpu
   return (attention_keeps_input ? 2 : 3) * rows * D + 2 * rows;
 }
 // The output norm before the head: xo (rows, D) and its inverse RMS (rows).
-inline double output_norm_activations(double rows, double D) { return rows * D + rows; }
+// The output norm's xo (rows, D) and rstd_o (rows); a head keeping its input held rounded (OutputHead::keeps_input)
+// has it in its own activations instead of xo.
+inline double output_norm_activations(double rows, double D, bool head_keeps_input = false) {
+  return (head_keeps_input ? 0.0 : rows * D) + rows;
+}
 // The residual stream of a slot: each of the stage's layers' input, then the last one's output (rows, D).
 inline double residual_stream(double layers, double rows, double D) { return (layers + 1) * rows * D; }
 // The model's scratch beside its layers': ffn_out, dres, dtmp (rows, D).
@@ -78,13 +82,22 @@ inline double embedding_parameters(double V, double D) { return V * D; }
 inline double head_parameters(double V, double D) { return D * V; }
 // A gradient of n values held rounded (held > 0: bf16 GEMMs, as MoeShape's) or as stored, in the model's elements.
 inline double held_or_stored(double n, double held) { return held > 0 ? std::ceil(held * n) : n; }
-// LmHead: the logits (N, V) kept, their gradient in scratch (held rounded under bf16 GEMMs, their only readers).
-inline Footprint lm_head(double N, double V, double held = 0) { return {N * V, held_or_stored(N * V, held)}; }
-// VocabParallelHead with Vl columns: the block's logits (N, Vl) and their log-sum-exp (N) kept; in scratch the
-// block's logit gradients (held rounded as lm_head's), the input's partial gradient (N, D) and, under sequence
-// parallelism, the input gathered again (N, D).
+// A head's input (N, D) kept held rounded under bf16 GEMMs (keeps: all N rows on the rank, no sequence parallelism),
+// which its two GEMMs read: the output norm writes it there.
+inline double head_held_input(double N, double D, double held, bool keeps) {
+  return keeps && held > 0 ? held_or_stored(N * D, held) : 0.0;
+}
+// LmHead: the logits (N, V) kept, then the held input; their gradient in scratch (held rounded under bf16 GEMMs,
+// their only readers).
+inline Footprint lm_head(double N, double V, double held = 0, double D = 0) {
+  return {N * V + head_held_input(N, D, held, true), held_or_stored(N * V, held)};
+}
+// VocabParallelHead with Vl columns: the block's logits (N, Vl) and their log-sum-exp (N) kept, then the held input
+// (not under sequence parallelism); in scratch the block's logit gradients (held rounded as lm_head's), the input's
+// partial gradient (N, D) and, under sequence parallelism, the input gathered again (N, D).
 inline Footprint vocab_parallel_head(double N, double Vl, double D, bool sequence_parallel, double held = 0) {
-  return {N * Vl + N, held_or_stored(N * Vl, held) + N * D + (sequence_parallel ? N * D : 0.0)};
+  return {N * Vl + N + head_held_input(N, D, held, !sequence_parallel),
+          held_or_stored(N * Vl, held) + N * D + (sequence_parallel ? N * D : 0.0)};
 }
 
 // ---- Attention (core/attention.h, core/mla_attention.h) ----

@@ -228,10 +228,16 @@ void VocabParallelHead<T>::bind(const ParamTable& table, T* params, T* grads) {
 template <typename T>
 void VocabParallelHead<T>::forward(const T* xo, const int32_t* targets, T* losses, T* acts, int64_t N) {
   if (tp_.sequence_parallel) backend_.reserve(work_, dtype_of<T>(), N * D_);
-  const T* xg = whole_rows(backend_, tp_, xo, work_.template data<T>(), N, D_);  // gathered again in backward
   T* logits = acts;
   T* lse = logits + N * Vl_;
-  Linear<T>(ops_, precision_).forward(xg, weight_, logits, N, D_, Vl_);
+  const Linear<T> linear(ops_, precision_);
+  if (Rounded<T>* xr = held_input(acts, N)) {
+    if (xo) ops_.round_values(xo, xr, N * D_);  // null: the output norm wrote it
+    linear.forward(HeldRows<T>{xr}, weight_, logits, N, D_, Vl_);
+  } else {
+    const T* xg = whole_rows(backend_, tp_, xo, work_.template data<T>(), N, D_);  // gathered again in backward
+    linear.forward(xg, weight_, logits, N, D_, Vl_);
+  }
   tp::vocab_parallel_cross_entropy_forward(backend_, *tp_.comm, logits, targets, losses, lse, N, Vl_);
 }
 
@@ -240,13 +246,17 @@ void VocabParallelHead<T>::backward(const T* xo, const int32_t* targets, T scale
                                     int64_t N) {
   const T* logits = acts;
   const T* lse = logits + N * Vl_;
-  const int64_t L = dlogits_size(N);                                         // (N, Vl), as stored or held rounded
-  T* dxg = scratch + L;                                                      // (N, D)
-  const T* xg = whole_rows(backend_, tp_, xo, scratch + L + N * D_, N, D_);  // (N, D) under sequence parallelism
+  const int64_t L = dlogits_size(N);  // (N, Vl), as stored or held rounded
+  T* dxg = scratch + L;               // (N, D)
   const Linear<T> linear(ops_, precision_);
   auto products = [&](const auto& dlogits) {
-    linear.weight_backward(Rows<const T>(xg), dlogits, grad_, N, D_, Vl_);  // dW += xg^T dlogits
-    linear.input_backward(dlogits, weight_, dxg, N, D_, Vl_);               // partial dxg
+    if (const Rounded<T>* xr = held_input(const_cast<T*>(acts), N)) {
+      linear.weight_backward(HeldRows<T>{xr}, dlogits, grad_, N, D_, Vl_);  // dW += x^T dlogits
+    } else {
+      const T* xg = whole_rows(backend_, tp_, xo, scratch + L + N * D_, N, D_);  // (N, D) under sequence parallelism
+      linear.weight_backward(Rows<const T>(xg), dlogits, grad_, N, D_, Vl_);
+    }
+    linear.input_backward(dlogits, weight_, dxg, N, D_, Vl_);  // partial dxg
   };
   if (held()) {
     Rounded<T>* dlogits = reinterpret_cast<Rounded<T>*>(scratch);

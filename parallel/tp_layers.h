@@ -201,8 +201,13 @@ class VocabParallelHead final : public OutputHead<T> {
   void register_params(ParamTable& table) override;
   void set_precision(GemmPrecision precision) override { precision_ = precision; }
   void bind(const ParamTable& table, T* params, T* grads) override;
-  // The block's logits (N, Vl) and their log-sum-exp (N).
+  // The block's logits (N, Vl) and their log-sum-exp (N) and, under bf16 GEMMs without sequence parallelism, the
+  // input held rounded (N, D): every rank has all N rows then (under sequence parallelism it gathers them again).
   int64_t activation_size(int64_t N) const override { return sizes::elements(footprint(N).activations); }
+  bool keeps_input() const override { return held() && !tp_.sequence_parallel; }
+  Rounded<T>* held_input(T* acts, int64_t N) const override {
+    return keeps_input() ? reinterpret_cast<Rounded<T>*>(acts + N * Vl_ + N) : nullptr;
+  }
   // The block's logit gradients (N, Vl), the input's partial gradient (N, D) and, under sequence
   // parallelism, the input gathered again (N, D).
   int64_t scratch_size(int64_t N) const override { return sizes::elements(footprint(N).scratch); }

@@ -105,6 +105,9 @@ sizes::MhaShape mha_shape(const Sizes& s, bool keep_probs) {
           bf16_held(s),
           bf16_held(s) > 0 && !s.sequence_parallel};
 }
+// Under bf16 GEMMs the head keeps its input held rounded in place of xo (OutputHead::keeps_input), but where sequence
+// parallelism gathers it again.
+bool head_keeps_input(const Sizes& s) { return bf16_held(s) > 0 && (s.tp == 1 || !s.sequence_parallel); }
 // Latent attention (tp = 1).
 sizes::MlaShape mla_shape(const Sizes& s, bool keep_probs) {
   return {s.D, s.H, s.T, s.C, s.Cq, s.R, s.mla_norms, keep_probs};
@@ -184,15 +187,15 @@ ModelBytes model_bytes(const Sizes& s, Recompute mode, int64_t recompute_layers,
       own += e.acts;
     layer_scratch = std::max(layer_scratch, e.scratch);
   }
-  // The head keeps xo, rstd_o (rows) and its activations: the logits (N, V), or split: the block's logits
-  // (N, V/tp) and their log-sum-exp; its backward the logits' gradient, split: also the partial dx and,
-  // under sequence parallelism, the input gathered again (N, D).
+  // The head keeps xo (or its input held rounded), rstd_o (rows) and its activations: the logits (N, V), or split:
+  // the block's logits (N, V/tp) and their log-sum-exp; its backward the logits' gradient, split: also the partial dx
+  // and, under sequence parallelism, the input gathered again (N, D).
   const sizes::Footprint head = s.tp > 1
                                     ? sizes::vocab_parallel_head(N, s.V / s.tp, D, s.sequence_parallel, bf16_held(s))
-                                    : sizes::lm_head(N, s.V, bf16_held(s));
+                                    : sizes::lm_head(N, s.V, bf16_held(s), D);
   const double head_scratch = s.head ? head.scratch : 0.0;
   const double arena = sizes::residual_stream(double(s.last - s.first), rows, D) + own +
-                       (s.head ? sizes::output_norm_activations(rows, D) + head.activations : 0.0);
+                       (s.head ? sizes::output_norm_activations(rows, D, head_keeps_input(s)) + head.activations : 0.0);
   // Per slot also its losses, target and input ids or input gradient, and under pipelining the executor's
   // messages.
   const sizes::SlotIo io = sizes::slot_io(N, rows, D, s.embedding, s.head);
@@ -244,17 +247,17 @@ double device_kept_bytes(const Sizes& s, double parameters) {
 // The CUDA backend's largest transient workspace of one call (0 elsewhere), in bytes: taken from its caching
 // allocator for the call and given back (core/backend/cuda), so the largest call counts. With bf16 GEMMs each GEMM
 // rounds its activation operands (the parameters come from their kept copy): the largest are the head's input x
-// (N, D) (its logits' gradient is written held rounded), and an expert layer's largest operand that is not held rounded
-// already (its da (R, Fe / etp) or dy (R, D)) with the grouped call's pointer array; the fused attention's backward
-// (sizes::fused_attention_backward_bytes), or the plain attention's output before it is rounded (N, Dq) in fp32
-// (sizes::attention_held_output_bytes). Not counted: the small per-call workspaces (the gradient norm's partial
-// sums, the sorts' storage, which CUB states at run time).
+// (N, D) where it is gathered under sequence parallelism (else it is held rounded, as its logits' gradient), and an
+// expert layer's largest operand that is not held rounded already (its da (R, Fe / etp) or dy (R, D)) with the grouped
+// call's pointer array; the fused attention's backward (sizes::fused_attention_backward_bytes), or the plain
+// attention's output before it is rounded (N, Dq) in fp32 (sizes::attention_held_output_bytes). Not counted: the small
+// per-call workspaces (the gradient norm's partial sums, the sorts' storage, which CUB states at run time).
 double device_transient_bytes(const Sizes& s) {
   if (!s.cuda) return 0;
   double largest = 0;
   if (s.moe_layers > 0) largest = sizes::grouped_gemm_pointer_bytes(s.E / s.ep);
   if (s.cuda_bf16) {
-    if (s.head) largest = std::max(largest, sizes::rounded_operand_bytes(s.N * s.D, kFloat));
+    if (s.head && !head_keeps_input(s)) largest = std::max(largest, sizes::rounded_operand_bytes(s.N * s.D, kFloat));
     if (s.moe_layers > 0)
       largest = std::max(
           largest, sizes::rounded_operand_bytes(routed_rows(s).expert_side * std::max(s.D, s.Fe / s.etp), kFloat) +

@@ -25,7 +25,8 @@ inline MoeSettings stressed_moe_settings(const ModelShape& shape, int64_t layer)
 // parameters initialised and scaled up so that routing is far from uniform, its gradients zero.
 inline std::unique_ptr<Model<float>> stressed_model(Backend& backend, const ModelShape& shape, int64_t seq_len,
                                                     int64_t batch, bool with_moe, const RecomputeSpec& recompute,
-                                                    int slots, const StageSpec& stage = {}) {
+                                                    int slots, const StageSpec& stage = {},
+                                                    GemmPrecision precision = GemmPrecision::Fp32) {
   typename Model<float>::FfnFactory factory = nullptr;
   if (with_moe)
     factory = [&backend, shape](int64_t l) -> std::unique_ptr<FeedForward<float>> {
@@ -38,7 +39,8 @@ inline std::unique_ptr<Model<float>> stressed_model(Backend& backend, const Mode
                                                                            .recompute = recompute,
                                                                            .ffn_factory = factory,
                                                                            .num_slots = slots,
-                                                                           .stage = stage});
+                                                                           .stage = stage,
+                                                                           .precision = precision});
   model->init_params(21);
   for (int64_t i = 0; i < model->num_params(); ++i) model->params()[i] *= 8;  // routing far from uniform
   model->zero_grads();

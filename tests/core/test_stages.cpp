@@ -25,8 +25,8 @@ const ModelShape kShape{31, 16, 6, 2, 24};
 const double kLossScale = 1.0 / double(kMicroBatches * kBatch * kSeqLen);
 
 std::unique_ptr<Model<float>> make_model(bool with_moe, const RecomputeSpec& recompute, int slots,
-                                         const StageSpec& stage) {
-  return test::stressed_model(test_backend(), kShape, kSeqLen, kBatch, with_moe, recompute, slots, stage);
+                                         const StageSpec& stage, GemmPrecision precision = GemmPrecision::Fp32) {
+  return test::stressed_model(test_backend(), kShape, kSeqLen, kBatch, with_moe, recompute, slots, stage, precision);
 }
 
 std::vector<int32_t> micro_batch_tokens(int mb) { return test::micro_batch_tokens(mb, kBatch, kSeqLen, kShape.vocab); }
@@ -49,8 +49,8 @@ struct Reference {
   std::map<std::string, std::vector<float>> params, grads;
 };
 
-Reference whole_model(bool with_moe) {
-  auto model = make_model(with_moe, Recompute::None, 1, {});
+Reference whole_model(bool with_moe, GemmPrecision precision = GemmPrecision::Fp32) {
+  auto model = make_model(with_moe, Recompute::None, 1, {}, precision);
   Reference ref;
   for (int mb = 0; mb < kMicroBatches; ++mb) {
     set_micro_batch_context(*model, mb);
@@ -137,16 +137,24 @@ bool step(std::vector<Stage>& stages, size_t s, std::vector<double>& losses) {
   return true;
 }
 
+// counts: each stage's layers (as parallel.pp_layers; empty: equal runs), a last 0 a stage of the head alone (which
+// the trainer does not make, the model does).
 void check_pipeline(bool with_moe, const RecomputeSpec& recompute, int64_t num_stages,
-                    const std::vector<int64_t>& counts = {}) {
-  const Reference ref = whole_model(with_moe);
-  const auto split = stage_layers(kShape.layers, num_stages, counts);
+                    const std::vector<int64_t>& counts = {}, GemmPrecision precision = GemmPrecision::Fp32) {
+  const Reference ref = whole_model(with_moe, precision);
+  std::vector<std::pair<int64_t, int64_t>> split;
+  if (!counts.empty() && counts.back() == 0) {
+    split = stage_layers(kShape.layers, num_stages - 1, {counts.begin(), counts.end() - 1});
+    split.emplace_back(kShape.layers, kShape.layers);
+  } else {
+    split = stage_layers(kShape.layers, num_stages, counts);
+  }
   std::vector<Stage> stages(static_cast<size_t>(num_stages));
   for (int64_t s = 0; s < num_stages; ++s) {
     Stage& st = stages[size_t(s)];
     const StageSpec spec{split[size_t(s)].first, split[size_t(s)].second, s == 0, s + 1 == num_stages};
     const int slots = int(num_stages - s);  // 1F1B keeps at most P - s micro-batches in flight
-    st.model = make_model(with_moe, recompute, slots, spec);
+    st.model = make_model(with_moe, recompute, slots, spec, precision);
     st.in_flight.assign(size_t(slots), -1);
     st.actions = pipeline_actions(PipeSchedule::OneFOneB, num_stages, s, kMicroBatches);
     st.model->set_grad_ready_hook([&st](int64_t first, int64_t end) { st.ready.emplace_back(first, end); });
@@ -191,6 +199,12 @@ TEST(PipelineStages, DenseThreeStagesWithRecompute) { check_pipeline(false, Reco
 TEST(PipelineStages, MoeTwoStages) { check_pipeline(true, Recompute::None, 2); }
 TEST(PipelineStages, MoeThreeStages) { check_pipeline(true, Recompute::None, 3); }
 TEST(PipelineStages, MoeThreeUnevenStagesWithRecompute) { check_pipeline(true, Recompute::Full, 3, {1, 3, 2}); }
+// Under bf16 GEMMs the head keeps its input held rounded, written by the output norm: in the last block's fused pass,
+// or on a stage of the head alone by its own norm of the activation it receives; the same bits either way.
+TEST(PipelineStages, Bf16HeadAfterItsLayersOrAloneOnItsStage) {
+  check_pipeline(true, Recompute::None, 2, {}, GemmPrecision::Bf16);
+  check_pipeline(true, Recompute::None, 3, {3, 3, 0}, GemmPrecision::Bf16);
+}
 // Layers 0..2 of the 6 recomputed: all of the first stage's, one of the second's, none of the third's.
 TEST(PipelineStages, MoeThreeStagesWithSelectiveRecomputeOfTheFirstThreeLayers) {
   check_pipeline(true, {Recompute::Selective, 3}, 3);
