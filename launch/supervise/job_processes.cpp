@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -26,9 +25,18 @@ namespace {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+// A /proc file's bytes, as many as could be read: none when the process is gone. A process that exits between the
+// open and the read fails the read (ESRCH), which a stream's iterator throws as an exception ("basic_filebuf::
+// underflow error reading the file: No such process", seen ending `moe launch` while it swept a crashed job's
+// processes); read(2) just stops.
 std::string read_all(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string text;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;) text.append(buffer, size_t(n));
+  ::close(fd);
+  return text;
 }
 
 struct Stat {
