@@ -122,15 +122,7 @@ class MhaAttention final : public Attention<T> {
   template <typename X>
   void project(const X& x, T* q, T* k, T* v, T* scratch, int64_t B);
   // The attention's operands an op reads: q, k, v as stored or held rounded (Ops' attention args).
-  struct Inputs {
-    const T *q = nullptr, *k = nullptr, *v = nullptr;
-    const Rounded<T>*q_rounded = nullptr, *k_rounded = nullptr, *v_rounded = nullptr;
-    template <typename A>
-    A into(A a) const {
-      a.q = q, a.k = k, a.v = v, a.q_rounded = q_rounded, a.k_rounded = k_rounded, a.v_rounded = v_rounded;
-      return a;
-    }
-  };
+  using Inputs = AttentionInputs<T>;
   // Under bf16 GEMMs q, k, v and the attention's output held rounded in acts (N, Dq) each, from a boundary of
   // kHeldAlignment bytes after the probabilities or statistics (the room for it in sizes::kMhaHeldPad): cuDNN reads
   // and writes them in place.

@@ -175,9 +175,11 @@ void MlaAttention<T>::rotary_forward(const T* x, const T* cq, T* q, T* k, T* qr,
 template <typename T>
 void MlaAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) {
   const int64_t N = B * T_, HD = H_ * Dh_, Wh = Dh_ + R_;
-  T *cq_kept = acts, *ckv = cq_kept + N * Cq_, *q = ckv + N * C_, *k = q + N * W_, *v = k + N * W_, *att = v + N * W_;
+  T *cq_kept = acts, *ckv = cq_kept + N * Cq_;
+  T* q = held() ? scratch : kept(acts, N);  // held: built in fp32 in the scratch, then rounded into acts
+  T *k = q + N * W_, *v = k + N * W_;
   const T* cq = Cq_ > 0 ? cq_kept : x;  // without a query latent the queries read x
-  T* probs = keep_probs_ ? att + N * W_ : recomputed_probabilities(scratch, N);
+  T* probs = keep_probs_ ? kept_probabilities(acts, N) : recomputed_probabilities(scratch, N);
   T* qr = scratch + 4 * N * W_ + T_ * T_ + N * (Q_ + C_);  // the backward's dqr and dkr, free until then
   T* kr = qr + N * H_ * R_;
   T *cq_raw = norm_acts(acts, N), *ckv_raw = cq_raw + N * Cq_, *rstd_q = ckv_raw + N * C_, *rstd_kv = rstd_q + N;
@@ -191,9 +193,53 @@ void MlaAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) 
     linear.forward(ckv, {wuv_ + h * Dh_, HD}, {v + h * Wh, W_}, N, C_, Dh_);
   }
   rotary_forward(x, cq, q, k, qr, kr, B);
-  ops_.attention_forward({.shape = shape_of(B), .q = q, .k = k, .v = v, .out = att, .probs = probs});
-  for (int64_t h = 0; h < H_; ++h)  // y += att_h Wo_h over the heads' value columns (the padding is zero)
-    linear.forward({att + h * Wh, W_}, wo_ + h * Dh_ * D_, y, N, Dh_, D_, T(1));
+  if (!held()) {
+    T* att = v + N * W_;
+    ops_.attention_forward({.shape = shape_of(B), .q = q, .k = k, .v = v, .out = att, .probs = probs});
+    return output_forward(att, nullptr, y, N);
+  }
+  Rounded<T>* held = kept_rounded(acts, N);  // q, k, v, att
+  for (int i = 0; i < 3; ++i) ops_.round_values(q + i * N * W_, held + i * N * W_, N * W_);
+  ops_.attention_forward(inputs(acts, N).into(
+      AttentionForwardArgs<T>{.shape = shape_of(B), .probs = probs, .out_rounded = held + 3 * N * W_}));
+  output_forward(nullptr, held + 3 * N * W_, y, N);
+}
+
+template <typename T>
+AttentionInputs<T> MlaAttention<T>::inputs(const T* acts, int64_t N) const {
+  if (!held()) {
+    const T* q = kept(const_cast<T*>(acts), N);
+    return {.q = q, .k = q + N * W_, .v = q + 2 * N * W_};
+  }
+  const Rounded<T>* q = kept_rounded(acts, N);
+  return {.q_rounded = q, .k_rounded = q + N * W_, .v_rounded = q + 2 * N * W_};
+}
+
+template <typename T>
+void MlaAttention<T>::output_forward(const T* att, const Rounded<T>* att_rounded, T* y, int64_t N) const {
+  const Linear<T> linear(ops_, precision_);
+  const int64_t Wh = Dh_ + R_;
+  for (int64_t h = 0; h < H_; ++h) {  // y += att_h Wo_h over the heads' value columns (the padding is zero)
+    if (att_rounded)
+      linear.forward(HeldRows<T>{att_rounded + h * Wh, W_}, wo_ + h * Dh_ * D_, y, N, Dh_, D_, T(1));
+    else
+      linear.forward({att + h * Wh, W_}, wo_ + h * Dh_ * D_, y, N, Dh_, D_, T(1));
+  }
+}
+
+template <typename T>
+void MlaAttention<T>::output_backward(const T* att, const Rounded<T>* att_rounded, const T* dy, T* datt,
+                                      int64_t N) const {
+  const Linear<T> linear(ops_, precision_);
+  const int64_t Wh = Dh_ + R_;
+  ops_.fill(datt, T(0), N * W_);
+  for (int64_t h = 0; h < H_; ++h) {
+    if (att_rounded)
+      linear.weight_backward(HeldRows<T>{att_rounded + h * Wh, W_}, Rows<const T>(dy), dwo_ + h * Dh_ * D_, N, Dh_, D_);
+    else
+      linear.weight_backward({att + h * Wh, W_}, dy, dwo_ + h * Dh_ * D_, N, Dh_, D_);
+    linear.input_backward(dy, wo_ + h * Dh_ * D_, {datt + h * Wh, W_}, N, Dh_, D_);
+  }
 }
 
 template <typename T>
@@ -216,32 +262,24 @@ void MlaAttention<T>::rotary_backward(const T* x, const T* cq, const T* dq, cons
 template <typename T>
 void MlaAttention<T>::backward(const T* x, const T* dy, T* dx, const T* acts, T* scratch, int64_t B) {
   const int64_t N = B * T_, HD = H_ * Dh_, Wh = Dh_ + R_;
-  const T *ckv = acts + N * Cq_, *q = ckv + N * C_, *k = q + N * W_, *v = k + N * W_, *att = v + N * W_;
+  const T* ckv = acts + N * Cq_;
   const T* cq = Cq_ > 0 ? acts : x;
   T *dq = scratch, *dk = dq + N * W_, *dv = dk + N * W_, *datt = dv + N * W_, *block = datt + N * W_;
   T *dcq = block + T_ * T_, *dckv = dcq + N * Q_, *dqr = dckv + N * C_, *dkr = dqr + N * H_ * R_;
-  const T* probs = att + N * W_;
+  const AttentionInputs<T> in = inputs(acts, N);
+  const T* probs = kept_probabilities(const_cast<T*>(acts), N);
   if (!keep_probs_) {  // selective recompute: the same op on the same q and k, bit for bit (as MhaAttention)
     T* recomputed = recomputed_probabilities(scratch, N);
-    ops_.attention_forward({.shape = shape_of(B), .q = q, .k = k, .v = v, .out = dq, .probs = recomputed});
+    ops_.attention_forward(in.into(AttentionForwardArgs<T>{.shape = shape_of(B), .out = dq, .probs = recomputed}));
     probs = recomputed;
   }
-  ops_.fill(datt, T(0), N * W_);
+  if (held())
+    output_backward(nullptr, kept_rounded(acts, N) + 3 * N * W_, dy, datt, N);
+  else
+    output_backward(kept(const_cast<T*>(acts), N) + 3 * N * W_, nullptr, dy, datt, N);
+  ops_.attention_backward(in.into(AttentionBackwardArgs<T>{
+      .shape = shape_of(B), .probs = probs, .dout = datt, .dq = dq, .dk = dk, .dv = dv, .scratch = block}));
   const Linear<T> linear(ops_, precision_);
-  for (int64_t h = 0; h < H_; ++h) {
-    linear.weight_backward({att + h * Wh, W_}, dy, dwo_ + h * Dh_ * D_, N, Dh_, D_);
-    linear.input_backward(dy, wo_ + h * Dh_ * D_, {datt + h * Wh, W_}, N, Dh_, D_);
-  }
-  ops_.attention_backward({.shape = shape_of(B),
-                           .q = q,
-                           .k = k,
-                           .v = v,
-                           .probs = probs,
-                           .dout = datt,
-                           .dq = dq,
-                           .dk = dk,
-                           .dv = dv,
-                           .scratch = block});
   for (int64_t h = 0; h < H_; ++h) {  // the content parts: into Wuq, Wuk, Wuv and the latents
     const T beta = T(h == 0 ? 0 : 1);
     const Rows<const T> dq_h{dq + h * Wh, W_}, dk_h{dk + h * Wh, W_}, dv_h{dv + h * Wh, W_};

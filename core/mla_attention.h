@@ -38,7 +38,9 @@ class MlaAttention final : public Attention<T> {
   void set_keep_probabilities(bool keep) override { keep_probs_ = keep; }
   void set_precision(GemmPrecision precision) override { precision_ = precision; }
   // c_q (N, Cq; none when Cq is 0), c_kv (N, C), q, k, v, the attention's output (N, W) each, W = H (Dh + R), when kept
-  // the probabilities (B, H, T, T), and with norms the latents before them and their inverse RMS (N) each.
+  // the probabilities (B, H, T, T), and with norms the latents before them and their inverse RMS (N) each. Under
+  // bf16 GEMMs q, k, v and the output are held rounded (built in fp32 in the scratch, rounded once; the attention op
+  // reads them and writes its output so, and Wo's products read it): the same bits, half their memory.
   int64_t activation_size(int64_t N) const override { return sizes::elements(sizes::mla(shape(), N).activations); }
   // dq, dk, dv, d(att) (N, W) each, one (T, T) block, dc_q, dc_kv, the rotary parts (N, H R) and (N, R), and
   // when not kept the recomputed probabilities, and with norms the gradients of the latents before them.
@@ -56,10 +58,20 @@ class MlaAttention final : public Attention<T> {
   AttentionShape shape_of(int64_t B) const { return {B, T_, H_, Dh_ + R_, precision_}; }
   // The layer's shape, as core/sizes.h declares its sizes.
   sizes::MlaShape shape() const {
-    return {double(D_), double(H_), double(T_), double(C_), double(Cq_), double(R_), norms_, keep_probs_};
+    return {double(D_), double(H_), double(T_),  double(C_),          double(Cq_),
+            double(R_), norms_,     keep_probs_, held_size<T>(held())};
   }
+  bool held() const { return precision_ == GemmPrecision::Bf16; }
+  // q, k, v and the attention's output in acts, after the latents: as stored, or held rounded (kept_rounded).
+  T* kept(T* acts, int64_t N) const { return acts + N * (Cq_ + C_); }
+  Rounded<T>* kept_rounded(const T* acts, int64_t N) const {
+    return reinterpret_cast<Rounded<T>*>(const_cast<T*>(acts) + N * (Cq_ + C_));
+  }
+  int64_t kept_size(int64_t N) const { return sizes::elements(sizes::mla_kept(shape(), double(N))); }
+  // The probabilities when kept, after q, k, v and the output.
+  T* kept_probabilities(T* acts, int64_t N) const { return kept(acts, N) + kept_size(N); }
   // With norms: the latents before them (N, Cq) and (N, C), then their inverse RMS (N) each.
-  T* norm_acts(T* acts, int64_t N) const { return acts + N * (Cq_ + C_ + 4 * W_) + (keep_probs_ ? probs_size(N) : 0); }
+  T* norm_acts(T* acts, int64_t N) const { return kept_probabilities(acts, N) + (keep_probs_ ? probs_size(N) : 0); }
   const T* norm_acts(const T* acts, int64_t N) const { return norm_acts(const_cast<T*>(acts), N); }
   T* norm_scratch(T* scratch, int64_t N) const {
     return scratch + 4 * N * W_ + T_ * T_ + N * (Q_ + C_ + H_ * R_ + R_) + (keep_probs_ ? 0 : probs_size(N));
@@ -74,6 +86,12 @@ class MlaAttention final : public Attention<T> {
   }
   // dst (rows, R) at stride ldd = src (rows, R) at stride lds, times the identity (+ beta dst).
   void place(const T* src, int64_t lds, T* dst, int64_t ldd, int64_t rows, T beta) const;
+  // The attention's inputs as acts keep them (held: rounded into acts from q, k, v in the scratch, once).
+  AttentionInputs<T> inputs(const T* acts, int64_t N) const;
+  // y += att Wo over the heads' value columns, att as stored or held rounded (att_rounded, att null).
+  void output_forward(const T* att, const Rounded<T>* att_rounded, T* y, int64_t N) const;
+  // dWo += att^T dy, datt = dy Wo^T per head (datt's padding columns zero).
+  void output_backward(const T* att, const Rounded<T>* att_rounded, const T* dy, T* datt, int64_t N) const;
   // The rotary parts of queries (N, H R) and the shared key (N, R), rotated, into q and k.
   void rotary_forward(const T* x, const T* cq, T* q, T* k, T* qr, T* kr, int64_t B) const;
   // From dq, dk (N, W): the rotary parts' gradients into Wqr, Wkr, dcq (+=) and dx (+=).

@@ -143,9 +143,12 @@ inline Footprint mha(const MhaShape& a, double N) {
 struct MlaShape {
   double D, H, T, C, Cq, R;
   bool norms = false, keep_probs = true;
+  double held = 0;  // as MhaShape's: q, k, v and the attention's output kept held rounded under bf16 GEMMs
   double width() const { return D + H * R; }          // W: a head's query and key [content | rotary], all heads
   double q_input() const { return Cq > 0 ? Cq : D; }  // what the queries are projected from: c_q, or x
 };
+// MlaAttention's q, k, v and output (N, W) each, held rounded under bf16 GEMMs.
+inline double mla_kept(const MlaShape& a, double N) { return (a.held > 0 ? a.held : 1.0) * 4 * N * a.width(); }
 // Wdq (D, Cq), Wuq (Q, D), Wqr (Q, H R) with Q = q_input(), Wdkv (D, C), Wuk, Wuv (C, D), Wkr (D, R), Wo (D, D),
 // and with norms their gains (Cq, C).
 inline double mla_parameters(const MlaShape& a) {
@@ -153,13 +156,14 @@ inline double mla_parameters(const MlaShape& a) {
   return a.D * a.Cq + Q * (a.D + a.H * a.R) + a.D * a.C + 2 * a.C * a.D + a.D * a.R + a.D * a.D +
          (a.norms ? a.Cq + a.C : 0.0);
 }
-// Kept: c_q, c_kv, q, k, v, att (N, W), the probabilities when kept and, with norms, the latents before them
+// Kept: c_q, c_kv, q, k, v, att (N, W) (held rounded under bf16 GEMMs, forward building q, k, v in fp32 in the
+// scratch's first 3 (N, W)), the probabilities when kept and, with norms, the latents before them
 // and their inverse RMS (N) each. Scratch: dq, dk, dv, d(att) (N, W), one (T, T) block, dc_q (N, Q), dc_kv, the
 // rotary parts (N, H R) and (N, R), the recomputed probabilities when not kept and, with norms, the gradients of
 // the latents before them.
 inline Footprint mla(const MlaShape& a, double N) {
   const double W = a.width(), probs = N * a.H * a.T, latents = a.norms ? N * (a.Cq + a.C) : 0.0;
-  return {N * (a.Cq + a.C + 4 * W) + (a.keep_probs ? probs : 0.0) + (a.norms ? latents + 2 * N : 0.0),
+  return {N * (a.Cq + a.C) + mla_kept(a, N) + (a.keep_probs ? probs : 0.0) + (a.norms ? latents + 2 * N : 0.0),
           4 * N * W + a.T * a.T + N * (a.q_input() + a.C + a.H * a.R + a.R) + (a.keep_probs ? 0.0 : probs) + latents};
 }
 // What a key/value cache would keep per token and layer: c_kv and the shared rotary key (C + R); multi-head

@@ -134,6 +134,19 @@ struct FusedAttentionBackwardArgs {
   const Rounded<T>*q_rounded = nullptr, *k_rounded = nullptr, *v_rounded = nullptr, *out_rounded = nullptr;
 };
 
+// An attention call's q, k, v as a layer keeps them, as stored or held rounded: `into` sets them on any of the four
+// argument structs above.
+template <typename T>
+struct AttentionInputs {
+  const T *q = nullptr, *k = nullptr, *v = nullptr;
+  const Rounded<T>*q_rounded = nullptr, *k_rounded = nullptr, *v_rounded = nullptr;
+  template <typename A>
+  A into(A a) const {
+    a.q = q, a.k = k, a.v = v, a.q_rounded = q_rounded, a.k_rounded = k_rounded, a.v_rounded = v_rounded;
+    return a;
+  }
+};
+
 // An attention call's operands as held or as stored (each backend's attention ops check them so): q, k, v all held
 // or none, each given once, held ones under bf16 GEMMs only; out (where the call has one) given once.
 template <typename A>

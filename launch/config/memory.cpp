@@ -110,7 +110,7 @@ sizes::MhaShape mha_shape(const Sizes& s, bool keep_probs) {
 bool head_keeps_input(const Sizes& s) { return bf16_held(s) > 0 && (s.tp == 1 || !s.sequence_parallel); }
 // Latent attention (tp = 1).
 sizes::MlaShape mla_shape(const Sizes& s, bool keep_probs) {
-  return {s.D, s.H, s.T, s.C, s.Cq, s.R, s.mla_norms, keep_probs};
+  return {s.D, s.H, s.T, s.C, s.Cq, s.R, s.mla_norms, keep_probs, bf16_held(s)};
 }
 // An MoE layer on this rank: its rows (moe_rows) of the routing group's N; the shared experts and the fallback
 // split by hidden width with the experts (expert_tp).

@@ -292,25 +292,27 @@ TEST(MemoryEstimate, TextAndJson) {
 }
 
 // Latent attention (model.attention = mla) in a dense and an MoE model, keeping and recomputing its
-// probabilities, with and without the latents' norms and the query latent: exactly what the trainer allocates; and the
-// key/value bytes per token, C + R against 2 D.
+// probabilities, with and without the latents' norms and the query latent, in fp32 and with bf16 GEMMs (q, k, v and
+// the output held rounded): exactly what the trainer allocates; and the key/value bytes per token, C + R against 2 D.
 TEST(MemoryEstimate, LatentAttentionIsExactlyWhatTheTrainerAllocates) {
   for (const char* recompute : {"none", "selective"})
     for (const char* experts : {"0", "4"})
       for (const char* norms : {"false", "true"})
-        for (const char* q_rank : {"24", "0"}) {  // 0: the queries projected from x, no query latent
-          const Config config =
-              small_config({"model.attention=mla", "model.mla.kv_rank=16", std::string("model.mla.q_rank=") + q_rank,
-                            "model.mla.rope_dim=8", std::string("train.recompute=") + recompute,
-                            std::string("moe.num_experts=") + experts, std::string("model.mla.norms=") + norms});
-          SCOPED_TRACE(std::string("recompute ") + recompute + ", experts " + experts + ", norms " + norms +
-                       ", q_rank " + q_rank);
-          const MemoryEstimate e = estimate_memory(config, 1, 1, 1);
-          const Measured m = measure(config, std::make_unique<SelfCommunicator>("world"));
-          EXPECT_EQ(e.parameters, 4 * m.parameters);
-          EXPECT_EQ(allocated_at_construction(e), m.constructed);
-          EXPECT_EQ(e.kv_cache_per_token, 4 * 2 * (16 + 8));  // 2 layers, fp32
-        }
+        for (const char* q_rank : {"24", "0"})  // 0: the queries projected from x, no query latent
+          for (const char* precision : {"fp32", "bf16"}) {
+            const Config config =
+                small_config({"model.attention=mla", "model.mla.kv_rank=16", std::string("model.mla.q_rank=") + q_rank,
+                              "model.mla.rope_dim=8", std::string("train.recompute=") + recompute,
+                              std::string("moe.num_experts=") + experts, std::string("model.mla.norms=") + norms,
+                              std::string("train.precision=") + precision});
+            SCOPED_TRACE(std::string("recompute ") + recompute + ", experts " + experts + ", norms " + norms +
+                         ", q_rank " + q_rank + ", " + precision);
+            const MemoryEstimate e = estimate_memory(config, 1, 1, 1);
+            const Measured m = measure(config, std::make_unique<SelfCommunicator>("world"));
+            EXPECT_EQ(e.parameters, 4 * m.parameters);
+            EXPECT_EQ(allocated_at_construction(e), m.constructed);
+            EXPECT_EQ(e.kv_cache_per_token, 4 * 2 * (16 + 8));  // 2 layers, fp32
+          }
   EXPECT_EQ(estimate_memory(small_config(), 1, 1, 1).kv_cache_per_token, 4 * 2 * 2 * 64);
 }
 
