@@ -199,7 +199,7 @@ void MlaAttention<T>::forward(const T* x, T* y, T* acts, T* scratch, int64_t B) 
     return output_forward(att, nullptr, y, N);
   }
   Rounded<T>* held = kept_rounded(acts, N);  // q, k, v, att
-  for (int i = 0; i < 3; ++i) ops_.round_values(q + i * N * W_, held + i * N * W_, N * W_);
+  ops_.round_values(q, held, 3 * N * W_);    // q, k, v: contiguous in the scratch and in acts
   ops_.attention_forward(inputs(acts, N).into(
       AttentionForwardArgs<T>{.shape = shape_of(B), .probs = probs, .out_rounded = held + 3 * N * W_}));
   output_forward(nullptr, held + 3 * N * W_, y, N);
