@@ -49,7 +49,7 @@ inline std::vector<int64_t> random_row_offsets(int64_t experts, int64_t assignme
 // The experts of one layer (core/moe/experts.h) on their own: forward, then backward, on `off`'s blocks. The
 // operands are reused across repetitions: only the shapes matter, and the inputs stay bounded.
 struct ExpertOperands {
-  std::vector<float> xe, y, dy, dx, scratch, w1, w3, w2, dw1, dw3, dw2;
+  std::vector<float> xe, y, dy, dx, scratch, w13, w2, dw13, dw2;
   ExpertActs<float> acts;
 
   void run(GroupedExperts<float>& experts, const std::vector<int64_t>& off) {
@@ -75,67 +75,25 @@ struct ExpertOperands {
     each_chunk([&](const std::vector<int64_t>& p) { experts.backward(p, acts, dy.data(), scratch.data(), dx.data()); });
   }
 
-  // GroupedExperts's nine calls of Ops::grouped_gemm (core/moe/experts.cpp) on the same operands, without the
-  // SwiGLU between them: the backend op on its own.
+  // GroupedExperts's six calls of Ops::grouped_gemm (core/backend/ops.h expert_mlp_forward_as and its backward) on
+  // the same operands, without the SwiGLU between them: the backend op on its own.
   void run_gemms(Ops<float>& ops, const std::vector<int64_t>& off, int64_t D, int64_t F) {
     const int64_t E = int64_t(off.size()) - 1, R = off.back();
-    float *a = acts.a.data<float>(), *b = acts.b.data<float>(), *h = acts.h.data<float>(), *x = acts.xe.data<float>();
-    float *dh = scratch.data(), *da = dh + R * F, *db = da + R * F;
-    ops.grouped_gemm({.groups = E, .row_offset = off.data(), .N = F, .K = D, .A = x, .B = w1.data(), .C = a});
-    ops.grouped_gemm({.groups = E, .row_offset = off.data(), .N = F, .K = D, .A = x, .B = w3.data(), .C = b});
-    ops.grouped_gemm({.groups = E, .row_offset = off.data(), .N = D, .K = F, .A = h, .B = w2.data(), .C = y.data()});
-    ops.grouped_gemm({.trans_a = true,
-                      .groups = E,
-                      .row_offset = off.data(),
-                      .N = D,
-                      .K = F,
-                      .A = h,
-                      .B = dy.data(),
-                      .beta = 1.f,
-                      .C = dw2.data()});
-    ops.grouped_gemm({.trans_b = true,
-                      .groups = E,
-                      .row_offset = off.data(),
-                      .N = F,
-                      .K = D,
-                      .A = dy.data(),
-                      .B = w2.data(),
-                      .C = dh});
-    ops.grouped_gemm({.trans_a = true,
-                      .groups = E,
-                      .row_offset = off.data(),
-                      .N = F,
-                      .K = D,
-                      .A = x,
-                      .B = da,
-                      .beta = 1.f,
-                      .C = dw1.data()});
-    ops.grouped_gemm({.trans_a = true,
-                      .groups = E,
-                      .row_offset = off.data(),
-                      .N = F,
-                      .K = D,
-                      .A = x,
-                      .B = db,
-                      .beta = 1.f,
-                      .C = dw3.data()});
-    ops.grouped_gemm({.trans_b = true,
-                      .groups = E,
-                      .row_offset = off.data(),
-                      .N = D,
-                      .K = F,
-                      .A = da,
-                      .B = w1.data(),
-                      .C = dx.data()});
-    ops.grouped_gemm({.trans_b = true,
-                      .groups = E,
-                      .row_offset = off.data(),
-                      .N = D,
-                      .K = F,
-                      .A = db,
-                      .B = w3.data(),
-                      .beta = 1.f,
-                      .C = dx.data()});
+    float *ab = acts.ab.data<float>(), *h = acts.h.data<float>(), *x = acts.xe.data<float>();
+    float *dh = scratch.data(), *dab = dh + R * F;
+    const Ops<float>::GroupedGemm g{.groups = E, .row_offset = off.data()};
+    auto call = [&](bool trans_a, bool trans_b, int64_t N, int64_t K, const float* A, const float* B, float beta,
+                    float* C) {
+      Ops<float>::GroupedGemm s = g;
+      s.trans_a = trans_a, s.trans_b = trans_b, s.N = N, s.K = K, s.A = A, s.B = B, s.beta = beta, s.C = C;
+      ops.grouped_gemm(s);
+    };
+    call(false, false, 2 * F, D, x, w13.data(), 0.f, ab);          // [a | b] = x W13
+    call(false, false, D, F, h, w2.data(), 0.f, y.data());         // y = h W2
+    call(true, false, D, F, h, dy.data(), 1.f, dw2.data());        // dW2 += h^T dy
+    call(false, true, F, D, dy.data(), w2.data(), 0.f, dh);        // dh = dy W2^T
+    call(true, false, 2 * F, D, x, dab, 1.f, dw13.data());         // dW13 += x^T [da | db]
+    call(false, true, D, 2 * F, dab, w13.data(), 0.f, dx.data());  // dx = [da | db] W13^T
   }
 };
 
@@ -150,11 +108,12 @@ inline GroupedResult measure_grouped_gemm(Backend& backend, const GroupedShape& 
   ExpertOperands x;
   for (auto* v : {&x.xe, &x.y, &x.dy, &x.dx}) v->resize(size_t(R * D));
   x.scratch.resize(size_t(sizes::elements(sizes::experts_scratch(double(R), double(F)))));  // fp32 GEMMs
-  for (auto* v : {&x.w1, &x.w3, &x.w2, &x.dw1, &x.dw3, &x.dw2}) v->resize(size_t(E * D * F));
+  for (auto* v : {&x.w13, &x.dw13}) v->resize(size_t(E * D * 2 * F));
+  for (auto* v : {&x.w2, &x.dw2}) v->resize(size_t(E * D * F));
   uint64_t seed = 5;
-  for (auto* v : {&x.xe, &x.dy, &x.w1, &x.w3, &x.w2}) fill_uniform(*v, ++seed);
+  for (auto* v : {&x.xe, &x.dy, &x.w13, &x.w2}) fill_uniform(*v, ++seed);
   GroupedExperts<float> experts(backend, D, F);
-  experts.bind(x.w1.data(), x.w3.data(), x.w2.data(), x.dw1.data(), x.dw3.data(), x.dw2.data());
+  experts.bind(x.w13.data(), x.w2.data(), x.dw13.data(), x.dw2.data());
   experts.resize(x.acts, R);
   std::vector<float> a(size_t(sgemm_n * sgemm_n)), b(a.size()), c(a.size());
   fill_uniform(a, 1);

@@ -9,6 +9,7 @@
 
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/detail.h"
+#include "checkpoint/stacked.h"
 #include "core/error.h"
 #include "parallel/strings.h"
 
@@ -315,6 +316,8 @@ std::optional<DistributedChoice> find_newest_distributed(Communicator& world, co
       c.holder.push_back(std::move(holders));
       c.path.push_back(std::move(paths));
     }
+    if (expected)  // what a model reads: the parts of stacked tensors as their slabs (stacked.h)
+      for (Manifest& m : c.chain) stack_legacy_parts(m);
     if (why.empty()) why = chain_tensors_problem(c.chain, name, expected);
     if (why.empty()) {
       notes->insert(notes->end(), c.notes.begin(), c.notes.end());

@@ -16,6 +16,7 @@
 
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/detail.h"
+#include "checkpoint/stacked.h"
 #include "core/error.h"
 #include "parallel/strings.h"
 
@@ -439,7 +440,10 @@ std::optional<Resolved> verify_checkpoint(const std::string& dir_text, const std
         MOE_BAD_INPUT("checkpoint " << r.chain_dirs.back() << " holds other tensors (names, dtypes or global shapes) "
                                     << "than " << r.chain_dirs.front() << ", the base of its chain");
     }
-    if (expected) check_expected(tensors, *expected, dir.string());
+    if (expected) {  // what a model reads: the parts of stacked tensors as their slabs (stacked.h)
+      for (Manifest& m : r.chain) stack_legacy_parts(m);
+      check_expected(check_coverage(r.chain.back(), r.chain_dirs.back()), *expected, dir.string());
+    }
     return r;
   } catch (const Error& e) {
     *why = e.message();

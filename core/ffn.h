@@ -104,9 +104,11 @@ class FeedForward {
   std::unique_ptr<FfnSlot> default_slot_;
 };
 
-// SwiGLU(x) = (silu(x W1) * (x W3)) W2 with W1, W3: (D, F), W2: (F, D). A tensor-parallel shard (block r
-// of tp) holds hidden units [r F / tp, (r + 1) F / tp): those columns of W1, W3 and rows of W2 (column- and
-// row-parallel), so its output is a partial sum of the whole output (parallel/tp_layers.h sums it).
+// SwiGLU(x) = (silu(x W1) * (x W3)) W2 with W1, W3: (D, F), W2: (F, D); W1 and W3 are one tensor W13 (D, 2, F),
+// each row [W1 row | W3 row], so that [x W1 | x W3] is one GEMM, and [da | db] W13^T the input's gradient. A
+// tensor-parallel shard (block r of tp) holds hidden units [r F / tp, (r + 1) F / tp): those columns of W1, W3
+// (W13's last axis) and rows of W2 (column- and row-parallel), so its output is a partial sum of the whole output
+// (parallel/tp_layers.h sums it).
 template <typename T>
 class DenseMlp final : public FeedForward<T> {
  public:
@@ -114,7 +116,7 @@ class DenseMlp final : public FeedForward<T> {
   void register_params(ParamTable& table, const std::string& prefix) override;
   void set_precision(GemmPrecision precision) override { precision_ = precision; }
   void bind(const ParamTable& table, T* params, T* grads) override;
-  // a, b, h (N, F); under bf16 GEMMs x, a, b, h held rounded, computed as the routed experts' (one group:
+  // ab (N, 2F), h (N, F); under bf16 GEMMs x, ab, h held rounded, computed as the routed experts' (one group:
   // Ops::expert_mlp_forward_rounded), so that a dense layer, the shared experts and the fallback keep half.
   int64_t activation_size(int64_t N) const override { return sizes::elements(footprint(N).activations); }
   int64_t scratch_size(int64_t N) const override { return sizes::elements(footprint(N).scratch); }
@@ -140,8 +142,8 @@ class DenseMlp final : public FeedForward<T> {
   TpShard shard_;
   GemmPrecision precision_ = GemmPrecision::Fp32;
   std::string prefix_;
-  const T *w1_ = nullptr, *w3_ = nullptr, *w2_ = nullptr;
-  T *dw1_ = nullptr, *dw3_ = nullptr, *dw2_ = nullptr;
+  const T *w13_ = nullptr, *w2_ = nullptr;  // W13 (D, 2, F): each row [W1 row | W3 row]
+  T *dw13_ = nullptr, *dw2_ = nullptr;
 };
 
 }  // namespace moe

@@ -61,13 +61,15 @@ void MoeLayer<T>::register_params(ParamTable& table, const std::string& prefix) 
   // expert tensor parallelism its block of their hidden width (columns of W1, W3, rows of W2).
   const int64_t El = local_experts(), first = s_.ep_rank * El;
   const TpShard hidden{s_.expert_tp, s_.expert_tp_rank};
-  auto add_expert = [&](const char* name, std::vector<int64_t> shape, int hidden_axis, double std) {
+  auto add_expert = [&](const char* name, std::vector<int64_t> shape, int hidden_axis, double std,
+                        std::vector<std::string> parts = {}) {
     ParamSpec spec{prefix + name, std::move(shape), ParamRole::Expert, true, ParamInit::Normal, std};
     spec.split = {0, E, first, ParamGroup::ExpertParallel};
+    spec.parts = std::move(parts);
     table.add(hidden.block_of(spec, hidden_axis, ParamGroup::ExpertTensorParallel));
   };
-  add_expert(".experts.w1", {El, D, F}, 2, 0.02);
-  add_expert(".experts.w3", {El, D, F}, 2, 0.02);
+  // W1 and W3 side by side (each row [W1 row | W3 row]: one GEMM), split on their hidden axis.
+  add_expert(".experts.w13", {El, D, 2, F}, 3, 0.02, {prefix + ".experts.w1", prefix + ".experts.w3"});
   add_expert(".experts.w2", {El, F, D}, 1, out_std);
   if (shared_) shared_->register_params(table, prefix + ".shared");
   if (fallback_) fallback_->register_params(table, prefix + ".fallback");
@@ -86,8 +88,8 @@ void MoeLayer<T>::bind(const ParamTable& table, T* params, T* grads) {
   auto at = [&](const char* name) { return table.find(prefix_ + name).offset; };
   router_.bind(params + at(".router.weight"), grads + at(".router.weight"));
   if (s_.tau_learned) router_.bind_log_tau(params + at(".tau.log_ratio"), grads + at(".tau.log_ratio"));
-  experts_.bind(params + at(".experts.w1"), params + at(".experts.w3"), params + at(".experts.w2"),
-                grads + at(".experts.w1"), grads + at(".experts.w3"), grads + at(".experts.w2"));
+  experts_.bind(params + at(".experts.w13"), params + at(".experts.w2"), grads + at(".experts.w13"),
+                grads + at(".experts.w2"));
   if (shared_) shared_->bind(table, params, grads);
   if (fallback_) fallback_->bind(table, params, grads);
 }

@@ -1,6 +1,8 @@
 // Parameter table bookkeeping and layout-independent initialisation.
 #include "core/params.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/philox.h"
 
@@ -61,6 +63,13 @@ int64_t ParamSpec::global_index(int64_t local) const {
   return index;
 }
 
+std::pair<size_t, int64_t> ParamSpec::part_of(int64_t g) const {
+  if (parts.empty()) return {0, g};
+  // The global shape (..., P, F): row g / F of the (..., P) rows is part (g / F) % P of row (g / F) / P of the part.
+  const int64_t F = global_shape().back(), P = int64_t(parts.size()), row = g / F;
+  return {size_t(row % P), (row / P) * F + g % F};
+}
+
 void ParamSpec::sync_axis0_short_form() {
   if (global_rows > 0 && split.axis < 0)
     split = {0, global_rows, shard_offset, expert() ? ParamGroup::ExpertParallel : ParamGroup::None};
@@ -88,6 +97,11 @@ void ParamTable::add(ParamSpec spec) {
             "parameter '" << spec.name << "': its block is outside the tensor on a split axis");
   MOE_CHECK(spec.split2.axis < 0 || (spec.split.axis >= 0 && spec.split2.axis != spec.split.axis),
             "parameter '" << spec.name << "': a second split needs a first one, on another axis");
+  const int stacked = int(spec.shape.size()) - 2;
+  MOE_CHECK(spec.parts.empty() || (stacked >= 0 && spec.shape[size_t(stacked)] == int64_t(spec.parts.size()) &&
+                                   spec.split.axis != stacked && spec.split2.axis != stacked),
+            "parameter '" << spec.name << "': its " << spec.parts.size()
+                          << " parts are stacked whole on its second-to-last axis");
   int64_t n = 1;
   for (int64_t d : spec.shape) n *= d;
   spec.numel = n;
@@ -120,6 +134,26 @@ const ParamSpec& ParamTable::find(const std::string& name) const {
   MOE_FAIL("no parameter named '" << name << "'");
 }
 
+namespace {
+
+// ParamInit::Normal: element i of the global tensor draws counter (i, 0) of the stream of its name (of its part's
+// name and index in the part for a stacked tensor), so a shard draws exactly its own elements. A block's rows along
+// its last axis are contiguous in the global tensor too. Each element is a pure function of its index, so the rows
+// are split among threads (a Mixtral-sized layer has over a billion elements) with the same result.
+template <typename T>
+void initialize_normal(const ParamSpec& s, T* p, uint64_t seed) {
+  std::vector<RngStream> streams;
+  for (size_t k = 0; k < std::max<size_t>(1, s.parts.size()); ++k) streams.emplace_back(seed, "init." + s.part_name(k));
+  const int64_t row = s.shape.empty() ? 1 : s.shape.back();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < s.numel; r += row) {
+    const auto [part, index] = s.part_of(s.global_index(r));  // a row lies in one part
+    for (int64_t i = 0; i < row; ++i) p[r + i] = T(s.init_std * streams[part].normal(uint64_t(index + i)));
+  }
+}
+
+}  // namespace
+
 template <typename T>
 void ParamTable::initialize(T* params, uint64_t seed) const {
   for (const ParamSpec& s : specs_) {
@@ -131,20 +165,9 @@ void ParamTable::initialize(T* params, uint64_t seed) const {
       case ParamInit::Zeros:
         for (int64_t i = 0; i < s.numel; ++i) p[i] = T(0);
         break;
-      case ParamInit::Normal: {
-        const RngStream rng(seed, "init." + s.name);
-        // Element i of the global tensor draws counter (i, 0): a shard draws exactly its own elements. A
-        // block's rows along its last axis are contiguous in the global tensor too.
-        // Each element is a pure function of its index, so the rows are split among threads (a Mixtral-sized
-        // layer has over a billion elements) with the same result.
-        const int64_t row = s.shape.empty() ? 1 : s.shape.back();
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < s.numel; r += row) {
-          const int64_t g = s.global_index(r);
-          for (int64_t i = 0; i < row; ++i) p[r + i] = T(s.init_std * rng.normal(uint64_t(g + i)));
-        }
+      case ParamInit::Normal:
+        initialize_normal(s, p, seed);
         break;
-      }
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -74,6 +75,12 @@ struct ParamSpec {
   // the tp ranks): each rank's gradient is a partial sum, summed over the tp group before the optimizer
   // (Megatron-Core's sequence_parallel parameters).
   bool partial_over_tp = false;
+  // A tensor of parts stacked on its second-to-last axis (extent parts.size()): the gated MLPs' w13, whose part 0
+  // is W1 and part 1 W3, each row [W1 row | W3 row] so that x W1 and x W3 are one GEMM. Part j is initialised as
+  // the tensor named parts[j] would be (the stream of that name, its index in the part's global shape, which lacks
+  // the stacked axis), so that the values do not depend on the stacking; checkpoints that hold the parts by their
+  // names load into it (checkpoint/stacked.h).
+  std::vector<std::string> parts;
 
   bool expert() const { return role == ParamRole::Expert; }
   bool is_split() const { return split.axis >= 0 || split2.axis >= 0; }
@@ -92,6 +99,10 @@ struct ParamSpec {
   }
   // The row-major index in the global tensor of element `local` of this rank's block.
   int64_t global_index(int64_t local) const;
+  // Of element g of the global tensor: the part it belongs to and its index in the part's global shape (a tensor
+  // of no parts: {0, g}). The name its values are drawn by is parts[part] (name without parts).
+  std::pair<size_t, int64_t> part_of(int64_t g) const;
+  const std::string& part_name(size_t part) const { return parts.empty() ? name : parts[part]; }
   // Whether either split is over `group`.
   bool split_over(ParamGroup group) const {
     return (split.axis >= 0 && split.group == group) || (split2.axis >= 0 && split2.group == group);

@@ -175,18 +175,18 @@ inline double mla_identity(const MlaShape& a) { return a.R * a.R; }
 
 // ---- Dense FFN (core/ffn.h) ----
 
-// DenseMlp with F hidden units (the shard's): W1, W3 (D, F) and W2 (F, D).
+// DenseMlp with F hidden units (the shard's): W13 (D, 2, F: W1 and W3 side by side) and W2 (F, D).
 inline double mlp_parameters(double D, double F) { return 3 * D * F; }
-// The experts' activations per slot (core/moe/experts.h ExpertActs): xe (R, D) and a, b, h (R, F), all held rounded
-// under bf16 GEMMs (held: as moe_exchange_rows's).
+// The experts' activations per slot (core/moe/experts.h ExpertActs): xe (R, D), ab (R, 2F) and h (R, F), all held
+// rounded under bf16 GEMMs (held: as moe_exchange_rows's).
 inline double expert_activations(double R, double D, double F, double held = 1) { return held * (R * D + 3 * R * F); }
-// GroupedExperts' backward scratch: dh, da, db (R, F); with its tensors held rounded (held > 0, as MoeShape's) dh
-// (R, F), and da, db (R, F) and dy (R, D) held.
+// GroupedExperts' backward scratch: dh (R, F) and dab (R, 2F); with its tensors held rounded (held > 0, as MoeShape's)
+// dh (R, F), and dab (R, 2F) and dy (R, D) held.
 inline double experts_scratch(double R, double F, double D = 0, double held = 0) {
   return held > 0 ? R * F + held * (2 * R * F + R * D) : 3 * R * F;
 }
-// DenseMlp: a, b, h (N, F) kept, as many in scratch; held > 0 (bf16 GEMMs, as MoeShape's): computed as one group
-// of the experts, their activations (x too) and scratch.
+// DenseMlp: ab (N, 2F) and h (N, F) kept, as many in scratch; held > 0 (bf16 GEMMs, as MoeShape's): computed as one
+// group of the experts, their activations (x too) and scratch.
 inline Footprint dense_mlp(double N, double F, double D = 0, double held = 0) {
   return {held > 0 ? expert_activations(N, D, F, held) : 3 * N * F, experts_scratch(N, F, D, held)};
 }

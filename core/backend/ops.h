@@ -293,15 +293,15 @@ class Ops {
   // P = exp(S - stats), D_i = dO_i . O_i, dS = P * (dO V^T - D) scale, dq = dS K, dk = dS^T Q, dv = P^T dO.
   virtual void attention_backward_fused(const FusedAttentionBackwardArgs<T>& a) = 0;
 
-  // h = silu(a) * b, elementwise over n.
-  virtual void swiglu_forward(const T* a, const T* b, T* h, int64_t n) = 0;
-  // h = silu(a) * b of a and b held rounded, as swiglu_forward computes it on their values, h held rounded.
-  virtual void swiglu_forward_rounded(const Rounded<T>* a, const Rounded<T>* b, Rounded<T>* h, int64_t n) = 0;
-  // da, db written.
-  virtual void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) = 0;
-  // swiglu_backward on a and b held rounded, da and db written held rounded (only bf16 GEMMs read them).
-  virtual void swiglu_backward_rounded(const Rounded<T>* a, const Rounded<T>* b, const T* dh, Rounded<T>* da,
-                                       Rounded<T>* db, int64_t n) = 0;
+  // The gated unit of the SwiGLU MLPs over `rows` rows of F: each row of ab (rows, 2F) is [a | b] (the two halves of
+  // x W13, W13 = [W1 | W3]), and h (rows, F) = silu(a) * b.
+  virtual void swiglu_forward(const T* ab, T* h, int64_t rows, int64_t F) = 0;
+  // h = silu(a) * b of ab held rounded, as swiglu_forward computes it on their values, h held rounded.
+  virtual void swiglu_forward_rounded(const Rounded<T>* ab, Rounded<T>* h, int64_t rows, int64_t F) = 0;
+  // dab (rows, 2F) written: each row [da | db] of the row's a, b and dh (rows, F).
+  virtual void swiglu_backward(const T* ab, const T* dh, T* dab, int64_t rows, int64_t F) = 0;
+  // swiglu_backward on ab held rounded, dab written held rounded (only bf16 GEMMs read it).
+  virtual void swiglu_backward_rounded(const Rounded<T>* ab, const T* dh, Rounded<T>* dab, int64_t rows, int64_t F) = 0;
   // out = x held rounded, elementwise over n.
   virtual void round_values(const T* x, Rounded<T>* out, int64_t n) = 0;
 
@@ -365,44 +365,44 @@ class Ops {
 
   // ---- The MoE path ----------------------------------------------------------------------------
   // The routed experts' SwiGLU MLPs (core/moe/experts.h): `groups` of them over the row blocks of row_offset
-  // (as grouped_gemm's), with weight stacks w1, w3 (groups, D, F) and w2 (groups, F, D) and their gradients.
+  // (as grouped_gemm's), with weight stacks w13 (groups, D, 2F: each row [W1 row | W3 row], so that x W1 and x W3
+  // are one GEMM, x W13) and w2 (groups, F, D), and their gradients.
   struct ExpertMlp {
     int64_t groups;
     const int64_t* row_offset;
     int64_t D, F;
-    const T *w1, *w3, *w2;
-    T *dw1, *dw3, *dw2;
-    GemmPrecision precision = GemmPrecision::Fp32;  // of its GEMMs (w1, w3, w2 are weights)
+    const T *w13, *w2;
+    T *dw13, *dw2;
+    GemmPrecision precision = GemmPrecision::Fp32;  // of its GEMMs (w13, w2 are weights)
   };
-  // x: (rows, D). Writes a = x W1, b = x W3, h = silu(a) * b (rows, F) and y = h W2 (rows, D), block by block.
-  // This default is the grouped GEMMs and the SwiGLU over all blocks, op after op; a backend may instead run
-  // each block's whole sequence at once (the CPU backend does), with the same bits.
-  virtual void expert_mlp_forward(const ExpertMlp& e, const T* x, T* a, T* b, T* h, T* y) {
-    expert_mlp_forward_as<false>(e, x, a, b, h, y);
+  // x: (rows, D). Writes ab = x W13 (rows, 2F: each row [a | b], a = x W1, b = x W3), h = silu(a) * b (rows, F) and
+  // y = h W2 (rows, D), block by block. This default is the grouped GEMMs and the SwiGLU over all blocks, op after
+  // op; a backend may instead run each block's whole sequence at once (the CPU backend does), with the same bits.
+  virtual void expert_mlp_forward(const ExpertMlp& e, const T* x, T* ab, T* h, T* y) {
+    expert_mlp_forward_as<false>(e, x, ab, h, y);
   }
-  // After expert_mlp_forward (x, a, b, h its operands and outputs); dy: (rows, D). dh, da, db: (rows, F)
-  // workspace; dx (rows, D) written; dw1, dw3, dw2 accumulate. Default: op after op, as above.
-  virtual void expert_mlp_backward(const ExpertMlp& e, const T* x, const T* a, const T* b, const T* h, const T* dy,
-                                   T* dh, T* da, T* db, T* dx) {
-    expert_mlp_backward_as<false>(e, x, a, b, h, dy, dh, da, db, dx);
+  // After expert_mlp_forward (x, ab, h its operands and outputs); dy: (rows, D). dh (rows, F) and dab (rows, 2F:
+  // [da | db]) workspace; dx = dab W13^T (rows, D) written, one GEMM; dw13, dw2 accumulate. Default: op after op.
+  virtual void expert_mlp_backward(const ExpertMlp& e, const T* x, const T* ab, const T* h, const T* dy, T* dh, T* dab,
+                                   T* dx) {
+    expert_mlp_backward_as<false>(e, x, ab, h, dy, dh, dab, dx);
   }
   // The experts' MLP keeping its tensors held rounded (Rounded; bf16 GEMMs, e.precision Bf16): x as the dispatch
-  // gathered it, a and b as the GEMMs' fp32 results rounded as they are stored (GroupedGemmArgs::C_rounded), h the
+  // gathered it, ab as the GEMM's fp32 results rounded as they are stored (GroupedGemmArgs::C_rounded), h the
   // SwiGLU of their values rounded (swiglu_forward_rounded), and the backward's SwiGLU on them
   // (swiglu_backward_rounded): half the memory of expert_mlp_forward's, its results within bf16's rounding of a and
   // b. The backward's operands that only its GEMMs read are held rounded too, each rounded once: dy into dy_held
-  // (rows, D), da and db (rows, F) as the SwiGLU's backward writes them; dh (rows, F) stays in T. The default: op
-  // after op, as above.
-  virtual void expert_mlp_forward_rounded(const ExpertMlp& e, const Rounded<T>* x, Rounded<T>* a, Rounded<T>* b,
-                                          Rounded<T>* h, T* y) {
-    expert_mlp_forward_as<true>(e, x, a, b, h, y);
+  // (rows, D), dab (rows, 2F) as the SwiGLU's backward writes it; dh (rows, F) stays in T. The default: op after op.
+  virtual void expert_mlp_forward_rounded(const ExpertMlp& e, const Rounded<T>* x, Rounded<T>* ab, Rounded<T>* h,
+                                          T* y) {
+    expert_mlp_forward_as<true>(e, x, ab, h, y);
   }
-  virtual void expert_mlp_backward_rounded(const ExpertMlp& e, const Rounded<T>* x, const Rounded<T>* a,
-                                           const Rounded<T>* b, const Rounded<T>* h, const T* dy, Rounded<T>* dy_held,
-                                           T* dh, Rounded<T>* da, Rounded<T>* db, T* dx) {
+  virtual void expert_mlp_backward_rounded(const ExpertMlp& e, const Rounded<T>* x, const Rounded<T>* ab,
+                                           const Rounded<T>* h, const T* dy, Rounded<T>* dy_held, T* dh,
+                                           Rounded<T>* dab, T* dx) {
     const int64_t first = e.row_offset[0], rows = e.row_offset[e.groups] - first;
     round_values(dy + first * e.D, dy_held + first * e.D, rows * e.D);
-    expert_mlp_backward_as<true>(e, x, a, b, h, dy_held, dh, da, db, dx);
+    expert_mlp_backward_as<true>(e, x, ab, h, dy_held, dh, dab, dx);
   }
 
   // Standard Gumbel noise of one Philox stream (core/philox.h, RngStream with this key):
@@ -550,16 +550,15 @@ class Ops {
     return g;
   }
   template <bool kRounded, typename X = Held<kRounded>>
-  void expert_mlp_forward_as(const ExpertMlp& e, const X* x, X* a, X* b, X* h, T* y) {
+  void expert_mlp_forward_as(const ExpertMlp& e, const X* x, X* ab, X* h, T* y) {
     const int64_t G = e.groups, D = e.D, F = e.F, first = e.row_offset[0], R = e.row_offset[G] - first;
     const GroupedGemm g{.groups = G, .row_offset = e.row_offset, .precision = e.precision, .weight = GemmWeight::B};
     auto shape = [](GroupedGemm s, const T* w, int64_t N, int64_t K) { return s.B = w, s.N = N, s.K = K, s; };
-    grouped_gemm(writing<kRounded>(reading<kRounded>(shape(g, e.w1, F, D), x), a));  // a = x W1
-    grouped_gemm(writing<kRounded>(reading<kRounded>(shape(g, e.w3, F, D), x), b));  // b = x W3
+    grouped_gemm(writing<kRounded>(reading<kRounded>(shape(g, e.w13, 2 * F, D), x), ab));  // [a | b] = x W13
     if constexpr (kRounded)
-      swiglu_forward_rounded(a + first * F, b + first * F, h + first * F, R * F);
+      swiglu_forward_rounded(ab + first * 2 * F, h + first * F, R, F);
     else
-      swiglu_forward(a + first * F, b + first * F, h + first * F, R * F);
+      swiglu_forward(ab + first * 2 * F, h + first * F, R, F);
     GroupedGemm out = reading<kRounded>(shape(g, e.w2, D, F), h);  // y = h W2
     out.C = y;
     grouped_gemm(out);
@@ -574,8 +573,8 @@ class Ops {
   }
   // Its backward, dy as its GEMMs read it (held rounded with kRounded: Ops::expert_mlp_backward_rounded's dy_held).
   template <bool kRounded, typename X = Held<kRounded>>
-  void expert_mlp_backward_as(const ExpertMlp& e, const X* x, const X* a, const X* b, const X* h, const X* dy, T* dh,
-                              X* da, X* db, T* dx) {
+  void expert_mlp_backward_as(const ExpertMlp& e, const X* x, const X* ab, const X* h, const X* dy, T* dh, X* dab,
+                              T* dx) {
     const int64_t G = e.groups, D = e.D, F = e.F, first = e.row_offset[0], R = e.row_offset[G] - first;
     const GroupedGemm g{.groups = G, .row_offset = e.row_offset, .precision = e.precision};
     auto grad = [&](const X* A, const X* B, T* dW, int64_t N, int64_t K) {  // dW += A^T B
@@ -583,21 +582,19 @@ class Ops {
       s.trans_a = true, s.N = N, s.K = K, s.beta = T(1), s.C = dW;
       grouped_gemm(s);
     };
-    auto input = [&](const X* A, const T* w, T beta, T* C, int64_t N, int64_t K) {  // C = A w^T + beta C
+    auto input = [&](const X* A, const T* w, T* C, int64_t N, int64_t K) {  // C = A w^T
       GroupedGemm s = reading<kRounded>(g, A);
-      s.trans_b = true, s.N = N, s.K = K, s.B = w, s.beta = beta, s.C = C, s.weight = GemmWeight::B;
+      s.trans_b = true, s.N = N, s.K = K, s.B = w, s.C = C, s.weight = GemmWeight::B;
       grouped_gemm(s);
     };
-    grad(h, dy, e.dw2, D, F);         // dW2 += h^T dy
-    input(dy, e.w2, T(0), dh, F, D);  // dh = dy W2^T
+    grad(h, dy, e.dw2, D, F);   // dW2 += h^T dy
+    input(dy, e.w2, dh, F, D);  // dh = dy W2^T
     if constexpr (kRounded)
-      swiglu_backward_rounded(a + first * F, b + first * F, dh + first * F, da + first * F, db + first * F, R * F);
+      swiglu_backward_rounded(ab + first * 2 * F, dh + first * F, dab + first * 2 * F, R, F);
     else
-      swiglu_backward(a + first * F, b + first * F, dh + first * F, da + first * F, db + first * F, R * F);
-    grad(x, da, e.dw1, F, D);         // dW1 += x^T da
-    grad(x, db, e.dw3, F, D);         // dW3 += x^T db
-    input(da, e.w1, T(0), dx, D, F);  // dx = da W1^T
-    input(db, e.w3, T(1), dx, D, F);  //    + db W3^T
+      swiglu_backward(ab + first * 2 * F, dh + first * F, dab + first * 2 * F, R, F);
+    grad(x, dab, e.dw13, 2 * F, D);   // dW13 += x^T [da | db]
+    input(dab, e.w13, dx, D, 2 * F);  // dx = [da | db] W13^T
   }
 
   // A producer's rounded operand stands in for operand `name` under a bf16 GEMM, never beside it nor as a weight.

@@ -332,21 +332,19 @@ class StrictOps final : public Ops<T> {
     real.dq = r(a.dq, n, op), real.dk = r(a.dk, n, op), real.dv = r(a.dv, n, op);
     run([=, this] { inner_.attention_backward_fused(real); });
   }
-  void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override {
+  void swiglu_forward(const T* ab, T* h, int64_t rows, int64_t F) override {
     covered(OpId::swiglu_forward);
     const char* op = "swiglu_forward";
-    const auto p0 = r(a, n, op);
-    const auto p1 = r(b, n, op);
-    const auto p2 = r(h, n, op);
-    run([=, this] { inner_.swiglu_forward(p0, p1, p2, n); });
+    const auto p0 = r(ab, rows * 2 * F, op);
+    const auto p1 = r(h, rows * F, op);
+    run([=, this] { inner_.swiglu_forward(p0, p1, rows, F); });
   }
-  void swiglu_forward_rounded(const Rounded<T>* a, const Rounded<T>* b, Rounded<T>* h, int64_t n) override {
+  void swiglu_forward_rounded(const Rounded<T>* ab, Rounded<T>* h, int64_t rows, int64_t F) override {
     covered(OpId::swiglu_forward_rounded);
     const char* op = "swiglu_forward_rounded";
-    const auto p0 = r(a, n, op);
-    const auto p1 = r(b, n, op);
-    const auto p2 = r(h, n, op);
-    run([=, this] { inner_.swiglu_forward_rounded(p0, p1, p2, n); });
+    const auto p0 = r(ab, rows * 2 * F, op);
+    const auto p1 = r(h, rows * F, op);
+    run([=, this] { inner_.swiglu_forward_rounded(p0, p1, rows, F); });
   }
   void round_values(const T* x, Rounded<T>* out, int64_t n) override {
     covered(OpId::round_values);
@@ -354,26 +352,21 @@ class StrictOps final : public Ops<T> {
     const auto p1 = r(out, n, "round_values");
     run([=, this] { inner_.round_values(p0, p1, n); });
   }
-  void swiglu_backward_rounded(const Rounded<T>* a, const Rounded<T>* b, const T* dh, Rounded<T>* da, Rounded<T>* db,
-                               int64_t n) override {
+  void swiglu_backward_rounded(const Rounded<T>* ab, const T* dh, Rounded<T>* dab, int64_t rows, int64_t F) override {
     covered(OpId::swiglu_backward_rounded);
     const char* op = "swiglu_backward_rounded";
-    const auto p0 = r(a, n, op);
-    const auto p1 = r(b, n, op);
-    const auto p2 = r(dh, n, op);
-    const auto p3 = r(da, n, op);
-    const auto p4 = r(db, n, op);
-    run([=, this] { inner_.swiglu_backward_rounded(p0, p1, p2, p3, p4, n); });
+    const auto p0 = r(ab, rows * 2 * F, op);
+    const auto p1 = r(dh, rows * F, op);
+    const auto p2 = r(dab, rows * 2 * F, op);
+    run([=, this] { inner_.swiglu_backward_rounded(p0, p1, p2, rows, F); });
   }
-  void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) override {
+  void swiglu_backward(const T* ab, const T* dh, T* dab, int64_t rows, int64_t F) override {
     covered(OpId::swiglu_backward);
     const char* op = "swiglu_backward";
-    const auto p0 = r(a, n, op);
-    const auto p1 = r(b, n, op);
-    const auto p2 = r(dh, n, op);
-    const auto p3 = r(da, n, op);
-    const auto p4 = r(db, n, op);
-    run([=, this] { inner_.swiglu_backward(p0, p1, p2, p3, p4, n); });
+    const auto p0 = r(ab, rows * 2 * F, op);
+    const auto p1 = r(dh, rows * F, op);
+    const auto p2 = r(dab, rows * 2 * F, op);
+    run([=, this] { inner_.swiglu_backward(p0, p1, p2, rows, F); });
   }
   void cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, int64_t N, int64_t V) override {
     covered(OpId::cross_entropy_forward);
@@ -528,72 +521,64 @@ class StrictOps final : public Ops<T> {
       inner_.grouped_gemm(call);
     });
   }
-  void expert_mlp_forward(const typename Ops<T>::ExpertMlp& e, const T* x, T* a, T* b, T* h, T* y) override {
+  void expert_mlp_forward(const typename Ops<T>::ExpertMlp& e, const T* x, T* ab, T* h, T* y) override {
     covered(OpId::expert_mlp_forward);
     const char* op = "expert_mlp_forward";
     const int64_t rows = e.groups > 0 ? e.row_offset[e.groups] : 0;
     const auto p0 = real_weights(e, op);
     const auto p1 = r(x, rows * e.D, op);
-    const auto p2 = r(a, rows * e.F, op);
-    const auto p3 = r(b, rows * e.F, op);
-    const auto p4 = r(h, rows * e.F, op);
-    const auto p5 = r(y, rows * e.D, op);
+    const auto p2 = r(ab, rows * 2 * e.F, op);
+    const auto p3 = r(h, rows * e.F, op);
+    const auto p4 = r(y, rows * e.D, op);
     const std::vector<int64_t> offsets = host_offsets(e.groups, e.row_offset);
-    run([=, this] { inner_.expert_mlp_forward(with_offsets(p0, offsets), p1, p2, p3, p4, p5); });
+    run([=, this] { inner_.expert_mlp_forward(with_offsets(p0, offsets), p1, p2, p3, p4); });
   }
-  void expert_mlp_backward(const typename Ops<T>::ExpertMlp& e, const T* x, const T* a, const T* b, const T* h,
-                           const T* dy, T* dh, T* da, T* db, T* dx) override {
+  void expert_mlp_backward(const typename Ops<T>::ExpertMlp& e, const T* x, const T* ab, const T* h, const T* dy, T* dh,
+                           T* dab, T* dx) override {
     covered(OpId::expert_mlp_backward);
     const char* op = "expert_mlp_backward";
     const int64_t rows = e.groups > 0 ? e.row_offset[e.groups] : 0, rf = rows * e.F, rd = rows * e.D;
     const auto p0 = real_weights(e, op);
     const auto p1 = r(x, rd, op);
-    const auto p2 = r(a, rf, op);
-    const auto p3 = r(b, rf, op);
-    const auto p4 = r(h, rf, op);
-    const auto p5 = r(dy, rd, op);
-    const auto p6 = r(dh, rf, op);
-    const auto p7 = r(da, rf, op);
-    const auto p8 = r(db, rf, op);
-    const auto p9 = r(dx, rd, op);
+    const auto p2 = r(ab, 2 * rf, op);
+    const auto p3 = r(h, rf, op);
+    const auto p4 = r(dy, rd, op);
+    const auto p5 = r(dh, rf, op);
+    const auto p6 = r(dab, 2 * rf, op);
+    const auto p7 = r(dx, rd, op);
     const std::vector<int64_t> offsets = host_offsets(e.groups, e.row_offset);
-    run([=, this] { inner_.expert_mlp_backward(with_offsets(p0, offsets), p1, p2, p3, p4, p5, p6, p7, p8, p9); });
+    run([=, this] { inner_.expert_mlp_backward(with_offsets(p0, offsets), p1, p2, p3, p4, p5, p6, p7); });
   }
-  void expert_mlp_forward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, Rounded<T>* a,
-                                  Rounded<T>* b, Rounded<T>* h, T* y) override {
+  void expert_mlp_forward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, Rounded<T>* ab,
+                                  Rounded<T>* h, T* y) override {
     covered(OpId::expert_mlp_forward_rounded);
     const char* op = "expert_mlp_forward_rounded";
     const int64_t rows = e.groups > 0 ? e.row_offset[e.groups] : 0;
     const auto p0 = real_weights(e, op);
     const auto p1 = r(x, rows * e.D, op);
-    const auto p2 = r(a, rows * e.F, op);
-    const auto p3 = r(b, rows * e.F, op);
-    const auto p4 = r(h, rows * e.F, op);
-    const auto p5 = r(y, rows * e.D, op);
+    const auto p2 = r(ab, rows * 2 * e.F, op);
+    const auto p3 = r(h, rows * e.F, op);
+    const auto p4 = r(y, rows * e.D, op);
     const std::vector<int64_t> offsets = host_offsets(e.groups, e.row_offset);
-    run([=, this] { inner_.expert_mlp_forward_rounded(with_offsets(p0, offsets), p1, p2, p3, p4, p5); });
+    run([=, this] { inner_.expert_mlp_forward_rounded(with_offsets(p0, offsets), p1, p2, p3, p4); });
   }
-  void expert_mlp_backward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, const Rounded<T>* a,
-                                   const Rounded<T>* b, const Rounded<T>* h, const T* dy, Rounded<T>* dy_held, T* dh,
-                                   Rounded<T>* da, Rounded<T>* db, T* dx) override {
+  void expert_mlp_backward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, const Rounded<T>* ab,
+                                   const Rounded<T>* h, const T* dy, Rounded<T>* dy_held, T* dh, Rounded<T>* dab,
+                                   T* dx) override {
     covered(OpId::expert_mlp_backward_rounded);
     const char* op = "expert_mlp_backward_rounded";
     const int64_t rows = e.groups > 0 ? e.row_offset[e.groups] : 0, rf = rows * e.F, rd = rows * e.D;
     const auto p0 = real_weights(e, op);
     const auto p1 = r(x, rd, op);
-    const auto p2 = r(a, rf, op);
-    const auto p3 = r(b, rf, op);
-    const auto p4 = r(h, rf, op);
-    const auto p5 = r(dy, rd, op);
-    const auto p6 = r(dy_held, rd, op);
-    const auto p7 = r(dh, rf, op);
-    const auto p8 = r(da, rf, op);
-    const auto p9 = r(db, rf, op);
-    const auto p10 = r(dx, rd, op);
+    const auto p2 = r(ab, 2 * rf, op);
+    const auto p3 = r(h, rf, op);
+    const auto p4 = r(dy, rd, op);
+    const auto p5 = r(dy_held, rd, op);
+    const auto p6 = r(dh, rf, op);
+    const auto p7 = r(dab, 2 * rf, op);
+    const auto p8 = r(dx, rd, op);
     const std::vector<int64_t> offsets = host_offsets(e.groups, e.row_offset);
-    run([=, this] {
-      inner_.expert_mlp_backward_rounded(with_offsets(p0, offsets), p1, p2, p3, p4, p5, p6, p7, p8, p9, p10);
-    });
+    run([=, this] { inner_.expert_mlp_backward_rounded(with_offsets(p0, offsets), p1, p2, p3, p4, p5, p6, p7, p8); });
   }
 
   void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) override {
@@ -861,8 +846,8 @@ class StrictOps final : public Ops<T> {
   }
   typename Ops<T>::ExpertMlp real_weights(typename Ops<T>::ExpertMlp e, const char* op) const {
     const int64_t n = e.groups * e.D * e.F;
-    e.w1 = r(e.w1, n, op), e.w3 = r(e.w3, n, op), e.w2 = r(e.w2, n, op);
-    e.dw1 = r(e.dw1, n, op), e.dw3 = r(e.dw3, n, op), e.dw2 = r(e.dw2, n, op);
+    e.w13 = r(e.w13, 2 * n, op), e.w2 = r(e.w2, n, op);
+    e.dw13 = r(e.dw13, 2 * n, op), e.dw2 = r(e.dw2, n, op);
     return e;
   }
   // The row offsets as they are now (host memory the caller may change once the op is queued; the CUDA

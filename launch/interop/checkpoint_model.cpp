@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "checkpoint/stacked.h"
 #include "core/error.h"
 #include "data/file_io.h"
 #include "launch/commands/ckpt_command.h"
@@ -28,6 +29,7 @@ CheckpointModel open_checkpoint_model(const std::string& path, std::ostream& log
   std::optional<ckpt::Resolved> resolved = ckpt::verify_checkpoint(m.dir, {}, &why);
   if (!resolved) MOE_BAD_INPUT("checkpoint " << m.dir << " does not verify: " << why);
   m.resolved = std::move(*resolved);
+  for (ckpt::Manifest& member : m.resolved.chain) ckpt::stack_legacy_parts(member);  // W1, W3 as W13's parts
   const ckpt::Manifest& head = m.resolved.chain.back();
   m.step = head.step;
   m.config = config_from_json(head.config, {}, m.dir + "/" + ckpt::kManifestName + " (its \"config\")");

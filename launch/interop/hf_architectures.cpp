@@ -69,13 +69,39 @@ class TensorList {
     }
     m_.tensors.push_back({std::move(name), std::move(shape), source.empty() ? "" : param(source),
                           std::move(source_shape), op, expert, heads, scale, "(" + keys + ")"});
+    stack_part(m_.tensors.back());
   }
 
  private:
+  // The gated MLPs' W1 and W3 are the parts of one tensor W13 (..., D, 2, F) (core/params.h ParamSpec::parts): a
+  // source named "....w1" or "....w3" of shape (..., D, F) becomes part 0 or 1 of "....w13".
+  static void stack_part(HfTensor& t) {
+    for (const auto& [suffix, part] : {std::pair<std::string, int64_t>{".w1", 0}, {".w3", 1}}) {
+      const std::string& s = t.source;
+      if (s.size() <= suffix.size() || s.compare(s.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+      t.source = s.substr(0, s.size() - suffix.size()) + ".w13", t.part = part;
+      t.source_shape.insert(t.source_shape.end() - 1, 2);
+      return;
+    }
+  }
+
   HfModel& m_;
 };
 
 using Op = HfTensor::Op;
+
+// The routed experts' tensors: every expert's gate and up projections (both from W13), then every expert's down
+// projection, so that each source is read once in writing order.
+void add_experts(TensorList& list, const std::string& mlp, const std::string& p, const Dim& d, const Dim& f, int64_t E,
+                 int64_t D, int64_t F) {
+  auto expert = [&](int64_t e) { return mlp + "experts." + std::to_string(e) + "."; };
+  for (int64_t e = 0; e < E; ++e) {
+    list.add(expert(e) + "gate_proj.weight", {f, d}, p + ".ffn.experts.w1", {E, D, F}, Op::Expert, e);
+    list.add(expert(e) + "up_proj.weight", {f, d}, p + ".ffn.experts.w3", {E, D, F}, Op::Expert, e);
+  }
+  for (int64_t e = 0; e < E; ++e)
+    list.add(expert(e) + "down_proj.weight", {d, f}, p + ".ffn.experts.w2", {E, F, D}, Op::Expert, e);
+}
 
 // DeepSeek-V3's latent attention (docs/interop.md "DeepseekV3ForCausalLM"): its projections are ours transposed,
 // three of them two of ours stacked by rows. Its rotary rows are interleaved pairs (rope_interleave), as ours.
@@ -136,7 +162,7 @@ void add_decoder(HfModel& m, const Config& c, const FfnTensors& ffn) {
     if (c.moe.router.tau_learned)
       m.dropped.push_back({param(p + ".ffn.tau.log_ratio"), "the learned router temperature, folded into the gate"});
     if (c.moe.overflow_has(Overflow::Dense))
-      for (const char* w : {"w1", "w2", "w3"})
+      for (const char* w : {"w13", "w2"})
         m.dropped.push_back({param(p + ".ffn.fallback." + w),
                              "the dense fallback of assignments over capacity: the exported model is dropless, "
                              "nothing overflows"});
@@ -308,12 +334,7 @@ HfModel qwen2_moe_model(const Config& c, const std::vector<double>& router_tau) 
     }
     list.add(mlp + "gate.weight", {e_, d}, p + ".ffn.router.weight", {D, E}, Op::Transpose, -1, 0,
              1.0 / router_tau[size_t(l)]);
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string expert = mlp + "experts." + std::to_string(e) + ".";
-      list.add(expert + "gate_proj.weight", {f, d}, p + ".ffn.experts.w1", {E, D, F}, Op::Expert, e);
-      list.add(expert + "up_proj.weight", {f, d}, p + ".ffn.experts.w3", {E, D, F}, Op::Expert, e);
-      list.add(expert + "down_proj.weight", {d, f}, p + ".ffn.experts.w2", {E, F, D}, Op::Expert, e);
-    }
+    add_experts(list, mlp, p, d, f, E, D, F);
     // The shared expert's output is scaled by sigmoid(x . g): g = 0 makes it 1/2 for every token, so its down
     // projection is doubled (exact in floating point). Without shared experts the shared expert has width 0.
     const bool shared = S > 0;
@@ -366,12 +387,7 @@ void add_deepseek_ffn(TensorList& list, const Config& c, const std::vector<doubl
   // The balancing bias: added to the scores for the selection only, in both.
   list.add(mlp + "gate.e_score_correction_bias", {e_}, "", {E}, Op::Copy);
   list.back().source = "moe/" + p + ".ffn.balancing_bias";
-  for (int64_t e = 0; e < E; ++e) {
-    const std::string expert = mlp + "experts." + std::to_string(e) + ".";
-    list.add(expert + "gate_proj.weight", {f, d}, p + ".ffn.experts.w1", {E, D, F}, Op::Expert, e);
-    list.add(expert + "up_proj.weight", {f, d}, p + ".ffn.experts.w3", {E, D, F}, Op::Expert, e);
-    list.add(expert + "down_proj.weight", {d, f}, p + ".ffn.experts.w2", {E, F, D}, Op::Expert, e);
-  }
+  add_experts(list, mlp, p, d, f, E, D, F);
   // n_shared_experts = 0: transformers still builds a shared MLP, of width 0; its tensors are written, empty.
   const bool shared = S > 0;
   const Op op = shared ? Op::Transpose : Op::Zeros;
@@ -491,11 +507,13 @@ void fill_hf_tensor(const HfTensor& t, const float* source, float* out) {
     }
     case HfTensor::Op::Transpose:
     case HfTensor::Op::Expert: {
-      // out (R, C) = the source matrix (C, R) transposed; an expert's matrix starts at expert * R * C.
-      const int64_t R = t.shape[0], C = t.shape[1];
-      const float* s = source + (t.op == HfTensor::Op::Expert ? t.expert * R * C : 0);
+      // out (R, C) = the source matrix (C, R) transposed: its rows ld apart (a part's rows lie in rows of the parts
+      // side by side); an expert's matrix starts at expert * C * ld.
+      const int64_t R = t.shape[0], C = t.shape[1], ld = t.part >= 0 ? 2 * R : R;
+      const float* s =
+          source + (t.op == HfTensor::Op::Expert ? t.expert * C * ld : 0) + std::max<int64_t>(t.part, 0) * R;
       for (int64_t r = 0; r < R; ++r)
-        for (int64_t c = 0; c < C; ++c) out[r * C + c] = s[c * R + r] * scale;
+        for (int64_t c = 0; c < C; ++c) out[r * C + c] = s[c * ld + r] * scale;
       return;
     }
     case HfTensor::Op::TransposeRope: {
@@ -533,10 +551,10 @@ void unfill_hf_tensor(const HfTensor& t, const float* values, float* source) {
     }
     case HfTensor::Op::Transpose:
     case HfTensor::Op::Expert: {
-      const int64_t R = t.shape[0], C = t.shape[1];
-      float* s = source + (t.op == HfTensor::Op::Expert ? t.expert * R * C : 0);
+      const int64_t R = t.shape[0], C = t.shape[1], ld = t.part >= 0 ? 2 * R : R;
+      float* s = source + (t.op == HfTensor::Op::Expert ? t.expert * C * ld : 0) + std::max<int64_t>(t.part, 0) * R;
       for (int64_t r = 0; r < R; ++r)
-        for (int64_t c = 0; c < C; ++c) s[c * R + r] = values[r * C + c] / scale;
+        for (int64_t c = 0; c < C; ++c) s[c * ld + r] = values[r * C + c] / scale;
       return;
     }
     case HfTensor::Op::TransposeRope: {

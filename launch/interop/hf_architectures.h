@@ -38,6 +38,9 @@ struct HfTensor {
   // (j < block_rows) of block b; the other rows come from the entries of the same name next to this one (MLA's
   // q_b_proj: per head, the content rows from Wuq then the rotary rows from Wqr).
   int64_t blocks = 1, block_rows = 0, block_stride = 0, row_offset = 0;
+  // Op::Transpose, Op::Expert: part `part` of a source of parts side by side, (..., in, 2, out) (the gated MLPs'
+  // W13: part 0 W1, part 1 W3); -1: a source of one part, (..., in, out).
+  int64_t part = -1;
 };
 
 struct HfModel {

@@ -2,6 +2,7 @@
 #include "launch/interop/import_hf.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -115,11 +116,16 @@ void load_parameters(Trainer& t, const HfModel& model, const SafetensorsModel& f
 // from the start and the same command gives the same bits.
 void add_upcycle_noise(Trainer& t, double std, uint64_t seed) {
   for (const ParamSpec& spec : t.model->table().specs()) {
-    if (spec.role != ParamRole::Expert) continue;  // the routed experts' w1, w3, w2
+    if (spec.role != ParamRole::Expert) continue;  // the routed experts' w13 (w1 and w3 its parts), w2
     std::vector<float> values(size_t(spec.numel));
     t.backend.copy_to_host(values.data(), t.model->params() + spec.offset, spec.numel);
-    const RngStream rng(seed, "upcycle_noise." + spec.name);
-    for (int64_t i = 0; i < spec.numel; ++i) values[size_t(i)] *= float(1.0 + std * rng.normal(uint64_t(i)));
+    std::vector<RngStream> rng;  // by the name of each part: "...w1" and "...w3" for w13
+    for (size_t k = 0; k < std::max<size_t>(1, spec.parts.size()); ++k)
+      rng.emplace_back(seed, "upcycle_noise." + spec.part_name(k));
+    for (int64_t i = 0; i < spec.numel; ++i) {  // one rank: the whole tensor, i its global index
+      const auto [part, index] = spec.part_of(i);
+      values[size_t(i)] *= float(1.0 + std * rng[part].normal(uint64_t(index)));
+    }
     t.backend.copy_to_device(t.model->params() + spec.offset, values.data(), spec.numel);
   }
   t.backend.ops<float>().parameters_changed();

@@ -11,6 +11,7 @@
 
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/detail.h"
+#include "checkpoint/stacked.h"
 
 namespace moe::ckpt {
 namespace {
@@ -94,6 +95,45 @@ TEST(CheckpointV1, RestoresTheExportedValuesBitForBitUnderAnyLayout) {
           << how << ": " << pieces[i].tensor << " " << pieces[i].slab.text();
     }
   }
+}
+
+// What a model of this program reads: the fixture's W1 and W3 (params/ and AdamW's moments, base and XOR delta) as
+// the parts of W13 (checkpoint/stacked.h), whole and under another layout, each element its part's exported value.
+TEST(CheckpointV1, LoadsItsW1AndW3AsThePartsOfW13) {
+  Resolved r = verified(kFixture + "/checkpoints/step-00000004");
+  for (Manifest& m : r.chain) stack_legacy_parts(m);
+  const auto want = exported();
+  int stacked = 0;
+  for (const auto& [name, tensor] : want) {
+    if (name.size() < 3 || name.compare(name.size() - 3, 3, ".w1") != 0) continue;
+    const std::string prefix = name.substr(0, name.size() - 3);
+    const std::vector<int64_t>& g = tensor.first.global_shape;  // (E, D, F)
+    ASSERT_EQ(g.size(), 3u) << name;
+    const std::vector<int64_t> global = {g[0], g[1], 2, g[2]};
+    const std::vector<uint8_t>& w1 = tensor.second;
+    const std::vector<uint8_t>& w3 = want.at(prefix + ".w3").second;
+    std::vector<uint8_t> w13(w1.size() * 2);  // rows [w1 row | w3 row], 4-byte elements
+    const size_t row = size_t(g[2]) * 4;
+    for (size_t k = 0; k < w1.size() / row; ++k) {
+      std::memcpy(w13.data() + 2 * k * row, w1.data() + k * row, row);
+      std::memcpy(w13.data() + (2 * k + 1) * row, w3.data() + k * row, row);
+    }
+    for (const std::string how : {"whole", "rows", "columns"}) {
+      std::vector<Piece> pieces;
+      std::vector<std::vector<uint8_t>> got;
+      got.reserve(8);
+      for (const Slab& s : layout(global, how)) {
+        got.emplace_back(size_t(s.count) * 4, 0xAB);
+        pieces.push_back({prefix + ".w13", DType::F32, s, nullptr, got.back().data()});
+      }
+      load_pieces(r, pieces);
+      for (size_t i = 0; i < pieces.size(); ++i)
+        EXPECT_EQ(got[i], part_of(w13, pieces[i].slab, 4))
+            << how << ": " << pieces[i].tensor << " " << pieces[i].slab.text();
+    }
+    ++stacked;
+  }
+  EXPECT_EQ(stacked, 3) << "params/, optim/exp_avg/, optim/exp_avg_sq/ of the one MoE layer";
 }
 
 }  // namespace

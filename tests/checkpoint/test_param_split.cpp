@@ -65,6 +65,42 @@ ParamSpec expert_block(const std::string& name, int64_t rows, int64_t cols, int 
   return TpShard{kEtp, etp}.block_of(local, hidden_axis, ParamGroup::ExpertTensorParallel);
 }
 
+// The gated MLPs' W13 (E, D, 2, F), parts W1 and W3 stacked on its third axis: every (ep, etp) block initialises each
+// part as the (E, D, F) tensor of the part's name would be (so a run draws the values it drew when W1 and W3 were two
+// tensors), and part_of names where each element comes from.
+TEST(ParamSplit, StackedPartsInitialiseAsTheTensorsOfTheirNames) {
+  ParamTable parts;
+  for (const char* name : {"experts.w1", "experts.w3"})
+    parts.add({name, {kE, kD, kF}, ParamRole::Expert, true, ParamInit::Normal, 0.02});
+  std::vector<float> whole(size_t(parts.numel()));
+  parts.initialize(whole.data(), 7);
+  const int64_t El = kE / kEp, Fl = kF / kEtp;
+  for (int64_t ep = 0; ep < kEp; ++ep)
+    for (int64_t etp = 0; etp < kEtp; ++etp) {
+      ParamSpec local{"experts.w13", {El, kD, 2, kF}, ParamRole::Expert, true, ParamInit::Normal, 0.02, kE, ep * El};
+      local.parts = {"experts.w1", "experts.w3"};
+      ParamTable block;
+      block.add(TpShard{kEtp, etp}.block_of(local, 3, ParamGroup::ExpertTensorParallel));
+      const ParamSpec& s = block.find("experts.w13");
+      EXPECT_EQ(s.global_shape(), (std::vector<int64_t>{kE, kD, 2, kF}));
+      std::vector<float> mine(size_t(s.numel));
+      block.initialize(mine.data(), 7);
+      for (int64_t e = 0; e < El; ++e)
+        for (int64_t d = 0; d < kD; ++d)
+          for (int64_t j = 0; j < 2; ++j)
+            for (int64_t f = 0; f < Fl; ++f) {
+              const int64_t local_index = ((e * kD + d) * 2 + j) * Fl + f;
+              const int64_t in_part = ((ep * El + e) * kD + d) * kF + etp * Fl + f;
+              EXPECT_EQ(mine[size_t(local_index)], whole[size_t(j * kE * kD * kF + in_part)])
+                  << "ep " << ep << " etp " << etp << " (" << e << "," << d << "," << j << "," << f << ")";
+              EXPECT_EQ(s.part_of(s.global_index(local_index)), (std::pair<size_t, int64_t>{size_t(j), in_part}));
+            }
+    }
+  ParamSpec wrong{"w13", {3, 3, 4}, ParamRole::Dense, true};
+  wrong.parts = {"w1", "w3"};  // 2 parts on an axis of 3
+  EXPECT_THROW(ParamTable().add(wrong), Error);
+}
+
 TEST(ParamSplit, TwoAxisBlockIsItsBoxOfTheWholeTensor) {
   ParamTable full, block;
   full.add({"experts.w1", {kE, kD, kF}, ParamRole::Expert, true, ParamInit::Normal, 0.02});

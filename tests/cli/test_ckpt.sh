@@ -151,7 +151,7 @@ check "export: params/embed.weight whole, 256 x d_model" \
 check "export: params/embed.weight dims" \
   bash -c "grep -A2 'DATASET \"embed.weight\"' header.txt | grep -qF '( 256, 32 ) / ( 256, 32 )'"
 check "export: experts whole" \
-  bash -c "grep -A2 'DATASET \"layers.0.ffn.experts.w1\"' header.txt | grep -qF '( 4, 32, 32 )'"
+  bash -c "grep -A2 'DATASET \"layers.0.ffn.experts.w13\"' header.txt | grep -qF '( 4, 32, 2, 32 )'"
 check "export: no optimizer state without --all" bash -c "! grep -q 'GROUP \"optim\"' header.txt"
 
 # The delta's export equals the full checkpoint's of the same step, value for value, in every group.
@@ -302,7 +302,7 @@ if "${mpirun[@]}" -np 2 "$moe" train --config "$config" "${small[@]}" --set para
   run_case "verify of a two-rank checkpoint with peer copies" 0 "$moe" ckpt verify P/checkpoints/step-00000004
   expect_out=("[4,32,32]" "a copy of rank 1's file")
   run_case "info of a two-rank checkpoint" 0 "$moe" ckpt info P
-  check "info: expert weights in 2 files" grep -qE 'params/layers.0.ffn.experts.w1 +\[4,32,32\] +f32 +4096 +2 +2 ' "$out"
+  check "info: expert weights in 2 files" grep -qE 'params/layers.0.ffn.experts.w13 +\[4,32,2,32\] +f32 +8192 +2 +2 ' "$out"
 
   flip_middle_byte P/checkpoints/step-00000006/rank-00001.h5
   expect_err=("step-00000006/rank-00001.h5" "peer-of-rank-00001.h5" "lost the redundancy")

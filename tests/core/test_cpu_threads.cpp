@@ -189,29 +189,28 @@ TEST(CpuThreads, FusedAttentionIsTheSameAtAnyThreadCount) {
                                            [&](Backend& b) { return fused_attention_both_ways(b, B, 37, H, 8, p); });
 }
 
-// The routed experts' MLPs, forward then backward (ops.h expert_mlp_forward / expert_mlp_backward): a, b, h, y,
-// dh, da, db, dx and the accumulated dw1, dw3, dw2 one after the other. `fused`: the backend's own (the CPU
-// backend runs each expert's whole sequence at once, on one thread or all); otherwise Ops' default, op after op.
+// The routed experts' MLPs, forward then backward (ops.h expert_mlp_forward / expert_mlp_backward): ab, h, dh, dab,
+// y, dx and the accumulated dw13, dw2 one after the other. `fused`: the backend's own (the CPU backend runs each
+// expert's whole sequence at once, on one thread or all); otherwise Ops' default, op after op.
 template <typename T>
 std::vector<T> expert_mlps_both_ways(Backend& be, const std::vector<int64_t>& off, int64_t D, int64_t F, bool fused,
                                      GemmPrecision precision) {
   const int64_t G = int64_t(off.size()) - 1, R = off.back();
-  const auto w1 = random_values<T>(size_t(G * D * F), 21), w3 = random_values<T>(size_t(G * D * F), 22);
-  const auto w2 = random_values<T>(size_t(G * F * D), 23), x = random_values<T>(size_t(R * D), 24);
-  const auto dy = random_values<T>(size_t(R * D), 25), dw = random_values<T>(size_t(3 * G * D * F), 26);
+  const auto w13 = random_values<T>(size_t(G * D * 2 * F), 21), w2 = random_values<T>(size_t(G * F * D), 23);
+  const auto x = random_values<T>(size_t(R * D), 24), dy = random_values<T>(size_t(R * D), 25);
+  const auto dw = random_values<T>(size_t(3 * G * D * F), 26);
   std::vector<T> out(size_t(6 * R * F + 2 * R * D), T(0));
   out.insert(out.end(), dw.begin(), dw.end());
-  T *a = out.data(), *b = a + R * F, *h = b + R * F, *dh = h + R * F, *da = dh + R * F, *db = da + R * F;
-  T *y = db + R * F, *dx = y + R * D, *dw1 = dx + R * D;
-  const typename Ops<T>::ExpertMlp e{
-      G, off.data(), D, F, w1.data(), w3.data(), w2.data(), dw1, dw1 + G * D * F, dw1 + 2 * G * D * F, precision};
+  T *ab = out.data(), *h = ab + 2 * R * F, *dh = h + R * F, *dab = dh + R * F;
+  T *y = dab + 2 * R * F, *dx = y + R * D, *dw13 = dx + R * D;
+  const typename Ops<T>::ExpertMlp e{G, off.data(), D, F, w13.data(), w2.data(), dw13, dw13 + 2 * G * D * F, precision};
   Ops<T>& o = be.ops<T>();
   if (fused) {
-    o.expert_mlp_forward(e, x.data(), a, b, h, y);
-    o.expert_mlp_backward(e, x.data(), a, b, h, dy.data(), dh, da, db, dx);
+    o.expert_mlp_forward(e, x.data(), ab, h, y);
+    o.expert_mlp_backward(e, x.data(), ab, h, dy.data(), dh, dab, dx);
   } else {
-    o.Ops<T>::expert_mlp_forward(e, x.data(), a, b, h, y);
-    o.Ops<T>::expert_mlp_backward(e, x.data(), a, b, h, dy.data(), dh, da, db, dx);
+    o.Ops<T>::expert_mlp_forward(e, x.data(), ab, h, y);
+    o.Ops<T>::expert_mlp_backward(e, x.data(), ab, h, dy.data(), dh, dab, dx);
   }
   return out;
 }

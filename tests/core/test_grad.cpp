@@ -110,17 +110,17 @@ TEST(GradCheck, Attention) {
 }
 
 TEST(GradCheck, SwiGlu) {
-  const int64_t n = 50;
-  auto a = random_vector(n, 4, "a", 2.0), b = random_vector(n, 4, "b");
-  const auto r = random_vector(n, 4, "r");
-  std::vector<double> h(n), da(n), db(n);
+  // Rows of [a | b] (the halves of x W13), h = silu(a) * b.
+  const int64_t rows = 5, F = 10;
+  auto ab = random_vector(rows * 2 * F, 4, "ab", 2.0);
+  const auto r = random_vector(rows * F, 4, "r");
+  std::vector<double> h(size_t(rows * F)), dab(size_t(rows * 2 * F));
   auto objective = [&] {
-    ops().swiglu_forward(a.data(), b.data(), h.data(), n);
+    ops().swiglu_forward(ab.data(), h.data(), rows, F);
     return dot(r, h.data());
   };
-  ops().swiglu_backward(a.data(), b.data(), r.data(), da.data(), db.data(), n);
-  expect_gradient_matches("swiglu da", a, da, objective);
-  expect_gradient_matches("swiglu db", b, db, objective);
+  ops().swiglu_backward(ab.data(), r.data(), dab.data(), rows, F);
+  expect_gradient_matches("swiglu [da | db]", ab, dab, objective);
 }
 
 TEST(GradCheck, CrossEntropy) {

@@ -98,7 +98,7 @@ TEST(Model, InitIsPerNameAndElementNotPerLayout) {
   Model<float> deep(test_backend(), {.shape = {256, 32, 3, 2, 40}, .seq_len = 8, .max_batch = 1});
   small.init_params(21);
   deep.init_params(21);
-  for (const char* name : {"embed.weight", "layers.0.attn.wq", "layers.0.ffn.w1"}) {
+  for (const char* name : {"embed.weight", "layers.0.attn.wq", "layers.0.ffn.w13"}) {
     const ParamSpec& s = small.table().find(name);
     const ParamSpec& d = deep.table().find(name);
     ASSERT_EQ(s.numel, d.numel);

@@ -75,38 +75,28 @@ template <typename T>
 void expert_mlp_cases(Backend& b) {
   Backend& r = reference();
   const int64_t G = int64_t(kOffsets.size()) - 1, rows = kOffsets.back(), D = 12, F = 20;
-  const auto X = randn(rows * D, "mx"), DY = randn(rows * D, "mdy"), W1 = randn(G * D * F, "w1", 0.3),
-             W3 = randn(G * D * F, "w3", 0.3), W2 = randn(G * F * D, "w2", 0.3), DW = randn(G * D * F, "dw");
+  const auto X = randn(rows * D, "mx"), DY = randn(rows * D, "mdy"), W13 = randn(G * D * 2 * F, "w13", 0.3),
+             W2 = randn(G * F * D, "w2", 0.3), DW13 = randn(G * D * 2 * F, "dw13"), DW2 = randn(G * F * D, "dw");
   auto run = [&](Backend& be, auto zero) {
     using U = decltype(zero);
     constexpr DType t = dtype_of<U>();
-    Buffer x = put<U>(be, X), dy = put<U>(be, DY), w1 = put<U>(be, W1), w3 = put<U>(be, W3), w2 = put<U>(be, W2);
-    Buffer dw1 = put<U>(be, DW), dw3 = put<U>(be, DW), dw2 = put<U>(be, DW);
-    Buffer a = be.allocate(t, rows * F), bb = be.allocate(t, rows * F), h = be.allocate(t, rows * F),
-           y = be.allocate(t, rows * D), dh = be.allocate(t, rows * F), da = be.allocate(t, rows * F),
-           db = be.allocate(t, rows * F), dx = be.allocate(t, rows * D);
-    const typename Ops<U>::ExpertMlp e{G,
-                                       kOffsets.data(),
-                                       D,
-                                       F,
-                                       w1.data<U>(),
-                                       w3.data<U>(),
-                                       w2.data<U>(),
-                                       dw1.data<U>(),
-                                       dw3.data<U>(),
-                                       dw2.data<U>()};
+    Buffer x = put<U>(be, X), dy = put<U>(be, DY), w13 = put<U>(be, W13), w2 = put<U>(be, W2);
+    Buffer dw13 = put<U>(be, DW13), dw2 = put<U>(be, DW2);
+    Buffer ab = be.allocate(t, rows * 2 * F), h = be.allocate(t, rows * F), y = be.allocate(t, rows * D),
+           dh = be.allocate(t, rows * F), dab = be.allocate(t, rows * 2 * F), dx = be.allocate(t, rows * D);
+    const typename Ops<U>::ExpertMlp e{
+        G, kOffsets.data(), D, F, w13.data<U>(), w2.data<U>(), dw13.data<U>(), dw2.data<U>()};
     Ops<U>& o = be.ops<U>();
-    o.expert_mlp_forward(e, x.data<U>(), a.data<U>(), bb.data<U>(), h.data<U>(), y.data<U>());
-    o.expert_mlp_backward(e, x.data<U>(), a.data<U>(), bb.data<U>(), h.data<U>(), dy.data<U>(), dh.data<U>(),
-                          da.data<U>(), db.data<U>(), dx.data<U>());
-    return std::array<std::vector<double>, 6>{get<U>(be, h),   get<U>(be, y),   get<U>(be, dx),
-                                              get<U>(be, dw1), get<U>(be, dw3), get<U>(be, dw2)};
+    o.expert_mlp_forward(e, x.data<U>(), ab.data<U>(), h.data<U>(), y.data<U>());
+    o.expert_mlp_backward(e, x.data<U>(), ab.data<U>(), h.data<U>(), dy.data<U>(), dh.data<U>(), dab.data<U>(),
+                          dx.data<U>());
+    return std::array<std::vector<double>, 5>{get<U>(be, h), get<U>(be, y), get<U>(be, dx), get<U>(be, dw13),
+                                              get<U>(be, dw2)};
   };
   const auto got = run(b, T(0)), ref = run(r, 0.0);
-  const char* names[6] = {"expert mlp h",   "expert mlp y",   "expert mlp dx",
-                          "expert mlp dw1", "expert mlp dw3", "expert mlp dw2"};
-  const int64_t lengths[6] = {D, F, 2 * F, 21, 21, 21};  // the longest reduction behind each
-  for (int i = 0; i < 6; ++i) expect_close<T>(names[i], got[size_t(i)], ref[size_t(i)], lengths[i]);
+  const char* names[5] = {"expert mlp h", "expert mlp y", "expert mlp dx", "expert mlp dw13", "expert mlp dw2"};
+  const int64_t lengths[5] = {D, F, 2 * F, 21, 21};  // the longest reduction behind each
+  for (int i = 0; i < 5; ++i) expect_close<T>(names[i], got[size_t(i)], ref[size_t(i)], lengths[i]);
 }
 
 TEST_P(Conformance, ExpertMlp) {
@@ -869,20 +859,17 @@ void rounded_norm_cases(Backend& b) {
 template <typename T>
 void rounded_producer_cases(Backend& b, bool exact_gemm) {
   Ops<T>& o = b.ops<T>();
-  const int64_t n = 777, rows = 9, D = 13;
-  const auto A = rounded_values<T>(randn(n, "sa")), B = rounded_values<T>(randn(n, "sb")), DH = randn(n, "sdh");
-  Buffer a = put<T>(b, A), bb = put<T>(b, B), ar = b.upload(held<T>(A)), br = b.upload(held<T>(B)), dh = put<T>(b, DH);
+  const int64_t n = 777, rows = 9, D = 13, SR = 37, SF = 21;  // the SwiGLU over SR rows of SF: SR SF = n
+  const auto AB = rounded_values<T>(randn(2 * n, "sab")), DH = randn(n, "sdh");
+  Buffer ab = put<T>(b, AB), abr = b.upload(held<T>(AB)), dh = put<T>(b, DH);
   Buffer h = b.allocate(dtype_of<T>(), n), hr = b.allocate(dtype_of<Rounded<T>>(), n);
-  o.swiglu_forward(a.data<T>(), bb.data<T>(), h.data<T>(), n);
-  o.swiglu_forward_rounded(ar.data<Rounded<T>>(), br.data<Rounded<T>>(), hr.data<Rounded<T>>(), n);
+  o.swiglu_forward(ab.data<T>(), h.data<T>(), SR, SF);
+  o.swiglu_forward_rounded(abr.data<Rounded<T>>(), hr.data<Rounded<T>>(), SR, SF);
   EXPECT_EQ(values<T>(b.download<Rounded<T>>(hr)), rounded_values<T>(get<T>(b, h))) << "swiglu forward";
-  Buffer da = b.allocate(dtype_of<T>(), n), db = b.allocate(dtype_of<T>(), n),
-         dar = b.allocate(dtype_of<Rounded<T>>(), n), dbr = b.allocate(dtype_of<Rounded<T>>(), n);
-  o.swiglu_backward(a.data<T>(), bb.data<T>(), dh.data<T>(), da.data<T>(), db.data<T>(), n);
-  o.swiglu_backward_rounded(ar.data<Rounded<T>>(), br.data<Rounded<T>>(), dh.data<T>(), dar.data<Rounded<T>>(),
-                            dbr.data<Rounded<T>>(), n);
-  EXPECT_EQ(values<T>(b.download<Rounded<T>>(dar)), rounded_values<T>(get<T>(b, da))) << "swiglu backward da";
-  EXPECT_EQ(values<T>(b.download<Rounded<T>>(dbr)), rounded_values<T>(get<T>(b, db))) << "swiglu backward db";
+  Buffer dab = b.allocate(dtype_of<T>(), 2 * n), dabr = b.allocate(dtype_of<Rounded<T>>(), 2 * n);
+  o.swiglu_backward(ab.data<T>(), dh.data<T>(), dab.data<T>(), SR, SF);
+  o.swiglu_backward_rounded(abr.data<Rounded<T>>(), dh.data<T>(), dabr.data<Rounded<T>>(), SR, SF);
+  EXPECT_EQ(values<T>(b.download<Rounded<T>>(dabr)), rounded_values<T>(get<T>(b, dab))) << "swiglu backward [da | db]";
   Buffer held_dh = b.allocate(dtype_of<Rounded<T>>(), n);
   o.round_values(dh.data<T>(), held_dh.data<Rounded<T>>(), n);
   EXPECT_EQ(values<T>(b.download<Rounded<T>>(held_dh)), rounded_values<T>(DH)) << "round values";
@@ -942,57 +929,47 @@ template <typename T>
 void expert_mlp_rounded_cases(Backend& b) {
   const int64_t G = int64_t(kOffsets.size()) - 1, rows = kOffsets.back(), D = 12, F = 20;
   const auto X = rounded_values<T>(randn(rows * D, "mx")), DY = randn(rows * D, "mdy"),
-             W1 = randn(G * D * F, "w1", 0.3), W3 = randn(G * D * F, "w3", 0.3), W2 = randn(G * F * D, "w2", 0.3),
-             DW = randn(G * D * F, "dw");
+             W13 = randn(G * D * 2 * F, "w13", 0.3), W2 = randn(G * F * D, "w2", 0.3),
+             DW13 = randn(G * D * 2 * F, "dw13"), DW2 = randn(G * F * D, "dw");
   enum Form { kPlain, kRounded, kDefault };
   auto run = [&](Form form) {
     constexpr DType t = dtype_of<T>();
     const DType kept = form == kPlain ? t : dtype_of<Rounded<T>>();
     Buffer x = put<T>(b, X), xr = b.upload(held<T>(X)), dy = put<T>(b, DY);
-    Buffer w1 = put<T>(b, W1), w3 = put<T>(b, W3), w2 = put<T>(b, W2);
-    Buffer dw1 = put<T>(b, DW), dw3 = put<T>(b, DW), dw2 = put<T>(b, DW);
-    Buffer a = b.allocate(kept, rows * F), bb = b.allocate(kept, rows * F), h = b.allocate(kept, rows * F),
-           y = b.allocate(t, rows * D), dh = b.allocate(t, rows * F), da = b.allocate(kept, rows * F),
-           db = b.allocate(kept, rows * F), dx = b.allocate(t, rows * D), dy_held = b.allocate(kept, rows * D);
-    const typename Ops<T>::ExpertMlp e{G,
-                                       kOffsets.data(),
-                                       D,
-                                       F,
-                                       w1.data<T>(),
-                                       w3.data<T>(),
-                                       w2.data<T>(),
-                                       dw1.data<T>(),
-                                       dw3.data<T>(),
-                                       dw2.data<T>(),
-                                       GemmPrecision::Bf16};
+    Buffer w13 = put<T>(b, W13), w2 = put<T>(b, W2), dw13 = put<T>(b, DW13), dw2 = put<T>(b, DW2);
+    Buffer ab = b.allocate(kept, rows * 2 * F), h = b.allocate(kept, rows * F), y = b.allocate(t, rows * D),
+           dh = b.allocate(t, rows * F), dab = b.allocate(kept, rows * 2 * F), dx = b.allocate(t, rows * D),
+           dy_held = b.allocate(kept, rows * D);
+    const typename Ops<T>::ExpertMlp e{
+        G, kOffsets.data(), D, F, w13.data<T>(), w2.data<T>(), dw13.data<T>(), dw2.data<T>(), GemmPrecision::Bf16};
     Ops<T>& o = b.ops<T>();
     using R = Rounded<T>;
     if (form == kDefault) {
-      o.Ops<T>::expert_mlp_forward_rounded(e, xr.data<R>(), a.data<R>(), bb.data<R>(), h.data<R>(), y.data<T>());
-      o.Ops<T>::expert_mlp_backward_rounded(e, xr.data<R>(), a.data<R>(), bb.data<R>(), h.data<R>(), dy.data<T>(),
-                                            dy_held.data<R>(), dh.data<T>(), da.data<R>(), db.data<R>(), dx.data<T>());
+      o.Ops<T>::expert_mlp_forward_rounded(e, xr.data<R>(), ab.data<R>(), h.data<R>(), y.data<T>());
+      o.Ops<T>::expert_mlp_backward_rounded(e, xr.data<R>(), ab.data<R>(), h.data<R>(), dy.data<T>(), dy_held.data<R>(),
+                                            dh.data<T>(), dab.data<R>(), dx.data<T>());
     } else if (form == kRounded) {
-      o.expert_mlp_forward_rounded(e, xr.data<R>(), a.data<R>(), bb.data<R>(), h.data<R>(), y.data<T>());
-      o.expert_mlp_backward_rounded(e, xr.data<R>(), a.data<R>(), bb.data<R>(), h.data<R>(), dy.data<T>(),
-                                    dy_held.data<R>(), dh.data<T>(), da.data<R>(), db.data<R>(), dx.data<T>());
+      o.expert_mlp_forward_rounded(e, xr.data<R>(), ab.data<R>(), h.data<R>(), y.data<T>());
+      o.expert_mlp_backward_rounded(e, xr.data<R>(), ab.data<R>(), h.data<R>(), dy.data<T>(), dy_held.data<R>(),
+                                    dh.data<T>(), dab.data<R>(), dx.data<T>());
     } else {
-      o.expert_mlp_forward(e, x.data<T>(), a.data<T>(), bb.data<T>(), h.data<T>(), y.data<T>());
-      o.expert_mlp_backward(e, x.data<T>(), a.data<T>(), bb.data<T>(), h.data<T>(), dy.data<T>(), dh.data<T>(),
-                            da.data<T>(), db.data<T>(), dx.data<T>());
+      o.expert_mlp_forward(e, x.data<T>(), ab.data<T>(), h.data<T>(), y.data<T>());
+      o.expert_mlp_backward(e, x.data<T>(), ab.data<T>(), h.data<T>(), dy.data<T>(), dh.data<T>(), dab.data<T>(),
+                            dx.data<T>());
     }
     auto kept_values = [&](const Buffer& k) {
       return form == kPlain ? rounded_values<T>(get<T>(b, k)) : values<T>(b.download<R>(k));
     };
-    return std::array<std::vector<double>, 8>{kept_values(a), kept_values(bb), kept_values(h), get<T>(b, y),
-                                              get<T>(b, dx),  get<T>(b, dw1),  get<T>(b, dw3), get<T>(b, dw2)};
+    return std::array<std::vector<double>, 6>{kept_values(ab), kept_values(h),  get<T>(b, y),
+                                              get<T>(b, dx),   get<T>(b, dw13), get<T>(b, dw2)};
   };
   const auto plain = run(kPlain), rounded = run(kRounded), by_default = run(kDefault);
-  const char* names[8] = {"a", "b", "h", "y", "dx", "dw1", "dw3", "dw2"};
-  for (int i = 0; i < 8; ++i) {
+  const char* names[6] = {"[a | b]", "h", "y", "dx", "dw13", "dw2"};
+  for (int i = 0; i < 6; ++i) {
     EXPECT_EQ(rounded[size_t(i)], by_default[size_t(i)]) << "expert mlp, the backend's and Ops' default, " << names[i];
     EXPECT_LE(max_relative(rounded[size_t(i)], plain[size_t(i)]), 1.0 / 64) << "expert mlp " << names[i];
   }
-  EXPECT_EQ(rounded[0], plain[0]) << "a: x W1 rounded as stored is the plain a rounded";
+  EXPECT_EQ(rounded[0], plain[0]) << "[a | b]: x W13 rounded as stored is the plain [a | b] rounded";
 }
 
 TEST_P(Conformance, ExpertMlpKeepingItsTensorsRounded) {

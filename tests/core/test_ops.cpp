@@ -78,17 +78,17 @@ void norm_cases(Backend& b) {
   expect_close<T>("rmsnorm backward dx", get<T>(b, dx), get<double>(r, rdx), D);
   expect_close<T>("rmsnorm backward dgain", get<T>(b, dg), get<double>(r, rdg), N);
 
-  // SwiGLU over N*D elements, its backward over the first D.
-  f.swiglu_forward(x.data<T>(), dy.data<T>(), y.data<T>(), N * D);
-  d.swiglu_forward(rx.data<double>(), rdy.data<double>(), ry.data<double>(), N * D);
-  expect_close<T>("swiglu forward", get<T>(b, y), get<double>(r, ry), 1);
-  Buffer da = b.allocate(dtype_of<T>(), D), db = b.allocate(dtype_of<T>(), D);
-  Buffer rda = r.allocate(DType::F64, D), rdb = r.allocate(DType::F64, D);
-  f.swiglu_backward(x.data<T>(), dy.data<T>(), g.data<T>(), da.data<T>(), db.data<T>(), D);
-  d.swiglu_backward(rx.data<double>(), rdy.data<double>(), rg.data<double>(), rda.data<double>(), rdb.data<double>(),
-                    D);
-  expect_close<T>("swiglu backward da", get<T>(b, da), get<double>(r, rda), 1);
-  expect_close<T>("swiglu backward db", get<T>(b, db), get<double>(r, rdb), 1);
+  // SwiGLU over the N rows of x as [a | b] (F = D / 2 each), h into y; its backward over the first two rows, dh from
+  // the gain.
+  const int64_t F = D / 2;
+  f.swiglu_forward(x.data<T>(), y.data<T>(), N, F);
+  d.swiglu_forward(rx.data<double>(), ry.data<double>(), N, F);
+  auto head = [](std::vector<double> v, int64_t n) { return v.resize(size_t(n)), v; };
+  expect_close<T>("swiglu forward", head(get<T>(b, y), N * F), head(get<double>(r, ry), N * F), 1);
+  Buffer dab = b.allocate(dtype_of<T>(), 2 * D), rdab = r.allocate(DType::F64, 2 * D);
+  f.swiglu_backward(x.data<T>(), g.data<T>(), dab.data<T>(), 2, F);
+  d.swiglu_backward(rx.data<double>(), rg.data<double>(), rdab.data<double>(), 2, F);
+  expect_close<T>("swiglu backward [da | db]", get<T>(b, dab), get<double>(r, rdab), 1);
 
   // Rotary embedding over the first B*T*H*Dh values of x.
   const int64_t B = 2, T_ = 9, H = 3, Dh = 32, n = B * T_ * H * Dh;

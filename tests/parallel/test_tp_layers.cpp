@@ -226,8 +226,8 @@ TEST(TensorParallelModel, BackwardMatchesFiniteDifferences) {
   m.zero_grads();
   m.backward(scale);
   finish_gradients(m, *tp);
-  for (const char* name : {"embed.weight", "layers.0.attn.wq", "layers.0.attn.wo", "layers.0.ffn.w1", "layers.0.ffn.w2",
-                           "layers.1.attn_norm.gain", "layers.1.ffn.router.weight", "head.weight"}) {
+  for (const char* name : {"embed.weight", "layers.0.attn.wq", "layers.0.attn.wo", "layers.0.ffn.w13",
+                           "layers.0.ffn.w2", "layers.1.attn_norm.gain", "layers.1.ffn.router.weight", "head.weight"}) {
     const ParamSpec& spec = m.table().find(name);
     for (int64_t i = 0; i < spec.numel; i += spec.numel / 3 + 1) {
       // A block's element: its owner perturbs it (each rank's turn in order); a replicated tensor's:

@@ -223,22 +223,22 @@ class CpuOps final : public Ops<T> {
     });
   }
 
-  // In blocks on all threads (cpu/expert_mlp.h: float through cpu/vector_math.h, double as written).
-  void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override { cpu::swiglu_forward_blocks(a, b, h, n); }
-  void swiglu_forward_rounded(const Rounded<T>* a, const Rounded<T>* b, Rounded<T>* h, int64_t n) override {
-    cpu::swiglu_forward_as<T, true>(a, b, h, n);
+  // In spans on all threads (cpu/expert_mlp.h: float through cpu/vector_math.h, double as written).
+  void swiglu_forward(const T* ab, T* h, int64_t rows, int64_t F) override {
+    cpu::swiglu_forward_as<T, false>(ab, h, rows, F);
   }
-  void swiglu_backward_rounded(const Rounded<T>* a, const Rounded<T>* b, const T* dh, Rounded<T>* da, Rounded<T>* db,
-                               int64_t n) override {
-    cpu::swiglu_backward_as<T, true>(a, b, dh, da, db, n);
+  void swiglu_forward_rounded(const Rounded<T>* ab, Rounded<T>* h, int64_t rows, int64_t F) override {
+    cpu::swiglu_forward_as<T, true>(ab, h, rows, F);
+  }
+  void swiglu_backward(const T* ab, const T* dh, T* dab, int64_t rows, int64_t F) override {
+    cpu::swiglu_backward_as<T, false>(ab, dh, dab, rows, F);
+  }
+  void swiglu_backward_rounded(const Rounded<T>* ab, const T* dh, Rounded<T>* dab, int64_t rows, int64_t F) override {
+    cpu::swiglu_backward_as<T, true>(ab, dh, dab, rows, F);
   }
   void round_values(const T* x, Rounded<T>* out, int64_t n) override {
 #pragma omp parallel for schedule(static) if (n >= (int64_t(1) << 16))
     for (int64_t i = 0; i < n; ++i) out[i] = to_rounded(x[i]);
-  }
-
-  void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) override {
-    cpu::swiglu_backward_blocks(a, b, dh, da, db, n);
   }
 
   void cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, int64_t N, int64_t V) override {
@@ -387,24 +387,25 @@ class CpuOps final : public Ops<T> {
       with_a(g.A);
   }
 
-  void expert_mlp_forward(const typename Ops<T>::ExpertMlp& e, const T* x, T* a, T* b, T* h, T* y) override {
-    cpu::expert_mlp_forward(gemm_inputs(e.precision, GemmWeight::None), e, x, a, b, h, y);
+  void expert_mlp_forward(const typename Ops<T>::ExpertMlp& e, const T* x, T* ab, T* h, T* y) override {
+    cpu::expert_mlp_forward(gemm_inputs(e.precision, GemmWeight::None), e, x, ab, h, y);
   }
-  void expert_mlp_backward(const typename Ops<T>::ExpertMlp& e, const T* x, const T* a, const T* b, const T* h,
-                           const T* dy, T* dh, T* da, T* db, T* dx) override {
-    cpu::expert_mlp_backward(gemm_inputs(e.precision, GemmWeight::None), e, x, a, b, h, dy, dh, da, db, dx);
+  void expert_mlp_backward(const typename Ops<T>::ExpertMlp& e, const T* x, const T* ab, const T* h, const T* dy, T* dh,
+                           T* dab, T* dx) override {
+    cpu::expert_mlp_backward<T>(gemm_inputs(e.precision, GemmWeight::None), e, x, ab, h, dy, static_cast<T*>(nullptr),
+                                dh, dab, dx);
   }
-  void expert_mlp_forward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, Rounded<T>* a,
-                                  Rounded<T>* b, Rounded<T>* h, T* y) override {
+  void expert_mlp_forward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, Rounded<T>* ab,
+                                  Rounded<T>* h, T* y) override {
     MOE_CHECK(e.precision == GemmPrecision::Bf16, "expert_mlp_forward_rounded: rounded rows are read by bf16 GEMMs");
-    cpu::expert_mlp_forward<T, true>(gemm_inputs(e.precision, GemmWeight::None), e, x, a, b, h, y);
+    cpu::expert_mlp_forward<T, true>(gemm_inputs(e.precision, GemmWeight::None), e, x, ab, h, y);
   }
-  void expert_mlp_backward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, const Rounded<T>* a,
-                                   const Rounded<T>* b, const Rounded<T>* h, const T* dy, Rounded<T>* dy_held, T* dh,
-                                   Rounded<T>* da, Rounded<T>* db, T* dx) override {
+  void expert_mlp_backward_rounded(const typename Ops<T>::ExpertMlp& e, const Rounded<T>* x, const Rounded<T>* ab,
+                                   const Rounded<T>* h, const T* dy, Rounded<T>* dy_held, T* dh, Rounded<T>* dab,
+                                   T* dx) override {
     MOE_CHECK(e.precision == GemmPrecision::Bf16, "expert_mlp_backward_rounded: rounded rows are read by bf16 GEMMs");
-    cpu::expert_mlp_backward_rounded(gemm_inputs(e.precision, GemmWeight::None), e, x, a, b, h, dy, dy_held, dh, da, db,
-                                     dx);
+    cpu::expert_mlp_backward<T, true>(gemm_inputs(e.precision, GemmWeight::None), e, x, ab, h, dy, dy_held, dh, dab,
+                                      dx);
   }
   void gumbel_noise(uint64_t key, uint64_t step, uint64_t first_counter, double* out, int64_t n) override {
     cpu::gumbel_noise(key, step, first_counter, out, n);

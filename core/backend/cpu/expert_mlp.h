@@ -74,124 +74,96 @@ void swiglu_backward_rounded_span(const Rounded<T>* a, const Rounded<T>* b, cons
   for (int64_t i = 0; i < n; ++i) da[i] = to_rounded(dav[i]), db[i] = to_rounded(dbv[i]);
 }
 
-template <typename T>
-void swiglu_forward_blocks(const T* a, const T* b, T* h, int64_t n) {
+// f(r, j, m) for the spans of at most kSwigluBlock columns [j, j + m) of rows r < rows of F columns, the spans shared
+// among the threads where there are several here.
+template <typename Fn>
+void for_each_span(int64_t rows, int64_t F, Fn&& f) {
+  const int64_t per_row = (F + kSwigluBlock - 1) / kSwigluBlock, spans = rows * per_row;
 #pragma omp parallel for schedule(static) if (usable_threads() > 1)
-  for (int64_t first = 0; first < n; first += kSwigluBlock)
-    swiglu_forward_span(a + first, b + first, h + first, std::min(kSwigluBlock, n - first));
-}
-
-template <typename T>
-void swiglu_backward_blocks(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) {
-#pragma omp parallel for schedule(static) if (usable_threads() > 1)
-  for (int64_t first = 0; first < n; first += kSwigluBlock)
-    swiglu_backward_span(a + first, b + first, dh + first, da + first, db + first, std::min(kSwigluBlock, n - first));
-}
-
-// The SwiGLU in blocks (above), a, b and h as stored or (kRounded) held rounded.
-template <typename T, bool kRounded, typename X = std::conditional_t<kRounded, Rounded<T>, T>>
-void swiglu_forward_as(const X* a, const X* b, X* h, int64_t n) {
-  if constexpr (kRounded) {
-#pragma omp parallel for schedule(static) if (usable_threads() > 1)
-    for (int64_t first = 0; first < n; first += kSwigluBlock)
-      swiglu_forward_rounded_span<T>(a + first, b + first, h + first, std::min(kSwigluBlock, n - first));
-  } else {
-    swiglu_forward_blocks(a, b, h, n);
-  }
-}
-template <typename T, bool kRounded, typename X = std::conditional_t<kRounded, Rounded<T>, T>>
-void swiglu_backward_as(const X* a, const X* b, const T* dh, X* da, X* db, int64_t n) {
-  if constexpr (kRounded) {
-#pragma omp parallel for schedule(static) if (usable_threads() > 1)
-    for (int64_t first = 0; first < n; first += kSwigluBlock)
-      swiglu_backward_rounded_span<T>(a + first, b + first, dh + first, da + first, db + first,
-                                      std::min(kSwigluBlock, n - first));
-  } else {
-    swiglu_backward_blocks(a, b, dh, da, db, n);
+  for (int64_t s = 0; s < spans; ++s) {
+    const int64_t r = s / per_row, j = (s % per_row) * kSwigluBlock;
+    f(r, j, std::min(kSwigluBlock, F - j));
   }
 }
 
-// Expert g's forward over its block of rows: a = x W1, b = x W3, h = silu(a) * b, y = h W2. Outside a parallel
-// region each op takes all threads (the GEMMs by their blocks); inside one, the calling thread alone. kRounded: x,
-// a, b and h held rounded (Ops::expert_mlp_forward_rounded), a and b as their GEMMs' results are stored.
+// The gated unit over rows of ab (rows, 2F: [a | b]) into h (rows, F) (Ops::swiglu_forward), in spans (above), as
+// stored or (kRounded) held rounded.
+template <typename T, bool kRounded, typename X = std::conditional_t<kRounded, Rounded<T>, T>>
+void swiglu_forward_as(const X* ab, X* h, int64_t rows, int64_t F) {
+  for_each_span(rows, F, [&](int64_t r, int64_t j, int64_t m) {
+    const X* a = ab + r * 2 * F + j;
+    if constexpr (kRounded)
+      swiglu_forward_rounded_span<T>(a, a + F, h + r * F + j, m);
+    else
+      swiglu_forward_span(a, a + F, h + r * F + j, m);
+  });
+}
+// Its backward: dab (rows, 2F: [da | db]) from ab and dh (rows, F) (Ops::swiglu_backward).
+template <typename T, bool kRounded, typename X = std::conditional_t<kRounded, Rounded<T>, T>>
+void swiglu_backward_as(const X* ab, const T* dh, X* dab, int64_t rows, int64_t F) {
+  for_each_span(rows, F, [&](int64_t r, int64_t j, int64_t m) {
+    const X* a = ab + r * 2 * F + j;
+    X* da = dab + r * 2 * F + j;
+    if constexpr (kRounded)
+      swiglu_backward_rounded_span<T>(a, a + F, dh + r * F + j, da, da + F, m);
+    else
+      swiglu_backward_span(a, a + F, dh + r * F + j, da, da + F, m);
+  });
+}
+
+// Expert g's forward over its block of rows: [a | b] = x W13, h = silu(a) * b, y = h W2. Outside a parallel region
+// each op takes all threads (the GEMMs by their blocks); inside one, the calling thread alone. kRounded: x, ab and h
+// held rounded (Ops::expert_mlp_forward_rounded), ab as its GEMM's results are stored.
 template <typename T, bool kRounded = false, typename X = std::conditional_t<kRounded, Rounded<T>, T>>
-void expert_forward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, int64_t g, const X* x, X* a, X* b,
-                    X* h, T* y) {
-  const int64_t D = e.D, F = e.F, first = e.row_offset[g] * F, n = (e.row_offset[g + 1] - e.row_offset[g]) * F;
+void expert_forward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, int64_t g, const X* x, X* ab, X* h,
+                    T* y) {
+  const int64_t D = e.D, F = e.F, first = e.row_offset[g], rows = e.row_offset[g + 1] - first;
   const int64_t* off = e.row_offset;
   const GemmInputs<T> w = p.with_weight(GemmWeight::B);  // the weight stacks
-  if constexpr (kRounded) {
-    grouped_gemm_group_rounded(w, false, g, off, F, D, T(1), x, e.w1, a);  // a = x W1
-    grouped_gemm_group_rounded(w, false, g, off, F, D, T(1), x, e.w3, b);  // b = x W3
-  } else {
-    grouped_gemm_group(w, false, false, g, off, F, D, T(1), x, e.w1, T(0), a);
-    grouped_gemm_group(w, false, false, g, off, F, D, T(1), x, e.w3, T(0), b);
-  }
-  swiglu_forward_as<T, kRounded>(a + first, b + first, h + first, n);
+  if constexpr (kRounded)
+    grouped_gemm_group_rounded(w, false, g, off, 2 * F, D, T(1), x, e.w13, ab);  // [a | b] = x W13
+  else
+    grouped_gemm_group(w, false, false, g, off, 2 * F, D, T(1), x, e.w13, T(0), ab);
+  swiglu_forward_as<T, kRounded>(ab + first * 2 * F, h + first * F, rows, F);
   grouped_gemm_group(w, false, false, g, off, D, F, T(1), h, e.w2, T(0), y);  // y = h W2
 }
 
-// Expert g's backward (Ops::expert_mlp_backward), as expert_forward.
-template <typename T>
-void expert_backward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, int64_t g, const T* x, const T* a,
-                     const T* b, const T* h, const T* dy, T* dh, T* da, T* db, T* dx) {
-  const int64_t D = e.D, F = e.F, first = e.row_offset[g] * F, n = (e.row_offset[g + 1] - e.row_offset[g]) * F;
-  const int64_t* off = e.row_offset;
-  const GemmInputs<T> w = p.with_weight(GemmWeight::B);                        // the weight stacks
-  grouped_gemm_group(p, true, false, g, off, D, F, T(1), h, dy, T(1), e.dw2);  // dW2 += h^T dy
-  grouped_gemm_group(w, false, true, g, off, F, D, T(1), dy, e.w2, T(0), dh);  // dh = dy W2^T
-  swiglu_backward_blocks(a + first, b + first, dh + first, da + first, db + first, n);
-  grouped_gemm_group(p, true, false, g, off, F, D, T(1), x, da, T(1), e.dw1);  // dW1 += x^T da
-  grouped_gemm_group(p, true, false, g, off, F, D, T(1), x, db, T(1), e.dw3);  // dW3 += x^T db
-  grouped_gemm_group(w, false, true, g, off, D, F, T(1), da, e.w1, T(0), dx);  // dx = da W1^T
-  grouped_gemm_group(w, false, true, g, off, D, F, T(1), db, e.w3, T(1), dx);  //    + db W3^T
-}
-
-// Expert g's backward on held-rounded tensors (Ops::expert_mlp_backward_rounded): its dy rows rounded once into
-// dy_held, da and db written rounded by the SwiGLU's backward, every GEMM reading them as they are.
-template <typename T, typename R = Rounded<T>>
-void expert_backward_rounded(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, int64_t g, const R* x,
-                             const R* a, const R* b, const R* h, const T* dy, R* dy_held, T* dh, R* da, R* db, T* dx) {
-  const int64_t D = e.D, F = e.F, rows = e.row_offset[g + 1] - e.row_offset[g], first = e.row_offset[g] * F,
-                n = rows * F;
+// Expert g's backward (Ops::expert_mlp_backward and, kRounded, expert_mlp_backward_rounded: its dy rows rounded once
+// into dy_held, dab written rounded by the SwiGLU's backward, every GEMM reading them as they are), as expert_forward.
+template <typename T, bool kRounded = false, typename X = std::conditional_t<kRounded, Rounded<T>, T>>
+void expert_backward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, int64_t g, const X* x, const X* ab,
+                     const X* h, const T* dy, X* dy_held, T* dh, X* dab, T* dx) {
+  const int64_t D = e.D, F = e.F, first = e.row_offset[g], rows = e.row_offset[g + 1] - first;
   const int64_t* off = e.row_offset;
   const GemmInputs<T> w = p.with_weight(GemmWeight::B);  // the weight stacks
-  for (int64_t i = e.row_offset[g] * D; i < e.row_offset[g + 1] * D; ++i) dy_held[i] = to_rounded(dy[i]);
-  grouped_gemm_group(p, true, false, g, off, D, F, T(1), h, dy_held, T(1), e.dw2);  // dW2 += h^T dy
-  grouped_gemm_group(w, false, true, g, off, F, D, T(1), dy_held, e.w2, T(0), dh);  // dh = dy W2^T
-  swiglu_backward_as<T, true>(a + first, b + first, dh + first, da + first, db + first, n);
-  grouped_gemm_group(p, true, false, g, off, F, D, T(1), x, da, T(1), e.dw1);  // dW1 += x^T da
-  grouped_gemm_group(p, true, false, g, off, F, D, T(1), x, db, T(1), e.dw3);  // dW3 += x^T db
-  grouped_gemm_group(w, false, true, g, off, D, F, T(1), da, e.w1, T(0), dx);  // dx = da W1^T
-  grouped_gemm_group(w, false, true, g, off, D, F, T(1), db, e.w3, T(1), dx);  //    + db W3^T
+  const X* dyx = dy_held;
+  if constexpr (kRounded)
+    for (int64_t i = first * D; i < (first + rows) * D; ++i) dy_held[i] = to_rounded(dy[i]);
+  else
+    dyx = dy;
+  grouped_gemm_group(p, true, false, g, off, D, F, T(1), h, dyx, T(1), e.dw2);  // dW2 += h^T dy
+  grouped_gemm_group(w, false, true, g, off, F, D, T(1), dyx, e.w2, T(0), dh);  // dh = dy W2^T
+  swiglu_backward_as<T, kRounded>(ab + first * 2 * F, dh + first * F, dab + first * 2 * F, rows, F);
+  grouped_gemm_group(p, true, false, g, off, 2 * F, D, T(1), x, dab, T(1), e.dw13);  // dW13 += x^T [da | db]
+  grouped_gemm_group(w, false, true, g, off, D, 2 * F, T(1), dab, e.w13, T(0), dx);  // dx = [da | db] W13^T
 }
 
 // Ops::expert_mlp_forward (kRounded: _rounded): the experts too large to share (GroupSchedule) one after another on
 // all threads, then the rest concurrently, each expert's whole sequence on one thread.
 template <typename T, bool kRounded = false, typename X = std::conditional_t<kRounded, Rounded<T>, T>>
-void expert_mlp_forward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, const X* x, X* a, X* b, X* h,
-                        T* y) {
+void expert_mlp_forward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, const X* x, X* ab, X* h, T* y) {
   const GroupSchedule s = schedule_groups(e.groups, e.row_offset);
-  for (int64_t g : s.alone) expert_forward<T, kRounded>(p, e, g, x, a, b, h, y);
-  run_groups(s.shared, [&](int64_t g) { expert_forward<T, kRounded>(p, e, g, x, a, b, h, y); });
+  for (int64_t g : s.alone) expert_forward<T, kRounded>(p, e, g, x, ab, h, y);
+  run_groups(s.shared, [&](int64_t g) { expert_forward<T, kRounded>(p, e, g, x, ab, h, y); });
 }
 
-// Ops::expert_mlp_backward, as expert_mlp_forward.
-template <typename T>
-void expert_mlp_backward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, const T* x, const T* a,
-                         const T* b, const T* h, const T* dy, T* dh, T* da, T* db, T* dx) {
+// Ops::expert_mlp_backward (kRounded: _rounded, dy_held written), as expert_mlp_forward.
+template <typename T, bool kRounded = false, typename X = std::conditional_t<kRounded, Rounded<T>, T>>
+void expert_mlp_backward(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, const X* x, const X* ab,
+                         const X* h, const T* dy, X* dy_held, T* dh, X* dab, T* dx) {
   const GroupSchedule s = schedule_groups(e.groups, e.row_offset);
-  for (int64_t g : s.alone) expert_backward(p, e, g, x, a, b, h, dy, dh, da, db, dx);
-  run_groups(s.shared, [&](int64_t g) { expert_backward(p, e, g, x, a, b, h, dy, dh, da, db, dx); });
-}
-
-// Ops::expert_mlp_backward_rounded, as expert_mlp_forward.
-template <typename T, typename R = Rounded<T>>
-void expert_mlp_backward_rounded(const GemmInputs<T>& p, const typename Ops<T>::ExpertMlp& e, const R* x, const R* a,
-                                 const R* b, const R* h, const T* dy, R* dy_held, T* dh, R* da, R* db, T* dx) {
-  const GroupSchedule s = schedule_groups(e.groups, e.row_offset);
-  for (int64_t g : s.alone) expert_backward_rounded(p, e, g, x, a, b, h, dy, dy_held, dh, da, db, dx);
-  run_groups(s.shared, [&](int64_t g) { expert_backward_rounded(p, e, g, x, a, b, h, dy, dy_held, dh, da, db, dx); });
+  for (int64_t g : s.alone) expert_backward<T, kRounded>(p, e, g, x, ab, h, dy, dy_held, dh, dab, dx);
+  run_groups(s.shared, [&](int64_t g) { expert_backward<T, kRounded>(p, e, g, x, ab, h, dy, dy_held, dh, dab, dx); });
 }
 
 }  // namespace moe::cpu

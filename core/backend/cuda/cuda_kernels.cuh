@@ -191,33 +191,44 @@ __global__ void expand_heads_backward_kernel(const T* dy, T* dx, int64_t kv_rows
   }
 }
 
+// The gated unit, one block per row (MOE_ROW_STRIDE): row r of ab (rows, 2F) is [a | b], h (rows, F) = silu(a) * b.
 template <typename T>
-__global__ void swiglu_forward_kernel(const T* a, const T* b, T* h, int64_t n) {
-  MOE_GRID_STRIDE(i, n) {
-    const T sig = T(1) / (T(1) + exp(-a[i]));
-    h[i] = a[i] * sig * b[i];
+__global__ void swiglu_forward_kernel(const T* ab, T* h, int64_t rows, int64_t F) {
+  MOE_ROW_STRIDE(r, rows) {
+    const T *a = ab + r * 2 * F, *b = a + F;
+    for (int64_t j = threadIdx.x; j < F; j += blockDim.x) {
+      const T sig = T(1) / (T(1) + exp(-a[j]));
+      h[r * F + j] = a[j] * sig * b[j];
+    }
   }
 }
 
-// swiglu_forward_kernel on a and b held rounded, h held rounded (the experts' kept tensors under bf16 GEMMs).
+// swiglu_forward_kernel on ab held rounded, h held rounded (the experts' kept tensors under bf16 GEMMs).
 template <typename T>
-__global__ void swiglu_forward_rounded_kernel(const Rounded<T>* a, const Rounded<T>* b, Rounded<T>* h, int64_t n) {
-  MOE_GRID_STRIDE(i, n) {
-    const T av = from_rounded<T>(a[i]), bv = from_rounded<T>(b[i]);
-    const T sig = T(1) / (T(1) + exp(-av));
-    h[i] = to_rounded(T(av * sig * bv));
+__global__ void swiglu_forward_rounded_kernel(const Rounded<T>* ab, Rounded<T>* h, int64_t rows, int64_t F) {
+  MOE_ROW_STRIDE(r, rows) {
+    const Rounded<T>*a = ab + r * 2 * F, *b = a + F;
+    for (int64_t j = threadIdx.x; j < F; j += blockDim.x) {
+      const T av = from_rounded<T>(a[j]), bv = from_rounded<T>(b[j]);
+      const T sig = T(1) / (T(1) + exp(-av));
+      h[r * F + j] = to_rounded(T(av * sig * bv));
+    }
   }
 }
 
-// swiglu_backward_kernel on a and b held rounded, da and db held rounded.
+// swiglu_backward_kernel on ab held rounded, dab held rounded.
 template <typename T>
-__global__ void swiglu_backward_rounded_kernel(const Rounded<T>* a, const Rounded<T>* b, const T* dh, Rounded<T>* da,
-                                               Rounded<T>* db, int64_t n) {
-  MOE_GRID_STRIDE(i, n) {
-    const T av = from_rounded<T>(a[i]), bv = from_rounded<T>(b[i]);
-    const T sig = T(1) / (T(1) + exp(-av));
-    db[i] = to_rounded(T(dh[i] * av * sig));
-    da[i] = to_rounded(T(dh[i] * bv * sig * (T(1) + av * (T(1) - sig))));
+__global__ void swiglu_backward_rounded_kernel(const Rounded<T>* ab, const T* dh, Rounded<T>* dab, int64_t rows,
+                                               int64_t F) {
+  MOE_ROW_STRIDE(r, rows) {
+    const Rounded<T>*a = ab + r * 2 * F, *b = a + F;
+    Rounded<T>*da = dab + r * 2 * F, *db = da + F;
+    for (int64_t j = threadIdx.x; j < F; j += blockDim.x) {
+      const T av = from_rounded<T>(a[j]), bv = from_rounded<T>(b[j]), g = dh[r * F + j];
+      const T sig = T(1) / (T(1) + exp(-av));
+      db[j] = to_rounded(T(g * av * sig));
+      da[j] = to_rounded(T(g * bv * sig * (T(1) + av * (T(1) - sig))));
+    }
   }
 }
 
@@ -227,12 +238,17 @@ __global__ void round_values_kernel(const T* x, Rounded<T>* out, int64_t n) {
   MOE_GRID_STRIDE(i, n) out[i] = to_rounded(x[i]);
 }
 
+// The gated unit's backward, one block per row: row r of dab (rows, 2F) is [da | db] of the row's a, b and dh.
 template <typename T>
-__global__ void swiglu_backward_kernel(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) {
-  MOE_GRID_STRIDE(i, n) {
-    const T sig = T(1) / (T(1) + exp(-a[i]));
-    db[i] = dh[i] * a[i] * sig;
-    da[i] = dh[i] * b[i] * sig * (T(1) + a[i] * (T(1) - sig));
+__global__ void swiglu_backward_kernel(const T* ab, const T* dh, T* dab, int64_t rows, int64_t F) {
+  MOE_ROW_STRIDE(r, rows) {
+    const T *a = ab + r * 2 * F, *b = a + F;
+    T *da = dab + r * 2 * F, *db = da + F;
+    for (int64_t j = threadIdx.x; j < F; j += blockDim.x) {
+      const T sig = T(1) / (T(1) + exp(-a[j])), g = dh[r * F + j];
+      db[j] = g * a[j] * sig;
+      da[j] = g * b[j] * sig * (T(1) + a[j] * (T(1) - sig));
+    }
   }
 }
 

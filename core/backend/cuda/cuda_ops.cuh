@@ -129,21 +129,20 @@ class CudaOps final : public Ops<T> {
   void attention_forward_fused(const FusedAttentionForwardArgs<T>& a) override;
   void attention_backward_fused(const FusedAttentionBackwardArgs<T>& a) override;
 
-  void swiglu_forward(const T* a, const T* b, T* h, int64_t n) override {
-    launch(elementwise_launch(n), cuda::swiglu_forward_kernel<T>, a, b, h, n);
+  void swiglu_forward(const T* ab, T* h, int64_t rows, int64_t F) override {
+    launch(row_launch(rows, F), cuda::swiglu_forward_kernel<T>, ab, h, rows, F);
   }
-  void swiglu_forward_rounded(const Rounded<T>* a, const Rounded<T>* b, Rounded<T>* h, int64_t n) override {
-    launch(elementwise_launch(n), cuda::swiglu_forward_rounded_kernel<T>, a, b, h, n);
+  void swiglu_forward_rounded(const Rounded<T>* ab, Rounded<T>* h, int64_t rows, int64_t F) override {
+    launch(row_launch(rows, F), cuda::swiglu_forward_rounded_kernel<T>, ab, h, rows, F);
   }
-  void swiglu_backward_rounded(const Rounded<T>* a, const Rounded<T>* b, const T* dh, Rounded<T>* da, Rounded<T>* db,
-                               int64_t n) override {
-    launch(elementwise_launch(n), cuda::swiglu_backward_rounded_kernel<T>, a, b, dh, da, db, n);
+  void swiglu_backward_rounded(const Rounded<T>* ab, const T* dh, Rounded<T>* dab, int64_t rows, int64_t F) override {
+    launch(row_launch(rows, F), cuda::swiglu_backward_rounded_kernel<T>, ab, dh, dab, rows, F);
   }
   void round_values(const T* x, Rounded<T>* out, int64_t n) override {
     launch(elementwise_launch(n), cuda::round_values_kernel<T>, x, out, n);
   }
-  void swiglu_backward(const T* a, const T* b, const T* dh, T* da, T* db, int64_t n) override {
-    launch(elementwise_launch(n), cuda::swiglu_backward_kernel<T>, a, b, dh, da, db, n);
+  void swiglu_backward(const T* ab, const T* dh, T* dab, int64_t rows, int64_t F) override {
+    launch(row_launch(rows, F), cuda::swiglu_backward_kernel<T>, ab, dh, dab, rows, F);
   }
 
   void cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, int64_t N, int64_t V) override {
