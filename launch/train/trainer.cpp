@@ -274,11 +274,13 @@ bool run_step(Loop& loop, int64_t step) {
   loop.a2a_wait_s = t.exchange->blocked_seconds();
   loop.clock.interval_tokens += t.tokens_per_step();
   const int64_t done = step + 1;
-  // The step's line is written before its checkpoint is saved: a checkpoint a resumed run starts from never lies
-  // past the last line of metrics.jsonl (a run killed between the two kept the checkpoint and lost the line). The
+  // The step's lines, its evaluation's too, are written before its checkpoint is saved: a checkpoint a resumed run
+  // starts from never lies past the last line of metrics.jsonl, and a resumed run does not evaluate its first step
+  // again (a run killed during an evaluation after its step's save lost that evaluation's line for good). The
   // save's own stall is counted in the next line.
   loop.ckpt_stall_s += r.ckpt_wait_s;  // the step's update waited for the last save's snapshot
   log_step(loop, done, r, loop.ckpt_stall_s);
+  maybe_evaluate(loop, done);
   if (ckpt::Checkpointer* ck = loop.out.checkpointer.get()) {
     ck->poll();
     if (done % config.checkpoint.every == 0 || done == config.train.steps) {
@@ -291,7 +293,6 @@ bool run_step(Loop& loop, int64_t step) {
       loop.last_save_step = done;
     }
   }
-  maybe_evaluate(loop, done);
   adapt_threads(loop);
   for (const FaultInjection& f : config.fault.inject)  // the newest checkpoint must exist before it is corrupted
     if (f.kind == FaultKind::CorruptCheckpoint && f.step == done && loop.out.checkpointer)
