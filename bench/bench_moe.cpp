@@ -257,7 +257,7 @@ nlohmann::json to_json(const Options& o, int threads, const SgemmPeak& peak, con
 std::vector<GroupedResult> measure_grouped(Backend& backend, const std::vector<MoeShape>& shapes, const SgemmPeak& peak,
                                            const Options& o) {
   std::printf(
-      "grouped expert GEMM: one MoE layer's experts alone (nine grouped GEMM calls and the SwiGLU, forward and "
+      "grouped expert GEMM: one MoE layer's experts alone (six grouped GEMM calls and the SwiGLU, forward and "
       "backward), median of %d, against the sgemm peak and against the same experts on one block of all the rows:\n",
       o.reps);
   std::vector<GroupedResult> results;

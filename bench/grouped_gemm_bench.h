@@ -1,7 +1,7 @@
 // The grouped expert GEMM, as bench_moe measures it: one MoE layer's experts alone (GroupedExperts, core/moe/
-// experts.h: nine grouped GEMM calls, three forward and six backward, and the SwiGLU between them) on E experts'
+// experts.h: six grouped GEMM calls, two forward and four backward, and the SwiGLU between them) on E experts'
 // row blocks, against the sgemm peak and against the same experts run as one block of all the rows (one large
-// GEMM per call, the dense equivalent: same FLOPs, one weight); and the nine calls of the backend's grouped GEMM
+// GEMM per call, the dense equivalent: same FLOPs, one weight); and the six calls of the backend's grouped GEMM
 // op alone, without the SwiGLU. The rows per expert are those of N K assignments spread at random over the
 // experts, as a router spreads them early in training.
 #pragma once
