@@ -3,13 +3,11 @@
 
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace moe::ckpt {
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // The slab of part `index` of a (..., 2, F) tensor that the part's slab `s` of (..., F) is.
 Slab in_stacked(const Slab& s, int64_t index) {
@@ -21,26 +19,28 @@ Slab in_stacked(const Slab& s, int64_t index) {
 
 }  // namespace
 
+std::optional<StackedPart> stacked_part(const std::string& tensor) {
+  for (const auto& [suffix, index] : {std::pair<std::string, int64_t>{".w1", 0}, {".w3", 1}})
+    if (tensor.size() > suffix.size() && tensor.compare(tensor.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return StackedPart{tensor.substr(0, tensor.size() - suffix.size()) + ".w13", index};
+  return std::nullopt;
+}
+
 void stack_legacy_parts(Manifest& m) {
-  // The parts each prefix has, with the dtype and global shape of their first piece (a pair must agree).
-  std::map<std::string, std::map<int64_t, const DatasetEntry*>> parts;
+  // The stacked tensors whose two parts are both stored, alike in dtype and global shape (of their first pieces).
+  std::map<std::string, std::map<int64_t, std::pair<DType, std::vector<int64_t>>>> parts;
   for (const FileEntry& f : m.files)
     for (const DatasetEntry& d : f.datasets)
-      for (const auto& [suffix, index] : {std::pair<std::string, int64_t>{".w1", 0}, {".w3", 1}})
-        if (ends_with(d.tensor, suffix) && d.global_shape().size() >= 2)
-          parts[d.tensor.substr(0, d.tensor.size() - suffix.size())].try_emplace(index, &d);
-  std::map<std::string, bool> pair;
-  for (const auto& [prefix, found] : parts)
-    pair[prefix] = found.size() == 2 && found.at(0)->dtype == found.at(1)->dtype &&
-                   found.at(0)->global_shape() == found.at(1)->global_shape();
+      if (const auto p = stacked_part(d.tensor); p && d.global_shape().size() >= 2)
+        parts[p->stacked].try_emplace(p->index, d.dtype, d.global_shape());
+  auto pair = [&](const std::string& stacked) {
+    const auto it = parts.find(stacked);
+    return it != parts.end() && it->second.size() == 2 && it->second.at(0) == it->second.at(1);
+  };
   for (FileEntry& f : m.files)
     for (DatasetEntry& d : f.datasets)
-      for (const auto& [suffix, index] : {std::pair<std::string, int64_t>{".w1", 0}, {".w3", 1}}) {
-        if (!ends_with(d.tensor, suffix)) continue;
-        const std::string prefix = d.tensor.substr(0, d.tensor.size() - suffix.size());
-        if (!pair.count(prefix) || !pair[prefix]) continue;
-        d.tensor = prefix + ".w13", d.slab = in_stacked(d.slab, index);
-      }
+      if (const auto p = stacked_part(d.tensor); p && pair(p->stacked))
+        d.tensor = p->stacked, d.slab = in_stacked(d.slab, p->index);
 }
 
 }  // namespace moe::ckpt

@@ -7,9 +7,22 @@
 // a model reads a checkpoint (a run resuming, `moe export-hf`, `moe logits`); `moe ckpt` shows what is stored.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+#include <string>
+
 #include "checkpoint/manifest.h"
 
 namespace moe::ckpt {
+
+// Which stacked tensor a part's name is a part of, and at which index: "<prefix>.w1" is part 0 of "<prefix>.w13",
+// "<prefix>.w3" part 1; nullopt for every other name. The one statement of that naming, for checkpoints and the
+// Hugging Face mappings alike.
+struct StackedPart {
+  std::string stacked;
+  int64_t index = 0;
+};
+std::optional<StackedPart> stacked_part(const std::string& tensor);
 
 // The dataset entries of `m` for the parts of stacked tensors, as slabs of those tensors (their `dataset` in the
 // file unchanged); nothing else changes. A part without its sibling (same dtype and global shape) stays as it is.

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 
+#include "checkpoint/stacked.h"
 #include "core/error.h"
 
 namespace moe {
@@ -74,15 +75,12 @@ class TensorList {
 
  private:
   // The gated MLPs' W1 and W3 are the parts of one tensor W13 (..., D, 2, F) (core/params.h ParamSpec::parts): a
-  // source named "....w1" or "....w3" of shape (..., D, F) becomes part 0 or 1 of "....w13".
+  // source named as a part (checkpoint/stacked.h stacked_part) of shape (..., D, F) becomes that part of W13.
   static void stack_part(HfTensor& t) {
-    for (const auto& [suffix, part] : {std::pair<std::string, int64_t>{".w1", 0}, {".w3", 1}}) {
-      const std::string& s = t.source;
-      if (s.size() <= suffix.size() || s.compare(s.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
-      t.source = s.substr(0, s.size() - suffix.size()) + ".w13", t.part = part;
-      t.source_shape.insert(t.source_shape.end() - 1, 2);
-      return;
-    }
+    const auto part = ckpt::stacked_part(t.source);
+    if (!part) return;
+    t.source = part->stacked, t.part = part->index;
+    t.source_shape.insert(t.source_shape.end() - 1, 2);
   }
 
   HfModel& m_;
