@@ -55,6 +55,9 @@ template <typename T>
 Buffer put(Backend& b, const std::vector<double>& host) {
   return b.upload(std::vector<T>(host.begin(), host.end()));
 }
+// Expert blocks of an MoE shape with empty experts and a single-row one (row offsets of 6 groups).
+inline const std::vector<int64_t> kExpertOffsets = {0, 5, 5, 6, 19, 19, 40};
+
 inline Buffer put_index(Backend& b, const std::vector<int32_t>& host) { return b.upload(host); }
 template <typename T>
 std::vector<double> get(Backend& b, const Buffer& buffer) {
