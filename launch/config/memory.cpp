@@ -315,6 +315,11 @@ double communication_bytes(const Sizes& s, const ParamCounts& p, bool zero, doub
 
 }  // namespace
 
+double host_rounded_parameter_bytes(const Config& config, const MemoryEstimate& estimate) {
+  const bool host_bf16 = config.train.device != Device::Cuda && config.train.precision == GemmPrecision::Bf16;
+  return host_bf16 ? double(estimate.parameters) : 0.0;
+}
+
 int64_t MemoryEstimate::total() const {
   double sum = 0;
   for (int64_t bytes :

@@ -74,6 +74,11 @@ struct StageEstimate {
 };
 StageEstimate largest_stage_estimate(const Config& config, int64_t tp, int64_t dp, int64_t ep);
 
+// What check_memory holds against a rank's memory besides estimate.total(): with bf16 GEMMs on the CPU, the
+// parameters rounded to bf16 and kept in fp32 beside them (estimate.parameters); 0 otherwise (on a GPU their bf16
+// copy is in the estimate's device_workspace already).
+double host_rounded_parameter_bytes(const Config& config, const MemoryEstimate& estimate);
+
 // {"parameters": bytes, ..., "total": bytes}: manifest.json's "memory".
 nlohmann::json memory_json(const MemoryEstimate& estimate);
 // "1.2 MiB parameters, 1.2 MiB gradients, ...; 9.8 MiB in all": categories of zero bytes left out.

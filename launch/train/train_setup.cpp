@@ -47,17 +47,17 @@ void check_memory(const Config& config, const RankGrid& grid) {
   const GridSizes& sizes = grid.sizes();
   const MemoryEstimate need = largest_stage_estimate(config, sizes.tp, sizes.dp, sizes.ep).memory;
   const MemoryPlace place = memory_of_this_rank(config, grid);
-  // bf16 GEMMs keep the parameters rounded beside them: in bf16 on a GPU (docs/gpu.md), in fp32 on the CPU.
-  const double rounded_copy =
-      config.train.device == Device::Cuda ? double(need.parameters) / 2 : double(need.parameters);
-  const double total = double(need.total()) + (config.train.precision == GemmPrecision::Bf16 ? rounded_copy : 0.0);
+  // bf16 GEMMs keep the parameters rounded beside them: in fp32 on the CPU, counted here; in bf16 on a GPU, in the
+  // estimate's device_workspace (docs/gpu.md).
+  const double rounded_copy = host_rounded_parameter_bytes(config, need);
+  const double total = double(need.total()) + rounded_copy;
   if (place.bytes <= 0 || total * double(place.ranks) <= place.bytes) return;
   const ModelConfig& m = config.model;
   const TrainConfig& tc = config.train;
   const std::string shared = place.ranks > 1 ? " on each of its " + std::to_string(place.ranks) + " ranks" : "";
   MOE_BAD_INPUT("training needs about "
                 << format_bytes(total) << " per rank (" << memory_text(need)
-                << (tc.precision == GemmPrecision::Bf16
+                << (rounded_copy > 0
                         ? "; and " + format_bytes(rounded_copy) + " of the parameters rounded for bf16 GEMMs"
                         : std::string())
                 << ")" << shared << ", more than " << place.name << " " << format_bytes(place.bytes)

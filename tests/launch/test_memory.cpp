@@ -95,6 +95,25 @@ TEST(MemoryEstimate, DeviceWorkspaceIsWhatTheCudaBackendKeepsAndItsLargestCall) 
   EXPECT_EQ(estimate_memory(config, 1, 1, 1).device_workspace, int64_t(kept)) << "no copies in fp32";
 }
 
+// What the trainer's check holds against a rank's memory: the estimate's total and, with bf16 GEMMs on the CPU only,
+// the parameters rounded and kept in fp32 beside them. On a GPU their bf16 copy is in device_workspace already and is
+// not counted twice (at bench_mixtral's size that would be 12 GB more than the run needs).
+TEST(MemoryCheck, CountsTheRoundedParametersOnce) {
+  Config config = small_config({"train.precision=bf16"});
+  const MemoryEstimate cpu = estimate_memory(config, 1, 1, 1);
+  EXPECT_EQ(host_rounded_parameter_bytes(config, cpu), double(cpu.parameters));
+  config.train.precision = GemmPrecision::Fp32;
+  EXPECT_EQ(host_rounded_parameter_bytes(config, cpu), 0.0);
+  config.train.device = Device::Cuda;
+  EXPECT_EQ(host_rounded_parameter_bytes(config, estimate_memory(config, 1, 1, 1)), 0.0);
+  config.train.precision = GemmPrecision::Bf16;
+  const MemoryEstimate gpu = estimate_memory(config, 1, 1, 1);
+  EXPECT_EQ(host_rounded_parameter_bytes(config, gpu), 0.0);
+  config.train.precision = GemmPrecision::Fp32;
+  EXPECT_GE(gpu.device_workspace - estimate_memory(config, 1, 1, 1).device_workspace, gpu.parameters / 2)
+      << "the bf16 copy (parameters / 2 bytes) is in the device workspace";
+}
+
 // An MoE layer's grouped GEMM on the CUDA backend: its largest operand not held rounded, da (R, Fe), in bf16 (xe and
 // h are held rounded) and the grouped call's pointers (3 per local expert) when larger than the plain attention's fp32
 // output (fused attention off); dropless
