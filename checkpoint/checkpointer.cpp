@@ -409,6 +409,7 @@ void Checkpointer::commit(Job& job, bool wait) {
     write_latest(s_.root, job.final_dir.filename().string());
     apply_retention(s_.root);
     for (const std::string& replica : s_.replicas) {
+      if (s_.replica_delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s_.replica_delay_s));
       try {
         const fs::path tmp = fs::path(replica) / ("tmp-" + job.final_dir.filename().string());
         fs::remove_all(tmp, ec);
@@ -439,6 +440,7 @@ void Checkpointer::commit(Job& job, bool wait) {
   if (world_.rank() != 0) {
     report_ = {job.step, job.kind, job.stall_s, job.write_s, 0};
   }
+  world_.barrier();  // every rank returns once the committers are done (in_flight)
   keep_buffers(job, true);
   job_.reset();
 }

@@ -71,6 +71,9 @@ struct SaveSettings {
   // Tests: the writer thread waits this long before it takes an asynchronous save's snapshot, so that
   // training reaches its next update first (the trainer sets it from MOE_TEST_SNAPSHOT_DELAY_MS).
   double snapshot_delay_s = 0;
+  // Tests: the committer waits this long before it copies a checkpoint to each replica root, standing in for a slow
+  // file system (the trainer sets it from MOE_TEST_REPLICA_DELAY_MS).
+  double replica_delay_s = 0;
   // Called on every rank once the save of a snapshot holding values that are not finite has been abandoned
   // (its temporary directory removed, nothing committed); it is expected to throw (the trainer: RunFailed
   // saying what to do). Without it, or when it returns, the checkpointer throws RunFailed.
@@ -111,6 +114,10 @@ class Checkpointer {
   void poll();
   // Collective: waits for the save in flight and commits it.
   void finish();
+  // Whether a save is in flight: the next poll or finish may commit it. A commit returns on every rank together
+  // (the ranks that write no manifest wait for those that do, their peer and replica copies included), so the
+  // caller times it as checkpoint work, not as the step's (the trainer's heartbeat phase).
+  bool in_flight() const { return job_ != nullptr; }
 
   // Figures of the last committed save, for metrics and benchmarks.
   struct Report {

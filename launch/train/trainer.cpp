@@ -130,6 +130,7 @@ RunOutputs open_outputs(const TrainOptions& options, Trainer& t, const ResumePoi
                           config.checkpoint.async,  config.checkpoint.replicas,  config.checkpoint.peer_copy,
                           paths.ranks_per_node,     config.checkpoint.node_local};
   if (const char* delay = std::getenv("MOE_TEST_SNAPSHOT_DELAY_MS")) save.snapshot_delay_s = std::atof(delay) / 1000;
+  if (const char* delay = std::getenv("MOE_TEST_REPLICA_DELAY_MS")) save.replica_delay_s = std::atof(delay) / 1000;
   save.on_non_finite = fail_non_finite_state;
   out.checkpointer =
       std::make_unique<ckpt::Checkpointer>(std::move(save), *t.groups.world, info, [leader](const std::string& text) {
@@ -282,6 +283,9 @@ bool run_step(Loop& loop, int64_t step) {
   log_step(loop, done, r, loop.ckpt_stall_s);
   maybe_evaluate(loop, done);
   if (ckpt::Checkpointer* ck = loop.out.checkpointer.get()) {
+    // An asynchronous save's commit (the manifest, the peer and replica copies) is checkpoint I/O: timed against
+    // fault.checkpoint_timeout_s, not against the step's timeout, on every rank (they wait for it together).
+    if (ck->in_flight()) loop.heartbeat.set(Phase::CheckpointSave, done, "checkpoint commit");
     ck->poll();
     if (done % config.checkpoint.every == 0 || done == config.train.steps) {
       loop.heartbeat.set(Phase::CheckpointSave, done, "checkpoint save");

@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <sys/types.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -233,6 +234,31 @@ TEST(Supervisor, GivesUpAfterMaxRestartsWithExitCode3AndKeepsCheckpoints) {
   for (const std::string& d : moe::ckpt::list_checkpoints((run / "checkpoints").string()))
     EXPECT_TRUE(moe::ckpt::verify_checkpoint(d, {}, &why).has_value()) << d << ": " << why;
   EXPECT_TRUE(r.left_behind.empty());
+}
+
+// ---- 7. A slow checkpoint commit is checkpoint work, not a hung step ------------------------------------------------
+
+// An asynchronous save commits at a later step boundary: the manifest, the rename and the copy to every replica root.
+// With a replica on a slow file system (each copy held up 4 s) that commit outlasts fault.step_timeout_s (2 s) but not
+// fault.checkpoint_timeout_s (60 s): no watchdog, no restart, the replica holds the newest checkpoint, and the run is
+// the uninterrupted one. Every rank times the commit as checkpoint work (rank 1, which writes no manifest, waits for
+// rank 0's copies inside it).
+TEST(Supervisor, SlowCheckpointCommitIsTimedAsCheckpointWork) {
+  reference();
+  TempDir dir("slow_commit");
+  const fs::path run = dir.path() / "run", replica = dir.path() / "replica";
+  ::setenv("MOE_TEST_REPLICA_DELAY_MS", "4000", 1);
+  const LaunchResult r =
+      run_launch(dir.path(), run,
+                 launch_args(run, {"checkpoint.async=true", "checkpoint.replicas=[\"" + replica.string() + "\"]",
+                                   "fault.step_timeout_s=2", "fault.checkpoint_timeout_s=60"}));
+  ::unsetenv("MOE_TEST_REPLICA_DELAY_MS");
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(events_named(r, "restart").empty()) << describe(r);
+  EXPECT_EQ(r.stderr_text.find("watchdog"), std::string::npos) << describe(r);
+  EXPECT_GE(r.wall_s, 3 * 4.0) << "three commits (steps 5, 10 and 12), each copy held up 4 s";
+  EXPECT_TRUE(fs::exists(replica / "step-00000012")) << "the replica lacks the final checkpoint";
+  expect_same_as_reference(run);
 }
 
 // The reference run's directory goes when the process ends (kept when a check failed).
