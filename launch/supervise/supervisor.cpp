@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "checkpoint/checkpointer.h"
+#include "core/backend/cpu/thread_policy.h"
 #include "core/error.h"
 #include "core/host.h"
 #include "launch/config/config.h"
@@ -225,6 +226,17 @@ std::vector<std::string> mpirun_prefix(const LaunchOptions& o) {
   return args;
 }
 
+// On this machine alone (no hostfile) with more ranks than cores it lets this process use, mpirun refuses to start
+// (its slots are the cores) and ranks bound to cores would busy-poll each other: unless the user's mpirun arguments
+// say how to place or oversubscribe, the ranks oversubscribe, bind to nothing, and yield when idle (docs/fault.md).
+std::vector<std::string> oversubscription_args(const LaunchOptions& o, int64_t np, const std::string& hostfile) {
+  if (!hostfile.empty() || np <= cpu::usable_cores()) return {};
+  for (const std::string& a : o.mpirun_args)
+    for (const char* placement : {"oversubscribe", "bind-to", "map-by", "mpi_yield_when_idle", "--host", "-H"})
+      if (a.find(placement) != std::string::npos) return {};
+  return {"--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"};
+}
+
 // The job's hosts not among those `heard` from.
 std::vector<std::string> unheard_hosts(const HostPool& pool, const std::set<std::string>& heard) {
   std::vector<std::string> unheard;
@@ -237,6 +249,8 @@ std::vector<std::string> unheard_hosts(const HostPool& pool, const std::set<std:
 pid_t spawn_job(Launch& l, int64_t attempt, int64_t np, const std::string& hostfile) {
   const LaunchOptions& o = l.options;
   std::vector<std::string> args = mpirun_prefix(o);
+  const std::vector<std::string> oversubscribe = oversubscription_args(o, np, hostfile);
+  args.insert(args.end(), oversubscribe.begin(), oversubscribe.end());
   args.insert(args.end(), {"-np", std::to_string(np)});
   // Ranks on other hosts get only what mpirun passes (ssh gives their daemons a login's environment).
   if (!hostfile.empty()) {
@@ -557,6 +571,7 @@ int supervise(Launch& l, RunLock& lock) {
     l.events.add({{"event", "start"},
                   {"attempt", attempt},
                   {"np", np},
+                  {"oversubscribed", !oversubscription_args(o, np, hostfile).empty()},
                   {"pid", mpirun},
                   {"listen", l.listener.addr},
                   {"hostfile", hostfile.empty() ? json(nullptr) : json(hostfile)}});

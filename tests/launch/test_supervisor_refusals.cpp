@@ -12,9 +12,11 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "core/backend/cpu/thread_policy.h"
 #include "core/host.h"
 #include "supervisor_harness.h"
 
@@ -104,6 +106,43 @@ TEST(Supervisor, MpirunExitingAtOnceIsACrashNotSuccess) {
   }
   EXPECT_EQ(events_named(r, "restart").size(), 1u) << describe(r);
   EXPECT_EQ(last_event(r), "gave_up") << describe(r);
+}
+
+// More ranks than this machine's usable cores, without a hostfile: mpirun gets --oversubscribe --bind-to none --mca
+// mpi_yield_when_idle 1 from moe launch (it would refuse to start, its slots being the cores), and the start event says
+// so; not where the user's mpirun arguments say how to place the ranks, nor where the cores suffice. A stand-in
+// mpirun records what it was given.
+TEST(Supervisor, RanksOutnumberingTheCoresOversubscribeThisMachine) {
+  TempDir dir("oversubscribe");
+  const fs::path given = dir.path() / "mpirun-args.txt";
+  int launches = 0;
+  const fs::path fake = write_stand_in(dir.path() / "fake-mpirun", "echo \"$*\" >> " + given.string() + "\nexit 0\n");
+  const auto launch = [&](int64_t np, const std::vector<std::string>& mpirun_args) {
+    fs::remove(given);
+    const fs::path run = dir.path() / ("run" + std::to_string(++launches));
+    std::vector<std::string> args = {"--mpirun=" + fake.string(), "--np", std::to_string(np)};
+    for (const std::string& a : mpirun_args) args.push_back("--mpirun-arg=" + a);
+    args.insert(args.end(), {"--config", kConfig, "--run-dir", run.string(), "--quiet"});
+    std::vector<std::string> sets = base_sets();
+    sets.insert(sets.end(), {"fault.max_restarts=0", "train.global_batch=" + std::to_string(2 * np)});
+    for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
+    const LaunchResult r = run_launch(dir.path(), run, args);
+    const auto starts = events_named(r, "start");
+    EXPECT_EQ(starts.size(), 1u) << describe(r);
+    return std::make_pair(read_text_if_any(given), starts.empty() ? json() : starts[0]);
+  };
+  const int64_t cores = moe::cpu::usable_cores();
+  const std::string flags =
+      "--oversubscribe --bind-to none --mca mpi_yield_when_idle 1 -np " + std::to_string(cores + 1);
+  auto [given_args, start] = launch(cores + 1, {});
+  EXPECT_NE(given_args.find(flags), std::string::npos) << given_args;
+  EXPECT_EQ(start.value("oversubscribed", false), true) << start.dump();
+  std::tie(given_args, start) = launch(cores + 1, {"--bind-to", "core"});
+  EXPECT_EQ(given_args.find("--oversubscribe"), std::string::npos) << "the user's placement stands: " << given_args;
+  EXPECT_EQ(start.value("oversubscribed", true), false) << start.dump();
+  std::tie(given_args, start) = launch(1, {});
+  EXPECT_EQ(given_args.find("--oversubscribe"), std::string::npos) << "one rank fits: " << given_args;
+  EXPECT_NE(given_args.find("-np 1"), std::string::npos) << given_args;
 }
 
 // SIGTERM to `moe launch`: forwarded to the ranks, no restart, exit 128 + 15, every process of the job
