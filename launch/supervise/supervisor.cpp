@@ -231,9 +231,11 @@ std::vector<std::string> mpirun_prefix(const LaunchOptions& o) {
 // say how to place or oversubscribe, the ranks oversubscribe, bind to nothing, and yield when idle (docs/fault.md).
 std::vector<std::string> oversubscription_args(const LaunchOptions& o, int64_t np, const std::string& hostfile) {
   if (!hostfile.empty() || np <= cpu::usable_cores()) return {};
-  for (const std::string& a : o.mpirun_args)
-    for (const char* placement : {"oversubscribe", "bind-to", "map-by", "mpi_yield_when_idle", "--host", "-H"})
+  for (const std::string& a : o.mpirun_args) {
+    if (a == "-H" || a.rfind("--host", 0) == 0) return {};  // --host, --hostfile: the user names the slots
+    for (const char* placement : {"oversubscribe", "bind-to", "map-by", "mpi_yield_when_idle"})
       if (a.find(placement) != std::string::npos) return {};
+  }
   return {"--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"};
 }
 
