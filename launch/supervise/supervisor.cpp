@@ -109,6 +109,12 @@ struct RankState {
 
 }  // namespace
 
+const std::vector<std::string>& oversubscription_mpirun_args() {
+  static const std::vector<std::string> args = {"--oversubscribe", "--bind-to",           "none",
+                                                "--mca",           "mpi_yield_when_idle", "1"};
+  return args;
+}
+
 void check_launch_layout(const Config& config, int64_t np) {
   const RankGrid grid({np, config.parallel.tp, config.parallel.pp, config.parallel.dp, config.parallel.ep, 1},
                       config.moe.num_experts);
@@ -236,7 +242,7 @@ std::vector<std::string> oversubscription_args(const LaunchOptions& o, int64_t n
     for (const char* placement : {"oversubscribe", "bind-to", "map-by", "mpi_yield_when_idle"})
       if (a.find(placement) != std::string::npos) return {};
   }
-  return {"--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"};
+  return oversubscription_mpirun_args();
 }
 
 // The job's hosts not among those `heard` from.

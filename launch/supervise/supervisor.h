@@ -40,6 +40,10 @@ struct LaunchOptions {
   std::vector<std::string> command_line;  // of `moe launch`, for the run lock's file
 };
 
+// mpirun's arguments for ranks that may outnumber the cores they run on: oversubscribe, bind nothing, and let idle
+// ranks yield (moe launch on this machine alone with more ranks than cores; moe sweep's concurrent cells).
+const std::vector<std::string>& oversubscription_mpirun_args();
+
 // Exit code of the whole launch: 0 done (a rank reported the last step and mpirun exited 0), 2 bad input
 // (nothing started or written), 3 gave up after the allowed restarts, 128 + N stopped by signal N
 // (SIGINT, SIGTERM), 1 other. The run directory is locked (launch/run/run_lock.h) for the whole launch.

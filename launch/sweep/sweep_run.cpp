@@ -24,6 +24,7 @@
 #include "launch/run/run_files.h"
 #include "launch/run/run_lock.h"
 #include "launch/supervise/job_processes.h"
+#include "launch/supervise/supervisor.h"
 #include "launch/sweep/sweep.h"
 #include "launch/sweep/sweep_results.h"
 #include "launch/train/config_change.h"
@@ -155,8 +156,7 @@ pid_t start_cell(const SweepOptions& o, const fs::path& out, const SweepCell& ce
                  bool fresh) {
   std::vector<std::string> args = {self, "launch", "--np", std::to_string(o.np)};
   if (o.np > 1)  // ranks may outnumber cores: idle ranks yield and nothing is bound
-    for (const char* a : {"--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"})
-      args.push_back(std::string("--mpirun-arg=") + a);
+    for (const std::string& a : oversubscription_mpirun_args()) args.push_back("--mpirun-arg=" + a);
   for (const std::string& a : o.mpirun_args) args.push_back("--mpirun-arg=" + a);
   args.insert(args.end(), {"--config", (out / "base_config.json").string()});
   for (const std::string& s : cell.overrides) args.insert(args.end(), {"--set", s});
